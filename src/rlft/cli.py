@@ -1,0 +1,168 @@
+"""`rlft` command line: train | validate | preprocess | generate | merge-lora | quickstart."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rlft.errors import ConfigError, RlftError, TrainingInterrupted
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlft.config import load_config
+    from rlft.train.run import train
+
+    cfg = load_config(args.config, args.overrides)
+    train(cfg, console)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from rlft.config import explain, load_config
+
+    if args.explain:
+        for key in args.explain:
+            console.print(explain(key))
+        if not args.config:
+            return 0
+    if not args.config:
+        raise ConfigError("validate needs a CONFIG file (or --explain KEY)")
+    try:
+        load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        err_console.print(f"[red]{exc}[/]", highlight=False)
+        return 1
+    console.print("OK")
+    return 0
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from rlft.config import load_config
+    from rlft.data.prepare import prepare_sft_data
+    from rlft.models.loading import load_tokenizer
+
+    cfg = load_config(args.config, args.overrides)
+    if cfg.method != "sft":
+        raise ConfigError(f"preprocess handles SFT data so far; {cfg.method!r} datasets come with their method")
+    data = prepare_sft_data(cfg, load_tokenizer(cfg))
+    table = Table(title="rlft preprocess")
+    for column in ("dataset", "rows", "kept", "too long", "no target", "truncated", "tokens min/mean/p95/max"):
+        table.add_column(column)
+    for report in data.reports:
+        info = report.summary()
+        tokens = info["tokens"]
+        lengths = f"{tokens['min']}/{tokens['mean']}/{tokens['p95']}/{tokens['max']}" if tokens else "-"
+        table.add_row(info["dataset"], str(info["rows"]), str(info["kept"]), str(info["dropped_too_long"]),
+                      str(info["dropped_no_target"]), str(info["truncated"]), lengths)
+    console.print(table)
+    console.print(f"train rows: {len(data.train)}, eval rows: {len(data.eval)}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from rlft.models.generation import generate_texts
+    from rlft.models.loading import load_for_inference
+
+    model, tokenizer = load_for_inference(args.model)
+    prompts = args.prompt
+    if args.chat:
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+    texts = generate_texts(model, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p, args.num_samples, seed=args.seed)
+    for index, text in enumerate(texts):
+        prompt = args.prompt[index // args.num_samples]
+        console.print(f"[bold]{prompt}[/]{text}", highlight=False)
+    return 0
+
+
+def _merge_lora(args: argparse.Namespace) -> int:
+    from rlft.models.loading import load_for_inference
+
+    model, tokenizer = load_for_inference(args.checkpoint)
+    if not hasattr(model, "merge_and_unload"):
+        raise RlftError(f"{args.checkpoint} holds a full model, not a LoRA adapter: there is nothing to merge")
+    merged = model.merge_and_unload()
+    out = Path(args.out)
+    merged.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    console.print(f"merged model written to {out.resolve()}")
+    return 0
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from rlft.quickstart import run_quickstart
+
+    run_quickstart(Path(args.config), args.overrides, console)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlft", description="Post-train language models from one YAML file.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("train", help="train from a config (overrides: --key=value, --trl.beta=0.01)")
+    p.add_argument("config")
+    p.set_defaults(run=_train)
+
+    p = commands.add_parser("validate", help="check a config without loading models or data")
+    p.add_argument("config", nargs="?")
+    p.add_argument("--explain", action="append", metavar="KEY", help="describe a key, e.g. trl.beta")
+    p.set_defaults(run=_validate)
+
+    p = commands.add_parser("preprocess", help="load and tokenise the datasets; report kept, dropped and truncated rows")
+    p.add_argument("config")
+    p.set_defaults(run=_preprocess)
+
+    p = commands.add_parser("generate", help="sample from a model folder or checkpoint (LoRA loads on its base)")
+    p.add_argument("model")
+    p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message with the chat template")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=_generate)
+
+    p = commands.add_parser("merge-lora", help="merge a LoRA checkpoint into its base and save a full model")
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p.set_defaults(run=_merge_lora)
+
+    p = commands.add_parser("quickstart", help="offline demo: tiny model learns addition; accuracy before/after")
+    p.add_argument("--config", default="examples/quickstart/sft.yaml")
+    p.set_defaults(run=_quickstart)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command not in ("train", "validate", "preprocess", "quickstart"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
+    try:
+        return args.run(args)
+    except RlftError as exc:
+        if args.debug:
+            raise
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 130 if isinstance(exc, TrainingInterrupted) else 1
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

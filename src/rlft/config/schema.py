@@ -1,0 +1,320 @@
+"""The whole config language: Axolotl-style top-level keys plus the `trl:`, `ebft:`, `vllm:` sections.
+
+Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in `RlftConfig.check_combinations`
+so that `rlft validate` reports them without loading a model or a dataset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import field_validator, model_validator
+
+from rlft.config.base import Section, field, planned
+from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
+
+RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
+Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw", "adam", "sgd", "rmsprop", "adagrad"]
+Scheduler = Literal["cosine", "linear", "constant", "constant_with_warmup"]
+NAMED_CHAT_TEMPLATES = ("tokenizer_default", "chatml", "llama3", "jinja")
+
+
+class UserDefinedType(Section):
+    """`type:` given as a mapping: a user-defined format built from field names and format strings.
+
+    SFT reads the instruction fields, DPO/SimPO the prompt/chosen/rejected fields, KTO the
+    prompt/completion/label fields; a format string names the fields it inserts as `{field}`.
+    """
+
+    system_prompt: Optional[str] = field(None, "System prompt used when a row has none.")
+    system_format: str = field("{system}", "How the system prompt is rendered before the prompt.")
+    field_system: str = field("system", "Column holding the system prompt.")
+    field_instruction: str = field("instruction", "SFT: column holding the instruction.")
+    field_input: str = field("input", "SFT: column holding the optional input.")
+    field_output: str = field("output", "SFT: column holding the target output.")
+    format: str = field("{instruction} {input} ", "SFT: prompt format when the row has an input.")
+    no_input_format: str = field("{instruction} ", "SFT: prompt format when the row has no input.")
+    field_prompt: str = field("prompt", "Preference/KTO: column holding the prompt.")
+    field_chosen: str = field("chosen", "DPO: column holding the chosen answer.")
+    field_rejected: str = field("rejected", "DPO: column holding the rejected answer.")
+    field_completion: str = field("completion", "KTO: column holding the completion.")
+    field_label: str = field("label", "KTO: column holding the desirable (true) / undesirable label.")
+    prompt_format: str = field("{prompt}", "Preference/KTO: how the prompt is rendered.")
+    chosen_format: str = field("{chosen}", "DPO: how the chosen answer is rendered.")
+    rejected_format: str = field("{rejected}", "DPO: how the rejected answer is rendered.")
+    completion_format: str = field("{completion}", "KTO: how the completion is rendered.")
+
+
+class DatasetConfig(Section):
+    """One entry of `datasets:` / `test_datasets:`."""
+
+    path: Optional[str] = field(
+        None, "Local file, folder of files, `save_to_disk` folder, or a hub dataset id (hub only when online)."
+    )
+    ds_type: Optional[Literal["json", "jsonl", "csv", "parquet", "arrow", "text"]] = field(
+        None, "File format; inferred from the file extension when unset."
+    )
+    data_files: Optional[Union[str, list[str]]] = field(
+        None, "Files to read, relative to `path` when `path` is a folder, else to the working directory."
+    )
+    name: Optional[str] = field(None, "Dataset configuration name (hub datasets with several configs).")
+    split: str = field("train", "Split with an optional slice: `train`, `train[:1%]`, `train[10:100]`.")
+    revision: Optional[str] = field(None, "Hub revision (branch, tag or commit).")
+    type: Optional[Union[str, UserDefinedType]] = field(
+        None,
+        "Row format: a built-in dotted name (`chat_template`, `alpaca`, `completion`, `chatml.intel`, ...), "
+        "a user transform `module.fn` importable from the working directory, or a mapping (user-defined).",
+    )
+    field_messages: str = field("messages", "chat_template: column holding the message list (dotted path allowed).")
+    message_property_mappings: Optional[dict[str, str]] = field(
+        None, "chat_template: message key for each canonical property, e.g. {role: from, content: value}."
+    )
+    message_field_role: Optional[str] = field(None, "chat_template (legacy): message key holding the role.")
+    message_field_content: Optional[str] = field(None, "chat_template (legacy): message key holding the content.")
+    roles: Optional[dict[str, list[str]]] = field(
+        None, "chat_template: canonical role -> the role names that mean it in the data."
+    )
+    roles_to_train: list[str] = field(["assistant"], "chat_template: roles whose turns carry the loss.")
+    train_on_eos: Literal["turn", "all", "last", "none"] = field(
+        "turn", "chat_template: train on the end-of-turn token of trained turns (turn), all turns, the last, or none."
+    )
+    drop_system_message: bool = field(False, "chat_template: drop system messages from every row.")
+    field_chosen: str = field("chosen", "Preference chat_template: key of the chosen message.")
+    field_rejected: str = field("rejected", "Preference chat_template: key of the rejected message.")
+    # Last on purpose: the attribute `field` shadows the `field()` helper for the lines after it.
+    field: str = field("text", "completion: column holding the raw text.")
+
+    @model_validator(mode="after")
+    def _needs_a_source(self) -> "DatasetConfig":
+        if not self.path and not self.data_files:
+            raise ValueError("a dataset needs `path` (a file, folder or hub id) or `data_files`")
+        return self
+
+
+class RlftConfig(PreferenceFields, NemoGymFields):
+    """The whole config file."""
+
+    # --- model ---
+    base_model: Optional[str] = field(
+        None, "Hugging Face model folder (config.json, weights, tokenizer) or a hub id when online."
+    )
+    base_model_config: Optional[str] = field(None, "Folder whose config.json is used instead of base_model's.")
+    tokenizer_config: Optional[str] = field(None, "Folder or hub id of the tokenizer (default: base_model).")
+    random_init: bool = field(
+        False, "Start from freshly initialised weights built from the model config (seeded by `seed`)."
+    )
+    trust_remote_code: bool = field(False, "Allow model code shipped with the checkpoint to run.")
+    special_tokens: Optional[dict[str, str]] = field(
+        None, "Tokens to set on the tokenizer, e.g. {pad_token: '<|pad|>'}; new tokens resize the embeddings."
+    )
+    chat_template: str = field(
+        "tokenizer_default",
+        "tokenizer_default | chatml | llama3 | jinja (with chat_template_jinja) | a path to a .jinja file.",
+    )
+    chat_template_jinja: Optional[str] = field(None, "With chat_template: jinja, the template text or a file path.")
+
+    # --- precision and attention ---
+    bf16: Union[bool, Literal["auto"]] = field(False, "bfloat16 mixed precision; `auto` uses it where the device supports it.")
+    fp16: bool = field(False, "float16 mixed precision (CUDA only).")
+    tf32: bool = field(False, "Allow TF32 matmuls on Ampere+ GPUs.")
+    attn_implementation: Optional[Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"]] = field(
+        None, "transformers attention implementation (default sdpa); the *_attention flags below set it too."
+    )
+    flash_attention: bool = field(False, "Use flash_attention_2 (needs the flash-attn package and a CUDA GPU).")
+    flex_attention: bool = field(False, "Use PyTorch flex_attention (GPU only for training).")
+    sdp_attention: bool = field(False, "Use PyTorch scaled_dot_product_attention (the default).")
+    eager_attention: bool = field(False, "Use the plain eager attention implementation.")
+    gradient_checkpointing: bool = field(False, "Recompute activations in the backward pass to save memory.")
+    gradient_checkpointing_kwargs: Optional[dict[str, Any]] = field(
+        None, "Passed to transformers' gradient_checkpointing_enable, e.g. {use_reentrant: false}."
+    )
+
+    # --- adapters ---
+    adapter: Optional[Literal["lora", "qlora"]] = field(None, "Train a PEFT adapter instead of all weights.")
+    lora_model_dir: Optional[str] = field(None, "Start from an existing LoRA adapter folder.")
+    lora_r: int = field(8, "LoRA rank.")
+    lora_alpha: int = field(16, "LoRA scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rsLoRA).")
+    lora_dropout: float = field(0.0, "Dropout on the LoRA input.")
+    lora_target_modules: Optional[Union[str, list[str]]] = field(None, "Module names (or a regex) to adapt.")
+    lora_target_linear: bool = field(False, "Adapt every linear layer except the output head.")
+    lora_modules_to_save: Optional[list[str]] = field(None, "Modules trained in full and saved with the adapter.")
+    peft_use_rslora: bool = field(False, "Rank-stabilised LoRA scaling alpha/sqrt(r) (https://arxiv.org/abs/2312.03732).")
+    peft_use_dora: bool = field(False, "Weight-decomposed LoRA (https://arxiv.org/abs/2402.09353).")
+    peft_init_lora_weights: Optional[Union[bool, str]] = field(
+        None, "PEFT init_lora_weights: true, false, gaussian, pissa, pissa_niter_N, olora, loftq, eva, corda."
+    )
+    load_in_4bit: bool = field(False, "Load the base model in 4 bit (QLoRA; needs bitsandbytes and a CUDA GPU).")
+    load_in_8bit: bool = field(False, "Load the base model in 8 bit (needs bitsandbytes and a CUDA GPU).")
+
+    # --- data ---
+    datasets: list[DatasetConfig] = field([], "Training datasets, merged in order.")
+    test_datasets: Optional[list[DatasetConfig]] = field(None, "Evaluation datasets (instead of val_set_size).")
+    val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data.")
+    dataset_num_proc: Optional[int] = field(None, "Processes for dataset.map (default: 1).")
+    shuffle_merged_datasets: bool = field(True, "Shuffle the merged training rows once (seeded).")
+    sequence_len: int = field(512, "Maximum tokens per training sequence.")
+    excess_length_strategy: Literal["drop", "truncate", "raise"] = field(
+        "drop", "What to do with rows longer than sequence_len."
+    )
+    train_on_inputs: bool = field(False, "SFT: also compute the loss on prompt (non-assistant) tokens.")
+    sample_packing: bool = field(False, "SFT: pack several documents per row, with per-document attention.")
+    remove_unused_columns: bool = field(False, "Accepted for Axolotl compatibility: rlft always keeps reward columns.")
+    skip_prepare_dataset: bool = field(False, "Do not length-filter rows (RL prompt datasets).")
+
+    # --- loop ---
+    micro_batch_size: int = field(1, "Rows per forward pass per device.")
+    eval_batch_size: Optional[int] = field(None, "Rows per evaluation forward pass (default: micro_batch_size).")
+    gradient_accumulation_steps: int = field(1, "Micro-batches per optimizer step.")
+    num_epochs: float = field(1.0, "Passes over the training data (max_steps wins when set).")
+    max_steps: Optional[int] = field(None, "Stop after this many optimizer steps.")
+    optimizer: Optimizer = field("adamw_torch", "Optimizer.")
+    learning_rate: float = field(2e-5, "Peak learning rate.")
+    adam_beta1: float = field(0.9, "Adam beta1.")
+    adam_beta2: float = field(0.999, "Adam beta2.")
+    adam_epsilon: float = field(1e-8, "Adam epsilon.")
+    weight_decay: float = field(0.0, "Decoupled weight decay (not applied to biases and norms).")
+    max_grad_norm: Optional[float] = field(1.0, "Clip the global gradient norm to this (null: no clipping).")
+    lr_scheduler: Scheduler = field("cosine", "Learning-rate schedule after warm-up.")
+    cosine_min_lr_ratio: float = field(0.0, "cosine: final learning rate as a fraction of the peak.")
+    warmup_steps: Optional[int] = field(None, "Linear warm-up steps.")
+    warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps.")
+    seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.")
+    logging_steps: int = field(1, "Log every N optimizer steps.")
+    eval_steps: Optional[int] = field(None, "Evaluate every N steps (default: at the end only).")
+    save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).")
+    save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.")
+    output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
+    resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
+    mfu_peak_flops: Optional[float] = field(
+        None, "Peak FLOP/s of one device for the MFU metric (default: a table of known devices)."
+    )
+
+    # --- logging ---
+    use_tensorboard: bool = field(False, "Also log to TensorBoard under output_dir/runs (needs tensorboard).")
+    use_wandb: bool = field(False, "Also log to Weights & Biases (needs wandb).")
+    wandb_project: Optional[str] = field(None, "W&B project; setting it turns W&B on.")
+    wandb_entity: Optional[str] = field(None, "W&B entity.")
+    wandb_name: Optional[str] = field(None, "W&B run name.")
+    wandb_mode: Optional[Literal["online", "offline", "disabled"]] = field(None, "W&B mode.")
+
+    # --- methods ---
+    rl: Optional[RlMethod] = field(None, "The method: unset for SFT, else dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft.")
+    trl: TRLConfig = field(default_factory=TRLConfig, description="Online-RL (GRPO family) options.")
+    ebft: EBFTConfig = field(default_factory=EBFTConfig, description="Energy-based fine-tuning options.")
+    vllm: VLLMConfig = field(default_factory=VLLMConfig, description="Rollout server (vLLM) options.")
+    batch_flattening: Union[bool, Literal["auto"]] = planned(
+        False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="#4"
+    )
+
+    # --- multi-device (specified by the seeds, not built yet) ---
+    fsdp: Optional[list[str]] = planned(None, "FSDP options, e.g. [full_shard, auto_wrap].", issue="multi-GPU")
+    fsdp_config: Optional[dict[str, Any]] = planned(None, "FSDP settings passed to accelerate.", issue="multi-GPU")
+    deepspeed: Optional[str] = planned(None, "DeepSpeed JSON config path.", issue="multi-GPU")
+    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="multi-GPU")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template_known(cls, value: str) -> str:
+        if value in NAMED_CHAT_TEMPLATES or value.endswith((".jinja", ".j2")):
+            return value
+        raise ValueError(f"expected one of {', '.join(NAMED_CHAT_TEMPLATES)} or a path to a .jinja file")
+
+    @field_validator("micro_batch_size", "gradient_accumulation_steps", "sequence_len", "logging_steps")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("val_set_size")
+    @classmethod
+    def _val_size(cls, value: float) -> float:
+        if value < 0 or (value >= 1 and value != int(value)):
+            raise ValueError("must be a fraction in [0, 1) or a whole number of rows")
+        return value
+
+    @property
+    def method(self) -> str:
+        """The training method: `sft`, `reward_model`, or the value of `rl` (`ipo` means DPO+IPO loss)."""
+        if self.rl:
+            return self.rl
+        return "reward_model" if self.reward_model else "sft"
+
+    @property
+    def effective_attn_implementation(self) -> str:
+        if self.attn_implementation:
+            return self.attn_implementation
+        if self.flash_attention:
+            return "flash_attention_2"
+        if self.flex_attention:
+            return "flex_attention"
+        if self.eager_attention:
+            return "eager"
+        return "sdpa"
+
+    @model_validator(mode="after")
+    def check_combinations(self) -> "RlftConfig":
+        problems = list(combination_problems(self))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def combination_problems(cfg: RlftConfig):
+    """Yield one sentence per impossible combination of keys, each naming the keys and the fix."""
+    set_keys = cfg.model_fields_set
+    if not cfg.base_model:
+        yield "base_model is not set: give a model folder (or a hub id when online)"
+    if not cfg.datasets:
+        yield "datasets is empty: add at least one entry with a `path`"
+    if cfg.bf16 is True and cfg.fp16:
+        yield "bf16 and fp16 are both true: choose one precision"
+    attention_flags = [k for k in ("flash_attention", "flex_attention", "sdp_attention", "eager_attention") if getattr(cfg, k)]
+    if len(attention_flags) > 1:
+        yield f"{' and '.join(attention_flags)} are all set: choose one attention implementation"
+    if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
+        yield "warmup_steps and warmup_ratio are both set: keep one"
+    lora_keys = sorted(k for k in set_keys if k.startswith(("lora_", "peft_")) and k != "lora_model_dir")
+    if lora_keys and cfg.adapter is None:
+        yield f"{', '.join(lora_keys)} set without `adapter`: add `adapter: lora` (or remove them)"
+    if (cfg.load_in_4bit or cfg.load_in_8bit) and cfg.adapter is None:
+        yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
+    if cfg.adapter == "qlora" and not cfg.load_in_4bit:
+        yield "adapter: qlora needs load_in_4bit: true"
+    if cfg.sample_packing and cfg.method != "sft":
+        yield f"sample_packing applies to SFT only, not rl: {cfg.rl}"
+    if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
+        yield from _grpo_problems(cfg)
+    if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
+        yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
+
+
+def _grpo_problems(cfg: RlftConfig):
+    trl = cfg.trl
+    groups = trl.num_generations if trl.num_generations is not None else 8  # TRL default
+    if groups is not None and groups < 2:
+        yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"
+    if trl.generation_batch_size is None and groups:
+        per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+        if per_step % groups:
+            yield (
+                f"micro_batch_size * gradient_accumulation_steps = {cfg.micro_batch_size} * "
+                f"{cfg.gradient_accumulation_steps} = {per_step} must be divisible by trl.num_generations = {groups} "
+                f"(each prompt's {groups} completions must land in the same step): change micro_batch_size "
+                "or gradient_accumulation_steps, or set trl.generation_batch_size"
+            )
+    elif trl.generation_batch_size is not None and groups and trl.generation_batch_size % groups:
+        yield f"trl.generation_batch_size = {trl.generation_batch_size} must be divisible by trl.num_generations = {groups}"
+    if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
+        yield "rl: gdpo normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
+
+
+def resolve_path(value: str | None, base: Path) -> str | None:
+    """Expand `~` and make a relative path absolute against `base` when that file exists there."""
+    if value is None:
+        return None
+    expanded = Path(value).expanduser()
+    if not expanded.is_absolute() and (base / expanded).exists():
+        return str(base / expanded)
+    return str(expanded)

@@ -1,0 +1,810 @@
+"""Schemas of the `trl:`, `ebft:` and `vllm:` sections and of the top-level preference-optimisation
+and NeMo Gym keys.
+
+Names, types and defaults follow the Axolotl YAML schema (so users' configs validate unchanged)
+and, where that schema leaves a key at None, the trainer default that then applies is named in the
+field's description ("None -> X"). Every field here belongs to a capability built by a later issue
+and is declared with :func:`planned`: `rlft validate` accepts it, `rlft train` refuses a
+non-default value until the issue lands. Cross-field rules (G >= 2, batch divisibility, `rl: gdpo`
+vs. `sum_then_normalize`, ...) live in the top-level schema, not here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field
+
+from rlft.config.base import Section, planned
+
+__all__ = [
+    "DPOLossType",
+    "EBFTConfig",
+    "NemoGymDataset",
+    "NemoGymFields",
+    "PreferenceFields",
+    "TRLConfig",
+    "VLLMConfig",
+]
+
+ONLINE_RL = "#4"
+EBFT = "#5"
+PREFERENCE = "#3"
+
+GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+ScaleRewards = Union[Literal["group", "batch", "none"], bool]
+ImportanceSamplingMode = Literal[
+    "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+]
+MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+DPOLossType = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "robust",
+    "exo_pair",
+    "nca_pair",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+DepthFraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class TRLConfig(Section):
+    """The `trl:` section: online RL (GRPO family, GDPO, DAPO, GSPO, Dr. GRPO, RLOO, Cosmos-RL
+    loss options), rollouts (in-process or vLLM, sync or async) and rewards."""
+
+    # ---- rewards and rollouts ---------------------------------------------------------------
+    reward_funcs: Optional[list[str]] = planned(
+        None,
+        "Reward functions as 'module.fn' (from the working dir) or reward-model paths.",
+        issue=ONLINE_RL,
+    )
+    reward_weights: Optional[list[float]] = planned(
+        None,
+        "One weight per reward function; None -> all 1.0.",
+        issue=ONLINE_RL,
+    )
+    rollout_func: Optional[str] = planned(
+        None,
+        "Custom rollout 'module.fn'(prompts, trainer) -> prompt_ids/completion_ids/logprobs.",
+        issue=ONLINE_RL,
+    )
+    reward_num_workers: int = planned(
+        1,
+        "Reward worker processes (>1 runs rewards in subprocesses, so signal.alarm works).",
+        issue=ONLINE_RL, ge=1,
+    )
+    reward_timeout: Optional[float] = planned(
+        60.0,
+        "Seconds one reward-function call may take before it is scored as failed; None = no limit.",
+        issue=ONLINE_RL, gt=0,
+    )
+    reward_failure_score: Optional[float] = planned(
+        0.0,
+        "Score of a reward call that raises or times out (counted); None = unscorable, like TRL's "
+        "None.",
+        issue=ONLINE_RL,
+    )
+
+    # ---- sampling ---------------------------------------------------------------------------
+    num_generations: Optional[int] = planned(
+        None,
+        "Completions sampled per prompt (group size G); None -> 8.",
+        issue=ONLINE_RL, ge=1,
+    )
+    max_completion_length: Optional[int] = planned(
+        None,
+        "Maximum tokens per completion; None -> 256.",
+        issue=ONLINE_RL, ge=1,
+    )
+    temperature: Optional[float] = planned(
+        None,
+        "Sampling temperature (log-probs are computed on logits / temperature); None -> 1.0.",
+        issue=ONLINE_RL, ge=0.0,
+    )
+    top_p: Optional[float] = planned(
+        None,
+        "Nucleus-sampling threshold; None -> 1.0 (off).",
+        issue=ONLINE_RL, gt=0.0, le=1.0,
+    )
+    top_k: Optional[int] = planned(
+        None,
+        "Top-k sampling; None -> 0 (off; -1 also means off).",
+        issue=ONLINE_RL, ge=-1,
+    )
+    min_p: Optional[float] = planned(
+        None,
+        "Min-p sampling threshold; None -> 0.0 (off).",
+        issue=ONLINE_RL, ge=0.0, le=1.0,
+    )
+    repetition_penalty: Optional[float] = planned(
+        None,
+        "Repetition penalty on prompt and generated tokens; None -> 1.0 (off).",
+        issue=ONLINE_RL, gt=0.0,
+    )
+    generation_kwargs: Optional[dict] = planned(
+        None,
+        "Extra sampling parameters passed to the engine (e.g. stop strings).",
+        issue=ONLINE_RL,
+    )
+    chat_template_kwargs: Optional[dict] = planned(
+        None,
+        "Extra keyword arguments for the chat template applied to message prompts.",
+        issue=ONLINE_RL,
+    )
+    mask_truncated_completions: Optional[bool] = planned(
+        None,
+        "Exclude completions that hit the length limit from the loss; None -> false (DAPO, "
+        "https://arxiv.org/abs/2503.14476).",
+        issue=ONLINE_RL,
+    )
+    log_completions: Optional[bool] = planned(
+        False,
+        "Log sampled completions with their rewards.",
+        issue=ONLINE_RL,
+    )
+
+    # ---- batching and schedule --------------------------------------------------------------
+    num_iterations: Optional[int] = planned(
+        None,
+        "Optimisation passes over each generation batch (mu); None -> 1.",
+        issue=ONLINE_RL, ge=1,
+    )
+    steps_per_generation: Optional[int] = planned(
+        None,
+        "Optimizer micro-steps per generation batch; None -> gradient_accumulation_steps.",
+        issue=ONLINE_RL, ge=1,
+    )
+    generation_batch_size: Optional[int] = planned(
+        None,
+        "Completions per generation batch; None -> micro_batch_size * world * "
+        "steps_per_generation.",
+        issue=ONLINE_RL, ge=1,
+    )
+
+    # ---- advantages -------------------------------------------------------------------------
+    scale_rewards: Optional[ScaleRewards] = planned(
+        None,
+        "Advantage std scaling: group | batch | none (true = group, false = none); None -> group.",
+        issue=ONLINE_RL,
+    )
+    multi_objective_aggregation: Optional[MultiObjectiveAggregation] = planned(
+        None,
+        "Multi-reward aggregation; None -> sum_then_normalize (normalize_then_sum = GDPO, "
+        "https://arxiv.org/abs/2501.05242).",
+        issue=ONLINE_RL,
+    )
+    advantage_estimator: Optional[Literal["grpo", "rloo"]] = planned(
+        None,
+        "Group baseline: grpo (group mean) or rloo (leave-one-out, "
+        "https://arxiv.org/abs/2402.14740); None -> grpo.",
+        issue=ONLINE_RL,
+    )
+    unbiased_advantage: bool = planned(
+        False,
+        "Do not divide advantages by the group std (Dr. GRPO, https://arxiv.org/abs/2503.20783).",
+        issue=ONLINE_RL,
+    )
+    skip_zero_advantage_batches: bool = planned(
+        True,
+        "Skip the update of a micro-batch whose advantages are all zero.",
+        issue=ONLINE_RL,
+    )
+
+    # ---- DAPO: dynamic sampling and overlong penalty ----------------------------------------
+    filter_reward_metric: Optional[Union[str, list[str]]] = planned(
+        None,
+        "Dynamic sampling: drop groups whose named reward(s) have zero variance and draw more "
+        "(DAPO, https://arxiv.org/abs/2503.14476); None = off.",
+        issue=ONLINE_RL,
+    )
+    dynamic_sampling_max_retries: int = planned(
+        10,
+        "Extra prompt batches dynamic sampling may draw per step before training on what it has.",
+        issue=ONLINE_RL, ge=0,
+    )
+    overlong_penalty: bool = planned(
+        False,
+        "Add the soft overlong length penalty to the reward (DAPO, "
+        "https://arxiv.org/abs/2503.14476).",
+        issue=ONLINE_RL,
+    )
+    overlong_buffer_length: Optional[int] = planned(
+        None,
+        "Tokens before max_completion_length where the penalty ramps in; None -> "
+        "max_completion_length // 4.",
+        issue=ONLINE_RL, ge=1,
+    )
+    overlong_penalty_factor: float = planned(
+        1.0,
+        "Penalty reached at max_completion_length (reward -= factor at the limit).",
+        issue=ONLINE_RL, ge=0.0,
+    )
+
+    # ---- policy loss ------------------------------------------------------------------------
+    variant: Optional[Literal["grpo", "dapo", "gspo"]] = planned(
+        None,
+        "Cosmos-RL shorthand that sets the matching loss options (grpo | dapo | gspo).",
+        issue=ONLINE_RL,
+    )
+    loss_type: Optional[GRPOLossType] = planned(
+        None,
+        "Loss aggregation / objective (grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo); None"
+        " -> dapo.",
+        issue=ONLINE_RL,
+    )
+    importance_sampling_level: Optional[Literal["token", "sequence"]] = planned(
+        None,
+        "Importance ratio per token or per sequence (GSPO, https://arxiv.org/abs/2507.18071); None"
+        " -> token.",
+        issue=ONLINE_RL,
+    )
+    epsilon: Optional[float] = planned(
+        None,
+        "Lower clip range epsilon of the PPO ratio; None -> 0.2.",
+        issue=ONLINE_RL,
+    )
+    epsilon_high: Optional[float] = planned(
+        None,
+        "Upper clip range (DAPO clip-higher, 0.28 suggested; CISPO's eps_max); None -> epsilon.",
+        issue=ONLINE_RL,
+    )
+    delta: Optional[float] = planned(
+        None,
+        "Two-sided clip: cap the unclipped ratio at delta (INTELLECT-2, "
+        "https://arxiv.org/abs/2505.07291).",
+        issue=ONLINE_RL, gt=1.0,
+    )
+    lower_bound_ratio: Optional[float] = planned(
+        3.0,
+        "Dual-clip bound c: negative-advantage token loss capped at c*|A| "
+        "(https://arxiv.org/abs/1912.09729); None = off.",
+        issue=ONLINE_RL, gt=1.0,
+    )
+    aipo_rho: Optional[float] = planned(
+        None,
+        "AIPO one-sided ratio truncation rho, replaces clipping; 2-10 suggested "
+        "(https://arxiv.org/abs/2505.24034).",
+        issue=ONLINE_RL, gt=0.0,
+    )
+    sapo_temperature_pos: float = planned(
+        1.0,
+        "SAPO soft-gate temperature for positive advantages (loss_type: sapo).",
+        issue=ONLINE_RL, gt=0.0,
+    )
+    sapo_temperature_neg: float = planned(
+        1.05,
+        "SAPO soft-gate temperature for negative advantages (loss_type: sapo).",
+        issue=ONLINE_RL, gt=0.0,
+    )
+    unbiased_loss_max_tokens: Optional[int] = planned(
+        None,
+        "Dr. GRPO constant length normaliser; None -> max_completion_length (dr_grpo).",
+        issue=ONLINE_RL, ge=1,
+    )
+    entropy_coeff: float = planned(
+        0.0,
+        "Entropy bonus coefficient (loss -= coeff * mean token entropy).",
+        issue=ONLINE_RL,
+    )
+    positive_nll_coef: Optional[float] = planned(
+        None,
+        "NLL on completions with positive reward (VAPO, https://arxiv.org/abs/2504.05118); None = "
+        "off.",
+        issue=ONLINE_RL, ge=0.0,
+    )
+
+    # ---- KL and reference model -------------------------------------------------------------
+    beta: Optional[float] = planned(
+        None,
+        "KL coefficient (k3 estimator) to the reference; None -> 0.0 (no reference loaded).",
+        issue=ONLINE_RL, ge=0.0,
+    )
+    use_bias_correction_kl: Optional[bool] = planned(
+        None,
+        "Weight the KL term by the PPO ratio (DeepSeek-V3.2 unbiased KL); None -> false.",
+        issue=ONLINE_RL,
+    )
+    reference_reset_interval: Optional[int] = planned(
+        None,
+        "Copy the policy into the reference every N steps (needs beta > 0); None or 0 = never.",
+        issue=ONLINE_RL, ge=0,
+    )
+    sync_ref_model: bool = planned(
+        False,
+        "Soft-update the reference model (TR-DPO, https://arxiv.org/abs/2404.09656).",
+        issue=ONLINE_RL,
+    )
+    ref_model_mixup_alpha: float = planned(
+        0.9,
+        "Reference update: ref = alpha * policy + (1 - alpha) * ref (needs sync_ref_model).",
+        issue=ONLINE_RL, ge=0.0, le=1.0,
+    )
+    ref_model_sync_steps: int = planned(
+        64,
+        "Steps between reference soft updates (needs sync_ref_model).",
+        issue=ONLINE_RL, ge=1,
+    )
+
+    # ---- vLLM client ------------------------------------------------------------------------
+    use_vllm: bool = planned(
+        False,
+        "Generate rollouts with vLLM instead of in-process.",
+        issue=ONLINE_RL,
+    )
+    vllm_mode: Optional[Literal["server", "colocate"]] = planned(
+        None,
+        "vLLM in a separate server or colocated in the trainer; None -> server when use_vllm.",
+        issue=ONLINE_RL,
+    )
+    vllm_server_host: Optional[str] = planned(
+        "0.0.0.0",
+        "Host of the vLLM / rollout server.",
+        issue=ONLINE_RL,
+    )
+    vllm_server_port: Optional[int] = planned(
+        8000,
+        "Port of the vLLM / rollout server.",
+        issue=ONLINE_RL, ge=1, le=65535,
+    )
+    vllm_server_timeout: Optional[float] = planned(
+        None,
+        "Seconds to wait for the server to come up (also the LoRA-load timeout); None -> 240.",
+        issue=ONLINE_RL, gt=0,
+    )
+    vllm_group_port: Optional[int] = planned(
+        51216,
+        "Port of the NCCL weight-sync group.",
+        issue=ONLINE_RL, ge=1, le=65535,
+    )
+    vllm_lora_sync: bool = planned(
+        False,
+        "Sync weights by saving the LoRA adapter and loading it in vLLM (no NCCL).",
+        issue=ONLINE_RL,
+    )
+    vllm_sync_interval: Optional[int] = planned(
+        None,
+        "Optimizer steps between weight syncs to the engine; None -> 1.",
+        issue=ONLINE_RL, ge=1,
+    )
+
+    # ---- async rollouts ---------------------------------------------------------------------
+    use_data_producer: bool = planned(
+        False,
+        "Use the data-producer rollout protocol (selects the async trainer).",
+        issue=ONLINE_RL,
+    )
+    async_prefetch: bool = planned(
+        False,
+        "Generate the next rollouts in the background while training.",
+        issue=ONLINE_RL,
+    )
+    prefetch_depth: Optional[int] = planned(
+        None,
+        "Rollout batches generated ahead; None -> 1.",
+        issue=ONLINE_RL, ge=1,
+    )
+    streaming_partial_batch: Optional[bool] = planned(
+        None,
+        "Score a rollout batch in chunks of prompt groups; None -> false.",
+        issue=ONLINE_RL,
+    )
+    streaming_min_groups: Optional[int] = planned(
+        None,
+        "Prompt groups per streaming chunk; None -> 1.",
+        issue=ONLINE_RL, ge=1,
+    )
+
+    # ---- importance-sampling correction for stale / engine log-probs ------------------------
+    vllm_importance_sampling_correction: Optional[bool] = planned(
+        None,
+        "Reweight the loss by trainer/engine probability ratios; None -> true.",
+        issue=ONLINE_RL,
+    )
+    vllm_importance_sampling_mode: Optional[ImportanceSamplingMode] = planned(
+        None,
+        "IS correction granularity and cap handling; None -> token_truncate.",
+        issue=ONLINE_RL,
+    )
+    vllm_importance_sampling_cap: Optional[float] = planned(
+        None,
+        "IS ratio cap C (floor 1/C); None -> 3.0.",
+        issue=ONLINE_RL, ge=1.0,
+    )
+    off_policy_mask_threshold: Optional[float] = planned(
+        None,
+        "Drop negative-advantage sequences whose mean log-ratio exceeds this (DeepSeek-V3.2 "
+        "off-policy sequence masking); None = off.",
+        issue=ONLINE_RL, ge=0.0,
+    )
+
+    # ---- replay and re-roll -----------------------------------------------------------------
+    replay_buffer_size: int = planned(
+        0,
+        "Cached high-signal groups that replace zero-signal groups (0 = off).",
+        issue=ONLINE_RL, ge=0,
+    )
+    replay_recompute_logps: bool = planned(
+        True,
+        "Recompute old log-probs of replayed groups with the current model.",
+        issue=ONLINE_RL,
+    )
+    reroll_start_fraction: float = planned(
+        1.0,
+        "Fraction of max_steps after which all-zero-reward prompts are re-rolled (1.0 = off).",
+        issue=ONLINE_RL, ge=0.0, le=1.0,
+    )
+    reroll_max_groups: int = planned(
+        1,
+        "Most re-rolled prompt groups injected per batch.",
+        issue=ONLINE_RL, ge=0,
+    )
+
+
+class EBFTConfig(Section):
+    """The `ebft:` section: energy-based fine-tuning by feature matching
+    (https://arxiv.org/abs/2603.12248), structured and strided modes."""
+
+    mode: Literal["structured", "strided"] = planned(
+        "structured",
+        "structured: prompt + ground truth via the rollout engine; strided: raw text, blocks "
+        "generated in parallel.",
+        issue=EBFT,
+    )
+
+    # ---- features and rewards (both modes) --------------------------------------------------
+    feature_layers: list[DepthFraction] = planned(
+        [0.25, 0.5, 0.75],
+        "Depth fractions in (0, 1] of the frozen network's hidden states used as features.",
+        issue=EBFT, min_length=1,
+    )
+    embed_method: Literal["last_token", "mean_pooling", "completion_mean", "concat"] = planned(
+        "last_token",
+        "Pooling of token features into one embedding.",
+        issue=EBFT,
+    )
+    use_whitening: bool = planned(
+        False,
+        "Whiten features per group by the pseudo-inverse square root of their second moment.",
+        issue=EBFT,
+    )
+    alignment_coef: float = planned(
+        1.0,
+        "Weight of the alignment reward 2*cos(generated, ground truth).",
+        issue=EBFT,
+    )
+    diversity_coef: float = planned(
+        1.0,
+        "Weight of the diversity penalty 2/(n-1) * sum of pairwise dot products.",
+        issue=EBFT,
+    )
+    ce_coef: float = planned(
+        0.0,
+        "Cross-entropy coefficient on ground-truth tokens (0 = off; the paper uses 0.03).",
+        issue=EBFT, ge=0.0,
+    )
+
+    # ---- structured mode --------------------------------------------------------------------
+    adaptive_max_tokens: bool = planned(
+        True,
+        "Cap each batch's completion length by its ground-truth length * gt_length_multiplier.",
+        issue=EBFT,
+    )
+    gt_length_multiplier: float = planned(
+        1.5,
+        "Multiplier on ground-truth token count for adaptive_max_tokens.",
+        issue=EBFT, ge=0.1,
+    )
+
+    # ---- strided mode -----------------------------------------------------------------------
+    stride: int = planned(8, "Tokens between anchors (strided).", issue=EBFT, ge=1)
+    context_length: int = planned(
+        8,
+        "Position of the first anchor; each block sees the whole prefix before its anchor "
+        "(strided).",
+        issue=EBFT, ge=1,
+    )
+    generate_max_len: int = planned(8, "Tokens generated per block (strided).", issue=EBFT, ge=1)
+    n_samples_per_prompt: int = planned(4, "Rollouts per document (strided).", issue=EBFT, ge=1)
+    temperature: float = planned(
+        0.6,
+        "Sampling temperature; generated-token log-probs use it too (strided).",
+        issue=EBFT, ge=0.0,
+    )
+    top_p: float = planned(1.0, "Nucleus-sampling threshold (strided).", issue=EBFT, gt=0.0, le=1.0)
+    rl_coef: float = planned(1.0, "Coefficient of the REINFORCE term (strided).", issue=EBFT)
+    advantage_estimator: Literal["rloo", "grpo", "group_norm", "reinforce"] = planned(
+        "rloo",
+        "Per-block baseline: rloo (leave-one-out), grpo / group_norm (z-score), reinforce (none).",
+        issue=EBFT,
+    )
+    min_completion_prefix: int = planned(
+        0,
+        "Completion tokens before the first anchor for prompt+completion data (strided).",
+        issue=EBFT, ge=0,
+    )
+    mask_thinking_ce: Optional[bool] = planned(
+        None,
+        "Exclude thinking spans from the CE term (reasoning data); None -> false.",
+        issue=EBFT,
+    )
+
+
+class VLLMConfig(Section):
+    """The `vllm:` section: how `rlft serve` starts the vLLM rollout engine."""
+
+    host: Optional[str] = planned("0.0.0.0", "Address the server listens on.", issue=ONLINE_RL)
+    port: Optional[int] = planned(
+        8000,
+        "Port the server listens on.",
+        issue=ONLINE_RL, ge=1, le=65535,
+    )
+    tensor_parallel_size: Optional[int] = planned(
+        None,
+        "Tensor-parallel GPUs per engine; None -> 1.",
+        issue=ONLINE_RL, ge=1,
+    )
+    data_parallel_size: Optional[int] = planned(
+        None,
+        "Engine replicas (data parallel); None -> 1.",
+        issue=ONLINE_RL, ge=1,
+    )
+    gpu_memory_utilization: Optional[float] = planned(
+        None,
+        "Fraction of GPU memory for the engine; None -> 0.9 served, 0.3 colocated.",
+        issue=ONLINE_RL, gt=0.0, le=1.0,
+    )
+    dtype: Optional[str] = planned(
+        "auto",
+        "Engine weight dtype (auto, bfloat16, float16, float32).",
+        issue=ONLINE_RL,
+    )
+    max_model_len: Optional[int] = planned(
+        None,
+        "Engine context length; None -> the model's.",
+        issue=ONLINE_RL, ge=1,
+    )
+    enable_prefix_caching: Optional[bool] = planned(
+        None,
+        "Reuse KV cache across prompts sharing a prefix; None -> engine default.",
+        issue=ONLINE_RL,
+    )
+    enforce_eager: Optional[bool] = planned(
+        None,
+        "Disable CUDA-graph capture; None -> false.",
+        issue=ONLINE_RL,
+    )
+    kv_cache_dtype: Optional[str] = planned(
+        None,
+        "KV-cache dtype (e.g. fp8); None -> auto.",
+        issue=ONLINE_RL,
+    )
+    serve_module: Optional[str] = planned(
+        None,
+        "Python module implementing the server; None -> rlft's rollout server.",
+        issue=ONLINE_RL,
+    )
+    worker_extension_cls: Optional[str] = planned(
+        None,
+        "vLLM worker extension class for weight sync; None -> the server's default.",
+        issue=ONLINE_RL,
+    )
+    enable_reasoning: Optional[bool] = planned(
+        None,
+        "Split reasoning content from answers in responses.",
+        issue=ONLINE_RL,
+    )
+    reasoning_parser: Optional[str] = planned(
+        None,
+        "vLLM reasoning parser name (with enable_reasoning).",
+        issue=ONLINE_RL,
+    )
+    max_lora_rank: Optional[int] = planned(
+        None,
+        "Largest LoRA rank the engine accepts; None -> lora_r.",
+        issue=ONLINE_RL, ge=1,
+    )
+    max_loras: int = planned(2, "LoRA adapters kept loaded at once.", issue=ONLINE_RL, ge=1)
+    lora_dtype: Optional[str] = planned(
+        "bfloat16",
+        "Dtype of loaded LoRA adapters.",
+        issue=ONLINE_RL,
+    )
+
+
+class NemoGymDataset(Section):
+    """One entry of `nemo_gym_datasets`."""
+
+    path: str = planned(
+        ...,
+        "JSONL file, relative to nemo_gym_dir unless absolute (~ expanded).",
+        issue=ONLINE_RL,
+    )
+    server_name: str = planned(
+        ...,
+        "Resource server that verifies rows without their own agent_ref.",
+        issue=ONLINE_RL,
+    )
+    max_samples: Optional[int] = planned(
+        None,
+        "Rows sampled at random from the file; None = all.",
+        issue=ONLINE_RL, ge=1,
+    )
+
+
+class NemoGymFields(Section):
+    """Top-level `plugins` and `nemo_gym_*` keys (NeMo Gym environments as rewards / rollouts)."""
+
+    plugins: Optional[list[str]] = planned(
+        None,
+        "Integration plugins, e.g. axolotl.integrations.nemo_gym.NemoGymPlugin.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_enabled: Optional[bool] = planned(
+        None,
+        "Enable NeMo Gym; None -> true when the NeMo Gym plugin is listed.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_dir: Optional[str] = planned(
+        None,
+        "NeMo Gym checkout; None -> ~/Gym.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_auto_clone: Optional[bool] = planned(
+        None,
+        "Clone NeMo Gym into nemo_gym_dir if missing; None -> false.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_config_paths: Optional[list[str]] = planned(
+        None,
+        "Gym server configs for ng_run (required when auto-starting).",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_auto_start: bool = planned(
+        True,
+        "Start the Gym servers (ng_run) before training.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_head_port: int = planned(
+        11000,
+        "Port of the Gym head server.",
+        issue=ONLINE_RL, ge=1, le=65535,
+    )
+    nemo_gym_server_timeout: int = planned(
+        360,
+        "Seconds to wait for the Gym servers to start.",
+        issue=ONLINE_RL, ge=1,
+    )
+    nemo_gym_verify_timeout: int = planned(
+        30,
+        "Seconds per /verify request.",
+        issue=ONLINE_RL, ge=1,
+    )
+    nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=ONLINE_RL, ge=1)
+    nemo_gym_datasets: Optional[list[NemoGymDataset]] = planned(
+        None,
+        "Gym task files (replace `datasets:`; required when enabled).",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_model_name: Optional[str] = planned(
+        None,
+        "Model name sent to /verify; None -> base_model.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_multi_turn: Optional[bool] = planned(
+        None,
+        "Multi-turn rollouts through the agent /run endpoint; None -> false.",
+        issue=ONLINE_RL,
+    )
+    nemo_gym_max_turns: Optional[int] = planned(
+        None,
+        "Turn limit per multi-turn episode; None = the agent's.",
+        issue=ONLINE_RL, ge=1,
+    )
+
+
+class PreferenceFields(Section):
+    """Top-level keys of preference optimisation (DPO family, IPO, KTO, ORPO, SimPO/CPO) and
+    Bradley-Terry reward models."""
+
+    rl_beta: float = planned(
+        0.1,
+        "Beta of DPO/IPO/KTO/CPO/SimPO (IPO's tau) (DPO, https://arxiv.org/abs/2305.18290).",
+        issue=PREFERENCE, gt=0.0,
+    )
+    dpo_loss_type: Optional[list[DPOLossType]] = planned(
+        None,
+        "DPO loss(es), combined by dpo_loss_weights; None -> [sigmoid] ([ipo] for rl: ipo).",
+        issue=PREFERENCE, min_length=1,
+    )
+    dpo_loss_weights: Optional[list[float]] = planned(
+        None,
+        "One weight per dpo_loss_type entry; None -> all 1.0.",
+        issue=PREFERENCE, min_length=1,
+    )
+    dpo_label_smoothing: float = planned(
+        0.0,
+        "Label-noise epsilon of robust / exo_pair / aot losses (rDPO, "
+        "https://arxiv.org/abs/2403.00409).",
+        issue=PREFERENCE, ge=0.0, lt=0.5,
+    )
+    dpo_use_weighting: bool = planned(
+        False,
+        "Weight each pair by its policy probability (WPO, https://arxiv.org/abs/2406.11827).",
+        issue=PREFERENCE,
+    )
+    dpo_ld_alpha: Optional[float] = planned(
+        None,
+        "Weight of tokens beyond the shorter response (LD-DPO, https://arxiv.org/abs/2409.06411); "
+        "None = off.",
+        issue=PREFERENCE, ge=0.0, le=1.0,
+    )
+    dpo_discopop_tau: float = planned(
+        0.05,
+        "Temperature of the discopop loss (https://arxiv.org/abs/2406.08414).",
+        issue=PREFERENCE, gt=0.0,
+    )
+    kto_desirable_weight: float = planned(
+        1.0,
+        "Weight of desirable examples in KTO (https://arxiv.org/abs/2402.01306).",
+        issue=PREFERENCE, ge=0.0,
+    )
+    kto_undesirable_weight: float = planned(
+        1.0,
+        "Weight of undesirable examples in KTO.",
+        issue=PREFERENCE, ge=0.0,
+    )
+    orpo_alpha: float = planned(
+        0.1,
+        "Weight of the odds-ratio term in ORPO (https://arxiv.org/abs/2403.07691).",
+        issue=PREFERENCE, ge=0.0,
+    )
+    cpo_alpha: float = planned(
+        1.0,
+        "Weight of the NLL term on chosen in CPO/SimPO (CPO, https://arxiv.org/abs/2401.08417).",
+        issue=PREFERENCE, ge=0.0,
+    )
+    simpo_gamma: float = planned(
+        0.5,
+        "Target reward margin gamma of SimPO (https://arxiv.org/abs/2405.14734).",
+        issue=PREFERENCE,
+    )
+    cpo_loss_type: Optional[Literal["sigmoid", "hinge", "ipo", "simpo"]] = planned(
+        None,
+        "CPO-trainer loss variant; None -> simpo for rl: simpo.",
+        issue=PREFERENCE,
+    )
+    rl_adapter_ref_model: bool = planned(
+        False,
+        "With an adapter, load a separate reference model instead of disabling the adapter.",
+        issue=PREFERENCE,
+    )
+    precompute_ref_log_probs: bool = planned(
+        False,
+        "Compute reference log-probs once before training and store them with the dataset.",
+        issue=PREFERENCE,
+    )
+    reward_model: bool = planned(
+        False,
+        "Train a Bradley-Terry reward model (scalar head) on chosen/rejected pairs.",
+        issue=PREFERENCE,
+    )
+    num_labels: Optional[int] = planned(
+        None,
+        "Outputs of the sequence-classification head; None -> 1 for reward models.",
+        issue=PREFERENCE, ge=1,
+    )
+    center_rewards_coefficient: Optional[float] = planned(
+        None,
+        "Reward-centering penalty c * mean((r_c + r_r)^2) (https://arxiv.org/abs/2312.09244); 0.01"
+        " suggested.",
+        issue=PREFERENCE, ge=0.0,
+    )

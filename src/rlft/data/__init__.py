@@ -1,0 +1,1 @@
+"""Datasets: loading, row formats, tokenisation, length handling, batching and packing."""

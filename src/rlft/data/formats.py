@@ -1,0 +1,190 @@
+"""Row formats: turn a raw dataset row into a canonical record.
+
+Canonical SFT records are one of:
+  {"messages": [{"role", "content"}, ...]}   chat, tokenised with the chat template
+  {"prompt": str, "completion": str}        prompt masked, completion (+EOS) trained
+  {"text": str}                             every token trained (+EOS)
+
+`type:` is resolved like Axolotl: a built-in dotted name, else a user `module.fn` importable from the
+working directory (called as `fn(cfg, dataset_idx=i)`, returning `transform_fn` or
+`(transform_fn, map_kwargs)`), else a mapping meaning `user_defined`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from rlft.errors import DataError
+
+Record = dict[str, Any]
+RowFormat = Callable[[dict[str, Any]], Record]
+
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+
+class RowError(Exception):
+    """A row lacks a field or has a wrong value; the caller adds the dataset and row index."""
+
+
+def get_field(row: dict[str, Any], dotted: str) -> Any:
+    """Read `a.b.c` from nested mappings; a missing key raises RowError naming the field."""
+    node: Any = row
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node or node[part] is None:
+            raise RowError(f"missing field {dotted!r} (row has {sorted(row)})")
+        node = node[part]
+    return node
+
+
+def chat_template_format(ds) -> RowFormat:
+    """`chat_template`: a message list with configurable keys and role names."""
+    mapping = dict(ds.message_property_mappings or {})
+    mapping.setdefault("role", ds.message_field_role or "role")
+    mapping.setdefault("content", ds.message_field_content or "content")
+    role_names = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system", "tool": "tool"}
+    for canonical, aliases in (ds.roles or {}).items():
+        for alias in aliases:
+            role_names[alias] = canonical
+
+    def convert(row: dict[str, Any]) -> Record:
+        messages = get_field(row, ds.field_messages)
+        if not isinstance(messages, list) or not messages:
+            raise RowError(f"field {ds.field_messages!r} must be a non-empty list of messages")
+        out = []
+        for turn, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise RowError(f"{ds.field_messages}[{turn}] is not a mapping")
+            try:
+                raw_role, content = message[mapping["role"]], message[mapping["content"]]
+            except KeyError as missing:
+                raise RowError(f"{ds.field_messages}[{turn}] lacks key {missing.args[0]!r}") from None
+            role = role_names.get(raw_role, raw_role)
+            if role == "system" and ds.drop_system_message:
+                continue
+            out.append({"role": role, "content": "" if content is None else str(content)})
+        return {"messages": out}
+
+    return convert
+
+
+def alpaca_format(ds) -> RowFormat:
+    def convert(row: dict[str, Any]) -> Record:
+        instruction = get_field(row, "instruction")
+        extra = row.get("input") or ""
+        prompt = (ALPACA_PROMPT if extra else ALPACA_PROMPT_NO_INPUT).format(instruction=instruction, input=extra)
+        return {"prompt": prompt, "completion": str(get_field(row, "output"))}
+
+    return convert
+
+
+def completion_format(ds) -> RowFormat:
+    def convert(row: dict[str, Any]) -> Record:
+        return {"text": str(get_field(row, ds.field))}
+
+    return convert
+
+
+def prompt_completion_format(ds) -> RowFormat:
+    """Rows that already hold `prompt` and `completion` strings (or `messages`, or `text`)."""
+
+    def convert(row: dict[str, Any]) -> Record:
+        for keys in (("messages",), ("prompt", "completion"), ("text",)):
+            if all(key in row and row[key] is not None for key in keys):
+                if keys == ("messages",):
+                    return chat_template_format(ds)(row)
+                return {key: row[key] for key in keys}
+        raise RowError(f"no `type:` set and the row has none of messages / prompt+completion / text (it has {sorted(row)})")
+
+    return convert
+
+
+def user_defined_sft_format(spec) -> RowFormat:
+    def convert(row: dict[str, Any]) -> Record:
+        values = {
+            "instruction": get_field(row, spec.field_instruction),
+            "input": row.get(spec.field_input) or "",
+            "system": row.get(spec.field_system) or spec.system_prompt or "",
+        }
+        prompt = (spec.format if values["input"] else spec.no_input_format).format(**values)
+        if values["system"]:
+            prompt = spec.system_format.format(system=values["system"]) + prompt
+        return {"prompt": prompt, "completion": str(get_field(row, spec.field_output))}
+
+    return convert
+
+
+SFT_FORMATS: dict[str, Callable[[Any], RowFormat]] = {
+    "chat_template": chat_template_format,
+    "chat_template.default": chat_template_format,
+    "alpaca": alpaca_format,
+    "completion": completion_format,
+}
+
+
+def user_transform(name: str, cfg, index: int, where: str) -> tuple[Callable, dict[str, Any]] | None:
+    """Import `module.fn` from the working directory; None when no such module exists."""
+    module_name, _, fn_name = name.rpartition(".")
+    if not module_name:
+        return None
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None
+        raise DataError(f"{where}: importing {module_name} for type {name!r} failed: {exc}") from exc
+    if not hasattr(module, fn_name):
+        raise DataError(f"{where}: module {module_name} ({module.__file__}) has no function {fn_name!r}")
+    try:
+        made = getattr(module, fn_name)(cfg, dataset_idx=index)
+    except Exception as exc:
+        raise DataError(f"{where}: {name}(cfg, dataset_idx={index}) raised {type(exc).__name__}: {exc}") from exc
+    transform, map_kwargs = made if isinstance(made, tuple) else (made, {})
+    if not callable(transform):
+        raise DataError(f"{where}: {name} must return a function (or (function, map_kwargs)), got {type(transform).__name__}")
+    return transform, dict(map_kwargs or {})
+
+
+def bind_tokenizer(transform: Callable, tokenizer) -> Callable:
+    """Pass the tokenizer to transforms whose signature asks for it."""
+    parameters = inspect.signature(transform).parameters
+    for name in ("tokenizer", "processing_class"):
+        if name in parameters:
+            return lambda row: transform(row, **{name: tokenizer})
+    return transform
+
+
+def resolve_sft_format(ds, cfg, index: int, where: str, tokenizer) -> RowFormat:
+    """The function that turns one raw row of dataset `ds` into a canonical SFT record."""
+    from rlft.config import UserDefinedType
+
+    if ds.type is None:
+        return prompt_completion_format(ds)
+    if isinstance(ds.type, UserDefinedType):
+        return user_defined_sft_format(ds.type)
+    if ds.type in SFT_FORMATS:
+        return SFT_FORMATS[ds.type](ds)
+    found = user_transform(ds.type, cfg, index, where)
+    if found is None:
+        known = ", ".join(sorted(SFT_FORMATS))
+        raise DataError(
+            f"{where}: unknown type {ds.type!r}: SFT formats are {known}; a user transform `module.fn` "
+            f"must be importable from {Path.cwd()}"
+        )
+    transform, _ = found
+    transform = bind_tokenizer(transform, tokenizer)
+    canonical = prompt_completion_format(ds)
+    return lambda row: canonical(transform(row))

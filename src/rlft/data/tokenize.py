@@ -1,0 +1,117 @@
+"""Canonical SFT records -> token ids with loss labels (-100 = no loss), and length handling.
+
+Chat records are rendered with the tokenizer's chat template; which tokens are trained is decided
+on characters: each message's content is located in the rendered text, trained roles mark their
+content (and the end-of-turn marker, by `train_on_eos`), and a token is trained when its first
+character is marked. This works for any template, with or without `{% generation %}` tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlft.data.formats import Record, RowError
+from rlft.models.tokenizer import end_of_turn_token
+
+IGNORE = -100
+
+
+@dataclass
+class LengthReport:
+    """What length handling and formatting did to one dataset."""
+
+    name: str
+    rows: int = 0
+    kept: int = 0
+    dropped_too_long: int = 0
+    dropped_no_target: int = 0
+    truncated: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.lengths)
+        stats: dict[str, Any] = {}
+        if ordered:
+            stats = {
+                "min": ordered[0],
+                "mean": round(sum(ordered) / len(ordered), 1),
+                "p50": ordered[len(ordered) // 2],
+                "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
+                "max": ordered[-1],
+                "total_tokens": sum(ordered),
+            }
+        return {
+            "dataset": self.name,
+            "rows": self.rows,
+            "kept": self.kept,
+            "dropped_too_long": self.dropped_too_long,
+            "dropped_no_target": self.dropped_no_target,
+            "truncated": self.truncated,
+            "tokens": stats,
+        }
+
+
+def _chat_char_mask(text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str, eot: str | None) -> list[bool]:
+    marked = [False] * len(text)
+    cursor = 0
+    last_index = len(messages) - 1
+    for index, message in enumerate(messages):
+        content = message["content"].strip()
+        start = text.find(content, cursor) if content else cursor
+        if start < 0:
+            raise RowError(f"message {index} ({message['role']}) cannot be found in the rendered chat template text")
+        end = start + len(content)
+        trained = message["role"] in roles_to_train
+        if trained:
+            marked[start:end] = [True] * (end - start)
+        eos_wanted = {"turn": trained, "all": True, "last": index == last_index, "none": False}[train_on_eos]
+        if eot:
+            eot_at = text.find(eot, end)
+            next_start = text.find(messages[index + 1]["content"].strip(), end) if index < last_index else len(text)
+            if eot_at >= 0 and (next_start < 0 or eot_at < next_start):
+                if eos_wanted:
+                    marked[eot_at : eot_at + len(eot)] = [True] * len(eot)
+                end = eot_at + len(eot)
+        cursor = end
+    return marked
+
+
+def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_train: list[str], train_on_eos: str) -> dict[str, list[int]]:
+    """Token ids and labels for one canonical record (no truncation here)."""
+    if "messages" in record:
+        text = tokenizer.apply_chat_template(record["messages"], tokenize=False)
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(encoded["input_ids"])
+        if train_on_inputs:
+            return {"input_ids": ids, "labels": list(ids)}
+        marked = _chat_char_mask(text, record["messages"], set(roles_to_train), train_on_eos, end_of_turn_token(tokenizer))
+        labels = [tok if start < len(marked) and marked[start] else IGNORE for tok, (start, _) in zip(ids, encoded["offset_mapping"])]
+        return {"input_ids": ids, "labels": labels}
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if "text" in record:
+        ids = tokenizer(str(record["text"]), add_special_tokens=True)["input_ids"] + eos
+        return {"input_ids": ids, "labels": list(ids)}
+    prompt = tokenizer(str(record["prompt"]), add_special_tokens=True)["input_ids"]
+    completion = tokenizer(str(record["completion"]), add_special_tokens=False)["input_ids"] + eos
+    prompt_labels = list(prompt) if train_on_inputs else [IGNORE] * len(prompt)
+    return {"input_ids": prompt + completion, "labels": prompt_labels + completion}
+
+
+def fit_length(example: dict[str, list[int]], sequence_len: int, strategy: str) -> tuple[dict[str, list[int]] | None, str]:
+    """Apply excess_length_strategy. Returns (example or None, what happened: ok|truncated|too_long|no_target)."""
+    outcome = "ok"
+    if len(example["input_ids"]) > sequence_len:
+        if strategy == "drop":
+            return None, "too_long"
+        if strategy == "raise":
+            raise RowError(
+                f"row has {len(example['input_ids'])} tokens, more than sequence_len={sequence_len} "
+                "(raise sequence_len, or set excess_length_strategy: drop or truncate)"
+            )
+        example = {key: value[:sequence_len] for key, value in example.items()}
+        outcome = "truncated"
+    # the first token is never predicted (nothing precedes it), so it cannot be a target
+    if all(label == IGNORE for label in example["labels"][1:]):
+        return None, "no_target"
+    return example, outcome

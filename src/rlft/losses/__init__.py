@@ -1,0 +1,1 @@
+"""Pure loss functions over tensors: no models, files or devices."""

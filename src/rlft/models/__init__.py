@@ -1,0 +1,1 @@
+"""Models, tokenizers, chat templates and adapters."""

@@ -1,0 +1,193 @@
+"""Load the policy model and tokenizer as the config says: source, random init, attention, adapters.
+
+Weights are kept in float32 and `bf16`/`fp16` run as autocast mixed precision (accelerate), so
+optimizer updates are never rounded to 16 bits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlft.errors import ModelError
+from rlft.models.tokenizer import apply_chat_template_setting
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def resolve_source(name: str | None, key: str) -> str:
+    """A local folder as an absolute path, or a hub id when the hub may be used; else a clear error."""
+    if not name:
+        raise ModelError(f"`{key}` is not set: give a model folder (or a hub id when online)")
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ModelError(f"{key}: {local} is a file; give the model folder that contains config.json")
+        return str(local.resolve())
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    if looks_like_path:
+        raise ModelError(f"{key}: folder {local} does not exist (relative paths are read from {Path.cwd()})")
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelError(
+            f"{key}: {name!r} is not a local folder and HF_HUB_OFFLINE=1 forbids the hub: "
+            "download it first or point to a local folder"
+        )
+    return name
+
+
+def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
+    """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
+    source = resolve_source(cfg.tokenizer_config or cfg.base_model, "tokenizer_config" if cfg.tokenizer_config else "base_model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load a tokenizer from {source}: {exc}") from None
+    if cfg.special_tokens:
+        tokenizer.add_special_tokens(dict(cfg.special_tokens))
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(f"the tokenizer of {source} has neither a pad nor an eos token: set special_tokens.pad_token")
+        tokenizer.pad_token = tokenizer.eos_token
+    apply_chat_template_setting(tokenizer, cfg.chat_template, cfg.chat_template_jinja)
+    return tokenizer
+
+
+def check_attention(implementation: str, training: bool, device_type: str) -> None:
+    """Refuse attention choices that cannot run here, saying why and what to use instead."""
+    if implementation.startswith("flash_attention"):
+        package = "flash_attn_interface" if implementation == "flash_attention_3" else "flash_attn"
+        if device_type != "cuda":
+            raise ModelError(f"{implementation} needs a CUDA GPU; on {device_type} use sdp_attention (the default)")
+        if importlib.util.find_spec(package) is None:
+            raise ModelError(f"{implementation} needs the `{package}` package: pip install flash-attn, or use sdp_attention")
+    if implementation == "flex_attention" and training and device_type == "cpu":
+        raise ModelError(
+            "flex_attention cannot train on CPU (PyTorch has no flex_attention backward on CPU): "
+            "set flex_attention: false (sdpa is used) or train on a GPU"
+        )
+
+
+def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None) -> PreTrainedModel:
+    """Build the trainable model: base weights (or a seeded random init), attention, checkpointing, adapter.
+
+    With `random_init` and an adapter the frozen random base must be the same on resume and at
+    inference, so it is written once to `init_base_dir` and loaded from there afterwards.
+    """
+    attention = cfg.effective_attn_implementation
+    check_attention(attention, training=True, device_type=device_type)
+    if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
+        raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
+    source = resolve_source(cfg.base_model, "base_model")
+    kwargs: dict[str, Any] = {"attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
+    if init_base_dir is not None and (init_base_dir / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(init_base_dir, **kwargs)
+    elif cfg.random_init:
+        config_source = resolve_source(cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
+        config = AutoConfig.from_pretrained(config_source, trust_remote_code=cfg.trust_remote_code)
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        if init_base_dir is not None and cfg.adapter:
+            model.save_pretrained(init_base_dir)
+    else:
+        kwargs.update(_quantization_kwargs(cfg))
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except OSError as exc:
+            raise ModelError(
+                f"cannot load weights from {source}: {exc}. If the folder holds only config.json, set random_init: true"
+            ) from None
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.adapter:
+        model = attach_adapter(model, cfg)
+    return model
+
+
+def _quantization_kwargs(cfg) -> dict[str, Any]:
+    if not (cfg.load_in_4bit or cfg.load_in_8bit):
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    if cfg.load_in_8bit:
+        return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
+    return {
+        "quantization_config": BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16
+        )
+    }
+
+
+def lora_config(cfg):
+    from peft import LoraConfig
+
+    if cfg.lora_target_linear:
+        targets: Any = "all-linear"
+    else:
+        targets = cfg.lora_target_modules
+    init = True if cfg.peft_init_lora_weights is None else cfg.peft_init_lora_weights
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=targets,
+        modules_to_save=cfg.lora_modules_to_save,
+        use_rslora=cfg.peft_use_rslora,
+        use_dora=cfg.peft_use_dora,
+        init_lora_weights=init,
+        task_type="CAUSAL_LM",
+    )
+
+
+def attach_adapter(model: PreTrainedModel, cfg) -> Any:
+    """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
+    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
+
+    if cfg.load_in_4bit or cfg.load_in_8bit:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()
+    if cfg.lora_model_dir:
+        folder = Path(cfg.lora_model_dir).expanduser()
+        if not (folder / ADAPTER_CONFIG).exists():
+            raise ModelError(f"lora_model_dir: {folder} has no {ADAPTER_CONFIG}")
+        return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+    try:
+        return get_peft_model(model, lora_config(cfg))
+    except ValueError as exc:
+        raise ModelError(
+            f"cannot attach LoRA: {exc}. Set lora_target_modules (e.g. [q_proj, v_proj]) or lora_target_linear: true"
+        ) from None
+
+
+def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedTokenizerBase]:
+    """Load a model folder or an rlft checkpoint; a LoRA checkpoint is loaded on its base model."""
+    folder = Path(path).expanduser()
+    if (folder / "model").is_dir():  # an rlft checkpoint: weights live in checkpoint/model
+        folder = folder / "model"
+    source = resolve_source(str(folder) if folder.exists() else path, "model")
+    adapter_file = Path(source) / ADAPTER_CONFIG
+    if adapter_file.exists():
+        from peft import PeftModel
+
+        base_name = json.loads(adapter_file.read_text()).get("base_model_name_or_path")
+        base = AutoModelForCausalLM.from_pretrained(resolve_source(base_name, "adapter base model"))
+        model = PeftModel.from_pretrained(base, source)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source)
+        except OSError as exc:
+            raise ModelError(f"cannot load a model from {source}: {exc}") from None
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,94 @@
+"""Tokenizers and chat templates.
+
+`byte_tokenizer()` builds a lossless byte-level tokenizer in code (256 byte tokens + 4 specials, no
+files, no training): the tokenizer of the tiny models used by tests and the offline quickstart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from rlft.errors import ConfigError, ModelError
+
+BYTE_SPECIALS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# `{% generation %}` marks assistant text, so transformers can return assistant-token masks too.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token if bos_token else '' }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
+# The end-of-turn marker of each named template (trained on with train_on_eos).
+END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: ids 0-255 are bytes, 256-259 are `BYTE_SPECIALS`; ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_to_char = bytes_to_unicode()
+    core = Tokenizer(models.BPE(vocab={byte_to_char[i]: i for i in range(256)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(BYTE_SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def apply_chat_template_setting(tokenizer: PreTrainedTokenizerBase, name: str, jinja: str | None) -> None:
+    """Set the tokenizer's chat template from the `chat_template` / `chat_template_jinja` keys."""
+    if name == "tokenizer_default":
+        return
+    if name in NAMED_TEMPLATES:
+        tokenizer.chat_template = NAMED_TEMPLATES[name]
+        return
+    source = jinja if name == "jinja" else name
+    if not source:
+        raise ConfigError("chat_template: jinja needs chat_template_jinja (the template text or a .jinja file path)")
+    candidate = Path(source).expanduser()
+    if "{" not in source and candidate.suffix in (".jinja", ".j2"):
+        if not candidate.is_file():
+            raise ConfigError(f"chat template file not found: {candidate}")
+        source = candidate.read_text()
+    tokenizer.chat_template = source
+
+
+def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelError(
+            f"{where} needs a chat template but the tokenizer has none: set `chat_template: chatml` "
+            "(or llama3, or jinja with chat_template_jinja)"
+        )
+
+
+def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The string that closes an assistant turn in this tokenizer's template (for train_on_eos)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>"):
+        if marker in template:
+            return marker
+    return tokenizer.eos_token

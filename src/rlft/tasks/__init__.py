@@ -1,0 +1,1 @@
+"""Small synthetic tasks with verifiable answers, for the offline quickstart, tests and demos."""

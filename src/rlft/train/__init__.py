@@ -1,0 +1,1 @@
+"""The training loop (method-blind), recipes per method, checkpoints and metrics."""

@@ -1,0 +1,52 @@
+"""Which examples form each micro-batch of each epoch: a pure function of (seed, epoch).
+
+Because the order is recomputed from the seed, resuming at (epoch, batch index) replays exactly
+the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from rlft.data.collate import pack_examples, packed_batch, pad_batch
+
+
+class BatchPlan:
+    """Micro-batches of `examples` (packed into rows of `pack_capacity` tokens when given)."""
+
+    def __init__(self, examples: list[Any], micro_batch_size: int, seed: int, pad_id: int, pack_capacity: int | None = None,
+                 shard: tuple[int, int] = (0, 1), collate: Callable[[list[Any]], dict[str, Any]] | None = None):
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self.rank, self.world = shard
+        if pack_capacity:
+            self.items = [[examples[i] for i in pack] for pack in pack_examples(examples, pack_capacity)]
+            self.collate = collate or (lambda rows: packed_batch(rows, pad_id))
+        else:
+            self.items = list(examples)
+            self.collate = collate or (lambda rows: pad_batch(rows, pad_id))
+
+    def __len__(self) -> int:
+        """Micro-batches per epoch on this process."""
+        batches = math.ceil(len(self.items) / self.micro_batch_size)
+        return math.ceil(batches / self.world)
+
+    def epoch_order(self, epoch: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.items), generator=generator).tolist()
+        batches = [order[i : i + self.micro_batch_size] for i in range(0, len(order), self.micro_batch_size)]
+        mine = batches[self.rank :: self.world]
+        while len(mine) < len(self):  # equal counts on every process keep collectives in step
+            mine.append(mine[-1])
+        return mine
+
+    def batch(self, indices: list[int]) -> dict[str, Any]:
+        return self.collate([self.items[i] for i in indices])
+
+    def sequential(self) -> list[dict[str, Any]]:
+        """All items in order, for evaluation."""
+        return [self.batch(list(range(i, min(i + self.micro_batch_size, len(self.items)))))
+                for i in range(0, len(self.items), self.micro_batch_size)]

@@ -1,0 +1,180 @@
+"""Atomic, exactly-resumable checkpoints.
+
+A checkpoint `output_dir/checkpoint-N/` holds:
+  model/              save_pretrained output (only the adapter for LoRA) + tokenizer: loadable as is
+  optimizer.pt        optimizer state
+  scheduler.pt        learning-rate schedule state
+  rng.pt              python, numpy and torch RNG states
+  trainer_state.json  step, data position (epoch, batch), metrics; written last
+
+It is written under `output_dir/.tmp-checkpoint-N-PID/` and renamed into place, so a crash mid-save
+leaves the previous checkpoints untouched and never a half-written `checkpoint-N`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlft.errors import CheckpointError
+
+STATE_FILE = "trainer_state.json"
+REQUIRED = ("model", "optimizer.pt", "scheduler.pt", "rng.pt", STATE_FILE)
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class TrainState:
+    """Where training stands: enough, with the files above, to continue exactly."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    tokens_seen: int = 0
+    total_steps: int = 0
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None) -> Path:
+    """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final = output_dir / f"checkpoint-{state.global_step}"
+    staging = output_dir / f".tmp-checkpoint-{state.global_step}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    model.save_pretrained(staging / "model", safe_serialization=True)
+    tokenizer.save_pretrained(staging / "model")
+    torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+    torch.save(scheduler.state_dict(), staging / "scheduler.pt")
+    torch.save(rng_state(), staging / "rng.pt")
+    (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+    _fsync_tree(staging)
+    if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
+        old = output_dir / f".old-checkpoint-{state.global_step}-{os.getpid()}"
+        final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(final)
+    if keep:
+        for stale in list_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """checkpoint-N folders, oldest first (by N)."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why `folder` is not a complete checkpoint, or None when it is."""
+    if not folder.is_dir():
+        return "it does not exist"
+    missing = [name for name in REQUIRED if not (folder / name).exists()]
+    if missing:
+        return f"it lacks {', '.join(missing)} (a partial save?)"
+    weights = list((folder / "model").glob("*.safetensors"))
+    if not weights:
+        return "model/ holds no .safetensors weights"
+    try:
+        json.loads((folder / STATE_FILE).read_text())
+    except json.JSONDecodeError:
+        return f"{STATE_FILE} is not valid JSON"
+    return None
+
+
+def resolve_resume(setting: str | None, output_dir: Path) -> Path | None:
+    """The checkpoint to resume from: an explicit folder (must be complete) or `auto` (newest complete one)."""
+    if not setting:
+        return None
+    if setting == "auto":
+        for candidate in reversed(list_checkpoints(output_dir)):
+            if checkpoint_problem(candidate) is None:
+                return candidate
+        return None
+    folder = Path(setting).expanduser()
+    problem = checkpoint_problem(folder)
+    if problem:
+        earlier = [str(p) for p in list_checkpoints(folder.parent) if p != folder and checkpoint_problem(p) is None]
+        hint = f"; complete checkpoints there: {', '.join(earlier)}" if earlier else ""
+        raise CheckpointError(f"resume_from_checkpoint: {folder} is not a usable checkpoint: {problem}. Use `auto` or another checkpoint{hint}")
+    return folder
+
+
+def load_weights(model, folder: Path) -> None:
+    """Load checkpoint weights into an already-built model (full weights or a PEFT adapter)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    if (folder / "adapter_config.json").exists():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, state)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise CheckpointError(f"{folder}: adapter weights do not match the configured adapter ({unexpected[:3]} ...)")
+        return
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    tied = {name for name in missing if "lm_head" in name and getattr(target.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(
+            f"{folder}: weights do not match the configured model (missing {sorted(set(missing) - tied)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}): was it saved from a different base_model?"
+        )
+
+
+def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
+    load_weights(model, folder / "model")
+    try:
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        restore_rng(torch.load(folder / "rng.pt", weights_only=False))
+    except (RuntimeError, ValueError, KeyError, EOFError) as exc:
+        raise CheckpointError(f"{folder}: cannot restore optimizer/scheduler/RNG state: {exc}") from None
+    return TrainState(**json.loads((folder / STATE_FILE).read_text()))
+
+
+def clean_staging(output_dir: Path) -> None:
+    """Remove `.tmp-checkpoint-*` folders left by a run killed mid-save."""
+    if output_dir.is_dir():
+        for leftover in output_dir.glob(".tmp-checkpoint-*"):
+            shutil.rmtree(leftover, ignore_errors=True)

@@ -1,0 +1,203 @@
+"""The one training loop. It knows no algorithm: a recipe turns a micro-batch into (loss sum, metrics).
+
+Gradient accumulation is done here, not by accelerate: each micro-batch's loss *sum* is divided by
+the number of loss units (target tokens, pairs, ...) in the whole accumulation window, so the
+gradient equals that of one large batch whatever the split.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from rlft.errors import TrainingDiverged, TrainingInterrupted
+from rlft.train.batches import BatchPlan
+from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, resolve_resume, save_checkpoint
+from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
+from rlft.train.optim import build_optimizer, build_scheduler
+
+
+class Recipe(Protocol):
+    """What a training method supplies to the loop."""
+
+    name: str
+    train_plan: BatchPlan
+    eval_batches: list[dict[str, Any]]
+
+    def loss_units(self, batch: dict[str, Any]) -> int: ...
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+    def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]: ...
+
+
+@dataclass
+class LoopResult:
+    state: TrainState
+    checkpoint: Path | None
+    wall_time: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def total_steps_for(cfg, micro_batches_per_epoch: int) -> int:
+    steps_per_epoch = max(1, math.ceil(micro_batches_per_epoch / cfg.gradient_accumulation_steps))
+    return cfg.max_steps if cfg.max_steps else max(1, math.ceil(cfg.num_epochs * steps_per_epoch))
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Console) -> LoopResult:
+    output_dir = Path(cfg.output_dir)
+    main = accelerator.is_main_process
+    if main:
+        clean_staging(output_dir)
+    plan = recipe.train_plan
+    total_steps = total_steps_for(cfg, len(plan))
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_scheduler(cfg, optimizer, total_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    unwrapped = accelerator.unwrap_model(model)
+
+    state = TrainState(total_steps=total_steps)
+    resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir)
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, unwrapped, optimizer, scheduler)
+        state.total_steps = total_steps
+        console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}")
+    elif cfg.resume_from_checkpoint == "auto":
+        console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
+
+    log = MetricsLog(cfg, output_dir, enabled=main)
+    timer = PhaseTimer()
+    total_params = sum(p.numel() for p in unwrapped.parameters())
+    trainable_params = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
+    precision = "bf16" if accelerator.mixed_precision == "bf16" else ("fp16" if accelerator.mixed_precision == "fp16" else "fp32")
+    peak = peak_flops(accelerator.device, precision, cfg.mfu_peak_flops) * accelerator.num_processes
+    params = [p for p in model.parameters() if p.requires_grad]
+    ga = cfg.gradient_accumulation_steps
+    history: list[dict[str, Any]] = []
+    last_saved: Path | None = None
+    started = time.perf_counter()
+    order_cache: dict[int, list[list[int]]] = {}
+
+    def next_window() -> list[list[int]]:
+        window = []
+        while len(window) < ga:
+            order = order_cache.setdefault(state.epoch, plan.epoch_order(state.epoch))
+            if state.batch_in_epoch >= len(order):
+                order_cache.pop(state.epoch, None)
+                state.epoch += 1
+                state.batch_in_epoch = 0
+                continue
+            window.append(order[state.batch_in_epoch])
+            state.batch_in_epoch += 1
+        return window
+
+    def save() -> Path | None:
+        nonlocal last_saved
+        accelerator.wait_for_everyone()
+        if main:
+            with timer("save"):
+                last_saved = save_checkpoint(output_dir, state, unwrapped, tokenizer, optimizer, scheduler, cfg.save_total_limit)
+        return last_saved
+
+    def evaluate() -> dict[str, float]:
+        if not recipe.eval_batches:
+            return {}
+        model.eval()
+        with torch.no_grad(), accelerator.autocast():
+            result = recipe.evaluate(model, [_to_device(b, accelerator.device) for b in recipe.eval_batches])
+        model.train()
+        if main:
+            log.write(state.global_step, result)
+            history.append({"step": state.global_step, **result})
+            console.print(f"step {state.global_step}/{total_steps} | " + " | ".join(f"{k} {v:.4f}" for k, v in result.items()))
+        return result
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not (main and console.is_terminal),
+    )
+    task = progress.add_task(recipe.name, total=total_steps, completed=state.global_step, info="")
+    model.train()
+    try:
+        with progress:
+            while state.global_step < total_steps:
+                step_start = time.perf_counter()
+                with timer("data"):
+                    batches = [_to_device(plan.batch(ix), accelerator.device) for ix in next_window()]
+                units = sum(recipe.loss_units(b) for b in batches)
+                loss_total, step_metrics, tokens = 0.0, {}, 0
+                lr = scheduler.get_last_lr()[0]
+                for index, batch in enumerate(batches):
+                    sync = index == len(batches) - 1
+                    with timer("forward_backward"), (nullcontext() if sync else accelerator.no_sync(model)):
+                        with accelerator.autocast():
+                            loss_sum, metrics = recipe.loss(model, batch)
+                        accelerator.backward(loss_sum / max(units, 1))
+                    loss_total += float(loss_sum.detach())
+                    tokens += int(batch["num_tokens"])
+                    for key, value in metrics.items():
+                        step_metrics[key] = step_metrics.get(key, 0.0) + value / len(batches)
+                loss_value = loss_total / max(units, 1)
+                if not math.isfinite(loss_value):
+                    where = f"; the last good checkpoint is {last_saved}" if last_saved else ""
+                    raise TrainingDiverged(
+                        f"loss is {loss_value} at step {state.global_step + 1}{where}. Lower learning_rate, "
+                        "keep max_grad_norm set, or check the data for empty targets"
+                    )
+                with timer("optimizer"):
+                    max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
+                    grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                state.global_step += 1
+                state.tokens_seen += tokens
+                step_time = time.perf_counter() - step_start
+                record = {
+                    "loss": round(loss_value, 6),
+                    "learning_rate": lr,
+                    "grad_norm": round(grad_norm, 6),
+                    "epoch": round(state.epoch + state.batch_in_epoch / max(1, len(plan)), 4),
+                    "tokens": tokens,
+                    "tokens_per_s": round(tokens / step_time, 1),
+                    "step_time_s": round(step_time, 4),
+                    "mfu": round(tokens * flops_per_token(total_params, trainable_params) / step_time / peak, 5),
+                    "peak_memory_mb": round(peak_memory_mb(accelerator.device), 1),
+                    **{k: round(v, 6) for k, v in step_metrics.items()},
+                    **timer.pop(),
+                }
+                state.last_metrics = record
+                if main and (state.global_step % cfg.logging_steps == 0 or state.global_step == total_steps):
+                    log.write(state.global_step, record)
+                    history.append({"step": state.global_step, **record})
+                    info = f"loss {loss_value:.4f} | lr {lr:.2e} | {record['tokens_per_s']:.0f} tok/s"
+                    progress.update(task, info=info)
+                    if not console.is_terminal:
+                        console.print(f"step {state.global_step}/{total_steps} | {info} | grad_norm {grad_norm:.3f}")
+                progress.update(task, completed=state.global_step)
+                if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and state.global_step < total_steps:
+                    evaluate()
+                if cfg.save_steps and state.global_step % cfg.save_steps == 0 and state.global_step < total_steps:
+                    save()
+    except KeyboardInterrupt:
+        saved = save() if state.global_step > 0 else None
+        log.close()
+        where = f"checkpoint saved to {saved}; resume with --resume_from_checkpoint=auto" if saved else "no step had finished, nothing to save"
+        raise TrainingInterrupted(f"interrupted at step {state.global_step}/{total_steps}: {where}") from None
+    final_eval = evaluate()
+    state.last_metrics.update(final_eval)
+    checkpoint = save()
+    log.close()
+    return LoopResult(state=state, checkpoint=checkpoint, wall_time=time.perf_counter() - started, history=history)

@@ -1,0 +1,126 @@
+"""Run observability: metrics.jsonl (always), TensorBoard / W&B (when configured), progress with ETA, MFU.
+
+MFU = achieved model FLOP/s / peak FLOP/s of the device. Achieved FLOPs per token are
+2N (forward) + 2N (activation gradients) + 2N_trainable (weight gradients), N = parameter count;
+attention FLOPs are ignored. Peak figures: `mfu_peak_flops`, else the table below.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense peak FLOP/s per device. CPU figures are per core, measured on an AVX-512/AMX Xeon (spec/platform.md §5).
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12},
+    "A10G": {"bf16": 70e12, "fp16": 70e12, "fp32": 31.2e12},
+    "cpu-core": {"bf16": 1.0e12, "fp16": 160e9, "fp32": 162.5e9},
+}
+
+
+def peak_flops(device: torch.device, precision: str, override: float | None) -> float:
+    if override:
+        return override
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, table in PEAK_FLOPS.items():
+            if key in name:
+                return table[precision]
+        return PEAK_FLOPS["A100"][precision]
+    return PEAK_FLOPS["cpu-core"][precision] * torch.get_num_threads()
+
+
+def flops_per_token(total_params: int, trainable_params: int) -> float:
+    return 4.0 * total_params + 2.0 * trainable_params
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase (`with timer("forward_backward"): ...`)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+
+    def __call__(self, phase: str) -> "_Phase":
+        return _Phase(self, phase)
+
+    def pop(self) -> dict[str, float]:
+        totals, self.totals = self.totals, {}
+        return {f"time/{k}": round(v, 4) for k, v in totals.items()}
+
+
+class _Phase:
+    def __init__(self, timer: PhaseTimer, phase: str) -> None:
+        self.timer, self.phase = timer, phase
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.timer.totals[self.phase] = self.timer.totals.get(self.phase, 0.0) + time.perf_counter() - self.start
+
+
+class MetricsLog:
+    """Writes one JSON object per logged step to output_dir/metrics.jsonl and to optional trackers."""
+
+    def __init__(self, cfg, output_dir: Path, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.path = output_dir / "metrics.jsonl"
+        self.tensorboard = None
+        self.wandb = None
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.use_tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ImportError("use_tensorboard: true needs tensorboard: pip install tensorboard -c constraints.txt") from None
+            self.tensorboard = SummaryWriter(log_dir=str(output_dir / "runs"))
+        if cfg.use_wandb or cfg.wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise ImportError("use_wandb / wandb_project need wandb: pip install wandb -c constraints.txt") from None
+            self.wandb = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.wandb_name,
+                                    mode=cfg.wandb_mode, config=cfg.model_dump(mode="json"))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **metrics}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self.tensorboard is not None:
+            for key, value in numbers.items():
+                self.tensorboard.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

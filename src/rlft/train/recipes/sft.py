@@ -1,0 +1,41 @@
+"""SFT recipe: tokenised examples -> padded or packed batches -> next-token cross-entropy on targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlft.data.prepare import PreparedData
+from rlft.losses.sft import sft_loss_sum
+from rlft.train.batches import BatchPlan
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+class SFTRecipe:
+    name = "sft"
+
+    def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
+        capacity = cfg.sequence_len if cfg.sample_packing else None
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard)
+        eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, capacity)
+        self.eval_batches = eval_plan.sequential() if data.eval else []
+
+    def loss_units(self, batch: dict[str, Any]) -> int:
+        """Target tokens (the first position is never a target)."""
+        return int((batch["labels"][:, 1:] != -100).sum())
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        logits = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}, use_cache=False).logits
+        loss_sum, _ = sft_loss_sum(logits, batch["labels"])
+        return loss_sum, {}
+
+    def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
+        total, count = 0.0, 0
+        for batch in batches:
+            logits = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}, use_cache=False).logits
+            loss_sum, n = sft_loss_sum(logits, batch["labels"])
+            total, count = total + float(loss_sum), count + n
+        loss = total / max(count, 1)
+        return {"eval/loss": round(loss, 6), "eval/perplexity": round(float(torch.exp(torch.tensor(min(loss, 50.0)))), 4)}

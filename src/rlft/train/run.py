@@ -1,0 +1,114 @@
+"""`rlft train`: compose config, data, model and a recipe; print the plan, run the loop, print the summary."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rlft.config import planned_settings
+from rlft.errors import ConfigError, NotImplementedYet
+from rlft.train.loop import LoopResult, run_loop, total_steps_for
+
+BUILT_METHODS = {"sft"}
+METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "#3", "reward_model": "#3",
+                 "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
+
+
+def refuse_unbuilt(cfg) -> None:
+    """Stop before loading anything when the config asks for something not built yet."""
+    if cfg.method not in BUILT_METHODS:
+        raise NotImplementedYet(
+            f"{cfg.method!r} training is not implemented yet (planned in issue {METHOD_ISSUES[cfg.method]}); "
+            "`rlft validate` accepts the config, `rlft train` does not run it yet"
+        )
+    unbuilt = planned_settings(cfg)
+    if unbuilt:
+        listed = "\n".join(f"  - {key} (issue {issue})" for key, issue in unbuilt)
+        raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
+
+
+def make_accelerator(cfg):
+    from accelerate import Accelerator
+
+    cuda = torch.cuda.is_available()
+    if cfg.fp16 and not cuda:
+        raise ConfigError("fp16: true needs a CUDA GPU (CPUs have no fast float16 path): use bf16 or fp32")
+    bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and cuda and torch.cuda.is_bf16_supported())
+    if cfg.tf32 and cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"))
+
+
+def train(cfg, console: Console | None = None) -> LoopResult:
+    from accelerate.utils import set_seed
+
+    from rlft.data.prepare import prepare_sft_data
+    from rlft.models.loading import load_model, load_tokenizer, resolve_source
+    from rlft.train.recipes.sft import SFTRecipe
+
+    console = console or Console()
+    refuse_unbuilt(cfg)
+    accelerator = make_accelerator(cfg)
+    set_seed(cfg.seed)
+    output_dir = Path(cfg.output_dir)
+
+    tokenizer = load_tokenizer(cfg)
+    data = prepare_sft_data(cfg, tokenizer)
+    init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
+    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+    if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
+        model.peft_config["default"].base_model_name_or_path = str(init_base or resolve_source(cfg.base_model, "base_model"))
+    recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard=(accelerator.process_index, accelerator.num_processes))
+
+    if accelerator.is_main_process:
+        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator)
+    result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(model)
+        final.save_pretrained(output_dir, safe_serialization=True)
+        tokenizer.save_pretrained(output_dir)
+        print_summary(console, cfg, result)
+    return result
+
+
+def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator) -> None:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    steps = total_steps_for(cfg, micro_batches)
+    per_epoch = max(1, math.ceil(micro_batches / cfg.gradient_accumulation_steps))
+    table = Table(title=f"rlft train: {cfg.method}", show_header=False, title_justify="left")
+    table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
+    table.add_row("parameters", f"{total:,} total, {trainable:,} trainable" + (f" ({cfg.adapter} r={cfg.lora_r})" if cfg.adapter else ""))
+    for report in data.reports:
+        info = report.summary()
+        table.add_row("data", f"{info['dataset']}: {info['kept']}/{info['rows']} rows kept "
+                              f"({info['dropped_too_long']} too long, {info['dropped_no_target']} no target, {info['truncated']} truncated)")
+    table.add_row("train / eval rows", f"{len(data.train)} / {len(data.eval)}")
+    table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
+    effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
+    table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
+    table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    table.add_row("output", str(Path(cfg.output_dir).resolve()))
+    console.print(table)
+
+
+def print_summary(console: Console, cfg, result: LoopResult) -> None:
+    metrics = result.state.last_metrics
+    speeds = [h["tokens_per_s"] for h in result.history if "tokens_per_s" in h]
+    table = Table(title="rlft train: done", show_header=False, title_justify="left")
+    table.add_row("final model", str(Path(cfg.output_dir).resolve()))
+    table.add_row("checkpoint", str(result.checkpoint.resolve()) if result.checkpoint else "-")
+    table.add_row("steps", f"{result.state.global_step}")
+    table.add_row("final loss", f"{metrics.get('loss', float('nan')):.4f}")
+    if "eval/loss" in metrics:
+        table.add_row("eval loss", f"{metrics['eval/loss']:.4f}")
+    if speeds:
+        table.add_row("mean tokens/s", f"{sum(speeds) / len(speeds):,.0f}")
+    table.add_row("wall time", f"{result.wall_time:.1f} s")
+    table.add_row("metrics", str((Path(cfg.output_dir) / "metrics.jsonl").resolve()))
+    console.print(table)
