@@ -13,7 +13,7 @@ from rich.table import Table
 from rlft.errors import ConfigError, RlftError, TrainingInterrupted
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines: easy to read and grep
 
 
 def _train(args: argparse.Namespace) -> int:

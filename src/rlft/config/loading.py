@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlft.config.base import Section
-from rlft.config.schema import RlftConfig
+from rlft.config.schema import RlftConfig, combination_problems
 from rlft.errors import ConfigError
 
 _TYPE_WORDS = {
@@ -101,9 +101,9 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_config(data: dict[str, Any], source: str = "config") -> RlftConfig:
-    """Validate a config mapping; raise ConfigError listing every problem."""
+    """Validate a config mapping and its key combinations; raise ConfigError listing every problem."""
     try:
-        return RlftConfig.model_validate(data)
+        cfg = RlftConfig.model_validate(data)
     except ValidationError as exc:
         problems = [describe_error(err, data) for err in exc.errors()]
         # A union field reports each member; keep the deeper error (e.g. a misspelt key in a `type:` mapping).
@@ -111,8 +111,16 @@ def build_config(data: dict[str, Any], source: str = "config") -> RlftConfig:
             (where, what) for where, what in problems
             if not (what.startswith("expected") and any(other.startswith(where + ".") for other, _ in problems))
         ]
-        lines = "\n".join(f"  - {where}: {what}" for where, what in problems)
-        raise ConfigError(f"{source}: {len(problems)} problem(s)\n{lines}", problems) from None
+        raise _config_error(source, problems) from None
+    problems = [("combination", sentence) for sentence in combination_problems(cfg)]
+    if problems:
+        raise _config_error(source, problems)
+    return cfg
+
+
+def _config_error(source: str, problems: list[tuple[str, str]]) -> ConfigError:
+    lines = "\n".join(f"  - {where}: {what}" for where, what in problems)
+    return ConfigError(f"{source}: {len(problems)} problem(s)\n{lines}", problems)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RlftConfig:
@@ -223,7 +231,8 @@ def explain(key: str) -> str:
     info = model.model_fields.get(name)
     if info is None:
         guess = _closest(name, list(model.model_fields))
-        raise ConfigError(f"unknown key {key!r}" + (f": did you mean {guess!r}?" if guess else ""))
+        full = ".".join(parts[:-1] + [guess]) if guess else None
+        raise ConfigError(f"unknown key {key!r}" + (f": did you mean {full!r}?" if full else ""))
     default = info.get_default(call_default_factory=True)
     if isinstance(default, BaseModel):
         default = "(section)"

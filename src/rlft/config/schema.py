@@ -1,7 +1,7 @@
 """The whole config language: Axolotl-style top-level keys plus the `trl:`, `ebft:`, `vllm:` sections.
 
-Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in `RlftConfig.check_combinations`
-so that `rlft validate` reports them without loading a model or a dataset.
+Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in `combination_problems`
+(run by `rlft.config.build_config`), so `rlft validate` reports them without loading a model or a dataset.
 """
 
 from __future__ import annotations
@@ -253,16 +253,9 @@ class RlftConfig(PreferenceFields, NemoGymFields):
             return "eager"
         return "sdpa"
 
-    @model_validator(mode="after")
-    def check_combinations(self) -> "RlftConfig":
-        problems = list(combination_problems(self))
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
 
 def combination_problems(cfg: RlftConfig):
-    """Yield one sentence per impossible combination of keys, each naming the keys and the fix."""
+    """Yield (keys, sentence) per impossible combination: the keys involved and the fix."""
     set_keys = cfg.model_fields_set
     if not cfg.base_model:
         yield "base_model is not set: give a model folder (or a hub id when online)"

@@ -73,6 +73,9 @@ def _load_files(files: list[str], ds_type: str | None, where: str) -> Dataset:
     missing = [f for f in files if not Path(f).exists()]
     if missing:
         raise DataError(f"{where}: file not found: {', '.join(missing)} (relative paths are read from {Path.cwd()})")
+    empty = [f for f in files if Path(f).is_file() and Path(f).stat().st_size == 0]
+    if empty:
+        raise DataError(f"{where}: file is empty: {', '.join(empty)}")
     builder = _builder_for(files, ds_type, where)
     try:
         return load_dataset(builder, data_files=files, split="train")
@@ -96,7 +99,7 @@ def load_rows(ds, index: int) -> Dataset:
     else:
         rows = _load_hub(ds, split_name, where)
     if len(rows) == 0:
-        raise DataError(f"{where}: the dataset is empty")
+        raise DataError(f"{where}: the dataset has no rows")
     return apply_slice(rows, slice_spec, where)
 
 
@@ -104,7 +107,10 @@ def _load_folder(path: Path, data_files: list[str], ds, split_name: str, where: 
     if data_files:
         return _load_files([str(path / f) for f in data_files], ds.ds_type, where)
     if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        saved = load_from_disk(str(path))
+        try:
+            saved = load_from_disk(str(path))
+        except Exception as exc:
+            raise DataError(f"{where}: cannot read saved dataset {path}: {type(exc).__name__}: {exc}") from None
         if isinstance(saved, DatasetDict):
             if split_name not in saved:
                 raise DataError(f"{where}: saved dataset has splits {list(saved)}, not {split_name!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ def prepare_sft_data(cfg, tokenizer) -> PreparedData:
             evaluation.extend(examples)
             reports.append(report)
     elif cfg.val_set_size:
-        size = int(cfg.val_set_size) if cfg.val_set_size >= 1 else max(1, round(cfg.val_set_size * len(train)))
+        size = int(cfg.val_set_size) if cfg.val_set_size >= 1 else max(1, math.ceil(cfg.val_set_size * len(train)))
         if size >= len(train):
             raise DataError(f"val_set_size={cfg.val_set_size} leaves no training rows out of {len(train)}")
         evaluation, train = train[:size], train[size:]

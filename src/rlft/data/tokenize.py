@@ -1,9 +1,10 @@
 """Canonical SFT records -> token ids with loss labels (-100 = no loss), and length handling.
 
 Chat records are rendered with the tokenizer's chat template; which tokens are trained is decided
-on characters: each message's content is located in the rendered text, trained roles mark their
-content (and the end-of-turn marker, by `train_on_eos`), and a token is trained when its first
-character is marked. This works for any template, with or without `{% generation %}` tags.
+on characters: each message's content is located in the rendered text (by rendering once more
+with a sentinel in its place), trained roles mark their content (and the end-of-turn marker, by
+`train_on_eos`), and a token is trained when its first character is marked. This works for any
+template, with or without `{% generation %}` tags.
 """
 
 from __future__ import annotations
@@ -52,28 +53,41 @@ class LengthReport:
         }
 
 
-def _chat_char_mask(text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str, eot: str | None) -> list[bool]:
-    marked = [False] * len(text)
-    cursor = 0
-    last_index = len(messages) - 1
+SENTINEL = "\u2063RLFT-CONTENT\u2063"
+
+
+def _content_starts(tokenizer, messages: list[dict[str, str]], text: str) -> list[int]:
+    """Character offset of each message's content in `text`.
+
+    The conversation is rendered again with one message's content replaced by a sentinel; the text
+    before the content is the same in both renderings, so the sentinel's offset is the content's.
+    """
+    starts = []
     for index, message in enumerate(messages):
+        probe = [dict(m, content=SENTINEL) if i == index else m for i, m in enumerate(messages)]
+        start = tokenizer.apply_chat_template(probe, tokenize=False).find(SENTINEL)
         content = message["content"].strip()
-        start = text.find(content, cursor) if content else cursor
-        if start < 0:
-            raise RowError(f"message {index} ({message['role']}) cannot be found in the rendered chat template text")
-        end = start + len(content)
+        if start < 0 or not text.startswith(content, start) and not text.startswith(content, start + 1):
+            raise RowError(f"message {index} ({message['role']}) cannot be located in the rendered chat template text")
+        starts.append(start if text.startswith(content, start) else start + 1)
+    return starts
+
+
+def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str) -> list[bool]:
+    """True for every character that carries the loss."""
+    eot = end_of_turn_token(tokenizer)
+    marked = [False] * len(text)
+    last_index = len(messages) - 1
+    for index, (message, start) in enumerate(zip(messages, _content_starts(tokenizer, messages, text))):
+        end = start + len(message["content"].strip())
         trained = message["role"] in roles_to_train
         if trained:
             marked[start:end] = [True] * (end - start)
         eos_wanted = {"turn": trained, "all": True, "last": index == last_index, "none": False}[train_on_eos]
-        if eot:
-            eot_at = text.find(eot, end)
-            next_start = text.find(messages[index + 1]["content"].strip(), end) if index < last_index else len(text)
-            if eot_at >= 0 and (next_start < 0 or eot_at < next_start):
-                if eos_wanted:
-                    marked[eot_at : eot_at + len(eot)] = [True] * len(eot)
-                end = eot_at + len(eot)
-        cursor = end
+        if eos_wanted and eot:
+            gap = len(text[end:]) - len(text[end:].lstrip(" \t"))  # the marker follows the content directly
+            if text.startswith(eot, end + gap):
+                marked[end + gap : end + gap + len(eot)] = [True] * len(eot)
     return marked
 
 
@@ -85,7 +99,7 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         ids = list(encoded["input_ids"])
         if train_on_inputs:
             return {"input_ids": ids, "labels": list(ids)}
-        marked = _chat_char_mask(text, record["messages"], set(roles_to_train), train_on_eos, end_of_turn_token(tokenizer))
+        marked = _chat_char_mask(tokenizer, text, record["messages"], set(roles_to_train), train_on_eos)
         labels = [tok if start < len(marked) and marked[start] else IGNORE for tok, (start, _) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

@@ -129,6 +129,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not (main and console.is_terminal),
     )
     task = progress.add_task(recipe.name, total=total_steps, completed=state.global_step, info="")
+    if state.global_step == 0:
+        evaluate()  # the baseline, so the summary and metrics.jsonl show how far training moved it
     model.train()
     try:
         with progress:

@@ -37,10 +37,17 @@ def warmup_steps(cfg, total_steps: int) -> int:
 
 
 def lr_multiplier(step: int, total: int, warmup: int, kind: str, min_ratio: float = 0.0) -> float:
-    """Learning-rate factor at `step`: linear warm-up to 1, then the schedule's decay."""
+    """Learning-rate factor at `step` (0-based).
+
+    Warm-up (not for `constant`, as in transformers): (step + 1) / (warmup + 1) for step < warmup, so
+    the first step already learns (transformers starts at 0). Then cosine from 1 to min_ratio, linear
+    to 0, or constant 1, over the remaining total - warmup steps.
+    """
+    if kind == "constant":
+        return 1.0
     if warmup and step < warmup:
         return (step + 1) / (warmup + 1)
-    if kind in ("constant", "constant_with_warmup"):
+    if kind == "constant_with_warmup":
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     if kind == "linear":

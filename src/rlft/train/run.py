@@ -76,12 +76,19 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     return result
 
 
+def _key_value_table(title: str) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths are shown whole, never cut with an ellipsis
+    return table
+
+
 def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     steps = total_steps_for(cfg, micro_batches)
     per_epoch = max(1, math.ceil(micro_batches / cfg.gradient_accumulation_steps))
-    table = Table(title=f"rlft train: {cfg.method}", show_header=False, title_justify="left")
+    table = _key_value_table(f"rlft train: {cfg.method}")
     table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
     table.add_row("parameters", f"{total:,} total, {trainable:,} trainable" + (f" ({cfg.adapter} r={cfg.lora_r})" if cfg.adapter else ""))
     for report in data.reports:
@@ -100,7 +107,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
 def print_summary(console: Console, cfg, result: LoopResult) -> None:
     metrics = result.state.last_metrics
     speeds = [h["tokens_per_s"] for h in result.history if "tokens_per_s" in h]
-    table = Table(title="rlft train: done", show_header=False, title_justify="left")
+    table = _key_value_table("rlft train: done")
     table.add_row("final model", str(Path(cfg.output_dir).resolve()))
     table.add_row("checkpoint", str(result.checkpoint.resolve()) if result.checkpoint else "-")
     table.add_row("steps", f"{result.state.global_step}")

@@ -1,0 +1,109 @@
+"""Regenerate the reference tables of docs/config.md from the pydantic schema.
+
+    PYTHONPATH=src .venv/bin/python docs/gen_config_tables.py
+
+Rewrites the text between `<!-- BEGIN name -->` and `<!-- END name -->` markers in docs/config.md,
+so the tables always say exactly what the code accepts.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
+from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
+
+DOC = Path(__file__).with_name("config.md")
+ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet"}
+
+
+def type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin is typing.Literal:
+        return " \\| ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        text = " or ".join(type_name(a) for a in members)
+        return f"{text} or null" if len(members) < len(args) else text
+    if origin in (list, typing.List):
+        return f"list[{type_name(args[0])}]" if args else "list"
+    if origin in (dict, typing.Dict):
+        return f"mapping[{type_name(args[0])}, {type_name(args[1])}]" if args else "mapping"
+    if annotation is typing.Any:
+        return "any"
+    if isinstance(annotation, type):
+        if issubclass(annotation, BaseModel):
+            return "section" if annotation.__name__.endswith("Config") else annotation.__name__
+        return {"str": "string", "int": "int", "float": "float", "bool": "bool", "dict": "mapping"}.get(
+            annotation.__name__, annotation.__name__
+        )
+    return str(annotation).replace("typing.", "")
+
+
+def default_text(info) -> str:
+    if info.is_required():
+        return "required"
+    default = info.get_default(call_default_factory=True)
+    if isinstance(default, BaseModel):
+        return "(section)"
+    if default is None:
+        return "null"
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, str):
+        return f"`{default}`" if default else '`""`'
+    return f"`{default}`"
+
+
+def table(model: type[BaseModel], names: list[str] | None = None, prefix: str = "") -> str:
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+    for name, info in model.model_fields.items():
+        if names is not None and name not in names:
+            continue
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        description = (info.description or "").replace("|", "\\|")
+        if "planned" in extra:
+            description = f"**Not built yet ({ISSUES.get(extra['planned'], extra['planned'])}).** {description}"
+        rows.append(f"| `{prefix}{name}` | {type_name(info.annotation)} | {default_text(info)} | {description} |")
+    return "\n".join(rows)
+
+
+def own_fields(model: type[BaseModel], *exclude: type[BaseModel]) -> list[str]:
+    inherited = {name for base in exclude for name in base.model_fields}
+    return [name for name in model.model_fields if name not in inherited]
+
+
+TABLES = {
+    "top-level": lambda: table(RlftConfig, own_fields(RlftConfig, PreferenceFields, NemoGymFields)),
+    "dataset": lambda: table(DatasetConfig),
+    "user-defined": lambda: table(UserDefinedType),
+    "preference": lambda: table(PreferenceFields),
+    "trl": lambda: table(TRLConfig, prefix="trl."),
+    "ebft": lambda: table(EBFTConfig, prefix="ebft."),
+    "vllm": lambda: table(VLLMConfig, prefix="vllm."),
+    "nemo-gym": lambda: table(NemoGymFields),
+    "nemo-gym-dataset": lambda: table(NemoGymDataset),
+}
+
+
+def main() -> None:
+    text = DOC.read_text()
+    for name, make in TABLES.items():
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"{DOC}: no markers for table {name!r}")
+        text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+    DOC.write_text(text)
+    print(f"rewrote {len(TABLES)} tables in {DOC}")
+
+
+if __name__ == "__main__":
+    main()

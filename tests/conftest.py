@@ -1,0 +1,72 @@
+"""Shared fixtures: offline environment, a tiny model folder, addition data, config files, the CLI."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """An XS Llama folder (config + byte tokenizer, no weights): train it with random_init."""
+    from rlft.models.tiny import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-xs", "XS", max_positions=128)
+
+
+@pytest.fixture(scope="session")
+def addition_files(tmp_path_factory) -> dict[str, Path]:
+    from rlft.tasks.addition import split_rows, write_jsonl
+
+    folder = tmp_path_factory.mktemp("addition")
+    train, held_out = split_rows()
+    write_jsonl(train, folder / "train.jsonl")
+    write_jsonl(held_out[:64], folder / "heldout.jsonl")
+    return {"train": folder / "train.jsonl", "heldout": folder / "heldout.jsonl"}
+
+
+@pytest.fixture
+def make_config(tmp_path, tiny_model_dir, addition_files):
+    """Write a small SFT config (overridable) to tmp_path and return its path."""
+
+    def make(**overrides) -> Path:
+        config = {
+            "base_model": str(tiny_model_dir),
+            "random_init": True,
+            "datasets": [{"path": str(addition_files["train"])}],
+            "sequence_len": 32,
+            "micro_batch_size": 16,
+            "max_steps": 6,
+            "learning_rate": 3e-3,
+            "lr_scheduler": "cosine",
+            "warmup_steps": 1,
+            "logging_steps": 1,
+            "seed": 3,
+            "output_dir": str(tmp_path / "out"),
+        }
+        config.update(overrides)
+        path = tmp_path / f"config-{len(list(tmp_path.glob('config-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    return make
+
+
+@pytest.fixture
+def cli():
+    """Run `rlft ...` in-process through the real entry point; returns the exit code."""
+    from rlft.cli import main
+
+    return lambda *args: main([str(a) for a in args])
+

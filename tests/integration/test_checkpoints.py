@@ -1,0 +1,65 @@
+"""Checkpoint safety: partial or corrupt checkpoints never break `auto`; named ones are refused clearly; Ctrl-C saves."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlft.errors import CheckpointError
+from rlft.train.checkpoint import resolve_resume
+from rlft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def test_auto_skips_partial_checkpoint_and_resumes(make_config, cli, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=4, save_steps=2)) == 0
+    # a run killed mid-save: a staging folder, and a checkpoint-5 missing its state and optimizer
+    (out / ".tmp-checkpoint-5-999").mkdir()
+    shutil.copytree(out / "checkpoint-4", out / "checkpoint-5")
+    (out / "checkpoint-5" / "trainer_state.json").unlink()
+    (out / "checkpoint-5" / "optimizer.pt").unlink()
+    assert resolve_resume("auto", out) == out / "checkpoint-4"
+
+    capsys.readouterr()
+    assert cli("train", make_config(max_steps=6, resume_from_checkpoint="auto")) == 0
+    assert "Resumed from" in capsys.readouterr().out
+    steps = [m["step"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert not list(out.glob(".tmp-checkpoint-*"))  # leftovers cleaned
+
+
+def test_named_partial_or_corrupt_checkpoint_is_refused(make_config, cli, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    broken = out / "checkpoint-2"
+    (broken / "trainer_state.json").unlink()
+    with pytest.raises(CheckpointError, match=r"lacks trainer_state.json .*checkpoint-1"):
+        resolve_resume(str(broken), out)
+    (out / "checkpoint-1" / "trainer_state.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        resolve_resume(str(out / "checkpoint-1"), out)
+    capsys.readouterr()
+    assert cli("train", make_config(resume_from_checkpoint=str(broken))) == 1
+    assert "is not a usable checkpoint" in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path):
+    config = make_config(max_steps=100000, logging_steps=1, micro_batch_size=8)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "checkpoint saved to" in err and "resume_from_checkpoint=auto" in err
+    assert resolve_resume("auto", tmp_path / "out") is not None

@@ -1,0 +1,75 @@
+"""Bad input through the CLI: one clear line naming the place and the fix, exit code 1, no traceback."""
+
+import pytest
+
+
+def test_missing_config_file(cli, capsys, tmp_path):
+    assert cli("train", tmp_path / "nope.yaml") == 1
+    err = capsys.readouterr().err
+    assert "config file not found" in err and "nope.yaml" in err and "Traceback" not in err
+
+
+def test_yaml_syntax_error_names_the_line(cli, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base_model: x\ndatasets:\n  - path: a\n   type: b: c\n")
+    assert cli("validate", bad) == 1
+    assert "line 4" in capsys.readouterr().err
+
+
+def test_validate_lists_every_problem(cli, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base_model: x\ndatasets: [{path: a}]\nlerning_rate: 1\nmicro_batch_size: two\ntrl: {num_generaitons: 3}\n")
+    assert cli("validate", bad) == 1
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err
+    assert "did you mean 'learning_rate'" in err and "did you mean 'num_generations'" in err
+    assert "expected a whole number, got 'two'" in err
+
+
+def test_validate_ok_and_explain(cli, capsys, make_config):
+    assert cli("validate", make_config()) == 0
+    assert capsys.readouterr().out.strip() == "OK"
+    assert cli("validate", "--explain", "trl.beta") == 0
+    assert "planned in issue #4" in capsys.readouterr().out
+
+
+def test_missing_base_model_folder(cli, capsys, make_config, tmp_path):
+    assert cli("train", make_config(base_model=str(tmp_path / "no-such-model"))) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_hub_id_offline(cli, capsys, make_config):
+    assert cli("train", make_config(base_model="Qwen/Qwen2.5-0.5B", random_init=False)) == 1
+    assert "HF_HUB_OFFLINE=1" in capsys.readouterr().err
+
+
+def test_missing_dataset_file(cli, capsys, make_config, tmp_path):
+    assert cli("train", make_config(datasets=[{"path": str(tmp_path / "missing.jsonl")}])) == 1
+    err = capsys.readouterr().err
+    assert "datasets[0]" in err and "missing.jsonl" in err
+
+
+def test_row_missing_field(cli, capsys, make_config, tmp_path):
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"conversation": []}\n')
+    assert cli("train", make_config(datasets=[{"path": str(data), "type": "chat_template"}])) == 1
+    err = capsys.readouterr().err
+    assert "datasets[0]" in err and "row 1" in err and "'messages'" in err
+
+
+def test_everything_dropped(cli, capsys, make_config):
+    assert cli("train", make_config(sequence_len=4)) == 1
+    err = capsys.readouterr().err
+    assert "no training rows left" in err and "too long" in err
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"rl": "dpo"}, "not implemented yet (planned in issue #3)"),
+    ({"fsdp": ["full_shard"]}, "fsdp (issue multi-GPU)"),
+    ({"flex_attention": True}, "flex_attention cannot train on CPU"),
+    ({"fp16": True}, "fp16: true needs a CUDA GPU"),
+    ({"adapter": "qlora", "load_in_4bit": True}, "need a CUDA GPU and the bitsandbytes package"),
+])
+def test_refusals_say_why(cli, capsys, make_config, settings, words):
+    assert cli("train", make_config(**settings)) == 1
+    assert words in capsys.readouterr().err

@@ -1,0 +1,361 @@
+"""The config language: seed examples, error messages, YAML reading, overrides, explain, planned settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlft.config import build_config, deep_merge, explain, load_config, parse_overrides, planned_settings, read_yaml
+from rlft.errors import ConfigError, NotImplementedYet
+
+SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "configs"
+SEED_FILES = sorted(SEEDS.glob("[0-9]*.yaml")) if SEEDS.is_dir() else []
+
+
+def base_for(fragment: dict) -> str:
+    """The base a seed fragment merges onto (shared/seeds/configs/README.md)."""
+    return "_base-grpo.yaml" if "trl" in fragment or fragment.get("rl") in ("grpo", "gdpo") else "_base-dpo.yaml"
+
+
+def messages(problems: list[tuple[str, str]]) -> str:
+    return "\n".join(f"{where}: {what}" for where, what in problems)
+
+
+# ---------------------------------------------------------------- seed examples
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [pytest.param(p, id=p.name) for p in SEED_FILES]
+    or [pytest.param(None, id="no-seeds", marks=pytest.mark.skip(reason=f"seed configs folder {SEEDS} is absent"))],
+)
+def test_seed_example_validates_merged_onto_its_base(seed):
+    fragment = read_yaml(seed)
+    merged = deep_merge(read_yaml(SEEDS / base_for(fragment)), fragment)
+    cfg = build_config(merged, source=seed.name)
+    assert cfg.rl == merged["rl"]
+
+
+@pytest.mark.skipif(not SEED_FILES, reason=f"seed configs folder {SEEDS} is absent")
+def test_seed_examples_are_all_there():
+    assert len(SEED_FILES) == 32
+    assert (SEEDS / "_base-dpo.yaml").is_file() and (SEEDS / "_base-grpo.yaml").is_file()
+
+
+def test_deep_merge_merges_mappings_and_replaces_lists():
+    base = {"trl": {"beta": 0.1, "num_generations": 4}, "datasets": [{"path": "a"}, {"path": "b"}], "seed": 1}
+    update = {"trl": {"beta": 0.2}, "datasets": [{"path": "c"}]}
+    assert deep_merge(base, update) == {"trl": {"beta": 0.2, "num_generations": 4}, "datasets": [{"path": "c"}], "seed": 1}
+    assert base["trl"] == {"beta": 0.1, "num_generations": 4}  # inputs untouched
+
+
+# ---------------------------------------------------------------- misspelt keys
+
+
+def test_top_level_typo_names_closest_key(config_problems):
+    assert config_problems(lerning_rate=1e-5) == [("lerning_rate", "unknown key 'lerning_rate': did you mean 'learning_rate'?")]
+
+
+def test_trl_typo_names_closest_key(config_problems):
+    assert config_problems(trl={"num_generaitons": 4}) == [
+        ("trl.num_generaitons", "unknown key 'num_generaitons': did you mean 'num_generations'?")
+    ]
+
+
+def test_dataset_entry_typo_names_closest_key(config_problems):
+    problems = config_problems(datasets=[{"path": "a.jsonl"}, {"pth": "b.jsonl"}])
+    assert ("datasets[1].pth", "unknown key 'pth': did you mean 'path'?") in problems
+
+
+def test_user_defined_type_typo_names_closest_key(config_problems):
+    problems = config_problems(datasets=[{"path": "a.jsonl", "type": {"field_promt": "question"}}])
+    assert problems == [("datasets[0].type.field_promt", "unknown key 'field_promt': did you mean 'field_prompt'?")]
+
+
+def test_key_in_wrong_section_names_its_section(config_problems):
+    assert config_problems(beta=0.04) == [("beta", "unknown key 'beta' here; it belongs under trl.beta")]
+
+
+def test_wrong_type_names_expected_type_and_value(config_problems):
+    assert config_problems(micro_batch_size="two") == [("micro_batch_size", "expected a whole number, got 'two' (str)")]
+
+
+def test_literal_typo_suggests_closest_value(config_problems):
+    [(where, what)] = config_problems(optimizer="adamw_torh")
+    assert where == "optimizer"
+    assert what.startswith("'adamw_torh' is not allowed: expected 'adamw_torch'")
+    assert what.endswith("(did you mean 'adamw_torch'?)")
+
+
+# ---------------------------------------------------------------- impossible combinations
+
+
+def test_grpo_batch_not_divisible_by_generations_names_both_numbers(config_problems):
+    [(where, what)] = config_problems(rl="grpo", micro_batch_size=3, gradient_accumulation_steps=2, trl={"num_generations": 4})
+    assert where == "combination"
+    assert "micro_batch_size * gradient_accumulation_steps = 3 * 2 = 6" in what
+    assert "divisible by trl.num_generations = 4" in what
+
+
+def test_grpo_default_generations_is_eight(config_problems):
+    [(_, what)] = config_problems(rl="grpo", micro_batch_size=4)
+    assert "= 4 must be divisible by trl.num_generations = 8" in what
+
+
+def test_grpo_divisible_batch_validates(config):
+    cfg = config(rl="grpo", micro_batch_size=2, gradient_accumulation_steps=2, trl={"num_generations": 4})
+    assert cfg.trl.num_generations == 4
+
+
+def test_one_generation_per_prompt_is_refused(config_problems):
+    assert config_problems(rl="grpo", trl={"num_generations": 1}) == [
+        ("combination", "trl.num_generations is 1: group-relative advantages need at least 2 completions per prompt")
+    ]
+
+
+def test_bf16_and_fp16_together(config_problems):
+    assert config_problems(bf16=True, fp16=True) == [("combination", "bf16 and fp16 are both true: choose one precision")]
+
+
+def test_bf16_auto_with_fp16_is_allowed(config):
+    assert config(bf16="auto", fp16=True).fp16 is True
+
+
+def test_warmup_steps_and_ratio_together(config_problems):
+    assert config_problems(warmup_steps=10, warmup_ratio=0.1) == [
+        ("combination", "warmup_steps and warmup_ratio are both set: keep one")
+    ]
+
+
+def test_lora_keys_without_adapter(config_problems):
+    assert config_problems(lora_r=16, lora_alpha=32) == [
+        ("combination", "lora_alpha, lora_r set without `adapter`: add `adapter: lora` (or remove them)")
+    ]
+
+
+def test_lora_keys_with_adapter_validate(config):
+    assert config(adapter="lora", lora_r=16).lora_r == 16
+
+
+def test_gdpo_with_sum_then_normalize(config_problems):
+    [(where, what)] = config_problems(
+        rl="gdpo", micro_batch_size=4, trl={"num_generations": 4, "multi_objective_aggregation": "sum_then_normalize"}
+    )
+    assert where == "combination"
+    assert what.startswith("rl: gdpo normalises each reward before summing")
+    assert "sum_then_normalize" in what
+
+
+def test_qlora_without_4bit(config_problems):
+    assert config_problems(adapter="qlora") == [("combination", "adapter: qlora needs load_in_4bit: true")]
+
+
+def test_sample_packing_with_dpo(config_problems):
+    assert config_problems(rl="dpo", sample_packing=True) == [("combination", "sample_packing applies to SFT only, not rl: dpo")]
+
+
+def test_missing_base_model_and_empty_datasets_both_reported():
+    with pytest.raises(ConfigError) as caught:
+        build_config({"datasets": []})
+    text = messages(caught.value.problems)
+    assert "base_model is not set" in text
+    assert "datasets is empty" in text
+
+
+def test_dataset_without_path_or_data_files(config_problems):
+    assert config_problems(datasets=[{"split": "train"}]) == [
+        ("datasets[0]", "a dataset needs `path` (a file, folder or hub id) or `data_files`")
+    ]
+
+
+def test_several_key_problems_all_listed(config_problems):
+    problems = config_problems(lerning_rate=1e-5, micro_batch_size="two", trl={"num_generaitons": 4}, optimizer="sgdd")
+    assert sorted(where for where, _ in problems) == ["lerning_rate", "micro_batch_size", "optimizer", "trl.num_generaitons"]
+
+
+def test_several_combination_problems_all_listed(config_problems):
+    text = messages(config_problems(bf16=True, fp16=True, warmup_steps=1, warmup_ratio=0.1, adapter="qlora"))
+    assert "bf16 and fp16 are both true" in text
+    assert "warmup_steps and warmup_ratio are both set" in text
+    assert "adapter: qlora needs load_in_4bit: true" in text
+
+
+@pytest.mark.xfail(strict=True, reason="by design: combination checks run once every key is valid")
+def test_key_problems_and_combination_problems_listed_together(config_problems):
+    text = messages(config_problems(lerning_rate=1e-5, bf16=True, fp16=True))
+    assert "did you mean 'learning_rate'" in text
+    assert "bf16 and fp16 are both true" in text
+
+
+def test_error_message_counts_and_lists_problems():
+    with pytest.raises(ConfigError) as caught:
+        build_config({"base_model": "m", "datasets": [{"path": "x"}], "lerning_rate": 1, "seeed": 2}, source="my.yaml")
+    first_line, *rest = str(caught.value).splitlines()
+    assert first_line == "my.yaml: 2 problem(s)"
+    assert len(rest) == 2 and all(line.startswith("  - ") for line in rest)
+
+
+# ---------------------------------------------------------------- read_yaml
+
+
+def test_read_yaml_missing_file_names_path(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="config file not found: " + str(missing)):
+        read_yaml(missing)
+
+
+def test_read_yaml_syntax_error_names_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("base_model: m\nlearning_rate: 1.0e-5\nseed: a: b\nmax_steps: 3\n")
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(path)
+    assert str(caught.value).startswith(f"{path}: YAML syntax error at line 3, column ")
+
+
+def test_read_yaml_top_level_list_refused(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- base_model: m\n")
+    with pytest.raises(ConfigError, match="the top level must be a mapping of keys, got list"):
+        read_yaml(path)
+
+
+def test_read_yaml_empty_file_is_empty_mapping(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing\n")
+    assert read_yaml(path) == {}
+
+
+def test_read_yaml_folder_refused(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder"):
+        read_yaml(tmp_path)
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def test_override_dotted_key_is_nested_float():
+    assert parse_overrides(["--trl.beta=0.01"]) == {"trl": {"beta": 0.01}}
+
+
+def test_override_space_separated_value():
+    assert parse_overrides(["--max_steps", "5"]) == {"max_steps": 5}
+
+
+def test_override_list_value():
+    assert parse_overrides(["--lora_target_modules=[q_proj,v_proj]"]) == {"lora_target_modules": ["q_proj", "v_proj"]}
+
+
+def test_override_bare_flag_is_true():
+    assert parse_overrides(["--sample_packing", "--max_steps=2"]) == {"sample_packing": True, "max_steps": 2}
+
+
+def test_override_dashes_become_underscores():
+    assert parse_overrides(["--learning-rate=0.5"]) == {"learning_rate": 0.5}
+
+
+def test_override_without_dashes_refused():
+    with pytest.raises(ConfigError, match="unexpected argument 'max_steps=5'"):
+        parse_overrides(["max_steps=5"])
+
+
+def test_load_config_applies_overrides_over_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "base_model: m\nrl: grpo\nmicro_batch_size: 4\ndatasets:\n  - path: d.jsonl\n"
+        "trl:\n  num_generations: 4\n  beta: 0.1\nmax_steps: 100\n"
+    )
+    cfg = load_config(path, ["--trl.beta=0.01", "--max_steps", "5"])
+    assert cfg.trl.beta == 0.01
+    assert cfg.trl.num_generations == 4  # kept from the file
+    assert cfg.max_steps == 5
+
+
+def test_load_config_override_errors_name_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("base_model: m\ndatasets:\n  - path: d.jsonl\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["--lerning_rate=1"])
+    assert str(caught.value).startswith(f"{path}: 1 problem(s)")
+
+
+# ---------------------------------------------------------------- explain
+
+
+def test_explain_trl_beta_has_default_and_description():
+    text = explain("trl.beta")
+    assert text.splitlines()[0] == "trl.beta"
+    assert "default: None" in text
+    assert "KL coefficient (k3 estimator) to the reference" in text
+    assert "planned in issue #4" in text
+
+
+def test_explain_lora_r_has_default_and_description():
+    text = explain("lora_r")
+    assert "default: 8" in text
+    assert "LoRA rank." in text
+    assert "planned" not in text
+
+
+def test_explain_dataset_key():
+    assert "default: 'train'" in explain("datasets.split")
+
+
+def test_explain_typo_suggests_key():
+    with pytest.raises(ConfigError, match="unknown key 'lora_rr': did you mean 'lora_r'"):
+        explain("lora_rr")
+
+
+def test_explain_typo_in_section_suggests_key():
+    with pytest.raises(ConfigError, match="did you mean 'trl.num_generations'"):
+        explain("trl.num_generaitons")
+
+
+# ---------------------------------------------------------------- planned settings
+
+
+def test_planned_setting_is_reported_with_issue(config):
+    cfg = config(rl="grpo", micro_batch_size=8, trl={"use_vllm": True})
+    assert planned_settings(cfg) == [("trl.use_vllm", "#4")]
+
+
+def test_planned_setting_at_default_not_reported(config):
+    cfg = config(rl="grpo", micro_batch_size=8, trl={"use_vllm": False, "vllm_server_port": 8000})
+    assert planned_settings(cfg) == []
+
+
+def test_plain_sft_config_has_no_planned_settings(config):
+    assert planned_settings(config(learning_rate=1e-4, lora_r=4, adapter="lora")) == []
+
+
+def test_refuse_unbuilt_method_names_issue(config):
+    from rlft.train.run import refuse_unbuilt
+
+    with pytest.raises(NotImplementedYet, match=r"'dpo' training is not implemented yet \(planned in issue #3\)"):
+        refuse_unbuilt(config(rl="dpo"))
+
+
+def test_refuse_unbuilt_setting_on_sft(config):
+    from rlft.train.run import refuse_unbuilt
+
+    with pytest.raises(NotImplementedYet) as caught:
+        refuse_unbuilt(config(fsdp=["full_shard"]))
+    assert "  - fsdp (issue multi-GPU)" in str(caught.value)
+
+
+def test_refuse_unbuilt_accepts_plain_sft(config):
+    from rlft.train.run import refuse_unbuilt
+
+    assert refuse_unbuilt(config()) is None
+
+
+def test_test_datasets_entry_typo_names_closest_key(config_problems):
+    assert ("test_datasets[0].splt", "unknown key 'splt': did you mean 'split'?") in config_problems(
+        test_datasets=[{"path": "e.jsonl", "splt": "test"}]
+    )
+
+
+def test_dataset_key_at_top_level_names_its_section(config_problems):
+    assert config_problems(vllm={"learning_rate": 1}) == [
+        ("vllm.learning_rate", "unknown key 'learning_rate' here; it belongs under learning_rate (top level)")
+    ]

@@ -1,0 +1,492 @@
+"""Data: loading every kind of source, row formats, label masks, bad rows, length handling, eval splits."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from rlft.data.formats import resolve_sft_format
+from rlft.data.loading import load_rows
+from rlft.data.prepare import prepare_sft_data, tokenize_dataset
+from rlft.data.tokenize import IGNORE, tokenize_record
+from rlft.errors import DataError
+
+ROWS = [{"n": i, "text": f"row {i}"} for i in range(10)]
+CHAT = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello there"},
+    {"role": "user", "content": "what is 2+2?"},
+    {"role": "assistant", "content": "four"},
+]
+
+
+def entry(data_config, **dataset):
+    """The validated DatasetConfig of a one-dataset config."""
+    return data_config(dataset).datasets[0]
+
+
+def trained_text(example, tok) -> str:
+    return tok.decode([token for token, label in zip(example["input_ids"], example["labels"]) if label != IGNORE])
+
+
+# ---------------------------------------------------------------- loading
+
+
+def test_load_jsonl_file(write_jsonl, data_config):
+    rows = load_rows(entry(data_config, path=str(write_jsonl(ROWS, "a.jsonl"))), 0)
+    assert rows["n"] == list(range(10))
+    assert rows[3] == {"n": 3, "text": "row 3"}
+
+
+def test_load_json_array_file(tmp_path, data_config):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(ROWS))
+    assert load_rows(entry(data_config, path=str(path)), 0)["n"] == list(range(10))
+
+
+def test_load_csv_file(tmp_path, data_config):
+    path = tmp_path / "a.csv"
+    path.write_text("n,text\n" + "".join(f"{r['n']},{r['text']}\n" for r in ROWS))
+    rows = load_rows(entry(data_config, path=str(path)), 0)
+    assert rows["text"] == [r["text"] for r in ROWS]
+
+
+def test_load_parquet_file(tmp_path, data_config):
+    path = tmp_path / "a.parquet"
+    Dataset.from_list(ROWS).to_parquet(str(path))
+    assert load_rows(entry(data_config, path=str(path)), 0)["n"] == list(range(10))
+
+
+def test_load_folder_of_jsonl_files(tmp_path, data_config):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4]))
+    (folder / "part-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[4:]))
+    assert sorted(load_rows(entry(data_config, path=str(folder)), 0)["n"]) == list(range(10))
+
+
+def test_load_saved_dataset(tmp_path, data_config):
+    Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    assert load_rows(entry(data_config, path=str(tmp_path / "saved")), 0)["n"] == list(range(10))
+
+
+def test_load_saved_dataset_dict_named_split(tmp_path, data_config):
+    DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:2])}).save_to_disk(str(tmp_path / "dd"))
+    assert load_rows(entry(data_config, path=str(tmp_path / "dd"), split="test"), 0)["n"] == [0, 1]
+    assert len(load_rows(entry(data_config, path=str(tmp_path / "dd")), 0)) == 10
+
+
+def test_load_saved_dataset_dict_unknown_split(tmp_path, data_config):
+    DatasetDict({"train": Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match=r"saved dataset has splits \['train'\], not 'validation'"):
+        load_rows(entry(data_config, path=str(tmp_path / "dd"), split="validation"), 0)
+
+
+def test_load_data_files_relative_to_cwd(tmp_path, monkeypatch, write_jsonl, data_config):
+    write_jsonl(ROWS, "rel.jsonl")
+    monkeypatch.chdir(tmp_path)
+    assert len(load_rows(entry(data_config, data_files="rel.jsonl"), 0)) == 10
+
+
+def test_load_ds_type_overrides_extension(tmp_path, data_config):
+    path = tmp_path / "rows.data"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert len(load_rows(entry(data_config, path=str(path), ds_type="jsonl"), 0)) == 10
+
+
+@pytest.mark.parametrize(
+    "split, expected",
+    [("train[:3]", [0, 1, 2]), ("train[2:5]", [2, 3, 4]), ("train[:50%]", [0, 1, 2, 3, 4]), ("train[-2:]", [8, 9])],
+)
+def test_split_slices(write_jsonl, data_config, split, expected):
+    assert load_rows(entry(data_config, path=str(write_jsonl(ROWS)), split=split), 0)["n"] == expected
+
+
+def test_missing_data_file_names_path(tmp_path, monkeypatch, data_config):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as caught:
+        load_rows(entry(data_config, data_files="missing.jsonl"), 0)
+    assert str(caught.value).startswith("datasets[0] (missing.jsonl): file not found: missing.jsonl")
+    assert str(tmp_path) in str(caught.value)
+
+
+def test_missing_absolute_path_names_path(tmp_path, data_config):
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(DataError, match=f"{missing} does not exist"):
+        load_rows(entry(data_config, path=str(missing)), 0)
+
+
+def test_unknown_extension_without_ds_type(tmp_path, data_config):
+    path = tmp_path / "rows.data"
+    path.write_text(json.dumps(ROWS[0]) + "\n")
+    with pytest.raises(DataError, match=r"cannot infer the file format of \['.data'\]: set ds_type"):
+        load_rows(entry(data_config, path=str(path)), 0)
+
+
+def test_nonexistent_relative_path(tmp_path, monkeypatch, data_config):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"datasets\[0\] \(\./x\): \./x does not exist"):
+        load_rows(entry(data_config, path="./x"), 0)
+
+
+def test_hub_id_offline(monkeypatch, data_config):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"'org/some-dataset' is not a local file or folder, and the hub is off"):
+        load_rows(entry(data_config, path="org/some-dataset"), 0)
+
+
+def test_empty_jsonl_file(tmp_path, data_config):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(DataError, match=f"datasets\\[0\\] \\({path}\\)"):
+        load_rows(entry(data_config, path=str(path)), 0)
+
+
+def test_header_only_csv_names_path(tmp_path, data_config):
+    path = tmp_path / "header.csv"
+    path.write_text("prompt,completion\n")
+    with pytest.raises(DataError, match=f"datasets\\[0\\] \\({path}\\): cannot read {path} as csv"):
+        load_rows(entry(data_config, path=str(path)), 0)
+
+
+def test_empty_saved_dataset(tmp_path, data_config):
+    path = tmp_path / "empty-saved"
+    Dataset.from_dict({"text": []}).save_to_disk(str(path))
+    with pytest.raises(DataError, match=f"datasets\\[0\\] \\({path}\\): cannot read saved dataset"):
+        load_rows(entry(data_config, path=str(path)), 0)
+
+
+@pytest.mark.parametrize(
+    "split, message",
+    [("train[5]", r"split slice \[5\] needs a colon"), ("train[a:b]", r"bad slice bound 'a' in \[a:b\]"), ("train[[", "is not understood")],
+)
+def test_bad_slice(write_jsonl, data_config, split, message):
+    with pytest.raises(DataError, match=message):
+        load_rows(entry(data_config, path=str(write_jsonl(ROWS)), split=split), 0)
+
+
+# ---------------------------------------------------------------- formats
+
+
+def convert(cfg, tok, index=0):
+    return resolve_sft_format(cfg.datasets[index], cfg, index, f"datasets[{index}]", tok)
+
+
+def test_chat_template_property_mappings_and_roles(data_config, tok):
+    cfg = data_config(
+        {
+            "path": "x.jsonl",
+            "type": "chat_template",
+            "field_messages": "conversations",
+            "message_property_mappings": {"role": "from", "content": "value"},
+            "roles": {"assistant": ["gpt"], "user": ["human"]},
+        }
+    )
+    row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    assert convert(cfg, tok)(row) == {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+
+
+def test_chat_template_dotted_field_messages(data_config, tok):
+    cfg = data_config({"path": "x.jsonl", "type": "chat_template", "field_messages": "responses_create_params.input"})
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "q"}], "tools": []}}
+    assert convert(cfg, tok)(row) == {"messages": [{"role": "user", "content": "q"}]}
+
+
+def test_chat_template_drop_system_message(data_config, tok):
+    cfg = data_config({"path": "x.jsonl", "type": "chat_template", "drop_system_message": True})
+    row = {"messages": [{"role": "system", "content": "be brief"}, *CHAT[:2]]}
+    assert convert(cfg, tok)(row) == {"messages": CHAT[:2]}
+
+
+def test_chat_template_keeps_system_message_by_default(data_config, tok):
+    cfg = data_config({"path": "x.jsonl", "type": "chat_template"})
+    row = {"messages": [{"role": "system", "content": "be brief"}, *CHAT[:2]]}
+    assert convert(cfg, tok)(row)["messages"][0] == {"role": "system", "content": "be brief"}
+
+
+def test_alpaca_format_tokenised(write_jsonl, data_config, tok):
+    path = write_jsonl([{"instruction": "Add 2 and 3", "input": "", "output": "5"}])
+    cfg = data_config({"path": str(path), "type": "alpaca"})
+    [example], report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    full = tok.decode(example["input_ids"])
+    assert "### Instruction:\nAdd 2 and 3\n\n### Response:\n5<|im_end|>" in full
+    assert "### Input:" not in full
+    assert trained_text(example, tok) == "5<|im_end|>"
+    assert report.kept == 1
+
+
+def test_alpaca_with_input(data_config, tok):
+    cfg = data_config({"path": "x.jsonl", "type": "alpaca"})
+    record = convert(cfg, tok)({"instruction": "Sum", "input": "2 3", "output": "5"})
+    assert record["prompt"].endswith("### Instruction:\nSum\n\n### Input:\n2 3\n\n### Response:\n")
+    assert record["completion"] == "5"
+
+
+def test_completion_format_custom_field(write_jsonl, data_config, tok):
+    path = write_jsonl([{"body": "abc", "text": "ignored"}])
+    cfg = data_config({"path": str(path), "type": "completion", "field": "body"})
+    [example], _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert tok.decode(example["input_ids"]) == "abc<|im_end|>"
+    assert example["labels"] == example["input_ids"]
+
+
+def test_completion_format_default_field_text(data_config, tok):
+    cfg = data_config({"path": "x.jsonl", "type": "completion"})
+    assert convert(cfg, tok)({"text": "hello"}) == {"text": "hello"}
+
+
+def test_no_type_prompt_completion_columns(data_config, tok):
+    cfg = data_config({"path": "x.jsonl"})
+    assert convert(cfg, tok)({"prompt": "P", "completion": "C", "extra": 1}) == {"prompt": "P", "completion": "C"}
+
+
+def test_no_type_row_without_known_columns(data_config, tok):
+    cfg = data_config({"path": "x.jsonl"})
+    with pytest.raises(Exception, match="no `type:` set and the row has none of"):
+        convert(cfg, tok)({"question": "q"})
+
+
+def test_user_defined_mapping_type(data_config, tok):
+    spec = {"field_instruction": "q", "field_output": "a", "no_input_format": "Q: {instruction}\nA: ", "format": "Q: {instruction} ({input})\nA: "}
+    cfg = data_config({"path": "x.jsonl", "type": spec})
+    assert convert(cfg, tok)({"q": "2+2", "a": "4"}) == {"prompt": "Q: 2+2\nA: ", "completion": "4"}
+    assert convert(cfg, tok)({"q": "2+2", "input": "base 10", "a": "4"}) == {"prompt": "Q: 2+2 (base 10)\nA: ", "completion": "4"}
+
+
+def test_user_defined_mapping_system_prompt(data_config, tok):
+    spec = {"field_instruction": "q", "field_output": "a", "system_prompt": "SYS", "system_format": "[{system}] "}
+    cfg = data_config({"path": "x.jsonl", "type": spec})
+    assert convert(cfg, tok)({"q": "hi", "a": "yo"}) == {"prompt": "[SYS] hi ", "completion": "yo"}
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """Write `name.py` into a cwd of its own; sys.path and sys.modules are restored afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    written = []
+
+    def write(name: str, source: str) -> None:
+        (tmp_path / f"{name}.py").write_text(source)
+        written.append(name)
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+def test_user_transform_module_fn(user_module, write_jsonl, data_config, tok):
+    user_module(
+        "rlft_unit_xform_a",
+        "def fn(cfg, dataset_idx=0, **kw):\n"
+        "    def transform(row):\n"
+        "        return {'prompt': 'Q' + row['q'], 'completion': row['a'] + str(dataset_idx)}\n"
+        "    return transform, {}\n",
+    )
+    path = write_jsonl([{"q": "1", "a": "x"}])
+    cfg = data_config({"path": str(path), "type": "rlft_unit_xform_a.fn"})
+    [example], _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert tok.decode(example["input_ids"]) == "Q1x0<|im_end|>"
+    assert trained_text(example, tok) == "x0<|im_end|>"
+
+
+def test_user_transform_receives_tokenizer(user_module, data_config, tok):
+    user_module(
+        "rlft_unit_xform_b",
+        "def fn(cfg, dataset_idx=0, **kw):\n"
+        "    def transform(row, tokenizer):\n"
+        "        return {'prompt': row['q'], 'completion': tokenizer.eos_token + str(len(tokenizer))}\n"
+        "    return transform\n",
+    )
+    cfg = data_config({"path": "x.jsonl", "type": "rlft_unit_xform_b.fn"})
+    assert convert(cfg, tok)({"q": "Q"}) == {"prompt": "Q", "completion": "<|im_end|>260"}
+
+
+def test_user_transform_missing_function(user_module, data_config, tok):
+    user_module("rlft_unit_xform_c", "def other(cfg, dataset_idx=0):\n    return lambda row: row\n")
+    cfg = data_config({"path": "x.jsonl", "type": "rlft_unit_xform_c.fn"})
+    with pytest.raises(DataError, match="module rlft_unit_xform_c .* has no function 'fn'"):
+        convert(cfg, tok)
+
+
+def test_unknown_type_lists_formats(tmp_path, monkeypatch, data_config, tok):
+    monkeypatch.chdir(tmp_path)
+    cfg = data_config({"path": "x.jsonl", "type": "nosuchmodule_rlft.fn"})
+    with pytest.raises(DataError, match=r"datasets\[0\]: unknown type 'nosuchmodule_rlft.fn': SFT formats are alpaca, chat_template"):
+        convert(cfg, tok)
+
+
+# ---------------------------------------------------------------- label masks
+
+
+def test_chat_trains_assistant_turns_and_their_end_of_turn(tok):
+    example = tokenize_record({"messages": CHAT}, tok, False, ["assistant"], "turn")
+    assert trained_text(example, tok) == "hello there<|im_end|>four<|im_end|>"
+
+
+def test_chat_train_on_eos_none(tok):
+    example = tokenize_record({"messages": CHAT}, tok, False, ["assistant"], "none")
+    assert trained_text(example, tok) == "hello therefour"
+
+
+def test_chat_train_on_eos_last(tok):
+    example = tokenize_record({"messages": CHAT}, tok, False, ["assistant"], "last")
+    assert trained_text(example, tok) == "hello therefour<|im_end|>"
+
+
+def test_chat_train_on_eos_all(tok):
+    example = tokenize_record({"messages": CHAT}, tok, False, ["assistant"], "all")
+    assert trained_text(example, tok) == "<|im_end|>hello there<|im_end|><|im_end|>four<|im_end|>"
+
+
+def test_chat_roles_to_train_user(tok):
+    example = tokenize_record({"messages": CHAT}, tok, False, ["user"], "turn")
+    assert trained_text(example, tok) == "hi<|im_end|>what is 2+2?<|im_end|>"
+
+
+def test_chat_train_on_inputs_trains_every_token(tok):
+    example = tokenize_record({"messages": CHAT}, tok, True, ["assistant"], "turn")
+    assert example["labels"] == example["input_ids"]
+    assert tok.decode(example["input_ids"]) == tok.apply_chat_template(CHAT, tokenize=False)
+
+
+def trained_positions(example) -> list[int]:
+    return [i for i, label in enumerate(example["labels"]) if label != IGNORE]
+
+
+def test_chat_repeated_content_masks_the_right_turn(tok):
+    messages = [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok"}]
+    example = tokenize_record({"messages": messages}, tok, False, ["assistant"], "turn")
+    n = len(example["input_ids"])  # ... o k <|im_end|> \n: the assistant's "ok", not the user's
+    assert trained_positions(example) == [n - 4, n - 3, n - 2]
+
+
+@pytest.mark.parametrize("answer", ["a", "t", "start"])
+def test_chat_answer_that_occurs_in_the_turn_header_is_trained(tok, answer):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}]
+    example = tokenize_record({"messages": messages}, tok, False, ["assistant"], "turn")
+    assert trained_text(example, tok) == answer + "<|im_end|>"
+
+
+def test_chat_answer_equal_to_role_name_trains_the_content(tok):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "assistant"}]
+    example = tokenize_record({"messages": messages}, tok, False, ["assistant"], "turn")
+    n = len(example["input_ids"])  # ... assistant \n assistant <|im_end|> \n
+    assert trained_positions(example) == list(range(n - 11, n - 1))
+
+
+def test_prompt_completion_masks_prompt(tok):
+    example = tokenize_record({"prompt": "Q: 1+1\nA: ", "completion": "2"}, tok, False, ["assistant"], "turn")
+    prompt_len = len("Q: 1+1\nA: ")
+    assert example["labels"][:prompt_len] == [IGNORE] * prompt_len
+    assert trained_text(example, tok) == "2<|im_end|>"
+    assert example["input_ids"][-1] == tok.eos_token_id
+
+
+def test_prompt_completion_train_on_inputs(tok):
+    example = tokenize_record({"prompt": "Q", "completion": "A"}, tok, True, ["assistant"], "turn")
+    assert example["labels"] == example["input_ids"]
+
+
+# ---------------------------------------------------------------- bad rows and lengths
+
+
+def test_bad_row_names_dataset_row_and_field(write_jsonl, data_config, tok):
+    rows = [{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}, {"instruction": "e"}]
+    path = write_jsonl(rows)
+    cfg = data_config({"path": str(path), "type": "alpaca"})
+    with pytest.raises(DataError) as caught:
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    message = str(caught.value)
+    assert message.startswith(f"datasets[0] ({path}), row 2: missing field 'output'")
+
+
+def test_bad_chat_message_names_turn_and_key(write_jsonl, data_config, tok):
+    path = write_jsonl([{"messages": [{"role": "user", "content": "a"}]}, {"messages": [{"role": "user", "text": "b"}]}])
+    cfg = data_config({"path": str(path), "type": "chat_template"})
+    with pytest.raises(DataError, match=r"row 1: messages\[0\] lacks key 'content'"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+LENGTH_ROWS = [{"text": "a" * 4}, {"text": "b" * 20}, {"text": "c" * 7}, {"text": "d" * 30}]  # 5, 21, 8, 31 tokens with EOS
+
+
+def test_excess_length_drop(write_jsonl, data_config, tok):
+    cfg = data_config({"path": str(write_jsonl(LENGTH_ROWS)), "type": "completion"}, sequence_len=10)
+    examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert (report.rows, report.kept, report.dropped_too_long, report.truncated) == (4, 2, 2, 0)
+    assert [len(e["input_ids"]) for e in examples] == [5, 8]
+
+
+def test_excess_length_truncate(write_jsonl, data_config, tok):
+    cfg = data_config({"path": str(write_jsonl(LENGTH_ROWS)), "type": "completion"}, sequence_len=10, excess_length_strategy="truncate")
+    examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert (report.kept, report.dropped_too_long, report.truncated) == (4, 0, 2)
+    assert [len(e["input_ids"]) for e in examples] == [5, 10, 8, 10]
+    assert tok.decode(examples[1]["input_ids"]) == "b" * 10
+
+
+def test_excess_length_raise_names_row(write_jsonl, data_config, tok):
+    path = write_jsonl(LENGTH_ROWS)
+    cfg = data_config({"path": str(path), "type": "completion"}, sequence_len=10, excess_length_strategy="raise")
+    with pytest.raises(DataError) as caught:
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert str(caught.value).startswith(f"datasets[0] ({path}), row 1: row has 21 tokens, more than sequence_len=10")
+
+
+def test_rows_without_trained_tokens_are_counted(write_jsonl, data_config, tok):
+    rows = [{"messages": [{"role": "user", "content": "only a question"}]}, {"messages": CHAT}]
+    cfg = data_config({"path": str(write_jsonl(rows)), "type": "chat_template"})
+    examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert (report.kept, report.dropped_no_target) == (1, 1)
+    assert len(examples) == 1
+
+
+def test_everything_dropped_raises_mentioning_sequence_len(write_jsonl, data_config, tok):
+    cfg = data_config({"path": str(write_jsonl(LENGTH_ROWS)), "type": "completion"}, sequence_len=4)
+    with pytest.raises(DataError) as caught:
+        prepare_sft_data(cfg, tok)
+    message = str(caught.value)
+    assert message.startswith("no training rows left after filtering")
+    assert "4 too long" in message
+    assert "sequence_len" in message
+
+
+# ---------------------------------------------------------------- eval splits
+
+
+TEN_ROWS = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(10)]
+
+
+@pytest.mark.parametrize("val_set_size, train_rows, eval_rows", [(0.3, 7, 3), (0.2, 8, 2), (4, 6, 4), (0, 10, 0)])
+def test_val_set_size_splits_exactly(write_jsonl, data_config, tok, val_set_size, train_rows, eval_rows):
+    cfg = data_config({"path": str(write_jsonl(TEN_ROWS))}, val_set_size=val_set_size)
+    data = prepare_sft_data(cfg, tok)
+    assert (len(data.train), len(data.eval)) == (train_rows, eval_rows)
+
+
+def test_val_set_size_too_large(write_jsonl, data_config, tok):
+    cfg = data_config({"path": str(write_jsonl(TEN_ROWS))}, val_set_size=10)
+    with pytest.raises(DataError, match="val_set_size=10.0 leaves no training rows out of 10"):
+        prepare_sft_data(cfg, tok)
+
+
+def test_test_datasets_used_for_eval(write_jsonl, data_config, tok):
+    train = write_jsonl(TEN_ROWS, "train.jsonl")
+    held_out = write_jsonl([{"prompt": "held", "completion": "out"}] * 3, "eval.jsonl")
+    cfg = data_config({"path": str(train)}, test_datasets=[{"path": str(held_out)}], val_set_size=0.5)
+    data = prepare_sft_data(cfg, tok)
+    assert (len(data.train), len(data.eval)) == (10, 3)
+    assert all(tok.decode(e["input_ids"]) == "heldout<|im_end|>" for e in data.eval)
+    assert [r.name for r in data.reports] == [f"datasets[0] ({train})", f"test_datasets[0] ({held_out})"]
+
+
+def test_merged_datasets_shuffle_is_seeded(write_jsonl, data_config, tok):
+    path = write_jsonl(TEN_ROWS)
+    first = prepare_sft_data(data_config({"path": str(path)}, seed=1), tok).train
+    again = prepare_sft_data(data_config({"path": str(path)}, seed=1), tok).train
+    assert first == again
+    assert sorted(tok.decode(e["input_ids"]) for e in first) == sorted(f"p{i}c{i}<|im_end|>" for i in range(10))
