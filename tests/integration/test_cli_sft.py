@@ -65,3 +65,35 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("init", ["gaussian", "pissa", "olora"])
+def test_lora_init_options_give_a_final_adapter_that_loads_on_the_original_base(make_config, cli, tmp_path, init):
+    from rlft.config import load_config
+    from rlft.models.loading import load_for_inference, load_model, load_tokenizer
+    from rlft.train.checkpoint import load_weights
+
+    config = make_config(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, peft_init_lora_weights=init, max_steps=3)
+    assert cli("train", config) == 0
+    out = tmp_path / "out"
+    cfg = load_config(config)
+    tokenizer = load_tokenizer(cfg)
+    trained = load_model(cfg, tokenizer, "cpu", init_base_dir=out / "init-base")  # base + the same init, then trained weights
+    load_weights(trained, out / "checkpoint-3" / "model")
+    final, _ = load_for_inference(str(out))  # what a user loads: base from disk + the saved adapter
+    ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(final(ids).logits, trained.eval()(ids).logits, atol=1e-4, rtol=1e-4)
+    # portable: a plain LoRA on the untouched base (vLLM and merges do not re-run PiSSA/OLoRA init)
+    saved = json.loads((out / "adapter_config.json").read_text())
+    assert saved["init_lora_weights"] in (True, "gaussian")
+    assert saved["r"] == (8 if init in ("pissa", "olora") else 4)  # the conversion doubles the rank
+
+
+def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path):
+    losses = []
+    for flag in (False, True):
+        out = tmp_path / f"gc-{flag}"
+        assert cli("train", make_config(output_dir=str(out), gradient_checkpointing=flag, max_steps=3)) == 0
+        losses.append([m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)

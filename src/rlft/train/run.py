@@ -63,6 +63,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base or resolve_source(cfg.base_model, "base_model"))
+    init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
     recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard=(accelerator.process_index, accelerator.num_processes))
 
     if accelerator.is_main_process:
@@ -70,10 +71,29 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(model)
-        final.save_pretrained(output_dir, safe_serialization=True)
+        # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
+        conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}
+        final.save_pretrained(output_dir, safe_serialization=True, **conversion)
         tokenizer.save_pretrained(output_dir)
         print_summary(console, cfg, result)
     return result
+
+
+BASE_CHANGING_INITS = ("pissa", "olora", "corda")
+
+
+def save_initial_adapter(model, output_dir: Path) -> Path | None:
+    """For inits that rewrite the base weights, keep the adapter as initialised (once per run folder)."""
+    init = getattr(model, "peft_config", {}).get("default")
+    if init is None or not str(init.init_lora_weights).startswith(BASE_CHANGING_INITS):
+        return None
+    folder = output_dir / "init-adapter"
+    if not (folder / "adapter_config.json").exists():
+        kind = init.init_lora_weights
+        init.init_lora_weights = True  # as PEFT asks: the saved copy must not re-run the init when loaded
+        model.save_pretrained(folder, safe_serialization=True)
+        init.init_lora_weights = kind
+    return folder
 
 
 def _key_value_table(title: str) -> Table:

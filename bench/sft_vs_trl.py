@@ -1,0 +1,359 @@
+"""SFT speed: rlft vs TRL's SFTTrainer on the same tiny model, data and hyperparameters, in one process.
+
+Both tools load identical weights (one seeded random init, saved once with save_pretrained), train on
+the addition task (prompt "12+34=", completion "46", loss on the completion + EOS only) with micro
+batch 32, no accumulation, AdamW lr 3e-3 constant, no warm-up, no weight decay, grad clip 1.0, fp32,
+sequence length 32, no packing, no eval and no periodic checkpoints. Data order differs (each tool
+shuffles with its own sampler), so losses agree only roughly.
+
+Measured per tool:
+  wall      the training call: rlft `train(cfg, console)` (tokenizer + data preparation + model load
+            + loop + its final checkpoint + final model save); TRL `SFTTrainer(...)` (model load +
+            dataset tokenisation) + `trainer.train()`. Imports and row generation are excluded.
+  step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the
+            batch); TRL on_step_begin -> on_step_end from a callback (excludes fetching the batch,
+            which happens before on_step_begin; the end -> end interval, which includes it, is also given).
+  tokens/s  non-padding tokens trained / summed step time.
+  loss      last step's loss, and the mean over the last 10 steps (less noisy).
+
+Usage (from the repository root):
+  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100
+Results: a table on stdout and bench/results/sft_vs_trl-<size>.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+import argparse
+import datetime
+import io
+import json
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from rich.console import Console
+from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM, TrainerCallback
+
+import trl
+from trl import SFTConfig, SFTTrainer
+
+import accelerate  # noqa: F401  (imported here so its import cost stays out of the timings)
+import datasets
+import rlft.data.prepare  # noqa: F401
+import rlft.models.loading  # noqa: F401
+import rlft.train.loop
+import rlft.train.recipes.sft  # noqa: F401
+import rlft.train.run
+from rlft.config import build_config
+from rlft.models.tiny import SIZES, write_tiny_model
+from rlft.tasks.addition import split_rows, write_jsonl
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def make_model(folder: Path, size: str, seed: int) -> Path:
+    """Config + byte tokenizer from rlft.models.tiny, seeded random weights, saved once for both tools."""
+    write_tiny_model(folder, size)
+    config = AutoConfig.from_pretrained(folder)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def warm_up(model_dir: Path, micro_batch: int) -> None:
+    """A few forward/backward passes so one-time kernel setup is charged to neither tool."""
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 256, (micro_batch, 9))
+    for _ in range(3):
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def last_mean(values: list[float], n: int = 10) -> float:
+    tail = values[-n:]
+    return sum(tail) / max(1, len(tail))
+
+
+# --------------------------------------------------------------------------- rlft
+
+
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
+    cfg = build_config({
+        "base_model": str(model_dir),
+        "random_init": False,
+        "datasets": [{"path": str(train_file)}],
+        "sequence_len": 32,
+        "sample_packing": False,
+        "micro_batch_size": args.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "max_steps": args.steps,
+        "learning_rate": 3e-3,
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "optimizer": "adamw_torch",
+        "max_grad_norm": 1.0,
+        "bf16": False,
+        "logging_steps": 1,  # one metrics.jsonl line per step, for the per-step times
+        "seed": args.seed,
+        "output_dir": str(out_dir),
+    }, source="bench")
+
+    # Time the parts of train() around the loop without touching src/: wrap what run.py and loop.py call.
+    marks: dict[str, float] = {}
+    checkpoint_times: list[float] = []
+    original_loop, original_save = rlft.train.run.run_loop, rlft.train.loop.save_checkpoint
+
+    def timed_loop(*a, **k):
+        marks["loop_start"] = time.perf_counter()
+        try:
+            return original_loop(*a, **k)
+        finally:
+            marks["loop_end"] = time.perf_counter()
+
+    def timed_save(*a, **k):
+        start = time.perf_counter()
+        try:
+            return original_save(*a, **k)
+        finally:
+            checkpoint_times.append(time.perf_counter() - start)
+
+    rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = timed_loop, timed_save
+    console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    try:
+        start = time.perf_counter()
+        result = rlft.train.run.train(cfg, console)
+        wall = time.perf_counter() - start
+    finally:
+        rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = original_loop, original_save
+
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "step_time_s" in r]
+    step_times = [r["step_time_s"] for r in steps]
+    losses = [r["loss"] for r in steps]
+    tokens = sum(r["tokens"] for r in steps)
+    phases = {}
+    for key in ("time/data", "time/forward_backward", "time/optimizer"):
+        values = [r.get(key, 0.0) for r in steps]
+        phases[key.split("/")[1] + "_median_s"] = statistics.median(values)
+    in_steps = sum(step_times)
+    loop_total = marks["loop_end"] - marks["loop_start"]
+    checkpoint = sum(checkpoint_times)
+    return {
+        "wall_s": wall,
+        "setup_s": marks["loop_start"] - start,  # tokenizer, data preparation, model load, plan table
+        "loop_s": loop_total,
+        "steps_s": in_steps,
+        "checkpoint_save_s": checkpoint,  # the loop's final save: model, tokenizer, optimizer, RNG, fsync
+        "final_model_save_s": start + wall - marks["loop_end"],  # run.py: save_pretrained + tokenizer + summary
+        "loop_other_s": loop_total - in_steps - checkpoint,  # optimizer/accelerate setup, logging, progress
+        "steps": len(steps),
+        "median_step_s": statistics.median(step_times),
+        "first_step_s": step_times[0],
+        "phase_medians": phases,
+        "tokens": tokens,
+        "tokens_per_s": tokens / in_steps,
+        "final_loss": losses[-1],
+        "loss_last10_mean": last_mean(losses),
+        "loss_mean": sum(losses) / len(losses),
+        "global_step": result.state.global_step,
+    }
+
+
+# --------------------------------------------------------------------------- TRL
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self) -> None:
+        self.begin = None
+        self.durations: list[float] = []
+        self.ends: list[float] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.train_begin = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.begin = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.durations.append(now - self.begin)
+        self.ends.append(now)
+
+
+class RecordingSFTTrainer(SFTTrainer):
+    """Records each micro-batch's loss and non-padding tokens (TRL logs only the mean over logging_steps)."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.bench_losses.append(float(loss))
+        self.bench_tokens += int(inputs["attention_mask"].sum())
+        return loss
+
+
+def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
+    dataset = datasets.Dataset.from_list(rows)  # row generation, not timed (rlft's jsonl is written untimed too)
+    config = SFTConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=1,
+        max_steps=args.steps,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        max_grad_norm=1.0,
+        bf16=False,  # TRL defaults to bf16=True
+        fp16=False,
+        gradient_checkpointing=False,  # TRL defaults to True
+        max_length=32,
+        packing=False,
+        completion_only_loss=True,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        logging_steps=args.steps,
+        dataloader_num_workers=0,
+        seed=args.seed,
+    )
+    timer = StepTimer()
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer = RecordingSFTTrainer(
+        model=str(model_dir), args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer]
+    )
+    trainer.bench_losses, trainer.bench_tokens = [], 0
+    init_done = time.perf_counter()
+    output = trainer.train()
+    wall = time.perf_counter() - start
+    durations = timer.durations
+    intervals = [b - a for a, b in zip([timer.train_begin] + timer.ends[:-1], timer.ends)]
+    losses = trainer.bench_losses
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {
+        "wall_s": wall,
+        "setup_s": init_done - start,  # tokenizer, model load, dataset tokenisation
+        "train_call_s": wall - (init_done - start),
+        "steps_s": sum(durations),
+        "train_other_s": wall - (init_done - start) - sum(durations),  # dataloader, optimizer setup, logging
+        "steps": len(durations),
+        "median_step_s": statistics.median(durations),
+        "median_step_interval_s": statistics.median(intervals),
+        "first_step_s": durations[0],
+        "tokens": trainer.bench_tokens,
+        "tokens_per_s": trainer.bench_tokens / sum(durations),
+        "final_loss": losses[-1],
+        "loss_last10_mean": last_mean(losses),
+        "loss_mean": sum(losses) / len(losses),
+        "trl_logged_mean_loss": logged[-1] if logged else None,
+        "trl_train_loss": output.training_loss,
+        "global_step": trainer.state.global_step,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def print_report(res: dict) -> None:
+    r, t = res["rlft"], res["trl"]
+    rows = [
+        ("wall time of the training call (s)", r["wall_s"], t["wall_s"], "{:.2f}"),
+        ("  setup: model, tokenizer, data (s)", r["setup_s"], t["setup_s"], "{:.2f}"),
+        ("  sum of step times (s)", r["steps_s"], t["steps_s"], "{:.2f}"),
+        ("median step (ms)", r["median_step_s"] * 1e3, t["median_step_s"] * 1e3, "{:.1f}"),
+        ("first step (ms)", r["first_step_s"] * 1e3, t["first_step_s"] * 1e3, "{:.1f}"),
+        ("tokens/s (over step time)", r["tokens_per_s"], t["tokens_per_s"], "{:,.0f}"),
+        ("final loss (last step)", r["final_loss"], t["final_loss"], "{:.4f}"),
+        ("loss, mean of last 10 steps", r["loss_last10_mean"], t["loss_last10_mean"], "{:.4f}"),
+        ("loss, mean of all steps", r["loss_mean"], t["loss_mean"], "{:.4f}"),
+    ]
+    print(f"\nSFT {res['size']} ({res['params']:,} params), {res['steps']} steps, micro batch {res['micro_batch']}, "
+          f"{res['threads']} threads; torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, "
+          f"trl {res['versions']['trl']}")
+    print(f"{'':38s} {'rlft':>10s} {'TRL':>10s}")
+    for name, a, b, fmt in rows:
+        print(f"{name:38s} {fmt.format(a):>10s} {fmt.format(b):>10s}")
+    print(f"rlft extra: checkpoint save {r['checkpoint_save_s']:.3f} s, final model save {r['final_model_save_s']:.3f} s, "
+          f"other loop {r['loop_other_s']:.3f} s; phase medians (ms): "
+          + ", ".join(f"{k.removesuffix('_median_s')} {v * 1e3:.1f}" for k, v in r["phase_medians"].items()))
+    print(f"TRL extra: median step interval incl. batch fetch {t['median_step_interval_s'] * 1e3:.1f} ms, "
+          f"train() outside steps {t['train_other_s']:.3f} s, logged mean loss {t['trl_logged_mean_loss']}")
+    ratio = res["ratio_trl_over_rlft"]
+    print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x  (>1: rlft is faster)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="S")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--order", choices=["rlft,trl", "trl,rlft"], default="rlft,trl",
+                        help="which tool runs first (the warm-up makes the order matter little)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/sft_vs_trl-<size>.json)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+
+    train_rows, _ = split_rows()
+    with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
+        tmp = Path(tmp)
+        model_dir = make_model(tmp / "model", args.size, args.seed)
+        train_file = tmp / "train.jsonl"
+        write_jsonl(train_rows, train_file)
+        params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
+        warm_up(model_dir, args.micro_batch)
+        results = {}
+        for tool in args.order.split(","):
+            if tool == "rlft":
+                results["rlft"] = run_rlft(model_dir, train_file, tmp / "rlft-out", args)
+            else:
+                results["trl"] = run_trl(model_dir, train_rows, tmp / "trl-out", args)
+
+    report = {
+        "benchmark": "sft_vs_trl",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "size": args.size,
+        "params": params,
+        "steps": args.steps,
+        "micro_batch": args.micro_batch,
+        "train_rows": len(train_rows),
+        "order": args.order,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "trl": trl.__version__,
+                     "accelerate": accelerate.__version__, "datasets": datasets.__version__},
+        **results,
+        "ratio_trl_over_rlft": {
+            "wall": results["trl"]["wall_s"] / results["rlft"]["wall_s"],
+            "median_step": results["trl"]["median_step_s"] / results["rlft"]["median_step_s"],
+        },
+    }
+    print_report(report)
+    out = args.out or RESULTS / f"sft_vs_trl-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
