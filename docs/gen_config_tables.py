@@ -19,6 +19,7 @@ from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
 from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
+MODEL_NAMES = {"DatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
 ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet"}
 
 
@@ -41,7 +42,7 @@ def type_name(annotation) -> str:
         return "any"
     if isinstance(annotation, type):
         if issubclass(annotation, BaseModel):
-            return "section" if annotation.__name__.endswith("Config") else annotation.__name__
+            return MODEL_NAMES.get(annotation.__name__, "section")
         return {"str": "string", "int": "int", "float": "float", "bool": "bool", "dict": "mapping"}.get(
             annotation.__name__, annotation.__name__
         )

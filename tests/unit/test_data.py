@@ -490,3 +490,20 @@ def test_merged_datasets_shuffle_is_seeded(write_jsonl, data_config, tok):
     again = prepare_sft_data(data_config({"path": str(path)}, seed=1), tok).train
     assert first == again
     assert sorted(tok.decode(e["input_ids"]) for e in first) == sorted(f"p{i}c{i}<|im_end|>" for i in range(10))
+
+
+def test_dataset_num_proc_gives_the_same_examples_and_errors(tmp_path, data_config, tok):
+    from rlft.data.prepare import tokenize_dataset
+
+    rows = "".join(f'{{"prompt": "{i}+1=", "completion": "{i + 1}"}}\n' for i in range(40))
+    path = tmp_path / "rows.jsonl"
+    path.write_text(rows)
+    results = []
+    for procs in (None, 2):
+        cfg = data_config({"path": str(path)}, dataset_num_proc=procs)
+        results.append(tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")[0])
+    assert results[0] == results[1] and len(results[0]) == 40
+    path.write_text(rows + '{"prompt": "x"}\n')
+    cfg = data_config({"path": str(path)}, dataset_num_proc=2)
+    with pytest.raises(DataError, match=r"row 40: .*'completion'"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")

@@ -151,7 +151,7 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     datasets: list[DatasetConfig] = field([], "Training datasets, merged in order.")
     test_datasets: Optional[list[DatasetConfig]] = field(None, "Evaluation datasets (instead of val_set_size).")
     val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data.")
-    dataset_num_proc: Optional[int] = field(None, "Processes for dataset.map (default: 1).")
+    dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).")
     shuffle_merged_datasets: bool = field(True, "Shuffle the merged training rows once (seeded).")
     sequence_len: int = field(512, "Maximum tokens per training sequence.")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = field(
@@ -159,8 +159,10 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     )
     train_on_inputs: bool = field(False, "SFT: also compute the loss on prompt (non-assistant) tokens.")
     sample_packing: bool = field(False, "SFT: pack several documents per row, with per-document attention.")
-    remove_unused_columns: bool = field(False, "Accepted for Axolotl compatibility: rlft always keeps reward columns.")
-    skip_prepare_dataset: bool = field(False, "Do not length-filter rows (RL prompt datasets).")
+    remove_unused_columns: bool = field(
+        False, "Axolotl key: rlft never drops dataset columns (reward functions read them), so only false is valid."
+    )
+    skip_prepare_dataset: bool = planned(False, "RL prompt datasets: skip length filtering.", issue="#4")
 
     # --- loop ---
     micro_batch_size: int = field(1, "Rows per forward pass per device.")
@@ -225,6 +227,13 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     def _positive(cls, value: int) -> int:
         if value < 1:
             raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("remove_unused_columns")
+    @classmethod
+    def _keeps_columns(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("rlft keeps every dataset column (reward functions read them): remove the key or set it to false")
         return value
 
     @field_validator("val_set_size")

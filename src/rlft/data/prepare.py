@@ -20,29 +20,42 @@ class PreparedData:
 
 
 def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str) -> tuple[list[dict[str, list[int]]], LengthReport]:
-    """Load, format, tokenise and length-fit one dataset entry; bad rows raise DataError with their index."""
+    """Load, format, tokenise and length-fit one dataset entry; bad rows raise DataError with their index.
+
+    Rows are processed with `datasets.map` (`dataset_num_proc` processes); a row's error travels back
+    as a value so the message can name the first bad row whatever process met it.
+    """
     where = describe(ds, index) if label == "datasets" else f"{label}[{index}] ({ds.path or ds.data_files})"
     rows = load_rows(ds, index)
     convert = resolve_sft_format(ds, cfg, index, where, tokenizer)
-    report = LengthReport(name=where, rows=len(rows))
-    examples = []
-    for row_index, row in enumerate(rows):
+
+    def process(row: dict, row_index: int) -> dict:
         try:
-            record = convert(row)
+            record = convert(dict(row))  # datasets hands lazy rows to map functions
             example = tokenize_record(record, tokenizer, cfg.train_on_inputs, ds.roles_to_train, ds.train_on_eos)
             example, outcome = fit_length(example, cfg.sequence_len, cfg.excess_length_strategy)
         except RowError as exc:
-            raise DataError(f"{where}, row {row_index}: {exc}") from None
+            return {"input_ids": [], "labels": [], "outcome": "error", "error": f"row {row_index}: {exc}"}
+        example = example or {"input_ids": [], "labels": []}
+        return {**example, "outcome": outcome, "error": ""}
+
+    processed = rows.map(process, with_indices=True, num_proc=cfg.dataset_num_proc, remove_columns=rows.column_names,
+                         load_from_cache_file=False, desc=f"tokenising {where}")
+    report = LengthReport(name=where, rows=len(rows))
+    examples = []
+    for item in processed:
+        outcome = item["outcome"]
+        if outcome == "error":
+            raise DataError(f"{where}, {item['error']}")
         if outcome == "too_long":
             report.dropped_too_long += 1
-            continue
-        if outcome == "no_target":
+        elif outcome == "no_target":
             report.dropped_no_target += 1
-            continue
-        report.truncated += outcome == "truncated"
-        report.kept += 1
-        report.lengths.append(len(example["input_ids"]))
-        examples.append(example)
+        else:
+            report.truncated += outcome == "truncated"
+            report.kept += 1
+            report.lengths.append(len(item["input_ids"]))
+            examples.append({"input_ids": item["input_ids"], "labels": item["labels"]})
     return examples, report
 
 
