@@ -16,6 +16,10 @@ Measured per tool:
   tokens/s  non-padding tokens trained / summed step time.
   loss      last step's loss, and the mean over the last 10 steps (less noisy).
 
+The tools run alternately --repeat times (default 3) after a short warm-up; the table shows each
+tool's run with the smallest wall time, the JSON keeps every run plus the 1-minute load average,
+because a shared 2-core machine is noisy (OpenMP threads stall badly when another process competes).
+
 Usage (from the repository root):
   .venv/bin/python bench/sft_vs_trl.py --size S --steps 100
 Results: a table on stdout and bench/results/sft_vs_trl-<size>.json.
@@ -42,7 +46,7 @@ from pathlib import Path
 import torch
 import transformers
 from rich.console import Console
-from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM, TrainerCallback
+from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM, PrinterCallback, TrainerCallback
 
 import trl
 from trl import SFTConfig, SFTTrainer
@@ -239,6 +243,7 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
         model=str(model_dir), args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer]
     )
     trainer.bench_losses, trainer.bench_tokens = [], 0
+    trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
     init_done = time.perf_counter()
     output = trainer.train()
     wall = time.perf_counter() - start
@@ -316,6 +321,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
 

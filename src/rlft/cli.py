@@ -54,8 +54,9 @@ def _preprocess(args: argparse.Namespace) -> int:
         raise ConfigError(f"preprocess handles SFT data so far; {cfg.method!r} datasets come with their method")
     data = prepare_sft_data(cfg, load_tokenizer(cfg))
     table = Table(title="rlft preprocess")
-    for column in ("dataset", "rows", "kept", "too long", "no target", "truncated", "tokens min/mean/p95/max"):
-        table.add_column(column)
+    table.add_column("dataset", overflow="fold")
+    for column in ("rows", "kept", "too long", "no target", "truncated", "tokens min/mean/p95/max"):
+        table.add_column(column, no_wrap=True)
     for report in data.reports:
         info = report.summary()
         tokens = info["tokens"]

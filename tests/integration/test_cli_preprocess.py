@@ -1,0 +1,15 @@
+"""`rlft preprocess` reports rows kept, dropped and truncated per dataset, with token-length statistics."""
+
+import re
+
+
+def test_preprocess_reports_counts(cli, capsys, make_config, tmp_path):
+    data = tmp_path / "mixed.jsonl"
+    rows = ['{"prompt": "1+1=", "completion": "2"}'] * 5 + ['{"prompt": "' + "9" * 40 + '", "completion": "x"}'] * 2
+    data.write_text("\n".join(rows) + "\n")
+    assert cli("preprocess", make_config(datasets=[{"path": str(data)}], sequence_len=16)) == 0
+    out = capsys.readouterr().out
+    assert "mixed.jsonl" in out.replace("\n", "").replace("│", "").replace(" ", "")
+    # 7 rows, 5 kept, 2 too long, none without target or truncated; each kept row is 4 + 1 + eos = 6 tokens
+    assert re.search(r"│ 7 +│ 5 +│ 2 +│ 0 +│ 0 +│ 6/6.0/6/6", out), out
+    assert "train rows: 5, eval rows: 0" in out
