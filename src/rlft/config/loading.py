@@ -105,7 +105,7 @@ def build_config(data: dict[str, Any], source: str = "config") -> RlftConfig:
     try:
         cfg = RlftConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [describe_error(err, data) for err in exc.errors()]
+        problems = [describe_error(err) for err in exc.errors()]
         # A union field reports each member; keep the deeper error (e.g. a misspelt key in a `type:` mapping).
         problems = [
             (where, what) for where, what in problems
@@ -131,7 +131,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RlftCon
     return build_config(data, source=str(path))
 
 
-def describe_error(err: dict[str, Any], data: dict[str, Any]) -> tuple[str, str]:
+def describe_error(err: dict[str, Any]) -> tuple[str, str]:
     """One pydantic error as (key path, message with the fix)."""
     loc = [part for part in err["loc"] if not _is_union_tag(part)]
     where = _format_loc(loc) or "config"

@@ -6,7 +6,6 @@ Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in `combi
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import field_validator, model_validator
@@ -311,12 +310,3 @@ def _grpo_problems(cfg: RlftConfig):
     if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
         yield "rl: gdpo normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
 
-
-def resolve_path(value: str | None, base: Path) -> str | None:
-    """Expand `~` and make a relative path absolute against `base` when that file exists there."""
-    if value is None:
-        return None
-    expanded = Path(value).expanduser()
-    if not expanded.is_absolute() and (base / expanded).exists():
-        return str(base / expanded)
-    return str(expanded)

@@ -30,7 +30,7 @@ def resolve_source(name: str | None, key: str) -> str:
         if not local.is_dir():
             raise ModelError(f"{key}: {local} is a file; give the model folder that contains config.json")
         return str(local.resolve())
-    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep + os.sep in name
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1  # hub ids are `org/name`
     if looks_like_path:
         raise ModelError(f"{key}: folder {local} does not exist (relative paths are read from {Path.cwd()})")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
