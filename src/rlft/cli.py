@@ -30,7 +30,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     if args.explain:
         for key in args.explain:
-            console.print(explain(key))
+            console.print(explain(key), markup=False, highlight=False)
         if not args.config:
             return 0
     if not args.config:
@@ -149,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     if extra and args.command not in ("train", "validate", "preprocess", "quickstart"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra

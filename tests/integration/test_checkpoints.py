@@ -63,3 +63,23 @@ def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path):
     assert process.returncode == 130, err
     assert "checkpoint saved to" in err and "resume_from_checkpoint=auto" in err
     assert resolve_resume("auto", tmp_path / "out") is not None
+
+
+def test_truncated_weights_are_a_partial_checkpoint(make_config, cli, tmp_path):
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    weights = next((out / "checkpoint-2" / "model").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert resolve_resume("auto", out) == out / "checkpoint-1"
+    with pytest.raises(CheckpointError, match="unreadable"):
+        resolve_resume(str(out / "checkpoint-2"), out)
+
+
+def test_resume_with_more_steps_follows_the_new_schedule(make_config, cli, tmp_path):
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=4, lr_scheduler="linear", warmup_steps=0)) == 0
+    assert cli("train", make_config(max_steps=8, lr_scheduler="linear", warmup_steps=0, resume_from_checkpoint="auto")) == 0
+    lrs = {m["step"]: m["learning_rate"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m}
+    # the first run decays to 0 over 4 steps; resumed at step 4 of 8 the linear schedule gives 3e-3 * (1 - 4/8)
+    assert lrs[5] == pytest.approx(3e-3 * 0.5)
+    assert lrs[8] == pytest.approx(3e-3 * (1 - 7 / 8))

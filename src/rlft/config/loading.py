@@ -236,7 +236,8 @@ def explain(key: str) -> str:
     default = info.get_default(call_default_factory=True)
     if isinstance(default, BaseModel):
         default = "(section)"
-    annotation = str(info.annotation).replace("typing.", "")
+    annotation = getattr(info.annotation, "__name__", None) if isinstance(info.annotation, type) else None
+    annotation = annotation or str(info.annotation).replace("typing.", "")
     extra = info.json_schema_extra or {}
     status = f"\n  not built yet: planned in issue {extra['planned']}" if isinstance(extra, dict) and "planned" in extra else ""
     return f"{key}\n  type: {annotation}\n  default: {default!r}\n  {info.description}{status}"

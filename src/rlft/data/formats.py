@@ -42,8 +42,10 @@ def get_field(row: dict[str, Any], dotted: str) -> Any:
     """Read `a.b.c` from nested mappings; a missing key raises RowError naming the field."""
     node: Any = row
     for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node or node[part] is None:
+        if not isinstance(node, dict) or part not in node:
             raise RowError(f"missing field {dotted!r} (row has {sorted(row)})")
+        if node[part] is None:  # datasets fills keys a row lacks with null, so null means absent too
+            raise RowError(f"missing field {dotted!r} (absent or null in this row)")
         node = node[part]
     return node
 

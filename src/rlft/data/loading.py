@@ -124,7 +124,7 @@ def _load_folder(path: Path, data_files: list[str], ds, split_name: str, where: 
 
 def _load_hub(ds, split_name: str, where: str) -> Dataset:
     name = ds.path
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).suffix.lower() in EXTENSION_BUILDERS:
         raise DataError(f"{where}: {name} does not exist (relative paths are read from {Path.cwd()})")
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         raise DataError(f"{where}: {name!r} is not a local file or folder, and the hub is off (HF_HUB_OFFLINE=1)")

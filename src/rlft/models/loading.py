@@ -35,8 +35,8 @@ def resolve_source(name: str | None, key: str) -> str:
         raise ModelError(f"{key}: folder {local} does not exist (relative paths are read from {Path.cwd()})")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelError(
-            f"{key}: {name!r} is not a local folder and HF_HUB_OFFLINE=1 forbids the hub: "
-            "download it first or point to a local folder"
+            f"{key}: no folder {local} (relative to {Path.cwd()}), and HF_HUB_OFFLINE=1 forbids reading {name!r} "
+            "from the hub: fix the path, or download the model first"
         )
     return name
 

@@ -111,6 +111,14 @@ def checkpoint_problem(folder: Path) -> str | None:
     weights = list((folder / "model").glob("*.safetensors"))
     if not weights:
         return "model/ holds no .safetensors weights"
+    from safetensors import safe_open
+
+    for file in weights:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                handle.keys()
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            return f"{file.name} is unreadable ({exc}); was the save interrupted?"
     try:
         json.loads((folder / STATE_FILE).read_text())
     except json.JSONDecodeError:
@@ -143,7 +151,10 @@ def load_weights(model, folder: Path) -> None:
     files = sorted(folder.glob("*.safetensors"))
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(file))
+        try:
+            state.update(load_file(file))
+        except Exception as exc:
+            raise CheckpointError(f"{file} is unreadable ({exc}): use another checkpoint") from None
     if (folder / "adapter_config.json").exists():
         from peft import set_peft_model_state_dict
 
@@ -167,6 +178,10 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
     try:
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
         scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        # the schedule is rebuilt from today's config (max_steps may have changed): apply it from this step on
+        scheduler._last_lr = scheduler.get_lr()
+        for group, lr in zip(optimizer.param_groups, scheduler._last_lr):
+            group["lr"] = lr
         restore_rng(torch.load(folder / "rng.pt", weights_only=False))
     except (RuntimeError, ValueError, KeyError, EOFError) as exc:
         raise CheckpointError(f"{folder}: cannot restore optimizer/scheduler/RNG state: {exc}") from None

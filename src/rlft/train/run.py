@@ -62,7 +62,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
-        model.peft_config["default"].base_model_name_or_path = str(init_base or resolve_source(cfg.base_model, "base_model"))
+        model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
     recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard=(accelerator.process_index, accelerator.num_processes))
 
