@@ -1,4 +1,4 @@
-"""`rlft` command line: train | validate | preprocess | generate | merge-lora | quickstart."""
+"""`rlft` command line: train | validate | preprocess | generate | score | merge-lora | quickstart."""
 
 from __future__ import annotations
 
@@ -97,6 +97,15 @@ def _merge_lora(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score(args: argparse.Namespace) -> int:
+    from rlft.models.reward import load_reward_for_scoring, score_texts
+
+    model, tokenizer = load_reward_for_scoring(args.model)
+    for text, score in zip(args.text, score_texts(model, tokenizer, args.text)):
+        console.print(f"{score:+.4f}  {text}", highlight=False, markup=False)
+    return 0
+
+
 def _quickstart(args: argparse.Namespace) -> int:
     from rlft.quickstart import run_quickstart
 
@@ -138,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     p.set_defaults(run=_merge_lora)
 
+    p = commands.add_parser("score", help="score texts with a trained reward model (higher = preferred)")
+    p.add_argument("model")
+    p.add_argument("--text", action="append", required=True, help="repeat for several texts")
+    p.set_defaults(run=_score)
+
     p = commands.add_parser("quickstart", help="offline demo: tiny model learns addition; accuracy before/after")
     p.add_argument("--config", default="examples/quickstart/sft.yaml")
     p.set_defaults(run=_quickstart)
@@ -148,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if not sys.stderr.isatty():  # progress bars in logs are only carriage-return noise
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

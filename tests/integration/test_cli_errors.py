@@ -64,7 +64,7 @@ def test_everything_dropped(cli, capsys, make_config):
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"rl": "dpo"}, "not implemented yet (planned in issue #3)"),
+    ({"rl": "grpo", "trl": {"num_generations": 4}}, "not implemented yet (planned in issue #4)"),
     ({"fsdp": ["full_shard"]}, "fsdp (issue multi-GPU)"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"fp16": True}, "fp16: true needs a CUDA GPU"),

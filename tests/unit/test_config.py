@@ -331,8 +331,9 @@ def test_plain_sft_config_has_no_planned_settings(config):
 def test_refuse_unbuilt_method_names_issue(config):
     from rlft.train.run import refuse_unbuilt
 
-    with pytest.raises(NotImplementedYet, match=r"'dpo' training is not implemented yet \(planned in issue #3\)"):
-        refuse_unbuilt(config(rl="dpo"))
+    with pytest.raises(NotImplementedYet, match=r"'ebft' training is not implemented yet \(planned in issue #5\)"):
+        refuse_unbuilt(config(rl="ebft", ebft={"mode": "strided"}))
+    refuse_unbuilt(config(rl="dpo"))  # built: no refusal
 
 
 def test_refuse_unbuilt_setting_on_sft(config):

@@ -285,10 +285,34 @@ def combination_problems(cfg: RlftConfig):
         yield "adapter: qlora needs load_in_4bit: true"
     if cfg.sample_packing and cfg.method != "sft":
         yield f"sample_packing applies to SFT only, not rl: {cfg.rl}"
+    yield from _preference_problems(cfg)
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
         yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
+
+
+def _preference_problems(cfg: RlftConfig):
+    if cfg.reward_model and cfg.rl:
+        yield f"reward_model: true trains a reward model, rl: {cfg.rl} trains a policy: set one of them"
+    if cfg.num_labels not in (None, 1):
+        yield f"num_labels is {cfg.num_labels}: a Bradley-Terry reward model has a single score (num_labels: 1)"
+    if cfg.rl == "kto" and cfg.micro_batch_size < 2:
+        yield ("rl: kto needs micro_batch_size >= 2: its KL reference point pairs each prompt with another row's "
+               "completion in the batch")
+    if cfg.dpo_loss_weights is not None:
+        types = cfg.dpo_loss_type or ["sigmoid"]
+        if len(cfg.dpo_loss_weights) != len(types):
+            yield f"dpo_loss_weights has {len(cfg.dpo_loss_weights)} entries for {len(types)} dpo_loss_type entries: give one weight per type"
+    types = cfg.dpo_loss_type or []
+    if "exo_pair" in types and cfg.dpo_label_smoothing == 0:
+        yield "dpo_loss_type exo_pair needs dpo_label_smoothing > 0 (the EXO paper uses 1e-3): log(0) is undefined"
+    if cfg.dpo_use_weighting and {"aot", "aot_unpaired"} & set(types):
+        yield "dpo_use_weighting (WPO) cannot weight aot/aot_unpaired: those losses sort the batch, so rows lose their weights"
+    if cfg.rl == "ipo" and cfg.dpo_loss_type not in (None, ["ipo"]):
+        yield f"rl: ipo is DPO with dpo_loss_type [ipo]; remove dpo_loss_type {cfg.dpo_loss_type} or use rl: dpo"
+    if cfg.precompute_ref_log_probs and cfg.method not in ("dpo", "ipo", "kto"):
+        yield f"precompute_ref_log_probs: {cfg.method} uses no reference model; remove the key"
 
 
 def _grpo_problems(cfg: RlftConfig):

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field
 
-from rlft.config.base import Section, planned
+from rlft.config.base import Section, field, planned
 
 __all__ = [
     "DPOLossType",
@@ -29,7 +29,6 @@ __all__ = [
 
 ONLINE_RL = "#4"
 EBFT = "#5"
-PREFERENCE = "#3"
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Union[Literal["group", "batch", "none"], bool]
@@ -715,96 +714,96 @@ class PreferenceFields(Section):
     """Top-level keys of preference optimisation (DPO family, IPO, KTO, ORPO, SimPO/CPO) and
     Bradley-Terry reward models."""
 
-    rl_beta: float = planned(
+    rl_beta: float = field(
         0.1,
         "Beta of DPO/IPO/KTO/CPO/SimPO (IPO's tau) (DPO, https://arxiv.org/abs/2305.18290).",
-        issue=PREFERENCE, gt=0.0,
+        gt=0.0,
     )
-    dpo_loss_type: Optional[list[DPOLossType]] = planned(
+    dpo_loss_type: Optional[list[DPOLossType]] = field(
         None,
         "DPO loss(es), combined by dpo_loss_weights; None -> [sigmoid] ([ipo] for rl: ipo).",
-        issue=PREFERENCE, min_length=1,
+        min_length=1,
     )
-    dpo_loss_weights: Optional[list[float]] = planned(
+    dpo_loss_weights: Optional[list[float]] = field(
         None,
         "One weight per dpo_loss_type entry; None -> all 1.0.",
-        issue=PREFERENCE, min_length=1,
+        min_length=1,
     )
-    dpo_label_smoothing: float = planned(
+    dpo_label_smoothing: float = field(
         0.0,
         "Label-noise epsilon of robust / exo_pair / aot losses (rDPO, "
         "https://arxiv.org/abs/2403.00409).",
-        issue=PREFERENCE, ge=0.0, lt=0.5,
+        ge=0.0, lt=0.5,
     )
-    dpo_use_weighting: bool = planned(
+    dpo_use_weighting: bool = field(
         False,
         "Weight each pair by its policy probability (WPO, https://arxiv.org/abs/2406.11827).",
-        issue=PREFERENCE,
-    )
-    dpo_ld_alpha: Optional[float] = planned(
+        )
+    dpo_ld_alpha: Optional[float] = field(
         None,
         "Weight of tokens beyond the shorter response (LD-DPO, https://arxiv.org/abs/2409.06411); "
         "None = off.",
-        issue=PREFERENCE, ge=0.0, le=1.0,
+        ge=0.0, le=1.0,
     )
-    dpo_discopop_tau: float = planned(
+    dpo_discopop_tau: float = field(
         0.05,
         "Temperature of the discopop loss (https://arxiv.org/abs/2406.08414).",
-        issue=PREFERENCE, gt=0.0,
+        gt=0.0,
     )
-    kto_desirable_weight: float = planned(
+    kto_desirable_weight: float = field(
         1.0,
         "Weight of desirable examples in KTO (https://arxiv.org/abs/2402.01306).",
-        issue=PREFERENCE, ge=0.0,
+        ge=0.0,
     )
-    kto_undesirable_weight: float = planned(
+    kto_undesirable_weight: float = field(
         1.0,
         "Weight of undesirable examples in KTO.",
-        issue=PREFERENCE, ge=0.0,
+        ge=0.0,
     )
-    orpo_alpha: float = planned(
+    orpo_alpha: float = field(
         0.1,
         "Weight of the odds-ratio term in ORPO (https://arxiv.org/abs/2403.07691).",
-        issue=PREFERENCE, ge=0.0,
+        ge=0.0,
     )
-    cpo_alpha: float = planned(
+    cpo_alpha: float = field(
         1.0,
         "Weight of the NLL term on chosen in CPO/SimPO (CPO, https://arxiv.org/abs/2401.08417).",
-        issue=PREFERENCE, ge=0.0,
+        ge=0.0,
     )
-    simpo_gamma: float = planned(
+    simpo_gamma: float = field(
         0.5,
         "Target reward margin gamma of SimPO (https://arxiv.org/abs/2405.14734).",
-        issue=PREFERENCE,
-    )
-    cpo_loss_type: Optional[Literal["sigmoid", "hinge", "ipo", "simpo"]] = planned(
+        )
+    cpo_loss_type: Optional[Literal["sigmoid", "hinge", "ipo", "simpo"]] = field(
         None,
         "CPO-trainer loss variant; None -> simpo for rl: simpo.",
-        issue=PREFERENCE,
-    )
-    rl_adapter_ref_model: bool = planned(
+        )
+    rl_adapter_ref_model: bool = field(
         False,
         "With an adapter, load a separate reference model instead of disabling the adapter.",
-        issue=PREFERENCE,
-    )
-    precompute_ref_log_probs: bool = planned(
+        )
+    precompute_ref_log_probs: bool = field(
         False,
         "Compute reference log-probs once before training and store them with the dataset.",
-        issue=PREFERENCE,
-    )
-    reward_model: bool = planned(
+        )
+    reward_model: bool = field(
         False,
         "Train a Bradley-Terry reward model (scalar head) on chosen/rejected pairs.",
-        issue=PREFERENCE,
-    )
-    num_labels: Optional[int] = planned(
+        )
+    num_labels: Optional[int] = field(
         None,
         "Outputs of the sequence-classification head; None -> 1 for reward models.",
-        issue=PREFERENCE, ge=1,
+        ge=1,
     )
-    center_rewards_coefficient: Optional[float] = planned(
+    center_rewards_coefficient: Optional[float] = field(
         None,
         "Reward-centering penalty c * mean((r_c + r_r)^2) (https://arxiv.org/abs/2312.09244); 0.01"
         " suggested.",
-        issue=PREFERENCE, ge=0.0,
+        ge=0.0,
+    )
+    disable_dropout: bool = field(
+        True, "Turn dropout off in the policy and reference (preference methods and reward models), as TRL does."
+    )
+    ref_model: Optional[str] = field(
+        None, "DPO/IPO/KTO: a separate reference model folder (default: the policy's own starting weights)."
     )

@@ -1,10 +1,17 @@
-"""From the `datasets:` entries to tokenised train and eval examples, with a report per dataset."""
+"""From the `datasets:` entries to tokenised train and eval examples, with a report per dataset.
+
+Each method supplies three steps: resolve the row format, tokenise a canonical record, fit it to
+`sequence_len`. Everything else (loading, parallel mapping, error reporting, counts, merging,
+eval split) is shared.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from rlft.data.formats import RowError, resolve_sft_format
 from rlft.data.loading import describe, load_rows
@@ -14,30 +21,70 @@ from rlft.errors import DataError
 
 @dataclass
 class PreparedData:
-    train: list[dict[str, list[int]]]
-    eval: list[dict[str, list[int]]]
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
     reports: list[LengthReport]
 
 
-def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str) -> tuple[list[dict[str, list[int]]], LengthReport]:
+@dataclass
+class MethodSteps:
+    resolve: Callable[..., Callable[[dict], dict]]  # (ds, cfg, index, where, tokenizer) -> row format
+    tokenize: Callable[[dict, Any, Any], dict]  # (record, tokenizer, ds) -> example
+    fit: Callable[[dict, Any], tuple[dict | None, str]]  # (example, cfg) -> (example or None, outcome)
+
+
+def sft_steps(cfg) -> MethodSteps:
+    return MethodSteps(
+        resolve=resolve_sft_format,
+        tokenize=lambda record, tokenizer, ds: tokenize_record(record, tokenizer, cfg.train_on_inputs, ds.roles_to_train, ds.train_on_eos),
+        fit=lambda example, cfg: fit_length(example, cfg.sequence_len, cfg.excess_length_strategy),
+    )
+
+
+def preference_steps(method: str) -> MethodSteps:
+    from rlft.data.preference import fit_completions, tokenize_kto, tokenize_pair
+    from rlft.data.preference_formats import is_degenerate_pair, resolve_preference_format
+
+    def resolve(ds, cfg, index, where, tokenizer):
+        return resolve_preference_format(ds, cfg, index, where, tokenizer, method)
+
+    if method == "kto":
+        return MethodSteps(resolve, lambda record, tokenizer, ds: tokenize_kto(record, tokenizer),
+                           lambda example, cfg: fit_completions(example, ("completion_ids",), cfg.sequence_len, cfg.excess_length_strategy))
+
+    def tokenize(record, tokenizer, ds):
+        if is_degenerate_pair(record):
+            raise _Identical()
+        return tokenize_pair(record, tokenizer)
+
+    return MethodSteps(resolve, tokenize,
+                       lambda example, cfg: fit_completions(example, ("chosen_ids", "rejected_ids"), cfg.sequence_len, cfg.excess_length_strategy))
+
+
+class _Identical(Exception):
+    """A preference pair whose chosen and rejected texts are the same: no learning signal."""
+
+
+def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSteps | None = None) -> tuple[list[dict[str, Any]], LengthReport]:
     """Load, format, tokenise and length-fit one dataset entry; bad rows raise DataError with their index.
 
     Rows are processed with `datasets.map` (`dataset_num_proc` processes); a row's error travels back
     as a value so the message can name the first bad row whatever process met it.
     """
+    steps = steps or sft_steps(cfg)
     where = describe(ds, index) if label == "datasets" else f"{label}[{index}] ({ds.path or ds.data_files})"
     rows = load_rows(ds, index)
-    convert = resolve_sft_format(ds, cfg, index, where, tokenizer)
+    convert = steps.resolve(ds, cfg, index, where, tokenizer)
 
     def process(row: dict, row_index: int) -> dict:
         try:
             record = convert(dict(row))  # datasets hands lazy rows to map functions
-            example = tokenize_record(record, tokenizer, cfg.train_on_inputs, ds.roles_to_train, ds.train_on_eos)
-            example, outcome = fit_length(example, cfg.sequence_len, cfg.excess_length_strategy)
+            example, outcome = steps.fit(steps.tokenize(record, tokenizer, ds), cfg)
         except RowError as exc:
-            return {"input_ids": [], "labels": [], "outcome": "error", "error": f"row {row_index}: {exc}"}
-        example = example or {"input_ids": [], "labels": []}
-        return {**example, "outcome": outcome, "error": ""}
+            return {"example": "", "outcome": "error", "error": f"row {row_index}: {exc}"}
+        except _Identical:
+            return {"example": "", "outcome": "identical", "error": ""}
+        return {"example": json.dumps(example) if example else "", "outcome": outcome, "error": ""}
 
     processed = rows.map(process, with_indices=True, num_proc=cfg.dataset_num_proc, remove_columns=rows.column_names,
                          load_from_cache_file=False, desc=f"tokenising {where}")
@@ -47,35 +94,42 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str) -> tuple[list[d
         outcome = item["outcome"]
         if outcome == "error":
             raise DataError(f"{where}, {item['error']}")
-        if outcome == "too_long":
-            report.dropped_too_long += 1
-        elif outcome == "no_target":
-            report.dropped_no_target += 1
-        else:
-            report.truncated += outcome == "truncated"
-            report.kept += 1
-            report.lengths.append(len(item["input_ids"]))
-            examples.append({"input_ids": item["input_ids"], "labels": item["labels"]})
+        if outcome in ("too_long", "no_target", "identical"):
+            report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
+            continue
+        example = json.loads(item["example"])
+        report.truncated += outcome == "truncated"
+        report.kept += 1
+        report.lengths.append(_length(example))
+        examples.append(example)
     return examples, report
 
 
-def prepare_sft_data(cfg, tokenizer) -> PreparedData:
+def _length(example: dict[str, Any]) -> int:
+    if "input_ids" in example:
+        return len(example["input_ids"])
+    from rlft.data.preference import example_length
+
+    return example_length(example)
+
+
+def prepare_data(cfg, tokenizer, steps: MethodSteps | None = None) -> PreparedData:
     """Every training dataset merged (shuffled once, seeded), plus the eval split or test_datasets."""
-    train: list[dict[str, list[int]]] = []
+    train: list[dict[str, Any]] = []
     reports = []
     for index, ds in enumerate(cfg.datasets):
-        examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "datasets")
+        examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "datasets", steps)
         train.extend(examples)
         reports.append(report)
     if not train:
-        dropped = "; ".join(f"{r.name}: {r.dropped_too_long} too long, {r.dropped_no_target} without trained tokens" for r in reports)
-        raise DataError(f"no training rows left after filtering ({dropped}). Raise sequence_len or check train_on_inputs/roles_to_train")
+        dropped = "; ".join(f"{r.name}: {r.dropped_text()}" for r in reports)
+        raise DataError(f"no training rows left after filtering ({dropped}). Raise sequence_len or check the data and format")
     if cfg.shuffle_merged_datasets:
         random.Random(cfg.seed).shuffle(train)
-    evaluation: list[dict[str, list[int]]] = []
+    evaluation: list[dict[str, Any]] = []
     if cfg.test_datasets:
         for index, ds in enumerate(cfg.test_datasets):
-            examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "test_datasets")
+            examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "test_datasets", steps)
             evaluation.extend(examples)
             reports.append(report)
     elif cfg.val_set_size:
@@ -84,3 +138,7 @@ def prepare_sft_data(cfg, tokenizer) -> PreparedData:
             raise DataError(f"val_set_size={cfg.val_set_size} leaves no training rows out of {len(train)}")
         evaluation, train = train[:size], train[size:]
     return PreparedData(train=train, eval=evaluation, reports=reports)
+
+
+def prepare_sft_data(cfg, tokenizer) -> PreparedData:
+    return prepare_data(cfg, tokenizer, sft_steps(cfg))

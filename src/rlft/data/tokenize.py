@@ -18,17 +18,31 @@ from rlft.models.tokenizer import end_of_turn_token
 IGNORE = -100
 
 
+DROP_REASONS = {"too_long": "too long", "no_target": "without trained tokens", "identical": "chosen == rejected"}
+
+
 @dataclass
 class LengthReport:
-    """What length handling and formatting did to one dataset."""
+    """What formatting and length handling did to one dataset."""
 
     name: str
     rows: int = 0
     kept: int = 0
-    dropped_too_long: int = 0
-    dropped_no_target: int = 0
     truncated: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason (DROP_REASONS key) -> rows
     lengths: list[int] = field(default_factory=list)
+
+    @property
+    def dropped_too_long(self) -> int:
+        return self.dropped.get("too_long", 0)
+
+    @property
+    def dropped_no_target(self) -> int:
+        return self.dropped.get("no_target", 0)
+
+    def dropped_text(self) -> str:
+        parts = [f"{count} {DROP_REASONS[reason]}" for reason, count in self.dropped.items() if count]
+        return ", ".join(parts) if parts else "none dropped"
 
     def summary(self) -> dict[str, Any]:
         ordered = sorted(self.lengths)
@@ -48,6 +62,7 @@ class LengthReport:
             "kept": self.kept,
             "dropped_too_long": self.dropped_too_long,
             "dropped_no_target": self.dropped_no_target,
+            "dropped_identical": self.dropped.get("identical", 0),
             "truncated": self.truncated,
             "tokens": stats,
         }

@@ -73,7 +73,8 @@ def check_attention(implementation: str, training: bool, device_type: str) -> No
         )
 
 
-def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None) -> PreTrainedModel:
+def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None,
+               with_adapter: bool = True) -> PreTrainedModel:
     """Build the trainable model: base weights (or a seeded random init), attention, checkpointing, adapter.
 
     With `random_init` and an adapter the frozen random base must be the same on resume and at
@@ -108,9 +109,18 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
         model.config.use_cache = False
-    if cfg.adapter:
+    if cfg.adapter and with_adapter:
         model = attach_adapter(model, cfg)
     return model
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off everywhere (TRL's default for preference training): policy and reference agree."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def _quantization_kwargs(cfg) -> dict[str, Any]:
@@ -127,7 +137,7 @@ def _quantization_kwargs(cfg) -> dict[str, Any]:
     }
 
 
-def lora_config(cfg):
+def lora_config(cfg, task_type: str = "CAUSAL_LM"):
     from peft import LoraConfig
 
     if cfg.lora_target_linear:
@@ -144,11 +154,11 @@ def lora_config(cfg):
         use_rslora=cfg.peft_use_rslora,
         use_dora=cfg.peft_use_dora,
         init_lora_weights=init,
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
 
 
-def attach_adapter(model: PreTrainedModel, cfg) -> Any:
+def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") -> Any:
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
     from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
 
@@ -162,7 +172,7 @@ def attach_adapter(model: PreTrainedModel, cfg) -> Any:
             raise ModelError(f"lora_model_dir: {folder} has no {ADAPTER_CONFIG}")
         return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     try:
-        return get_peft_model(model, lora_config(cfg))
+        return get_peft_model(model, lora_config(cfg, task_type))
     except ValueError as exc:
         raise ModelError(
             f"cannot attach LoRA: {exc}. Set lora_target_modules (e.g. [q_proj, v_proj]) or lora_target_linear: true"

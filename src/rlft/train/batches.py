@@ -18,8 +18,12 @@ class BatchPlan:
     """Micro-batches of `examples` (packed into rows of `pack_capacity` tokens when given)."""
 
     def __init__(self, examples: list[Any], micro_batch_size: int, seed: int, pad_id: int, pack_capacity: int | None = None,
-                 shard: tuple[int, int] = (0, 1), collate: Callable[[list[Any]], dict[str, Any]] | None = None):
+                 shard: tuple[int, int] = (0, 1), collate: Callable[[list[Any]], dict[str, Any]] | None = None,
+                 lengths: list[int] | None = None):
+        """`lengths` turns on length grouping: within windows of 64 micro-batches of the shuffled order,
+        rows of similar length share a batch (less padding), and the batches are shuffled again."""
         self.micro_batch_size = micro_batch_size
+        self.lengths = lengths
         self.seed = seed
         self.rank, self.world = shard
         if pack_capacity:
@@ -37,7 +41,14 @@ class BatchPlan:
     def epoch_order(self, epoch: int) -> list[list[int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.items), generator=generator).tolist()
-        batches = [order[i : i + self.micro_batch_size] for i in range(0, len(order), self.micro_batch_size)]
+        size = self.micro_batch_size
+        if self.lengths is not None:
+            window = size * 64
+            order = [i for start in range(0, len(order), window)
+                     for i in sorted(order[start : start + window], key=lambda j: self.lengths[j], reverse=True)]
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
+        if self.lengths is not None:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
         mine = batches[self.rank :: self.world]
         while len(mine) < len(self):  # equal counts on every process keep collectives in step
             mine.append(mine[-1])

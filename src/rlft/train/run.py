@@ -13,7 +13,7 @@ from rlft.config import planned_settings
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.train.loop import LoopResult, run_loop, total_steps_for
 
-BUILT_METHODS = {"sft"}
+BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model"}
 METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "#3", "reward_model": "#3",
                  "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
 
@@ -47,24 +47,38 @@ def make_accelerator(cfg):
 def train(cfg, console: Console | None = None) -> LoopResult:
     from accelerate.utils import set_seed
 
-    from rlft.data.prepare import prepare_sft_data
-    from rlft.models.loading import load_model, load_tokenizer, resolve_source
-    from rlft.train.recipes.sft import SFTRecipe
+    from rlft.models.loading import load_tokenizer, resolve_source
 
     console = console or Console()
     refuse_unbuilt(cfg)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     output_dir = Path(cfg.output_dir)
-
     tokenizer = load_tokenizer(cfg)
-    data = prepare_sft_data(cfg, tokenizer)
     init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+    shard = (accelerator.process_index, accelerator.num_processes)
+
+    if cfg.method == "sft":
+        from rlft.data.prepare import prepare_sft_data
+        from rlft.models.loading import load_model
+        from rlft.train.recipes.sft import SFTRecipe
+
+        data = prepare_sft_data(cfg, tokenizer)
+        model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+        recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard)
+    elif cfg.method == "reward_model":
+        from rlft.data.prepare import prepare_data, preference_steps
+        from rlft.models.reward import load_reward_model
+        from rlft.train.recipes.reward_model import RewardModelRecipe
+
+        data = prepare_data(cfg, tokenizer, preference_steps("reward_model"))
+        model = load_reward_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+        recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
+    else:
+        model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
-    recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard=(accelerator.process_index, accelerator.num_processes))
 
     if accelerator.is_main_process:
         print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator)
@@ -77,6 +91,83 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         tokenizer.save_pretrained(output_dir)
         print_summary(console, cfg, result)
     return result
+
+
+def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+    """Policy, reference and recipe for dpo / ipo / kto / orpo / simpo."""
+    import copy
+
+    from rlft.data.prepare import prepare_data, preference_steps
+    from rlft.data.preference import assign_kl_completions
+    from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
+    from rlft.models.loading import attach_adapter, disable_dropout, load_model
+    from rlft.train.recipes.preference import KTORecipe, PairRecipe, Reference, precompute_or_load
+
+    method = cfg.method
+    data = prepare_data(cfg, tokenizer, preference_steps(method))
+    for report in data.reports:
+        if report.dropped.get("identical"):
+            console.print(f"[yellow]warning:[/] {report.name}: {report.dropped['identical']} pairs have chosen == rejected "
+                          "and were dropped (they carry no preference)")
+    if method == "kto":
+        desirable = sum(e["label"] for e in data.train)
+        check_kto_labels(desirable, len(data.train) - desirable)
+        warning = kto_imbalance_warning(desirable, len(data.train) - desirable, cfg.kto_desirable_weight, cfg.kto_undesirable_weight)
+        if warning:
+            console.print(f"[yellow]warning:[/] {warning}")
+        assign_kl_completions(data.train)
+        if data.eval:
+            assign_kl_completions(data.eval)
+
+    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    reference = None
+    if method in ("dpo", "ipo", "kto"):
+        if cfg.ref_model:
+            reference = Reference(load_reference_model(cfg, tokenizer))
+        elif cfg.adapter and not cfg.rl_adapter_ref_model:
+            reference = Reference(None)  # the policy with its adapter disabled: no second model in memory
+        else:
+            reference = Reference(copy.deepcopy(model).eval().requires_grad_(False))
+    if cfg.adapter:
+        model = attach_adapter(model, cfg)
+    if cfg.disable_dropout:
+        disable_dropout(model)
+        if reference is not None and reference.model is not None:
+            disable_dropout(reference.model)
+    if reference is not None:
+        reference.to(accelerator.device)
+    shard = (accelerator.process_index, accelerator.num_processes)
+    recipe_class = KTORecipe if method == "kto" else PairRecipe
+    recipe = recipe_class(cfg, data, tokenizer.pad_token_id, reference, shard)
+    if cfg.precompute_ref_log_probs:
+        model.to(accelerator.device)
+        identity = [cfg.base_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir, cfg.rl_adapter_ref_model,
+                    cfg.dpo_ld_alpha, method]
+        with accelerator.autocast():
+            precompute_or_load(recipe, model, data, tokenizer.pad_token_id, accelerator.device,
+                               cfg.eval_batch_size or cfg.micro_batch_size, Path(cfg.output_dir) / "ref_logps", identity, console)
+        recipe.reference = None  # every example carries its reference log-probs: free the copy
+    return model, recipe, data
+
+
+def load_reference_model(cfg, tokenizer):
+    """The separate `ref_model` folder; refused when its vocabulary is not the policy's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlft.errors import ModelError
+    from rlft.models.loading import resolve_source
+
+    source = resolve_source(cfg.ref_model, "ref_model")
+    ref_tokenizer = AutoTokenizer.from_pretrained(source)
+    if ref_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ModelError(
+            f"ref_model {source} has a different tokenizer vocabulary ({len(ref_tokenizer)} tokens) from the policy's "
+            f"({len(tokenizer)}): log-prob ratios need the same tokens on both sides. Use a reference of the same family"
+        )
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if model.get_input_embeddings().num_embeddings != len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
+    return model.eval().requires_grad_(False)
 
 
 BASE_CHANGING_INITS = ("pissa", "olora", "corda")
@@ -114,7 +205,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     for report in data.reports:
         info = report.summary()
         table.add_row("data", f"{info['dataset']}: {info['kept']}/{info['rows']} rows kept "
-                              f"({info['dropped_too_long']} too long, {info['dropped_no_target']} no target, {info['truncated']} truncated)")
+                              f"(dropped: {report.dropped_text()}; {info['truncated']} truncated)")
     table.add_row("train / eval rows", f"{len(data.train)} / {len(data.eval)}")
     table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
     effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes

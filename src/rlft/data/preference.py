@@ -1,0 +1,125 @@
+"""Preference and KTO records -> token ids, length handling, and batches for one concatenated forward.
+
+A pair example is {prompt_ids, chosen_ids, rejected_ids[, margin]}; a KTO example is
+{prompt_ids, completion_ids, label}. The prompt gets the tokenizer's special tokens (BOS) unless its
+text already starts with BOS; completions get none, plus EOS when they do not already end with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlft.data.formats import RowError
+from rlft.data.tokenize import IGNORE
+
+
+def _prompt_ids(tokenizer, text: str) -> list[int]:
+    has_bos = tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token)
+    return tokenizer(text, add_special_tokens=not has_bos)["input_ids"]
+
+
+def _completion_ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def tokenize_pair(record: dict[str, Any], tokenizer) -> dict[str, Any]:
+    for key in ("chosen", "rejected"):
+        if not str(record.get(key) or "").strip():
+            raise RowError(f"{key!r} is empty or missing")
+    example = {
+        "prompt_ids": _prompt_ids(tokenizer, str(record.get("prompt") or "")),
+        "chosen_ids": _completion_ids(tokenizer, str(record["chosen"])),
+        "rejected_ids": _completion_ids(tokenizer, str(record["rejected"])),
+    }
+    if record.get("margin") is not None:
+        example["margin"] = float(record["margin"])
+    return example
+
+
+def tokenize_kto(record: dict[str, Any], tokenizer) -> dict[str, Any]:
+    if not str(record.get("completion") or "").strip():
+        raise RowError("'completion' is empty or missing")
+    return {
+        "prompt_ids": _prompt_ids(tokenizer, str(record.get("prompt") or "")),
+        "completion_ids": _completion_ids(tokenizer, str(record["completion"])),
+        "label": bool(record["label"]),
+    }
+
+
+def fit_completions(example: dict[str, Any], keys: tuple[str, ...], sequence_len: int, strategy: str) -> tuple[dict | None, str]:
+    """Apply excess_length_strategy to prompt + each completion in `keys` (Axolotl's rule, spec §C1).
+
+    truncate cuts completions to sequence_len - len(prompt); a prompt that alone fills the window is dropped.
+    """
+    prompt = len(example["prompt_ids"])
+    longest = max(prompt + len(example[key]) for key in keys)
+    if longest <= sequence_len:
+        return example, "ok"
+    if strategy == "raise":
+        raise RowError(f"prompt + completion is {longest} tokens, more than sequence_len={sequence_len} "
+                       "(raise sequence_len, or set excess_length_strategy: drop or truncate)")
+    room = sequence_len - prompt
+    if strategy == "drop" or room < 1:
+        return None, "too_long"
+    return {**example, **{key: example[key][:room] for key in keys}}, "truncated"
+
+
+def pair_batch(examples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    """Chosen rows first, then rejected rows, right-padded: one forward computes both halves."""
+    sequences = [e["prompt_ids"] + e["chosen_ids"] for e in examples] + [e["prompt_ids"] + e["rejected_ids"] for e in examples]
+    prompt_lengths = [len(e["prompt_ids"]) for e in examples] * 2
+    batch = _right_pad(sequences, prompt_lengths, pad_id)
+    if all("margin" in e for e in examples):
+        batch["margin"] = torch.tensor([e["margin"] for e in examples], dtype=torch.float32)
+    for side in ("chosen", "rejected"):  # carried along so reference log-probs can be precomputed once
+        key = f"ref_{side}"
+        if all(key in e for e in examples):
+            batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
+    return batch
+
+
+def assign_kl_completions(examples: list[dict[str, Any]]) -> None:
+    """Give example i the completion of example i+1 as its mismatched pair (KTO's KL reference point).
+
+    Fixed once per dataset, as TRL does, so the pairs do not depend on batching and their reference
+    log-probs can be precomputed.
+    """
+    for index, example in enumerate(examples):
+        example["kl_completion_ids"] = examples[(index + 1) % len(examples)]["completion_ids"]
+
+
+def kto_batch(examples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    """Matched rows (trained) and, under `kl_*`, the mismatched rows for the KL reference point."""
+    prompts = [len(e["prompt_ids"]) for e in examples]
+    batch = _right_pad([e["prompt_ids"] + e["completion_ids"] for e in examples], prompts, pad_id)
+    mismatched = _right_pad([e["prompt_ids"] + e["kl_completion_ids"] for e in examples], prompts, pad_id)
+    batch.update({f"kl_{key}": value for key, value in mismatched.items() if key != "num_tokens"})
+    batch["num_tokens"] += mismatched["num_tokens"]
+    batch["desirable"] = torch.tensor([e["label"] for e in examples], dtype=torch.bool)
+    for key in ("ref_logps", "ref_kl_logps"):
+        if all(key in e for e in examples):
+            batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
+    return batch
+
+
+def _right_pad(sequences: list[list[int]], prompt_lengths: list[int], pad_id: int) -> dict[str, Any]:
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(sequences), width), IGNORE, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, (sequence, prompt) in enumerate(zip(sequences, prompt_lengths)):
+        input_ids[row, : len(sequence)] = torch.tensor(sequence)
+        labels[row, prompt : len(sequence)] = torch.tensor(sequence[prompt:])
+        attention[row, : len(sequence)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, "num_tokens": int(attention.sum())}
+
+
+def example_length(example: dict[str, Any]) -> int:
+    """Longest sequence the example puts in a batch (for length-grouped batching)."""
+    completions = [len(example[k]) for k in ("chosen_ids", "rejected_ids", "completion_ids") if k in example]
+    return len(example["prompt_ids"]) + max(completions)

@@ -1,0 +1,79 @@
+"""Reward models: a sequence-classification model with one output (the score of the last real token)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from rlft.errors import ModelError
+from rlft.models.loading import check_attention, resolve_source
+
+
+def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):
+    """`AutoModelForSequenceClassification` with num_labels=1 on base_model (or random init), adapter optional."""
+    from rlft.models.loading import attach_adapter
+
+    attention = cfg.effective_attn_implementation
+    check_attention(attention, training=True, device_type=device_type)
+    source = resolve_source(cfg.base_model, "base_model")
+    kwargs = {"num_labels": 1, "attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
+    if init_base_dir is not None and (init_base_dir / "config.json").exists():
+        model = AutoModelForSequenceClassification.from_pretrained(init_base_dir, **kwargs)
+    elif cfg.random_init:
+        config = AutoConfig.from_pretrained(source, num_labels=1, trust_remote_code=cfg.trust_remote_code)
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention, dtype=torch.float32)
+        if init_base_dir is not None and cfg.adapter:
+            model.save_pretrained(init_base_dir)
+    else:
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"cannot load a reward model (sequence classification, 1 label) from {source}: {exc}") from None
+    model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
+    if cfg.adapter:
+        model = attach_adapter(model, cfg, task_type="SEQ_CLS")
+    return model
+
+
+def load_reward_for_scoring(path: str, device: str = "cpu"):
+    """A trained reward model folder (full or LoRA) and its tokenizer, ready to score."""
+    import json
+
+    folder = Path(path).expanduser()
+    source = resolve_source(str(folder) if folder.exists() else path, "reward model")
+    adapter_file = Path(source) / "adapter_config.json"
+    if adapter_file.exists():
+        from peft import PeftModel
+
+        base_name = json.loads(adapter_file.read_text()).get("base_model_name_or_path")
+        base = AutoModelForSequenceClassification.from_pretrained(resolve_source(base_name, "adapter base model"), num_labels=1)
+        model = PeftModel.from_pretrained(base, source)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(source)
+    if model.config.num_labels != 1:
+        raise ModelError(f"{source} has {model.config.num_labels} outputs; a reward model has one")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def score_texts(model, tokenizer, texts: list[str], batch_size: int = 32) -> list[float]:
+    """One scalar score per text (higher = preferred)."""
+    tokenizer.padding_side = "right"
+    device = next(model.parameters()).device
+    scores: list[float] = []
+    for start in range(0, len(texts), batch_size):
+        encoded = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True).to(device)
+        with torch.no_grad():
+            scores.extend(model(**encoded).logits[:, 0].float().tolist())
+    return scores

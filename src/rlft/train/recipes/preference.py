@@ -1,0 +1,296 @@
+"""Preference recipes: DPO family / IPO, ORPO, SimPO-CPO (pairs) and KTO (unpaired).
+
+Pairs go through the policy in one forward (chosen rows, then rejected rows); sequence log-probs
+are sums over completion tokens only. Reference log-probs come from the policy with its LoRA
+adapter disabled (no second model), from a frozen copy, or were precomputed once into the examples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlft.data.preference import example_length, kto_batch, pair_batch
+from rlft.losses import preference as L
+from rlft.losses.sft import token_nll
+from rlft.train.batches import BatchPlan
+
+INPUTS = ("input_ids", "attention_mask")
+
+
+@dataclass
+class CompletionLogps:
+    """Per-sequence results of one forward over prompt+completion rows."""
+
+    logps: torch.Tensor  # (N,) sum of completion-token log-probs
+    lengths: torch.Tensor  # (N,) completion tokens
+    token_logps: torch.Tensor  # (N, T-1)
+    mask: torch.Tensor  # (N, T-1) completion-token positions
+    mean_logits: torch.Tensor  # (N,) mean logit over completion positions (TRL's logits/* metric), detached
+    log_sum_sq_probs: torch.Tensor | None = None  # (N, T-1) WPO alignment term, only when asked for
+
+
+def completion_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False) -> CompletionLogps:
+    logits = model(**{k: batch[prefix + k] for k in INPUTS}, use_cache=False).logits
+    nll, mask = token_nll(logits, batch[prefix + "labels"])
+    lengths = mask.sum(-1)
+    with torch.no_grad():
+        per_position = logits[:, :-1].float().mean(-1)
+        mean_logits = (per_position * mask).sum(-1) / lengths.clamp_min(1)
+        sum_sq = L.token_log_sum_squared_probs(logits[:, :-1]) if wpo else None
+    return CompletionLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq)
+
+
+def _base_of(model):
+    return getattr(model, "module", model)  # DDP wraps the model
+
+
+class Reference:
+    """Reference-model log-probs: the policy with its adapter disabled, or a frozen copy."""
+
+    def __init__(self, frozen_copy: torch.nn.Module | None = None):
+        self.model = frozen_copy
+
+    def logps(self, policy, batch: dict[str, Any], prefix: str = "") -> CompletionLogps:
+        with torch.no_grad():
+            if self.model is not None:
+                return completion_logps(self.model, batch, prefix)
+            with _base_of(policy).disable_adapter():
+                return completion_logps(policy, batch, prefix)
+
+    def to(self, device) -> "Reference":
+        if self.model is not None:
+            self.model.to(device)
+        return self
+
+
+class PairRecipe:
+    """DPO (every loss type) / IPO, ORPO and SimPO-CPO on (prompt, chosen, rejected) pairs."""
+
+    def __init__(self, cfg, data, pad_id: int, reference: Reference | None, shard: tuple[int, int] = (0, 1)):
+        self.cfg = cfg
+        self.method = cfg.method
+        self.name = self.method
+        self.reference = reference
+        self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
+        self.bco_mean, self.bco_count = 0.0, 0
+        collate = lambda rows: pair_batch(rows, pad_id)  # noqa: E731
+        lengths = [example_length(e) for e in data.train]
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
+        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.method in ("dpo", "ipo")
+
+    @property
+    def eval_batches(self) -> list[dict[str, Any]]:
+        """Collated when asked: precomputed reference log-probs land in the examples after __init__."""
+        return self.eval_plan.sequential() if self.eval_plan.items else []
+
+    def loss_units(self, batch: dict[str, Any]) -> int:
+        return batch["input_ids"].shape[0] // 2
+
+    def _split(self, out: CompletionLogps, pairs: int, ld_alpha: float | None):
+        if ld_alpha is not None:
+            return L.ld_dpo_logps(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:], ld_alpha)
+        return out.logps[:pairs], out.logps[pairs:]
+
+    def reference_logps(self, policy, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        if "ref_chosen" in batch:
+            return batch["ref_chosen"], batch["ref_rejected"]
+        out = self.reference.logps(policy, batch)
+        return self._split(out, batch["input_ids"].shape[0] // 2, self.cfg.dpo_ld_alpha)
+
+    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        pairs = batch["input_ids"].shape[0] // 2
+        out = completion_logps(model, batch, wpo=cfg.dpo_use_weighting)
+        lengths_c, lengths_r = out.lengths[:pairs].float(), out.lengths[pairs:].float()
+        chosen_nll = -out.logps[:pairs] / lengths_c.clamp_min(1)
+        if self.method in ("dpo", "ipo"):
+            chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
+            ref_chosen, ref_rejected = self.reference_logps(model, batch)
+            weights = None
+            if cfg.dpo_use_weighting:  # the paper's calibrated weight (log sum p^2 per position), as TRL
+                weights = L.wpo_weights(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:],
+                                        chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
+                                        rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
+            self._bco_update(cfg.rl_beta * (chosen - ref_chosen.to(chosen)), cfg.rl_beta * (rejected - ref_rejected.to(rejected)))
+            result = L.dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
+                                beta=cfg.rl_beta, loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
+                                chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=chosen_nll,
+                                bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
+            losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
+        elif self.method == "orpo":
+            result = L.orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
+                                 chosen_nll, alpha=cfg.orpo_alpha)
+            losses = result.losses
+            # TRL's ORPO rewards: beta * average log-prob of each completion
+            chosen_rewards = (cfg.orpo_alpha * out.logps[:pairs] / lengths_c.clamp_min(1)).detach()
+            rejected_rewards = (cfg.orpo_alpha * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
+        else:  # simpo / cpo
+            loss_type = cfg.cpo_loss_type or "simpo"
+            result = L.cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=cfg.rl_beta,
+                                gamma=cfg.simpo_gamma, label_smoothing=cfg.dpo_label_smoothing, cpo_alpha=cfg.cpo_alpha,
+                                chosen_nll=chosen_nll)
+            losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
+        metrics = pair_metrics(chosen_rewards, rejected_rewards, out, pairs)
+        if self.method == "orpo":
+            metrics["log_odds_ratio"] = float(result.log_odds_ratio.mean())
+            metrics["nll_loss"] = float(chosen_nll.mean())
+        return losses.sum(), metrics
+
+    def _bco_mean(self) -> float | None:
+        return self.bco_mean if "bco_pair" in self.loss_types else None
+
+    def _bco_update(self, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> None:
+        """BCO's running reward mean includes this batch before its loss is computed (the paper's delta)."""
+        if "bco_pair" in self.loss_types:
+            rewards = torch.cat([chosen_rewards, rejected_rewards]).detach()
+            self.bco_mean, self.bco_count = L.bco_reward_mean_update(self.bco_mean, self.bco_count, rewards)
+
+    def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+        return _weighted_eval(self, model, batches)
+
+    # --- precomputed reference log-probs ---
+    def precompute_reference(self, policy, examples: list[dict[str, Any]], pad_id: int, device, batch_size: int) -> None:
+        for start in range(0, len(examples), batch_size):
+            rows = examples[start : start + batch_size]
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in pair_batch(rows, pad_id).items()}
+            batch.pop("ref_chosen", None)
+            batch.pop("ref_rejected", None)
+            chosen, rejected = self.reference_logps(policy, batch)
+            for example, c, r in zip(rows, chosen.tolist(), rejected.tolist()):
+                example["ref_chosen"], example["ref_rejected"] = c, r
+
+
+class KTORecipe:
+    """KTO on (prompt, completion, desirable?) rows; the KL reference point uses mismatched pairs."""
+
+    name = "kto"
+    needs_reference = True
+
+    def __init__(self, cfg, data, pad_id: int, reference: Reference, shard: tuple[int, int] = (0, 1)):
+        self.cfg = cfg
+        self.reference = reference
+        collate = lambda rows: kto_batch(rows, pad_id)  # noqa: E731
+        lengths = [example_length(e) for e in data.train]
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
+        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+
+    @property
+    def eval_batches(self) -> list[dict[str, Any]]:
+        """Collated when asked: precomputed reference log-probs land in the examples after __init__."""
+        return self.eval_plan.sequential() if self.eval_plan.items else []
+
+    def loss_units(self, batch: dict[str, Any]) -> int:
+        return batch["input_ids"].shape[0]
+
+    def reference_logps(self, policy, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        if "ref_logps" in batch:
+            return batch["ref_logps"], batch["ref_kl_logps"]
+        return self.reference.logps(policy, batch).logps, self.reference.logps(policy, batch, "kl_").logps
+
+    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        out = completion_logps(model, batch)
+        with torch.no_grad():
+            kl_policy = completion_logps(model, batch, "kl_").logps
+        ref, ref_kl = self.reference_logps(model, batch)
+        result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
+                            desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
+        desirable = batch["desirable"]
+        metrics = {"kl": float(result.kl)}
+        if desirable.any():
+            metrics.update({"rewards/chosen": float(result.chosen_rewards.mean()), "logps/chosen": float(out.logps[desirable].mean())})
+        if (~desirable).any():
+            metrics.update({"rewards/rejected": float(result.rejected_rewards.mean()), "logps/rejected": float(out.logps[~desirable].mean())})
+        if desirable.any() and (~desirable).any():
+            metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+        return result.losses.sum(), metrics
+
+    def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+        return _weighted_eval(self, model, batches)
+
+    def precompute_reference(self, policy, examples: list[dict[str, Any]], pad_id: int, device, batch_size: int) -> None:
+        for start in range(0, len(examples), batch_size):
+            rows = examples[start : start + batch_size]
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kto_batch(rows, pad_id).items()}
+            batch.pop("ref_logps", None)
+            batch.pop("ref_kl_logps", None)
+            logps, kl_logps = self.reference_logps(policy, batch)
+            for example, a, b in zip(rows, logps.tolist(), kl_logps.tolist()):
+                example["ref_logps"], example["ref_kl_logps"] = a, b
+
+
+def pair_metrics(chosen_rewards, rejected_rewards, out: CompletionLogps, pairs: int) -> dict[str, float]:
+    """TRL's metric names for preference pairs."""
+    return {
+        "rewards/chosen": float(chosen_rewards.mean()),
+        "rewards/rejected": float(rejected_rewards.mean()),
+        "rewards/accuracies": float((chosen_rewards > rejected_rewards).float().mean()),
+        "rewards/margins": float((chosen_rewards - rejected_rewards).mean()),
+        "logps/chosen": float(out.logps[:pairs].detach().mean()),
+        "logps/rejected": float(out.logps[pairs:].detach().mean()),
+        "logits/chosen": float(out.mean_logits[:pairs].mean()),
+        "logits/rejected": float(out.mean_logits[pairs:].mean()),
+    }
+
+
+def _weighted_eval(recipe, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+    """Loss and metrics over all eval batches, weighted by loss units; names prefixed `eval/`."""
+    totals: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    for batch in batches:
+        loss_sum, metrics = recipe.loss(model, batch)
+        units = recipe.loss_units(batch)
+        totals["loss"] = totals.get("loss", 0.0) + float(loss_sum)
+        weights["loss"] = weights.get("loss", 0) + units
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value * units
+            weights[key] = weights.get(key, 0) + units
+    return {f"eval/{key}": round(totals[key] / max(1, weights[key]), 6) for key in totals}
+
+
+def data_fingerprint(examples: list[dict[str, Any]], *parts: Any) -> str:
+    """Identifies tokenised data (+ whatever else the cached values depend on) for the reference cache."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+    for example in examples:
+        digest.update(json.dumps({k: v for k, v in example.items() if not k.startswith("ref_")}, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def precompute_or_load(recipe, policy, data, pad_id: int, device, batch_size: int, cache_dir: Path, identity: Any, console) -> None:
+    """Reference log-probs for every train/eval example, computed once and cached under output_dir.
+
+    The cache file name is a fingerprint of the tokenised data and the reference identity, so a
+    changed dataset (or model, or LD-DPO alpha) on resume is recomputed, never reused stale.
+    """
+    for split, examples in (("train", data.train), ("eval", data.eval)):
+        if not examples:
+            continue
+        path = cache_dir / f"ref_logps-{split}-{data_fingerprint(examples, identity)}.json"
+        if path.exists():
+            values = json.loads(path.read_text())
+            for example, cached in zip(examples, values):
+                example.update(cached)
+            console.print(f"reference log-probs ({split}): reused {path}")
+            continue
+        was_training = policy.training
+        policy.eval()
+        with nullcontext():
+            recipe.precompute_reference(policy, examples, pad_id, device, batch_size)
+        policy.train(was_training)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{k: v for k, v in e.items() if k.startswith("ref_")} for e in examples]))
+        tmp.rename(path)
+        console.print(f"reference log-probs ({split}): computed for {len(examples)} rows, cached in {path}")

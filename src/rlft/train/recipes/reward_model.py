@@ -1,0 +1,51 @@
+"""Bradley-Terry reward model: one forward over chosen and rejected texts, scalar score each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlft.data.preference import example_length, pair_batch
+from rlft.losses.preference import bradley_terry_loss
+from rlft.train.batches import BatchPlan
+from rlft.train.recipes.preference import _weighted_eval
+
+
+class RewardModelRecipe:
+    name = "reward_model"
+    needs_reference = False
+
+    def __init__(self, cfg, data, pad_id: int, shard: tuple[int, int] = (0, 1)):
+        self.cfg = cfg
+        collate = lambda rows: pair_batch(rows, pad_id)  # noqa: E731
+        lengths = [example_length(e) for e in data.train]
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
+        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+
+    @property
+    def eval_batches(self) -> list[dict[str, Any]]:
+        """Collated when asked: precomputed reference log-probs land in the examples after __init__."""
+        return self.eval_plan.sequential() if self.eval_plan.items else []
+
+    def loss_units(self, batch: dict[str, Any]) -> int:
+        return batch["input_ids"].shape[0] // 2
+
+    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        pairs = batch["input_ids"].shape[0] // 2
+        scores = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, 0].float()
+        chosen, rejected = scores[:pairs], scores[pairs:]
+        losses, correct = bradley_terry_loss(chosen, rejected, batch.get("margin"), self.cfg.center_rewards_coefficient)
+        detached = scores.detach()
+        return losses.sum(), {
+            "accuracy": float(correct.float().mean()),
+            "margin": float((chosen - rejected).detach().mean()),
+            "rewards/chosen": float(chosen.detach().mean()),
+            "rewards/rejected": float(rejected.detach().mean()),
+            "rewards/min": float(detached.min()),
+            "rewards/mean": float(detached.mean()),
+            "rewards/max": float(detached.max()),
+        }
+
+    def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+        return _weighted_eval(self, model, batches)
