@@ -18,6 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An XS Llama folder (config + byte tokenizer, no weights): train it with random_init."""
     from rlft.models.tiny import write_tiny_model

@@ -99,6 +99,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
 
     from rlft.data.prepare import prepare_data, preference_steps
     from rlft.data.preference import assign_kl_completions
+    from rlft.errors import DataError
     from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
     from rlft.models.loading import attach_adapter, disable_dropout, load_model
     from rlft.train.recipes.preference import KTORecipe, PairRecipe, Reference, precompute_or_load
@@ -108,13 +109,16 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     for report in data.reports:
         if report.dropped.get("identical"):
             console.print(f"[yellow]warning:[/] {report.name}: {report.dropped['identical']} pairs have chosen == rejected "
-                          "and were dropped (they carry no preference)")
+                          "and were dropped (they carry no preference)", soft_wrap=True)
     if method == "kto":
         desirable = sum(e["label"] for e in data.train)
-        check_kto_labels(desirable, len(data.train) - desirable)
+        try:
+            check_kto_labels(desirable, len(data.train) - desirable)
+        except ValueError as exc:
+            raise DataError(f"datasets: {exc}") from None
         warning = kto_imbalance_warning(desirable, len(data.train) - desirable, cfg.kto_desirable_weight, cfg.kto_undesirable_weight)
         if warning:
-            console.print(f"[yellow]warning:[/] {warning}")
+            console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
         assign_kl_completions(data.train)
         if data.eval:
             assign_kl_completions(data.eval)

@@ -1,0 +1,508 @@
+"""DPO speed: rlft vs TRL's DPOTrainer on the same tiny model, data, batches and hyperparameters, in one process.
+
+Both tools load identical weights (one seeded random init, saved once with save_pretrained) and train on
+the addition preference pairs (`rlft.tasks.addition.preference_rows` of the first --rows training rows, as
+plain prompt/chosen/rejected strings, TRL's standard non-conversational format; the default 1,000 rows are
+examples/preference/data/pairs.jsonl). Sigmoid DPO loss, beta 0.1, micro batch 8 pairs, no accumulation,
+AdamW lr 5e-4 constant, no warm-up, no weight decay, grad clip 1.0, fp32, max length 32, dropout off, no
+eval, no periodic checkpoints.
+
+Same batches: TRL gets the rows in the order of rlft's first epoch (`recipe.train_plan.epoch_order(0)`,
+length-grouped micro-batches) with `train_sampling_strategy="sequential"`, so step k of both tools sees the
+same 8 pairs, padded to the same width; the first batch's token ids are compared. With policy == reference
+at step 1 the step-1 loss must be log 2 in every run (asserted); the loss curves are then compared step by
+step (they should agree to float noise, since the weights, data and optimizer are the same).
+
+Four settings, each tool run alternately --repeat times after a short warm-up of each:
+  rlft  ref=copy        the frozen reference copy runs a forward every step (rlft's default)
+  rlft  ref=precompute  `precompute_ref_log_probs: true`: reference log-probs computed once before training
+  TRL   ref=model       TRL's default: a reference model (loaded from the saved path) runs every step
+  TRL   ref=precompute  `precompute_ref_log_probs=True` (same precompute batch size, 8, as rlft)
+
+Measured per run:
+  wall      the training call: rlft `train(cfg, console)` (tokenizer + data preparation + model and reference
+            load + precompute + loop + its final checkpoint + final model save); TRL `DPOTrainer(...)` (model
+            and reference load, dataset tokenisation, precompute) + `trainer.train()`. Imports and row
+            generation are excluded.
+  step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the batch);
+            TRL on_step_begin -> on_step_end (excludes the batch fetch; the end -> end interval is also given).
+  tokens/s  non-padding tokens trained / summed step time (both tools see the same tokens).
+
+The table shows each setting's run with the smallest wall time; the JSON keeps every run and the load
+average (a shared 2-core machine is noisy).
+
+Usage (from the repository root):
+  .venv/bin/python bench/preference.py --size S --steps 40
+Results: a table on stdout and bench/results/preference-<size>.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's precompute progress bar
+
+import argparse
+import datetime
+import io
+import json
+import math
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from rich.console import Console
+from transformers import AutoTokenizer, LlamaForCausalLM, PrinterCallback
+
+import trl
+from trl import DPOConfig, DPOTrainer
+
+import accelerate  # noqa: F401  (imported here so its import cost stays out of the timings)
+import datasets
+import rlft.data.prepare  # noqa: F401
+import rlft.models.loading  # noqa: F401
+import rlft.train.loop
+import rlft.train.recipes.preference as rlft_preference
+import rlft.train.run
+from rlft.config import build_config
+from rlft.models.tiny import SIZES
+from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
+from sft_vs_trl import RESULTS, StepTimer, make_model, warm_up
+
+LR = 5e-4
+BETA = 0.1
+MAX_LENGTH = 32
+LOG2 = math.log(2)
+SETTINGS = [("rlft", False), ("trl", False), ("rlft", True), ("trl", True)]  # (tool, precompute): the run order
+
+
+def label(tool: str, precompute: bool) -> str:
+    return f"{tool}-{'precompute' if precompute else ('copy' if tool == 'rlft' else 'model')}"
+
+
+# --------------------------------------------------------------------------- rlft
+
+
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args) -> dict:
+    cfg = build_config({
+        "base_model": str(model_dir),
+        "random_init": False,
+        "rl": "dpo",
+        "rl_beta": BETA,
+        "dpo_loss_type": ["sigmoid"],
+        "precompute_ref_log_probs": precompute,
+        "datasets": [{"path": str(train_file)}],
+        "sequence_len": MAX_LENGTH,
+        "micro_batch_size": args.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "max_steps": steps,
+        "learning_rate": LR,
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "optimizer": "adamw_torch",
+        "max_grad_norm": 1.0,
+        "bf16": False,
+        "logging_steps": 1,  # one metrics.jsonl line per step, for the per-step times and losses
+        "seed": args.seed,
+        "output_dir": str(out_dir),
+    }, source="bench")
+
+    # Time the parts of train() without touching src/: wrap what run.py, loop.py and the recipe call.
+    marks: dict[str, float] = {}
+    checkpoint_times: list[float] = []
+    precompute_times: list[float] = []
+    reference_times: list[float] = []
+    captured: dict = {}
+    originals = (rlft.train.run.run_loop, rlft.train.loop.save_checkpoint, rlft_preference.precompute_or_load,
+                 rlft_preference.Reference.logps)
+
+    def timed_loop(cfg_, recipe, *a, **k):
+        captured["recipe"] = recipe
+        marks["loop_start"] = time.perf_counter()
+        try:
+            return originals[0](cfg_, recipe, *a, **k)
+        finally:
+            marks["loop_end"] = time.perf_counter()
+
+    def timed(store, original):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                store.append(time.perf_counter() - start)
+        return wrapper
+
+    rlft.train.run.run_loop = timed_loop
+    rlft.train.loop.save_checkpoint = timed(checkpoint_times, originals[1])
+    rlft_preference.precompute_or_load = timed(precompute_times, originals[2])
+    rlft_preference.Reference.logps = timed(reference_times, originals[3])
+    console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    try:
+        start = time.perf_counter()
+        result = rlft.train.run.train(cfg, console)
+        wall = time.perf_counter() - start
+    finally:
+        (rlft.train.run.run_loop, rlft.train.loop.save_checkpoint, rlft_preference.precompute_or_load,
+         rlft_preference.Reference.logps) = originals
+
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps_ = [r for r in records if "step_time_s" in r]
+    step_times = [r["step_time_s"] for r in steps_]
+    tokens = sum(r["tokens"] for r in steps_)
+    phases = {}
+    for key in ("time/data", "time/forward_backward", "time/optimizer"):
+        phases[key.split("/")[1] + "_median_s"] = statistics.median(r.get(key, 0.0) for r in steps_)
+    # Reference forwards inside the loop (none when precomputed; the precompute pass itself is not wrapped by it)
+    in_loop_reference = reference_times[-len(steps_):] if len(reference_times) >= len(steps_) and not precompute else []
+    phases["reference_forward_median_s"] = statistics.median(in_loop_reference) if in_loop_reference else 0.0
+    in_steps = sum(step_times)
+    loop_total = marks["loop_end"] - marks["loop_start"]
+    checkpoint = sum(checkpoint_times)
+    return {
+        "setting": label("rlft", precompute),
+        "wall_s": wall,
+        "setup_s": marks["loop_start"] - start,  # tokenizer, data, model + reference, precompute, plan table
+        "precompute_s": sum(precompute_times),
+        "loop_s": loop_total,
+        "steps_s": in_steps,
+        "checkpoint_save_s": checkpoint,
+        "final_model_save_s": start + wall - marks["loop_end"],
+        "loop_other_s": loop_total - in_steps - checkpoint,
+        "steps": len(steps_),
+        "median_step_s": statistics.median(step_times),
+        "first_step_s": step_times[0],
+        "phase_medians": phases,
+        "reference_forwards_in_loop": len(reference_times) if not precompute else 0,
+        "tokens": tokens,
+        "tokens_per_s": tokens / in_steps,
+        "losses": [r["loss"] for r in steps_],
+        "margins": [r.get("rewards/margins") for r in steps_],
+        "global_step": result.state.global_step,
+        "_recipe": captured["recipe"],  # dropped before the JSON is written
+    }
+
+
+def rlft_order(recipe, tokenizer, rows: list[dict], steps: int) -> tuple[list[dict], dict]:
+    """The training rows in the order rlft's first epoch feeds them, plus rlft's first batch (for a check)."""
+    plan = recipe.train_plan
+    order = plan.epoch_order(0)
+    used = order[:steps]
+    if any(len(batch) != plan.micro_batch_size for batch in used):
+        raise SystemExit("a short micro-batch falls inside the measured steps: choose --rows divisible by --micro-batch")
+    by_prompt = {row["prompt"]: row for row in rows}
+    flat = [i for batch in order for i in batch]
+    ordered = [by_prompt[tokenizer.decode(plan.items[i]["prompt_ids"])] for i in flat]
+    if len(ordered) != len(rows) or len({r["prompt"] for r in ordered}) != len(rows):
+        raise SystemExit("could not map rlft's examples back to the rows one to one")
+    first = plan.batch(order[0])
+    widths = [max(len(plan.items[i]["prompt_ids"]) + max(len(plan.items[i]["chosen_ids"]), len(plan.items[i]["rejected_ids"]))
+                  for i in batch) for batch in used]
+    return ordered, {"first_input_ids": first["input_ids"], "batch_widths": widths}
+
+
+def padding_stats(recipe, steps: int, seed: int) -> dict:
+    """Padding share of rlft's length-grouped batches vs the same rows batched in a plain random order."""
+    plan = recipe.train_plan
+    items = plan.items
+    size = plan.micro_batch_size
+
+    def share(batches):
+        real = padded = 0
+        for batch in batches:
+            width = max(len(items[i]["prompt_ids"]) + max(len(items[i]["chosen_ids"]), len(items[i]["rejected_ids"])) for i in batch)
+            for i in batch:
+                for side in ("chosen_ids", "rejected_ids"):
+                    real += len(items[i]["prompt_ids"]) + len(items[i][side])
+                    padded += width
+        return 1 - real / padded
+
+    grouped = plan.epoch_order(0)
+    random_order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
+    plain = [random_order[i : i + size] for i in range(0, len(random_order), size)]
+    return {"grouped_first_steps": share(grouped[:steps]), "grouped_epoch": share(grouped),
+            "random_epoch": share(plain)}
+
+
+# --------------------------------------------------------------------------- TRL
+
+
+class RecordingDPOTrainer(DPOTrainer):
+    """Records each step's loss, margin and non-padding tokens, the first batch, and the precompute time."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.bench["first_input_ids"] is None:
+            self.bench["first_input_ids"] = inputs["input_ids"].detach().cpu().clone()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.bench["losses"].append(float(loss))
+        self.bench["margins"].append(self._metrics["train"]["rewards/margins"][-1])
+        self.bench["tokens"] += int(inputs["attention_mask"].sum())
+        return loss
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        start = time.perf_counter()
+        try:
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+        finally:
+            PRECOMPUTE_TIMES.append(time.perf_counter() - start)
+
+    def compute_ref_log_probs(self, model, inputs):  # the precompute pass only; proves it was not a cache hit
+        PRECOMPUTE_BATCHES.append(1)
+        return super().compute_ref_log_probs(model, inputs)
+
+
+PRECOMPUTE_TIMES: list[float] = []  # _precompute_ref_logps runs inside DPOTrainer.__init__, before self.bench exists
+PRECOMPUTE_BATCHES: list[int] = []
+
+
+def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int, precompute: bool, args) -> dict:
+    dataset = datasets.Dataset.from_list(ordered_rows)  # row generation, not timed (rlft's jsonl is written untimed too)
+    config = DPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        max_grad_norm=1.0,
+        beta=BETA,
+        loss_type=["sigmoid"],
+        max_length=MAX_LENGTH,
+        precompute_ref_log_probs=precompute,
+        train_sampling_strategy="sequential",  # rlft's batch order, fed in as the row order
+        bf16=False,  # TRL defaults to bf16=True
+        fp16=False,
+        gradient_checkpointing=False,  # TRL defaults to True
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        logging_steps=steps,
+        dataloader_num_workers=0,
+        seed=args.seed,
+    )
+    timer = StepTimer()
+    PRECOMPUTE_TIMES.clear()
+    PRECOMPUTE_BATCHES.clear()
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # model as the saved path: TRL loads the reference from the same path (ref_model=None); with precompute it
+    # keeps no reference model. (A config-built model without ref_model crashes: spec/platform.md §6.)
+    trainer = RecordingDPOTrainer(
+        model=str(model_dir), ref_model=None, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer]
+    )
+    trainer.bench = {"losses": [], "margins": [], "tokens": 0, "first_input_ids": None}
+    trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
+    init_done = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    durations = timer.durations
+    intervals = [b - a for a, b in zip([timer.train_begin] + timer.ends[:-1], timer.ends)]
+    bench = trainer.bench
+    if precompute and not PRECOMPUTE_BATCHES:
+        raise SystemExit("TRL reused cached reference log-probs: the precompute timing would be wrong")
+    return {
+        "setting": label("trl", precompute),
+        "wall_s": wall,
+        "setup_s": init_done - start,  # tokenizer, model + reference load, dataset tokenisation, precompute
+        "precompute_s": sum(PRECOMPUTE_TIMES),
+        "precompute_batches": len(PRECOMPUTE_BATCHES),
+        "train_call_s": wall - (init_done - start),
+        "steps_s": sum(durations),
+        "train_other_s": wall - (init_done - start) - sum(durations),
+        "steps": len(durations),
+        "median_step_s": statistics.median(durations),
+        "median_step_interval_s": statistics.median(intervals),
+        "first_step_s": durations[0],
+        "tokens": bench["tokens"],
+        "tokens_per_s": bench["tokens"] / sum(durations),
+        "losses": bench["losses"],
+        "margins": bench["margins"],
+        "global_step": trainer.state.global_step,
+        "_first_input_ids": bench["first_input_ids"],
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def curve_check(runs: dict[str, dict]) -> dict:
+    """Step-1 losses (must be log 2) and the step-by-step agreement of matched settings."""
+    step1 = {name: run["losses"][0] for name, run in runs.items()}
+    bad = {name: loss for name, loss in step1.items() if abs(loss - LOG2) > 1e-4}
+    assert not bad, f"step-1 loss is not log(2) = {LOG2:.6f}: {bad}"
+    pairs = {"copy_vs_model": ("rlft-copy", "trl-model"), "precompute_vs_precompute": ("rlft-precompute", "trl-precompute"),
+             "rlft_copy_vs_rlft_precompute": ("rlft-copy", "rlft-precompute")}
+    compared = {}
+    for key, (a, b) in pairs.items():
+        la, lb = runs[a]["losses"], runs[b]["losses"]
+        ma, mb = runs[a]["margins"], runs[b]["margins"]
+        compared[key] = {
+            "loss_step2": [la[1], lb[1]],
+            "margin_step2": [ma[1], mb[1]],
+            "max_abs_loss_diff": max(abs(x - y) for x, y in zip(la, lb)),
+            "max_abs_margin_diff": max(abs(x - y) for x, y in zip(ma, mb)),
+            "final_loss": [la[-1], lb[-1]],
+        }
+    return {"step1_loss": step1, "log2": LOG2, "pairs": compared}
+
+
+def print_report(res: dict) -> None:
+    r = res["best"]
+    names = ["rlft-copy", "trl-model", "rlft-precompute", "trl-precompute"]
+    print(f"\nbest of {res['repeat']} runs per setting; 1-min load average before/after: "
+          f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
+    print(f"DPO {res['size']} ({res['params']:,} params), {res['steps']} steps, {res['micro_batch']} pairs/step, "
+          f"{res['rows']} rows, {res['threads']} threads; torch {res['versions']['torch']}, "
+          f"transformers {res['versions']['transformers']}, trl {res['versions']['trl']}")
+    rows = [
+        ("wall time of the training call (s)", "wall_s", 1, "{:.2f}"),
+        ("  setup incl. precompute (s)", "setup_s", 1, "{:.2f}"),
+        ("  of which precompute (s)", "precompute_s", 1, "{:.2f}"),
+        ("  sum of step times (s)", "steps_s", 1, "{:.2f}"),
+        ("median step (ms)", "median_step_s", 1e3, "{:.1f}"),
+        ("first step (ms)", "first_step_s", 1e3, "{:.1f}"),
+        ("tokens/s (over step time)", "tokens_per_s", 1, "{:,.0f}"),
+    ]
+    print(f"{'':36s}" + "".join(f"{n:>16s}" for n in names))
+    for title, key, scale, fmt in rows:
+        print(f"{title:36s}" + "".join(f"{fmt.format(r[n][key] * scale):>16s}" for n in names))
+    for title, index in (("loss at step 1", 0), ("loss at step 2", 1), ("loss at the last step", -1)):
+        print(f"{title:36s}" + "".join(f"{r[n]['losses'][index]:>16.6f}" for n in names))
+    for n in ("rlft-copy", "rlft-precompute"):
+        p = r[n]["phase_medians"]
+        print(f"{n} phase medians (ms): data {p['data_median_s'] * 1e3:.1f}, forward+backward "
+              f"{p['forward_backward_median_s'] * 1e3:.1f} (reference forward {p['reference_forward_median_s'] * 1e3:.1f}), "
+              f"optimizer {p['optimizer_median_s'] * 1e3:.1f}; checkpoint {r[n]['checkpoint_save_s'] * 1e3:.0f} ms, "
+              f"final save {r[n]['final_model_save_s'] * 1e3:.0f} ms")
+    for n in ("trl-model", "trl-precompute"):
+        print(f"{n}: median step interval incl. batch fetch {r[n]['median_step_interval_s'] * 1e3:.1f} ms, "
+              f"train() outside steps {r[n]['train_other_s']:.2f} s")
+    pad = res["padding"]
+    print(f"padding share: rlft length-grouped {pad['grouped_epoch']:.1%} (first {res['steps']} steps "
+          f"{pad['grouped_first_steps']:.1%}; TRL is fed the same batches) vs random batches {pad['random_epoch']:.1%}")
+    check = res["curve_check"]
+    print(f"step-1 loss (log 2 = {LOG2:.4f}): " + ", ".join(f"{k} {v:.6f}" for k, v in check["step1_loss"].items())
+          + f"; first batch identical: {res['first_batch_identical']}")
+    for key, c in check["pairs"].items():
+        print(f"  {key}: step-2 loss {c['loss_step2'][0]:.6f} vs {c['loss_step2'][1]:.6f}, margin "
+              f"{c['margin_step2'][0]:.5f} vs {c['margin_step2'][1]:.5f}; max |loss diff| over all steps "
+              f"{c['max_abs_loss_diff']:.2e}")
+    for key, ratio in res["ratio_trl_over_rlft"].items():
+        print(f"TRL/rlft {key}: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x  (>1: rlft is faster)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="S")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--micro-batch", type=int, default=8, help="pairs per step")
+    parser.add_argument("--rows", type=int, default=1000, help="training pairs (the precompute pass covers all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="run the four settings this many times, alternating, and report each one's fastest run")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/preference-<size>.json)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    rows = preference_rows(split_rows()[0][: args.rows])
+    with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
+        tmp = Path(tmp)
+        model_dir = make_model(tmp / "model", args.size, args.seed)
+        train_file = tmp / "pairs.jsonl"
+        write_jsonl(rows, train_file)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
+        warm_up(model_dir, 2 * args.micro_batch)
+
+        # Warm-up runs (not reported): one-time costs, and rlft's batch order for TRL.
+        first = run_rlft(model_dir, train_file, tmp / "warm-rlft", 3, False, args)
+        recipe = first.pop("_recipe")
+        ordered, rlft_first = rlft_order(recipe, tokenizer, rows, args.steps)
+        padding = padding_stats(recipe, args.steps, args.seed)
+        run_trl(model_dir, ordered, tmp / "warm-trl", 3, False, args)
+
+        load_before = os.getloadavg()
+        runs: dict[str, list[dict]] = {label(t, p): [] for t, p in SETTINGS}
+        first_batch_identical = True
+        for index in range(args.repeat):
+            for tool, precompute in SETTINGS:
+                out = tmp / f"{label(tool, precompute)}-{index}"
+                if tool == "rlft":
+                    run = run_rlft(model_dir, train_file, out, args.steps, precompute, args)
+                    run.pop("_recipe")
+                else:
+                    run = run_trl(model_dir, ordered, out, args.steps, precompute, args)
+                    first_batch_identical &= torch.equal(run.pop("_first_input_ids"), rlft_first["first_input_ids"])
+                runs[run["setting"]].append(run)
+                print(f"run {index + 1}/{args.repeat} {run['setting']:16s}: wall {run['wall_s']:.2f} s, "
+                      f"median step {run['median_step_s'] * 1e3:.1f} ms, step-1 loss {run['losses'][0]:.6f}", flush=True)
+        load_after = os.getloadavg()
+    best = {name: min(setting_runs, key=lambda run: run["wall_s"]) for name, setting_runs in runs.items()}
+    check = curve_check(best)
+    bad = [(run["setting"], run["losses"][0]) for setting_runs in runs.values() for run in setting_runs
+           if abs(run["losses"][0] - LOG2) > 1e-4]
+    assert not bad, f"step-1 loss is not log(2) = {LOG2:.6f} in every run: {bad}"
+
+    def ratio(rlft_name: str, trl_name: str) -> dict:
+        return {"wall": best[trl_name]["wall_s"] / best[rlft_name]["wall_s"],
+                "median_step": best[trl_name]["median_step_s"] / best[rlft_name]["median_step_s"]}
+
+    report = {
+        "benchmark": "preference",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "size": args.size,
+        "params": params,
+        "steps": args.steps,
+        "micro_batch": args.micro_batch,
+        "rows": len(rows),
+        "beta": BETA,
+        "learning_rate": LR,
+        "max_length": MAX_LENGTH,
+        "repeat": args.repeat,
+        "run_order": [label(t, p) for t, p in SETTINGS],
+        "reported_run": "each setting's run with the smallest wall time",
+        "data_order": "TRL fed rlft's first-epoch batch order with sequential sampling",
+        "first_batch_identical": first_batch_identical,
+        "rlft_batch_widths": rlft_first["batch_widths"],
+        "padding": padding,
+        "threads": torch.get_num_threads(),
+        "load_average_1m_before_after": [load_before[0], load_after[0]],
+        "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "trl": trl.__version__,
+                     "accelerate": accelerate.__version__, "datasets": datasets.__version__},
+        "best": best,
+        "curve_check": check,
+        "ratio_trl_over_rlft": {"reference_every_step": ratio("rlft-copy", "trl-model"),
+                                "precomputed": ratio("rlft-precompute", "trl-precompute")},
+        "all_runs": runs,
+    }
+    print_report(report)
+    out = args.out or RESULTS / f"preference-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

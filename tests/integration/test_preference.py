@@ -1,0 +1,190 @@
+"""Preference methods and reward models through the real CLI: they learn, and bad input is explained."""
+
+import json
+
+import pytest
+import yaml
+
+from rlft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+REPO_EXAMPLES = "examples/preference"
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory, tiny_model_dir, addition_files):
+    """An XS model after a short SFT on addition: it half-knows the sums, so preferences can move it."""
+    from rlft.cli import main
+
+    out = tmp_path_factory.mktemp("warm") / "sft"
+    config = out.parent / "sft.yaml"
+    config.write_text(yaml.safe_dump({
+        "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
+        "sequence_len": 32, "micro_batch_size": 64, "max_steps": 150, "learning_rate": 3e-3, "warmup_steps": 10,
+        "logging_steps": 50, "seed": 0, "output_dir": str(out),
+    }))
+    assert main(["train", str(config)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def clear_preferences(tmp_path_factory):
+    """Pairs whose preference a weak model learns in a few steps: the right sum against "no idea"."""
+    folder = tmp_path_factory.mktemp("clear")
+    rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)]
+    files = {}
+    for name, part in (("train", rows[:120]), ("eval", rows[120:])):
+        pairs = folder / f"pairs-{name}.jsonl"
+        pairs.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in part))
+        kto = folder / f"kto-{name}.jsonl"
+        kto.write_text("".join(json.dumps({"prompt": p, "completion": c if i % 2 == 0 else "no idea", "label": i % 2 == 0}) + "\n"
+                               for i, (p, c) in enumerate(part)))
+        files[name] = {"pairs": pairs, "kto": kto}
+    return files
+
+
+def _evals(output_dir):
+    return [m for m in read_metrics(output_dir / "metrics.jsonl") if any(k.startswith("eval/") for k in m)]
+
+
+def _data_overrides(files, kind):
+    return [f"--datasets=[{{path: {files['train'][kind]}}}]", f"--test_datasets=[{{path: {files['eval'][kind]}}}]"]
+
+
+@pytest.mark.parametrize("example", ["dpo", "dpo-lora", "ipo", "orpo", "simpo", "kto"])
+def test_example_trains_and_margins_grow(example, warm_model, tiny_model_dir, clear_preferences, cli, tmp_path, monkeypatch,
+                                        repo_root):
+    """Each shipped example's method settings, on data with an unambiguous preference, through the CLI."""
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / example
+    kind = "kto" if example == "kto" else "pairs"
+    # ORPO is SFT and preference at once, meant to start from a base model: from random weights here
+    start = [f"--base_model={tiny_model_dir}", "--random_init=true"] if example == "orpo" else [f"--base_model={warm_model}"]
+    assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", *start, f"--output_dir={out}",
+               "--max_steps=30", "--eval_steps=30", "--micro_batch_size=8", *_data_overrides(clear_preferences, kind)) == 0
+    first, last = _evals(out)[0], _evals(out)[-1]
+    assert (first["step"], last["step"]) == (0, 30)
+    assert last["eval/rewards/margins"] > first["eval/rewards/margins"] + 0.05, (first, last)
+    if "eval/rewards/accuracies" in last:
+        assert last["eval/rewards/accuracies"] >= first["eval/rewards/accuracies"]
+        assert last["eval/rewards/accuracies"] > 0.9
+    logged = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+    names = {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"}
+    if example != "kto":
+        names |= {"rewards/accuracies", "logits/chosen", "logits/rejected"}
+    else:
+        names |= {"kl"}
+    assert names <= set(logged[-1]), set(logged[-1])
+
+
+def test_reward_model_learns_and_scores(warm_model, clear_preferences, cli, tmp_path, monkeypatch, repo_root, capsys):
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "rm"
+    assert cli("train", f"{REPO_EXAMPLES}/reward-model.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+               "--max_steps=40", "--eval_steps=40", "--micro_batch_size=8", *_data_overrides(clear_preferences, "pairs")) == 0
+    first, last = _evals(out)[0], _evals(out)[-1]
+    assert last["eval/accuracy"] > 0.9 > first["eval/accuracy"] and last["eval/margin"] > first["eval/margin"] + 0.5, (first, last)
+    logged = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m][-1]
+    assert {"accuracy", "margin", "rewards/min", "rewards/mean", "rewards/max"} <= set(logged)
+    capsys.readouterr()
+    assert cli("score", out, "--text", "7+5=12", "--text", "7+5=no idea") == 0
+    scores = [float(line.split()[0]) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(scores) == 2 and scores[0] > scores[1]
+
+
+def _pair_config(tmp_path, warm_model, rows, **settings):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"base_model": str(warm_model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
+              "micro_batch_size": 4, "max_steps": 2, "learning_rate": 1e-4, "output_dir": str(tmp_path / "out"), **settings}
+    path = tmp_path / "dpo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _pairs(count, offset=0):
+    return [{"prompt": f"{i}+{offset}=", "chosen": str(i + offset), "rejected": str(i + offset + 1)} for i in range(count)]
+
+
+def test_lora_reference_is_the_policy_without_adapter(warm_model, tmp_path):
+    from accelerate import Accelerator
+    from rich.console import Console
+
+    from rlft.config import load_config
+    from rlft.models.loading import load_tokenizer
+    from rlft.train.run import preference_setup
+
+    for adapter, expect_copy in ((None, True), ("lora", False)):
+        extra = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True} if adapter else {}
+        cfg = load_config(_pair_config(tmp_path, warm_model, _pairs(8), **extra))
+        tokenizer = load_tokenizer(cfg)
+        model, recipe, _ = preference_setup(cfg, tokenizer, Accelerator(cpu=True), None, Console(quiet=True))
+        assert (recipe.reference.model is not None) == expect_copy
+        if adapter:  # one set of base weights in memory: the policy's
+            assert sum(1 for _ in model.modules()) and not hasattr(recipe.reference, "base")
+
+
+def test_precomputed_reference_is_cached_reused_and_refreshed(warm_model, cli, tmp_path, capsys):
+    config = _pair_config(tmp_path, warm_model, _pairs(16), precompute_ref_log_probs=True)
+    assert cli("train", config) == 0
+    assert "computed for 16 rows" in capsys.readouterr().out
+    cache = sorted((tmp_path / "out" / "ref_logps").glob("*.json"))
+    assert len(cache) == 1
+    first_loss = [m for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in m][0]["loss"]
+    assert first_loss == pytest.approx(0.693147, abs=1e-5)  # policy == reference at step 1
+
+    assert cli("train", config, "--max_steps=4", "--resume_from_checkpoint=auto") == 0
+    assert "reused" in capsys.readouterr().out
+
+    changed = _pair_config(tmp_path, warm_model, _pairs(16, offset=1), precompute_ref_log_probs=True)
+    assert cli("train", changed, "--max_steps=6", "--resume_from_checkpoint=auto") == 0
+    assert "computed for 16 rows" in capsys.readouterr().out  # a changed dataset is never served stale values
+    assert len(sorted((tmp_path / "out" / "ref_logps").glob("*.json"))) == 2
+
+
+def test_precomputed_and_live_reference_give_the_same_losses(warm_model, cli, tmp_path):
+    losses = []
+    for precompute in (False, True):
+        out = tmp_path / f"out-{precompute}"
+        config = _pair_config(tmp_path, warm_model, _pairs(16), precompute_ref_log_probs=precompute, output_dir=str(out), max_steps=3)
+        assert cli("train", config) == 0
+        losses.append([m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
+
+
+def test_identical_pairs_are_dropped_with_a_warning(warm_model, cli, tmp_path, capsys):
+    rows = _pairs(8) + [{"prompt": "1+1=", "chosen": "2", "rejected": "2"}] * 3
+    assert cli("train", _pair_config(tmp_path, warm_model, rows)) == 0
+    out = capsys.readouterr().out
+    assert "3 pairs have chosen == rejected and were dropped" in out
+    assert "8/11 rows kept" in out
+
+
+def test_empty_chosen_names_the_row(warm_model, cli, tmp_path, capsys):
+    rows = _pairs(3) + [{"prompt": "1+1=", "chosen": " ", "rejected": "3"}]
+    assert cli("train", _pair_config(tmp_path, warm_model, rows)) == 1
+    err = capsys.readouterr().err
+    assert "row 3" in err and "chosen" in err
+
+
+def test_kto_with_one_label_class_is_explained(warm_model, cli, tmp_path, capsys):
+    data = tmp_path / "kto.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1), "label": True}) + "\n" for i in range(8)))
+    config = _pair_config(tmp_path, warm_model, _pairs(2), rl="kto", datasets=[{"path": str(data)}])
+    assert cli("train", config) == 1
+    err = capsys.readouterr().err
+    assert "8 desirable and 0 undesirable" in err and "Traceback" not in err
+
+
+def test_reference_with_another_vocabulary_is_refused(warm_model, cli, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    other = tmp_path / "other-ref"
+    tokenizer = AutoTokenizer.from_pretrained(warm_model)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})
+    model = AutoModelForCausalLM.from_pretrained(warm_model)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    assert cli("train", _pair_config(tmp_path, warm_model, _pairs(8), ref_model=str(other))) == 1
+    assert "different tokenizer vocabulary" in capsys.readouterr().err
