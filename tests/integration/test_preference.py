@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 import yaml
 
 from rlft.train.metrics import read_metrics
@@ -115,13 +116,15 @@ def test_lora_reference_is_the_policy_without_adapter(warm_model, tmp_path):
     from rlft.train.run import preference_setup
 
     for adapter, expect_copy in ((None, True), ("lora", False)):
-        extra = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True} if adapter else {}
+        extra = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True, "lora_dropout": 0.2} if adapter else {}
         cfg = load_config(_pair_config(tmp_path, warm_model, _pairs(8), **extra))
         tokenizer = load_tokenizer(cfg)
         model, recipe, _ = preference_setup(cfg, tokenizer, Accelerator(cpu=True), None, Console(quiet=True))
         assert (recipe.reference.model is not None) == expect_copy
-        if adapter:  # one set of base weights in memory: the policy's
-            assert sum(1 for _ in model.modules()) and not hasattr(recipe.reference, "base")
+        dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+        assert all(p == 0.0 for p in dropouts)  # disable_dropout (default): policy and reference agree
+        if adapter:
+            assert dropouts  # LoRA's dropout modules exist and were switched off
 
 
 def test_precomputed_reference_is_cached_reused_and_refreshed(warm_model, cli, tmp_path, capsys):
