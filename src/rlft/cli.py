@@ -46,23 +46,24 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     from rlft.config import load_config
-    from rlft.data.prepare import prepare_sft_data
+    from rlft.data.prepare import prepare_data, preference_steps, sft_steps
     from rlft.models.loading import load_tokenizer
 
     cfg = load_config(args.config, args.overrides)
-    if cfg.method != "sft":
-        raise ConfigError(f"preprocess handles SFT data so far; {cfg.method!r} datasets come with their method")
-    data = prepare_sft_data(cfg, load_tokenizer(cfg))
-    table = Table(title="rlft preprocess")
-    table.add_column("dataset", overflow="fold")
-    for column in ("rows", "kept", "too long", "no target", "truncated", "tokens min/mean/p95/max"):
-        table.add_column(column, no_wrap=True)
+    if cfg.method in ("grpo", "gdpo", "ebft"):
+        raise ConfigError(f"preprocess does not handle {cfg.method!r} datasets yet (they come with issue #4/#5)")
+    steps = sft_steps(cfg) if cfg.method == "sft" else preference_steps(cfg.method)
+    data = prepare_data(cfg, load_tokenizer(cfg), steps)
+    table = Table(title=f"rlft preprocess ({cfg.method})")
+    table.add_column("dataset", overflow="fold", min_width=24)
+    for column in ("rows", "kept", "dropped", "truncated", "tokens"):
+        table.add_column(column)
+    table.caption = "tokens per row: min/mean/p95/max"
     for report in data.reports:
         info = report.summary()
         tokens = info["tokens"]
         lengths = f"{tokens['min']}/{tokens['mean']}/{tokens['p95']}/{tokens['max']}" if tokens else "-"
-        table.add_row(info["dataset"], str(info["rows"]), str(info["kept"]), str(info["dropped_too_long"]),
-                      str(info["dropped_no_target"]), str(info["truncated"]), lengths)
+        table.add_row(info["dataset"], str(info["rows"]), str(info["kept"]), report.dropped_text(), str(info["truncated"]), lengths)
     console.print(table)
     console.print(f"train rows: {len(data.train)}, eval rows: {len(data.eval)}")
     return 0

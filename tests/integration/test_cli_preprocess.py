@@ -11,5 +11,5 @@ def test_preprocess_reports_counts(cli, capsys, make_config, tmp_path):
     out = capsys.readouterr().out
     assert "mixed.jsonl" in out.replace("\n", "").replace("│", "").replace(" ", "")
     # 7 rows, 5 kept, 2 too long, none without target or truncated; each kept row is 4 + 1 + eos = 6 tokens
-    assert re.search(r"│ 7 +│ 5 +│ 2 +│ 0 +│ 0 +│ 6/6.0/6/6", out), out
+    assert re.search(r"│ 7 +│ 5 +│ 2 too long +│ 0 +│ 6/6.0/6/6", out), out
     assert "train rows: 5, eval rows: 0" in out

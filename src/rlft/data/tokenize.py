@@ -42,7 +42,7 @@ class LengthReport:
 
     def dropped_text(self) -> str:
         parts = [f"{count} {DROP_REASONS[reason]}" for reason, count in self.dropped.items() if count]
-        return ", ".join(parts) if parts else "none dropped"
+        return ", ".join(parts) if parts else "0"
 
     def summary(self) -> dict[str, Any]:
         ordered = sorted(self.lengths)
