@@ -38,7 +38,7 @@ def _validate(args: argparse.Namespace) -> int:
     try:
         load_config(args.config, args.overrides)
     except ConfigError as exc:
-        err_console.print(f"[red]{exc}[/]", highlight=False)
+        err_console.print(str(exc), style="red", markup=False, highlight=False)
         return 1
     console.print("OK")
     return 0
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     except RlftError as exc:
         if args.debug:
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print("error:", style="bold red", end=" ")
+        err_console.print(str(exc), markup=False, highlight=False)  # messages quote YAML like [ipo]: no markup
         return 130 if isinstance(exc, TrainingInterrupted) else 1
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -191,3 +191,21 @@ def test_reference_with_another_vocabulary_is_refused(warm_model, cli, tmp_path,
     tokenizer.save_pretrained(other)
     assert cli("train", _pair_config(tmp_path, warm_model, _pairs(8), ref_model=str(other))) == 1
     assert "different tokenizer vocabulary" in capsys.readouterr().err
+
+
+def test_dpo_resume_is_exact_including_loss_state(warm_model, cli, tmp_path):
+    """bco_pair keeps a running reward mean: it travels in the checkpoint, so 2 + resume + 2 == 4 steps."""
+    import shutil
+
+    settings = dict(dpo_loss_type=["sigmoid", "bco_pair"], max_steps=4, save_steps=2, micro_batch_size=2)
+    straight = _pair_config(tmp_path, warm_model, _pairs(12), output_dir=str(tmp_path / "a"), **settings)
+    assert cli("train", straight) == 0
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "checkpoint-2", tmp_path / "b" / "checkpoint-2")
+    resumed = _pair_config(tmp_path, warm_model, _pairs(12), output_dir=str(tmp_path / "b"), resume_from_checkpoint="auto", **settings)
+    assert cli("train", resumed) == 0
+    first = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in m}
+    second = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "b" / "metrics.jsonl") if "loss" in m}
+    assert [first[3], first[4]] == [second[3], second[4]]
+    state = json.loads((tmp_path / "a" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["recipe_state"]["bco_count"] == 8  # 2 steps x 2 pairs x (chosen + rejected)

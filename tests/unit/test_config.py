@@ -152,7 +152,7 @@ def test_qlora_without_4bit(config_problems):
 
 
 def test_sample_packing_with_dpo(config_problems):
-    assert config_problems(rl="dpo", sample_packing=True) == [("combination", "sample_packing applies to SFT only, not rl: dpo")]
+    assert config_problems(rl="dpo", sample_packing=True) == [("combination", "sample_packing applies to SFT only, not dpo")]
 
 
 def test_missing_base_model_and_empty_datasets_both_reported():

@@ -284,7 +284,7 @@ def combination_problems(cfg: RlftConfig):
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
     if cfg.sample_packing and cfg.method != "sft":
-        yield f"sample_packing applies to SFT only, not rl: {cfg.rl}"
+        yield f"sample_packing applies to SFT only, not {cfg.method}"
     yield from _preference_problems(cfg)
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
@@ -298,8 +298,8 @@ def _preference_problems(cfg: RlftConfig):
     if cfg.num_labels not in (None, 1):
         yield f"num_labels is {cfg.num_labels}: a Bradley-Terry reward model has a single score (num_labels: 1)"
     if cfg.rl == "kto" and cfg.micro_batch_size < 2:
-        yield ("rl: kto needs micro_batch_size >= 2: its KL reference point pairs each prompt with another row's "
-               "completion in the batch")
+        yield ("rl: kto needs micro_batch_size >= 2: the KL reference point is a batch mean over mismatched "
+               "prompt/completion pairs, and one pair per step makes it the reward itself")
     if cfg.dpo_loss_weights is not None:
         types = cfg.dpo_loss_type or ["sigmoid"]
         if len(cfg.dpo_loss_weights) != len(types):
@@ -311,8 +311,9 @@ def _preference_problems(cfg: RlftConfig):
         yield "dpo_use_weighting (WPO) cannot weight aot/aot_unpaired: those losses sort the batch, so rows lose their weights"
     if cfg.rl == "ipo" and cfg.dpo_loss_type not in (None, ["ipo"]):
         yield f"rl: ipo is DPO with dpo_loss_type [ipo]; remove dpo_loss_type {cfg.dpo_loss_type} or use rl: dpo"
-    if cfg.precompute_ref_log_probs and cfg.method not in ("dpo", "ipo", "kto"):
-        yield f"precompute_ref_log_probs: {cfg.method} uses no reference model; remove the key"
+    for key in ("precompute_ref_log_probs", "ref_model"):
+        if getattr(cfg, key) and cfg.method in ("orpo", "simpo", "reward_model"):
+            yield f"{key}: {cfg.method} uses no reference model; remove the key"
 
 
 def _grpo_problems(cfg: RlftConfig):

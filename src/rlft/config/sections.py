@@ -731,8 +731,8 @@ class PreferenceFields(Section):
     )
     dpo_label_smoothing: float = field(
         0.0,
-        "Label-noise epsilon of robust / exo_pair / aot losses (rDPO, "
-        "https://arxiv.org/abs/2403.00409).",
+        "Label-noise epsilon: conservative DPO for sigmoid, robust (rDPO https://arxiv.org/abs/2403.00409), "
+        "exo_pair, aot; CPO/SimPO sigmoid smoothing.",
         ge=0.0, lt=0.5,
     )
     dpo_use_weighting: bool = field(

@@ -74,8 +74,8 @@ def pair_batch(examples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
     sequences = [e["prompt_ids"] + e["chosen_ids"] for e in examples] + [e["prompt_ids"] + e["rejected_ids"] for e in examples]
     prompt_lengths = [len(e["prompt_ids"]) for e in examples] * 2
     batch = _right_pad(sequences, prompt_lengths, pad_id)
-    if all("margin" in e for e in examples):
-        batch["margin"] = torch.tensor([e["margin"] for e in examples], dtype=torch.float32)
+    if any("margin" in e for e in examples):  # rows without a margin column get margin 0
+        batch["margin"] = torch.tensor([e.get("margin", 0.0) for e in examples], dtype=torch.float32)
     for side in ("chosen", "rejected"):  # carried along so reference log-probs can be precomputed once
         key = f"ref_{side}"
         if all(key in e for e in examples):

@@ -48,6 +48,8 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
     import json
 
     folder = Path(path).expanduser()
+    if (folder / "model").is_dir():  # an rlft checkpoint: weights live in checkpoint/model
+        folder = folder / "model"
     source = resolve_source(str(folder) if folder.exists() else path, "reward model")
     adapter_file = Path(source) / "adapter_config.json"
     if adapter_file.exists():
@@ -68,9 +70,15 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
 
 
 def score_texts(model, tokenizer, texts: list[str], batch_size: int = 32) -> list[float]:
-    """One scalar score per text (higher = preferred)."""
+    """One scalar score per text (higher = preferred).
+
+    Training scored every answer at its EOS token (completions end with EOS), so EOS is appended
+    here too when a text does not already end with it.
+    """
     tokenizer.padding_side = "right"
     device = next(model.parameters()).device
+    eos = tokenizer.eos_token or ""
+    texts = [text if not eos or text.endswith(eos) else text + eos for text in texts]
     scores: list[float] = []
     for start in range(0, len(texts), batch_size):
         encoded = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True).to(device)

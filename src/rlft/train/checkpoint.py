@@ -42,6 +42,7 @@ class TrainState:
     tokens_seen: int = 0
     total_steps: int = 0
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    recipe_state: dict[str, Any] = field(default_factory=dict)  # e.g. running statistics of a loss
 
 
 def rng_state() -> dict[str, Any]:

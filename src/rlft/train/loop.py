@@ -73,6 +73,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     if resume_from is not None:
         state = load_checkpoint(resume_from, unwrapped, optimizer, scheduler)
         state.total_steps = total_steps
+        if hasattr(recipe, "load_state_dict"):
+            recipe.load_state_dict(state.recipe_state)
         console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}")
     elif cfg.resume_from_checkpoint == "auto":
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
@@ -106,6 +108,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     def save() -> Path | None:
         nonlocal last_saved
         accelerator.wait_for_everyone()
+        if hasattr(recipe, "state_dict"):
+            state.recipe_state = recipe.state_dict()
         if main:
             with timer("save"):
                 last_saved = save_checkpoint(output_dir, state, unwrapped, tokenizer, optimizer, scheduler, cfg.save_total_limit)

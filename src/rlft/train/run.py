@@ -73,6 +73,10 @@ def train(cfg, console: Console | None = None) -> LoopResult:
 
         data = prepare_data(cfg, tokenizer, preference_steps("reward_model"))
         model = load_reward_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+        if cfg.disable_dropout:
+            from rlft.models.loading import disable_dropout
+
+            disable_dropout(model)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
@@ -108,8 +112,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     data = prepare_data(cfg, tokenizer, preference_steps(method))
     for report in data.reports:
         if report.dropped.get("identical"):
-            console.print(f"[yellow]warning:[/] {report.name}: {report.dropped['identical']} pairs have chosen == rejected "
-                          "and were dropped (they carry no preference)", soft_wrap=True)
+            console.print(f"warning: {report.name}: {report.dropped['identical']} pairs have chosen == rejected "
+                          "and were dropped (they carry no preference)", style="yellow", soft_wrap=True, markup=False)
     if method == "kto":
         desirable = sum(e["label"] for e in data.train)
         try:
@@ -118,7 +122,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
             raise DataError(f"datasets: {exc}") from None
         warning = kto_imbalance_warning(desirable, len(data.train) - desirable, cfg.kto_desirable_weight, cfg.kto_undesirable_weight)
         if warning:
-            console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+            console.print(f"warning: {warning}", style="yellow", soft_wrap=True, markup=False)
         assign_kl_completions(data.train)
         if data.eval:
             assign_kl_completions(data.eval)

@@ -122,7 +122,8 @@ class PairRecipe:
                 weights = L.wpo_weights(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:],
                                         chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
                                         rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
-            self._bco_update(cfg.rl_beta * (chosen - ref_chosen.to(chosen)), cfg.rl_beta * (rejected - ref_rejected.to(rejected)))
+            if model.training:  # evaluation must not move the running mean
+                self._bco_update(cfg.rl_beta * (chosen - ref_chosen.to(chosen)), cfg.rl_beta * (rejected - ref_rejected.to(rejected)))
             result = L.dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
                                 beta=cfg.rl_beta, loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
                                 chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=chosen_nll,
@@ -143,9 +144,16 @@ class PairRecipe:
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         metrics = pair_metrics(chosen_rewards, rejected_rewards, out, pairs)
         if self.method == "orpo":
-            metrics["log_odds_ratio"] = float(result.log_odds_ratio.mean())
-            metrics["nll_loss"] = float(chosen_nll.mean())
+            metrics["log_odds_ratio"] = float(result.log_odds_ratio.detach().mean())
+            metrics["nll_loss"] = float(chosen_nll.detach().mean())
         return losses.sum(), metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Recipe state that a checkpoint must carry for an exact resume (BCO's running reward mean)."""
+        return {"bco_mean": self.bco_mean, "bco_count": self.bco_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.bco_mean, self.bco_count = state.get("bco_mean", 0.0), state.get("bco_count", 0)
 
     def _bco_mean(self) -> float | None:
         return self.bco_mean if "bco_pair" in self.loss_types else None
@@ -206,7 +214,7 @@ class KTORecipe:
         result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
                             desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
         desirable = batch["desirable"]
-        metrics = {"kl": float(result.kl)}
+        metrics = {"kl": float(result.kl.detach())}
         if desirable.any():
             metrics.update({"rewards/chosen": float(result.chosen_rewards.mean()), "logps/chosen": float(out.logps[desirable].mean())})
         if (~desirable).any():
@@ -232,8 +240,8 @@ class KTORecipe:
 def pair_metrics(chosen_rewards, rejected_rewards, out: CompletionLogps, pairs: int) -> dict[str, float]:
     """TRL's metric names for preference pairs."""
     return {
-        "rewards/chosen": float(chosen_rewards.mean()),
-        "rewards/rejected": float(rejected_rewards.mean()),
+        "rewards/chosen": float(chosen_rewards.detach().mean()),
+        "rewards/rejected": float(rejected_rewards.detach().mean()),
         "rewards/accuracies": float((chosen_rewards > rejected_rewards).float().mean()),
         "rewards/margins": float((chosen_rewards - rejected_rewards).mean()),
         "logps/chosen": float(out.logps[:pairs].detach().mean()),

@@ -48,4 +48,8 @@ class RewardModelRecipe:
         }
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
-        return _weighted_eval(self, model, batches)
+        result = _weighted_eval(self, model, batches)
+        scores = torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, 0].float() for b in batches])
+        # extremes over the whole eval set, not averages of per-batch extremes
+        result.update({"eval/rewards/min": round(float(scores.min()), 6), "eval/rewards/max": round(float(scores.max()), 6)})
+        return result
