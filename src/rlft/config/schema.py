@@ -161,7 +161,7 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     remove_unused_columns: bool = field(
         False, "Axolotl key: rlft never drops dataset columns (reward functions read them), so only false is valid."
     )
-    skip_prepare_dataset: bool = planned(False, "RL prompt datasets: skip length filtering.", issue="#4")
+    skip_prepare_dataset: bool = field(False, "grpo/gdpo: keep prompts of any length (no excess_length_strategy on prompts).")
 
     # --- loop ---
     micro_batch_size: int = field(1, "Rows per forward pass per device.")
@@ -205,7 +205,7 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     ebft: EBFTConfig = field(default_factory=EBFTConfig, description="Energy-based fine-tuning options.")
     vllm: VLLMConfig = field(default_factory=VLLMConfig, description="Rollout server (vLLM) options.")
     batch_flattening: Union[bool, Literal["auto"]] = planned(
-        False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="#4"
+        False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="rollout server (later issue)"
     )
 
     # --- multi-device (specified by the seeds, not built yet) ---
@@ -283,6 +283,8 @@ def combination_problems(cfg: RlftConfig):
         yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
+    if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo"):
+        yield "skip_prepare_dataset applies to grpo/gdpo prompt datasets; other methods need their rows fitted to sequence_len"
     if cfg.sample_packing and cfg.method != "sft":
         yield f"sample_packing applies to SFT only, not {cfg.method}"
     yield from _preference_problems(cfg)
@@ -318,6 +320,12 @@ def _preference_problems(cfg: RlftConfig):
 
 def _grpo_problems(cfg: RlftConfig):
     trl = cfg.trl
+    if trl.temperature is not None and trl.temperature <= 0:
+        yield "trl.temperature must be > 0 for online RL: the log-probs of greedy decoding are not a distribution to train on"
+    resets = [k for k in ("reference_reset_interval", "sync_ref_model") if getattr(trl, k)]
+    if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
+        yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
+               "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")
     groups = trl.num_generations if trl.num_generations is not None else 8  # TRL default
     if groups is not None and groups < 2:
         yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"

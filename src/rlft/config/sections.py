@@ -27,7 +27,7 @@ __all__ = [
     "VLLMConfig",
 ]
 
-ONLINE_RL = "#4"
+ROLLOUT_SERVER = "rollout server (later issue)"
 EBFT = "#5"
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -61,390 +61,344 @@ class TRLConfig(Section):
     loss options), rollouts (in-process or vLLM, sync or async) and rewards."""
 
     # ---- rewards and rollouts ---------------------------------------------------------------
-    reward_funcs: Optional[list[str]] = planned(
+    reward_funcs: Optional[list[str]] = field(
         None,
         "Reward functions as 'module.fn' (from the working dir) or reward-model paths.",
-        issue=ONLINE_RL,
     )
-    reward_weights: Optional[list[float]] = planned(
+    reward_weights: Optional[list[float]] = field(
         None,
         "One weight per reward function; None -> all 1.0.",
-        issue=ONLINE_RL,
     )
-    rollout_func: Optional[str] = planned(
+    rollout_func: Optional[str] = field(
         None,
         "Custom rollout 'module.fn'(prompts, trainer) -> prompt_ids/completion_ids/logprobs.",
-        issue=ONLINE_RL,
     )
-    reward_num_workers: int = planned(
+    reward_num_workers: int = field(
         1,
-        "Reward worker processes (>1 runs rewards in subprocesses, so signal.alarm works).",
-        issue=ONLINE_RL, ge=1,
+        "Reward worker processes (>1 runs rewards in subprocesses, so signal.alarm works).", ge=1,
     )
-    reward_timeout: Optional[float] = planned(
+    reward_timeout: Optional[float] = field(
         60.0,
-        "Seconds one reward-function call may take before it is scored as failed; None = no limit.",
-        issue=ONLINE_RL, gt=0,
+        "Seconds one reward-function call may take before it is scored as failed; None = no limit.", gt=0,
     )
-    reward_failure_score: Optional[float] = planned(
+    reward_failure_score: Optional[float] = field(
         0.0,
         "Score of a reward call that raises or times out (counted); None = unscorable, like TRL's "
         "None.",
-        issue=ONLINE_RL,
     )
 
     # ---- sampling ---------------------------------------------------------------------------
-    num_generations: Optional[int] = planned(
+    num_generations: Optional[int] = field(
         None,
-        "Completions sampled per prompt (group size G); None -> 8.",
-        issue=ONLINE_RL, ge=1,
+        "Completions sampled per prompt (group size G); None -> 8.", ge=1,
     )
-    max_completion_length: Optional[int] = planned(
+    max_completion_length: Optional[int] = field(
         None,
-        "Maximum tokens per completion; None -> 256.",
-        issue=ONLINE_RL, ge=1,
+        "Maximum tokens per completion; None -> 256.", ge=1,
     )
-    temperature: Optional[float] = planned(
+    temperature: Optional[float] = field(
         None,
-        "Sampling temperature (log-probs are computed on logits / temperature); None -> 1.0.",
-        issue=ONLINE_RL, ge=0.0,
+        "Sampling temperature (log-probs are computed on logits / temperature); None -> 1.0.", ge=0.0,
     )
-    top_p: Optional[float] = planned(
+    top_p: Optional[float] = field(
         None,
-        "Nucleus-sampling threshold; None -> 1.0 (off).",
-        issue=ONLINE_RL, gt=0.0, le=1.0,
+        "Nucleus-sampling threshold; None -> 1.0 (off).", gt=0.0, le=1.0,
     )
-    top_k: Optional[int] = planned(
+    top_k: Optional[int] = field(
         None,
-        "Top-k sampling; None -> 0 (off; -1 also means off).",
-        issue=ONLINE_RL, ge=-1,
+        "Top-k sampling; None -> 0 (off; -1 also means off).", ge=-1,
     )
-    min_p: Optional[float] = planned(
+    min_p: Optional[float] = field(
         None,
-        "Min-p sampling threshold; None -> 0.0 (off).",
-        issue=ONLINE_RL, ge=0.0, le=1.0,
+        "Min-p sampling threshold; None -> 0.0 (off).", ge=0.0, le=1.0,
     )
-    repetition_penalty: Optional[float] = planned(
+    repetition_penalty: Optional[float] = field(
         None,
-        "Repetition penalty on prompt and generated tokens; None -> 1.0 (off).",
-        issue=ONLINE_RL, gt=0.0,
+        "Repetition penalty on prompt and generated tokens; None -> 1.0 (off).", gt=0.0,
     )
-    generation_kwargs: Optional[dict] = planned(
+    generation_kwargs: Optional[dict] = field(
         None,
         "Extra sampling parameters passed to the engine (e.g. stop strings).",
-        issue=ONLINE_RL,
     )
-    chat_template_kwargs: Optional[dict] = planned(
+    chat_template_kwargs: Optional[dict] = field(
         None,
         "Extra keyword arguments for the chat template applied to message prompts.",
-        issue=ONLINE_RL,
     )
-    mask_truncated_completions: Optional[bool] = planned(
+    mask_truncated_completions: Optional[bool] = field(
         None,
         "Exclude completions that hit the length limit from the loss; None -> false (DAPO, "
         "https://arxiv.org/abs/2503.14476).",
-        issue=ONLINE_RL,
     )
-    log_completions: Optional[bool] = planned(
+    log_completions: Optional[bool] = field(
         False,
         "Log sampled completions with their rewards.",
-        issue=ONLINE_RL,
     )
 
     # ---- batching and schedule --------------------------------------------------------------
-    num_iterations: Optional[int] = planned(
+    num_iterations: Optional[int] = field(
         None,
-        "Optimisation passes over each generation batch (mu); None -> 1.",
-        issue=ONLINE_RL, ge=1,
+        "Optimisation passes over each generation batch (mu); None -> 1.", ge=1,
     )
-    steps_per_generation: Optional[int] = planned(
+    steps_per_generation: Optional[int] = field(
         None,
-        "Optimizer micro-steps per generation batch; None -> gradient_accumulation_steps.",
-        issue=ONLINE_RL, ge=1,
+        "Optimizer micro-steps per generation batch; None -> gradient_accumulation_steps.", ge=1,
     )
-    generation_batch_size: Optional[int] = planned(
+    generation_batch_size: Optional[int] = field(
         None,
         "Completions per generation batch; None -> micro_batch_size * world * "
-        "steps_per_generation.",
-        issue=ONLINE_RL, ge=1,
+        "steps_per_generation.", ge=1,
     )
 
     # ---- advantages -------------------------------------------------------------------------
-    scale_rewards: Optional[ScaleRewards] = planned(
+    scale_rewards: Optional[ScaleRewards] = field(
         None,
         "Advantage std scaling: group | batch | none (true = group, false = none); None -> group.",
-        issue=ONLINE_RL,
     )
-    multi_objective_aggregation: Optional[MultiObjectiveAggregation] = planned(
+    multi_objective_aggregation: Optional[MultiObjectiveAggregation] = field(
         None,
         "Multi-reward aggregation; None -> sum_then_normalize (normalize_then_sum = GDPO, "
         "https://arxiv.org/abs/2501.05242).",
-        issue=ONLINE_RL,
     )
-    advantage_estimator: Optional[Literal["grpo", "rloo"]] = planned(
+    advantage_estimator: Optional[Literal["grpo", "rloo"]] = field(
         None,
         "Group baseline: grpo (group mean) or rloo (leave-one-out, "
         "https://arxiv.org/abs/2402.14740); None -> grpo.",
-        issue=ONLINE_RL,
     )
-    unbiased_advantage: bool = planned(
+    unbiased_advantage: bool = field(
         False,
         "Do not divide advantages by the group std (Dr. GRPO, https://arxiv.org/abs/2503.20783).",
-        issue=ONLINE_RL,
     )
-    skip_zero_advantage_batches: bool = planned(
+    skip_zero_advantage_batches: bool = field(
         True,
         "Skip the update of a micro-batch whose advantages are all zero.",
-        issue=ONLINE_RL,
     )
 
     # ---- DAPO: dynamic sampling and overlong penalty ----------------------------------------
-    filter_reward_metric: Optional[Union[str, list[str]]] = planned(
+    filter_reward_metric: Optional[Union[str, list[str]]] = field(
         None,
         "Dynamic sampling: drop groups whose named reward(s) have zero variance and draw more "
         "(DAPO, https://arxiv.org/abs/2503.14476); None = off.",
-        issue=ONLINE_RL,
     )
-    dynamic_sampling_max_retries: int = planned(
+    dynamic_sampling_max_retries: int = field(
         10,
-        "Extra prompt batches dynamic sampling may draw per step before training on what it has.",
-        issue=ONLINE_RL, ge=0,
+        "Extra prompt batches dynamic sampling may draw per step before training on what it has.", ge=0,
     )
-    overlong_penalty: bool = planned(
+    overlong_penalty: bool = field(
         False,
         "Add the soft overlong length penalty to the reward (DAPO, "
         "https://arxiv.org/abs/2503.14476).",
-        issue=ONLINE_RL,
     )
-    overlong_buffer_length: Optional[int] = planned(
+    overlong_buffer_length: Optional[int] = field(
         None,
         "Tokens before max_completion_length where the penalty ramps in; None -> "
-        "max_completion_length // 4.",
-        issue=ONLINE_RL, ge=1,
+        "max_completion_length // 4.", ge=1,
     )
-    overlong_penalty_factor: float = planned(
+    overlong_penalty_factor: float = field(
         1.0,
-        "Penalty reached at max_completion_length (reward -= factor at the limit).",
-        issue=ONLINE_RL, ge=0.0,
+        "Penalty reached at max_completion_length (reward -= factor at the limit).", ge=0.0,
     )
 
     # ---- policy loss ------------------------------------------------------------------------
-    variant: Optional[Literal["grpo", "dapo", "gspo"]] = planned(
+    variant: Optional[Literal["grpo", "dapo", "gspo"]] = field(
         None,
         "Cosmos-RL shorthand that sets the matching loss options (grpo | dapo | gspo).",
-        issue=ONLINE_RL,
     )
-    loss_type: Optional[GRPOLossType] = planned(
+    loss_type: Optional[GRPOLossType] = field(
         None,
         "Loss aggregation / objective (grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo); None"
         " -> dapo.",
-        issue=ONLINE_RL,
     )
-    importance_sampling_level: Optional[Literal["token", "sequence"]] = planned(
+    importance_sampling_level: Optional[Literal["token", "sequence"]] = field(
         None,
         "Importance ratio per token or per sequence (GSPO, https://arxiv.org/abs/2507.18071); None"
         " -> token.",
-        issue=ONLINE_RL,
     )
-    epsilon: Optional[float] = planned(
+    epsilon: Optional[float] = field(
         None,
         "Lower clip range epsilon of the PPO ratio; None -> 0.2.",
-        issue=ONLINE_RL,
     )
-    epsilon_high: Optional[float] = planned(
+    epsilon_high: Optional[float] = field(
         None,
         "Upper clip range (DAPO clip-higher, 0.28 suggested; CISPO's eps_max); None -> epsilon.",
-        issue=ONLINE_RL,
     )
-    delta: Optional[float] = planned(
+    delta: Optional[float] = field(
         None,
         "Two-sided clip: cap the unclipped ratio at delta (INTELLECT-2, "
-        "https://arxiv.org/abs/2505.07291).",
-        issue=ONLINE_RL, gt=1.0,
+        "https://arxiv.org/abs/2505.07291).", gt=1.0,
     )
-    lower_bound_ratio: Optional[float] = planned(
+    lower_bound_ratio: Optional[float] = field(
         3.0,
         "Dual-clip bound c: negative-advantage token loss capped at c*|A| "
-        "(https://arxiv.org/abs/1912.09729); None = off.",
-        issue=ONLINE_RL, gt=1.0,
+        "(https://arxiv.org/abs/1912.09729); None = off.", gt=1.0,
     )
-    aipo_rho: Optional[float] = planned(
+    aipo_rho: Optional[float] = field(
         None,
         "AIPO one-sided ratio truncation rho, replaces clipping; 2-10 suggested "
-        "(https://arxiv.org/abs/2505.24034).",
-        issue=ONLINE_RL, gt=0.0,
+        "(https://arxiv.org/abs/2505.24034).", gt=0.0,
     )
     sapo_temperature_pos: float = planned(
         1.0,
         "SAPO soft-gate temperature for positive advantages (loss_type: sapo).",
-        issue=ONLINE_RL, gt=0.0,
+        issue="SAPO/LUSPO/VESPO losses (later issue)", gt=0.0,
     )
     sapo_temperature_neg: float = planned(
         1.05,
         "SAPO soft-gate temperature for negative advantages (loss_type: sapo).",
-        issue=ONLINE_RL, gt=0.0,
+        issue="SAPO/LUSPO/VESPO losses (later issue)", gt=0.0,
     )
-    unbiased_loss_max_tokens: Optional[int] = planned(
+    unbiased_loss_max_tokens: Optional[int] = field(
         None,
-        "Dr. GRPO constant length normaliser; None -> max_completion_length (dr_grpo).",
-        issue=ONLINE_RL, ge=1,
+        "Dr. GRPO constant length normaliser; None -> max_completion_length (dr_grpo).", ge=1,
     )
-    entropy_coeff: float = planned(
+    entropy_coeff: float = field(
         0.0,
         "Entropy bonus coefficient (loss -= coeff * mean token entropy).",
-        issue=ONLINE_RL,
     )
-    positive_nll_coef: Optional[float] = planned(
+    positive_nll_coef: Optional[float] = field(
         None,
         "NLL on completions with positive reward (VAPO, https://arxiv.org/abs/2504.05118); None = "
-        "off.",
-        issue=ONLINE_RL, ge=0.0,
+        "off.", ge=0.0,
     )
 
     # ---- KL and reference model -------------------------------------------------------------
-    beta: Optional[float] = planned(
+    beta: Optional[float] = field(
         None,
-        "KL coefficient (k3 estimator) to the reference; None -> 0.0 (no reference loaded).",
-        issue=ONLINE_RL, ge=0.0,
+        "KL coefficient (k3 estimator) to the reference; None -> 0.0 (no reference loaded).", ge=0.0,
     )
     use_bias_correction_kl: Optional[bool] = planned(
         None,
         "Weight the KL term by the PPO ratio (DeepSeek-V3.2 unbiased KL); None -> false.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
-    reference_reset_interval: Optional[int] = planned(
+    reference_reset_interval: Optional[int] = field(
         None,
-        "Copy the policy into the reference every N steps (needs beta > 0); None or 0 = never.",
-        issue=ONLINE_RL, ge=0,
+        "Copy the policy into the reference every N steps (needs beta > 0); None or 0 = never.", ge=0,
     )
-    sync_ref_model: bool = planned(
+    sync_ref_model: bool = field(
         False,
         "Soft-update the reference model (TR-DPO, https://arxiv.org/abs/2404.09656).",
-        issue=ONLINE_RL,
     )
-    ref_model_mixup_alpha: float = planned(
+    ref_model_mixup_alpha: float = field(
         0.9,
-        "Reference update: ref = alpha * policy + (1 - alpha) * ref (needs sync_ref_model).",
-        issue=ONLINE_RL, ge=0.0, le=1.0,
+        "Reference update: ref = alpha * policy + (1 - alpha) * ref (needs sync_ref_model).", ge=0.0, le=1.0,
     )
-    ref_model_sync_steps: int = planned(
+    ref_model_sync_steps: int = field(
         64,
-        "Steps between reference soft updates (needs sync_ref_model).",
-        issue=ONLINE_RL, ge=1,
+        "Steps between reference soft updates (needs sync_ref_model).", ge=1,
     )
 
     # ---- vLLM client ------------------------------------------------------------------------
     use_vllm: bool = planned(
         False,
         "Generate rollouts with vLLM instead of in-process.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     vllm_mode: Optional[Literal["server", "colocate"]] = planned(
         None,
         "vLLM in a separate server or colocated in the trainer; None -> server when use_vllm.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     vllm_server_host: Optional[str] = planned(
         "0.0.0.0",
         "Host of the vLLM / rollout server.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     vllm_server_port: Optional[int] = planned(
         8000,
         "Port of the vLLM / rollout server.",
-        issue=ONLINE_RL, ge=1, le=65535,
+        issue=ROLLOUT_SERVER, ge=1, le=65535,
     )
     vllm_server_timeout: Optional[float] = planned(
         None,
         "Seconds to wait for the server to come up (also the LoRA-load timeout); None -> 240.",
-        issue=ONLINE_RL, gt=0,
+        issue=ROLLOUT_SERVER, gt=0,
     )
     vllm_group_port: Optional[int] = planned(
         51216,
         "Port of the NCCL weight-sync group.",
-        issue=ONLINE_RL, ge=1, le=65535,
+        issue=ROLLOUT_SERVER, ge=1, le=65535,
     )
     vllm_lora_sync: bool = planned(
         False,
         "Sync weights by saving the LoRA adapter and loading it in vLLM (no NCCL).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     vllm_sync_interval: Optional[int] = planned(
         None,
         "Optimizer steps between weight syncs to the engine; None -> 1.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
 
     # ---- async rollouts ---------------------------------------------------------------------
     use_data_producer: bool = planned(
         False,
         "Use the data-producer rollout protocol (selects the async trainer).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     async_prefetch: bool = planned(
         False,
         "Generate the next rollouts in the background while training.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     prefetch_depth: Optional[int] = planned(
         None,
         "Rollout batches generated ahead; None -> 1.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
     streaming_partial_batch: Optional[bool] = planned(
         None,
         "Score a rollout batch in chunks of prompt groups; None -> false.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     streaming_min_groups: Optional[int] = planned(
         None,
         "Prompt groups per streaming chunk; None -> 1.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
 
     # ---- importance-sampling correction for stale / engine log-probs ------------------------
     vllm_importance_sampling_correction: Optional[bool] = planned(
         None,
         "Reweight the loss by trainer/engine probability ratios; None -> true.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     vllm_importance_sampling_mode: Optional[ImportanceSamplingMode] = planned(
         None,
         "IS correction granularity and cap handling; None -> token_truncate.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     vllm_importance_sampling_cap: Optional[float] = planned(
         None,
         "IS ratio cap C (floor 1/C); None -> 3.0.",
-        issue=ONLINE_RL, ge=1.0,
+        issue=ROLLOUT_SERVER, ge=1.0,
     )
     off_policy_mask_threshold: Optional[float] = planned(
         None,
         "Drop negative-advantage sequences whose mean log-ratio exceeds this (DeepSeek-V3.2 "
         "off-policy sequence masking); None = off.",
-        issue=ONLINE_RL, ge=0.0,
+        issue=ROLLOUT_SERVER, ge=0.0,
     )
 
     # ---- replay and re-roll -----------------------------------------------------------------
     replay_buffer_size: int = planned(
         0,
         "Cached high-signal groups that replace zero-signal groups (0 = off).",
-        issue=ONLINE_RL, ge=0,
+        issue=ROLLOUT_SERVER, ge=0,
     )
     replay_recompute_logps: bool = planned(
         True,
         "Recompute old log-probs of replayed groups with the current model.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     reroll_start_fraction: float = planned(
         1.0,
         "Fraction of max_steps after which all-zero-reward prompts are re-rolled (1.0 = off).",
-        issue=ONLINE_RL, ge=0.0, le=1.0,
+        issue=ROLLOUT_SERVER, ge=0.0, le=1.0,
     )
     reroll_max_groups: int = planned(
         1,
         "Most re-rolled prompt groups injected per batch.",
-        issue=ONLINE_RL, ge=0,
+        issue=ROLLOUT_SERVER, ge=0,
     )
 
 
@@ -540,82 +494,82 @@ class EBFTConfig(Section):
 class VLLMConfig(Section):
     """The `vllm:` section: how `rlft serve` starts the vLLM rollout engine."""
 
-    host: Optional[str] = planned("0.0.0.0", "Address the server listens on.", issue=ONLINE_RL)
+    host: Optional[str] = planned("0.0.0.0", "Address the server listens on.", issue=ROLLOUT_SERVER)
     port: Optional[int] = planned(
         8000,
         "Port the server listens on.",
-        issue=ONLINE_RL, ge=1, le=65535,
+        issue=ROLLOUT_SERVER, ge=1, le=65535,
     )
     tensor_parallel_size: Optional[int] = planned(
         None,
         "Tensor-parallel GPUs per engine; None -> 1.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
     data_parallel_size: Optional[int] = planned(
         None,
         "Engine replicas (data parallel); None -> 1.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
     gpu_memory_utilization: Optional[float] = planned(
         None,
         "Fraction of GPU memory for the engine; None -> 0.9 served, 0.3 colocated.",
-        issue=ONLINE_RL, gt=0.0, le=1.0,
+        issue=ROLLOUT_SERVER, gt=0.0, le=1.0,
     )
     dtype: Optional[str] = planned(
         "auto",
         "Engine weight dtype (auto, bfloat16, float16, float32).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     max_model_len: Optional[int] = planned(
         None,
         "Engine context length; None -> the model's.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
     enable_prefix_caching: Optional[bool] = planned(
         None,
         "Reuse KV cache across prompts sharing a prefix; None -> engine default.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     enforce_eager: Optional[bool] = planned(
         None,
         "Disable CUDA-graph capture; None -> false.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     kv_cache_dtype: Optional[str] = planned(
         None,
         "KV-cache dtype (e.g. fp8); None -> auto.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     serve_module: Optional[str] = planned(
         None,
         "Python module implementing the server; None -> rlft's rollout server.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     worker_extension_cls: Optional[str] = planned(
         None,
         "vLLM worker extension class for weight sync; None -> the server's default.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     enable_reasoning: Optional[bool] = planned(
         None,
         "Split reasoning content from answers in responses.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     reasoning_parser: Optional[str] = planned(
         None,
         "vLLM reasoning parser name (with enable_reasoning).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     max_lora_rank: Optional[int] = planned(
         None,
         "Largest LoRA rank the engine accepts; None -> lora_r.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
-    max_loras: int = planned(2, "LoRA adapters kept loaded at once.", issue=ONLINE_RL, ge=1)
+    max_loras: int = planned(2, "LoRA adapters kept loaded at once.", issue=ROLLOUT_SERVER, ge=1)
     lora_dtype: Optional[str] = planned(
         "bfloat16",
         "Dtype of loaded LoRA adapters.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
 
 
@@ -625,17 +579,17 @@ class NemoGymDataset(Section):
     path: str = planned(
         ...,
         "JSONL file, relative to nemo_gym_dir unless absolute (~ expanded).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     server_name: str = planned(
         ...,
         "Resource server that verifies rows without their own agent_ref.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     max_samples: Optional[int] = planned(
         None,
         "Rows sampled at random from the file; None = all.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
 
 
@@ -645,68 +599,68 @@ class NemoGymFields(Section):
     plugins: Optional[list[str]] = planned(
         None,
         "Integration plugins, e.g. axolotl.integrations.nemo_gym.NemoGymPlugin.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_enabled: Optional[bool] = planned(
         None,
         "Enable NeMo Gym; None -> true when the NeMo Gym plugin is listed.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_dir: Optional[str] = planned(
         None,
         "NeMo Gym checkout; None -> ~/Gym.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_auto_clone: Optional[bool] = planned(
         None,
         "Clone NeMo Gym into nemo_gym_dir if missing; None -> false.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_config_paths: Optional[list[str]] = planned(
         None,
         "Gym server configs for ng_run (required when auto-starting).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_auto_start: bool = planned(
         True,
         "Start the Gym servers (ng_run) before training.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_head_port: int = planned(
         11000,
         "Port of the Gym head server.",
-        issue=ONLINE_RL, ge=1, le=65535,
+        issue=ROLLOUT_SERVER, ge=1, le=65535,
     )
     nemo_gym_server_timeout: int = planned(
         360,
         "Seconds to wait for the Gym servers to start.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
     nemo_gym_verify_timeout: int = planned(
         30,
         "Seconds per /verify request.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
-    nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=ONLINE_RL, ge=1)
+    nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=ROLLOUT_SERVER, ge=1)
     nemo_gym_datasets: Optional[list[NemoGymDataset]] = planned(
         None,
         "Gym task files (replace `datasets:`; required when enabled).",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_model_name: Optional[str] = planned(
         None,
         "Model name sent to /verify; None -> base_model.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_multi_turn: Optional[bool] = planned(
         None,
         "Multi-turn rollouts through the agent /run endpoint; None -> false.",
-        issue=ONLINE_RL,
+        issue=ROLLOUT_SERVER,
     )
     nemo_gym_max_turns: Optional[int] = planned(
         None,
         "Turn limit per multi-turn episode; None = the agent's.",
-        issue=ONLINE_RL, ge=1,
+        issue=ROLLOUT_SERVER, ge=1,
     )
 
 
@@ -802,7 +756,7 @@ class PreferenceFields(Section):
         ge=0.0,
     )
     disable_dropout: bool = field(
-        True, "Turn dropout off in the policy and reference (preference methods and reward models), as TRL does."
+        True, "Turn dropout off in the policy and reference (preference, reward models and online RL), as TRL does."
     )
     ref_model: Optional[str] = field(
         None, "DPO/IPO/KTO: a separate reference model folder (default: the policy's own starting weights)."

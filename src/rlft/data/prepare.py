@@ -61,6 +61,20 @@ def preference_steps(method: str) -> MethodSteps:
                        lambda example, cfg: fit_completions(example, ("chosen_ids", "rejected_ids"), cfg.sequence_len, cfg.excess_length_strategy))
 
 
+def prompt_steps(cfg) -> MethodSteps:
+    """Online RL prompts: the prompt plus every other column (for the reward functions)."""
+    from rlft.data.prompts import fit_prompt, resolve_prompt_format, tokenize_prompt
+
+    budget = cfg.sequence_len - (cfg.trl.max_completion_length or 256)
+    if budget < 1:
+        raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to "
+                        f"trl.max_completion_length={cfg.trl.max_completion_length or 256}: raise sequence_len")
+    def fit(example, cfg):
+        return (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget, cfg.excess_length_strategy)
+
+    return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
+
+
 class _Identical(Exception):
     """A preference pair whose chosen and rejected texts are the same: no learning signal."""
 
@@ -108,6 +122,8 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
 def _length(example: dict[str, Any]) -> int:
     if "input_ids" in example:
         return len(example["input_ids"])
+    if "columns" in example:  # a prompt
+        return len(example["prompt_ids"])
     from rlft.data.preference import example_length
 
     return example_length(example)

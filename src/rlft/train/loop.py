@@ -26,7 +26,14 @@ from rlft.train.optim import build_optimizer, build_scheduler
 
 
 class Recipe(Protocol):
-    """What a training method supplies to the loop."""
+    """What a training method supplies to the loop.
+
+    Optional: `prepare_step(model, draw) -> micro-batches` builds a step's micro-batches itself
+    (online RL: generate, score, compute advantages; `draw()` returns the next plan batch and may
+    be called any number of times); an empty list skips the update. `step_metrics()` returns
+    metrics to log with the step; `state_dict()` / `load_state_dict()` carry recipe state in
+    checkpoints.
+    """
 
     name: str
     train_plan: BatchPlan
@@ -47,8 +54,9 @@ class LoopResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def total_steps_for(cfg, micro_batches_per_epoch: int) -> int:
-    steps_per_epoch = max(1, math.ceil(micro_batches_per_epoch / cfg.gradient_accumulation_steps))
+def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
+    """Optimizer steps of the run; an epoch is `micro_batches_per_epoch` plan batches, `draws_per_step` per step."""
+    steps_per_epoch = max(1, math.ceil(micro_batches_per_epoch / (draws_per_step or cfg.gradient_accumulation_steps)))
     return cfg.max_steps if cfg.max_steps else max(1, math.ceil(cfg.num_epochs * steps_per_epoch))
 
 
@@ -62,7 +70,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     if main:
         clean_staging(output_dir)
     plan = recipe.train_plan
-    total_steps = total_steps_for(cfg, len(plan))
+    total_steps = total_steps_for(cfg, len(plan), getattr(recipe, "draws_per_step", None))
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -92,18 +100,27 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     started = time.perf_counter()
     order_cache: dict[int, list[list[int]]] = {}
 
-    def next_window() -> list[list[int]]:
-        window = []
-        while len(window) < ga:
+    def next_indices() -> list[int]:
+        while True:
             order = order_cache.setdefault(state.epoch, plan.epoch_order(state.epoch))
-            if state.batch_in_epoch >= len(order):
-                order_cache.pop(state.epoch, None)
-                state.epoch += 1
-                state.batch_in_epoch = 0
-                continue
-            window.append(order[state.batch_in_epoch])
-            state.batch_in_epoch += 1
-        return window
+            if state.batch_in_epoch < len(order):
+                state.batch_in_epoch += 1
+                return order[state.batch_in_epoch - 1]
+            order_cache.pop(state.epoch, None)
+            state.epoch += 1
+            state.batch_in_epoch = 0
+
+    def draw() -> dict[str, Any]:
+        return plan.batch(next_indices())
+
+    def next_batches() -> list[dict[str, Any]]:
+        if hasattr(recipe, "prepare_step"):
+            with timer("prepare"):
+                batches = recipe.prepare_step(model, draw)
+        else:
+            with timer("data"):
+                batches = [draw() for _ in range(ga)]
+        return [_to_device(b, accelerator.device) for b in batches]
 
     def save() -> Path | None:
         nonlocal last_saved
@@ -140,8 +157,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         with progress:
             while state.global_step < total_steps:
                 step_start = time.perf_counter()
-                with timer("data"):
-                    batches = [_to_device(plan.batch(ix), accelerator.device) for ix in next_window()]
+                batches = next_batches()
                 units = sum(recipe.loss_units(b) for b in batches)
                 loss_total, step_metrics, tokens = 0.0, {}, 0
                 lr = scheduler.get_last_lr()[0]
@@ -163,9 +179,12 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         "keep max_grad_norm set, or check the data for empty targets"
                     )
                 with timer("optimizer"):
-                    max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
-                    grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
-                    optimizer.step()
+                    if batches:
+                        max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
+                        grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
+                        optimizer.step()
+                    else:  # the recipe skipped this step (e.g. no learning signal): no update at all
+                        grad_norm = 0.0
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
                 state.global_step += 1
@@ -177,11 +196,12 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     "grad_norm": round(grad_norm, 6),
                     "epoch": round(state.epoch + state.batch_in_epoch / max(1, len(plan)), 4),
                     "tokens": tokens,
-                    "tokens_per_s": round(tokens / step_time, 1),
+                    "tokens_per_s": round(tokens / step_time, 1),  # trained tokens (for RL: prompt + completion rows)
                     "step_time_s": round(step_time, 4),
                     "mfu": round(tokens * flops_per_token(total_params, trainable_params) / step_time / peak, 5),
                     "peak_memory_mb": round(peak_memory_mb(accelerator.device), 1),
                     **{k: round(v, 6) for k, v in step_metrics.items()},
+                    **(recipe.step_metrics() if hasattr(recipe, "step_metrics") else {}),
                     **timer.pop(),
                 }
                 state.last_metrics = record

@@ -13,7 +13,8 @@ from rlft.config import planned_settings
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.train.loop import LoopResult, run_loop, total_steps_for
 
-BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model"}
+BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo"}
+UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
 METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "#3", "reward_model": "#3",
                  "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
 
@@ -25,6 +26,8 @@ def refuse_unbuilt(cfg) -> None:
             f"{cfg.method!r} training is not implemented yet (planned in issue {METHOD_ISSUES[cfg.method]}); "
             "`rlft validate` accepts the config, `rlft train` does not run it yet"
         )
+    if cfg.method in ("grpo", "gdpo") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
+        raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} (issue {issue})" for key, issue in unbuilt)
@@ -78,6 +81,8 @@ def train(cfg, console: Console | None = None) -> LoopResult:
 
             disable_dropout(model)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
+    elif cfg.method in ("grpo", "gdpo"):
+        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
@@ -85,8 +90,14 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator)
-    result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
+        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, getattr(recipe, "draws_per_step", None))
+    try:
+        result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
+    finally:
+        if hasattr(recipe, "rewards"):
+            recipe.rewards.close()  # reward worker processes
+    for warning in recipe.final_warnings() if hasattr(recipe, "final_warnings") else []:
+        console.print(f"WARNING: {warning}", style="bold red", markup=False, soft_wrap=True)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(model)
         # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
@@ -158,6 +169,46 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     return model, recipe, data
 
 
+def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+    """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
+    import copy
+
+    from rlft.data.prepare import prepare_data, prompt_steps
+    from rlft.errors import ConfigError
+    from rlft.models.loading import attach_adapter, disable_dropout, load_model
+    from rlft.rollout.rewards import RewardRunner, load_reward_functions
+    from rlft.train.recipes.grpo import GRPORecipe, effective_options
+    from rlft.train.recipes.preference import Reference
+
+    trl = cfg.trl
+    if not trl.reward_funcs:
+        raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
+                          "directory, or a trained reward model folder)")
+    functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
+    data = prepare_data(cfg, tokenizer, prompt_steps(cfg))
+    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    options = effective_options(cfg)
+    reference = None
+    if options["beta"]:
+        if cfg.ref_model:
+            reference = Reference(load_reference_model(cfg, tokenizer))
+        elif cfg.adapter and not cfg.rl_adapter_ref_model:
+            reference = Reference(None)  # the policy with its adapter disabled
+        else:
+            reference = Reference(copy.deepcopy(model).eval().requires_grad_(False))
+    if cfg.adapter:
+        model = attach_adapter(model, cfg)
+    if cfg.disable_dropout:
+        disable_dropout(model)
+    model.to(accelerator.device)
+    if reference is not None:
+        reference.to(accelerator.device)
+    rewards = RewardRunner(functions, num_workers=trl.reward_num_workers or 1, timeout=trl.reward_timeout,
+                           failure_score=trl.reward_failure_score)
+    shard = (accelerator.process_index, accelerator.num_processes)
+    return model, GRPORecipe(cfg, data, tokenizer, rewards, reference, console, shard), data
+
+
 def load_reference_model(cfg, tokenizer):
     """The separate `ref_model` folder; refused when its vocabulary is not the policy's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -202,11 +253,11 @@ def _key_value_table(title: str) -> Table:
     return table
 
 
-def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator) -> None:
+def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step: int | None = None) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    steps = total_steps_for(cfg, micro_batches)
-    per_epoch = max(1, math.ceil(micro_batches / cfg.gradient_accumulation_steps))
+    steps = total_steps_for(cfg, micro_batches, draws_per_step)
+    per_epoch = max(1, math.ceil(micro_batches / (draws_per_step or cfg.gradient_accumulation_steps)))
     table = _key_value_table(f"rlft train: {cfg.method}")
     table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
     table.add_row("parameters", f"{total:,} total, {trainable:,} trainable" + (f" ({cfg.adapter} r={cfg.lora_r})" if cfg.adapter else ""))

@@ -1,0 +1,68 @@
+"""Prompt datasets for online RL: rows -> {prompt_ids, prompt, columns}.
+
+A row needs a `prompt` (a string or a message list) after its transform; every other column is
+kept and reaches the reward functions as a keyword argument (TRL's convention). `type:` may be a
+user transform `module.fn` (Axolotl/TRL style, returning `transform_fn` or `(transform_fn,
+map_kwargs)`), or `chat_template` (the messages at `field_messages` are the prompt).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rlft.data.formats import RowError, bind_tokenizer, chat_template_format, user_transform
+from rlft.errors import DataError
+
+
+def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dict], dict]:
+    if ds.type is None:
+        convert: Callable[[dict], dict] = dict
+    elif ds.type in ("chat_template", "chat_template.default"):
+        messages = chat_template_format(ds)
+        field = ds.field_messages.split(".")[0]
+        convert = lambda row: {**{k: v for k, v in row.items() if k != field}, "prompt": messages(row)["messages"]}  # noqa: E731
+    elif isinstance(ds.type, str):
+        found = user_transform(ds.type, cfg, index, where)
+        if found is None:
+            raise DataError(f"{where}: type {ds.type!r}: no module {ds.type.rpartition('.')[0]!r} to import from the working "
+                            "directory; GRPO datasets take a user transform `module.fn`, `chat_template`, or no type")
+        transform, map_kwargs = found
+        transform = bind_tokenizer(transform, tokenizer)
+        removed = map_kwargs.get("remove_columns") or []
+
+        def convert(row: dict) -> dict:
+            kept = {} if removed == "__all__" else {k: v for k, v in row.items() if k not in removed}
+            return {**kept, **transform(row)}
+    else:
+        raise DataError(f"{where}: a user-defined `type:` mapping is for preference data; GRPO needs a `prompt` column")
+
+    def to_record(row: dict) -> dict:
+        record = convert(row)
+        if record.get("prompt") in (None, "", []):
+            raise RowError(f"no `prompt` after the transform (row has {sorted(record)}): GRPO rows need a prompt string or message list")
+        return record
+
+    return to_record
+
+
+def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
+    prompt = record["prompt"]
+    if isinstance(prompt, list):
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(str(prompt), add_special_tokens=True)["input_ids"]
+    columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids")}
+    return {"prompt_ids": ids, "prompt": prompt, "columns": columns}
+
+
+def fit_prompt(example: dict[str, Any], budget: int, strategy: str) -> tuple[dict | None, str]:
+    """Prompts longer than `budget` (sequence_len - max_completion_length) are dropped, cut from the left, or refused."""
+    if len(example["prompt_ids"]) <= budget:
+        return example, "ok"
+    if strategy == "raise":
+        raise RowError(f"prompt has {len(example['prompt_ids'])} tokens; with max_completion_length the budget is {budget} "
+                       "(raise sequence_len, shorten max_completion_length, or set excess_length_strategy: drop)")
+    if strategy == "drop":
+        return None, "too_long"
+    return {**example, "prompt_ids": example["prompt_ids"][-budget:]}, "truncated"

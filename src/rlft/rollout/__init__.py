@@ -1,0 +1,1 @@
+"""Rollouts for online RL: generation engines, the reward-function runner (loading, workers, timeouts)."""
