@@ -287,7 +287,8 @@ def test_explain_trl_beta_has_default_and_description():
     assert text.splitlines()[0] == "trl.beta"
     assert "default: None" in text
     assert "KL coefficient (k3 estimator) to the reference" in text
-    assert "planned in issue #4" in text
+    assert "not built yet" not in text
+    assert "not built yet: planned in issue rollout server" in explain("trl.use_vllm")
 
 
 def test_explain_lora_r_has_default_and_description():
@@ -316,7 +317,7 @@ def test_explain_typo_in_section_suggests_key():
 
 def test_planned_setting_is_reported_with_issue(config):
     cfg = config(rl="grpo", micro_batch_size=8, trl={"use_vllm": True})
-    assert planned_settings(cfg) == [("trl.use_vllm", "#4")]
+    assert planned_settings(cfg) == [("trl.use_vllm", "rollout server (later issue)")]
 
 
 def test_planned_setting_at_default_not_reported(config):
