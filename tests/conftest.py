@@ -75,3 +75,17 @@ def cli():
 
     return lambda *args: main([str(a) for a in args])
 
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory, tiny_model_dir, addition_files):
+    """An XS model after a short SFT on addition: it half-knows the sums, so preferences can move it."""
+    from rlft.cli import main
+    out = tmp_path_factory.mktemp("warm") / "sft"
+    config = out.parent / "sft.yaml"
+    config.write_text(yaml.safe_dump({
+        "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
+        "sequence_len": 32, "micro_batch_size": 64, "max_steps": 150, "learning_rate": 3e-3, "warmup_steps": 10,
+        "logging_steps": 50, "seed": 0, "output_dir": str(out),
+    }))
+    assert main(["train", str(config)]) == 0
+    return out

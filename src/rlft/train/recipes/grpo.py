@@ -186,6 +186,8 @@ class GRPORecipe:
                                       aggregation=o["multi_objective_aggregation"], estimator=o["advantage_estimator"])
         rows = self._rows(prompts, rollout, advantages.advantages)
         self._record(scores, advantages, rollout, timings)
+        if o["log_completions"]:
+            self._log_completions(prompts, rollout, scores, advantages.advantages)
         logp_start = time.perf_counter()
         if o["num_iterations"] > 1 or spg > 1:  # the policy moves before these rows are used: cache old log-probs now
             self._attach_logps(model, rows, "old_logps", reference=False)
@@ -365,6 +367,21 @@ class GRPORecipe:
         m["generate_tokens_per_s"] = round(generated / max(timings["time/generate"], 1e-9), 1)
         self._health(m["frac_reward_zero_std"])
 
+    def _log_completions(self, prompts, rollout: Rollout, scores, advantages: torch.Tensor) -> None:
+        """Every completion of this generation batch to output_dir/completions.jsonl (TRL's log_completions)."""
+        import json
+
+        path = Path(self.cfg.output_dir) / "completions.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+        names = list(scores["per_function"])
+        with open(path, "a") as handle:
+            for index, text in enumerate(texts):
+                prompt = prompts[index // self.group]["prompt"]
+                rewards = {name: _finite_or_none(scores["per_function"][name][index]) for name in names}
+                handle.write(json.dumps({"step": self.steps_seen, "prompt": prompt, "completion": text, "rewards": rewards,
+                                         "advantage": round(float(advantages[index]), 6)}) + "\n")
+
     def _health(self, frac_zero_std: float) -> None:
         if frac_zero_std >= 1.0:
             self.zero_signal_steps += 1
@@ -443,6 +460,11 @@ def load_rollout_func(name: str):
     if not callable(fn):
         raise RolloutError(f"trl.rollout_func {name!r}: {module.__file__} has no function {fn_name!r}")
     return fn
+
+
+def _finite_or_none(value: torch.Tensor) -> float | None:
+    number = float(value)
+    return None if number != number else round(number, 6)
 
 
 def _select_rollout(rollout: Rollout, rows: list[int]) -> Rollout:

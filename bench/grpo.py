@@ -1,0 +1,502 @@
+"""GRPO speed: rlft vs TRL's GRPOTrainer (no vLLM) on the same tiny model, prompts and settings, in one process.
+
+Both tools load identical weights (one seeded random init of `rlft.models.tiny`, saved once with
+save_pretrained) and draw prompts from the addition task (`rlft.tasks.addition.split_rows`, the "a+b="
+strings as plain, non-conversational prompts). Settings shared by both (spec/platform.md §6):
+num_generations G = 4, 8 completions per optimizer step (2 prompts x 4, one micro-batch, no
+accumulation, steps_per_generation 1, num_iterations 1), max_completion_length 32, temperature 1.0,
+top-p 1, top-k off, beta 0.0 (no reference model), loss_type "grpo", epsilon 0.2, scale_rewards
+"group", AdamW (adamw_torch) lr 1e-4 constant, no warm-up, no weight decay, grad clip 1.0, fp32, no
+gradient checkpointing, no eval, no periodic checkpoints. Reward: count("a") / 10 - 0.01 * len(text),
+the same Python function for both, in-process.
+
+Full-length completions (default; --no-force-length turns it off): every completion is exactly
+32 tokens in both tools, so both generate and train on the same number of tokens. TRL:
+`generation_kwargs={"min_new_tokens": 32}` (transformers suppresses EOS until then). rlft has no
+min_new_tokens, so the bench removes the stop token from the recipe's sampling parameters (a
+sampled EOS is then an ordinary token). The generated tokens per step are measured and reported for both.
+
+Measured per run:
+  wall      the training call: rlft `train(cfg, console)` (tokenizer + prompt preparation + model
+            load + loop + its final checkpoint + final model save); TRL `GRPOTrainer(...)` (model
+            load, dataset) + `trainer.train()`. Imports and row generation are excluded.
+  step      median optimizer-step time (generation + rewards + advantages + forward/backward +
+            optimizer): rlft `step_time_s` from metrics.jsonl; TRL on_step_begin -> on_step_end (it
+            generates inside training_step, so the step includes generation; only the prompt fetch
+            from its dataloader is outside, the end -> end interval includes it).
+  phases    rlft: time/prepare (rollout: generate, reward, advantages, batch building),
+            time/generate, time/reward, time/logprobs (old/ref log-probs; 0 here), time/forward_backward,
+            time/optimizer, from metrics.jsonl. TRL: its own profiling timers (_prepare_inputs,
+            transformers.generate, _calculate_rewards, compute_loss = the forward) captured in-process,
+            training_step (prepare + forward + backward), optimizer = training_step end -> on_step_end
+            (grad clip, optimizer.step, scheduler, zero_grad).
+  tokens/s  generated tokens / generate time, per step.
+
+The tools alternate --repeat times after a short warm-up of each; the table shows each tool's run with
+the smallest wall time, the JSON keeps every run and the 1-minute load average (a shared 2-core machine
+is noisy).
+
+Usage (from the repository root):
+  .venv/bin/python bench/grpo.py --size S --steps 10
+Results: a table on stdout and bench/results/grpo-<size>.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import argparse
+import dataclasses
+import datetime
+import io
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import types
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from rich.console import Console
+from transformers import AutoTokenizer, LlamaForCausalLM, PrinterCallback, TrainerCallback
+
+import trl
+import trl.extras.profiling
+from trl import GRPOConfig, GRPOTrainer
+
+import accelerate  # noqa: F401  (imported here so its import cost stays out of the timings)
+import datasets
+import rlft.data.prepare  # noqa: F401
+import rlft.models.loading  # noqa: F401
+import rlft.rollout.rewards  # noqa: F401
+import rlft.train.loop
+import rlft.train.recipes.grpo  # noqa: F401
+import rlft.train.run
+from rlft.config import build_config
+from rlft.models.tiny import SIZES
+from rlft.tasks.addition import split_rows, write_jsonl
+from sft_vs_trl import RESULTS, make_model, warm_up
+
+GROUP = 4
+COMPLETIONS_PER_STEP = 8
+MAX_COMPLETION = 32
+LR = 1e-4
+BETA = 0.0
+LOSS_TYPE = "grpo"
+REWARD_MODULE = "rlft_bench_grpo_rewards"  # registered in sys.modules so rlft's `module.fn` loader finds it
+RLFT_PHASES = ("prepare", "generate", "reward", "logprobs", "rollout_total", "forward_backward", "optimizer")
+
+
+def count_a_reward(completions, **kwargs) -> list[float]:
+    """spec/platform.md §6's TRL baseline reward: count of 'a' / 10 - 0.01 * length (characters)."""
+    return [text.count("a") / 10 - 0.01 * len(text) for text in completions]
+
+
+sys.modules[REWARD_MODULE] = types.ModuleType(REWARD_MODULE)
+sys.modules[REWARD_MODULE].count_a_reward = count_a_reward
+
+
+def median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+# --------------------------------------------------------------------------- rlft
+
+
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args) -> dict:
+    cfg = build_config({
+        "base_model": str(model_dir),
+        "random_init": False,
+        "rl": "grpo",
+        "trl": {
+            "num_generations": GROUP,
+            "max_completion_length": MAX_COMPLETION,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "beta": BETA,
+            "loss_type": LOSS_TYPE,
+            "epsilon": 0.2,
+            "scale_rewards": "group",
+            "num_iterations": 1,
+            "steps_per_generation": 1,
+            "reward_funcs": [f"{REWARD_MODULE}.count_a_reward"],
+        },
+        "datasets": [{"path": str(train_file)}],
+        "sequence_len": 64,  # prompt (<= 7 tokens) + 32 completion tokens fit
+        "micro_batch_size": COMPLETIONS_PER_STEP,
+        "gradient_accumulation_steps": 1,
+        "max_steps": steps,
+        "learning_rate": LR,
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "optimizer": "adamw_torch",
+        "max_grad_norm": 1.0,
+        "bf16": False,
+        "logging_steps": 1,  # one metrics.jsonl line per step, for the per-step times
+        "seed": args.seed,
+        "output_dir": str(out_dir),
+    }, source="bench")
+
+    # Time the parts of train() without touching src/: wrap what run.py and loop.py call.
+    marks: dict[str, float] = {}
+    checkpoint_times: list[float] = []
+    originals = (rlft.train.run.run_loop, rlft.train.loop.save_checkpoint)
+
+    def timed_loop(cfg_, recipe, *a, **k):
+        if args.force_length:  # no min_new_tokens in rlft: sample past EOS instead, so every completion is 32 tokens
+            recipe.sampling = dataclasses.replace(recipe.sampling, stop_token_ids=[])
+        marks["loop_start"] = time.perf_counter()
+        try:
+            return originals[0](cfg_, recipe, *a, **k)
+        finally:
+            marks["loop_end"] = time.perf_counter()
+
+    def timed_save(*a, **k):
+        start = time.perf_counter()
+        try:
+            return originals[1](*a, **k)
+        finally:
+            checkpoint_times.append(time.perf_counter() - start)
+
+    rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = timed_loop, timed_save
+    console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    try:
+        start = time.perf_counter()
+        result = rlft.train.run.train(cfg, console)
+        wall = time.perf_counter() - start
+    finally:
+        rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = originals
+
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps_ = [r for r in records if "step_time_s" in r]
+    step_times = [r["step_time_s"] for r in steps_]
+    generated = [r["completions/mean_length"] * COMPLETIONS_PER_STEP for r in steps_]
+    phases = {f"{name}_median_s": median(r.get(f"time/{name}", 0.0) for r in steps_) for name in RLFT_PHASES}
+    # what the step spends outside the named phases (advantages, batch building, metrics, device moves)
+    phases["other_median_s"] = median(r["step_time_s"] - r.get("time/prepare", 0.0) - r.get("time/forward_backward", 0.0)
+                                      - r.get("time/optimizer", 0.0) for r in steps_)
+    phases["prepare_minus_generate_reward_median_s"] = median(
+        r.get("time/prepare", 0.0) - r.get("time/generate", 0.0) - r.get("time/reward", 0.0) - r.get("time/logprobs", 0.0)
+        for r in steps_)
+    in_steps = sum(step_times)
+    loop_total = marks["loop_end"] - marks["loop_start"]
+    checkpoint = sum(checkpoint_times)
+    return {
+        "wall_s": wall,
+        "setup_s": marks["loop_start"] - start,  # tokenizer, prompt preparation, model load, reward import
+        "loop_s": loop_total,
+        "steps_s": in_steps,
+        "checkpoint_save_s": checkpoint,
+        "final_model_save_s": start + wall - marks["loop_end"],
+        "loop_other_s": loop_total - in_steps - checkpoint,
+        "steps": len(steps_),
+        "median_step_s": median(step_times),
+        "first_step_s": step_times[0],
+        "step_times_s": step_times,
+        "phase_medians": phases,
+        "generated_tokens_per_step": generated,
+        "generated_tokens": sum(generated),
+        "generate_tokens_per_s": sum(generated) / sum(r["time/generate"] for r in steps_),
+        "completion_length_min": min(r["completions/min_length"] for r in steps_),
+        "rewards": [r["reward"] for r in steps_],
+        "losses": [r["loss"] for r in steps_],
+        "global_step": result.state.global_step,
+    }
+
+
+# --------------------------------------------------------------------------- TRL
+
+
+PROFILED: dict[str, list[float]] = {}  # TRL's profiling_context timings, by name, captured in-process
+_original_log_metrics = trl.extras.profiling.ProfilingContext._log_metrics
+
+
+def _capture_profiling(self, duration: float) -> None:
+    PROFILED.setdefault(self.name.removeprefix("RecordingGRPOTrainer."), []).append(duration)
+    _original_log_metrics(self, duration)
+
+
+trl.extras.profiling.ProfilingContext._log_metrics = _capture_profiling
+
+
+class GRPOStepTimer(TrainerCallback):
+    """on_step_begin -> on_step_end per optimizer step, and when training_step ended inside it."""
+
+    def __init__(self) -> None:
+        self.begin = None
+        self.durations: list[float] = []
+        self.ends: list[float] = []
+        self.optimizer: list[float] = []  # last training_step end -> on_step_end (clip, step, scheduler, zero_grad)
+        self.training_step_end = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.train_begin = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.begin = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.durations.append(now - self.begin)
+        self.ends.append(now)
+        self.optimizer.append(now - self.training_step_end)
+
+
+class RecordingGRPOTrainer(GRPOTrainer):
+    """Records each step's training_step time, generated tokens, loss and reward."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        end = time.perf_counter()
+        self.bench["training_step"].append(end - start)
+        self.bench_timer.training_step_end = end
+        self.bench["losses"].append(float(loss))
+        self.bench["rewards"].append(self._metrics["train"]["reward"][-1])
+        return loss
+
+    def _generate_single_turn(self, prompt_ids, *a, **k):
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *a, **k)
+        self.bench["generated_tokens"].append(sum(len(ids) for ids in completion_ids))
+        self.bench["prompt_ids"].extend(prompt_ids)
+        return completion_ids, logprobs
+
+
+def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, args) -> dict:
+    dataset = datasets.Dataset.from_list(prompts)  # row generation, not timed (rlft's jsonl is written untimed too)
+    config = GRPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=COMPLETIONS_PER_STEP,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP,
+        steps_per_generation=1,
+        num_iterations=1,
+        max_completion_length=MAX_COMPLETION,
+        generation_kwargs={"min_new_tokens": MAX_COMPLETION} if args.force_length else None,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=BETA,
+        loss_type=LOSS_TYPE,  # TRL 1.16 defaults to "dapo"
+        epsilon=0.2,
+        scale_rewards="group",
+        use_vllm=False,
+        max_steps=steps,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",  # TRL defaults to adamw_torch_fused
+        max_grad_norm=1.0,
+        bf16=False,  # TRL defaults to bf16=True
+        fp16=False,
+        gradient_checkpointing=False,  # TRL defaults to True
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        logging_steps=steps,
+        dataloader_num_workers=0,
+        seed=args.seed,
+    )
+    timer = GRPOStepTimer()
+    PROFILED.clear()
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer = RecordingGRPOTrainer(
+        model=str(model_dir), reward_funcs=count_a_reward, args=config, train_dataset=dataset,
+        processing_class=tokenizer, callbacks=[timer],
+    )
+    trainer.bench = {"training_step": [], "generated_tokens": [], "losses": [], "rewards": [], "prompt_ids": []}
+    trainer.bench_timer = timer
+    trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
+    init_done = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    durations = timer.durations
+    intervals = [b - a for a, b in zip([timer.train_begin] + timer.ends[:-1], timer.ends)]
+    bench = trainer.bench
+    prepare = PROFILED.get("_prepare_inputs", [])
+    forward = PROFILED.get("compute_loss", [])
+    generate = PROFILED.get("transformers.generate", [])
+    phases = {
+        "prepare_inputs_median_s": median(prepare),
+        "generate_median_s": median(generate),
+        "reward_median_s": median(PROFILED.get("_calculate_rewards", [])),
+        "forward_median_s": median(forward),
+        "backward_median_s": median(t - p - f for t, p, f in zip(bench["training_step"], prepare, forward)),
+        "training_step_median_s": median(bench["training_step"]),
+        "optimizer_median_s": median(timer.optimizer),
+        "prepare_minus_generate_reward_median_s": median(
+            p - g - r for p, g, r in zip(prepare, generate, PROFILED.get("_calculate_rewards", []))),
+    }
+    return {
+        "wall_s": wall,
+        "setup_s": init_done - start,  # tokenizer, model load, dataset, generation config
+        "train_call_s": wall - (init_done - start),
+        "steps_s": sum(durations),
+        "train_other_s": wall - (init_done - start) - sum(durations),  # dataloader, optimizer setup, logging
+        "steps": len(durations),
+        "median_step_s": median(durations),
+        "median_step_interval_s": median(intervals),
+        "first_step_s": durations[0],
+        "step_times_s": durations,
+        "phase_medians": phases,
+        "profiling_calls": {name: len(values) for name, values in PROFILED.items()},
+        "generated_tokens_per_step": bench["generated_tokens"],
+        "generated_tokens": sum(bench["generated_tokens"]),
+        "generate_tokens_per_s": sum(bench["generated_tokens"]) / max(sum(generate), 1e-9),
+        "rewards": bench["rewards"],
+        "losses": bench["losses"],
+        "prompt_lengths": sorted({len(ids) for ids in bench["prompt_ids"]}),
+        "global_step": trainer.state.global_step,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def print_report(res: dict) -> None:
+    r, t = res["rlft"], res["trl"]
+    print(f"\nbest of {res['repeat']} runs per tool; 1-min load average before/after: "
+          f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
+    print(f"GRPO {res['size']} ({res['params']:,} params), {res['steps']} steps, {COMPLETIONS_PER_STEP} completions/step "
+          f"({COMPLETIONS_PER_STEP // GROUP} prompts x G={GROUP}), max completion {MAX_COMPLETION}, force length "
+          f"{res['force_length']}, {res['threads']} threads; torch {res['versions']['torch']}, transformers "
+          f"{res['versions']['transformers']}, trl {res['versions']['trl']}")
+    rows = [
+        ("wall time of the training call (s)", r["wall_s"], t["wall_s"], "{:.2f}"),
+        ("  setup: model, tokenizer, data (s)", r["setup_s"], t["setup_s"], "{:.2f}"),
+        ("  sum of step times (s)", r["steps_s"], t["steps_s"], "{:.2f}"),
+        ("median step (ms)", r["median_step_s"] * 1e3, t["median_step_s"] * 1e3, "{:.1f}"),
+        ("first step (ms)", r["first_step_s"] * 1e3, t["first_step_s"] * 1e3, "{:.1f}"),
+        ("  rollout: generate+reward+batch (ms)", r["phase_medians"]["prepare_median_s"] * 1e3,
+         t["phase_medians"]["prepare_inputs_median_s"] * 1e3, "{:.1f}"),
+        ("    generate (ms)", r["phase_medians"]["generate_median_s"] * 1e3, t["phase_medians"]["generate_median_s"] * 1e3, "{:.1f}"),
+        ("    reward (ms)", r["phase_medians"]["reward_median_s"] * 1e3, t["phase_medians"]["reward_median_s"] * 1e3, "{:.2f}"),
+        ("    rest of rollout (ms)", r["phase_medians"]["prepare_minus_generate_reward_median_s"] * 1e3,
+         t["phase_medians"]["prepare_minus_generate_reward_median_s"] * 1e3, "{:.2f}"),
+        ("  forward+backward (ms)", r["phase_medians"]["forward_backward_median_s"] * 1e3,
+         (t["phase_medians"]["forward_median_s"] + t["phase_medians"]["backward_median_s"]) * 1e3, "{:.1f}"),
+        ("  optimizer (ms)", r["phase_medians"]["optimizer_median_s"] * 1e3, t["phase_medians"]["optimizer_median_s"] * 1e3, "{:.1f}"),
+        ("generated tokens per step (median)", median(r["generated_tokens_per_step"]), median(t["generated_tokens_per_step"]), "{:.0f}"),
+        ("generated tokens/s (over generate)", r["generate_tokens_per_s"], t["generate_tokens_per_s"], "{:,.0f}"),
+        ("mean reward", statistics.fmean(r["rewards"]), statistics.fmean(t["rewards"]), "{:.4f}"),
+    ]
+    print(f"{'':40s} {'rlft':>10s} {'TRL':>10s}")
+    for name, a, b, fmt in rows:
+        print(f"{name:40s} {fmt.format(a):>10s} {fmt.format(b):>10s}")
+    print(f"rlft extra: time/logprobs {r['phase_medians']['logprobs_median_s'] * 1e3:.1f} ms, step outside prepare/fb/optimizer "
+          f"{r['phase_medians']['other_median_s'] * 1e3:.1f} ms, checkpoint {r['checkpoint_save_s'] * 1e3:.0f} ms, final save "
+          f"{r['final_model_save_s'] * 1e3:.0f} ms, loop outside steps {r['loop_other_s']:.3f} s")
+    print(f"TRL extra: forward (compute_loss) {t['phase_medians']['forward_median_s'] * 1e3:.1f} ms, backward "
+          f"{t['phase_medians']['backward_median_s'] * 1e3:.1f} ms, median step interval incl. prompt fetch "
+          f"{t['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {t['train_other_s']:.3f} s, prompt lengths "
+          f"{t['prompt_lengths']}")
+    ratio = res["ratio_trl_over_rlft"]
+    print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: wall "
+          f"{ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x  (>1: rlft is faster)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="S")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (5-20 is plenty)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="alternate the tools this many times and report each tool's fastest run (a shared "
+                             "2-core machine is noisy; every run is kept in the JSON)")
+    parser.add_argument("--no-force-length", dest="force_length", action="store_false",
+                        help="let completions stop at EOS (then generated tokens per step differ by tool)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/grpo-<size>.json)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    prompts = [{"prompt": row["prompt"]} for row in split_rows()[0]]
+    with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
+        tmp = Path(tmp)
+        model_dir = make_model(tmp / "model", args.size, args.seed)
+        train_file = tmp / "prompts.jsonl"
+        write_jsonl(prompts, train_file)
+        params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
+        warm_up(model_dir, COMPLETIONS_PER_STEP)
+        # Warm-up runs (not reported): one-time costs (imports inside the tools, first generate, reward import).
+        run_rlft(model_dir, train_file, tmp / "warm-rlft", 2, args)
+        run_trl(model_dir, prompts, tmp / "warm-trl", 2, args)
+
+        load_before = os.getloadavg()
+        runs: dict[str, list[dict]] = {"rlft": [], "trl": []}
+        for index in range(args.repeat):
+            for tool in ("rlft", "trl"):
+                out = tmp / f"{tool}-out-{index}"
+                run = run_rlft(model_dir, train_file, out, args.steps, args) if tool == "rlft" else \
+                    run_trl(model_dir, prompts, out, args.steps, args)
+                runs[tool].append(run)
+                print(f"run {index + 1}/{args.repeat} {tool}: wall {run['wall_s']:.2f} s, median step "
+                      f"{run['median_step_s'] * 1e3:.1f} ms, generated tokens/step {median(run['generated_tokens_per_step']):.0f}",
+                      flush=True)
+        load_after = os.getloadavg()
+    best = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items()}
+
+    def across(tool: str, key: str) -> float:  # the median over repeats: less sensitive to one lucky run
+        return statistics.median(run[key] for run in runs[tool])
+
+    report = {
+        "benchmark": "grpo",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "size": args.size,
+        "params": params,
+        "steps": args.steps,
+        "num_generations": GROUP,
+        "completions_per_step": COMPLETIONS_PER_STEP,
+        "max_completion_length": MAX_COMPLETION,
+        "force_length": args.force_length,
+        "beta": BETA,
+        "loss_type": LOSS_TYPE,
+        "learning_rate": LR,
+        "prompts": len(prompts),
+        "repeat": args.repeat,
+        "reported_run": "each tool's run with the smallest wall time",
+        "threads": torch.get_num_threads(),
+        "load_average_1m_before_after": [load_before[0], load_after[0]],
+        "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "trl": trl.__version__,
+                     "accelerate": accelerate.__version__, "datasets": datasets.__version__},
+        **best,
+        "ratio_trl_over_rlft": {
+            "wall": best["trl"]["wall_s"] / best["rlft"]["wall_s"],
+            "median_step": best["trl"]["median_step_s"] / best["rlft"]["median_step_s"],
+            "wall_median_of_runs": across("trl", "wall_s") / across("rlft", "wall_s"),
+            "median_step_median_of_runs": across("trl", "median_step_s") / across("rlft", "median_step_s"),
+        },
+        "all_runs": runs,
+    }
+    print_report(report)
+    out = args.out or RESULTS / f"grpo-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Online RL through the real CLI: rewards rise, seed configs run, reward failures never kill the run."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+import yaml
+
+from rlft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+EXAMPLE = "examples/grpo-arithmetic.yaml"
+
+
+def _metrics(out):
+    return read_metrics(out / "metrics.jsonl")
+
+
+def test_arithmetic_example_reward_rises(warm_model, cli, tmp_path, monkeypatch, repo_root):
+    """The shipped example's settings, shorter, from a weak model, with the dense partial-credit reward."""
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "grpo"
+    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=60", "--eval_steps=60",
+               "--logging_steps=1", "--learning_rate=1e-3", "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]") == 0
+    steps = [m for m in _metrics(out) if "reward" in m]
+    first, last = steps[:15], steps[-15:]
+    mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
+    assert mean(last) > mean(first) + 0.03, (mean(first), mean(last))
+    evals = [m for m in _metrics(out) if "eval/reward" in m]
+    assert [e["step"] for e in evals] == [0, 60]
+    names = {"reward", "reward_std", "frac_reward_zero_std", "rewards/close_enough/mean", "rewards/close_enough/std",
+             "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+             "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "time/generate",
+             "time/reward", "time/logprobs", "time/forward_backward", "tokens_per_s", "generate_tokens_per_s"}
+    assert names <= set(steps[-1]), names - set(steps[-1])
+
+
+@pytest.mark.parametrize("example", ["gdpo", "dapo", "gspo", "dr-grpo", "rloo"])
+def test_variant_examples_run(example, warm_model, cli, tmp_path, monkeypatch, repo_root):
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / example
+    assert cli("train", f"examples/grpo/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+               "--max_steps=3", "--eval_steps=3", "--logging_steps=1") == 0
+    last = [m for m in _metrics(out) if "reward" in m][-1]
+    if example == "gdpo":
+        assert {"rewards/is_number/mean", "rewards/exact_match/mean"} <= set(last)
+    if example == "dapo":
+        assert "rewards/overlong/mean" in last and "dynamic_sampling/retries" in last
+
+
+def _grpo_config(tmp_path, model, rewards_source, reward_funcs, rows=None, **settings):
+    """A reward module named after the test (imports are cached per process), a prompt file, a config."""
+    module = "rewards_" + "".join(ch if ch.isalnum() else "_" for ch in tmp_path.name)
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(rewards_source))
+    reward_funcs = [name.replace("myrewards.", f"{module}.") for name in reward_funcs]
+    data = tmp_path / "prompts.jsonl"
+    rows = rows or [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"base_model": str(model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
+              "micro_batch_size": 8, "max_steps": 2, "learning_rate": 1e-4, "output_dir": str(tmp_path / "out"),
+              "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": reward_funcs, **settings.pop("trl", {})},
+              **settings}
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_reward_function_that_raises_or_hangs_does_not_stop_the_run(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = """
+        import time
+        def flaky(completions, answer, **kwargs):
+            if any(c.strip() == "5" for c in completions):
+                raise ValueError("cannot parse")
+            return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+        calls = {"n": 0}
+        def sleepy(completions, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                time.sleep(60)
+            return [0.5] * len(completions)
+    """
+    rows = [{"prompt": "2+3=", "answer": "5"}] * 8
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.flaky", "myrewards.sleepy"], rows=rows,
+                          trl={"reward_timeout": 1, "temperature": 1.0}, max_steps=3, logging_steps=1)
+    assert cli("train", config) == 0
+    printed = capsys.readouterr().out
+    assert "reward function sleepy failed" in printed and "Timeout" in printed.replace("timed out", "Timeout")
+    steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
+    assert steps[0]["rewards/sleepy/failures"] > 0  # the hung call was scored as a failure, the run went on
+
+
+def test_wrong_number_of_rewards_is_an_error_naming_the_function(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = """
+        def short(completions, **kwargs):
+            return [1.0]
+    """
+    assert cli("train", _grpo_config(tmp_path, warm_model, source, ["myrewards.short"])) == 1
+    err = capsys.readouterr().err
+    assert "short" in err and "expected 8" in err.replace("expected  8", "expected 8")
+
+
+def test_missing_reward_module_is_explained(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli("train", _grpo_config(tmp_path, warm_model, "", ["nosuchmodule.fn"])) == 1
+    err = capsys.readouterr().err
+    assert "nosuchmodule" in err and "Traceback" not in err
+
+
+def test_dataset_without_prompt_column(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], rows=[{"question": "1+1="}] * 4)
+    assert cli("train", config) == 1
+    err = capsys.readouterr().err
+    assert "datasets[0]" in err and "prompt" in err and "question" in err
+
+
+def test_constant_rewards_are_reported_loudly(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = "def constant(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.constant"], max_steps=11)
+    assert cli("train", config) == 0
+    out = capsys.readouterr().out
+    assert "no learning signal" in out and "all rewards were equal" in out
+    steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
+    assert all(m["grad_norm"] == 0.0 and m.get("skipped_zero_adv_batches") == 1.0 for m in steps)
+
+
+def test_seed_rewards_py_runs_unchanged(warm_model, cli, tmp_path, monkeypatch):
+    """The RLHF guide's rewards.py (random reward + GSM8K transform) on a local GSM8K-shaped file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rewards.py").write_text(textwrap.dedent('''
+        import random
+
+        def rand_reward_func(completions, **kwargs) -> list[float]:
+            return [random.uniform(0, 1) for _ in completions]
+
+        def oai_gsm8k_transform(cfg, *args, **kwargs):
+            def transform_fn(example, tokenizer=None):
+                label = example["answer"].split("####")[-1].strip().replace(",", "")
+                return {
+                    "prompt": [{"role": "user", "content": example["question"]},],
+                    "answer": label,
+                }
+            return transform_fn, {"remove_columns": ["question"]}
+    '''))
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} plus {a}?", "answer": f"Double it.\n#### {2 * a}"}) + "\n"
+                            for a in range(16)))
+    seed = {"rl": "grpo", "trl": {"beta": 0.001, "max_completion_length": 8, "use_vllm": False, "num_generations": 4,
+                                  "reward_funcs": ["rewards.rand_reward_func"], "reward_weights": [1.0]},
+            "datasets": [{"path": str(data), "type": "rewards.oai_gsm8k_transform"}],
+            "base_model": str(warm_model), "chat_template": "chatml", "micro_batch_size": 8, "max_steps": 2,
+            "sequence_len": 96, "output_dir": str(tmp_path / "out")}
+    path = tmp_path / "seed.yaml"
+    path.write_text(yaml.safe_dump(seed))
+    assert cli("train", path) == 0
+    last = [m for m in _metrics(tmp_path / "out") if "reward" in m][-1]
+    assert "kl" in last  # beta > 0: a reference model was used
+
+
+def test_loss_units_match_the_policy_loss(warm_model):
+    """The loop normalises by recipe.loss_units before the forward; it must equal policy_loss's own units."""
+    from rlft.losses.policy import policy_loss
+    from rlft.train.recipes.grpo import GRPORecipe, completion_batch
+
+    rows = [{"prompt_ids": [1, 2, 3][: n % 3 + 1], "completion_ids": [5] * (n % 4), "mask": [1] * (n % 4), "advantage": 0.5}
+            for n in range(6)]
+    batch = completion_batch(rows, pad_id=0)
+    logps = torch.randn(batch["completion_mask"].shape)
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo"):
+        recipe = GRPORecipe.__new__(GRPORecipe)
+        recipe.options = {"loss_type": loss_type, "unbiased_loss_max_tokens": None, "max_completion_length": 4}
+        out = policy_loss(logps, logps, batch["advantages"], batch["completion_mask"], loss_type=loss_type, max_completion_length=4)
+        assert recipe.loss_units(batch) == pytest.approx(float(out.units)), loss_type
