@@ -20,7 +20,9 @@ from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, Pref
 
 DOC = Path(__file__).with_name("config.md")
 MODEL_NAMES = {"DatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
-ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet"}
+ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet",
+          "rollout server (later issue)": "rollout server, a later issue",
+          "SAPO/LUSPO/VESPO losses (later issue)": "SAPO/LUSPO/VESPO losses, a later issue"}
 
 
 def type_name(annotation) -> str:

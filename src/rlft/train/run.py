@@ -85,6 +85,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
+    check_context(cfg, model)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
@@ -106,6 +107,15 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         tokenizer.save_pretrained(output_dir)
         print_summary(console, cfg, result)
     return result
+
+
+def check_context(cfg, model) -> None:
+    """Rows (prompt + completion for RL) may not outgrow the positions the model was built for."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit and cfg.sequence_len > limit:
+        raise ConfigError(f"sequence_len={cfg.sequence_len} exceeds the model's context (max_position_embeddings={limit}): "
+                          f"lower sequence_len to at most {limit}" + (" (prompt budget = sequence_len - trl.max_completion_length)"
+                                                                       if cfg.rl in ("grpo", "gdpo") else ""))
 
 
 def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):

@@ -1,0 +1,86 @@
+"""The in-process rollout engine: sampled-token log-probs come from the distribution sampled from."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlft.models.tokenizer import byte_tokenizer
+from rlft.rollout.engine import LocalEngine, SamplingParams, process_logits
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from rlft.models.tiny import write_tiny_model
+
+    folder = write_tiny_model(tmp_path_factory.mktemp("engine") / "m", "XS", max_positions=64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).eval()
+    tokenizer = byte_tokenizer()
+    return LocalEngine(model, tokenizer.pad_token_id, tokenizer), tokenizer
+
+
+def _teacher_forced(model, prompt, completion, temperature=1.0):
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0, :-1] / temperature, -1)
+    return [float(logps[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+
+
+def test_logprobs_match_a_teacher_forced_forward_with_left_padding(engine):
+    eng, tok = engine
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]  # different lengths: left padding in the batch
+    torch.manual_seed(1)
+    out = eng.generate(prompts, 3, SamplingParams(max_new_tokens=6, temperature=0.7))
+    assert len(out.completion_ids) == 6 and out.prompt_ids[3] == prompts[1]
+    for row in range(6):
+        expected = _teacher_forced(eng.model, out.prompt_ids[row], out.completion_ids[row], temperature=0.7)
+        assert out.logprobs[row] == pytest.approx(expected, abs=1e-4)
+
+
+def test_top_k_logprobs_are_renormalised_over_the_kept_tokens():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    scores = process_logits(logits, None, SamplingParams(max_new_tokens=1, top_k=2))
+    logp = torch.log_softmax(scores, -1)[0]
+    z = math.exp(2.0) + math.exp(1.0)
+    assert float(logp[0]) == pytest.approx(2.0 - math.log(z)) and float(logp[1]) == pytest.approx(1.0 - math.log(z))
+    assert torch.isinf(logp[2:]).all()
+
+
+def test_top_p_and_min_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(process_logits(logits, None, SamplingParams(max_new_tokens=1, top_p=0.8)))[0].tolist()
+    assert kept == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    kept = torch.isfinite(process_logits(logits, None, SamplingParams(max_new_tokens=1, min_p=0.5)))[0].tolist()
+    assert kept == [True, True, False, False]  # p >= 0.5 * 0.5
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[2.0, -1.0, 3.0]])
+    seen = torch.tensor([[True, True, False]])
+    scores = process_logits(logits, seen, SamplingParams(max_new_tokens=1, repetition_penalty=2.0))
+    assert scores[0].tolist() == [1.0, -2.0, 3.0]
+
+
+def test_greedy_stop_tokens_and_truncation(engine):
+    eng, tok = engine
+    prompt = [tok("7+7=")["input_ids"]]
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
+    first = eng.generate(prompt, 2, greedy)
+    assert first.completion_ids[0] == first.completion_ids[1] and len(first.completion_ids[0]) == 5
+    assert first.truncated == [True, True]
+    stop_on = first.completion_ids[0][2]
+    stopped = eng.generate(prompt, 1, SamplingParams(max_new_tokens=5, temperature=0.0, stop_token_ids=[stop_on]))
+    ends = first.completion_ids[0].index(stop_on) + 1
+    assert stopped.completion_ids[0] == first.completion_ids[0][:ends] and stopped.truncated == [False]
+
+
+def test_stop_strings_end_a_sequence(engine):
+    eng, tok = engine
+    prompt = [tok("7+7=")["input_ids"]]
+    free = eng.generate(prompt, 1, SamplingParams(max_new_tokens=6, temperature=0.0))
+    text = tok.decode(free.completion_ids[0])
+    stop = text[1:3]
+    out = eng.generate(prompt, 1, SamplingParams(max_new_tokens=6, temperature=0.0, stop_strings=[stop]))
+    assert stop in tok.decode(out.completion_ids[0]) and len(out.completion_ids[0]) < 6 and out.truncated == [False]
