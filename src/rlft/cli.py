@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import logging
+
+    logging.getLogger("rlft.rewards").propagate = False  # the recipe prints reward failures on the run's console
+    logging.getLogger("rlft.rewards").addHandler(logging.NullHandler())
     if not sys.stderr.isatty():  # progress bars in logs are only carriage-return noise
         from datasets.utils.logging import disable_progress_bar
 

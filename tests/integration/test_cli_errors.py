@@ -30,7 +30,7 @@ def test_validate_ok_and_explain(cli, capsys, make_config):
     assert cli("validate", make_config()) == 0
     assert capsys.readouterr().out.strip() == "OK"
     assert cli("validate", "--explain", "trl.use_vllm") == 0
-    assert "planned in issue rollout server" in capsys.readouterr().out
+    assert "planned in rollout server" in capsys.readouterr().out
 
 
 def test_missing_base_model_folder(cli, capsys, make_config, tmp_path):
@@ -65,8 +65,8 @@ def test_everything_dropped(cli, capsys, make_config):
 
 @pytest.mark.parametrize("settings, words", [
     ({"rl": "ebft", "ebft": {"mode": "strided"}}, "not implemented yet (planned in issue #5)"),
-    ({"rl": "grpo", "trl": {"num_generations": 4, "use_vllm": True, "reward_funcs": ["r.f"]}}, "trl.use_vllm (issue rollout server"),
-    ({"fsdp": ["full_shard"]}, "fsdp (issue multi-GPU)"),
+    ({"rl": "grpo", "trl": {"num_generations": 4, "use_vllm": True, "reward_funcs": ["r.f"]}}, "trl.use_vllm (rollout server"),
+    ({"fsdp": ["full_shard"]}, "fsdp (multi-GPU)"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"fp16": True}, "fp16: true needs a CUDA GPU"),
     ({"adapter": "qlora", "load_in_4bit": True}, "need a CUDA GPU and the bitsandbytes package"),

@@ -176,3 +176,34 @@ def test_loss_units_match_the_policy_loss(warm_model):
         recipe.options = {"loss_type": loss_type, "unbiased_loss_max_tokens": None, "max_completion_length": 4}
         out = policy_loss(logps, logps, batch["advantages"], batch["completion_mask"], loss_type=loss_type, max_completion_length=4)
         assert recipe.loss_units(batch) == pytest.approx(float(out.units)), loss_type
+
+
+def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeypatch):
+    """num_iterations: 2 trains twice on each rollout batch; a checkpoint between the two carries the queue."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    settings = dict(max_steps=4, save_steps=1, logging_steps=1, trl={"num_iterations": 2})
+    straight = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
+    assert cli("train", straight) == 0
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "checkpoint-1", tmp_path / "b" / "checkpoint-1")
+    resumed = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "b"),
+                           resume_from_checkpoint="auto", **settings)
+    assert cli("train", resumed) == 0
+    first = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "a") if "loss" in m}
+    second = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "b") if "loss" in m}
+    assert [first[s] for s in (2, 3, 4)] == [second[s] for s in (2, 3, 4)]
+
+
+def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], max_steps=3, logging_steps=1,
+                          adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, rl_adapter_ref_model=True,
+                          trl={"beta": 0.05, "reference_reset_interval": 1, "top_k": -1, "top_p": 0.9, "min_p": 0.05,
+                               "repetition_penalty": 1.1, "filter_reward_metric": ["r", "reward"], "dynamic_sampling_max_retries": 1})
+    assert cli("train", config) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "loss" in m]
+    assert any("kl" in m for m in steps) and all("dynamic_sampling/retries" in m for m in steps)

@@ -288,7 +288,7 @@ def test_explain_trl_beta_has_default_and_description():
     assert "default: None" in text
     assert "KL coefficient (k3 estimator) to the reference" in text
     assert "not built yet" not in text
-    assert "not built yet: planned in issue rollout server" in explain("trl.use_vllm")
+    assert "not built yet: planned in rollout server" in explain("trl.use_vllm")
 
 
 def test_explain_lora_r_has_default_and_description():
@@ -342,7 +342,7 @@ def test_refuse_unbuilt_setting_on_sft(config):
 
     with pytest.raises(NotImplementedYet) as caught:
         refuse_unbuilt(config(fsdp=["full_shard"]))
-    assert "  - fsdp (issue multi-GPU)" in str(caught.value)
+    assert "  - fsdp (multi-GPU)" in str(caught.value)
 
 
 def test_refuse_unbuilt_accepts_plain_sft(config):

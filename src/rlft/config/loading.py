@@ -239,5 +239,6 @@ def explain(key: str) -> str:
     annotation = getattr(info.annotation, "__name__", None) if isinstance(info.annotation, type) else None
     annotation = annotation or str(info.annotation).replace("typing.", "")
     extra = info.json_schema_extra or {}
-    status = f"\n  not built yet: planned in issue {extra['planned']}" if isinstance(extra, dict) and "planned" in extra else ""
+    planned = str(extra.get("planned")) if isinstance(extra, dict) and "planned" in extra else ""
+    status = f"\n  not built yet: planned in {'issue ' + planned if planned.startswith('#') else planned}" if planned else ""
     return f"{key}\n  type: {annotation}\n  default: {default!r}\n  {info.description}{status}"

@@ -320,6 +320,10 @@ def _preference_problems(cfg: RlftConfig):
 
 def _grpo_problems(cfg: RlftConfig):
     trl = cfg.trl
+    if trl.aipo_rho is not None and trl.loss_type == "cispo":
+        yield "trl.aipo_rho replaces the clipped ratio, cispo clips it its own way: use one of them"
+    if trl.reward_weights is not None and trl.reward_funcs is not None and len(trl.reward_weights) != len(trl.reward_funcs):
+        yield f"trl.reward_weights has {len(trl.reward_weights)} entries for {len(trl.reward_funcs)} trl.reward_funcs: give one weight per function"
     if trl.temperature is not None and trl.temperature <= 0:
         yield "trl.temperature must be > 0 for online RL: the log-probs of greedy decoding are not a distribution to train on"
     resets = [k for k in ("reference_reset_interval", "sync_ref_model") if getattr(trl, k)]

@@ -141,7 +141,7 @@ class TRLConfig(Section):
     )
     steps_per_generation: Optional[int] = field(
         None,
-        "Optimizer micro-steps per generation batch; None -> gradient_accumulation_steps.", ge=1,
+        "Optimizer steps served by one generation batch (None -> 1).", ge=1,
     )
     generation_batch_size: Optional[int] = field(
         None,
@@ -170,7 +170,7 @@ class TRLConfig(Section):
     )
     skip_zero_advantage_batches: bool = field(
         True,
-        "Skip the update of a micro-batch whose advantages are all zero.",
+        "Skip the update (no optimizer step) when every advantage of a generation batch is 0.",
     )
 
     # ---- DAPO: dynamic sampling and overlong penalty ----------------------------------------
@@ -272,7 +272,7 @@ class TRLConfig(Section):
     )
     reference_reset_interval: Optional[int] = field(
         None,
-        "Copy the policy into the reference every N steps (needs beta > 0); None or 0 = never.", ge=0,
+        "Copy the policy into the frozen reference every N generation batches (Cosmos-RL); needs a reference copy.", ge=0,
     )
     sync_ref_model: bool = field(
         False,

@@ -21,7 +21,7 @@ class SamplingParams:
     max_new_tokens: int
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
-    top_k: int = 0  # 0 = off
+    top_k: int = 0  # 0 or -1 = off
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
@@ -54,7 +54,7 @@ def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: Samp
         scores = torch.where(seen, penalised, scores)
     if params.temperature > 0:
         scores = scores / params.temperature
-    if params.top_k and params.top_k < scores.size(-1):
+    if 0 < params.top_k < scores.size(-1):  # 0 or -1 = off
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:

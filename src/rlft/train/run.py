@@ -30,7 +30,7 @@ def refuse_unbuilt(cfg) -> None:
         raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
     unbuilt = planned_settings(cfg)
     if unbuilt:
-        listed = "\n".join(f"  - {key} (issue {issue})" for key, issue in unbuilt)
+        listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
         raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
 
 

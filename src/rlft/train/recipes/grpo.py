@@ -98,8 +98,9 @@ class GRPORecipe:
         identity = lambda rows: {"prompts": rows}  # noqa: E731
         self.train_plan = BatchPlan(data.train, self.prompts_per_step, cfg.seed, tokenizer.pad_token_id, shard=shard, collate=identity)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
-        self.queue: list[list[dict[str, Any]]] = []  # micro-batch windows waiting to be trained on
+        self.queue: list[list[list[dict[str, Any]]]] = []  # steps -> micro-batches -> completion rows, still to train on
         self.metrics: dict[str, float] = {}
+        self.rollout_metrics: dict[str, float] = {}
         self.zero_signal_steps = 0
         self.steps_with_signal = 0
         self.steps_seen = 0
@@ -117,8 +118,11 @@ class GRPORecipe:
         return self._engine
 
     def step_metrics(self) -> dict[str, float]:
-        metrics, self.metrics = self.metrics, {}
-        return metrics
+        """This step's metrics; the rollout statistics (rewards, lengths) describe the batch being trained on,
+        so they repeat on steps that reuse it (num_iterations / steps_per_generation), phase times do not."""
+        fresh, self.metrics = self.metrics, {}
+        self.rollout_metrics.update({k: v for k, v in fresh.items() if not k.startswith("time/")})
+        return {**self.rollout_metrics, **fresh}
 
     def prepare_step(self, model, draw) -> list[dict[str, Any]]:
         if not self.queue:
@@ -126,7 +130,19 @@ class GRPORecipe:
         window = self.queue.pop(0)
         if not window:
             self.metrics["skipped_zero_adv_batches"] = 1.0
-        return window
+        return [completion_batch(rows, self.tokenizer.pad_token_id) for rows in window]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Queued rollouts and health counters: a resume trains on exactly the rows an uninterrupted run would."""
+        return {"queue": self.queue, "steps_seen": self.steps_seen, "zero_signal_steps": self.zero_signal_steps,
+                "steps_with_signal": self.steps_with_signal, "rollout_metrics": self.rollout_metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.queue = state.get("queue", [])
+        self.steps_seen = state.get("steps_seen", 0)
+        self.zero_signal_steps = state.get("zero_signal_steps", 0)
+        self.steps_with_signal = state.get("steps_with_signal", 0)
+        self.rollout_metrics = state.get("rollout_metrics", {})
 
     def loss_units(self, batch: dict[str, Any]) -> float:
         mask = batch["completion_mask"]
@@ -233,7 +249,8 @@ class GRPORecipe:
         if o["overlong_penalty"]:
             maximum = o["max_completion_length"]
             lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
-            penalty = overlong_penalty(lengths, maximum, o["overlong_buffer_length"] or max(1, maximum // 4), o["overlong_penalty_factor"] or 1.0)
+            factor = 1.0 if o["overlong_penalty_factor"] is None else o["overlong_penalty_factor"]
+            penalty = overlong_penalty(lengths, maximum, o["overlong_buffer_length"] or max(1, maximum // 4), factor)
             matrix, weights, names = torch.cat([matrix, penalty[:, None]], 1), torch.cat([weights, torch.ones(1)]), names + ["overlong"]
         total = (torch.nan_to_num(matrix, 0.0) * weights).sum(-1)
         total[torch.isnan(matrix).all(-1)] = float("nan")
@@ -243,11 +260,16 @@ class GRPORecipe:
     def _dynamic_sampling(self, model, draw, prompts, rollout, scores, metric: str, needed: int):
         kept_prompts, kept_rollouts, kept_scores = [], [], []
         retries = 0
+        metrics = [metric] if isinstance(metric, str) else list(metric)
         while True:
-            filter_values = scores["total"] if metric == "reward" else scores["per_function"].get(metric)
-            if filter_values is None:
-                raise RolloutError(f"trl.filter_reward_metric {metric!r} is not a reward function name (have: {sorted(scores['per_function'])}) nor 'reward'")
-            flat = zero_variance_groups(filter_values, self.group)
+            flat = None
+            for name in metrics:  # a group is dropped when every listed metric is constant within it
+                values = scores["total"] if name == "reward" else scores["per_function"].get(name)
+                if values is None:
+                    raise RolloutError(f"trl.filter_reward_metric {name!r} is not a reward function name "
+                                       f"(have: {sorted(scores['per_function'])}) nor 'reward'")
+                constant = zero_variance_groups(values, self.group)
+                flat = constant if flat is None else flat & constant
             keep = (~flat).nonzero().flatten().tolist()
             kept_prompts += [prompts[g] for g in keep]
             rows = [g * self.group + i for g in keep for i in range(self.group)]
@@ -288,7 +310,7 @@ class GRPORecipe:
         windows = []
         for start in range(0, len(rows), per_step):
             step_rows = rows[start : start + per_step]
-            windows.append([completion_batch(step_rows[i : i + size], self.tokenizer.pad_token_id) for i in range(0, len(step_rows), size)])
+            windows.append([step_rows[i : i + size] for i in range(0, len(step_rows), size)])
         return windows
 
     def _attach_logps(self, model, rows: list[dict[str, Any]], key: str, reference: bool) -> None:
@@ -318,14 +340,15 @@ class GRPORecipe:
         self.steps_seen += 1
         if ref is None:
             return
-        policy = getattr(model, "module", model)
-        if o["reference_reset_interval"] and self.steps_seen > 1 and (self.steps_seen - 1) % o["reference_reset_interval"] == 0:
-            ref.load_state_dict(policy.state_dict())
-        elif o["sync_ref_model"] and self.steps_seen > 1 and (self.steps_seen - 1) % (o["ref_model_sync_steps"] or 512) == 0:
+        due = lambda every: every and self.steps_seen > 1 and (self.steps_seen - 1) % every == 0  # noqa: E731
+        if due(o["reference_reset_interval"]):
+            ref.load_state_dict(_effective_weights(model))
+        elif o["sync_ref_model"] and due(o["ref_model_sync_steps"] or 512):
             alpha = o["ref_model_mixup_alpha"] if o["ref_model_mixup_alpha"] is not None else 0.6
+            weights = _effective_weights(model)
             with torch.no_grad():
-                for ref_param, param in zip(ref.parameters(), policy.parameters()):
-                    ref_param.mul_(1 - alpha).add_(param.detach(), alpha=alpha)
+                for name, ref_param in ref.state_dict().items():
+                    ref_param.mul_(1 - alpha).add_(weights[name].to(ref_param), alpha=alpha)
 
     def _user_rollout(self, model, prompts: list[dict[str, Any]]):
         expanded = [p["prompt"] for p in prompts for _ in range(self.group)]
@@ -460,6 +483,14 @@ def load_rollout_func(name: str):
     if not callable(fn):
         raise RolloutError(f"trl.rollout_func {name!r}: {module.__file__} has no function {fn_name!r}")
     return fn
+
+
+def _effective_weights(model) -> dict[str, torch.Tensor]:
+    """The policy's weights as a plain model's state dict (a LoRA adapter merged into a copy of its base)."""
+    policy = getattr(model, "module", model)
+    if hasattr(policy, "merge_and_unload"):
+        return copy.deepcopy(policy).merge_and_unload().state_dict()
+    return policy.state_dict()
 
 
 def _finite_or_none(value: torch.Tensor) -> float | None:
