@@ -283,11 +283,13 @@ def combination_problems(cfg: RlftConfig):
         yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
-    if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo"):
-        yield "skip_prepare_dataset applies to grpo/gdpo prompt datasets; other methods need their rows fitted to sequence_len"
+    if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo") and not (cfg.rl == "ebft" and cfg.ebft.mode == "structured"):
+        yield "skip_prepare_dataset applies to prompt datasets (grpo, gdpo, structured ebft); other methods need rows fitted to sequence_len"
     if cfg.sample_packing and cfg.method != "sft":
         yield f"sample_packing applies to SFT only, not {cfg.method}"
     yield from _preference_problems(cfg)
+    if cfg.rl == "ebft":
+        yield from _ebft_problems(cfg)
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
@@ -316,6 +318,17 @@ def _preference_problems(cfg: RlftConfig):
     for key in ("precompute_ref_log_probs", "ref_model"):
         if getattr(cfg, key) and cfg.method in ("orpo", "simpo", "reward_model"):
             yield f"{key}: {cfg.method} uses no reference model; remove the key"
+
+
+def _ebft_problems(cfg: RlftConfig):
+    ebft = cfg.ebft
+    if "ebft" not in cfg.model_fields_set:
+        yield "rl: ebft needs an `ebft:` section (at least `mode: structured` or `mode: strided`) saying how features are matched"
+    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else (cfg.trl.num_generations or 8)
+    if ebft.use_whitening and group < 2:
+        yield f"ebft.use_whitening needs at least 2 samples per group to estimate a second moment; the group size is {group}"
+    if ebft.mode == "strided" and ebft.temperature <= 0:
+        yield "ebft.temperature must be > 0: the REINFORCE term needs the sampling distribution's log-probs"
 
 
 def _grpo_problems(cfg: RlftConfig):

@@ -75,6 +75,27 @@ def prompt_steps(cfg) -> MethodSteps:
     return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
 
 
+def ebft_steps(cfg) -> MethodSteps:
+    """EBFT rows: prompts with a ground truth (structured) or documents (strided)."""
+    from rlft.data import ebft_formats as E
+    from rlft.data.prompts import fit_prompt
+
+    ebft = cfg.ebft
+    if ebft.mode == "strided":
+        return MethodSteps(E.resolve_strided, lambda record, tokenizer, ds: E.tokenize_strided(record, tokenizer),
+                           lambda example, cfg: E.fit_strided(example, cfg.sequence_len, ebft.context_length,
+                                                              ebft.generate_max_len, ebft.min_completion_prefix,
+                                                              cfg.excess_length_strategy))
+    budget = cfg.sequence_len - (cfg.trl.max_completion_length or 256)
+    if budget < 1:
+        raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length")
+
+    def fit(example, cfg):
+        return (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget, cfg.excess_length_strategy)
+
+    return MethodSteps(E.resolve_structured, lambda record, tokenizer, ds: E.tokenize_structured(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
+
+
 class _Identical(Exception):
     """A preference pair whose chosen and rejected texts are the same: no learning signal."""
 
@@ -108,7 +129,7 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
         outcome = item["outcome"]
         if outcome == "error":
             raise DataError(f"{where}, {item['error']}")
-        if outcome in ("too_long", "no_target", "identical"):
+        if outcome in ("too_long", "no_target", "identical", "too_short"):
             report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
             continue
         example = json.loads(item["example"])

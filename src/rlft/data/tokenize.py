@@ -18,7 +18,8 @@ from rlft.models.tokenizer import end_of_turn_token
 IGNORE = -100
 
 
-DROP_REASONS = {"too_long": "too long", "no_target": "without trained tokens", "identical": "chosen == rejected"}
+DROP_REASONS = {"too_long": "too long", "no_target": "without trained tokens", "identical": "chosen == rejected",
+                "too_short": "shorter than one EBFT block"}
 
 
 @dataclass

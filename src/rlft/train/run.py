@@ -13,7 +13,7 @@ from rlft.config import planned_settings
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.train.loop import LoopResult, run_loop, total_steps_for
 
-BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo"}
+BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
 UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
 METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "#3", "reward_model": "#3",
                  "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
@@ -26,7 +26,7 @@ def refuse_unbuilt(cfg) -> None:
             f"{cfg.method!r} training is not implemented yet (planned in issue {METHOD_ISSUES[cfg.method]}); "
             "`rlft validate` accepts the config, `rlft train` does not run it yet"
         )
-    if cfg.method in ("grpo", "gdpo") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
+    if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
         raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
     unbuilt = planned_settings(cfg)
     if unbuilt:
@@ -83,6 +83,8 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
     elif cfg.method in ("grpo", "gdpo"):
         model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
+    elif cfg.method == "ebft":
+        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base, console)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
     check_context(cfg, model)
@@ -179,16 +181,39 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     return model, recipe, data
 
 
-def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
-    """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
+def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
+    """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
+    initial weights: `ref_model`, the policy with its adapter disabled (None: no copy), or a frozen copy."""
     import copy
 
+    from rlft.models.loading import attach_adapter, disable_dropout, load_model
+    from rlft.train.recipes.preference import Reference
+
+    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    frozen = None
+    if need_frozen:
+        if cfg.ref_model:
+            frozen = Reference(load_reference_model(cfg, tokenizer))
+        elif cfg.adapter and not cfg.rl_adapter_ref_model:
+            frozen = Reference(None)  # the policy with its adapter disabled
+        else:
+            frozen = Reference(copy.deepcopy(model).eval().requires_grad_(False))
+    if cfg.adapter:
+        model = attach_adapter(model, cfg)
+    if cfg.disable_dropout:
+        disable_dropout(model)
+    model.to(accelerator.device)
+    if frozen is not None:
+        frozen.to(accelerator.device)
+    return model, frozen
+
+
+def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+    """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
     from rlft.data.prepare import prepare_data, prompt_steps
     from rlft.errors import ConfigError
-    from rlft.models.loading import attach_adapter, disable_dropout, load_model
     from rlft.rollout.rewards import RewardRunner, load_reward_functions
     from rlft.train.recipes.grpo import GRPORecipe, effective_options
-    from rlft.train.recipes.preference import Reference
 
     trl = cfg.trl
     if not trl.reward_funcs:
@@ -196,27 +221,31 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
                           "directory, or a trained reward model folder)")
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
     data = prepare_data(cfg, tokenizer, prompt_steps(cfg))
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    options = effective_options(cfg)
-    reference = None
-    if options["beta"]:
-        if cfg.ref_model:
-            reference = Reference(load_reference_model(cfg, tokenizer))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model:
-            reference = Reference(None)  # the policy with its adapter disabled
-        else:
-            reference = Reference(copy.deepcopy(model).eval().requires_grad_(False))
-    if cfg.adapter:
-        model = attach_adapter(model, cfg)
-    if cfg.disable_dropout:
-        disable_dropout(model)
-    model.to(accelerator.device)
-    if reference is not None:
-        reference.to(accelerator.device)
+    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(effective_options(cfg)["beta"]))
     rewards = RewardRunner(functions, num_workers=trl.reward_num_workers or 1, timeout=trl.reward_timeout,
                            failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
     return model, GRPORecipe(cfg, data, tokenizer, rewards, reference, console, shard), data
+
+
+def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+    """EBFT: the frozen feature network is the initial policy (adapter disabled, or a frozen copy)."""
+    from rlft.data.prepare import ebft_steps, prepare_data
+
+    data = prepare_data(cfg, tokenizer, ebft_steps(cfg))
+    model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
+    shard = (accelerator.process_index, accelerator.num_processes)
+    if cfg.ebft.mode == "strided":
+        from rlft.train.recipes.ebft import EBFTStridedRecipe
+
+        return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, console, shard), data
+    from rlft.rollout.feature_reward import FeatureMatchingReward
+    from rlft.train.recipes.ebft import EBFTStructuredRecipe
+    from rlft.train.recipes.grpo import effective_options
+
+    scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen.model)
+    reference = frozen if effective_options(cfg)["beta"] else None  # the same frozen initial policy serves the KL term
+    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, console, shard), data
 
 
 def load_reference_model(cfg, tokenizer):

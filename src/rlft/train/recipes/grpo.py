@@ -130,7 +130,10 @@ class GRPORecipe:
         window = self.queue.pop(0)
         if not window:
             self.metrics["skipped_zero_adv_batches"] = 1.0
-        return [completion_batch(rows, self.tokenizer.pad_token_id) for rows in window]
+        return [self._collate(rows) for rows in window]
+
+    def _collate(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return completion_batch(rows, self.tokenizer.pad_token_id)
 
     def state_dict(self) -> dict[str, Any]:
         """Queued rollouts and health counters: a resume trains on exactly the rows an uninterrupted run would."""
@@ -176,7 +179,7 @@ class GRPORecipe:
         for batch in batches:
             prompts = batch["prompts"]
             rollout = self.engine(model).generate([p["prompt_ids"] for p in prompts], 1, greedy)
-            scores = self._score(prompts, rollout, 1)
+            scores = self._score(model, prompts, rollout, 1)
             total = scores["total"]
             values = {"reward": float(torch.nan_to_num(total, 0.0).sum())}
             for name, column in scores["per_function"].items():
@@ -224,22 +227,26 @@ class GRPORecipe:
         else:
             rollout, extra = self.engine(model).generate([p["prompt_ids"] for p in prompts], self.group, self.sampling), {}
         generated = time.perf_counter()
-        scores = self._score(prompts, rollout, self.group, extra)
+        scores = self._score(model, prompts, rollout, self.group, extra)
         scores["generate_time"] = round(generated - started, 4)
         scores["reward_time"] = round(time.perf_counter() - generated, 4)
         return prompts, rollout, scores
 
-    def _score(self, prompts: list[dict[str, Any]], rollout: Rollout, group: int, extra: dict[str, list] | None = None) -> dict[str, Any]:
+    def _score(self, model, prompts: list[dict[str, Any]], rollout: Rollout, group: int,
+               extra: dict[str, list] | None = None) -> dict[str, Any]:
         """Reward matrix (N, K [+ overlong]) and the weighted total per completion."""
-        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        expanded = [p for p in prompts for _ in range(group)]
-        conversational = [isinstance(p["prompt"], list) for p in expanded]
-        completions = [[{"role": "assistant", "content": t}] if chat else t for t, chat in zip(texts, conversational)]
-        columns: dict[str, list] = {}
-        for name in expanded[0]["columns"] if expanded else []:
-            columns[name] = [p["columns"].get(name) for p in expanded]
-        columns.update(extra or {})
-        result = self.rewards.score([p["prompt"] for p in expanded], completions, rollout.completion_ids, columns)
+        if hasattr(self.rewards, "score_rollout"):  # a reward computed from token ids and the model (EBFT)
+            result = self.rewards.score_rollout(model, prompts, rollout, group)
+        else:
+            texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+            expanded = [p for p in prompts for _ in range(group)]
+            conversational = [isinstance(p["prompt"], list) for p in expanded]
+            completions = [[{"role": "assistant", "content": t}] if chat else t for t, chat in zip(texts, conversational)]
+            columns: dict[str, list] = {}
+            for name in expanded[0]["columns"] if expanded else []:
+                columns[name] = [p["columns"].get(name) for p in expanded]
+            columns.update(extra or {})
+            result = self.rewards.score([p["prompt"] for p in expanded], completions, rollout.completion_ids, columns)
         for failure in result.failures:
             self.console.print(f"warning: reward function {failure['function']} failed: {failure['error']} "
                                f"(input: {failure['example']})", style="yellow", markup=False, soft_wrap=True)
@@ -381,7 +388,7 @@ class GRPORecipe:
             finite = column[~torch.isnan(column)]
             m[f"rewards/{name}/mean"] = float(finite.mean()) if finite.numel() else float("nan")
             m[f"rewards/{name}/std"] = float(finite.std()) if finite.numel() > 1 else 0.0
-        m.update({k: v for k, v in scores["metrics"].items() if k.endswith(("failures", "unscorable"))})
+        m.update({k: v for k, v in scores["metrics"].items() if k.endswith(("failures", "unscorable")) or not k.startswith("rewards/")})
         m["completions/mean_length"] = float(lengths.mean())
         m["completions/min_length"] = float(lengths.min())
         m["completions/max_length"] = float(lengths.max())

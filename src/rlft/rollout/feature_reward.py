@@ -1,0 +1,94 @@
+"""EBFT structured mode's reward: feature matching against the ground-truth completion.
+
+For each prompt, the G sampled completions and the ground truth are embedded (prompt + completion)
+by the frozen feature network (the policy with its LoRA adapter disabled, or a frozen copy of the
+initial policy), pooled by `embed_method`, and scored with `losses.ebft.feature_matching_rewards`:
+r_j = alignment_coef * 2 cos(phi_j, phi_gt) - diversity_coef * 2/(n-1) sum_{j'!=j} phi_j . phi_j'.
+It stands in for the reward functions of GRPO (same interface as `RewardRunner` plus
+`score_rollout`), so advantages and the policy loss are GRPO's.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlft.losses.ebft import feature_matching_rewards
+from rlft.models.features import feature_layer_indices, hidden_features, pool
+
+
+@dataclass
+class _FeatureFunction:
+    name: str = "feature_matching"
+    weight: float = 1.0
+
+
+@dataclass
+class FeatureScores:
+    values: torch.Tensor  # (N, 1)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class FeatureMatchingReward:
+    def __init__(self, ebft, tokenizer, frozen_copy: torch.nn.Module | None = None, batch_size: int = 32):
+        self.ebft = ebft
+        self.tokenizer = tokenizer
+        self.frozen = frozen_copy
+        self.batch_size = batch_size
+        self.functions = [_FeatureFunction()]
+        self.last_metrics: dict[str, float] = {}
+
+    def close(self) -> None:
+        """Nothing to release (interface of RewardRunner)."""
+
+    @contextmanager
+    def _network(self, model):
+        if self.frozen is not None:
+            yield self.frozen
+        else:  # the policy with its adapter disabled: the frozen base, no second copy in memory
+            with getattr(model, "module", model).disable_adapter():
+                yield model
+
+    def embed(self, model, sequences: list[list[int]], completion_starts: list[int]) -> torch.Tensor:
+        """Pooled features (N, D) of right-padded prompt+completion sequences."""
+        config = getattr(getattr(model, "module", model), "config")
+        layers = feature_layer_indices(config.num_hidden_layers, list(self.ebft.feature_layers))
+        device = next(model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        out = []
+        with self._network(model) as network:
+            for start in range(0, len(sequences), self.batch_size):
+                chunk = sequences[start : start + self.batch_size]
+                width = max(len(s) for s in chunk)
+                ids = torch.full((len(chunk), width), pad, dtype=torch.long, device=device)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
+                for row, seq in enumerate(chunk):
+                    ids[row, : len(seq)] = torch.tensor(seq, device=device)
+                    mask[row, : len(seq)] = 1
+                hidden = hidden_features(network, ids, mask, layers)
+                starts = torch.tensor(completion_starts[start : start + self.batch_size], device=device)
+                out.append(pool(hidden, mask, self.ebft.embed_method, starts).float())
+        return torch.cat(out)
+
+    def score_rollout(self, model, prompts: list[dict[str, Any]], rollout, group: int) -> FeatureScores:
+        """Rewards (N, 1) for N = len(prompts) * group completions, grouped per prompt."""
+        generated = [p + c for p, c in zip(rollout.prompt_ids, rollout.completion_ids)]
+        starts = [len(p) for p in rollout.prompt_ids]
+        truths = [p["prompt_ids"] + p["ground_truth_ids"] for p in prompts]
+        gt_starts = [len(p["prompt_ids"]) for p in prompts]
+        features = self.embed(model, generated + truths, starts + gt_starts)
+        samples = features[: len(generated)].view(len(prompts), group, -1)
+        truth = features[len(generated):]
+        result = feature_matching_rewards(samples, truth, alignment_coef=self.ebft.alignment_coef,
+                                          diversity_coef=self.ebft.diversity_coef, use_whitening=self.ebft.use_whitening)
+        metrics = {
+            "ebft/alignment": float(result.alignment.mean()),
+            "ebft/diversity": float(result.diversity.mean()),
+            "ebft/cfm_loss": float(result.cfm.mean()),
+            "ebft/reward": float(result.rewards.mean()),
+        }
+        return FeatureScores(values=result.rewards.reshape(-1, 1).float().cpu(), metrics=metrics)

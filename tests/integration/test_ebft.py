@@ -1,0 +1,75 @@
+"""EBFT through the real CLI: feature matching without reward functions, and its bad input."""
+
+import json
+
+import pytest
+import yaml
+
+from rlft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def _metrics(out):
+    return read_metrics(out / "metrics.jsonl")
+
+
+def test_structured_example_lowers_held_out_ce(warm_model, cli, tmp_path, monkeypatch, repo_root):
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "ebft"
+    assert cli("train", "examples/ebft-structured.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+               "--max_steps=12", "--eval_steps=12", "--logging_steps=1", "--micro_batch_size=32", "--learning_rate=1e-3") == 0
+    evals = [m for m in _metrics(out) if "eval/ce_loss" in m]
+    assert [e["step"] for e in evals] == [0, 12]
+    assert evals[-1]["eval/ce_loss"] < evals[0]["eval/ce_loss"], evals
+    steps = [m for m in _metrics(out) if "loss" in m]
+    names = {"ebft/alignment", "ebft/diversity", "ebft/cfm_loss", "ebft/reward", "ebft/ce_loss", "reward", "reward_std",
+             "rewards/feature_matching/mean", "frac_reward_zero_std", "completions/mean_length", "entropy", "time/generate"}
+    assert names <= set(steps[-1]), names - set(steps[-1])
+
+
+def _config(tmp_path, model, rows, **settings):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"base_model": str(model), "rl": "ebft", "ebft": {"mode": "structured", "feature_layers": [0.5, 1.0]},
+              "trl": {"num_generations": 4, "max_completion_length": 4}, "datasets": [{"path": str(data)}],
+              "sequence_len": 32, "micro_batch_size": 8, "max_steps": 1, "output_dir": str(tmp_path / "out")}
+    config.update(settings)
+    path = tmp_path / "ebft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_rows_without_ground_truth_are_explained(warm_model, cli, tmp_path, capsys):
+    assert cli("train", _config(tmp_path, warm_model, [{"prompt": "1+1="}] * 4)) == 1
+    err = capsys.readouterr().err
+    assert "datasets[0]" in err and "row 0: no ground truth" in err
+
+
+def test_opencode_transform_and_lora_feature_network(warm_model, cli, tmp_path):
+    rows = [{"input": f"{a}+{a}=", "output": str(2 * a)} for a in range(8)]
+    config = _config(tmp_path, warm_model, rows, datasets=[{"path": str(tmp_path / "rows.jsonl"), "type": "ebft_opencode.transform"}],
+                     adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, max_steps=2,
+                     ebft={"mode": "structured", "feature_layers": [0.5, 1.0], "use_whitening": True, "ce_coef": 0.1,
+                           "embed_method": "last_token"})
+    assert cli("train", config) == 0
+    last = [m for m in _metrics(tmp_path / "out") if "loss" in m][-1]
+    assert "ebft/ce_loss" in last
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"ebft": None}, "needs an `ebft:` section"),
+    ({"ebft": {"mode": "strided", "n_samples_per_prompt": 1, "use_whitening": True}}, "at least 2 samples per group"),
+    ({"ebft": {"mode": "structured", "feature_layers": [0.0, 1.5]}}, "feature_layers"),
+])
+def test_config_mistakes(warm_model, cli, tmp_path, capsys, settings, words):
+    config = _config(tmp_path, warm_model, [{"prompt": "1+1=", "ground_truth": "2"}] * 4)
+    data = yaml.safe_load(config.read_text())
+    for key, value in settings.items():
+        if value is None:
+            data.pop(key)
+        else:
+            data[key] = value
+    config.write_text(yaml.safe_dump(data))
+    assert cli("validate", config) == 1
+    assert words in capsys.readouterr().err

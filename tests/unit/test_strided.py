@@ -1,0 +1,256 @@
+"""Strided block-parallel generation: layout, attention rule, and the three properties of issue 5 §4.
+
+(a) the loss reads each generated token's log-prob where sampling read it (axolotl bug §6.1);
+(b) each token gets its own block's advantage (axolotl bug §6.2);
+(c) parallel blocks = each block generated alone by a plain causal model on its prefix.
+"""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlft.rollout.strided import (
+    block_values_to_tokens,
+    deinterleave,
+    document_nll,
+    gather_generated_logps,
+    generate_blocks,
+    generated_targets,
+    interleave,
+    model_attention_mask,
+    strided_attention,
+    strided_layout,
+    strided_mask_mod,
+)
+
+TEMPERATURE = 0.7
+
+
+def _tiny_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=260, max_position_embeddings=128,
+                         initializer_range=0.2)  # peaked distributions: a wrong mask or column shows up clearly
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).float().eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Two right-padded documents (the second has 5 pads), L = 24, stride 3, context 4, G = 3."""
+    torch.manual_seed(1)
+    doc_ids = torch.randint(3, 260, (2, 24))
+    doc_attention = torch.ones(2, 24, dtype=torch.long)
+    doc_attention[1, 19:] = 0
+    doc_ids[1, 19:] = 0
+    layout = strided_layout(doc_attention.sum(-1), 24, stride=3, context_length=4, generate_max_len=3)
+    return doc_ids, doc_attention, layout
+
+
+@pytest.fixture(scope="module")
+def rollout(model, batch):
+    doc_ids, doc_attention, layout = batch
+    return generate_blocks(model, doc_ids, doc_attention, layout, num_samples=2, temperature=TEMPERATURE,
+                           generator=torch.Generator().manual_seed(2))
+
+
+def _forward(model, rollout):
+    with torch.no_grad():
+        return model(input_ids=rollout.sequences, attention_mask=model_attention_mask(model, rollout.mask),
+                     position_ids=rollout.position_ids).logits
+
+
+# ---------------------------------------------------------------- layout and mask
+
+
+def test_layout_anchors_and_block_count(batch):
+    _, _, layout = batch
+    # K = ⌊(24 − 3 − 4)/3⌋ + 1 = 6: anchors 4, 7, ..., 19; row 1 has 19 valid tokens → a_k + 3 ≤ 19
+    assert layout.anchors.tolist() == [4, 7, 10, 13, 16, 19]
+    assert layout.num_blocks == 6 and layout.total_len == 24 + 18
+    assert layout.block_valid.tolist() == [[True] * 6, [True] * 5 + [False]]
+
+
+def test_hand_checked_mask_and_positions():
+    # L = 8, stride 2, context 2, G 2 → K = ⌊(8−2−2)/2⌋+1 = 3, anchors 2, 4, 6; T = 14.
+    layout = strided_layout(torch.tensor([8]), 8, stride=2, context_length=2, generate_max_len=2)
+    mask, positions = strided_attention(layout, torch.ones(1, 8, dtype=torch.long))
+    assert layout.anchors.tolist() == [2, 4, 6] and mask.shape == (1, 1, 14, 14)
+    # columns 8, 9, 10 = step 0 of blocks 0, 1, 2; columns 11, 12, 13 = step 1
+    assert positions[0].tolist() == list(range(8)) + [2, 4, 6, 3, 5, 7]
+    expected = {q: set(range(q + 1)) for q in range(8)}  # (a) causal document
+    expected.update({
+        8: {0, 1, 8}, 9: {0, 1, 2, 3, 9}, 10: {0, 1, 2, 3, 4, 5, 10},  # (b) prefix before a_k, (c) itself
+        11: {0, 1, 8, 11}, 12: {0, 1, 2, 3, 9, 12}, 13: {0, 1, 2, 3, 4, 5, 10, 13},  # (d) own earlier token
+    })
+    for q in range(14):
+        assert set(mask[0, 0, q].nonzero().flatten().tolist()) == expected[q], q
+
+
+def test_generated_positions_equal_the_ground_truth_positions_they_replace(batch):
+    _, doc_attention, layout = batch
+    _, positions = strided_attention(layout, doc_attention)
+    targets = deinterleave(positions[:, 24:], layout.num_blocks)  # (B, K, G) [b, k, t]
+    for k, anchor in enumerate(layout.anchors.tolist()):
+        for t in range(3):
+            assert targets[:, k, t].tolist() == [anchor + t] * 2
+            assert positions[0, 24 + t * 6 + k] == anchor + t
+
+
+def test_padding_no_anchor_in_pads_and_no_attention_to_pads():
+    doc_attention = torch.ones(2, 8, dtype=torch.long)
+    doc_attention[1, 6:] = 0
+    layout = strided_layout(doc_attention.sum(-1), 8, stride=2, context_length=2, generate_max_len=2)
+    assert layout.block_valid.tolist() == [[True, True, True], [True, True, False]]  # a=6: 6+2 > 6 valid tokens
+    mask, _ = strided_attention(layout, doc_attention)
+    others = ~torch.eye(14, dtype=torch.bool)
+    assert not (mask[1, 0, :, 6:8] & others[:, 6:8]).any()  # only a pad itself looks at a pad
+    assert mask[1, 0].any(-1).all()  # every row attends something: no NaN softmax rows
+    with pytest.raises(ValueError, match="right-padded"):
+        strided_attention(layout, doc_attention.flip(-1))
+
+
+def test_padded_row_logits_do_not_depend_on_pad_tokens(model):
+    doc_ids = torch.randint(3, 260, (1, 12))
+    doc_attention = torch.ones(1, 12, dtype=torch.long)
+    doc_attention[0, 9:] = 0
+    layout = strided_layout(doc_attention.sum(-1), 12, stride=2, context_length=3, generate_max_len=2)
+    out = generate_blocks(model, doc_ids, doc_attention, layout, num_samples=1, temperature=TEMPERATURE,
+                          generator=torch.Generator().manual_seed(0))
+    other = out.sequences.clone()
+    other[0, 9:12] = 7  # different pad tokens
+    with torch.no_grad():
+        first = model(input_ids=out.sequences, attention_mask=out.mask, position_ids=out.position_ids).logits
+        second = model(input_ids=other, attention_mask=out.mask, position_ids=out.position_ids).logits
+    keep = torch.ones(out.sequences.size(1), dtype=torch.bool)
+    keep[9:12] = False
+    torch.testing.assert_close(first[0, keep], second[0, keep], atol=1e-5, rtol=0)
+
+
+def test_no_blocks_when_the_document_is_too_short(model):
+    layout = strided_layout(torch.tensor([8, 8]), 8, stride=2, context_length=6, generate_max_len=4)
+    assert layout.num_blocks == 0 and layout.block_valid.shape == (2, 0)
+    assert strided_layout(torch.tensor([3, 5]), 16, stride=2, context_length=4, generate_max_len=2).num_blocks == 0
+    doc_attention = torch.ones(2, 8, dtype=torch.long)
+    mask, positions = strided_attention(layout, doc_attention)
+    assert torch.equal(mask[0, 0], torch.ones(8, 8, dtype=torch.bool).tril()) and positions.shape == (2, 8)
+    out = generate_blocks(model, torch.randint(3, 260, (2, 8)), doc_attention, layout, num_samples=3, temperature=1.0)
+    assert out.generated.shape == (6, 0, 4) and out.sampled_logps.shape == (6, 0, 4) and out.sequences.shape == (6, 8)
+
+
+def test_first_anchor_takes_the_batch_max():
+    layout = strided_layout(torch.tensor([20, 20]), 20, stride=4, context_length=2, generate_max_len=2,
+                            first_anchor=torch.tensor([3, 5]))
+    assert layout.first_anchor == 5 and layout.anchors.tolist() == [5, 9, 13, 17]
+
+
+def test_flex_mask_mod_equals_the_dense_mask(batch):
+    # the flex path (CUDA only) evaluates the same mask_mod; here it runs on broadcast indices, with n = 2
+    _, doc_attention, layout = batch
+    dense, _ = strided_attention(layout, doc_attention)
+    index = torch.arange(layout.total_len)
+    flex = strided_mask_mod(layout, doc_attention, num_samples=2)(
+        torch.arange(4)[:, None, None], None, index[None, :, None], index[None, None, :])
+    assert torch.equal(flex, dense[:, 0].repeat_interleave(2, 0))
+
+
+# ---------------------------------------------------------------- generation and the three properties
+
+
+def test_rollout_shapes_and_layout(rollout, batch):
+    doc_ids, _, layout = batch
+    assert rollout.sequences.shape == (4, 42) and rollout.generated.shape == (4, 6, 3)
+    assert torch.equal(rollout.sequences[:, :24], doc_ids.repeat_interleave(2, 0))  # samples of a document consecutive
+    for k in range(6):
+        for t in range(3):
+            assert torch.equal(rollout.sequences[:, 24 + t * 6 + k], rollout.generated[:, k, t])
+    assert torch.equal(generated_targets(rollout.sequences, layout), rollout.generated)
+    assert torch.equal(interleave(rollout.generated), rollout.sequences[:, 24:])
+    assert rollout.block_valid.tolist() == [[True] * 6] * 2 + [[True] * 5 + [False]] * 2
+    assert not torch.equal(rollout.generated[0], rollout.generated[1])  # the two samples differ
+
+
+def test_a_loss_logps_equal_sampling_logps(model, rollout, batch):
+    _, _, layout = batch
+    logits = _forward(model, rollout)
+    loss_logps = gather_generated_logps(logits, rollout.sequences, layout, TEMPERATURE)
+    torch.testing.assert_close(loss_logps, rollout.sampled_logps, atol=1e-4, rtol=0)
+    # the plain next-token shift over the step-major layout (axolotl, §6.1) reads other columns: caught here
+    shifted = torch.log_softmax(logits[:, 23:-1] / TEMPERATURE, -1).gather(-1, rollout.sequences[:, 24:, None])
+    assert (deinterleave(shifted.squeeze(-1), 6) - rollout.sampled_logps).abs().max() > 1e-2
+
+
+def test_b_each_token_gets_its_own_blocks_advantage():
+    num_blocks, gen_len = 5, 3
+    advantages = torch.arange(num_blocks, dtype=torch.float).expand(2, num_blocks)  # advantage = block index
+    tokens = block_values_to_tokens(advantages, gen_len)  # (B, K·G) in the order of sequences[:, L:]
+    for t in range(gen_len):
+        for k in range(num_blocks):
+            assert tokens[:, t * num_blocks + k].tolist() == [k, k]
+    assert torch.equal(deinterleave(tokens, num_blocks), advantages[..., None].expand(2, num_blocks, gen_len))
+    block_major = advantages.repeat_interleave(gen_len, dim=1)  # axolotl's mapping (§6.2): caught here
+    assert not torch.equal(block_major, tokens)
+
+
+def test_c_parallel_blocks_equal_each_block_generated_alone(model, rollout, batch):
+    doc_ids, _, layout = batch
+    logits = _forward(model, rollout)
+    read = layout.read_positions()
+    parallel = torch.log_softmax(logits[:, read.reshape(-1)] / TEMPERATURE, -1).view(4, 6, 3, -1)
+    checked = 0
+    for row in range(4):
+        for k, anchor in enumerate(layout.anchors.tolist()):
+            if not rollout.block_valid[row, k]:
+                continue
+            alone = torch.cat([doc_ids[row // 2, :anchor], rollout.generated[row, k]])[None]
+            with torch.no_grad():
+                causal = torch.log_softmax(model(input_ids=alone).logits[0] / TEMPERATURE, -1)
+            for t in range(3):
+                torch.testing.assert_close(parallel[row, k, t], causal[anchor - 1 + t], atol=1e-4, rtol=0)
+                token = rollout.generated[row, k, t]
+                assert abs(float(causal[anchor - 1 + t, token] - rollout.sampled_logps[row, k, t])) < 1e-4
+            checked += 1
+    assert checked == 22  # 2 × 6 + 2 × 5 valid blocks
+
+
+def test_top_p_logps_are_renormalised(model, batch):
+    doc_ids, doc_attention, layout = batch
+    out = generate_blocks(model, doc_ids, doc_attention, layout, num_samples=1, temperature=1.0, top_p=0.5,
+                          generator=torch.Generator().manual_seed(3))
+    logits = _forward(model, out)
+    plain = gather_generated_logps(logits, out.sequences, layout, 1.0)
+    nucleus = gather_generated_logps(logits, out.sequences, layout, 1.0, top_p=0.5)
+    torch.testing.assert_close(nucleus, out.sampled_logps, atol=1e-4, rtol=0)
+    assert (out.sampled_logps >= plain - 1e-5).all() and (out.sampled_logps > plain + 1e-3).any()
+    # renormalised: log p − log Σ_{nucleus} p, with the nucleus the smallest set of mass ≥ 0.5
+    probs = torch.softmax(logits[:, layout.read_positions().reshape(-1)], -1).view(2, 6, 3, -1)
+    ordered = probs.sort(-1, descending=True).values
+    kept = (ordered.cumsum(-1) - ordered < 0.5)
+    mass = (ordered * kept).sum(-1)
+    torch.testing.assert_close(out.sampled_logps, plain - mass.log(), atol=1e-4, rtol=0)
+
+
+def test_greedy_and_eager_attention_agree_with_sdpa(model, batch):
+    doc_ids, doc_attention, layout = batch
+    eager = _tiny_llama("eager")
+    first = generate_blocks(model, doc_ids, doc_attention, layout, num_samples=1, temperature=0.0)
+    second = generate_blocks(eager, doc_ids, doc_attention, layout, num_samples=1, temperature=0.0)
+    assert torch.equal(first.generated, second.generated)
+    torch.testing.assert_close(first.sampled_logps, second.sampled_logps, atol=1e-4, rtol=0)
+
+
+def test_document_nll_excludes_pads_and_matches_a_causal_forward(model, rollout, batch):
+    doc_ids, doc_attention, _ = batch
+    logits = _forward(model, rollout)
+    nll, mask = document_nll(logits, doc_ids.repeat_interleave(2, 0), doc_attention.repeat_interleave(2, 0))
+    assert nll.shape == (4, 23) and mask[:2].all() and mask[2:, :18].all() and not mask[2:, 18:].any()
+    assert (nll[2:, 18:] == 0).all()
+    with torch.no_grad():
+        causal = torch.log_softmax(model(input_ids=doc_ids[:1]).logits[0, :-1], -1)
+    expected = -causal.gather(-1, doc_ids[0, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(nll[0], expected, atol=1e-4, rtol=0)
