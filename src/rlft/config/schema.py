@@ -327,6 +327,8 @@ def _ebft_problems(cfg: RlftConfig):
     group = ebft.n_samples_per_prompt if ebft.mode == "strided" else (cfg.trl.num_generations or 8)
     if ebft.use_whitening and group < 2:
         yield f"ebft.use_whitening needs at least 2 samples per group to estimate a second moment; the group size is {group}"
+    if ebft.mode == "strided" and ebft.embed_method in ("concat", "completion_mean"):
+        yield f"ebft.embed_method {ebft.embed_method!r} is for structured mode; strided mode pools a block: last_token or mean_pooling"
     if ebft.mode == "strided" and ebft.temperature <= 0:
         yield "ebft.temperature must be > 0: the REINFORCE term needs the sampling distribution's log-probs"
 

@@ -20,6 +20,11 @@ from rlft.losses.ebft import feature_matching_rewards
 from rlft.models.features import feature_layer_indices, hidden_features, pool
 
 
+def layer_slices(ebft) -> int:
+    """How many per-layer slices a pooled feature vector has (concat pools 3 positions of every layer)."""
+    return len(ebft.feature_layers) * (3 if ebft.embed_method == "concat" else 1)
+
+
 @dataclass
 class _FeatureFunction:
     name: str = "feature_matching"
@@ -83,8 +88,10 @@ class FeatureMatchingReward:
         features = self.embed(model, generated + truths, starts + gt_starts)
         samples = features[: len(generated)].view(len(prompts), group, -1)
         truth = features[len(generated):]
+        # whitening per feature layer, as the paper's reference code does
         result = feature_matching_rewards(samples, truth, alignment_coef=self.ebft.alignment_coef,
-                                          diversity_coef=self.ebft.diversity_coef, use_whitening=self.ebft.use_whitening)
+                                          diversity_coef=self.ebft.diversity_coef, use_whitening=self.ebft.use_whitening,
+                                          layer_count=layer_slices(self.ebft))
         metrics = {
             "ebft/alignment": float(result.alignment.mean()),
             "ebft/diversity": float(result.diversity.mean()),

@@ -49,6 +49,12 @@ def kto_rows(rows: list[dict[str, str]], seed: int = 2) -> list[dict[str, object
     return out
 
 
+def text_documents(rows: list[dict[str, str]], per_document: int = 6) -> list[dict[str, str]]:
+    """Raw text for strided EBFT: {"text": "12+34=46\n3+4=7\n..."} with `per_document` sums each."""
+    lines = [f"{r['prompt']}{r['completion']}" for r in rows]
+    return [{"text": "\n".join(lines[i : i + per_document])} for i in range(0, len(lines) - per_document + 1, per_document)]
+
+
 def write_jsonl(rows: list[dict[str, str]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -73,6 +79,8 @@ def write_example_data(root: Path) -> None:
     write_jsonl(preference_rows(held_out, seed=3), preference / "pairs-heldout.jsonl")
     write_jsonl(kto_rows(train[:1000]), preference / "kto.jsonl")
     write_jsonl(kto_rows(held_out, seed=4), preference / "kto-heldout.jsonl")
+    write_jsonl(text_documents(train), root / "ebft" / "data" / "train.jsonl")
+    write_jsonl(text_documents(held_out), root / "ebft" / "data" / "heldout.jsonl")
 
 
 if __name__ == "__main__":

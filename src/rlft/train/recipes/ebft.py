@@ -9,6 +9,7 @@ training too. Strided mode lives in `EBFTStridedRecipe`.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -80,3 +81,145 @@ def ground_truth_nll(model, batch: dict[str, Any]) -> torch.Tensor:
     logps, _ = completion_logps(model, truth, 1.0, False)
     mask = truth["completion_mask"]
     return -(logps * mask).sum() / mask.sum().clamp_min(1)
+
+
+class EBFTStridedRecipe:
+    """Strided EBFT on documents: blocks generated in parallel inside one sequence, rewarded per block.
+
+    Per micro-batch of right-padded documents: anchors every `stride` tokens from the first anchor;
+    `n_samples_per_prompt` rollouts of `generate_max_len` tokens for every block at once (strided
+    attention mask, position ids of the ground-truth tokens they replace); the frozen network embeds
+    generated and ground-truth blocks with the same mask; per-block feature-matching rewards and
+    REF's leave-one-out baseline; loss = rl_coef * REINFORCE (log-probs read where sampling read
+    them, at the sampling temperature, each token weighted by its own block's advantage)
+    + ce_coef * document cross-entropy (pads excluded).
+    """
+
+    name = "ebft"
+
+    def __init__(self, cfg, data, tokenizer, frozen, console, shard: tuple[int, int] = (0, 1)):
+        from rlft.train.batches import BatchPlan
+
+        self.cfg, self.ebft, self.tokenizer, self.frozen, self.console = cfg, cfg.ebft, tokenizer, frozen, console
+        collate = lambda rows: document_batch(rows, tokenizer.pad_token_id)  # noqa: E731
+        lengths = [len(e["input_ids"]) for e in data.train]
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, tokenizer.pad_token_id, shard=shard,
+                                    collate=collate, lengths=lengths)
+        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, tokenizer.pad_token_id,
+                                   collate=collate)
+
+    @property
+    def eval_batches(self) -> list[dict[str, Any]]:
+        return self.eval_plan.sequential() if self.eval_plan.items else []
+
+    def loss_units(self, batch: dict[str, Any]) -> int:
+        return 1  # the loss is already a mean over this micro-batch
+
+    def _layout(self, batch: dict[str, Any]):
+        from rlft.rollout.strided import strided_layout
+
+        e = self.ebft
+        prompts = batch["prompt_length"]
+        first = torch.where(prompts > 0, prompts + e.min_completion_prefix, torch.full_like(prompts, e.context_length))
+        return strided_layout(batch["attention_mask"].sum(-1), batch["input_ids"].shape[1], stride=e.stride,
+                              context_length=e.context_length, generate_max_len=e.generate_max_len,
+                              first_anchor=first if bool((prompts > 0).any()) else None)
+
+    def _rewards(self, model, rollout, layout, whiten: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-block advantages (B·n, K) from the frozen network's features (`whiten` overrides use_whitening)."""
+        from rlft.losses.ebft import ebft_advantages, feature_matching_rewards
+        from rlft.models.features import feature_layer_indices, hidden_features
+        from rlft.rollout.feature_reward import layer_slices
+
+        e, n = self.ebft, self.ebft.n_samples_per_prompt
+        base = getattr(model, "module", model)
+        layers = feature_layer_indices(base.config.num_hidden_layers, list(e.feature_layers))
+        network = self.frozen.model if self.frozen.model is not None else None
+        with torch.no_grad(), (base.disable_adapter() if network is None else nullcontext()):
+            hidden = hidden_features(network or model, rollout.sequences, None, layers, position_ids=rollout.position_ids,
+                                     attention_4d=rollout.mask)
+        rows, num_blocks, gen_len = hidden.size(0), layout.num_blocks, layout.generate_max_len
+        truth_columns = layout.anchors[:, None].to(hidden.device) + torch.arange(gen_len, device=hidden.device)
+        truth = hidden[::n][:, truth_columns.reshape(-1)].view(rows // n, num_blocks, gen_len, -1)
+        generated = hidden[:, layout.token_columns().to(hidden.device).reshape(-1)].view(rows, num_blocks, gen_len, -1)
+        pool = (lambda x: x[..., -1, :]) if e.embed_method == "last_token" else (lambda x: x.mean(-2))
+        truth, generated = pool(truth).float(), pool(generated).float()
+        samples = generated.view(rows // n, n, num_blocks, -1).permute(0, 2, 1, 3).reshape((rows // n) * num_blocks, n, -1)
+        fm = feature_matching_rewards(samples, truth.reshape(-1, truth.size(-1)), alignment_coef=e.alignment_coef,
+                                      diversity_coef=e.diversity_coef, use_whitening=e.use_whitening if whiten is None else whiten,
+                                      layer_count=layer_slices(e))
+        advantages = ebft_advantages(fm.rewards, estimator=e.advantage_estimator, alignment=fm.alignment, pairwise=fm.pairwise,
+                                     alignment_coef=e.alignment_coef, diversity_coef=e.diversity_coef)
+        # (docs·K, n) -> (docs, n, K) -> rows b·n + j, blocks k
+        advantages = advantages.view(rows // n, num_blocks, n).permute(0, 2, 1).reshape(rows, num_blocks)
+        valid = layout.block_valid.repeat_interleave(n, 0).to(hidden.device)
+        valid_rewards = fm.rewards.view(rows // n, num_blocks, n)[layout.block_valid.to(hidden.device)]
+        metrics = {"ebft/alignment": float(fm.alignment.mean()), "ebft/diversity": float(fm.diversity.mean()),
+                   "ebft/cfm_loss": float(fm.cfm.mean()), "ebft/reward": float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
+                   "ebft/num_blocks": float(layout.block_valid.sum()), "ebft/advantages_std": float(advantages[valid].std())
+                   if int(valid.sum()) > 1 else 0.0}
+        return advantages * valid, metrics
+
+    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        import time
+
+        from rlft.losses.ebft import strided_ebft_loss
+        from rlft.rollout.strided import document_nll, gather_generated_logps, generate_blocks, model_attention_mask
+
+        e = self.ebft
+        layout = self._layout(batch)
+        if layout.num_blocks <= 0:
+            zero = sum(p.sum() * 0 for p in model.parameters() if p.requires_grad)
+            return zero, {"ebft/num_blocks": 0.0}
+        started = time.perf_counter()
+        rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
+                                  num_samples=e.n_samples_per_prompt, temperature=e.temperature, top_p=e.top_p)
+        generated = time.perf_counter()
+        advantages, metrics = self._rewards(model, rollout, layout)
+        rewarded = time.perf_counter()
+        logits = model(input_ids=rollout.sequences, attention_mask=model_attention_mask(getattr(model, "module", model), rollout.mask),
+                       position_ids=rollout.position_ids, use_cache=False).logits
+        gen_logps = gather_generated_logps(logits, rollout.sequences, layout, e.temperature, top_p=e.top_p)
+        gen_mask = rollout.block_valid[..., None].expand_as(gen_logps).float()
+        doc_nll = doc_mask = None
+        if e.ce_coef:
+            doc_ids = batch["input_ids"].repeat_interleave(e.n_samples_per_prompt, 0)
+            doc_nll, doc_mask = document_nll(logits, doc_ids, rollout.doc_attention)
+        loss, loss_metrics = strided_ebft_loss(gen_logps, gen_mask, advantages.detach(), doc_nll, doc_mask,
+                                               rl_coef=e.rl_coef, ce_coef=e.ce_coef)
+        metrics.update(loss_metrics)
+        metrics.update({"time/generate": generated - started, "time/reward": rewarded - generated})
+        return loss, metrics
+
+    def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+        """Held-out document cross-entropy and the feature-matching (CFM) loss of fresh samples (normalised features)."""
+        from rlft.rollout.strided import document_nll, generate_blocks
+
+        nll_total, tokens, cfm, blocks = 0.0, 0, 0.0, 0
+        for batch in batches:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+            nll, mask = document_nll(logits, batch["input_ids"], batch["attention_mask"])
+            nll_total, tokens = nll_total + float(nll.sum()), tokens + int(mask.sum())
+            layout = self._layout(batch)
+            if layout.num_blocks > 0:
+                rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
+                                          num_samples=self.ebft.n_samples_per_prompt, temperature=self.ebft.temperature,
+                                          top_p=self.ebft.top_p)
+                # on L2-normalised features: whitened magnitudes scale with 1/singular value, not comparable across steps
+                _, metrics = self._rewards(model, rollout, layout, whiten=False)
+                cfm, blocks = cfm + metrics["ebft/cfm_loss"] * len(batch["input_ids"]), blocks + len(batch["input_ids"])
+        return {"eval/ce_loss": round(nll_total / max(1, tokens), 6), "eval/cfm_loss": round(cfm / max(1, blocks), 6)}
+
+
+def document_batch(rows: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    """Right-padded documents with their prompt lengths (0 for unstructured text)."""
+    width = max(len(r["input_ids"]) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for row, r in enumerate(rows):
+        input_ids[row, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        attention[row, : len(r["input_ids"])] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "num_tokens": int(attention.sum()),
+            "prompt_length": torch.tensor([r.get("prompt_length", 0) for r in rows], dtype=torch.long)}
+
+
