@@ -73,3 +73,27 @@ def test_config_mistakes(warm_model, cli, tmp_path, capsys, settings, words):
     config.write_text(yaml.safe_dump(data))
     assert cli("validate", config) == 1
     assert words in capsys.readouterr().err
+
+
+def test_strided_example_lowers_held_out_ce(warm_model, cli, tmp_path, monkeypatch, repo_root):
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "strided"
+    assert cli("train", "examples/ebft-strided.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+               "--max_steps=15", "--eval_steps=15", "--logging_steps=1", "--learning_rate=1e-3") == 0
+    evals = [m for m in _metrics(out) if "eval/ce_loss" in m]
+    assert [e["step"] for e in evals] == [0, 15]
+    assert evals[-1]["eval/ce_loss"] < evals[0]["eval/ce_loss"], evals
+    steps = [m for m in _metrics(out) if "loss" in m]
+    names = {"ebft/alignment", "ebft/diversity", "ebft/cfm_loss", "ebft/reward", "ebft/rl_loss", "ebft/ce_loss",
+             "ebft/num_blocks", "ebft/advantages_std", "time/generate", "time/reward"}
+    assert names <= set(steps[-1]), names - set(steps[-1])
+    assert all(s["ebft/num_blocks"] > 0 for s in steps)
+
+
+def test_strided_documents_shorter_than_one_block(warm_model, cli, tmp_path, capsys):
+    rows = [{"text": "1+1=2"}] * 4
+    config = _config(tmp_path, warm_model, rows, ebft={"mode": "strided", "feature_layers": [0.5, 1.0], "context_length": 8,
+                                                        "generate_max_len": 4, "stride": 4})
+    assert cli("train", config) == 1
+    err = capsys.readouterr().err
+    assert "no training rows left" in err and "shorter than one EBFT block" in err
