@@ -498,3 +498,13 @@ def test_bradley_terry_gradient():
     losses, _ = bradley_terry_loss(chosen, torch.tensor([[0.0], [0.2]]))
     losses.mean().backward()
     assert chosen.grad is not None and (chosen.grad < 0).all()
+
+
+def test_config_and_losses_list_the_same_dpo_loss_types():
+    """config/ and losses/ import nothing of each other (DESIGN: layers), so the list is written twice: keep it equal."""
+    from typing import get_args
+
+    from rlft.config.sections import DPOLossType
+    from rlft.losses.preference import DPO_LOSS_TYPES
+
+    assert set(get_args(DPOLossType)) == set(DPO_LOSS_TYPES)

@@ -80,10 +80,7 @@ class PairRecipe:
         self.reference = reference
         self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
         self.bco_mean, self.bco_count = 0.0, 0
-        collate = lambda rows: pair_batch(rows, pad_id)  # noqa: E731
-        lengths = [example_length(e) for e in data.train]
-        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
-        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id))
 
     @property
     def needs_reference(self) -> bool:
@@ -167,16 +164,8 @@ class PairRecipe:
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         return _weighted_eval(self, model, batches)
 
-    # --- precomputed reference log-probs ---
     def precompute_reference(self, policy, examples: list[dict[str, Any]], pad_id: int, device, batch_size: int) -> None:
-        for start in range(0, len(examples), batch_size):
-            rows = examples[start : start + batch_size]
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in pair_batch(rows, pad_id).items()}
-            batch.pop("ref_chosen", None)
-            batch.pop("ref_rejected", None)
-            chosen, rejected = self.reference_logps(policy, batch)
-            for example, c, r in zip(rows, chosen.tolist(), rejected.tolist()):
-                example["ref_chosen"], example["ref_rejected"] = c, r
+        _store_reference(self, policy, examples, lambda rows: pair_batch(rows, pad_id), ("ref_chosen", "ref_rejected"), device, batch_size)
 
 
 class KTORecipe:
@@ -188,10 +177,7 @@ class KTORecipe:
     def __init__(self, cfg, data, pad_id: int, reference: Reference, shard: tuple[int, int] = (0, 1)):
         self.cfg = cfg
         self.reference = reference
-        collate = lambda rows: kto_batch(rows, pad_id)  # noqa: E731
-        lengths = [example_length(e) for e in data.train]
-        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
-        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id))
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -227,14 +213,25 @@ class KTORecipe:
         return _weighted_eval(self, model, batches)
 
     def precompute_reference(self, policy, examples: list[dict[str, Any]], pad_id: int, device, batch_size: int) -> None:
-        for start in range(0, len(examples), batch_size):
-            rows = examples[start : start + batch_size]
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kto_batch(rows, pad_id).items()}
-            batch.pop("ref_logps", None)
-            batch.pop("ref_kl_logps", None)
-            logps, kl_logps = self.reference_logps(policy, batch)
-            for example, a, b in zip(rows, logps.tolist(), kl_logps.tolist()):
-                example["ref_logps"], example["ref_kl_logps"] = a, b
+        _store_reference(self, policy, examples, lambda rows: kto_batch(rows, pad_id), ("ref_logps", "ref_kl_logps"), device, batch_size)
+
+
+def _store_reference(recipe, policy, examples, collate, keys: tuple[str, str], device, batch_size: int) -> None:
+    """Write the reference log-probs of every example into it under `keys` (computed, never read from a cache)."""
+    for start in range(0, len(examples), batch_size):
+        rows = examples[start : start + batch_size]
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in collate(rows).items() if k not in keys}
+        first, second = recipe.reference_logps(policy, batch)
+        for example, a, b in zip(rows, first.tolist(), second.tolist()):
+            example[keys[0]], example[keys[1]] = a, b
+
+
+def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate) -> tuple[BatchPlan, BatchPlan]:
+    """Length-grouped training batches and sequential eval batches of preference-style examples."""
+    lengths = [example_length(e) for e in data.train]
+    train = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
+    evaluation = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+    return train, evaluation
 
 
 def pair_metrics(chosen_rewards, rejected_rewards, out: CompletionLogps, pairs: int) -> dict[str, float]:

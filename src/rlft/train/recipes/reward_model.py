@@ -6,10 +6,9 @@ from typing import Any
 
 import torch
 
-from rlft.data.preference import example_length, pair_batch
+from rlft.data.preference import pair_batch
 from rlft.losses.preference import bradley_terry_loss
-from rlft.train.batches import BatchPlan
-from rlft.train.recipes.preference import _weighted_eval
+from rlft.train.recipes.preference import _weighted_eval, preference_plans
 
 
 class RewardModelRecipe:
@@ -18,10 +17,7 @@ class RewardModelRecipe:
 
     def __init__(self, cfg, data, pad_id: int, shard: tuple[int, int] = (0, 1)):
         self.cfg = cfg
-        collate = lambda rows: pair_batch(rows, pad_id)  # noqa: E731
-        lengths = [example_length(e) for e in data.train]
-        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
-        self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id))
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
