@@ -31,10 +31,14 @@ Measured per run:
             training_step (prepare + forward + backward), optimizer = training_step end -> on_step_end
             (grad clip, optimizer.step, scheduler, zero_grad).
   tokens/s  generated tokens / generate time, per step.
+  ratio     TRL/rlft of the best runs' wall and median step, of the medians over runs, and of the median of
+            all steps of all runs pooled (the least noisy).
 
-The tools alternate --repeat times after a short warm-up of each; the table shows each tool's run with
-the smallest wall time, the JSON keeps every run and the 1-minute load average (a shared 2-core machine
-is noisy).
+The tools alternate --repeat times (default 5) after a short warm-up of each; the table shows each tool's
+run with the smallest wall time, the JSON keeps every run and the 1-minute load average (a shared 2-core
+machine is noisy). Both tools run with one torch thread by default (--threads): with two threads on a
+2-core VM any other busy process makes OpenMP spin-waits stall every small op (measured: generate 44 ms
+with 1 thread vs 180-430 ms with 2 while another process ran), which drowns the comparison.
 
 Usage (from the repository root):
   .venv/bin/python bench/grpo.py --size S --steps 10
@@ -407,7 +411,9 @@ def print_report(res: dict) -> None:
           f"{t['prompt_lengths']}")
     ratio = res["ratio_trl_over_rlft"]
     print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: wall "
-          f"{ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x  (>1: rlft is faster)")
+          f"{ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x; all steps pooled: "
+          f"{res['median_step_pooled_s']['rlft'] * 1e3:.1f} vs {res['median_step_pooled_s']['trl'] * 1e3:.1f} ms, "
+          f"{ratio['median_step_pooled']:.2f}x  (>1: rlft is faster)")
 
 
 def main() -> None:
@@ -415,12 +421,14 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="S")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (5-20 is plenty)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=3,
+    parser.add_argument("--repeat", type=int, default=5,
                         help="alternate the tools this many times and report each tool's fastest run (a shared "
                              "2-core machine is noisy; every run is kept in the JSON)")
     parser.add_argument("--no-force-length", dest="force_length", action="store_false",
                         help="let completions stop at EOS (then generated tokens per step differ by tool)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: decoding B=8 one token at a time is latency-bound, and on a shared "
+                             "2-core VM two OpenMP threads stall 3-10x whenever another process runs; 0 = torch's choice)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/grpo-<size>.json)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -459,6 +467,9 @@ def main() -> None:
     def across(tool: str, key: str) -> float:  # the median over repeats: less sensitive to one lucky run
         return statistics.median(run[key] for run in runs[tool])
 
+    def pooled(tool: str) -> float:  # the median of every step of every run of a tool
+        return statistics.median(t for run in runs[tool] for t in run["step_times_s"])
+
     report = {
         "benchmark": "grpo",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -488,7 +499,9 @@ def main() -> None:
             "median_step": best["trl"]["median_step_s"] / best["rlft"]["median_step_s"],
             "wall_median_of_runs": across("trl", "wall_s") / across("rlft", "wall_s"),
             "median_step_median_of_runs": across("trl", "median_step_s") / across("rlft", "median_step_s"),
+            "median_step_pooled": pooled("trl") / pooled("rlft"),
         },
+        "median_step_pooled_s": {tool: pooled(tool) for tool in runs},
         "all_runs": runs,
     }
     print_report(report)

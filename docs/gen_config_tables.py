@@ -1,8 +1,8 @@
-"""Regenerate the reference tables of docs/config.md from the pydantic schema.
+"""Regenerate the reference tables of docs/config.md (and the option table of docs/ebft.md) from the schema.
 
     PYTHONPATH=src .venv/bin/python docs/gen_config_tables.py
 
-Rewrites the text between `<!-- BEGIN name -->` and `<!-- END name -->` markers in docs/config.md,
+Rewrites the text between `<!-- BEGIN name -->` and `<!-- END name -->` markers in those pages,
 so the tables always say exactly what the code accepts.
 """
 
@@ -19,10 +19,12 @@ from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
 from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
+EBFT_DOC = Path(__file__).with_name("ebft.md")
 MODEL_NAMES = {"DatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
 ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet",
           "rollout server (later issue)": "rollout server, a later issue",
-          "SAPO/LUSPO/VESPO losses (later issue)": "SAPO/LUSPO/VESPO losses, a later issue"}
+          "SAPO/LUSPO/VESPO losses (later issue)": "SAPO/LUSPO/VESPO losses, a later issue",
+          "reasoning transforms (later issue)": "reasoning transforms, a later issue"}
 
 
 def type_name(annotation) -> str:
@@ -97,15 +99,23 @@ TABLES = {
 }
 
 
-def main() -> None:
-    text = DOC.read_text()
-    for name, make in TABLES.items():
+PAGES = {DOC: TABLES, EBFT_DOC: {"ebft": TABLES["ebft"]}}
+
+
+def rewrite(doc: Path, tables: dict) -> None:
+    text = doc.read_text()
+    for name, make in tables.items():
         pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
         if not pattern.search(text):
-            raise SystemExit(f"{DOC}: no markers for table {name!r}")
+            raise SystemExit(f"{doc}: no markers for table {name!r}")
         text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
-    DOC.write_text(text)
-    print(f"rewrote {len(TABLES)} tables in {DOC}")
+    doc.write_text(text)
+    print(f"rewrote {len(tables)} table(s) in {doc}")
+
+
+def main() -> None:
+    for doc, tables in PAGES.items():
+        rewrite(doc, tables)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: Samp
     if params.repetition_penalty != 1.0 and seen is not None:
         penalised = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
         scores = torch.where(seen, penalised, scores)
-    if params.temperature > 0:
+    if params.temperature > 0 and params.temperature != 1.0:  # skip no-op work: decoding is overhead-bound
         scores = scores / params.temperature
     if 0 < params.top_k < scores.size(-1):  # 0 or -1 = off
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
