@@ -46,13 +46,12 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     from rlft.config import load_config
-    from rlft.data.prepare import prepare_data, preference_steps, sft_steps
+    from rlft.data.prepare import ebft_steps, prepare_data, preference_steps, prompt_steps, sft_steps
     from rlft.models.loading import load_tokenizer
 
     cfg = load_config(args.config, args.overrides)
-    if cfg.method in ("grpo", "gdpo", "ebft"):
-        raise ConfigError(f"preprocess does not handle {cfg.method!r} datasets yet (they come with issue #4/#5)")
-    steps = sft_steps(cfg) if cfg.method == "sft" else preference_steps(cfg.method)
+    steps = {"sft": sft_steps, "grpo": prompt_steps, "gdpo": prompt_steps, "ebft": ebft_steps}.get(cfg.method)
+    steps = steps(cfg) if steps else preference_steps(cfg.method)
     data = prepare_data(cfg, load_tokenizer(cfg), steps)
     table = Table(title=f"rlft preprocess ({cfg.method})")
     table.add_column("dataset", overflow="fold", min_width=24)

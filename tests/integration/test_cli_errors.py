@@ -64,7 +64,7 @@ def test_everything_dropped(cli, capsys, make_config):
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"rl": "ebft", "ebft": {"mode": "strided"}}, "not implemented yet (planned in issue #5)"),
+    ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"]}}, "trl.loss_type 'sapo' is not implemented yet"),
     ({"rl": "grpo", "trl": {"num_generations": 4, "use_vllm": True, "reward_funcs": ["r.f"]}}, "trl.use_vllm (rollout server"),
     ({"fsdp": ["full_shard"]}, "fsdp (multi-GPU)"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),

@@ -332,8 +332,8 @@ def test_plain_sft_config_has_no_planned_settings(config):
 def test_refuse_unbuilt_method_names_issue(config):
     from rlft.train.run import refuse_unbuilt
 
-    with pytest.raises(NotImplementedYet, match=r"'ebft' training is not implemented yet \(planned in issue #5\)"):
-        refuse_unbuilt(config(rl="ebft", ebft={"mode": "strided"}))
+    with pytest.raises(NotImplementedYet, match=r"flex_attention is not wired into strided EBFT"):
+        refuse_unbuilt(config(rl="ebft", ebft={"mode": "strided"}, flex_attention=True))
     refuse_unbuilt(config(rl="dpo"))  # built: no refusal
 
 

@@ -88,7 +88,10 @@ def resolve_strided(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dic
         return lambda row: {"prompt": _first(row, PROMPT_FIELDS, "prompt"), "completion": _first(row, ANSWER_FIELDS, "completion")}
     if ds.type in (None, "completion", "completion.default"):
         return lambda row: {"text": str(get_field(row, ds.field))}
-    raise RowError(f"type {ds.type!r} is not a strided EBFT format: use ebft_strided_structured.transform, completion, or no type")
+    from rlft.errors import DataError
+
+    raise DataError(f"{where}: type {ds.type!r} is not a strided EBFT format: use ebft_strided_structured.transform, "
+                    "completion (raw text in `field`), or no type")
 
 
 def tokenize_strided(record: dict[str, Any], tokenizer) -> dict[str, Any]:

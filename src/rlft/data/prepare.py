@@ -160,7 +160,9 @@ def prepare_data(cfg, tokenizer, steps: MethodSteps | None = None) -> PreparedDa
         reports.append(report)
     if not train:
         dropped = "; ".join(f"{r.name}: {r.dropped_text()}" for r in reports)
-        raise DataError(f"no training rows left after filtering ({dropped}). Raise sequence_len or check the data and format")
+        hint = ("EBFT strided documents need at least context_length + generate_max_len tokens"
+                if any(r.dropped.get("too_short") for r in reports) else "raise sequence_len or check the data and format")
+        raise DataError(f"no training rows left after filtering ({dropped}): {hint}")
     if cfg.shuffle_merged_datasets:
         random.Random(cfg.seed).shuffle(train)
     evaluation: list[dict[str, Any]] = []

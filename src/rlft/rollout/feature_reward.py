@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlft.losses.ebft import feature_matching_rewards
+from rlft.losses.ebft import cfm_loss, feature_matching_rewards
 from rlft.models.features import feature_layer_indices, hidden_features, pool
 
 
@@ -95,7 +95,9 @@ class FeatureMatchingReward:
         metrics = {
             "ebft/alignment": float(result.alignment.mean()),
             "ebft/diversity": float(result.diversity.mean()),
-            "ebft/cfm_loss": float(result.cfm.mean()),
+            # on L2-normalised features: whitened magnitudes scale with 1/singular value
+            "ebft/cfm_loss": float(cfm_loss(torch.nn.functional.normalize(samples, dim=-1),
+                                            torch.nn.functional.normalize(truth, dim=-1)).mean()),
             "ebft/reward": float(result.rewards.mean()),
         }
         return FeatureScores(values=result.rewards.reshape(-1, 1).float().cpu(), metrics=metrics)

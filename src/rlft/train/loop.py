@@ -88,6 +88,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
 
     log = MetricsLog(cfg, output_dir, enabled=main)
+    if main and resume_from is None and log.path.exists():  # a fresh run: keep the old log aside, do not mix them
+        log.path.rename(log.path.with_name("metrics.previous.jsonl"))
     timer = PhaseTimer()
     total_params = sum(p.numel() for p in unwrapped.parameters())
     trainable_params = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)

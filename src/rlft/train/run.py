@@ -28,6 +28,12 @@ def refuse_unbuilt(cfg) -> None:
         )
     if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
         raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
+    if cfg.method == "ebft" and cfg.trl.reward_funcs:
+        raise NotImplementedYet("trl.reward_funcs with rl: ebft: the feature-matching reward replaces reward functions, and "
+                                "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
+    if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
+        raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
+                                "on every device; set flex_attention: false")
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)

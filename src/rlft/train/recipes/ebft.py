@@ -17,11 +17,37 @@ import torch
 from rlft.train.recipes.grpo import GRPORecipe, completion_batch, completion_logps
 
 
+class EBFTHealth:
+    """Warnings from the EBFT docs' healthy ranges, once each: diversity above 1 (samples collapsing onto each
+    other) or alignment below 0.05 (samples unrelated to the ground truth) for 10 logged steps in a row."""
+
+    def __init__(self, console):
+        self.console, self.counts, self.warned = console, {"collapse": 0, "alignment": 0}, set()
+
+    def check(self, metrics: dict[str, float]) -> None:
+        for name, bad, text in (
+            ("collapse", metrics.get("ebft/diversity", 0.0) > 1.0,
+             "ebft/diversity > 1 for 10 steps: the samples are collapsing onto each other; raise temperature or diversity_coef"),
+            ("alignment", metrics.get("ebft/alignment", 1.0) < 0.05,
+             "ebft/alignment < 0.05 for 10 steps: samples do not resemble the ground truth; check feature_layers and the data"),
+        ):
+            self.counts[name] = self.counts[name] + 1 if bad else 0
+            if self.counts[name] == 10 and name not in self.warned:
+                self.warned.add(name)
+                self.console.print(f"warning: {text}", style="bold yellow", markup=False, soft_wrap=True)
+
+
 class EBFTStructuredRecipe(GRPORecipe):
     def __init__(self, cfg, data, tokenizer, scorer, reference, console, shard: tuple[int, int] = (0, 1)):
         super().__init__(cfg, data, tokenizer, scorer, reference, console, shard)
         self.name = "ebft"
         self.ebft = cfg.ebft
+        self.health = EBFTHealth(console)
+
+    def step_metrics(self) -> dict[str, float]:
+        metrics = super().step_metrics()
+        self.health.check(metrics)
+        return metrics
 
     def _sample_and_score(self, model, prompts: list[dict[str, Any]]):
         if self.ebft.adaptive_max_tokens:  # Axolotl's rule: min(len(gt) * multiplier, max), floored at min(64, max)
@@ -101,6 +127,7 @@ class EBFTStridedRecipe:
         from rlft.train.batches import BatchPlan
 
         self.cfg, self.ebft, self.tokenizer, self.frozen, self.console = cfg, cfg.ebft, tokenizer, frozen, console
+        self.health = EBFTHealth(console)
         collate = lambda rows: document_batch(rows, tokenizer.pad_token_id)  # noqa: E731
         lengths = [len(e["input_ids"]) for e in data.train]
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, tokenizer.pad_token_id, shard=shard,
@@ -127,7 +154,7 @@ class EBFTStridedRecipe:
 
     def _rewards(self, model, rollout, layout, whiten: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-block advantages (B·n, K) from the frozen network's features (`whiten` overrides use_whitening)."""
-        from rlft.losses.ebft import ebft_advantages, feature_matching_rewards
+        from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards
         from rlft.models.features import feature_layer_indices, hidden_features
         from rlft.rollout.feature_reward import layer_slices
 
@@ -153,11 +180,13 @@ class EBFTStridedRecipe:
         # (docs·K, n) -> (docs, n, K) -> rows b·n + j, blocks k
         advantages = advantages.view(rows // n, num_blocks, n).permute(0, 2, 1).reshape(rows, num_blocks)
         valid = layout.block_valid.repeat_interleave(n, 0).to(hidden.device)
-        valid_rewards = fm.rewards.view(rows // n, num_blocks, n)[layout.block_valid.to(hidden.device)]
-        metrics = {"ebft/alignment": float(fm.alignment.mean()), "ebft/diversity": float(fm.diversity.mean()),
-                   "ebft/cfm_loss": float(fm.cfm.mean()), "ebft/reward": float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
-                   "ebft/num_blocks": float(layout.block_valid.sum()), "ebft/advantages_std": float(advantages[valid].std())
-                   if int(valid.sum()) > 1 else 0.0}
+        real = layout.block_valid.to(hidden.device).reshape(-1)  # (docs·K,): padding blocks are not reported
+        normalised = torch.nn.functional.normalize
+        cfm = cfm_loss(normalised(samples, dim=-1), normalised(truth.reshape(-1, truth.size(-1)), dim=-1))
+        mean = lambda values: float(values[real].mean()) if bool(real.any()) else 0.0  # noqa: E731
+        metrics = {"ebft/alignment": mean(fm.alignment), "ebft/diversity": mean(fm.diversity), "ebft/cfm_loss": mean(cfm),
+                   "ebft/reward": mean(fm.rewards), "ebft/num_blocks": float(layout.block_valid.sum()),
+                   "ebft/advantages_std": float(advantages[valid].std()) if int(valid.sum()) > 1 else 0.0}
         return advantages * valid, metrics
 
     def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -185,10 +214,17 @@ class EBFTStridedRecipe:
         if e.ce_coef:
             doc_ids = batch["input_ids"].repeat_interleave(e.n_samples_per_prompt, 0)
             doc_nll, doc_mask = document_nll(logits, doc_ids, rollout.doc_attention)
+            # prompt+completion documents: cross-entropy on the completion only (target index i+1 >= prompt length)
+            prompts = batch["prompt_length"].repeat_interleave(e.n_samples_per_prompt, 0).to(doc_mask.device)
+            targets = torch.arange(1, doc_mask.size(1) + 1, device=doc_mask.device)
+            doc_mask = doc_mask & (targets[None, :] >= prompts[:, None])
+            doc_nll = doc_nll * doc_mask
         loss, loss_metrics = strided_ebft_loss(gen_logps, gen_mask, advantages.detach(), doc_nll, doc_mask,
                                                rl_coef=e.rl_coef, ce_coef=e.ce_coef)
         metrics.update(loss_metrics)
         metrics.update({"time/generate": generated - started, "time/reward": rewarded - generated})
+        if model.training:
+            self.health.check(metrics)
         return loss, metrics
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
