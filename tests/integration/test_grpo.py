@@ -207,3 +207,26 @@ def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_pat
     assert cli("train", config) == 0
     steps = [m for m in _metrics(tmp_path / "out") if "loss" in m]
     assert any("kl" in m for m in steps) and all("dynamic_sampling/retries" in m for m in steps)
+
+
+def test_rollout_func_contract(warm_model, cli, tmp_path, monkeypatch):
+    """trl.rollout_func(prompts, trainer) -> prompt_ids, completion_ids, logprobs (+ extra columns for rewards)."""
+    monkeypatch.chdir(tmp_path)
+    source = """
+        def my_rollout(prompts, trainer):
+            tokenizer = trainer.processing_class
+            ids = [tokenizer(p)["input_ids"] for p in prompts]  # prompts arrive G times each, in order
+            out = trainer.generate(ids, 1)
+            return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs,
+                    "env_reward": [float(len(c)) for c in out.completion_ids]}
+
+        def from_env(completions, env_reward, **kwargs):
+            return list(env_reward)
+    """
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.from_env"], max_steps=2, logging_steps=1,
+                          trl={"rollout_func": "myrewards.my_rollout"})
+    text = config.read_text().replace("myrewards.my_rollout", next(tmp_path.glob("rewards_*.py")).stem + ".my_rollout")
+    config.write_text(text)
+    assert cli("train", config) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
+    assert steps and all(m["rewards/from_env/mean"] == m["completions/mean_length"] for m in steps)
