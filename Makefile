@@ -1,3 +1,4 @@
+SHELL := /bin/bash
 # The two commands of the README. Both set up .venv (idempotent, fast when already done).
 PYTHON ?= python3
 VENV := .venv
@@ -22,7 +23,8 @@ demo: $(STAMP)
 	$(VENV)/bin/rlft quickstart
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	@set -o pipefail; $(VENV)/bin/python -m pytest 2>&1 | tee .ci/last-pytest.log; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
 
 clean:
 	rm -rf outputs .pytest_cache
