@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -122,7 +123,8 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
         return {"example": json.dumps(example) if example else "", "outcome": outcome, "error": ""}
 
     processed = rows.map(process, with_indices=True, num_proc=cfg.dataset_num_proc, remove_columns=rows.column_names,
-                         load_from_cache_file=False, desc=f"tokenising {where}")
+                         load_from_cache_file=False, new_fingerprint=uuid.uuid4().hex,  # never cached: skip hashing `process`
+                         desc=f"tokenising {where}")
     report = LengthReport(name=where, rows=len(rows))
     examples = []
     for item in processed:

@@ -163,6 +163,10 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
             reference = Reference(load_reference_model(cfg, tokenizer))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
             reference = Reference(None)  # the policy with its adapter disabled: no second model in memory
+        elif cfg.precompute_ref_log_probs and not cfg.adapter:
+            # reference values are computed before any update (and before a checkpoint is loaded on resume):
+            # the policy itself still holds the initial weights, so no copy is needed
+            reference = Reference(model)
         else:
             reference = Reference(copy.deepcopy(model).eval().requires_grad_(False))
     if cfg.adapter:
