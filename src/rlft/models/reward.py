@@ -59,6 +59,10 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
         base = AutoModelForSequenceClassification.from_pretrained(resolve_source(base_name, "adapter base model"), num_labels=1)
         model = PeftModel.from_pretrained(base, source)
     else:
+        architectures = AutoConfig.from_pretrained(source).architectures or []
+        if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+            raise ModelError(f"{source} is a {architectures[0]}, not a reward model: train one with `reward_model: true` "
+                             "(a sequence-classification model with one output)")
         model = AutoModelForSequenceClassification.from_pretrained(source)
     if model.config.num_labels != 1:
         raise ModelError(f"{source} has {model.config.num_labels} outputs; a reward model has one")
