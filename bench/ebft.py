@@ -51,16 +51,14 @@ import datetime
 import io
 import json
 import platform
-import statistics
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
 import transformers
 from rich.console import Console
-from transformers import AutoConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import accelerate  # noqa: F401  (imported here so its import cost stays out of the timings)
 import datasets
@@ -70,12 +68,12 @@ import rlft.rollout.strided
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.ebft  # noqa: F401
 import rlft.train.run
+from common import RESULTS, make_model, median, quiet, rlft_keys
 from rlft.config import build_config
-from rlft.models.tiny import SIZES, write_tiny_model
+from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
 DOCUMENTS = ROOT / "examples" / "ebft" / "data" / "train.jsonl"
 
 STRIDED = dict(stride=4, context_length=8, generate_max_len=4, n_samples_per_prompt=4, temperature=0.6,
@@ -83,38 +81,6 @@ STRIDED = dict(stride=4, context_length=8, generate_max_len=4, n_samples_per_pro
 STRUCTURED = dict(num_generations=4, completions_per_step=16, max_completion_length=32, temperature=1.0, ce_coef=0.03)
 LR = 2e-4
 STRUCTURED_PHASES = ("prepare", "generate", "reward", "logprobs", "rollout_total", "forward_backward", "optimizer")
-
-
-def median(values) -> float:
-    values = list(values)
-    return statistics.median(values) if values else 0.0
-
-
-def make_model(folder: Path, size: str, seed: int) -> Path:
-    """Config + byte tokenizer from rlft.models.tiny, seeded random weights, saved once for every run."""
-    write_tiny_model(folder, size)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(AutoConfig.from_pretrained(folder)).save_pretrained(folder, safe_serialization=True)
-    return folder
-
-
-def common_keys(model_dir: Path, out_dir: Path, steps: int, seed: int) -> dict:
-    return {
-        "base_model": str(model_dir),
-        "rl": "ebft",
-        "gradient_accumulation_steps": 1,
-        "max_steps": steps,
-        "learning_rate": LR,
-        "lr_scheduler": "constant",
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "optimizer": "adamw_torch",
-        "max_grad_norm": 1.0,
-        "bf16": False,
-        "logging_steps": 1,
-        "seed": seed,
-        "output_dir": str(out_dir),
-    }
 
 
 def train_and_read(cfg) -> tuple[float, list[dict]]:
@@ -132,7 +98,8 @@ def train_and_read(cfg) -> tuple[float, list[dict]]:
 def run_strided(model_dir: Path, out_dir: Path, steps: int, seed: int) -> dict:
     s = STRIDED
     cfg = build_config({
-        **common_keys(model_dir, out_dir, steps, seed),
+        **rlft_keys(model_dir, out_dir, steps, seed, LR),
+        "rl": "ebft",
         "ebft": {"mode": "strided", "stride": s["stride"], "context_length": s["context_length"],
                  "generate_max_len": s["generate_max_len"], "n_samples_per_prompt": s["n_samples_per_prompt"],
                  "temperature": s["temperature"], "feature_layers": [0.5, 1.0], "embed_method": "last_token",
@@ -204,7 +171,8 @@ def run_strided(model_dir: Path, out_dir: Path, steps: int, seed: int) -> dict:
 def run_structured(model_dir: Path, prompts_file: Path, out_dir: Path, steps: int, seed: int) -> dict:
     s = STRUCTURED
     cfg = build_config({
-        **common_keys(model_dir, out_dir, steps, seed),
+        **rlft_keys(model_dir, out_dir, steps, seed, LR),
+        "rl": "ebft",
         "ebft": {"mode": "structured", "feature_layers": [0.5, 1.0], "embed_method": "completion_mean",
                  "use_whitening": False, "alignment_coef": 1.0, "diversity_coef": 1.0, "ce_coef": s["ce_coef"]},
         "trl": {"num_generations": s["num_generations"], "max_completion_length": s["max_completion_length"],
@@ -280,9 +248,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/ebft-<size>.json)")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
+    quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
 

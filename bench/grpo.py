@@ -64,7 +64,6 @@ import sys
 import tempfile
 import time
 import types
-import warnings
 from pathlib import Path
 
 import torch
@@ -87,7 +86,8 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
-from sft_vs_trl import RESULTS, make_model, warm_up
+from common import RESULTS, make_model, median, quiet, rlft_keys, trl_keys
+from sft_vs_trl import warm_up
 
 GROUP = 4
 COMPLETIONS_PER_STEP = 8
@@ -108,18 +108,12 @@ sys.modules[REWARD_MODULE] = types.ModuleType(REWARD_MODULE)
 sys.modules[REWARD_MODULE].count_a_reward = count_a_reward
 
 
-def median(values) -> float:
-    values = list(values)
-    return statistics.median(values) if values else 0.0
-
-
 # --------------------------------------------------------------------------- rlft
 
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args) -> dict:
     cfg = build_config({
-        "base_model": str(model_dir),
-        "random_init": False,
+        **rlft_keys(model_dir, out_dir, steps, args.seed, LR),
         "rl": "grpo",
         "trl": {
             "num_generations": GROUP,
@@ -138,18 +132,6 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
         "datasets": [{"path": str(train_file)}],
         "sequence_len": 64,  # prompt (<= 7 tokens) + 32 completion tokens fit
         "micro_batch_size": COMPLETIONS_PER_STEP,
-        "gradient_accumulation_steps": 1,
-        "max_steps": steps,
-        "learning_rate": LR,
-        "lr_scheduler": "constant",
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "optimizer": "adamw_torch",
-        "max_grad_norm": 1.0,
-        "bf16": False,
-        "logging_steps": 1,  # one metrics.jsonl line per step, for the per-step times
-        "seed": args.seed,
-        "output_dir": str(out_dir),
     }, source="bench")
 
     # Time the parts of train() without touching src/: wrap what run.py and loop.py call.
@@ -281,6 +263,7 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
     dataset = datasets.Dataset.from_list(prompts)  # row generation, not timed (rlft's jsonl is written untimed too)
     config = GRPOConfig(
         output_dir=str(out_dir),
+        **trl_keys(steps, args.seed),
         per_device_train_batch_size=COMPLETIONS_PER_STEP,
         gradient_accumulation_steps=1,
         num_generations=GROUP,
@@ -296,24 +279,7 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
         epsilon=0.2,
         scale_rewards="group",
         use_vllm=False,
-        max_steps=steps,
         learning_rate=LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        optim="adamw_torch",  # TRL defaults to adamw_torch_fused
-        max_grad_norm=1.0,
-        bf16=False,  # TRL defaults to bf16=True
-        fp16=False,
-        gradient_checkpointing=False,  # TRL defaults to True
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        disable_tqdm=True,
-        logging_steps=steps,
-        dataloader_num_workers=0,
-        seed=args.seed,
     )
     timer = GRPOStepTimer()
     PROFILED.clear()
@@ -431,10 +397,7 @@ def main() -> None:
                              "2-core VM two OpenMP threads stall 3-10x whenever another process runs; 0 = torch's choice)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/grpo-<size>.json)")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+    quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -53,7 +53,6 @@ import platform
 import statistics
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -74,7 +73,8 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
-from sft_vs_trl import RESULTS, StepTimer, make_model, warm_up
+from common import RESULTS, make_model, quiet, rlft_keys, trl_keys
+from sft_vs_trl import StepTimer, warm_up
 
 LR = 5e-4
 BETA = 0.1
@@ -92,8 +92,7 @@ def label(tool: str, precompute: bool) -> str:
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args) -> dict:
     cfg = build_config({
-        "base_model": str(model_dir),
-        "random_init": False,
+        **rlft_keys(model_dir, out_dir, steps, args.seed, LR),
         "rl": "dpo",
         "rl_beta": BETA,
         "dpo_loss_type": ["sigmoid"],
@@ -101,18 +100,6 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "datasets": [{"path": str(train_file)}],
         "sequence_len": MAX_LENGTH,
         "micro_batch_size": args.micro_batch,
-        "gradient_accumulation_steps": 1,
-        "max_steps": steps,
-        "learning_rate": LR,
-        "lr_scheduler": "constant",
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "optimizer": "adamw_torch",
-        "max_grad_norm": 1.0,
-        "bf16": False,
-        "logging_steps": 1,  # one metrics.jsonl line per step, for the per-step times and losses
-        "seed": args.seed,
-        "output_dir": str(out_dir),
     }, source="bench")
 
     # Time the parts of train() without touching src/: wrap what run.py, loop.py and the recipe call.
@@ -267,31 +254,15 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
     dataset = datasets.Dataset.from_list(ordered_rows)  # row generation, not timed (rlft's jsonl is written untimed too)
     config = DPOConfig(
         output_dir=str(out_dir),
+        **trl_keys(steps, args.seed),
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
-        max_steps=steps,
         learning_rate=LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        optim="adamw_torch",
-        max_grad_norm=1.0,
         beta=BETA,
         loss_type=["sigmoid"],
         max_length=MAX_LENGTH,
         precompute_ref_log_probs=precompute,
         train_sampling_strategy="sequential",  # rlft's batch order, fed in as the row order
-        bf16=False,  # TRL defaults to bf16=True
-        fp16=False,
-        gradient_checkpointing=False,  # TRL defaults to True
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        disable_tqdm=True,
-        logging_steps=steps,
-        dataloader_num_workers=0,
-        seed=args.seed,
     )
     timer = StepTimer()
     PRECOMPUTE_TIMES.clear()
@@ -417,10 +388,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/preference-<size>.json)")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+    quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -40,13 +40,12 @@ import platform
 import statistics
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
 import transformers
 from rich.console import Console
-from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM, PrinterCallback, TrainerCallback
+from transformers import AutoTokenizer, LlamaForCausalLM, PrinterCallback, TrainerCallback
 
 import trl
 from trl import SFTConfig, SFTTrainer
@@ -58,22 +57,10 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.loop
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
+from common import RESULTS, make_model, quiet, rlft_keys, trl_keys
 from rlft.config import build_config
-from rlft.models.tiny import SIZES, write_tiny_model
+from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def make_model(folder: Path, size: str, seed: int) -> Path:
-    """Config + byte tokenizer from rlft.models.tiny, seeded random weights, saved once for both tools."""
-    write_tiny_model(folder, size)
-    config = AutoConfig.from_pretrained(folder)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
-
 
 def warm_up(model_dir: Path, micro_batch: int) -> None:
     """A few forward/backward passes so one-time kernel setup is charged to neither tool."""
@@ -96,24 +83,11 @@ def last_mean(values: list[float], n: int = 10) -> float:
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     cfg = build_config({
-        "base_model": str(model_dir),
-        "random_init": False,
+        **rlft_keys(model_dir, out_dir, args.steps, args.seed, 3e-3),
         "datasets": [{"path": str(train_file)}],
         "sequence_len": 32,
         "sample_packing": False,
         "micro_batch_size": args.micro_batch,
-        "gradient_accumulation_steps": 1,
-        "max_steps": args.steps,
-        "learning_rate": 3e-3,
-        "lr_scheduler": "constant",
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "optimizer": "adamw_torch",
-        "max_grad_norm": 1.0,
-        "bf16": False,
-        "logging_steps": 1,  # one metrics.jsonl line per step, for the per-step times
-        "seed": args.seed,
-        "output_dir": str(out_dir),
     }, source="bench")
 
     # Time the parts of train() around the loop without touching src/: wrap what run.py and loop.py call.
@@ -212,29 +186,13 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
     dataset = datasets.Dataset.from_list(rows)  # row generation, not timed (rlft's jsonl is written untimed too)
     config = SFTConfig(
         output_dir=str(out_dir),
+        **trl_keys(args.steps, args.seed),
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
-        max_steps=args.steps,
         learning_rate=3e-3,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        optim="adamw_torch",
-        max_grad_norm=1.0,
-        bf16=False,  # TRL defaults to bf16=True
-        fp16=False,
-        gradient_checkpointing=False,  # TRL defaults to True
         max_length=32,
         packing=False,
         completion_only_loss=True,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        disable_tqdm=True,
-        logging_steps=args.steps,
-        dataloader_num_workers=0,
-        seed=args.seed,
     )
     timer = StepTimer()
     start = time.perf_counter()
@@ -318,10 +276,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/sft_vs_trl-<size>.json)")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+    quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
 
