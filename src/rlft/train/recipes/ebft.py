@@ -66,8 +66,10 @@ class EBFTStructuredRecipe(GRPORecipe):
     def _collate(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super()._collate(rows)
         if self.ebft.ce_coef:
+            # one ground-truth row per prompt of this micro-batch, not one per sample (same mean NLL, 1/G of the work)
+            unique = {(tuple(r["prompt_ids"]), tuple(r["ground_truth_ids"])): r for r in rows}.values()
             truth = [{"prompt_ids": r["prompt_ids"], "completion_ids": r["ground_truth_ids"], "mask": [1] * len(r["ground_truth_ids"]),
-                      "advantage": 0.0} for r in rows]
+                      "advantage": 0.0} for r in unique]
             batch.update({f"gt_{k}": v for k, v in completion_batch(truth, self.tokenizer.pad_token_id).items()})
         return batch
 
