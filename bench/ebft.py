@@ -64,7 +64,6 @@ import accelerate  # noqa: F401  (imported here so its import cost stays out of 
 import datasets
 import rlft.data.prepare  # noqa: F401
 import rlft.models.loading  # noqa: F401
-import rlft.rollout.strided
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.ebft  # noqa: F401
 import rlft.train.run
@@ -110,29 +109,13 @@ def run_strided(model_dir: Path, out_dir: Path, steps: int, seed: int) -> dict:
         "micro_batch_size": s["micro_batch_size"],
     }, source="bench")
 
-    shapes: list[dict] = []  # one per generate_blocks call = one per step (no eval, no accumulation)
-    original = rlft.rollout.strided.generate_blocks
-
-    def recording(model, doc_ids, doc_attention, layout, **kwargs):
-        rollout = original(model, doc_ids, doc_attention, layout, **kwargs)
-        rows = rollout.sequences.shape[0]
-        shapes.append({"rows": rows, "blocks": layout.num_blocks, "gen_len": layout.generate_max_len,
-                       "doc_len": layout.seq_len, "total_len": layout.total_len,
-                       "valid_blocks": int(rollout.block_valid.sum())})
-        return rollout
-
-    rlft.rollout.strided.generate_blocks = recording
-    try:
-        wall, steps_ = train_and_read(cfg)
-    finally:
-        rlft.rollout.strided.generate_blocks = original
-    if len(shapes) != len(steps_):
-        raise SystemExit(f"expected one rollout per step, got {len(shapes)} for {len(steps_)} steps")
-
+    wall, steps_ = train_and_read(cfg)
     per_step = []
-    for record, shape in zip(steps_, shapes):
-        generated = shape["rows"] * shape["blocks"] * shape["gen_len"]
-        columns = shape["rows"] * shape["total_len"]
+    for record in steps_:  # the strided recipe logs its rollout's shape with every step
+        generated, columns = record["ebft/generated_tokens"], record["ebft/sequence_tokens"]
+        rows = cfg.micro_batch_size * s["n_samples_per_prompt"]
+        shape = {"rows": rows, "blocks": generated / (rows * s["generate_max_len"]), "gen_len": s["generate_max_len"],
+                 "total_len": columns / rows, "valid_blocks": record["ebft/num_blocks"]}
         generate, reward = record["time/generate"], record["time/reward"]
         forward_backward = record["time/forward_backward"] - generate - reward
         update = forward_backward + record["time/optimizer"]

@@ -54,7 +54,6 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import argparse
-import dataclasses
 import datetime
 import io
 import json
@@ -80,7 +79,6 @@ import datasets
 import rlft.data.prepare  # noqa: F401
 import rlft.models.loading  # noqa: F401
 import rlft.rollout.rewards  # noqa: F401
-import rlft.train.loop
 import rlft.train.recipes.grpo  # noqa: F401
 import rlft.train.run
 from rlft.config import build_config
@@ -128,41 +126,18 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
             "num_iterations": 1,
             "steps_per_generation": 1,
             "reward_funcs": [f"{REWARD_MODULE}.count_a_reward"],
+            # no min_new_tokens in rlft: sample past EOS instead (vLLM's ignore_eos), so every completion is 32 tokens
+            "generation_kwargs": {"ignore_eos": True} if args.force_length else None,
         },
         "datasets": [{"path": str(train_file)}],
         "sequence_len": 64,  # prompt (<= 7 tokens) + 32 completion tokens fit
         "micro_batch_size": COMPLETIONS_PER_STEP,
     }, source="bench")
 
-    # Time the parts of train() without touching src/: wrap what run.py and loop.py call.
-    marks: dict[str, float] = {}
-    checkpoint_times: list[float] = []
-    originals = (rlft.train.run.run_loop, rlft.train.loop.save_checkpoint)
-
-    def timed_loop(cfg_, recipe, *a, **k):
-        if args.force_length:  # no min_new_tokens in rlft: sample past EOS instead, so every completion is 32 tokens
-            recipe.sampling = dataclasses.replace(recipe.sampling, stop_token_ids=[])
-        marks["loop_start"] = time.perf_counter()
-        try:
-            return originals[0](cfg_, recipe, *a, **k)
-        finally:
-            marks["loop_end"] = time.perf_counter()
-
-    def timed_save(*a, **k):
-        start = time.perf_counter()
-        try:
-            return originals[1](*a, **k)
-        finally:
-            checkpoint_times.append(time.perf_counter() - start)
-
-    rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = timed_loop, timed_save
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
-    try:
-        start = time.perf_counter()
-        result = rlft.train.run.train(cfg, console)
-        wall = time.perf_counter() - start
-    finally:
-        rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = originals
+    start = time.perf_counter()
+    result = rlft.train.run.train(cfg, console)
+    wall = time.perf_counter() - start
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_ = [r for r in records if "step_time_s" in r]
@@ -176,15 +151,15 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
         r.get("time/prepare", 0.0) - r.get("time/generate", 0.0) - r.get("time/reward", 0.0) - r.get("time/logprobs", 0.0)
         for r in steps_)
     in_steps = sum(step_times)
-    loop_total = marks["loop_end"] - marks["loop_start"]
-    checkpoint = sum(checkpoint_times)
+    loop_total = result.ended_at - result.started_at
+    checkpoint = result.save_time
     return {
         "wall_s": wall,
-        "setup_s": marks["loop_start"] - start,  # tokenizer, prompt preparation, model load, reward import
+        "setup_s": result.started_at - start,  # tokenizer, prompt preparation, model load, reward import
         "loop_s": loop_total,
         "steps_s": in_steps,
         "checkpoint_save_s": checkpoint,
-        "final_model_save_s": start + wall - marks["loop_end"],
+        "final_model_save_s": start + wall - result.ended_at,
         "loop_other_s": loop_total - in_steps - checkpoint,
         "steps": len(steps_),
         "median_step_s": median(step_times),

@@ -163,19 +163,31 @@ def test_seed_rewards_py_runs_unchanged(warm_model, cli, tmp_path, monkeypatch):
 
 
 def test_loss_units_match_the_policy_loss(warm_model):
-    """The loop normalises by recipe.loss_units before the forward; it must equal policy_loss's own units."""
-    from rlft.losses.policy import policy_loss
-    from rlft.train.recipes.grpo import GRPORecipe, completion_batch
+    """The loop divides a step's gradient by the units recipe.loss reports; they must be policy_loss's own units."""
+    from types import SimpleNamespace
 
+    from transformers import AutoModelForCausalLM
+
+    from rlft.losses.policy import policy_loss
+    from rlft.models.logprobs import completion_batch, completion_logps
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    model = AutoModelForCausalLM.from_pretrained(warm_model)
     rows = [{"prompt_ids": [1, 2, 3][: n % 3 + 1], "completion_ids": [5] * (n % 4), "mask": [1] * (n % 4), "advantage": 0.5}
             for n in range(6)]
     batch = completion_batch(rows, pad_id=0)
-    logps = torch.randn(batch["completion_mask"].shape)
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo"):
         recipe = GRPORecipe.__new__(GRPORecipe)
-        recipe.options = {"loss_type": loss_type, "unbiased_loss_max_tokens": None, "max_completion_length": 4}
-        out = policy_loss(logps, logps, batch["advantages"], batch["completion_mask"], loss_type=loss_type, max_completion_length=4)
-        assert recipe.loss_units(batch) == pytest.approx(float(out.units)), loss_type
+        recipe.settings = SimpleNamespace(
+            temperature=1.0, entropy_coeff=0.0, loss_type=loss_type, epsilon=0.2, epsilon_high=None, delta=None,
+            lower_bound_ratio=None, aipo_rho=None, importance_sampling_level="token", beta=0.0, positive_nll_coef=0.0,
+            unbiased_loss_max_tokens=4)
+        out = recipe.loss(model, batch)
+        logps, _ = completion_logps(model, batch, 1.0, False)
+        expected = policy_loss(logps, logps.detach(), batch["advantages"], batch["completion_mask"], loss_type=loss_type,
+                               max_completion_length=4)
+        assert out.units == pytest.approx(float(expected.units)), loss_type
+        assert float(out.loss_sum) == pytest.approx(float(expected.loss_sum), abs=1e-5), loss_type
 
 
 def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeypatch):

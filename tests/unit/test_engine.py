@@ -7,7 +7,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.models.tokenizer import byte_tokenizer
-from rlft.rollout.engine import LocalEngine, SamplingParams, process_logits
+from rlft.rollout.engine import process_logits
+from rlft.rollout.local import LocalEngine
+from rlft.rollout.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def test_logprobs_match_a_teacher_forced_forward_with_left_padding(engine):
     eng, tok = engine
     prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]  # different lengths: left padding in the batch
     torch.manual_seed(1)
-    out = eng.generate(prompts, 3, SamplingParams(max_new_tokens=6, temperature=0.7))
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.7), 3)
     assert len(out.completion_ids) == 6 and out.prompt_ids[3] == prompts[1]
     for row in range(6):
         expected = _teacher_forced(eng.model, out.prompt_ids[row], out.completion_ids[row], temperature=0.7)
@@ -67,11 +69,11 @@ def test_greedy_stop_tokens_and_truncation(engine):
     eng, tok = engine
     prompt = [tok("7+7=")["input_ids"]]
     greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
-    first = eng.generate(prompt, 2, greedy)
+    first = eng.generate(prompt, greedy, 2)
     assert first.completion_ids[0] == first.completion_ids[1] and len(first.completion_ids[0]) == 5
     assert first.truncated == [True, True]
     stop_on = first.completion_ids[0][2]
-    stopped = eng.generate(prompt, 1, SamplingParams(max_new_tokens=5, temperature=0.0, stop_token_ids=[stop_on]))
+    stopped = eng.generate(prompt, SamplingParams(max_new_tokens=5, temperature=0.0, stop_token_ids=[stop_on]))
     ends = first.completion_ids[0].index(stop_on) + 1
     assert stopped.completion_ids[0] == first.completion_ids[0][:ends] and stopped.truncated == [False]
 
@@ -79,8 +81,8 @@ def test_greedy_stop_tokens_and_truncation(engine):
 def test_stop_strings_end_a_sequence(engine):
     eng, tok = engine
     prompt = [tok("7+7=")["input_ids"]]
-    free = eng.generate(prompt, 1, SamplingParams(max_new_tokens=6, temperature=0.0))
+    free = eng.generate(prompt, SamplingParams(max_new_tokens=6, temperature=0.0))
     text = tok.decode(free.completion_ids[0])
     stop = text[1:3]
-    out = eng.generate(prompt, 1, SamplingParams(max_new_tokens=6, temperature=0.0, stop_strings=[stop]))
+    out = eng.generate(prompt, SamplingParams(max_new_tokens=6, temperature=0.0, stop_strings=[stop]))
     assert stop in tok.decode(out.completion_ids[0]) and len(out.completion_ids[0]) < 6 and out.truncated == [False]

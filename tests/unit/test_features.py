@@ -10,8 +10,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.models.features import (
     feature_layer_indices,
-    feature_network,
-    frozen_copy,
     hidden_features,
     pool,
 )
@@ -199,35 +197,3 @@ def test_attention_4d_is_obeyed(tiny_llama):
     assert torch.allclose(packed[:, 3:], alone, atol=1e-5)
     plain = hidden_features(tiny_llama, ids, torch.ones(1, 6, dtype=torch.long), [1, 2], position_ids=position_ids)
     assert not torch.allclose(plain[:, 3:], alone, atol=1e-3)
-
-
-# ------------------------------------------------------------------------------------------------ feature network
-
-
-def test_feature_network_of_a_full_model_is_the_frozen_copy(tiny_llama):
-    frozen = frozen_copy(tiny_llama)
-    assert frozen is not tiny_llama and not frozen.training
-    assert not any(p.requires_grad for p in frozen.parameters())
-    with feature_network(tiny_llama, frozen) as network:
-        assert network is frozen
-    with pytest.raises(ValueError, match="frozen_copy"):
-        with feature_network(tiny_llama):
-            pass
-
-
-def test_feature_network_of_a_lora_model_disables_the_adapter(tiny_llama):
-    peft = pytest.importorskip("peft")
-    base = copy.deepcopy(tiny_llama)
-    (ids, mask), _ = right_and_left([4, 4], 4)
-    base_features = hidden_features(base, ids, mask, [1, 2])
-    lora = peft.get_peft_model(
-        copy.deepcopy(tiny_llama),
-        peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-    )
-    adapted = hidden_features(lora, ids, mask, [1, 2])
-    assert not torch.allclose(adapted, base_features, atol=1e-4)
-    with feature_network(lora) as network:
-        assert network is lora
-        inside = hidden_features(network, ids, mask, [1, 2])
-    assert torch.allclose(inside, base_features, atol=1e-6)
-    assert torch.allclose(hidden_features(lora, ids, mask, [1, 2]), adapted)  # the adapter is back afterwards

@@ -117,7 +117,7 @@ class TRLConfig(Section):
     )
     generation_kwargs: Optional[dict] = field(
         None,
-        "Extra sampling parameters passed to the engine (e.g. stop strings).",
+        "Extra sampling parameters for the engine: stop (strings), ignore_eos (vLLM names).",
     )
     chat_template_kwargs: Optional[dict] = field(
         None,
@@ -271,7 +271,7 @@ class TRLConfig(Section):
     )
     reference_reset_interval: Optional[int] = field(
         None,
-        "Copy the policy into the frozen reference every N generation batches (Cosmos-RL); needs a reference copy.", ge=0,
+        "Copy the policy into the frozen reference every N optimizer steps (Cosmos-RL); needs a reference copy.", ge=0,
     )
     sync_ref_model: bool = field(
         False,

@@ -12,13 +12,12 @@ working directory (called as `fn(cfg, dataset_idx=i)`, returning `transform_fn` 
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from rlft.errors import DataError
+from rlft.usercode import UserCodeError, load_user_function
 
 Record = dict[str, Any]
 RowFormat = Callable[[dict[str, Any]], Record]
@@ -137,21 +136,19 @@ SFT_FORMATS: dict[str, Callable[[Any], RowFormat]] = {
 
 def user_transform(name: str, cfg, index: int, where: str) -> tuple[Callable, dict[str, Any]] | None:
     """Import `module.fn` from the working directory; None when no such module exists."""
-    module_name, _, fn_name = name.rpartition(".")
-    if not module_name:
+    if not name.rpartition(".")[0]:
         return None
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        factory, _ = load_user_function(name)
+    except UserCodeError as exc:
+        if exc.reason == "no_module":  # `type:` may be a built-in format name: the caller says which exist
             return None
-        raise DataError(f"{where}: importing {module_name} for type {name!r} failed: {exc}") from exc
-    if not hasattr(module, fn_name):
-        raise DataError(f"{where}: module {module_name} ({module.__file__}) has no function {fn_name!r}")
+        hint = ""
+        if exc.reason == "not_callable":
+            hint = f"; a transform is `def {exc.attr}(cfg, dataset_idx=0, **kwargs)` returning a function"
+        raise DataError(f"{where}: {exc}{hint}") from exc
     try:
-        made = getattr(module, fn_name)(cfg, dataset_idx=index)
+        made = factory(cfg, dataset_idx=index)
     except Exception as exc:
         raise DataError(f"{where}: {name}(cfg, dataset_idx={index}) raised {type(exc).__name__}: {exc}") from exc
     transform, map_kwargs = made if isinstance(made, tuple) else (made, {})

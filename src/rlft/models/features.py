@@ -7,9 +7,6 @@ over positions (`ebft.embed_method`). Everything here runs without gradient.
 
 from __future__ import annotations
 
-import copy
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
@@ -175,38 +172,3 @@ def pool(
         start = completion_start.to(hidden.device).reshape(-1, 1)
         return _masked_mean(hidden, valid & (positions.unsqueeze(0) >= start))
     return torch.cat([_at_valid_rank(hidden, valid, (counts * q) // 4) for q in (1, 2, 3)], dim=-1)
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of the (unwrapped) model with requires_grad False and eval mode: the feature network of a full
-    fine-tune. It costs one more copy of the weights; LoRA runs need none (see `feature_network`)."""
-    frozen = copy.deepcopy(_unwrap(model))
-    frozen.requires_grad_(False)
-    return frozen.eval()
-
-
-def _is_peft(model: torch.nn.Module) -> bool:
-    return callable(getattr(model, "disable_adapter", None)) and hasattr(model, "peft_config")
-
-
-@contextmanager
-def feature_network(model: torch.nn.Module, frozen: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
-    """Yield the network that computes EBFT features (the initial policy's weights), for use with `hidden_features`.
-
-    PEFT policy (LoRA): the same model inside `disable_adapter()`, i.e. the frozen base weights, with no second copy
-    in memory (Axolotl and REF do the same). This holds only while the adapter is never merged into the base
-    weights (weight sync must not call merge_adapter), and only outside the policy's own forward/backward.
-    Otherwise: `frozen`, the copy made once from the initial policy with `frozen_copy` (a copy made now would track
-    the trained weights). Raises ValueError when a non-PEFT model comes without one.
-    """
-    network = _unwrap(model)
-    if _is_peft(network):
-        with network.disable_adapter():
-            yield network
-        return
-    if frozen is None:
-        raise ValueError(
-            "the EBFT feature network of a full fine-tune is a frozen copy of the initial policy: make it once with "
-            "frozen_copy(model) before training and pass it as `frozen`"
-        )
-    yield frozen

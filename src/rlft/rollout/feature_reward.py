@@ -4,20 +4,20 @@ For each prompt, the G sampled completions and the ground truth are embedded (pr
 by the frozen feature network (the policy with its LoRA adapter disabled, or a frozen copy of the
 initial policy), pooled by `embed_method`, and scored with `losses.ebft.feature_matching_rewards`:
 r_j = alignment_coef * 2 cos(phi_j, phi_gt) - diversity_coef * 2/(n-1) sum_{j'!=j} phi_j . phi_j'.
-It stands in for the reward functions of GRPO (same interface as `RewardRunner` plus
-`score_rollout`), so advantages and the policy loss are GRPO's.
+It is a scorer in place of GRPO's reward functions, so advantages and the policy loss are GRPO's.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rlft.losses.ebft import cfm_loss, feature_matching_rewards
 from rlft.models.features import feature_layer_indices, hidden_features, pool
+from rlft.models.frozen import FrozenPolicy
+from rlft.rollout.scoring import make_scores
+from rlft.rollout.types import Scores
 
 
 def layer_slices(ebft) -> int:
@@ -25,47 +25,35 @@ def layer_slices(ebft) -> int:
     return len(ebft.feature_layers) * (3 if ebft.embed_method == "concat" else 1)
 
 
-@dataclass
-class _FeatureFunction:
-    name: str = "feature_matching"
-    weight: float = 1.0
-
-
-@dataclass
-class FeatureScores:
-    values: torch.Tensor  # (N, 1)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
 class FeatureMatchingReward:
-    def __init__(self, ebft, tokenizer, frozen_copy: torch.nn.Module | None = None, batch_size: int = 32):
+    """A scorer (rollout/scoring.py) with one reward column, `feature_matching`."""
+
+    def __init__(self, ebft, tokenizer, frozen: FrozenPolicy, batch_size: int = 32):
         self.ebft = ebft
         self.tokenizer = tokenizer
-        self.frozen = frozen_copy
+        self.frozen = frozen
         self.batch_size = batch_size
-        self.functions = [_FeatureFunction()]
-        self.last_metrics: dict[str, float] = {}
+        self.names, self.weights = ["feature_matching"], [1.0]
+        # the adapter-disabled view runs the very module being trained: only where training runs, never in a background thread
+        self.needs_policy = not frozen.is_copy
+        self.policy = None
+
+    def attach_policy(self, policy) -> None:
+        """The policy whose base weights (adapter disabled) are the feature network; also where features are computed."""
+        self.policy = policy
 
     def close(self) -> None:
-        """Nothing to release (interface of RewardRunner)."""
+        """Nothing to release."""
 
-    @contextmanager
-    def _network(self, model):
-        if self.frozen is not None:
-            yield self.frozen
-        else:  # the policy with its adapter disabled: the frozen base, no second copy in memory
-            with getattr(model, "module", model).disable_adapter():
-                yield model
-
-    def embed(self, model, sequences: list[list[int]], completion_starts: list[int]) -> torch.Tensor:
-        """Pooled features (N, D) of right-padded prompt+completion sequences."""
+    def embed(self, sequences: list[list[int]], completion_starts: list[int]) -> torch.Tensor:
+        """Pooled features (N, D) of right-padded prompt+completion sequences, from the frozen network."""
+        model = self.policy if self.policy is not None else self.frozen.model
         config = getattr(getattr(model, "module", model), "config")
         layers = feature_layer_indices(config.num_hidden_layers, list(self.ebft.feature_layers))
         device = next(model.parameters()).device
         pad = self.tokenizer.pad_token_id
         out = []
-        with self._network(model) as network:
+        with torch.no_grad(), self.frozen.view(model) as network:
             for start in range(0, len(sequences), self.batch_size):
                 chunk = sequences[start : start + self.batch_size]
                 width = max(len(s) for s in chunk)
@@ -79,13 +67,13 @@ class FeatureMatchingReward:
                 out.append(pool(hidden, mask, self.ebft.embed_method, starts).float())
         return torch.cat(out)
 
-    def score_rollout(self, model, prompts: list[dict[str, Any]], rollout, group: int) -> FeatureScores:
+    def score(self, prompts: list[dict[str, Any]], rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
         """Rewards (N, 1) for N = len(prompts) * group completions, grouped per prompt."""
         generated = [p + c for p, c in zip(rollout.prompt_ids, rollout.completion_ids)]
         starts = [len(p) for p in rollout.prompt_ids]
         truths = [p["prompt_ids"] + p["ground_truth_ids"] for p in prompts]
         gt_starts = [len(p["prompt_ids"]) for p in prompts]
-        features = self.embed(model, generated + truths, starts + gt_starts)
+        features = self.embed(generated + truths, starts + gt_starts)
         samples = features[: len(generated)].view(len(prompts), group, -1)
         truth = features[len(generated):]
         # whitening per feature layer, as the paper's reference code does
@@ -100,4 +88,4 @@ class FeatureMatchingReward:
                                             torch.nn.functional.normalize(truth, dim=-1)).mean()),
             "ebft/reward": float(result.rewards.mean()),
         }
-        return FeatureScores(values=result.rewards.reshape(-1, 1).float().cpu(), metrics=metrics)
+        return make_scores(result.rewards.reshape(-1, 1).float().cpu(), self.names, self.weights, metrics)

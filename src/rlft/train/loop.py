@@ -1,8 +1,9 @@
-"""The one training loop. It knows no algorithm: a recipe turns a micro-batch into (loss sum, metrics).
+"""The one training loop. It knows no algorithm: a recipe (train/recipe.py) turns a micro-batch into a
+LossOutput (loss sum, loss units, metrics).
 
-Gradient accumulation is done here, not by accelerate: each micro-batch's loss *sum* is divided by
-the number of loss units (target tokens, pairs, ...) in the whole accumulation window, so the
-gradient equals that of one large batch whatever the split.
+Gradient accumulation is done here, not by accelerate: each micro-batch's loss *sum* is backpropagated
+and the accumulated gradient is divided by the loss units (target tokens, pairs, ...) of the whole
+accumulation window, so it equals the gradient of one large batch whatever the split.
 """
 
 from __future__ import annotations
@@ -12,38 +13,18 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rlft.errors import TrainingDiverged, TrainingInterrupted
-from rlft.train.batches import BatchPlan
+from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
-
-
-class Recipe(Protocol):
-    """What a training method supplies to the loop.
-
-    Optional: `prepare_step(model, draw) -> micro-batches` builds a step's micro-batches itself
-    (online RL: generate, score, compute advantages; `draw()` returns the next plan batch and may
-    be called any number of times); an empty list skips the update. `step_metrics()` returns
-    metrics to log with the step; `state_dict()` / `load_state_dict()` carry recipe state in
-    checkpoints.
-    """
-
-    name: str
-    train_plan: BatchPlan
-    eval_batches: list[dict[str, Any]]
-
-    def loss_units(self, batch: dict[str, Any]) -> int: ...
-
-    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]: ...
-
-    def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]: ...
+from rlft.train.recipe import Recipe
 
 
 @dataclass
@@ -52,6 +33,9 @@ class LoopResult:
     checkpoint: Path | None
     wall_time: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    started_at: float = 0.0  # time.perf_counter() when the loop began and ended, for callers that time the set-up
+    ended_at: float = 0.0
+    save_time: float = 0.0  # seconds spent writing checkpoints
 
 
 def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
@@ -70,7 +54,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     if main:
         clean_staging(output_dir)
     plan = recipe.train_plan
-    total_steps = total_steps_for(cfg, len(plan), getattr(recipe, "draws_per_step", None))
+    total_steps = total_steps_for(cfg, len(plan), recipe.draws_per_step)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -81,8 +65,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     if resume_from is not None:
         state = load_checkpoint(resume_from, unwrapped, optimizer, scheduler)
         state.total_steps = total_steps
-        if hasattr(recipe, "load_state_dict"):
-            recipe.load_state_dict(state.recipe_state)
+        recipe.load_state_dict(state.recipe_state)
         console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}")
     elif cfg.resume_from_checkpoint == "auto":
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
@@ -100,39 +83,36 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     history: list[dict[str, Any]] = []
     last_saved: Path | None = None
     started = time.perf_counter()
-    order_cache: dict[int, list[list[int]]] = {}
-
-    def next_indices() -> list[int]:
-        while True:
-            order = order_cache.setdefault(state.epoch, plan.epoch_order(state.epoch))
-            if state.batch_in_epoch < len(order):
-                state.batch_in_epoch += 1
-                return order[state.batch_in_epoch - 1]
-            order_cache.pop(state.epoch, None)
-            state.epoch += 1
-            state.batch_in_epoch = 0
-
-    def draw() -> dict[str, Any]:
-        return plan.batch(next_indices())
+    save_time = 0.0
+    cursor = PlanCursor(plan, state.epoch, state.batch_in_epoch)  # the data position of recipes that do not draw their own
+    recipe.start(unwrapped)
 
     def next_batches() -> list[dict[str, Any]]:
-        if hasattr(recipe, "prepare_step"):
-            with timer("prepare"):
-                batches = recipe.prepare_step(model, draw)
+        began = time.perf_counter()
+        batches = recipe.prepare_step(model)
+        if batches is not None:  # the recipe built the step (online RL: generate, score, log-probs)
+            timer.totals["prepare"] = timer.totals.get("prepare", 0.0) + time.perf_counter() - began
         else:
             with timer("data"):
-                batches = [draw() for _ in range(ga)]
+                batches = [cursor.next() for _ in range(ga)]
+            state.epoch, state.batch_in_epoch = cursor.epoch, cursor.batch_in_epoch
         return [_to_device(b, accelerator.device) for b in batches]
 
     def save() -> Path | None:
-        nonlocal last_saved
+        nonlocal last_saved, save_time
         accelerator.wait_for_everyone()
-        if hasattr(recipe, "state_dict"):
-            state.recipe_state = recipe.state_dict()
+        state.recipe_state = recipe.state_dict()
         if main:
+            began = time.perf_counter()
             with timer("save"):
                 last_saved = save_checkpoint(output_dir, state, unwrapped, tokenizer, optimizer, scheduler, cfg.save_total_limit)
+            save_time += time.perf_counter() - began
         return last_saved
+
+    def show_messages() -> None:
+        for message in recipe.messages():
+            if main:
+                console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
 
     def evaluate() -> dict[str, float]:
         if not recipe.eval_batches:
@@ -160,20 +140,21 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             while state.global_step < total_steps:
                 step_start = time.perf_counter()
                 batches = next_batches()
-                units = sum(recipe.loss_units(b) for b in batches)
-                loss_total, step_metrics, tokens = 0.0, {}, 0
+                units, loss_total, step_metrics, tokens = 0.0, 0.0, {}, 0
                 lr = scheduler.get_last_lr()[0]
                 for index, batch in enumerate(batches):
                     sync = index == len(batches) - 1
                     with timer("forward_backward"), (nullcontext() if sync else accelerator.no_sync(model)):
                         with accelerator.autocast():
-                            loss_sum, metrics = recipe.loss(model, batch)
-                        accelerator.backward(loss_sum / max(units, 1))
-                    loss_total += float(loss_sum.detach())
+                            out = recipe.loss(model, batch)
+                        accelerator.backward(out.loss_sum)
+                    units += out.units
+                    loss_total += float(out.loss_sum.detach())
                     tokens += int(batch["num_tokens"])
-                    for key, value in metrics.items():
+                    for key, value in out.metrics.items():
                         step_metrics[key] = step_metrics.get(key, 0.0) + value / len(batches)
                 loss_value = loss_total / max(units, 1)
+                show_messages()
                 if not math.isfinite(loss_value):
                     where = f"; the last good checkpoint is {last_saved}" if last_saved else ""
                     raise TrainingDiverged(
@@ -182,6 +163,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     )
                 with timer("optimizer"):
                     if batches:
+                        for param in params:  # sum over the window -> mean per loss unit
+                            if param.grad is not None:
+                                param.grad.div_(max(units, 1))
                         max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
                         grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
                         optimizer.step()
@@ -191,19 +175,20 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     optimizer.zero_grad(set_to_none=True)
                 state.global_step += 1
                 state.tokens_seen += tokens
+                recipe.after_optimizer_step(unwrapped, state.global_step)
                 step_time = time.perf_counter() - step_start
                 record = {
                     "loss": round(loss_value, 6),
                     "learning_rate": lr,
                     "grad_norm": round(grad_norm, 6),
-                    "epoch": round(state.epoch + state.batch_in_epoch / max(1, len(plan)), 4),
+                    "epoch": round(recipe.epochs_done(cursor.epochs_done), 4),
                     "tokens": tokens,
                     "tokens_per_s": round(tokens / step_time, 1),  # trained tokens (for RL: prompt + completion rows)
                     "step_time_s": round(step_time, 4),
                     "mfu": round(tokens * flops_per_token(total_params, trainable_params) / step_time / peak, 5),
                     "peak_memory_mb": round(peak_memory_mb(accelerator.device), 1),
                     **{k: round(v, 6) for k, v in step_metrics.items()},
-                    **(recipe.step_metrics() if hasattr(recipe, "step_metrics") else {}),
+                    **recipe.step_metrics(),
                     **timer.pop(),
                 }
                 state.last_metrics = record
@@ -215,6 +200,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     if not console.is_terminal:
                         console.print(f"step {state.global_step}/{total_steps} | {info} | grad_norm {grad_norm:.3f}")
                 progress.update(task, completed=state.global_step)
+                show_messages()
                 if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and state.global_step < total_steps:
                     evaluate()
                 if cfg.save_steps and state.global_step % cfg.save_steps == 0 and state.global_step < total_steps:
@@ -228,4 +214,6 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     state.last_metrics.update(final_eval)
     checkpoint = save()
     log.close()
-    return LoopResult(state=state, checkpoint=checkpoint, wall_time=time.perf_counter() - started, history=history)
+    ended = time.perf_counter()
+    return LoopResult(state=state, checkpoint=checkpoint, wall_time=ended - started, history=history, started_at=started,
+                      ended_at=ended, save_time=save_time)

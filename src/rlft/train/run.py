@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from rlft.config import planned_settings
 from rlft.errors import ConfigError, NotImplementedYet
-from rlft.train.loop import LoopResult, run_loop, total_steps_for
+from rlft.models.frozen import FrozenPolicy
+from rlft.train.loop import LoopResult, run_loop
+from rlft.train.report import print_plan, print_summary
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
 UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
@@ -88,9 +88,9 @@ def train(cfg, console: Console | None = None) -> LoopResult:
             disable_dropout(model)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
     elif cfg.method in ("grpo", "gdpo"):
-        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
+        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base)
     elif cfg.method == "ebft":
-        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base, console)
+        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
     check_context(cfg, model)
@@ -99,13 +99,12 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, getattr(recipe, "draws_per_step", None))
+        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step)
     try:
         result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
     finally:
-        if hasattr(recipe, "rewards"):
-            recipe.rewards.close()  # reward worker processes
-    for warning in recipe.final_warnings() if hasattr(recipe, "final_warnings") else []:
+        recipe.close()  # reward worker processes, engines
+    for warning in recipe.final_warnings():
         console.print(f"WARNING: {warning}", style="bold red", markup=False, soft_wrap=True)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(model)
@@ -128,14 +127,12 @@ def check_context(cfg, model) -> None:
 
 def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, reference and recipe for dpo / ipo / kto / orpo / simpo."""
-    import copy
-
     from rlft.data.prepare import prepare_data, preference_steps
     from rlft.data.preference import assign_kl_completions
     from rlft.errors import DataError
     from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
     from rlft.models.loading import attach_adapter, disable_dropout, load_model
-    from rlft.train.recipes.preference import KTORecipe, PairRecipe, Reference, precompute_or_load
+    from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
 
     method = cfg.method
     data = prepare_data(cfg, tokenizer, preference_steps(method))
@@ -160,15 +157,15 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     reference = None
     if method in ("dpo", "ipo", "kto"):
         if cfg.ref_model:
-            reference = Reference(load_reference_model(cfg, tokenizer))
+            reference = FrozenPolicy(load_reference_model(cfg, tokenizer))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
-            reference = Reference(None)  # the policy with its adapter disabled: no second model in memory
+            reference = FrozenPolicy.adapter_disabled()  # no second model in memory
         elif cfg.precompute_ref_log_probs and not cfg.adapter:
             # reference values are computed before any update (and before a checkpoint is loaded on resume):
             # the policy itself still holds the initial weights, so no copy is needed
-            reference = Reference(model)
+            reference = FrozenPolicy(model)
         else:
-            reference = Reference(copy.deepcopy(model).eval().requires_grad_(False))
+            reference = FrozenPolicy.copy_of(model)
     if cfg.adapter:
         model = attach_adapter(model, cfg)
     if cfg.disable_dropout:
@@ -194,20 +191,17 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
 def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
     """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
     initial weights: `ref_model`, the policy with its adapter disabled (None: no copy), or a frozen copy."""
-    import copy
-
     from rlft.models.loading import attach_adapter, disable_dropout, load_model
-    from rlft.train.recipes.preference import Reference
 
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
     frozen = None
     if need_frozen:
         if cfg.ref_model:
-            frozen = Reference(load_reference_model(cfg, tokenizer))
+            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
-            frozen = Reference(None)  # the policy with its adapter disabled
+            frozen = FrozenPolicy.adapter_disabled()
         else:
-            frozen = Reference(copy.deepcopy(model).eval().requires_grad_(False))
+            frozen = FrozenPolicy.copy_of(model)
     if cfg.adapter:
         model = attach_adapter(model, cfg)
     if cfg.disable_dropout:
@@ -218,12 +212,13 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
     return model, frozen
 
 
-def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None):
     """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
+    from rlft.config.rl import rl_settings
     from rlft.data.prepare import prepare_data, prompt_steps
-    from rlft.errors import ConfigError
     from rlft.rollout.rewards import RewardRunner, load_reward_functions
-    from rlft.train.recipes.grpo import GRPORecipe, effective_options
+    from rlft.rollout.scoring import FunctionScorer
+    from rlft.train.recipes.grpo import GRPORecipe
 
     trl = cfg.trl
     if not trl.reward_funcs:
@@ -231,14 +226,14 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
                           "directory, or a trained reward model folder)")
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
     data = prepare_data(cfg, tokenizer, prompt_steps(cfg))
-    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(effective_options(cfg)["beta"]))
-    rewards = RewardRunner(functions, num_workers=trl.reward_num_workers or 1, timeout=trl.reward_timeout,
-                           failure_score=trl.reward_failure_score)
+    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
+    runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
+                          failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
-    return model, GRPORecipe(cfg, data, tokenizer, rewards, reference, console, shard), data
+    return model, GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard), data
 
 
-def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None):
     """EBFT: the frozen feature network is the initial policy (adapter disabled, or a frozen copy)."""
     from rlft.data.prepare import ebft_steps, prepare_data
 
@@ -248,14 +243,14 @@ def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Con
     if cfg.ebft.mode == "strided":
         from rlft.train.recipes.ebft import EBFTStridedRecipe
 
-        return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, console, shard), data
+        return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, shard), data
+    from rlft.config.rl import rl_settings
     from rlft.rollout.feature_reward import FeatureMatchingReward
     from rlft.train.recipes.ebft import EBFTStructuredRecipe
-    from rlft.train.recipes.grpo import effective_options
 
-    scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen.model)
-    reference = frozen if effective_options(cfg)["beta"] else None  # the same frozen initial policy serves the KL term
-    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, console, shard), data
+    scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
+    reference = frozen if rl_settings(cfg).beta else None  # the same frozen initial policy serves the KL term
+    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard), data
 
 
 def load_reference_model(cfg, tokenizer):
@@ -293,48 +288,3 @@ def save_initial_adapter(model, output_dir: Path) -> Path | None:
         model.save_pretrained(folder, safe_serialization=True)
         init.init_lora_weights = kind
     return folder
-
-
-def _key_value_table(title: str) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(no_wrap=True)
-    table.add_column(overflow="fold")  # paths are shown whole, never cut with an ellipsis
-    return table
-
-
-def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step: int | None = None) -> None:
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    steps = total_steps_for(cfg, micro_batches, draws_per_step)
-    per_epoch = max(1, math.ceil(micro_batches / (draws_per_step or cfg.gradient_accumulation_steps)))
-    table = _key_value_table(f"rlft train: {cfg.method}")
-    table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
-    table.add_row("parameters", f"{total:,} total, {trainable:,} trainable" + (f" ({cfg.adapter} r={cfg.lora_r})" if cfg.adapter else ""))
-    for report in data.reports:
-        info = report.summary()
-        table.add_row("data", f"{info['dataset']}: {info['kept']}/{info['rows']} rows kept "
-                              f"(dropped: {report.dropped_text()}; {info['truncated']} truncated)")
-    table.add_row("train / eval rows", f"{len(data.train)} / {len(data.eval)}")
-    table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
-    effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
-    table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
-    table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
-    table.add_row("output", str(Path(cfg.output_dir).resolve()))
-    console.print(table)
-
-
-def print_summary(console: Console, cfg, result: LoopResult) -> None:
-    metrics = result.state.last_metrics
-    speeds = [h["tokens_per_s"] for h in result.history if "tokens_per_s" in h]
-    table = _key_value_table("rlft train: done")
-    table.add_row("final model", str(Path(cfg.output_dir).resolve()))
-    table.add_row("checkpoint", str(result.checkpoint.resolve()) if result.checkpoint else "-")
-    table.add_row("steps", f"{result.state.global_step}")
-    table.add_row("final loss", f"{metrics.get('loss', float('nan')):.4f}")
-    if "eval/loss" in metrics:
-        table.add_row("eval loss", f"{metrics['eval/loss']:.4f}")
-    if speeds:
-        table.add_row("mean tokens/s", f"{sum(speeds) / len(speeds):,.0f}")
-    table.add_row("wall time", f"{result.wall_time:.1f} s")
-    table.add_row("metrics", str((Path(cfg.output_dir) / "metrics.jsonl").resolve()))
-    console.print(table)

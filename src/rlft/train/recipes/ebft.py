@@ -9,22 +9,26 @@ training too. Strided mode lives in `EBFTStridedRecipe`.
 from __future__ import annotations
 
 import dataclasses
-from contextlib import nullcontext
-from typing import Any
+import time
+from typing import Any, Callable
 
 import torch
 
-from rlft.train.recipes.grpo import GRPORecipe, completion_batch, completion_logps
+from rlft.models.logprobs import completion_batch, completion_logps
+from rlft.rollout.types import SamplingParams, TrainingRow
+from rlft.train.recipe import LossOutput, Recipe
+from rlft.train.recipes.grpo import GRPORecipe
 
 
 class EBFTHealth:
     """Warnings from the EBFT docs' healthy ranges, once each: diversity above 1 (samples collapsing onto each
     other) or alignment below 0.05 (samples unrelated to the ground truth) for 10 logged steps in a row."""
 
-    def __init__(self, console):
-        self.console, self.counts, self.warned = console, {"collapse": 0, "alignment": 0}, set()
+    def __init__(self):
+        self.counts, self.warned = {"collapse": 0, "alignment": 0}, set()
 
-    def check(self, metrics: dict[str, float]) -> None:
+    def check(self, metrics: dict[str, float]) -> list[str]:
+        messages = []
         for name, bad, text in (
             ("collapse", metrics.get("ebft/diversity", 0.0) > 1.0,
              "ebft/diversity > 1 for 10 steps: the samples are collapsing onto each other; raise temperature or diversity_coef"),
@@ -34,57 +38,70 @@ class EBFTHealth:
             self.counts[name] = self.counts[name] + 1 if bad else 0
             if self.counts[name] == 10 and name not in self.warned:
                 self.warned.add(name)
-                self.console.print(f"warning: {text}", style="bold yellow", markup=False, soft_wrap=True)
+                messages.append(text)
+        return messages
+
+
+def adaptive_sampling(ebft) -> Callable[[list[dict[str, Any]], SamplingParams], SamplingParams]:
+    """Axolotl's adaptive_max_tokens rule per generation batch: min(max gt length * multiplier, max), floored at
+    min(64, max)."""
+
+    def sampling_for(prompts: list[dict[str, Any]], sampling: SamplingParams) -> SamplingParams:
+        cap = sampling.max_new_tokens
+        wanted = max(int(len(p["ground_truth_ids"]) * ebft.gt_length_multiplier) for p in prompts)
+        return dataclasses.replace(sampling, max_new_tokens=min(cap, max(wanted, min(64, cap))))
+
+    return sampling_for
 
 
 class EBFTStructuredRecipe(GRPORecipe):
-    def __init__(self, cfg, data, tokenizer, scorer, reference, console, shard: tuple[int, int] = (0, 1)):
-        super().__init__(cfg, data, tokenizer, scorer, reference, console, shard)
+    """GRPO with the feature-matching scorer, plus ground-truth cross-entropy (`ce_coef`) and EBFT's eval."""
+
+    def __init__(self, cfg, data, tokenizer, scorer, reference, shard: tuple[int, int] = (0, 1)):
+        super().__init__(cfg, data, tokenizer, scorer, reference, shard,
+                         sampling_for=adaptive_sampling(cfg.ebft) if cfg.ebft.adaptive_max_tokens else None)
         self.name = "ebft"
         self.ebft = cfg.ebft
-        self.health = EBFTHealth(console)
+        self.health = EBFTHealth()
+
+    def start(self, model) -> None:
+        super().start(model)
+        self.scorer.attach_policy(model)  # the feature network may be the policy with its adapter disabled
 
     def step_metrics(self) -> dict[str, float]:
         metrics = super().step_metrics()
-        self.health.check(metrics)
+        self.pending += self.health.check(metrics)
         return metrics
 
-    def _sample_and_score(self, model, prompts: list[dict[str, Any]]):
-        if self.ebft.adaptive_max_tokens:  # Axolotl's rule: min(len(gt) * multiplier, max), floored at min(64, max)
-            cap = self.options["max_completion_length"]
-            wanted = max(int(len(p["ground_truth_ids"]) * self.ebft.gt_length_multiplier) for p in prompts)
-            self.sampling = dataclasses.replace(self.sampling, max_new_tokens=min(cap, max(wanted, min(64, cap))))
-        return super()._sample_and_score(model, prompts)
-
-    def _rows(self, prompts, rollout, advantages):
-        rows = super()._rows(prompts, rollout, advantages)
+    def rows_of(self, scored) -> list[TrainingRow]:
+        rows = super().rows_of(scored)
         if self.ebft.ce_coef:
             for index, row in enumerate(rows):
-                row["ground_truth_ids"] = prompts[index // self.group]["ground_truth_ids"]
+                row.ground_truth_ids = scored.prompt_of(index)["ground_truth_ids"]
         return rows
 
-    def _collate(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = super()._collate(rows)
+    def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
+        batch = super().micro_batch(rows)
         if self.ebft.ce_coef:
             # one ground-truth row per prompt of this micro-batch, not one per sample (same mean NLL, 1/G of the work)
-            unique = {(tuple(r["prompt_ids"]), tuple(r["ground_truth_ids"])): r for r in rows}.values()
-            truth = [{"prompt_ids": r["prompt_ids"], "completion_ids": r["ground_truth_ids"], "mask": [1] * len(r["ground_truth_ids"]),
+            unique = {(tuple(r.prompt_ids), tuple(r.ground_truth_ids)): r for r in rows}.values()
+            truth = [{"prompt_ids": r.prompt_ids, "completion_ids": r.ground_truth_ids, "mask": [1] * len(r.ground_truth_ids),
                       "advantage": 0.0} for r in unique]
             batch.update({f"gt_{k}": v for k, v in completion_batch(truth, self.tokenizer.pad_token_id).items()})
         return batch
 
-    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        loss_sum, metrics = super().loss(model, batch)
+    def loss(self, model, batch: dict[str, Any]) -> LossOutput:
+        out = super().loss(model, batch)
         if self.ebft.ce_coef:
             nll = ground_truth_nll(model, batch)
             # scaled by this micro-batch's units, so after the loop's division it is ce_coef * mean NLL
-            loss_sum = loss_sum + self.ebft.ce_coef * nll * self.loss_units(batch)
-            metrics["ebft/ce_loss"] = float(nll.detach())
-        return loss_sum, metrics
+            out.loss_sum = out.loss_sum + self.ebft.ce_coef * nll * out.units
+            out.metrics["ebft/ce_loss"] = float(nll.detach())
+        return out
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out ground-truth cross-entropy (teacher forced) and greedy exact match with the ground truth."""
-        greedy = dataclasses.replace(self.sampling, temperature=0.0, max_new_tokens=self.options["max_completion_length"])
+        greedy = dataclasses.replace(self.sampling, temperature=0.0, max_new_tokens=self.settings.max_completion_length)
         nll_total, tokens, hits, count = 0.0, 0, 0, 0
         eos = self.tokenizer.eos_token_id
         for batch in batches:
@@ -96,7 +113,7 @@ class EBFTStructuredRecipe(GRPORecipe):
             logps, _ = completion_logps(model, truth, 1.0, False)
             nll_total += float(-(logps * truth["completion_mask"]).sum())
             tokens += int(truth["completion_mask"].sum())
-            rollout = self.engine(model).generate([p["prompt_ids"] for p in prompts], 1, greedy)
+            rollout = self.producer.engine.generate([p["prompt_ids"] for p in prompts], greedy, 1)
             for p, completion in zip(prompts, rollout.completion_ids):
                 hits += [t for t in completion if t != eos] == [t for t in p["ground_truth_ids"] if t != eos]
             count += len(prompts)
@@ -111,7 +128,7 @@ def ground_truth_nll(model, batch: dict[str, Any]) -> torch.Tensor:
     return -(logps * mask).sum() / mask.sum().clamp_min(1)
 
 
-class EBFTStridedRecipe:
+class EBFTStridedRecipe(Recipe):
     """Strided EBFT on documents: blocks generated in parallel inside one sequence, rewarded per block.
 
     Per micro-batch of right-padded documents: anchors every `stride` tokens from the first anchor;
@@ -125,11 +142,12 @@ class EBFTStridedRecipe:
 
     name = "ebft"
 
-    def __init__(self, cfg, data, tokenizer, frozen, console, shard: tuple[int, int] = (0, 1)):
-        from rlft.train.batches import BatchPlan
+    def __init__(self, cfg, data, tokenizer, frozen, shard: tuple[int, int] = (0, 1)):
+        from rlft.data.batches import BatchPlan
 
-        self.cfg, self.ebft, self.tokenizer, self.frozen, self.console = cfg, cfg.ebft, tokenizer, frozen, console
-        self.health = EBFTHealth(console)
+        self.cfg, self.ebft, self.tokenizer, self.frozen = cfg, cfg.ebft, tokenizer, frozen
+        self.health = EBFTHealth()
+        self.pending: list[str] = []
         collate = lambda rows: document_batch(rows, tokenizer.pad_token_id)  # noqa: E731
         lengths = [len(e["input_ids"]) for e in data.train]
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, tokenizer.pad_token_id, shard=shard,
@@ -141,8 +159,9 @@ class EBFTStridedRecipe:
     def eval_batches(self) -> list[dict[str, Any]]:
         return self.eval_plan.sequential() if self.eval_plan.items else []
 
-    def loss_units(self, batch: dict[str, Any]) -> int:
-        return 1  # the loss is already a mean over this micro-batch
+    def messages(self) -> list[str]:
+        pending, self.pending = self.pending, []
+        return pending
 
     def _layout(self, batch: dict[str, Any]):
         from rlft.rollout.strided import strided_layout
@@ -163,9 +182,8 @@ class EBFTStridedRecipe:
         e, n = self.ebft, self.ebft.n_samples_per_prompt
         base = getattr(model, "module", model)
         layers = feature_layer_indices(base.config.num_hidden_layers, list(e.feature_layers))
-        network = self.frozen.model if self.frozen.model is not None else None
-        with torch.no_grad(), (base.disable_adapter() if network is None else nullcontext()):
-            hidden = hidden_features(network or model, rollout.sequences, None, layers, position_ids=rollout.position_ids,
+        with torch.no_grad(), self.frozen.view(model) as network:
+            hidden = hidden_features(network, rollout.sequences, None, layers, position_ids=rollout.position_ids,
                                      attention_4d=rollout.mask)
         rows, num_blocks, gen_len = hidden.size(0), layout.num_blocks, layout.generate_max_len
         truth_columns = layout.anchors[:, None].to(hidden.device) + torch.arange(gen_len, device=hidden.device)
@@ -191,9 +209,8 @@ class EBFTStridedRecipe:
                    "ebft/advantages_std": float(advantages[valid].std()) if int(valid.sum()) > 1 else 0.0}
         return advantages * valid, metrics
 
-    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        import time
-
+    def loss(self, model, batch: dict[str, Any]) -> LossOutput:
+        """The loss is already a mean over this micro-batch: one unit."""
         from rlft.losses.ebft import strided_ebft_loss
         from rlft.rollout.strided import document_nll, gather_generated_logps, generate_blocks, model_attention_mask
 
@@ -201,7 +218,7 @@ class EBFTStridedRecipe:
         layout = self._layout(batch)
         if layout.num_blocks <= 0:
             zero = sum(p.sum() * 0 for p in model.parameters() if p.requires_grad)
-            return zero, {"ebft/num_blocks": 0.0}
+            return LossOutput(zero, 1, {"ebft/num_blocks": 0.0})
         started = time.perf_counter()
         rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
                                   num_samples=e.n_samples_per_prompt, temperature=e.temperature, top_p=e.top_p)
@@ -224,10 +241,13 @@ class EBFTStridedRecipe:
         loss, loss_metrics = strided_ebft_loss(gen_logps, gen_mask, advantages.detach(), doc_nll, doc_mask,
                                                rl_coef=e.rl_coef, ce_coef=e.ce_coef)
         metrics.update(loss_metrics)
-        metrics.update({"time/generate": generated - started, "time/reward": rewarded - generated})
+        rows = rollout.sequences.shape[0]
+        metrics.update({"time/generate": generated - started, "time/reward": rewarded - generated,
+                        "ebft/generated_tokens": float(rows * layout.num_blocks * layout.generate_max_len),
+                        "ebft/sequence_tokens": float(rows * layout.total_len)})
         if model.training:
-            self.health.check(metrics)
-        return loss, metrics
+            self.pending += self.health.check(metrics)
+        return LossOutput(loss, 1, metrics)
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out document cross-entropy and the feature-matching (CFM) loss of fresh samples (normalised features)."""

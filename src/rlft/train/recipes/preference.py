@@ -19,7 +19,9 @@ import torch
 from rlft.data.preference import example_length, kto_batch, pair_batch
 from rlft.losses import preference as L
 from rlft.losses.sft import token_nll
-from rlft.train.batches import BatchPlan
+from rlft.models.frozen import FrozenPolicy
+from rlft.data.batches import BatchPlan
+from rlft.train.recipe import LossOutput, Recipe
 
 INPUTS = ("input_ids", "attention_mask")
 
@@ -47,33 +49,15 @@ def completion_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool =
     return CompletionLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq)
 
 
-def _base_of(model):
-    return getattr(model, "module", model)  # DDP wraps the model
+def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], prefix: str = "") -> CompletionLogps:
+    with torch.no_grad(), reference.view(policy) as network:
+        return completion_logps(network, batch, prefix)
 
 
-class Reference:
-    """Reference-model log-probs: the policy with its adapter disabled, or a frozen copy."""
-
-    def __init__(self, frozen_copy: torch.nn.Module | None = None):
-        self.model = frozen_copy
-
-    def logps(self, policy, batch: dict[str, Any], prefix: str = "") -> CompletionLogps:
-        with torch.no_grad():
-            if self.model is not None:
-                return completion_logps(self.model, batch, prefix)
-            with _base_of(policy).disable_adapter():
-                return completion_logps(policy, batch, prefix)
-
-    def to(self, device) -> "Reference":
-        if self.model is not None:
-            self.model.to(device)
-        return self
-
-
-class PairRecipe:
+class PairRecipe(Recipe):
     """DPO (every loss type) / IPO, ORPO and SimPO-CPO on (prompt, chosen, rejected) pairs."""
 
-    def __init__(self, cfg, data, pad_id: int, reference: Reference | None, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1)):
         self.cfg = cfg
         self.method = cfg.method
         self.name = self.method
@@ -91,7 +75,8 @@ class PairRecipe:
         """Collated when asked: precomputed reference log-probs land in the examples after __init__."""
         return self.eval_plan.sequential() if self.eval_plan.items else []
 
-    def loss_units(self, batch: dict[str, Any]) -> int:
+    @staticmethod
+    def _units(batch: dict[str, Any]) -> int:
         return batch["input_ids"].shape[0] // 2
 
     def _split(self, out: CompletionLogps, pairs: int, ld_alpha: float | None):
@@ -102,10 +87,10 @@ class PairRecipe:
     def reference_logps(self, policy, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         if "ref_chosen" in batch:
             return batch["ref_chosen"], batch["ref_rejected"]
-        out = self.reference.logps(policy, batch)
+        out = reference_logps(self.reference, policy, batch)
         return self._split(out, batch["input_ids"].shape[0] // 2, self.cfg.dpo_ld_alpha)
 
-    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         cfg = self.cfg
         pairs = batch["input_ids"].shape[0] // 2
         out = completion_logps(model, batch, wpo=cfg.dpo_use_weighting)
@@ -143,7 +128,7 @@ class PairRecipe:
         if self.method == "orpo":
             metrics["log_odds_ratio"] = float(result.log_odds_ratio.detach().mean())
             metrics["nll_loss"] = float(chosen_nll.detach().mean())
-        return losses.sum(), metrics
+        return LossOutput(losses.sum(), self._units(batch), metrics)
 
     def state_dict(self) -> dict[str, Any]:
         """Recipe state that a checkpoint must carry for an exact resume (BCO's running reward mean)."""
@@ -168,13 +153,13 @@ class PairRecipe:
         _store_reference(self, policy, examples, lambda rows: pair_batch(rows, pad_id), ("ref_chosen", "ref_rejected"), device, batch_size)
 
 
-class KTORecipe:
+class KTORecipe(Recipe):
     """KTO on (prompt, completion, desirable?) rows; the KL reference point uses mismatched pairs."""
 
     name = "kto"
     needs_reference = True
 
-    def __init__(self, cfg, data, pad_id: int, reference: Reference, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy, shard: tuple[int, int] = (0, 1)):
         self.cfg = cfg
         self.reference = reference
         self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id))
@@ -184,15 +169,16 @@ class KTORecipe:
         """Collated when asked: precomputed reference log-probs land in the examples after __init__."""
         return self.eval_plan.sequential() if self.eval_plan.items else []
 
-    def loss_units(self, batch: dict[str, Any]) -> int:
+    @staticmethod
+    def _units(batch: dict[str, Any]) -> int:
         return batch["input_ids"].shape[0]
 
     def reference_logps(self, policy, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         if "ref_logps" in batch:
             return batch["ref_logps"], batch["ref_kl_logps"]
-        return self.reference.logps(policy, batch).logps, self.reference.logps(policy, batch, "kl_").logps
+        return reference_logps(self.reference, policy, batch).logps, reference_logps(self.reference, policy, batch, "kl_").logps
 
-    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         out = completion_logps(model, batch)
         with torch.no_grad():
             kl_policy = completion_logps(model, batch, "kl_").logps
@@ -207,7 +193,7 @@ class KTORecipe:
             metrics.update({"rewards/rejected": float(result.rejected_rewards.mean()), "logps/rejected": float(out.logps[~desirable].mean())})
         if desirable.any() and (~desirable).any():
             metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
-        return result.losses.sum(), metrics
+        return LossOutput(result.losses.sum(), self._units(batch), metrics)
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         return _weighted_eval(self, model, batches)
@@ -253,8 +239,8 @@ def _weighted_eval(recipe, model, batches: list[dict[str, Any]]) -> dict[str, fl
     totals: dict[str, float] = {}
     weights: dict[str, int] = {}
     for batch in batches:
-        loss_sum, metrics = recipe.loss(model, batch)
-        units = recipe.loss_units(batch)
+        out = recipe.loss(model, batch)
+        loss_sum, metrics, units = out.loss_sum, out.metrics, out.units
         totals["loss"] = totals.get("loss", 0.0) + float(loss_sum)
         weights["loss"] = weights.get("loss", 0) + units
         for key, value in metrics.items():

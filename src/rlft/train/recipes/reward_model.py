@@ -8,10 +8,11 @@ import torch
 
 from rlft.data.preference import pair_batch
 from rlft.losses.preference import bradley_terry_loss
+from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.preference import _weighted_eval, preference_plans
 
 
-class RewardModelRecipe:
+class RewardModelRecipe(Recipe):
     name = "reward_model"
     needs_reference = False
 
@@ -24,16 +25,17 @@ class RewardModelRecipe:
         """Collated when asked: precomputed reference log-probs land in the examples after __init__."""
         return self.eval_plan.sequential() if self.eval_plan.items else []
 
-    def loss_units(self, batch: dict[str, Any]) -> int:
+    @staticmethod
+    def _units(batch: dict[str, Any]) -> int:
         return batch["input_ids"].shape[0] // 2
 
-    def loss(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         pairs = batch["input_ids"].shape[0] // 2
         scores = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, 0].float()
         chosen, rejected = scores[:pairs], scores[pairs:]
         losses, correct = bradley_terry_loss(chosen, rejected, batch.get("margin"), self.cfg.center_rewards_coefficient)
         detached = scores.detach()
-        return losses.sum(), {
+        return LossOutput(losses.sum(), self._units(batch), {
             "accuracy": float(correct.float().mean()),
             "margin": float((chosen - rejected).detach().mean()),
             "rewards/chosen": float(chosen.detach().mean()),
@@ -41,7 +43,7 @@ class RewardModelRecipe:
             "rewards/min": float(detached.min()),
             "rewards/mean": float(detached.mean()),
             "rewards/max": float(detached.max()),
-        }
+        })
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         result = _weighted_eval(self, model, batches)

@@ -8,28 +8,34 @@ import torch
 
 from rlft.data.prepare import PreparedData
 from rlft.losses.sft import sft_loss_sum
-from rlft.train.batches import BatchPlan
+from rlft.data.batches import BatchPlan
+from rlft.train.recipe import LossOutput, Recipe
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
-class SFTRecipe:
+class SFTRecipe(Recipe):
     name = "sft"
 
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
         capacity = cfg.sequence_len if cfg.sample_packing else None
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard)
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, capacity)
-        self.eval_batches = eval_plan.sequential() if data.eval else []
+        self._eval_batches = eval_plan.sequential() if data.eval else []
 
-    def loss_units(self, batch: dict[str, Any]) -> int:
+    @property
+    def eval_batches(self) -> list[dict[str, Any]]:
+        return self._eval_batches
+
+    @staticmethod
+    def _units(batch: dict[str, Any]) -> int:
         """Target tokens (the first position is never a target)."""
         return int((batch["labels"][:, 1:] != -100).sum())
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> LossOutput:
         logits = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}, use_cache=False).logits
         loss_sum, _ = sft_loss_sum(logits, batch["labels"])
-        return loss_sum, {}
+        return LossOutput(loss_sum, self._units(batch))
 
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         total, count = 0.0, 0

@@ -61,3 +61,36 @@ class BatchPlan:
         """All items in order, for evaluation."""
         return [self.batch(list(range(i, min(i + self.micro_batch_size, len(self.items)))))
                 for i in range(0, len(self.items), self.micro_batch_size)]
+
+
+class PlanCursor:
+    """Where a run stands in a plan: (epoch, batch index). `next()` gives the next micro-batch, moving to the next
+    epoch's order when one runs out. Checkpointed as two integers; a resume continues with the same batches."""
+
+    def __init__(self, plan: BatchPlan, epoch: int = 0, batch_in_epoch: int = 0):
+        self.plan, self.epoch, self.batch_in_epoch = plan, epoch, batch_in_epoch
+        self._order: tuple[int, list[list[int]]] | None = None
+
+    def next_indices(self) -> list[int]:
+        while True:
+            if self._order is None or self._order[0] != self.epoch:
+                self._order = (self.epoch, self.plan.epoch_order(self.epoch))
+            order = self._order[1]
+            if self.batch_in_epoch < len(order):
+                self.batch_in_epoch += 1
+                return order[self.batch_in_epoch - 1]
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def next(self) -> dict[str, Any]:
+        return self.plan.batch(self.next_indices())
+
+    @property
+    def epochs_done(self) -> float:
+        return self.epoch + self.batch_in_epoch / max(1, len(self.plan))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batch_in_epoch = int(state.get("epoch", 0)), int(state.get("batch_in_epoch", 0))

@@ -1,0 +1,153 @@
+"""Online-RL settings resolved once: every `None -> default` of the `trl:` section is decided here.
+
+The schema keeps Axolotl's `None` defaults (so users' configs validate unchanged and `rlft validate
+--explain` shows what they wrote); everything that trains reads `RLSettings` instead, so a default
+lives in exactly one place. The `variant` shorthand (Cosmos-RL) and `rl: gdpo` are applied here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# `trl:` keys whose schema default is None, and the value that then applies (TRL's GRPOConfig defaults,
+# except loss_type, where Axolotl's documented default is dapo)
+DEFAULTS: dict[str, Any] = {
+    "num_generations": 8, "max_completion_length": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+    "repetition_penalty": 1.0, "num_iterations": 1, "steps_per_generation": 1, "scale_rewards": "group",
+    "loss_type": "dapo", "epsilon": 0.2, "beta": 0.0, "multi_objective_aggregation": "sum_then_normalize",
+    "advantage_estimator": "grpo", "importance_sampling_level": "token", "mask_truncated_completions": False,
+    "positive_nll_coef": 0.0,
+}
+
+# variant: Cosmos-RL shorthand -> the options it implies (only where the user did not set them)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "grpo": {"loss_type": "grpo", "scale_rewards": "group"},
+    "dapo": {"loss_type": "dapo", "epsilon_high": 0.28, "beta": 0.0, "overlong_penalty": True, "filter_reward_metric": "reward"},
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4, "beta": 0.0},
+}
+
+# generation_kwargs the in-process engine understands (vLLM's names)
+GENERATION_KWARGS = ("stop", "ignore_eos")
+
+
+def scale_mode(value: Any) -> str:
+    """`scale_rewards` as one of group | batch | none (true = group, false = none, as TRL reads the booleans)."""
+    if value is True:
+        return "group"
+    if value is False:
+        return "none"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """The `trl:` options an online-RL run trains with, no None left where a default applies."""
+
+    # rollouts
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    stop_strings: tuple[str, ...]
+    ignore_eos: bool
+    chat_template_kwargs: dict | None
+    rollout_func: str | None
+    mask_truncated_completions: bool
+    log_completions: bool
+    # batching
+    prompts_per_step: int
+    num_iterations: int
+    steps_per_generation: int
+    # rewards and advantages
+    scale_rewards: str
+    multi_objective_aggregation: str
+    advantage_estimator: str
+    skip_zero_advantage_batches: bool
+    filter_reward_metric: tuple[str, ...]
+    dynamic_sampling_max_retries: int
+    overlong_penalty: bool
+    overlong_buffer_length: int
+    overlong_penalty_factor: float
+    # policy loss
+    loss_type: str
+    importance_sampling_level: str
+    epsilon: float
+    epsilon_high: float | None
+    delta: float | None
+    lower_bound_ratio: float | None
+    aipo_rho: float | None
+    unbiased_loss_max_tokens: int
+    entropy_coeff: float
+    positive_nll_coef: float
+    # reference model
+    beta: float
+    reference_reset_interval: int
+    sync_ref_model: bool
+    ref_model_mixup_alpha: float
+    ref_model_sync_steps: int
+    # what the user wrote, for `rollout_func(prompts, trainer)`'s `trainer.args` (TRL passes its GRPOConfig)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def group(self) -> int:
+        return self.num_generations
+
+    @property
+    def needs_old_logps(self) -> bool:
+        """The policy moves before a generation batch is used up: its log-probs must be cached at sampling time."""
+        return self.num_iterations > 1 or self.steps_per_generation > 1
+
+    def __getattr__(self, name: str) -> Any:  # `trainer.args.<any trl key>` for user rollout functions
+        raw = self.__dict__.get("raw", {})
+        if name in raw:
+            return raw[name]
+        raise AttributeError(name)
+
+
+def rl_settings(cfg) -> RLSettings:
+    """Resolve `cfg.trl` (+ `variant`, `rl: gdpo`, batch sizes) into the settings a run uses."""
+    trl = cfg.trl
+    options = {name: getattr(trl, name) for name in type(trl).model_fields}
+    if trl.variant:
+        for key, value in VARIANTS[trl.variant].items():
+            if key not in trl.model_fields_set:
+                options[key] = value
+    for key, value in DEFAULTS.items():
+        if options.get(key) is None:
+            options[key] = value
+    if cfg.rl == "gdpo":
+        options["multi_objective_aggregation"] = "normalize_then_sum"
+    if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
+        options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
+    scale = "none" if options["unbiased_advantage"] else scale_mode(options["scale_rewards"])
+    group = options["num_generations"]
+    completions_per_step = options["generation_batch_size"] or cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    kwargs = options["generation_kwargs"] or {}
+    metric = options["filter_reward_metric"]
+    maximum = options["max_completion_length"]
+    return RLSettings(
+        num_generations=group, max_completion_length=maximum, temperature=options["temperature"], top_p=options["top_p"],
+        top_k=options["top_k"] or 0, min_p=options["min_p"], repetition_penalty=options["repetition_penalty"],
+        stop_strings=tuple(kwargs.get("stop") or ()), ignore_eos=bool(kwargs.get("ignore_eos", False)),
+        chat_template_kwargs=options["chat_template_kwargs"], rollout_func=options["rollout_func"],
+        mask_truncated_completions=options["mask_truncated_completions"], log_completions=bool(options["log_completions"]),
+        prompts_per_step=completions_per_step // group, num_iterations=options["num_iterations"],
+        steps_per_generation=options["steps_per_generation"], scale_rewards=scale,
+        multi_objective_aggregation=options["multi_objective_aggregation"], advantage_estimator=options["advantage_estimator"],
+        skip_zero_advantage_batches=options["skip_zero_advantage_batches"],
+        filter_reward_metric=((metric,) if isinstance(metric, str) else tuple(metric or ())),
+        dynamic_sampling_max_retries=options["dynamic_sampling_max_retries"], overlong_penalty=options["overlong_penalty"],
+        overlong_buffer_length=options["overlong_buffer_length"] or max(1, maximum // 4),
+        overlong_penalty_factor=options["overlong_penalty_factor"], loss_type=options["loss_type"],
+        importance_sampling_level=options["importance_sampling_level"], epsilon=options["epsilon"],
+        epsilon_high=options["epsilon_high"], delta=options["delta"], lower_bound_ratio=options["lower_bound_ratio"],
+        aipo_rho=options["aipo_rho"], unbiased_loss_max_tokens=options["unbiased_loss_max_tokens"] or maximum,
+        entropy_coeff=options["entropy_coeff"], positive_nll_coef=options["positive_nll_coef"], beta=options["beta"],
+        reference_reset_interval=options["reference_reset_interval"] or 0, sync_ref_model=options["sync_ref_model"],
+        ref_model_mixup_alpha=options["ref_model_mixup_alpha"], ref_model_sync_steps=options["ref_model_sync_steps"],
+        raw=options,
+    )

@@ -1,0 +1,189 @@
+"""Loading `trl.reward_funcs` (+ `trl.reward_weights`) as RewardFunction objects.
+
+An entry is `module.fn`, a function in a .py file of the working directory (imported by
+rlft.usercode, as dataset transforms are), or a trained reward-model folder (or hub id), scored on
+prompt + completion text by RewardModelScorer. Signatures TRL's call cannot bind (no **kwargs,
+positional-only parameters) are refused here, with the fix, rather than failing at every call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rlft.errors import ConfigError, ModelError
+from rlft.rollout.rewards.calling import RESERVED_ARGUMENTS, _invoke
+from rlft.usercode import UserCodeError, load_user_function
+
+
+@dataclass
+class RewardFunction:
+    """One entry of `trl.reward_funcs`: `fn` is called with the TRL keywords (see rewards.calling).
+
+    `name` is used in metrics (`rewards/<name>/mean`); `import_path` ("module.fn") lets worker
+    processes import it themselves, None keeps it in this process (reward models)."""
+
+    name: str
+    weight: float
+    source: str
+    fn: Callable[..., Any]
+    module_file: str | None = None
+    import_path: str | None = None
+    required_columns: tuple[str, ...] = ()
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list, **columns: Any) -> Any:
+        return _invoke(self.fn, prompts, completions, completion_ids, columns)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} ({self.module_file})" if self.module_file else self.source
+
+
+def load_reward_functions(names: list[str], weights: list[float] | None = None, device: str = "cpu") -> list[RewardFunction]:
+    """Resolve `trl.reward_funcs` (+ `trl.reward_weights`): `module.fn` from the working directory, or
+    a trained reward-model folder (scored on prompt + completion text). Raises ConfigError with the fix."""
+    names = list(names or [])
+    if not names:
+        raise ConfigError("trl.reward_funcs is empty: give at least one `module.fn` or reward-model folder",
+                          [("trl.reward_funcs", "empty")])
+    if weights is None:
+        weights = [1.0] * len(names)
+    weights = list(weights)
+    if len(weights) != len(names):
+        message = (
+            f"trl.reward_weights has {len(weights)} value(s) but trl.reward_funcs has {len(names)} ({', '.join(names)}): "
+            "give one weight per reward function, in the same order, or drop reward_weights (all 1.0)"
+        )
+        raise ConfigError(message, [("trl.reward_weights", message)])
+    for index, weight in enumerate(weights):
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            message = f"trl.reward_weights[{index}] = {weight!r} is not a finite number"
+            raise ConfigError(message, [(f"trl.reward_weights[{index}]", message)])
+    functions = [_load_one(name, float(weight), index, device) for index, (name, weight) in enumerate(zip(names, weights))]
+    _make_names_unique(functions)
+    return functions
+
+
+def _make_names_unique(functions: list[RewardFunction]) -> None:
+    """Two functions with the same `fn` name would share metric keys: use the full source for those."""
+    counts: dict[str, int] = {}
+    for function in functions:
+        counts[function.name] = counts.get(function.name, 0) + 1
+    seen: set[str] = set()
+    for function in functions:
+        if counts[function.name] > 1:
+            function.name = function.source
+        while function.name in seen:
+            function.name += "_"
+        seen.add(function.name)
+
+
+def _load_one(name: str, weight: float, index: int, device: str) -> RewardFunction:
+    key = f"trl.reward_funcs[{index}]"
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return _reward_model_function(name, folder, weight, key, device)
+    looks_like_path = "/" in name or os.sep in name or name.startswith((".", "~"))
+    module_name, _, attr = name.rpartition(".")
+    if looks_like_path or not module_name or not attr:
+        if looks_like_path:  # a hub id (org/name) or a folder that does not exist: the loader says which
+            return _reward_model_function(name, folder, weight, key, device)
+        _fail(key, f"{name!r} is neither `module.fn` (a function in a .py file of {Path.cwd()}) nor a reward-model "
+                   f"folder: write it as e.g. `rewards.my_reward` for my_reward in rewards.py")
+    try:
+        fn, module_file = load_user_function(name)
+    except UserCodeError as exc:
+        message = str(exc)
+        if exc.reason == "no_module":
+            message += ", or give the path of a reward-model folder"
+        elif exc.reason == "not_callable":
+            message += f"; a reward function is `def {attr}(completions, **kwargs) -> list[float]`"
+        _fail(key, message)
+    required = _check_signature(fn, name, module_file, key)
+    return RewardFunction(name=attr, weight=weight, source=name, fn=fn, module_file=module_file,
+                          import_path=name, required_columns=required)
+
+
+def _fail(key: str, message: str) -> None:
+    raise ConfigError(f"{key}: {message}", [(key, message)])
+
+
+
+def _check_signature(fn: Callable, name: str, module_file: str | None, key: str) -> tuple[str, ...]:
+    """Refuse signatures TRL's call cannot bind; return the required parameters that must be dataset columns."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return ()
+    parameters = list(signature.parameters.values())
+    convention = ("rlft calls reward functions as TRL does: fn(prompts=..., completions=..., completion_ids=..., "
+                  "<every other dataset column>=...), so a reward function is `def f(completions, **kwargs)` "
+                  "(named columns such as `answer` may be listed before **kwargs)")
+    where = f"{name!r} ({module_file})" if module_file else repr(name)
+    positional_only = [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional_only:
+        _fail(key, f"{where}{signature}: parameter(s) {', '.join(positional_only)} are positional-only and cannot receive "
+                   f"keywords. {convention}")
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        _fail(key, f"{where}{signature} has no **kwargs, so the call fails on the keywords it does not name "
+                   f"(TRL also requires at least 2 parameters). {convention}: add **kwargs")
+    return tuple(p.name for p in parameters
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
+                 and p.name not in RESERVED_ARGUMENTS)
+
+
+class RewardModelScorer:
+    """A trained sequence-classification reward model as a reward function: scores prompt + completion.
+
+    The text matches reward-model training (rlft.data.preference): the chat-templated prompt with the
+    generation prompt (or the plain prompt string), then the completion; `score_texts` appends EOS."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 32):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
+        from rlft.models.reward import score_texts
+
+        texts = [self._prompt_text(p) + _completion_text(c) for p, c in zip(prompts, completions)]
+        return score_texts(self.model, self.tokenizer, texts, batch_size=self.batch_size)
+
+    def _prompt_text(self, prompt: Any) -> str:
+        if isinstance(prompt, list):
+            if getattr(self.tokenizer, "chat_template", None):
+                return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            return "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, Mapping))
+        return str(prompt)
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) if isinstance(m, Mapping) else str(m) for m in completion)
+    return str(completion)
+
+
+def _reward_model_function(name: str, folder: Path, weight: float, key: str, device: str) -> RewardFunction:
+    if folder.is_dir():
+        model_folder = folder / "model" if (folder / "model").is_dir() else folder
+        if not any((model_folder / f).exists() for f in ("adapter_config.json", "config.json")):
+            _fail(key, f"{name!r} is a folder ({folder.resolve()}) but holds no config.json or adapter_config.json, so it is "
+                       "not a reward model; give a trained reward-model folder or a `module.fn` reward function")
+    from rlft.models.reward import load_reward_for_scoring
+
+    try:
+        model, tokenizer = load_reward_for_scoring(name, device=device)
+    except ModelError as exc:
+        _fail(key, f"{name!r} is not an importable `module.fn` and cannot be loaded as a reward model: {exc}")
+    except (OSError, ValueError) as exc:
+        local = "" if folder.exists() else f" (there is no folder {folder.resolve()}, so it was read as a hub id)"
+        _fail(key, f"{name!r}: loading it as a reward model (sequence classification, 1 label) failed{local}: {exc}")
+    label = folder.name if folder.name not in ("", ".", "model") else Path(name).resolve().name
+    return RewardFunction(name=label or name, weight=weight, source=name, fn=RewardModelScorer(model, tokenizer),
+                          module_file=str(folder.resolve()) if folder.exists() else None)
+

@@ -1,0 +1,132 @@
+"""The data that flows through online RL, stage to stage.
+
+    prompts --engine--> Rollout --scorer--> Scores --advantages, filters--> ScoredBatch
+            --recipe (old / reference log-probs)--> TrainingRow --> micro-batches --> loss
+
+Every row keeps what produced it: the sampling log-prob of each token, which tokens the model
+produced (`env_mask`), and the weight version of the engine that sampled it. A `TrainingRow` can
+therefore name where its advantage, its sampling log-probs and its weights came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+
+@dataclass
+class Rollout:
+    """N sampled rows, prompt-major (the G samples of prompt 0 first). Every field has one entry per row."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]  # including the stop token when one was produced
+    logprobs: list[list[float]]  # sampling-distribution log-prob of each completion token (0.0 for environment tokens)
+    truncated: list[bool]  # ended by max_new_tokens, not by a stop token or string
+    env_mask: list[list[int]] = field(default_factory=list)  # per token: 1 = sampled by the model, 0 = from an environment
+    weight_versions: list[int] = field(default_factory=list)  # version of the weights that sampled each row
+
+    def __post_init__(self) -> None:
+        rows = len(self.completion_ids)
+        if not self.env_mask:
+            self.env_mask = [[1] * len(ids) for ids in self.completion_ids]
+        if not self.weight_versions:
+            self.weight_versions = [0] * rows
+        for name in ("prompt_ids", "logprobs", "truncated", "env_mask", "weight_versions"):
+            if len(getattr(self, name)) != rows:
+                raise ValueError(f"Rollout.{name} has {len(getattr(self, name))} rows, completion_ids has {rows}")
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def select(self, rows: list[int]) -> "Rollout":
+        """These rows, every field kept (nothing a later stage needs can be lost on the way)."""
+        return Rollout(**{f.name: [getattr(self, f.name)[i] for i in rows] for f in dataclasses.fields(self)})
+
+    @staticmethod
+    def concat(parts: list["Rollout"]) -> "Rollout":
+        return Rollout(**{f.name: [item for part in parts for item in getattr(part, f.name)] for f in dataclasses.fields(Rollout)})
+
+    def with_version(self, version: int) -> "Rollout":
+        return dataclasses.replace(self, weight_versions=[version] * len(self))
+
+
+@dataclass
+class Scores:
+    """Rewards of N rows: one column per reward function (NaN = unscorable), their weights and the weighted total."""
+
+    values: torch.Tensor  # (N, K)
+    names: list[str]
+    weights: torch.Tensor  # (K,)
+    total: torch.Tensor  # (N,) NaN-skipping weighted sum; NaN where every function was unscorable
+    metrics: dict[str, float] = field(default_factory=dict)  # failure counts and the scorer's own metrics
+    failures: list[dict[str, Any]] = field(default_factory=list)  # {function, error, example}, for the console
+
+    def column(self, name: str) -> torch.Tensor | None:
+        return self.total if name == "reward" else (self.values[:, self.names.index(name)] if name in self.names else None)
+
+    def select(self, rows: list[int]) -> "Scores":
+        return Scores(self.values[rows], self.names, self.weights, self.total[rows], self.metrics, self.failures)
+
+    @staticmethod
+    def concat(parts: list["Scores"]) -> "Scores":
+        first = parts[0]
+        return Scores(torch.cat([p.values for p in parts]), first.names, first.weights, torch.cat([p.total for p in parts]),
+                      parts[-1].metrics, [f for p in parts for f in p.failures])
+
+
+@dataclass
+class ScoredBatch:
+    """One generation batch, ready to train on: prompt groups, their rollouts, rewards and advantages.
+
+    `dropped` counts the groups left out and why (e.g. {"zero_variance": 3} from dynamic sampling);
+    `metrics` describe these rows (rewards, lengths, phase times) and travel with them.
+    """
+
+    prompts: list[dict[str, Any]]  # one per group: prompt_ids, prompt, columns (+ ground_truth_ids for EBFT)
+    rollout: Rollout
+    scores: Scores
+    advantages: torch.Tensor  # (N,)
+    group_size: int
+    skip: bool = False  # no learning signal anywhere (skip_zero_advantage_batches): no update on these steps
+    dropped: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def prompt_of(self, row: int) -> dict[str, Any]:
+        return self.prompts[row // self.group_size]
+
+
+@dataclass
+class TrainingRow:
+    """One completion as the loss sees it, with where each value came from."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]  # env_mask, zeroed when truncated completions are masked
+    advantage: float  # from ScoredBatch.advantages
+    sampling_logps: list[float]  # from the engine that sampled the row (Rollout.logprobs)
+    weight_version: int  # of that engine (Rollout.weight_versions)
+    old_logps: list[float] | None = None  # the policy at sampling time, recomputed by the trainer (num_iterations > 1)
+    ref_logps: list[float] | None = None  # the frozen reference (beta > 0)
+    ground_truth_ids: list[int] | None = None  # EBFT structured with ce_coef
+
+    def to_state(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> "TrainingRow":
+        return TrainingRow(**state)

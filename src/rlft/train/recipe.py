@@ -1,0 +1,75 @@
+"""What a training method supplies to the loop, with defaults: subclass `Recipe` and override what you need.
+
+The loop calls, in order: `start(model)` once the model is prepared and any checkpoint is loaded;
+per step `prepare_step(model)` (None: the loop draws `gradient_accumulation_steps` micro-batches from
+`train_plan`; a list: the recipe built them, an empty list skips the update), `loss(model, batch)`
+per micro-batch, `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()`
+at each checkpoint; `close()` at the end, also on failure. Recipes never print: `messages()` returns
+warnings for the loop to show, `final_warnings()` those for the summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlft.data.batches import BatchPlan
+
+
+@dataclass
+class LossOutput:
+    """A micro-batch's loss *sum* and the loss units it sums over (target tokens, pairs, sequences...): the loop
+    divides the accumulated gradient by the units of the whole step, so it equals one large batch's."""
+
+    loss_sum: torch.Tensor
+    units: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Recipe:
+    name: str = "recipe"
+    train_plan: BatchPlan
+    draws_per_step: int | None = None  # plan batches per optimizer step; None = gradient_accumulation_steps
+
+    @property
+    def eval_batches(self) -> list[dict[str, Any]]:
+        return []
+
+    def start(self, model: torch.nn.Module) -> None:
+        """The model is prepared and any checkpoint (and `load_state_dict`) is loaded."""
+
+    def prepare_step(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+        return None
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> LossOutput:
+        raise NotImplementedError
+
+    def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
+        return {}
+
+    def after_optimizer_step(self, model: torch.nn.Module, step: int) -> None:
+        """Step `step` (1-based) has updated the weights: sync engines and references here."""
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def epochs_done(self, loop_epochs: float) -> float:
+        """Epochs of the data consumed; recipes that own their data cursor override it."""
+        return loop_epochs
+
+    def messages(self) -> list[str]:
+        return []
+
+    def final_warnings(self) -> list[str]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved."""
+
+    def close(self) -> None:
+        """Release workers, engines and files."""

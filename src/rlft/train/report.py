@@ -1,0 +1,56 @@
+"""What `rlft train` prints before and after training: the plan and the summary tables."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rlft.train.loop import LoopResult, total_steps_for
+
+
+def _key_value_table(title: str) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths are shown whole, never cut with an ellipsis
+    return table
+
+
+def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step: int | None = None) -> None:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    steps = total_steps_for(cfg, micro_batches, draws_per_step)
+    per_epoch = max(1, math.ceil(micro_batches / (draws_per_step or cfg.gradient_accumulation_steps)))
+    table = _key_value_table(f"rlft train: {cfg.method}")
+    table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
+    table.add_row("parameters", f"{total:,} total, {trainable:,} trainable" + (f" ({cfg.adapter} r={cfg.lora_r})" if cfg.adapter else ""))
+    for report in data.reports:
+        info = report.summary()
+        table.add_row("data", f"{info['dataset']}: {info['kept']}/{info['rows']} rows kept "
+                              f"(dropped: {report.dropped_text()}; {info['truncated']} truncated)")
+    table.add_row("train / eval rows", f"{len(data.train)} / {len(data.eval)}")
+    table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
+    effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
+    table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
+    table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    table.add_row("output", str(Path(cfg.output_dir).resolve()))
+    console.print(table)
+
+
+def print_summary(console: Console, cfg, result: LoopResult) -> None:
+    metrics = result.state.last_metrics
+    speeds = [h["tokens_per_s"] for h in result.history if "tokens_per_s" in h]
+    table = _key_value_table("rlft train: done")
+    table.add_row("final model", str(Path(cfg.output_dir).resolve()))
+    table.add_row("checkpoint", str(result.checkpoint.resolve()) if result.checkpoint else "-")
+    table.add_row("steps", f"{result.state.global_step}")
+    table.add_row("final loss", f"{metrics.get('loss', float('nan')):.4f}")
+    if "eval/loss" in metrics:
+        table.add_row("eval loss", f"{metrics['eval/loss']:.4f}")
+    if speeds:
+        table.add_row("mean tokens/s", f"{sum(speeds) / len(speeds):,.0f}")
+    table.add_row("wall time", f"{result.wall_time:.1f} s")
+    table.add_row("metrics", str((Path(cfg.output_dir) / "metrics.jsonl").resolve()))
+    console.print(table)

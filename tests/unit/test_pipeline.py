@@ -1,0 +1,271 @@
+"""The online-RL pipeline without the CLI: typed rollouts, the engine, weight sync, the producer, the frozen policy.
+
+A fake engine and a fake scorer drive the producer and the GRPO recipe's queue; a real tiny policy checks that
+sampling never touches the module being trained.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlft.data.batches import BatchPlan, PlanCursor
+from rlft.errors import RolloutError
+from rlft.models.frozen import FrozenPolicy
+from rlft.models.weights import merged_weights, trainable_weights
+from rlft.rollout.local import LocalEngine
+from rlft.rollout.producer import RolloutProducer
+from rlft.rollout.scoring import make_scores
+from rlft.rollout.types import Rollout, SamplingParams, ScoredBatch
+from rlft.train.recipes.grpo import training_rows
+from rlft.train.weight_sync import WeightSync
+
+peft = pytest.importorskip("peft")
+GROUP = 2
+
+
+@pytest.fixture
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, pad_token_id=0, eos_token_id=1)
+    return LlamaForCausalLM(config)
+
+
+def lora(model) -> torch.nn.Module:
+    return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+
+
+# ------------------------------------------------------------------------------------------ fakes
+
+
+class FakeEngine:
+    """Completion of prompt p, sample j: [p[0], j + 10]; versioned like a real engine."""
+
+    def __init__(self, env_tokens: bool = False):
+        self.version, self.calls = 0, 0
+
+    def generate(self, prompt_ids, params, num_samples=1):
+        self.calls += 1
+        expanded = [p for p in prompt_ids for _ in range(num_samples)]
+        completions = [[p[0], j % num_samples + 10] for j, p in enumerate(expanded)]
+        return Rollout(expanded, completions, [[-0.5, -0.25] for _ in expanded], [False] * len(expanded),
+                       weight_versions=[self.version] * len(expanded))
+
+    def load_weights(self, weights, version):
+        self.version = version
+
+    def health(self):
+        return {"ok": True, "version": self.version}
+
+
+class FakeScorer:
+    """Reward = the second completion token when the prompt's first token is odd (varies in a group), else 1.0."""
+
+    needs_policy = False
+    names, weights = ["r"], [1.0]
+
+    def score(self, prompts, rollout, group, extra=None):
+        values = [[float(c[1]) if c[0] % 2 else 1.0] for c in rollout.completion_ids]
+        return make_scores(torch.tensor(values), self.names, self.weights)
+
+    def close(self):
+        pass
+
+
+def settings(**overrides) -> SimpleNamespace:
+    base = dict(num_generations=GROUP, prompts_per_step=2, steps_per_generation=1, filter_reward_metric=(),
+                dynamic_sampling_max_retries=0, scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
+                advantage_estimator="grpo", skip_zero_advantage_batches=True, overlong_penalty=False, rollout_func=None,
+                max_completion_length=4)
+    return SimpleNamespace(**{**base, **overrides})
+
+
+def prompt_cursor(firsts: list[int], per_batch: int = 2) -> PlanCursor:
+    rows = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in firsts]
+    return PlanCursor(BatchPlan(rows, per_batch, seed=0, pad_id=0, collate=lambda r: {"prompts": r}))
+
+
+def producer(engine=None, firsts=(3, 5, 2, 4), rollout_func=None, **overrides) -> RolloutProducer:
+    tokenizer = SimpleNamespace(eos_token_id=1)
+    return RolloutProducer(engine or FakeEngine(), FakeScorer(), prompt_cursor(list(firsts)), settings(**overrides), tokenizer,
+                           SamplingParams(max_new_tokens=4), rollout_func=rollout_func)
+
+
+# ------------------------------------------------------------------------------------------ typed rollouts
+
+
+def test_rollout_select_and_concat_keep_every_field():
+    rollout = Rollout([[1], [2], [3]], [[4, 5], [6], [7, 8]], [[-1.0, -2.0], [-3.0], [-4.0, -5.0]], [False, True, False],
+                      env_mask=[[1, 0], [1], [0, 1]], weight_versions=[3, 3, 4])
+    picked = Rollout.concat([rollout.select([2]), rollout.select([0])])
+    assert picked.env_mask == [[0, 1], [1, 0]] and picked.weight_versions == [4, 3] and picked.logprobs[0] == [-4.0, -5.0]
+    with pytest.raises(ValueError, match="env_mask"):
+        Rollout([[1]], [[2]], [[0.0]], [False], env_mask=[[1], [1]])
+
+
+# ------------------------------------------------------------------------------------------ producer
+
+
+def test_producer_yields_prompt_major_groups_with_versions_and_advantages():
+    engine = FakeEngine()
+    engine.load_weights({}, version=7)
+    batch = producer(engine).produce()
+    assert [r[0] for r in batch.rollout.prompt_ids] == [p["prompt_ids"][0] for p in batch.prompts for _ in range(GROUP)]
+    assert batch.rollout.weight_versions == [7] * 4
+    rewards = batch.scores.total.view(-1, GROUP)
+    expected = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
+    assert torch.allclose(batch.advantages, expected.flatten(), atol=1e-5)
+    assert "time/generate" in batch.metrics and batch.metrics["reward"] == pytest.approx(float(batch.scores.total.mean()))
+
+
+def test_dynamic_sampling_drops_constant_groups_and_draws_more():
+    # prompts 3 and 5 vary (odd first token), 2 and 4 are constant: draws go on until both odd ones are kept
+    made = producer(firsts=(3, 2, 5, 4), filter_reward_metric=("reward",), dynamic_sampling_max_retries=5)
+    batch = made.produce()
+    retries = int(batch.metrics["dynamic_sampling/retries"])
+    assert sorted(p["prompt_ids"][0] for p in batch.prompts) == [3, 5] and made.engine.calls == 1 + retries
+    assert batch.dropped == {"zero_variance": 2 * (1 + retries) - 2}
+    assert len(batch.rollout) == 2 * GROUP and batch.scores.values.shape == (4, 1)
+    assert all(c[0] in (3, 5) for c in batch.rollout.completion_ids)
+
+
+def test_dynamic_sampling_retries_are_bounded():
+    made = producer(firsts=(2, 4, 6, 8), filter_reward_metric=("r",), dynamic_sampling_max_retries=1)
+    batch = made.produce()
+    assert made.engine.calls == 2 and batch.metrics["dynamic_sampling/retries"] == 1.0
+    assert batch.skip  # nothing varied: trained on the last draw, every advantage 0, the update is skipped
+
+
+def test_unknown_filter_metric_names_the_choices():
+    with pytest.raises(RolloutError, match="not a reward function name"):
+        producer(filter_reward_metric=("nope",)).produce()
+
+
+def test_rollout_func_env_mask_survives_dynamic_sampling_and_is_never_trained_on():
+    """The bug this pipeline fixes: env_mask was lost when rollouts were selected or concatenated."""
+
+    def rollout_func(prompts, trainer):
+        count = len(prompts)
+        first = [1 if i < 4 else 0 for i in range(count)]  # only the first two groups... are varied below
+        return {"prompt_ids": [[3 + 2 * (i // GROUP), 7] for i in range(count)],
+                "completion_ids": [[9, 10 + i % GROUP, 1] for i in range(count)],
+                "logprobs": [[-0.1, 0.0, -0.2] for _ in range(count)],
+                "env_mask": [[1, 0, 1] for _ in range(count)], "flag": first}
+
+    made = producer(firsts=(3, 5, 2, 4), rollout_func=rollout_func, filter_reward_metric=("reward",),
+                    dynamic_sampling_max_retries=2)
+    batch = made.produce()
+    assert all(mask == [1, 0, 1] for mask in batch.rollout.env_mask)
+    rows = training_rows(batch, mask_truncated=False)
+    assert all(row.loss_mask == [1, 0, 1] and row.sampling_logps == [-0.1, 0.0, -0.2] for row in rows)
+
+
+def test_producer_never_touches_the_trained_module(tiny_llama):
+    policy = lora(tiny_llama).train()
+    engine = LocalEngine.from_policy(policy, pad_id=0, version=0)
+    calls = []
+    policy.register_forward_pre_hook(lambda module, args: calls.append(1))  # after the copy: the engine's has none
+    made = RolloutProducer(engine, FakeScorer(), prompt_cursor([3, 5]), settings(), SimpleNamespace(eos_token_id=1),
+                           SamplingParams(max_new_tokens=3))
+    before = {k: v.clone() for k, v in trainable_weights(policy).items()}
+    made.produce()
+    assert calls == [] and policy.training and not policy.base_model.model.model.layers[0].self_attn.q_proj.disable_adapters
+    assert all(torch.equal(before[k], v) for k, v in trainable_weights(policy).items())
+
+
+# ------------------------------------------------------------------------------------------ engine and weight sync
+
+
+def test_local_engine_shares_frozen_weights_and_copies_the_trained_ones(tiny_llama):
+    policy = lora(tiny_llama)
+    engine = LocalEngine.from_policy(policy, pad_id=0)
+    base = dict(policy.named_parameters())
+    own = dict(engine.model.named_parameters())
+    frozen = [n for n, p in base.items() if not p.requires_grad]
+    trained = [n for n, p in base.items() if p.requires_grad]
+    assert all(own[n] is base[n] for n in frozen)
+    assert all(own[n].data_ptr() != base[n].data_ptr() for n in trained) and not engine.model.training
+    with torch.no_grad():
+        for name in trained:
+            base[name].add_(1.0)
+    assert not torch.equal(own[trained[0]], base[trained[0]])  # the engine still samples with version 0
+    sync = WeightSync(engine)
+    assert sync.after_optimizer_step(policy, step=1) and engine.version == 1
+    assert all(torch.equal(own[n], base[n]) for n in trained)
+    rollout = engine.generate([[2, 3]], SamplingParams(max_new_tokens=2, temperature=0.0), 2)
+    assert rollout.weight_versions == [1, 1]
+    with pytest.raises(RolloutError, match="no parameter"):
+        engine.load_weights({"nope.weight": torch.zeros(1)}, version=2)
+
+
+def test_weight_sync_refuses_an_engine_that_serves_another_version():
+    class Stuck(FakeEngine):
+        def load_weights(self, weights, version):
+            pass
+
+    with pytest.raises(RolloutError, match="serves version 0 after being sent version 2"):
+        WeightSync(Stuck(), every=2).after_optimizer_step(torch.nn.Linear(2, 2), step=2)
+    assert not WeightSync(Stuck(), every=2).after_optimizer_step(torch.nn.Linear(2, 2), step=1)
+
+
+def test_merged_weights_equal_merge_and_unload(tiny_llama):
+    policy = lora(tiny_llama)
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()
+    merged = merged_weights(policy)
+    assert set(merged) == set(expected)
+    assert all(torch.allclose(merged[k], expected[k], atol=1e-6) for k in expected)
+
+
+# ------------------------------------------------------------------------------------------ frozen policy
+
+
+def test_frozen_policy_of_a_full_model_is_a_frozen_copy(tiny_llama):
+    frozen = FrozenPolicy.copy_of(tiny_llama)
+    assert frozen.model is not tiny_llama and not frozen.model.training
+    assert not any(p.requires_grad for p in frozen.model.parameters())
+    with frozen.view(tiny_llama) as network:
+        assert network is frozen.model
+    with pytest.raises(ValueError, match="no adapter"):
+        with FrozenPolicy.adapter_disabled().view(tiny_llama):
+            pass
+
+
+def test_frozen_policy_of_a_lora_model_disables_the_adapter(tiny_llama):
+    ids = torch.tensor([[2, 3, 4, 5]])
+    base_logits = copy.deepcopy(tiny_llama)(ids).logits
+    policy = lora(copy.deepcopy(tiny_llama))
+    adapted = policy(ids).logits
+    assert not torch.allclose(adapted, base_logits, atol=1e-4)
+    with FrozenPolicy.adapter_disabled().view(policy) as network:
+        assert network is policy
+        assert torch.allclose(network(ids).logits, base_logits, atol=1e-5)
+    assert torch.allclose(policy(ids).logits, adapted)  # the adapter is back afterwards
+
+
+# ------------------------------------------------------------------------------------------ the recipe's queue
+
+
+def test_recipe_queue_windows_and_reuse(tiny_llama, tok):
+    """steps_per_generation 2 x num_iterations 2: one generation feeds 4 steps, old log-probs cached once."""
+    from rlft.config import build_config
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 2,
+                        "gradient_accumulation_steps": 1, "trl": {"num_generations": 2, "steps_per_generation": 2,
+                                                                   "num_iterations": 2, "reward_funcs": ["r.f"]}})
+    prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in (3, 5, 7, 9)]
+    engine = FakeEngine()
+    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+                        make_engine=lambda policy, version: engine)
+    recipe.start(tiny_llama)
+    steps = [recipe.prepare_step(tiny_llama) for _ in range(4)]
+    assert engine.calls == 1 and len(recipe.queue) == 0
+    assert all(len(step) == 1 and step[0]["input_ids"].shape[0] == 2 and "old_logps" in step[0] for step in steps)
+    assert torch.equal(steps[0][0]["input_ids"], steps[2][0]["input_ids"])  # the second pass reuses the first window
+    state = recipe.state_dict()
+    assert state["generations"] == 1 and state["prompts"] == {"epoch": 0, "batch_in_epoch": 2}
