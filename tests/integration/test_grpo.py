@@ -4,7 +4,6 @@ import json
 import textwrap
 
 import pytest
-import torch
 import yaml
 
 from rlft.train.metrics import read_metrics

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,3 +71,20 @@ def data_config() -> Callable[..., RlftConfig]:
         return build_config({"base_model": "tiny-model", "datasets": list(datasets), **top_level})
 
     return make
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """tmp_path as the working directory; `write(name, source)` creates the module name.py there (dedented)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the working directory on sys.path
+    written: list[str] = []
+
+    def write(name: str, source: str) -> None:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        sys.modules.pop(name, None)
+        written.append(name)
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)

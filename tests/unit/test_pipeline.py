@@ -20,7 +20,7 @@ from rlft.models.weights import merged_weights, trainable_weights
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import RolloutProducer
 from rlft.rollout.scoring import make_scores
-from rlft.rollout.types import Rollout, SamplingParams, ScoredBatch
+from rlft.rollout.types import Rollout, SamplingParams
 from rlft.train.recipes.grpo import training_rows
 from rlft.train.weight_sync import WeightSync
 
@@ -46,7 +46,7 @@ def lora(model) -> torch.nn.Module:
 class FakeEngine:
     """Completion of prompt p, sample j: [p[0], j + 10]; versioned like a real engine."""
 
-    def __init__(self, env_tokens: bool = False):
+    def __init__(self):
         self.version, self.calls = 0, 0
 
     def generate(self, prompt_ids, params, num_samples=1):
@@ -150,16 +150,18 @@ def test_rollout_func_env_mask_survives_dynamic_sampling_and_is_never_trained_on
     """The bug this pipeline fixes: env_mask was lost when rollouts were selected or concatenated."""
 
     def rollout_func(prompts, trainer):
+        # token 2 of every completion is a tool's output (env_mask 0); groups of even prompts get constant rewards
         count = len(prompts)
-        first = [1 if i < 4 else 0 for i in range(count)]  # only the first two groups... are varied below
-        return {"prompt_ids": [[3 + 2 * (i // GROUP), 7] for i in range(count)],
-                "completion_ids": [[9, 10 + i % GROUP, 1] for i in range(count)],
+        firsts = [int(prompt[1:]) for prompt in prompts]
+        return {"prompt_ids": [[first, 7] for first in firsts],
+                "completion_ids": [[first, 10 + i % GROUP, 1] for i, first in enumerate(firsts)],
                 "logprobs": [[-0.1, 0.0, -0.2] for _ in range(count)],
-                "env_mask": [[1, 0, 1] for _ in range(count)], "flag": first}
+                "env_mask": [[1, 0, 1] for _ in range(count)]}
 
     made = producer(firsts=(3, 5, 2, 4), rollout_func=rollout_func, filter_reward_metric=("reward",),
                     dynamic_sampling_max_retries=2)
     batch = made.produce()
+    assert sorted(p["prompt_ids"][0] for p in batch.prompts) == [3, 5]  # rows were selected and concatenated
     assert all(mask == [1, 0, 1] for mask in batch.rollout.env_mask)
     rows = training_rows(batch, mask_truncated=False)
     assert all(row.loss_mask == [1, 0, 1] and row.sampling_logps == [-0.1, 0.0, -0.2] for row in rows)

@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -82,27 +81,6 @@ def crash_reward(completions, **kwargs):
         os._exit(3)
     return [3.0] * len(completions)
 '''
-
-
-def write_module(folder: Path, name: str, source: str) -> None:
-    (folder / f"{name}.py").write_text(textwrap.dedent(source))
-    sys.modules.pop(name, None)
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """tmp_path as the working directory; `write(name, source)` creates a module there."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the working directory on sys.path
-    written: list[str] = []
-
-    def write(name: str, source: str) -> None:
-        write_module(tmp_path, name, source)
-        written.append(name)
-
-    yield write
-    for name in written:
-        sys.modules.pop(name, None)
 
 
 def rows(n: int, conversational: bool = False):
@@ -310,7 +288,8 @@ WORKER_FUNCTIONS = ["length_reward", "sleepy_reward", "alarm_reward", "crash_rew
 def worker_runner(tmp_path_factory):
     """One pool of 2 spawn workers shared by the worker tests (each spawn costs a fraction of a second)."""
     folder = tmp_path_factory.mktemp("reward_workers")
-    write_module(folder, SHARED_MODULE, SHARED_PY)
+    (folder / f"{SHARED_MODULE}.py").write_text(textwrap.dedent(SHARED_PY))
+    sys.modules.pop(SHARED_MODULE, None)
     previous, previous_path = os.getcwd(), list(sys.path)
     os.chdir(folder)
     try:

@@ -9,23 +9,6 @@ import pytest
 from rlft.usercode import UserCodeError, import_user_module, load_user_function
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """tmp_path as the working directory; `write(name, source)` creates name.py there."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the working directory on sys.path
-    written: list[str] = []
-
-    def write(name: str, source: str) -> None:
-        (tmp_path / f"{name}.py").write_text(source)
-        sys.modules.pop(name, None)
-        written.append(name)
-
-    yield write
-    for name in written:
-        sys.modules.pop(name, None)
-
-
 def load_error(dotted: str) -> UserCodeError:
     with pytest.raises(UserCodeError) as caught:
         load_user_function(dotted)

@@ -12,6 +12,7 @@ from pydantic import field_validator, model_validator
 
 from rlft.config.base import Section, field, planned
 from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
+from rlft.config.rl import DEFAULTS as RL_DEFAULTS
 
 RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw", "adam", "sgd", "rmsprop", "adagrad"]
@@ -324,7 +325,7 @@ def _ebft_problems(cfg: RlftConfig):
     ebft = cfg.ebft
     if "ebft" not in cfg.model_fields_set:
         yield "rl: ebft needs an `ebft:` section (at least `mode: structured` or `mode: strided`) saying how features are matched"
-    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else (cfg.trl.num_generations or 8)
+    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else (cfg.trl.num_generations or RL_DEFAULTS["num_generations"])
     if ebft.use_whitening and group < 2:
         yield f"ebft.use_whitening needs at least 2 samples per group to estimate a second moment; the group size is {group}"
     if ebft.mode == "strided" and ebft.embed_method in ("concat", "completion_mean"):
@@ -345,7 +346,7 @@ def _grpo_problems(cfg: RlftConfig):
     if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
         yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
                "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")
-    groups = trl.num_generations if trl.num_generations is not None else 8  # TRL default
+    groups = trl.num_generations if trl.num_generations is not None else RL_DEFAULTS["num_generations"]
     if groups is not None and groups < 2:
         yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"
     if trl.generation_batch_size is None and groups:

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlft.config.rl import rl_settings
 from rlft.data.formats import RowError, resolve_sft_format
 from rlft.data.loading import describe, load_rows
 from rlft.data.tokenize import LengthReport, fit_length, tokenize_record
@@ -66,10 +67,10 @@ def prompt_steps(cfg) -> MethodSteps:
     """Online RL prompts: the prompt plus every other column (for the reward functions)."""
     from rlft.data.prompts import fit_prompt, resolve_prompt_format, tokenize_prompt
 
-    budget = cfg.sequence_len - (cfg.trl.max_completion_length or 256)
+    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
     if budget < 1:
         raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to "
-                        f"trl.max_completion_length={cfg.trl.max_completion_length or 256}: raise sequence_len")
+                        f"trl.max_completion_length={rl_settings(cfg).max_completion_length}: raise sequence_len")
     def fit(example, cfg):
         return (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget, cfg.excess_length_strategy)
 
@@ -87,7 +88,7 @@ def ebft_steps(cfg) -> MethodSteps:
                            lambda example, cfg: E.fit_strided(example, cfg.sequence_len, ebft.context_length,
                                                               ebft.generate_max_len, ebft.min_completion_prefix,
                                                               cfg.excess_length_strategy))
-    budget = cfg.sequence_len - (cfg.trl.max_completion_length or 256)
+    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
     if budget < 1:
         raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length")
 

@@ -395,17 +395,12 @@ class RewardRunner:
         return failures
 
     def _metrics(self, values, state: _CallState) -> dict[str, float]:
-        import torch
+        from rlft.rollout.scoring import column_stats
 
         metrics: dict[str, float] = {}
         for k, function in enumerate(self.functions):
-            column = values[:, k]
-            valid = column[~torch.isnan(column)]
-            mean = float(valid.mean()) if valid.numel() else math.nan
-            std = float(valid.std(unbiased=True)) if valid.numel() > 1 else math.nan  # TRL's nanstd (Bessel)
             prefix = f"rewards/{function.name}"
-            metrics[f"{prefix}/mean"] = mean
-            metrics[f"{prefix}/std"] = std
+            metrics[f"{prefix}/mean"], metrics[f"{prefix}/std"] = column_stats(values[:, k])  # TRL's nanmean / nanstd
             metrics[f"{prefix}/failures"] = float(state.failed_rows[k])
             metrics[f"{prefix}/unscorable"] = float(state.unscorable[k])
         return metrics
