@@ -1,1 +1,3 @@
-"""Rollouts for online RL: generation engines, the reward-function runner (loading, workers, timeouts)."""
+"""Rollouts for online RL: typed rollout data, engines, scorers (reward functions, feature matching), the producer.
+
+See docs/rollouts.md for how they fit together."""

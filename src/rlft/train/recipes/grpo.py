@@ -21,7 +21,7 @@ import torch
 
 from rlft.config.rl import GENERATION_KWARGS, rl_settings
 from rlft.data.batches import BatchPlan, PlanCursor
-from rlft.errors import RolloutError
+from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.logprobs import completion_batch, completion_logps
@@ -138,6 +138,10 @@ class GRPORecipe(Recipe):
                 "batch_metrics": self.batch_metrics}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "prompts" not in state and state.get("queue"):
+            raise CheckpointError("this checkpoint was written by an rlft version before typed rollouts (its queued rows "
+                                  "lack sampling log-probs and weight versions) and cannot be resumed exactly: start a new "
+                                  "run from its model/ folder (base_model: <checkpoint>/model)")
         self.queue = [[[TrainingRow.from_state(row) for row in micro] for micro in window] for window in state.get("queue", [])]
         self.prompts.load_state_dict(state.get("prompts", {}))
         self.zero_signal_steps = state.get("zero_signal_steps", 0)

@@ -27,7 +27,7 @@ INPUTS = ("input_ids", "attention_mask")
 
 
 @dataclass
-class CompletionLogps:
+class SequenceLogps:
     """Per-sequence results of one forward over prompt+completion rows."""
 
     logps: torch.Tensor  # (N,) sum of completion-token log-probs
@@ -38,7 +38,7 @@ class CompletionLogps:
     log_sum_sq_probs: torch.Tensor | None = None  # (N, T-1) WPO alignment term, only when asked for
 
 
-def completion_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False) -> CompletionLogps:
+def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False) -> SequenceLogps:
     logits = model(**{k: batch[prefix + k] for k in INPUTS}, use_cache=False).logits
     nll, mask = token_nll(logits, batch[prefix + "labels"])
     lengths = mask.sum(-1)
@@ -46,12 +46,12 @@ def completion_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool =
         per_position = logits[:, :-1].float().mean(-1)
         mean_logits = (per_position * mask).sum(-1) / lengths.clamp_min(1)
         sum_sq = L.token_log_sum_squared_probs(logits[:, :-1]) if wpo else None
-    return CompletionLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq)
+    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq)
 
 
-def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], prefix: str = "") -> CompletionLogps:
+def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], prefix: str = "") -> SequenceLogps:
     with torch.no_grad(), reference.view(policy) as network:
-        return completion_logps(network, batch, prefix)
+        return sequence_logps(network, batch, prefix)
 
 
 class PairRecipe(Recipe):
@@ -79,7 +79,7 @@ class PairRecipe(Recipe):
     def _units(batch: dict[str, Any]) -> int:
         return batch["input_ids"].shape[0] // 2
 
-    def _split(self, out: CompletionLogps, pairs: int, ld_alpha: float | None):
+    def _split(self, out: SequenceLogps, pairs: int, ld_alpha: float | None):
         if ld_alpha is not None:
             return L.ld_dpo_logps(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:], ld_alpha)
         return out.logps[:pairs], out.logps[pairs:]
@@ -93,7 +93,7 @@ class PairRecipe(Recipe):
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         cfg = self.cfg
         pairs = batch["input_ids"].shape[0] // 2
-        out = completion_logps(model, batch, wpo=cfg.dpo_use_weighting)
+        out = sequence_logps(model, batch, wpo=cfg.dpo_use_weighting)
         lengths_c, lengths_r = out.lengths[:pairs].float(), out.lengths[pairs:].float()
         chosen_nll = -out.logps[:pairs] / lengths_c.clamp_min(1)
         if self.method in ("dpo", "ipo"):
@@ -179,9 +179,9 @@ class KTORecipe(Recipe):
         return reference_logps(self.reference, policy, batch).logps, reference_logps(self.reference, policy, batch, "kl_").logps
 
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
-        out = completion_logps(model, batch)
+        out = sequence_logps(model, batch)
         with torch.no_grad():
-            kl_policy = completion_logps(model, batch, "kl_").logps
+            kl_policy = sequence_logps(model, batch, "kl_").logps
         ref, ref_kl = self.reference_logps(model, batch)
         result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
                             desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
@@ -220,7 +220,7 @@ def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate) ->
     return train, evaluation
 
 
-def pair_metrics(chosen_rewards, rejected_rewards, out: CompletionLogps, pairs: int) -> dict[str, float]:
+def pair_metrics(chosen_rewards, rejected_rewards, out: SequenceLogps, pairs: int) -> dict[str, float]:
     """TRL's metric names for preference pairs."""
     return {
         "rewards/chosen": float(chosen_rewards.detach().mean()),
