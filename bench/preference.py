@@ -67,8 +67,8 @@ import accelerate  # noqa: F401  (imported here so its import cost stays out of 
 import datasets
 import rlft.data.prepare  # noqa: F401
 import rlft.models.loading  # noqa: F401
-import rlft.train.loop
-import rlft.train.recipes.preference as rlft_preference
+import rlft.train.loop  # noqa: F401
+import rlft.train.recipes.preference  # noqa: F401
 import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
@@ -102,44 +102,10 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "micro_batch_size": args.micro_batch,
     }, source="bench")
 
-    # Time the parts of train() without touching src/: wrap what run.py, loop.py and the recipe call.
-    marks: dict[str, float] = {}
-    checkpoint_times: list[float] = []
-    precompute_times: list[float] = []
-    reference_times: list[float] = []
-    captured: dict = {}
-    originals = (rlft.train.run.run_loop, rlft.train.loop.save_checkpoint, rlft_preference.precompute_or_load,
-                 rlft_preference.Reference.logps)
-
-    def timed_loop(cfg_, recipe, *a, **k):
-        captured["recipe"] = recipe
-        marks["loop_start"] = time.perf_counter()
-        try:
-            return originals[0](cfg_, recipe, *a, **k)
-        finally:
-            marks["loop_end"] = time.perf_counter()
-
-    def timed(store, original):
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            try:
-                return original(*a, **k)
-            finally:
-                store.append(time.perf_counter() - start)
-        return wrapper
-
-    rlft.train.run.run_loop = timed_loop
-    rlft.train.loop.save_checkpoint = timed(checkpoint_times, originals[1])
-    rlft_preference.precompute_or_load = timed(precompute_times, originals[2])
-    rlft_preference.Reference.logps = timed(reference_times, originals[3])
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
-    try:
-        start = time.perf_counter()
-        result = rlft.train.run.train(cfg, console)
-        wall = time.perf_counter() - start
-    finally:
-        (rlft.train.run.run_loop, rlft.train.loop.save_checkpoint, rlft_preference.precompute_or_load,
-         rlft_preference.Reference.logps) = originals
+    start = time.perf_counter()
+    result = rlft.train.run.train(cfg, console)
+    wall = time.perf_counter() - start
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_ = [r for r in records if "step_time_s" in r]
@@ -148,33 +114,33 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
     phases = {}
     for key in ("time/data", "time/forward_backward", "time/optimizer"):
         phases[key.split("/")[1] + "_median_s"] = statistics.median(r.get(key, 0.0) for r in steps_)
-    # Reference forwards inside the loop (none when precomputed; the precompute pass itself is not wrapped by it)
-    in_loop_reference = reference_times[-len(steps_):] if len(reference_times) >= len(steps_) and not precompute else []
+    # Reference forwards inside the loop's steps (none when precomputed), as the recipe logs them
+    in_loop_reference = [r["time/reference"] for r in steps_ if "time/reference" in r]
     phases["reference_forward_median_s"] = statistics.median(in_loop_reference) if in_loop_reference else 0.0
     in_steps = sum(step_times)
-    loop_total = marks["loop_end"] - marks["loop_start"]
-    checkpoint = sum(checkpoint_times)
+    loop_total = result.ended_at - result.started_at
+    checkpoint = result.save_time
     return {
         "setting": label("rlft", precompute),
         "wall_s": wall,
-        "setup_s": marks["loop_start"] - start,  # tokenizer, data, model + reference, precompute, plan table
-        "precompute_s": sum(precompute_times),
+        "setup_s": result.started_at - start,  # tokenizer, data, model + reference, precompute, plan table
+        "precompute_s": result.recipe.precompute_time,
         "loop_s": loop_total,
         "steps_s": in_steps,
         "checkpoint_save_s": checkpoint,
-        "final_model_save_s": start + wall - marks["loop_end"],
+        "final_model_save_s": start + wall - result.ended_at,
         "loop_other_s": loop_total - in_steps - checkpoint,
         "steps": len(steps_),
         "median_step_s": statistics.median(step_times),
         "first_step_s": step_times[0],
         "phase_medians": phases,
-        "reference_forwards_in_loop": len(reference_times) if not precompute else 0,
+        "reference_forwards_in_loop": len(in_loop_reference),
         "tokens": tokens,
         "tokens_per_s": tokens / in_steps,
         "losses": [r["loss"] for r in steps_],
         "margins": [r.get("rewards/margins") for r in steps_],
         "global_step": result.state.global_step,
-        "_recipe": captured["recipe"],  # dropped before the JSON is written
+        "_recipe": result.recipe,  # dropped before the JSON is written
     }
 
 

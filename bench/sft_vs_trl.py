@@ -54,7 +54,7 @@ import accelerate  # noqa: F401  (imported here so its import cost stays out of 
 import datasets
 import rlft.data.prepare  # noqa: F401
 import rlft.models.loading  # noqa: F401
-import rlft.train.loop
+import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
 from common import RESULTS, make_model, quiet, rlft_keys, trl_keys
@@ -90,33 +90,10 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
         "micro_batch_size": args.micro_batch,
     }, source="bench")
 
-    # Time the parts of train() around the loop without touching src/: wrap what run.py and loop.py call.
-    marks: dict[str, float] = {}
-    checkpoint_times: list[float] = []
-    original_loop, original_save = rlft.train.run.run_loop, rlft.train.loop.save_checkpoint
-
-    def timed_loop(*a, **k):
-        marks["loop_start"] = time.perf_counter()
-        try:
-            return original_loop(*a, **k)
-        finally:
-            marks["loop_end"] = time.perf_counter()
-
-    def timed_save(*a, **k):
-        start = time.perf_counter()
-        try:
-            return original_save(*a, **k)
-        finally:
-            checkpoint_times.append(time.perf_counter() - start)
-
-    rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = timed_loop, timed_save
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
-    try:
-        start = time.perf_counter()
-        result = rlft.train.run.train(cfg, console)
-        wall = time.perf_counter() - start
-    finally:
-        rlft.train.run.run_loop, rlft.train.loop.save_checkpoint = original_loop, original_save
+    start = time.perf_counter()
+    result = rlft.train.run.train(cfg, console)
+    wall = time.perf_counter() - start
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if "step_time_s" in r]
@@ -128,15 +105,15 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
         values = [r.get(key, 0.0) for r in steps]
         phases[key.split("/")[1] + "_median_s"] = statistics.median(values)
     in_steps = sum(step_times)
-    loop_total = marks["loop_end"] - marks["loop_start"]
-    checkpoint = sum(checkpoint_times)
+    loop_total = result.ended_at - result.started_at
+    checkpoint = result.save_time
     return {
         "wall_s": wall,
-        "setup_s": marks["loop_start"] - start,  # tokenizer, data preparation, model load, plan table
+        "setup_s": result.started_at - start,  # tokenizer, data preparation, model load, plan table
         "loop_s": loop_total,
         "steps_s": in_steps,
         "checkpoint_save_s": checkpoint,  # the loop's final save: model, tokenizer, optimizer, RNG, fsync
-        "final_model_save_s": start + wall - marks["loop_end"],  # run.py: save_pretrained + tokenizer + summary
+        "final_model_save_s": start + wall - result.ended_at,  # run.py: save_pretrained + tokenizer + summary
         "loop_other_s": loop_total - in_steps - checkpoint,  # optimizer/accelerate setup, logging, progress
         "steps": len(steps),
         "median_step_s": statistics.median(step_times),

@@ -36,6 +36,7 @@ class LoopResult:
     started_at: float = 0.0  # time.perf_counter() when the loop began and ended, for callers that time the set-up
     ended_at: float = 0.0
     save_time: float = 0.0  # seconds spent writing checkpoints
+    recipe: Any = None  # the recipe that ran (its plan and state), for tools that inspect a finished run
 
 
 def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
@@ -151,8 +152,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     units += out.units
                     loss_total += float(out.loss_sum.detach())
                     tokens += int(batch["num_tokens"])
-                    for key, value in out.metrics.items():
-                        step_metrics[key] = step_metrics.get(key, 0.0) + value / len(batches)
+                    for key, value in out.metrics.items():  # phase times add up over micro-batches, the rest average
+                        share = value if key.startswith("time/") else value / len(batches)
+                        step_metrics[key] = step_metrics.get(key, 0.0) + share
                 loss_value = loss_total / max(units, 1)
                 show_messages()
                 if not math.isfinite(loss_value):
@@ -216,4 +218,4 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     log.close()
     ended = time.perf_counter()
     return LoopResult(state=state, checkpoint=checkpoint, wall_time=ended - started, history=history, started_at=started,
-                      ended_at=ended, save_time=save_time)
+                      ended_at=ended, save_time=save_time, recipe=recipe)

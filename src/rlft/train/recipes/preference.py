@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import nullcontext
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ class PairRecipe(Recipe):
         self.method = cfg.method
         self.name = self.method
         self.reference = reference
+        self.precompute_time = 0.0  # seconds computing reference log-probs before training (precompute_ref_log_probs)
         self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
         self.bco_mean, self.bco_count = 0.0, 0
         self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id))
@@ -98,7 +99,9 @@ class PairRecipe(Recipe):
         chosen_nll = -out.logps[:pairs] / lengths_c.clamp_min(1)
         if self.method in ("dpo", "ipo"):
             chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
+            started = time.perf_counter()
             ref_chosen, ref_rejected = self.reference_logps(model, batch)
+            reference_time = None if "ref_chosen" in batch else time.perf_counter() - started
             weights = None
             if cfg.dpo_use_weighting:  # the paper's calibrated weight (log sum p^2 per position), as TRL
                 weights = L.wpo_weights(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:],
@@ -128,6 +131,8 @@ class PairRecipe(Recipe):
         if self.method == "orpo":
             metrics["log_odds_ratio"] = float(result.log_odds_ratio.detach().mean())
             metrics["nll_loss"] = float(chosen_nll.detach().mean())
+        if self.method in ("dpo", "ipo") and reference_time is not None:
+            metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
         return LossOutput(losses.sum(), self._units(batch), metrics)
 
     def state_dict(self) -> dict[str, Any]:
@@ -162,6 +167,7 @@ class KTORecipe(Recipe):
     def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy, shard: tuple[int, int] = (0, 1)):
         self.cfg = cfg
         self.reference = reference
+        self.precompute_time = 0.0
         self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id))
 
     @property
@@ -182,7 +188,9 @@ class KTORecipe(Recipe):
         out = sequence_logps(model, batch)
         with torch.no_grad():
             kl_policy = sequence_logps(model, batch, "kl_").logps
+        started = time.perf_counter()
         ref, ref_kl = self.reference_logps(model, batch)
+        reference_time = None if "ref_logps" in batch else time.perf_counter() - started
         result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
                             desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
         desirable = batch["desirable"]
@@ -193,6 +201,8 @@ class KTORecipe(Recipe):
             metrics.update({"rewards/rejected": float(result.rejected_rewards.mean()), "logps/rejected": float(out.logps[~desirable].mean())})
         if desirable.any() and (~desirable).any():
             metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+        if reference_time is not None:
+            metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
         return LossOutput(result.losses.sum(), self._units(batch), metrics)
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
@@ -244,6 +254,8 @@ def _weighted_eval(recipe, model, batches: list[dict[str, Any]]) -> dict[str, fl
         totals["loss"] = totals.get("loss", 0.0) + float(loss_sum)
         weights["loss"] = weights.get("loss", 0) + units
         for key, value in metrics.items():
+            if key.startswith("time/"):
+                continue
             totals[key] = totals.get(key, 0.0) + value * units
             weights[key] = weights.get(key, 0) + units
     return {f"eval/{key}": round(totals[key] / max(1, weights[key]), 6) for key in totals}
@@ -275,11 +287,11 @@ def precompute_or_load(recipe, policy, data, pad_id: int, device, batch_size: in
                 example.update(cached)
             console.print(f"reference log-probs ({split}): reused {path}")
             continue
-        was_training = policy.training
+        was_training, started = policy.training, time.perf_counter()
         policy.eval()
-        with nullcontext():
-            recipe.precompute_reference(policy, examples, pad_id, device, batch_size)
+        recipe.precompute_reference(policy, examples, pad_id, device, batch_size)
         policy.train(was_training)
+        recipe.precompute_time += time.perf_counter() - started
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps([{k: v for k, v in e.items() if k.startswith("ref_")} for e in examples]))
