@@ -12,8 +12,8 @@ documents, stride 4, context_length 8, generate_max_len G = 4, n = 4 samples per
 temperature 0.6, whitening on, feature layers [0.5, 1.0], ce_coef 0.03, rloo. Each step the recipe
 generates every block of every row in parallel (B*n rows, K blocks, G tokens, G full forwards
 without a KV cache), embeds the whole strided sequence (T = L + K*G columns) with the frozen copy,
-and runs one policy forward + backward over the same T columns. Read from metrics.jsonl and from
-the shapes the rollout had (`generate_blocks` is wrapped to record them):
+and runs one policy forward + backward over the same T columns. Read from metrics.jsonl, where the
+strided recipe also logs its rollout's size (`ebft/generated_tokens`, `ebft/sequence_tokens`):
   generate  time/generate; tokens/s = generated tokens (B*n*K*G) / time
   reward    time/reward (frozen-network forward over B*n*T columns, pooling, whitening, rewards,
             advantages); tokens/s = B*n*T / time

@@ -13,7 +13,7 @@ the same Python function for both, in-process.
 Full-length completions (default; --no-force-length turns it off): every completion is exactly
 32 tokens in both tools, so both generate and train on the same number of tokens. TRL:
 `generation_kwargs={"min_new_tokens": 32}` (transformers suppresses EOS until then). rlft has no
-min_new_tokens, so the bench removes the stop token from the recipe's sampling parameters (a
+min_new_tokens, so the bench sets `trl.generation_kwargs: {ignore_eos: true}` (vLLM's name: a
 sampled EOS is then an ordinary token). The generated tokens per step are measured and reported for both.
 
 Measured per run:
