@@ -167,6 +167,16 @@ def test_rollout_func_env_mask_survives_dynamic_sampling_and_is_never_trained_on
     assert all(row.loss_mask == [1, 0, 1] and row.sampling_logps == [-0.1, 0.0, -0.2] for row in rows)
 
 
+def test_rollout_func_with_a_short_env_mask_is_refused():
+    def rollout_func(prompts, trainer):
+        count = len(prompts)
+        return {"prompt_ids": [[3, 7]] * count, "completion_ids": [[9, 10, 1]] * count,
+                "logprobs": [[-0.1, 0.0, -0.2]] * count, "env_mask": [[1, 0]] * count}
+
+    with pytest.raises(RolloutError, match=r"env_mask\[0\] with 2 entries for 3 completion tokens"):
+        producer(rollout_func=rollout_func).produce()
+
+
 def test_producer_never_touches_the_trained_module(tiny_llama):
     policy = lora(tiny_llama).train()
     engine = LocalEngine.from_policy(policy, pad_id=0, version=0)

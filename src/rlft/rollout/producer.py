@@ -150,6 +150,11 @@ class RolloutProducer:
         if any(len(result[key]) != count for key in ROLLOUT_KEYS + (("env_mask",) if "env_mask" in result else ())):
             raise RolloutError(f"trl.rollout_func {name} returned lists of the wrong length: expected {count} "
                                "(prompts x num_generations) for prompt_ids, completion_ids, logprobs and env_mask")
+        for key in ("logprobs", "env_mask") if "env_mask" in result else ("logprobs",):
+            bad = next((i for i, (ids, values) in enumerate(zip(result["completion_ids"], result[key])) if len(values) != len(ids)), None)
+            if bad is not None:
+                raise RolloutError(f"trl.rollout_func {name} returned {key}[{bad}] with {len(result[key][bad])} entries for "
+                                   f"{len(result['completion_ids'][bad])} completion tokens: give one per completion token")
         eos = self.tokenizer.eos_token_id
         rollout = Rollout(result["prompt_ids"], result["completion_ids"], result["logprobs"],
                           [eos not in ids for ids in result["completion_ids"]],
