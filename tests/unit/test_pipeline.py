@@ -281,3 +281,23 @@ def test_recipe_queue_windows_and_reuse(tiny_llama, tok):
     assert torch.equal(steps[0][0]["input_ids"], steps[2][0]["input_ids"])  # the second pass reuses the first window
     state = recipe.state_dict()
     assert state["generations"] == 1 and state["prompts"] == {"epoch": 0, "batch_in_epoch": 2}
+
+
+def test_merged_weights_of_a_dora_policy_equal_merge_and_unload(tiny_llama):
+    policy = peft.get_peft_model(tiny_llama, peft.LoraConfig(r=4, target_modules=["q_proj"], use_dora=True,
+                                                             init_lora_weights=False))
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()
+    merged = merged_weights(policy)
+    assert set(merged) == set(expected) and all(torch.allclose(merged[k], expected[k], atol=1e-6) for k in expected)
+
+
+def test_reference_mix_moves_a_tied_weight_once():
+    config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=16, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    policy, reference = LlamaForCausalLM(config), FrozenPolicy.copy_of(LlamaForCausalLM(config))
+    before = reference.model.lm_head.weight.clone()
+    reference.mix(merged_weights(policy), alpha=0.5)
+    expected = 0.5 * before + 0.5 * policy.lm_head.weight.detach()
+    assert torch.allclose(reference.model.lm_head.weight, expected, atol=1e-6)
+    assert reference.model.lm_head.weight.data_ptr() == reference.model.model.embed_tokens.weight.data_ptr()

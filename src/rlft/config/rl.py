@@ -101,6 +101,9 @@ class RLSettings:
         """The policy moves before a generation batch is used up: its log-probs must be cached at sampling time."""
         return self.num_iterations > 1 or self.steps_per_generation > 1
 
+    def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`, as earlier rlft versions
+        return self.raw[name]
+
     def __getattr__(self, name: str) -> Any:  # `trainer.args.<any trl key>` for user rollout functions
         raw = self.__dict__.get("raw", {})
         if name in raw:

@@ -59,5 +59,9 @@ class FrozenPolicy:
     @torch.no_grad()
     def mix(self, weights: dict[str, torch.Tensor], alpha: float) -> None:
         """ref <- alpha * policy + (1 - alpha) * ref (TR-DPO, https://arxiv.org/abs/2404.09656)."""
+        seen = set()
         for name, ref_param in self.model.state_dict().items():
+            if ref_param.data_ptr() in seen:  # tied weights (embeddings and lm_head) are one tensor: mix it once
+                continue
+            seen.add(ref_param.data_ptr())
             ref_param.mul_(1 - alpha).add_(weights[name].to(ref_param), alpha=alpha)

@@ -8,6 +8,8 @@ to their base weights), computed layer by layer without copying the model.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -26,6 +28,9 @@ def merged_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     policy = _unwrap(policy)
     if not hasattr(policy, "peft_config"):
         return {name: value.detach() for name, value in policy.state_dict().items()}
+    if any(getattr(config, "use_dora", False) for config in policy.peft_config.values()):
+        # DoRA rescales each merged row by its magnitude vector: let PEFT merge a copy rather than re-derive it here
+        return copy.deepcopy(policy).merge_and_unload().state_dict()
     base = policy.get_base_model()
     deltas = {}
     for name, module in base.named_modules():

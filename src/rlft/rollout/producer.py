@@ -23,13 +23,9 @@ ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
 
 class PromptSource(Protocol):
-    """A seeded, checkpointable cursor over prompt batches (`rlft.data.batches.PlanCursor`)."""
+    """A seeded cursor over prompt batches (`rlft.data.batches.PlanCursor`; its owner checkpoints it)."""
 
     def next(self) -> dict[str, Any]: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class RolloutContext:
@@ -70,6 +66,7 @@ class RolloutProducer:
         if s.filter_reward_metric:  # DAPO dynamic sampling: keep groups whose filter reward varies, draw more (bounded)
             prompts, rollout, scores, dropped, retries = self._dynamic_sampling(prompts, rollout, scores, needed)
             metrics["dynamic_sampling/retries"] = float(retries)
+            metrics["dynamic_sampling/dropped_groups"] = float(sum(dropped.values()))
         result = group_advantages(scores.values, scores.weights, self.group, scale=s.scale_rewards,
                                   aggregation=s.multi_objective_aggregation, estimator=s.advantage_estimator)
         self.generations += 1
@@ -83,13 +80,6 @@ class RolloutProducer:
         """One completion per prompt with `params` (greedy for eval), scored."""
         rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, 1)
         return rollout, self.scorer.score(prompts, rollout, 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"prompts": self.prompts.state_dict(), "generations": self.generations}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.prompts.load_state_dict(state.get("prompts", {}))
-        self.generations = state.get("generations", 0)
 
     # ------------------------------------------------------------------ stages
     def _sample_and_score(self, prompts: list[dict[str, Any]]) -> tuple[Rollout, Scores, dict[str, float]]:

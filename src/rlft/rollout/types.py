@@ -61,9 +61,6 @@ class Rollout:
     def concat(parts: list["Rollout"]) -> "Rollout":
         return Rollout(**{f.name: [item for part in parts for item in getattr(part, f.name)] for f in dataclasses.fields(Rollout)})
 
-    def with_version(self, version: int) -> "Rollout":
-        return dataclasses.replace(self, weight_versions=[version] * len(self))
-
 
 @dataclass
 class Scores:

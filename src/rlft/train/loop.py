@@ -141,14 +141,16 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             while state.global_step < total_steps:
                 step_start = time.perf_counter()
                 batches = next_batches()
-                units, loss_total, step_metrics, tokens = 0.0, 0.0, {}, 0
+                units, loss_total, step_metrics, tokens, scale = 0.0, 0.0, {}, 0, None
                 lr = scheduler.get_last_lr()[0]
                 for index, batch in enumerate(batches):
                     sync = index == len(batches) - 1
                     with timer("forward_backward"), (nullcontext() if sync else accelerator.no_sync(model)):
                         with accelerator.autocast():
                             out = recipe.loss(model, batch)
-                        accelerator.backward(out.loss_sum)
+                        # backward at the size of a mean (the first micro-batch's units), not of a sum: fp16 scalers stay in range
+                        scale = scale or max(float(out.units), 1.0)
+                        accelerator.backward(out.loss_sum / scale)
                     units += out.units
                     loss_total += float(out.loss_sum.detach())
                     tokens += int(batch["num_tokens"])
@@ -165,9 +167,14 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     )
                 with timer("optimizer"):
                     if batches:
-                        for param in params:  # sum over the window -> mean per loss unit
+                        # sum over the window -> mean per loss unit; DDP averaged the gradients over ranks, so divide
+                        # by the ranks' mean units: every rank steps with the gradient of one large batch
+                        step_units = units
+                        if accelerator.num_processes > 1:
+                            step_units = float(accelerator.reduce(torch.tensor(units, device=accelerator.device), "mean"))
+                        for param in params:
                             if param.grad is not None:
-                                param.grad.div_(max(units, 1))
+                                param.grad.mul_(scale / max(step_units, 1.0))
                         max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
                         grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
                         optimizer.step()

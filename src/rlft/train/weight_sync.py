@@ -17,7 +17,6 @@ class WeightSync:
     def __init__(self, engine: RolloutEngine, every: int = 1):
         self.engine = engine
         self.every = every
-        self.pushes = 0
 
     def after_optimizer_step(self, policy, step: int) -> bool:
         """Push when `step` is due (every `every` steps). Returns whether it pushed."""
@@ -27,5 +26,4 @@ class WeightSync:
         served = self.engine.health().get("version")
         if served != step:
             raise RolloutError(f"weight sync: the engine serves version {served} after being sent version {step}")
-        self.pushes += 1
         return True

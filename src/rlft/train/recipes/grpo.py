@@ -138,7 +138,7 @@ class GRPORecipe(Recipe):
                 "batch_metrics": self.batch_metrics}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "prompts" not in state and state.get("queue"):
+        if state and "prompts" not in state:
             raise CheckpointError("this checkpoint was written by an rlft version before typed rollouts (its queued rows "
                                   "lack sampling log-probs and weight versions) and cannot be resumed exactly: start a new "
                                   "run from its model/ folder (base_model: <checkpoint>/model)")
