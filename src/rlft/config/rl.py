@@ -31,15 +31,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 GENERATION_KWARGS = ("stop", "ignore_eos")
 
 
-def scale_mode(value: Any) -> str:
-    """`scale_rewards` as one of group | batch | none (true = group, false = none, as TRL reads the booleans)."""
-    if value is True:
-        return "group"
-    if value is False:
-        return "none"
-    return str(value)
-
-
 @dataclass(frozen=True)
 class RLSettings:
     """The `trl:` options an online-RL run trains with, no None left where a default applies."""
@@ -63,7 +54,7 @@ class RLSettings:
     num_iterations: int
     steps_per_generation: int
     # rewards and advantages
-    scale_rewards: str
+    scale_rewards: str | bool  # group | batch | none, or TRL's booleans (losses.advantages.normalise_scale reads them)
     multi_objective_aggregation: str
     advantage_estimator: str
     skip_zero_advantage_batches: bool
@@ -91,10 +82,6 @@ class RLSettings:
     ref_model_sync_steps: int
     # what the user wrote, for `rollout_func(prompts, trainer)`'s `trainer.args` (TRL passes its GRPOConfig)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def group(self) -> int:
-        return self.num_generations
 
     @property
     def needs_old_logps(self) -> bool:
@@ -126,7 +113,7 @@ def rl_settings(cfg) -> RLSettings:
         options["multi_objective_aggregation"] = "normalize_then_sum"
     if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
         options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
-    scale = "none" if options["unbiased_advantage"] else scale_mode(options["scale_rewards"])
+    scale = "none" if options["unbiased_advantage"] else options["scale_rewards"]
     group = options["num_generations"]
     completions_per_step = options["generation_batch_size"] or cfg.micro_batch_size * cfg.gradient_accumulation_steps
     kwargs = options["generation_kwargs"] or {}
