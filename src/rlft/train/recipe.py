@@ -4,8 +4,9 @@ The loop calls, in order: `start(model)` once the model is prepared and any chec
 per step `prepare_step(model)` (None: the loop draws `gradient_accumulation_steps` micro-batches from
 `train_plan`; a list: the recipe built them, an empty list skips the update), `loss(model, batch)`
 per micro-batch, `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()`
-at each checkpoint; `close()` at the end, also on failure. Recipes never print: `messages()` returns
-warnings for the loop to show, `final_warnings()` those for the summary.
+at each checkpoint. `rlft train` (train/run.py) calls `close()` when the loop ends, also on failure.
+Recipes never print: `messages()` returns warnings for the loop to show, `final_warnings()` those
+for the summary.
 """
 
 from __future__ import annotations
