@@ -1,4 +1,4 @@
-"""`rlft` command line: train | validate | preprocess | generate | score | merge-lora | quickstart."""
+"""`rlft` command line: train | validate | preprocess | vllm-serve | generate | score | merge-lora | quickstart."""
 
 from __future__ import annotations
 
@@ -68,6 +68,27 @@ def _preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVE_FLAGS = ("host", "port", "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "dtype", "max_model_len",
+               "enable_prefix_caching", "enforce_eager", "backend", "api_key")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from rlft.config import load_config
+    from rlft.rollout.server.launch import serve
+
+    cfg = load_config(args.config, args.overrides)
+    for name in SERVE_FLAGS:  # flags override the `vllm:` section (booleans too, when given as --no-...)
+        value = getattr(args, name)
+        if value is not None:
+            try:
+                setattr(cfg.vllm, name, value)
+            except ValidationError as exc:
+                raise ConfigError(f"--{name.replace('_', '-')} {value}: {exc.errors()[0]['msg']}") from None
+    return serve(cfg, console, backend_name=cfg.vllm.backend)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from rlft.models.generation import generate_texts
     from rlft.models.loading import load_for_inference
@@ -131,6 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.set_defaults(run=_preprocess)
 
+    p = commands.add_parser("vllm-serve", aliases=["serve"],
+                            help="serve base_model for rollouts over HTTP (vLLM on GPUs, transformers anywhere)")
+    p.add_argument("config")
+    p.add_argument("--host", help="vllm.host: address to listen on")
+    p.add_argument("--port", type=int, help="vllm.port")
+    p.add_argument("--backend", choices=["auto", "transformers", "vllm"], help="vllm.backend")
+    p.add_argument("--api-key", help="vllm.api_key: token for weight-changing endpoints (or env RLFT_SERVER_TOKEN)")
+    p.add_argument("--tensor-parallel-size", type=int)
+    p.add_argument("--data-parallel-size", type=int)
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--dtype")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None)
+    p.set_defaults(run=_serve)
+
     p = commands.add_parser("generate", help="sample from a model folder or checkpoint (LoRA loads on its base)")
     p.add_argument("model")
     p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
@@ -175,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
     args.debug = debug
-    if extra and args.command not in ("train", "validate", "preprocess", "quickstart"):
+    if extra and args.command not in ("train", "validate", "preprocess", "quickstart", "vllm-serve", "serve"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra
     try:

@@ -61,6 +61,19 @@ def test_opencode_transform_and_lora_feature_network(warm_model, cli, tmp_path):
     assert "ebft/ce_loss" in last
 
 
+def test_async_structured_ebft_scores_with_the_adapter_disabled_policy_on_the_main_thread(warm_model, cli, tmp_path):
+    """AxolotlAsyncEBFTConfig: rollouts prefetched in the background; the feature network (the policy with its adapter
+    disabled) runs where training runs, between steps, never on the sampling thread."""
+    rows = [{"input": f"{a}+{a}=", "output": str(2 * a)} for a in range(8)]
+    config = _config(tmp_path, warm_model, rows, datasets=[{"path": str(tmp_path / "rows.jsonl"), "type": "ebft_opencode.transform"}],
+                     adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, max_steps=3, logging_steps=1,
+                     trl={"num_generations": 4, "max_completion_length": 4, "async_prefetch": True, "prefetch_depth": 1})
+    assert cli("train", config) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "loss" in m]
+    assert [s["async/staleness/max"] for s in steps] == [0.0, 1.0, 1.0]
+    assert all("ebft/reward" in s and "sampling/importance_sampling_ratio/mean" in s for s in steps)
+
+
 @pytest.mark.parametrize("settings, words", [
     ({"ebft": None}, "needs an `ebft:` section"),
     ({"ebft": {"mode": "strided", "n_samples_per_prompt": 1, "use_whitening": True}}, "at least 2 samples per group"),

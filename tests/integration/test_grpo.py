@@ -180,7 +180,8 @@ def test_loss_units_match_the_policy_loss(warm_model):
         recipe.settings = SimpleNamespace(
             temperature=1.0, entropy_coeff=0.0, loss_type=loss_type, epsilon=0.2, epsilon_high=None, delta=None,
             lower_bound_ratio=None, aipo_rho=None, importance_sampling_level="token", beta=0.0, positive_nll_coef=0.0,
-            unbiased_loss_max_tokens=4)
+            unbiased_loss_max_tokens=4, needs_sampling_correction=False, off_policy_mask_threshold=None,
+            bias_correction_kl=False)
         out = recipe.loss(model, batch)
         logps, _ = completion_logps(model, batch, 1.0, False)
         expected = policy_loss(logps, logps.detach(), batch["advantages"], batch["completion_mask"], loss_type=loss_type,
@@ -241,3 +242,43 @@ def test_rollout_func_contract(warm_model, cli, tmp_path, monkeypatch):
     assert cli("train", config) == 0
     steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
     assert steps and all(m["rewards/from_env/mean"] == m["completions/mean_length"] for m in steps)
+
+
+def test_async_prefetch_learns_with_importance_sampling_metrics(warm_model, cli, tmp_path, monkeypatch, repo_root):
+    """The in-process engine samples the next batch on a background thread while the trainer trains on this one."""
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "async"
+    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=60", "--eval_steps=60",
+               "--logging_steps=1", "--learning_rate=1e-3", "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]",
+               "--trl.async_prefetch=true", "--trl.prefetch_depth=1", "--trl.vllm_sync_interval=1") == 0
+    steps = [m for m in _metrics(out) if "reward" in m]
+    mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
+    assert mean(steps[-15:]) > mean(steps[:15]) + 0.03, (mean(steps[:15]), mean(steps[-15:]))
+    assert steps[0]["async/staleness/max"] == 0.0 and all(m["async/staleness/max"] == 1.0 for m in steps[1:])
+    ratios = [m["sampling/importance_sampling_ratio/max"] for m in steps]
+    assert all(r > 0 for r in ratios) and "sampling/sampling_logp_difference/mean" in steps[-1]
+    # the first batch was sampled by the weights being trained: its IS ratios are 1 up to float32 round-off
+    assert abs(steps[0]["sampling/importance_sampling_ratio/max"] - 1) < 1e-4
+    assert abs(steps[0]["sampling/importance_sampling_ratio/min"] - 1) < 1e-4
+
+
+def test_async_resume_is_exact_with_batches_in_flight(warm_model, cli, tmp_path, monkeypatch):
+    """prefetch_depth 2: at a checkpoint two sampled batches wait; they are saved and trained on after the resume."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    settings = dict(max_steps=5, save_steps=2, logging_steps=1,
+                    trl={"async_prefetch": True, "prefetch_depth": 2, "replay_buffer_size": 4})
+    straight = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
+    assert cli("train", straight) == 0
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "checkpoint-2", tmp_path / "b" / "checkpoint-2")
+    state = json.loads((tmp_path / "b" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert len(state["recipe_state"]["feed"]["pending"]) == 2
+    resumed = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "b"),
+                           resume_from_checkpoint="auto", **settings)
+    assert cli("train", resumed) == 0
+    first = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "a") if "loss" in m}
+    second = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "b") if "loss" in m}
+    assert [first[s] for s in (3, 4, 5)] == [second[s] for s in (3, 4, 5)]

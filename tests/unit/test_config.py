@@ -288,7 +288,8 @@ def test_explain_trl_beta_has_default_and_description():
     assert "default: None" in text
     assert "KL coefficient (k3 estimator) to the reference" in text
     assert "not built yet" not in text
-    assert "not built yet: planned in rollout server" in explain("trl.use_vllm")
+    assert "not built yet: planned in rollout server" in explain("trl.vllm_group_port")
+    assert "not built yet" not in explain("trl.use_vllm")
 
 
 def test_explain_lora_r_has_default_and_description():
@@ -316,12 +317,12 @@ def test_explain_typo_in_section_suggests_key():
 
 
 def test_planned_setting_is_reported_with_issue(config):
-    cfg = config(rl="grpo", micro_batch_size=8, trl={"use_vllm": True})
-    assert planned_settings(cfg) == [("trl.use_vllm", "rollout server (later issue)")]
+    cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51217})
+    assert planned_settings(cfg) == [("trl.vllm_group_port", "rollout server (later issue)")]
 
 
 def test_planned_setting_at_default_not_reported(config):
-    cfg = config(rl="grpo", micro_batch_size=8, trl={"use_vllm": False, "vllm_server_port": 8000})
+    cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51216, "use_vllm": True})
     assert planned_settings(cfg) == []
 
 
@@ -361,3 +362,156 @@ def test_dataset_key_at_top_level_names_its_section(config_problems):
     assert config_problems(vllm={"learning_rate": 1}) == [
         ("vllm.learning_rate", "unknown key 'learning_rate' here; it belongs under learning_rate (top level)")
     ]
+
+
+# ---------------------------------------------------------------- rollout engine, async, IS correction (trl:)
+
+GRPO = {"rl": "grpo", "micro_batch_size": 8}
+
+
+def test_rollout_and_is_keys_are_built_not_planned(config):
+    from rlft.train.run import refuse_unbuilt
+
+    trl = {
+        "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "10.0.0.2", "vllm_server_port": 8001,
+        "vllm_server_timeout": 60, "vllm_sync_interval": 2, "use_data_producer": True, "async_prefetch": True,
+        "prefetch_depth": 2, "streaming_partial_batch": True, "streaming_min_groups": 2,
+        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
+        "vllm_importance_sampling_cap": 2.0, "off_policy_mask_threshold": 0.5, "use_bias_correction_kl": True,
+        "replay_buffer_size": 16, "replay_recompute_logps": False, "reroll_start_fraction": 0.5, "reroll_max_groups": 2,
+        "allowed_outdated_steps": 4,
+    }
+    cfg = config(**GRPO, max_steps=10, trl=trl)
+    assert planned_settings(cfg) == []
+    assert refuse_unbuilt(cfg) is None
+    with pytest.raises(NotImplementedYet, match=r"trl\.vllm_group_port"):
+        refuse_unbuilt(config(**GRPO, trl={"vllm_group_port": 6000}))
+
+
+def test_rl_settings_defaults_for_a_sync_run(config):
+    from rlft.config.rl import rl_settings
+
+    s = rl_settings(config(**GRPO))
+    assert (s.use_vllm, s.vllm_mode, s.server_port, s.server_timeout) == (False, "server", 8000, 240.0)
+    assert s.server_host == "127.0.0.1"  # the schema default 0.0.0.0 is a listen address
+    assert (s.lora_sync, s.sync_interval, s.async_prefetch, s.prefetch_depth, s.streaming, s.streaming_min_groups) == (
+        False, 1, False, 1, False, 1)
+    assert (s.is_correction, s.is_level, s.is_mode, s.is_cap) == (False, "token", "truncate", 3.0)
+    assert (s.off_policy_mask_threshold, s.bias_correction_kl) == (None, False)
+    assert (s.decoupled_loss, s.behav_imp_weight_cap) == (False, None)
+    assert (s.replay_buffer_size, s.replay_recompute_logps, s.reroll_start_fraction, s.reroll_max_groups) == (0, True, 1.0, 1)
+    assert s.allowed_outdated_steps is None
+    assert not s.needs_sampling_correction and not s.needs_old_logps  # a sync on-policy run caches nothing
+
+
+@pytest.mark.parametrize("trl", [{"use_vllm": True}, {"async_prefetch": True}])
+def test_is_correction_defaults_on_with_an_engine_or_async(config, trl):
+    from rlft.config.rl import rl_settings
+
+    s = rl_settings(config(**GRPO, trl=trl))
+    assert s.is_correction and s.needs_sampling_correction and s.needs_old_logps
+    assert s.raw["vllm_importance_sampling_correction"] is True  # trainer.args sees the resolved value
+
+
+def test_is_correction_off_by_user_and_async_still_needs_old_logps(config):
+    from rlft.config.rl import rl_settings
+
+    s = rl_settings(config(**GRPO, trl={"async_prefetch": True, "vllm_importance_sampling_correction": False}))
+    assert not s.is_correction and not s.needs_sampling_correction
+    assert s.needs_old_logps  # stale rows: the PPO ratio needs the trainer's log-probs at scoring time
+
+
+def test_decoupled_loss_turns_the_default_is_correction_off(config):
+    from rlft.config.rl import rl_settings
+
+    s = rl_settings(config(**GRPO, trl={"use_vllm": True, "use_decoupled_loss": True, "behav_imp_weight_cap": 5.0}))
+    assert (s.decoupled_loss, s.behav_imp_weight_cap, s.is_correction) == (True, 5.0, False)
+    assert s.needs_sampling_correction and s.needs_old_logps
+
+
+@pytest.mark.parametrize("mode,level,kind", [
+    ("token_truncate", "token", "truncate"), ("token_mask", "token", "mask"),
+    ("sequence_truncate", "sequence", "truncate"), ("sequence_mask", "sequence", "mask"),
+])
+def test_is_mode_splits_into_level_and_kind(config, mode, level, kind):
+    from rlft.config.rl import rl_settings
+
+    s = rl_settings(config(**GRPO, trl={"vllm_importance_sampling_mode": mode, "vllm_importance_sampling_cap": 2.5}))
+    assert (s.is_level, s.is_mode, s.is_cap) == (level, kind, 2.5)
+
+
+@pytest.mark.parametrize("host,expected", [("0.0.0.0", "127.0.0.1"), ("::", "::1"), ("gpu-node-3", "gpu-node-3")])
+def test_listen_address_becomes_a_client_address(config, host, expected):
+    from rlft.config.rl import rl_settings
+
+    assert rl_settings(config(**GRPO, trl={"use_vllm": True, "vllm_server_host": host})).server_host == expected
+
+
+@pytest.mark.parametrize("cap,words", [(0, "IS cap <= 0"), (-1.0, "IS cap <= 0"), (0.5, "IS cap 0.5 < 1: the floor 1/C")])
+def test_is_cap_below_one_refused(config_problems, cap, words):
+    [(where, what)] = config_problems(**GRPO, trl={"vllm_importance_sampling_cap": cap})
+    assert where == "trl.vllm_importance_sampling_cap"
+    assert what.startswith(words)
+
+
+def test_is_cap_of_one_accepted(config):
+    assert config(**GRPO, trl={"vllm_importance_sampling_cap": 1.0}).trl.vllm_importance_sampling_cap == 1.0
+
+
+def test_async_prefetch_with_depth_zero(config_problems, config):
+    assert config_problems(**GRPO, trl={"async_prefetch": True, "prefetch_depth": 0}) == [("combination", (
+        "trl.prefetch_depth is 0 with trl.async_prefetch: true: prefetch_depth counts the rollout batches generated "
+        "ahead and must be >= 1 (1 is the usual choice), or set async_prefetch: false"))]
+    assert config(**GRPO, trl={"prefetch_depth": 0}).trl.prefetch_depth == 0  # sync: nothing is generated ahead
+
+
+def test_allowed_outdated_steps_below_prefetch_depth(config_problems, config):
+    [(_, what)] = config_problems(**GRPO, trl={"async_prefetch": True, "prefetch_depth": 2, "allowed_outdated_steps": 1})
+    assert what.startswith("trl.allowed_outdated_steps = 1 is below the age of every prefetched batch: prefetch_depth = 2")
+    assert "rollouts up to 2 steps old" in what
+    assert config(**GRPO, trl={"async_prefetch": True, "allowed_outdated_steps": 1}).trl.allowed_outdated_steps == 1
+
+
+def test_lora_sync_without_adapter(config_problems, config):
+    assert config_problems(**GRPO, trl={"use_vllm": True, "vllm_lora_sync": True}) == [("combination", (
+        "trl.vllm_lora_sync sends the LoRA adapter: set adapter: lora, or remove vllm_lora_sync to send full weights"))]
+    assert config(**GRPO, adapter="lora", trl={"vllm_lora_sync": True}).trl.vllm_lora_sync
+
+
+def test_lora_rank_above_server_max_lora_rank(config_problems, config):
+    [(_, what)] = config_problems(**GRPO, adapter="lora", lora_r=32, vllm={"max_lora_rank": 16}, trl={"vllm_lora_sync": True})
+    assert what == ("lora_r = 32 is above vllm.max_lora_rank = 16: the server would refuse the adapter sent by "
+                    "trl.vllm_lora_sync; raise vllm.max_lora_rank to at least 32")
+    assert config(**GRPO, adapter="lora", lora_r=16, vllm={"max_lora_rank": 16}, trl={"vllm_lora_sync": True})
+    assert config(**GRPO, adapter="lora", lora_r=32, vllm={"max_lora_rank": 16})  # full-weight sync: rank irrelevant
+
+
+def test_decoupled_loss_with_explicit_is_correction(config_problems, config):
+    [(_, what)] = config_problems(**GRPO, trl={"use_decoupled_loss": True, "vllm_importance_sampling_correction": True})
+    assert what.startswith("trl.use_decoupled_loss and trl.vllm_importance_sampling_correction: true both weight")
+    assert "pick one" in what
+    assert config(**GRPO, trl={"use_decoupled_loss": True, "vllm_importance_sampling_correction": False})
+
+
+def test_behav_imp_weight_cap_without_decoupled_loss(config_problems):
+    [(_, what)] = config_problems(**GRPO, trl={"behav_imp_weight_cap": 5.0})
+    assert what.startswith("trl.behav_imp_weight_cap caps the decoupled loss's behaviour weight: set trl.use_decoupled_loss")
+
+
+def test_streaming_min_groups_without_streaming(config_problems, config):
+    assert config_problems(**GRPO, trl={"streaming_min_groups": 2}) == [("combination", (
+        "trl.streaming_min_groups sizes the chunks of streaming scoring: set trl.streaming_partial_batch: true, "
+        "or remove streaming_min_groups"))]
+    assert config(**GRPO, trl={"streaming_partial_batch": True, "streaming_min_groups": 2}).trl.streaming_min_groups == 2
+
+
+def test_reroll_without_max_steps(config_problems, config):
+    assert config_problems(**GRPO, trl={"reroll_start_fraction": 0.5}) == [("combination", (
+        "trl.reroll_start_fraction = 0.5 is a fraction of max_steps, which is not set: set max_steps, or remove "
+        "reroll_start_fraction (1.0 = no re-roll)"))]
+    assert config(**GRPO, max_steps=100, trl={"reroll_start_fraction": 0.5}).trl.reroll_start_fraction == 0.5
+
+
+def test_rollout_keys_on_other_methods_follow_other_trl_keys(config):
+    # trl: keys are not checked for methods that do not read them (as every other trl key)
+    assert config(rl="dpo", trl={"vllm_lora_sync": True, "streaming_min_groups": 2}).trl.vllm_lora_sync

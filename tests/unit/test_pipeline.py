@@ -49,7 +49,7 @@ class FakeEngine:
     def __init__(self):
         self.version, self.calls = 0, 0
 
-    def generate(self, prompt_ids, params, num_samples=1):
+    def generate(self, prompt_ids, params, num_samples=1, seed=None):
         self.calls += 1
         expanded = [p for p in prompt_ids for _ in range(num_samples)]
         completions = [[p[0], j % num_samples + 10] for j, p in enumerate(expanded)]
@@ -81,7 +81,7 @@ def settings(**overrides) -> SimpleNamespace:
     base = dict(num_generations=GROUP, prompts_per_step=2, steps_per_generation=1, filter_reward_metric=(),
                 dynamic_sampling_max_retries=0, scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
                 advantage_estimator="grpo", skip_zero_advantage_batches=True, overlong_penalty=False, rollout_func=None,
-                max_completion_length=4)
+                max_completion_length=4, streaming=False, streaming_min_groups=1)
     return SimpleNamespace(**{**base, **overrides})
 
 

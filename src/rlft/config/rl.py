@@ -18,7 +18,14 @@ DEFAULTS: dict[str, Any] = {
     "loss_type": "dapo", "epsilon": 0.2, "beta": 0.0, "multi_objective_aggregation": "sum_then_normalize",
     "advantage_estimator": "grpo", "importance_sampling_level": "token", "mask_truncated_completions": False,
     "positive_nll_coef": 0.0,
+    # rollout engine and async (Axolotl's async-trainer defaults, spec/axolotl-rl.md §A1)
+    "vllm_mode": "server", "vllm_server_timeout": 240.0, "vllm_sync_interval": 1, "prefetch_depth": 1,
+    "streaming_partial_batch": False, "streaming_min_groups": 1, "vllm_importance_sampling_mode": "token_truncate",
+    "vllm_importance_sampling_cap": 3.0, "use_bias_correction_kl": False,
 }
+
+# a listen address is not an address to connect to (TRL #3736)
+LISTEN_ADDRESSES = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 # variant: Cosmos-RL shorthand -> the options it implies (only where the user did not set them)
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -80,13 +87,49 @@ class RLSettings:
     sync_ref_model: bool
     ref_model_mixup_alpha: float
     ref_model_sync_steps: int
+    # rollout engine (vLLM / rollout server) and weight sync
+    use_vllm: bool
+    vllm_mode: str  # server | colocate
+    server_host: str  # where the trainer connects: a listen address (0.0.0.0, ::) becomes loopback
+    server_port: int
+    server_timeout: float  # seconds to wait for the server (and a LoRA load)
+    lora_sync: bool  # send the LoRA adapter instead of full weights
+    sync_interval: int  # optimizer steps between weight syncs
+    # async rollouts
+    async_prefetch: bool  # rollouts generated in the background (use_data_producer alone implies nothing)
+    prefetch_depth: int  # rollout batches generated ahead
+    streaming: bool  # score a rollout batch in chunks of prompt groups
+    streaming_min_groups: int
+    allowed_outdated_steps: int | None  # drop a batch sampled more than this many optimizer steps ago; None = no bound
+    # importance-sampling correction and off-policy control (rlft.losses.importance)
+    is_correction: bool  # weight the policy term by exp(old - sampling) (TRL's vllm_importance_sampling_correction)
+    is_level: str  # token | sequence
+    is_mode: str  # truncate | mask
+    is_cap: float
+    off_policy_mask_threshold: float | None
+    bias_correction_kl: bool
+    decoupled_loss: bool  # AReaL decoupled PPO (Cosmos-RL use_decoupled_loss)
+    behav_imp_weight_cap: float | None
+    # replay and re-roll
+    replay_buffer_size: int
+    replay_recompute_logps: bool
+    reroll_start_fraction: float
+    reroll_max_groups: int
     # what the user wrote, for `rollout_func(prompts, trainer)`'s `trainer.args` (TRL passes its GRPOConfig)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
+    def needs_sampling_correction(self) -> bool:
+        """The policy term is weighted by exp(old - sampling): IS correction or the decoupled loss."""
+        return self.is_correction or self.decoupled_loss
+
+    @property
     def needs_old_logps(self) -> bool:
-        """The policy moves before a generation batch is used up: its log-probs must be cached at sampling time."""
-        return self.num_iterations > 1 or self.steps_per_generation > 1
+        """Old log-probs must be computed by the trainer when the rows are scored: the policy moves before a
+        generation batch is used up, the sampling correction compares them with the engine's, or the rows were
+        sampled in the background by older weights (async prefetch)."""
+        return (self.num_iterations > 1 or self.steps_per_generation > 1 or self.needs_sampling_correction
+                or self.async_prefetch)
 
     def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`, as earlier rlft versions
         return self.raw[name]
@@ -119,6 +162,20 @@ def rl_settings(cfg) -> RLSettings:
     kwargs = options["generation_kwargs"] or {}
     metric = options["filter_reward_metric"]
     maximum = options["max_completion_length"]
+    is_correction = options["vllm_importance_sampling_correction"]
+    if is_correction is None:  # Axolotl's async trainer defaults it on; a sync in-process run samples on-policy;
+        # the decoupled loss applies the same exp(old - sampling) weight itself
+        engine_or_async = bool(options["use_vllm"] or options["async_prefetch"])
+        is_correction = engine_or_async and not options["use_decoupled_loss"]
+        options["vllm_importance_sampling_correction"] = is_correction
+    is_level, is_mode = options["vllm_importance_sampling_mode"].split("_", 1)
+    # one config drives `rlft vllm-serve` and `rlft train`: unless trl.vllm_server_* is set, connect where vllm: listens
+    server = getattr(cfg, "vllm", None)
+    if server is not None and "vllm_server_port" not in trl.model_fields_set and server.port:
+        options["vllm_server_port"] = server.port
+    if server is not None and "vllm_server_host" not in trl.model_fields_set and server.host:
+        options["vllm_server_host"] = server.host
+    host = options["vllm_server_host"] or ""
     return RLSettings(
         num_generations=group, max_completion_length=maximum, temperature=options["temperature"], top_p=options["top_p"],
         top_k=options["top_k"] or 0, min_p=options["min_p"], repetition_penalty=options["repetition_penalty"],
@@ -139,5 +196,16 @@ def rl_settings(cfg) -> RLSettings:
         entropy_coeff=options["entropy_coeff"], positive_nll_coef=options["positive_nll_coef"], beta=options["beta"],
         reference_reset_interval=options["reference_reset_interval"] or 0, sync_ref_model=options["sync_ref_model"],
         ref_model_mixup_alpha=options["ref_model_mixup_alpha"], ref_model_sync_steps=options["ref_model_sync_steps"],
+        use_vllm=options["use_vllm"], vllm_mode=options["vllm_mode"], server_host=LISTEN_ADDRESSES.get(host.strip(), host),
+        server_port=options["vllm_server_port"] or 8000, server_timeout=float(options["vllm_server_timeout"]),
+        lora_sync=options["vllm_lora_sync"], sync_interval=options["vllm_sync_interval"],
+        async_prefetch=options["async_prefetch"], prefetch_depth=options["prefetch_depth"],
+        streaming=bool(options["streaming_partial_batch"]), streaming_min_groups=options["streaming_min_groups"],
+        allowed_outdated_steps=options["allowed_outdated_steps"], is_correction=is_correction, is_level=is_level,
+        is_mode=is_mode, is_cap=float(options["vllm_importance_sampling_cap"]),
+        off_policy_mask_threshold=options["off_policy_mask_threshold"], bias_correction_kl=options["use_bias_correction_kl"],
+        decoupled_loss=options["use_decoupled_loss"], behav_imp_weight_cap=options["behav_imp_weight_cap"],
+        replay_buffer_size=options["replay_buffer_size"], replay_recompute_logps=options["replay_recompute_logps"],
+        reroll_start_fraction=options["reroll_start_fraction"], reroll_max_groups=options["reroll_max_groups"],
         raw=options,
     )

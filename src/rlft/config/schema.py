@@ -362,4 +362,41 @@ def _grpo_problems(cfg: RlftConfig):
         yield f"trl.generation_batch_size = {trl.generation_batch_size} must be divisible by trl.num_generations = {groups}"
     if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
         yield "rl: gdpo normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
+    yield from _rollout_problems(cfg)
+
+
+def _rollout_problems(cfg: RlftConfig):
+    """Rollout engine, async, importance-sampling and replay keys of the `trl:` section."""
+    trl = cfg.trl
+    depth = trl.prefetch_depth if trl.prefetch_depth is not None else RL_DEFAULTS["prefetch_depth"]
+    if trl.async_prefetch and depth < 1:
+        yield (f"trl.prefetch_depth is {depth} with trl.async_prefetch: true: prefetch_depth counts the rollout batches "
+               "generated ahead and must be >= 1 (1 is the usual choice), or set async_prefetch: false")
+    if trl.async_prefetch and trl.allowed_outdated_steps is not None:
+        per_batch = (trl.steps_per_generation or 1) * (trl.num_iterations or 1)  # optimizer steps per generation batch
+        oldest = depth * per_batch + (trl.vllm_sync_interval or 1) - 1
+        if trl.allowed_outdated_steps < oldest:
+            yield (f"trl.allowed_outdated_steps = {trl.allowed_outdated_steps} is below the age of every prefetched batch: "
+                   f"prefetch_depth = {depth} batches of {per_batch} optimizer step(s) with vllm_sync_interval = "
+                   f"{trl.vllm_sync_interval or 1} trains on rollouts up to {oldest} steps old, so every batch would be "
+                   "dropped; raise allowed_outdated_steps or lower prefetch_depth / vllm_sync_interval")
+    if trl.vllm_lora_sync and cfg.adapter not in ("lora", "qlora"):
+        yield ("trl.vllm_lora_sync sends the LoRA adapter: set adapter: lora, or remove vllm_lora_sync to send full "
+               "weights")
+    if trl.vllm_lora_sync and cfg.vllm.max_lora_rank is not None and cfg.lora_r > cfg.vllm.max_lora_rank:
+        yield (f"lora_r = {cfg.lora_r} is above vllm.max_lora_rank = {cfg.vllm.max_lora_rank}: the server would refuse "
+               f"the adapter sent by trl.vllm_lora_sync; raise vllm.max_lora_rank to at least {cfg.lora_r}")
+    if trl.use_decoupled_loss and trl.vllm_importance_sampling_correction:
+        yield ("trl.use_decoupled_loss and trl.vllm_importance_sampling_correction: true both weight the policy term by "
+               "exp(old - sampling) log-probs: pick one (remove vllm_importance_sampling_correction, or "
+               "use_decoupled_loss)")
+    if trl.behav_imp_weight_cap is not None and not trl.use_decoupled_loss:
+        yield ("trl.behav_imp_weight_cap caps the decoupled loss's behaviour weight: set trl.use_decoupled_loss: true, "
+               "or remove behav_imp_weight_cap (the IS correction's cap is vllm_importance_sampling_cap)")
+    if trl.streaming_min_groups is not None and not trl.streaming_partial_batch:
+        yield ("trl.streaming_min_groups sizes the chunks of streaming scoring: set trl.streaming_partial_batch: true, "
+               "or remove streaming_min_groups")
+    if trl.reroll_start_fraction < 1 and cfg.max_steps is None:
+        yield (f"trl.reroll_start_fraction = {trl.reroll_start_fraction} is a fraction of max_steps, which is not set: "
+               "set max_steps, or remove reroll_start_fraction (1.0 = no re-roll)")
 

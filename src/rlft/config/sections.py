@@ -3,9 +3,9 @@ and NeMo Gym keys.
 
 Names, types and defaults follow the Axolotl YAML schema (so users' configs validate unchanged)
 and, where that schema leaves a key at None, the trainer default that then applies is named in the
-field's description ("None -> X"). Every field here belongs to a capability built by a later issue
-and is declared with :func:`planned`: `rlft validate` accepts it, `rlft train` refuses a
-non-default value until the issue lands. Cross-field rules (G >= 2, batch divisibility, `rl: gdpo`
+field's description ("None -> X"). A field of a capability built by a later issue is declared with
+:func:`planned`: `rlft validate` accepts it, `rlft train` refuses a non-default value until the issue
+lands. The `vllm:` keys that `rlft vllm-serve` reads are real fields. Cross-field rules (G >= 2, batch divisibility, `rl: gdpo`
 vs. `sum_then_normalize`, ...) live in the top-level schema, not here.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rlft.config.base import Section, field, planned
 
@@ -264,10 +264,10 @@ class TRLConfig(Section):
         None,
         "KL coefficient (k3 estimator) to the reference; None -> 0.0 (no reference loaded).", ge=0.0,
     )
-    use_bias_correction_kl: Optional[bool] = planned(
+    use_bias_correction_kl: Optional[bool] = field(
         None,
-        "Weight the KL term by the PPO ratio (DeepSeek-V3.2 unbiased KL); None -> false.",
-        issue=ROLLOUT_SERVER,
+        "Multiply the k3 KL term by the token ratio exp(logp - old) (DeepSeek-V3.2 unbiased KL estimate, "
+        "https://arxiv.org/abs/2512.02556 §3.1; TRL); None -> false.",
     )
     reference_reset_interval: Optional[int] = field(
         None,
@@ -287,118 +287,133 @@ class TRLConfig(Section):
     )
 
     # ---- vLLM client ------------------------------------------------------------------------
-    use_vllm: bool = planned(
+    use_vllm: bool = field(
         False,
-        "Generate rollouts with vLLM instead of in-process.",
-        issue=ROLLOUT_SERVER,
+        "Generate rollouts with vLLM (through the rollout server) instead of in-process.",
     )
-    vllm_mode: Optional[Literal["server", "colocate"]] = planned(
+    vllm_mode: Optional[Literal["server", "colocate"]] = field(
         None,
-        "vLLM in a separate server or colocated in the trainer; None -> server when use_vllm.",
-        issue=ROLLOUT_SERVER,
+        "vLLM in a separate server or colocated in the trainer; None -> server.",
     )
-    vllm_server_host: Optional[str] = planned(
+    vllm_server_host: Optional[str] = field(
         "0.0.0.0",
-        "Host of the vLLM / rollout server.",
-        issue=ROLLOUT_SERVER,
+        "Host of the vLLM / rollout server the trainer connects to; unset -> vllm.host; 0.0.0.0 (a listen "
+        "address) -> 127.0.0.1.",
     )
-    vllm_server_port: Optional[int] = planned(
+    vllm_server_port: Optional[int] = field(
         8000,
-        "Port of the vLLM / rollout server.",
-        issue=ROLLOUT_SERVER, ge=1, le=65535,
+        "Port of the vLLM / rollout server the trainer connects to; unset -> vllm.port.", ge=1, le=65535,
     )
-    vllm_server_timeout: Optional[float] = planned(
+    vllm_server_timeout: Optional[float] = field(
         None,
-        "Seconds to wait for the server to come up (also the LoRA-load timeout); None -> 240.",
-        issue=ROLLOUT_SERVER, gt=0,
+        "Seconds to wait for the server to come up (also the LoRA-load timeout); None -> 240.", gt=0,
     )
     vllm_group_port: Optional[int] = planned(
         51216,
         "Port of the NCCL weight-sync group.",
         issue=ROLLOUT_SERVER, ge=1, le=65535,
     )
-    vllm_lora_sync: bool = planned(
+    vllm_lora_sync: bool = field(
         False,
-        "Sync weights by saving the LoRA adapter and loading it in vLLM (no NCCL).",
-        issue=ROLLOUT_SERVER,
+        "Sync weights by saving the LoRA adapter and loading it in the engine (no NCCL); needs adapter: lora|qlora.",
     )
-    vllm_sync_interval: Optional[int] = planned(
+    vllm_sync_interval: Optional[int] = field(
         None,
-        "Optimizer steps between weight syncs to the engine; None -> 1.",
-        issue=ROLLOUT_SERVER, ge=1,
+        "Optimizer steps between weight syncs to the engine; None -> 1.", ge=1,
     )
 
     # ---- async rollouts ---------------------------------------------------------------------
-    use_data_producer: bool = planned(
+    use_data_producer: bool = field(
         False,
-        "Use the data-producer rollout protocol (selects the async trainer).",
-        issue=ROLLOUT_SERVER,
+        "Axolotl's data-producer rollout protocol; rlft always uses one, so this is accepted and implies nothing "
+        "else (background rollouts: async_prefetch).",
     )
-    async_prefetch: bool = planned(
+    async_prefetch: bool = field(
         False,
-        "Generate the next rollouts in the background while training.",
-        issue=ROLLOUT_SERVER,
+        "Generate the next rollout batches in the background while training (off-policy by up to prefetch_depth "
+        "steps; IS correction turns on by default).",
     )
-    prefetch_depth: Optional[int] = planned(
+    prefetch_depth: Optional[int] = field(
         None,
-        "Rollout batches generated ahead; None -> 1.",
-        issue=ROLLOUT_SERVER, ge=1,
+        "Rollout batches generated ahead with async_prefetch; None -> 1 (must be >= 1 with async_prefetch).", ge=0,
     )
-    streaming_partial_batch: Optional[bool] = planned(
+    streaming_partial_batch: Optional[bool] = field(
         None,
-        "Score a rollout batch in chunks of prompt groups; None -> false.",
-        issue=ROLLOUT_SERVER,
+        "Score a rollout batch in chunks of prompt groups (less memory, same result); None -> false.",
     )
-    streaming_min_groups: Optional[int] = planned(
+    streaming_min_groups: Optional[int] = field(
         None,
-        "Prompt groups per streaming chunk; None -> 1.",
-        issue=ROLLOUT_SERVER, ge=1,
+        "Prompt groups per streaming chunk; needs streaming_partial_batch: true; None -> 1.", ge=1,
+    )
+    allowed_outdated_steps: Optional[int] = field(
+        None,
+        "Drop a rollout batch whose oldest row was sampled more than this many optimizer steps before it is trained "
+        "on (Cosmos-RL); None = no bound beyond prefetch_depth.", ge=0,
     )
 
     # ---- importance-sampling correction for stale / engine log-probs ------------------------
-    vllm_importance_sampling_correction: Optional[bool] = planned(
+    vllm_importance_sampling_correction: Optional[bool] = field(
         None,
-        "Reweight the loss by trainer/engine probability ratios; None -> true.",
-        issue=ROLLOUT_SERVER,
+        "Weight the policy term by exp(old - sampling) log-prob ratios (trainer at scoring time vs. the engine that "
+        "sampled); None -> true with use_vllm or async_prefetch (unless use_decoupled_loss), else false.",
     )
-    vllm_importance_sampling_mode: Optional[ImportanceSamplingMode] = planned(
+    vllm_importance_sampling_mode: Optional[ImportanceSamplingMode] = field(
         None,
-        "IS correction granularity and cap handling; None -> token_truncate.",
-        issue=ROLLOUT_SERVER,
+        "IS ratio per token or per sequence (sum of log-ratios); truncate = min(ratio, cap) (TIS), mask = 0 outside "
+        "[1/cap, cap]; None -> token_truncate.",
     )
-    vllm_importance_sampling_cap: Optional[float] = planned(
+    vllm_importance_sampling_cap: Optional[float] = field(
         None,
-        "IS ratio cap C (floor 1/C); None -> 3.0.",
-        issue=ROLLOUT_SERVER, ge=1.0,
+        "IS cap C >= 1: truncate at C, mask outside [1/C, C]; None -> 3.0.",
     )
-    off_policy_mask_threshold: Optional[float] = planned(
+    off_policy_mask_threshold: Optional[float] = field(
         None,
-        "Drop negative-advantage sequences whose mean log-ratio exceeds this (DeepSeek-V3.2 "
-        "off-policy sequence masking); None = off.",
-        issue=ROLLOUT_SERVER, ge=0.0,
+        "Drop negative-advantage sequences whose mean log-ratio (sampling - current) exceeds this (DeepSeek-V3.2 "
+        "off-policy sequence masking, https://arxiv.org/abs/2512.02556); None = off.", ge=0.0,
+    )
+    use_decoupled_loss: bool = field(
+        False,
+        "Decoupled PPO: weight the policy term by exp(old - sampling), masked above behav_imp_weight_cap (AReaL, "
+        "https://arxiv.org/abs/2505.24298; Cosmos-RL).",
+    )
+    behav_imp_weight_cap: Optional[float] = field(
+        None,
+        "Decoupled loss: tokens whose behaviour weight exp(old - sampling) exceeds this get weight 0; None = no cap.",
+        gt=0.0,
     )
 
     # ---- replay and re-roll -----------------------------------------------------------------
-    replay_buffer_size: int = planned(
+    replay_buffer_size: int = field(
         0,
-        "Cached high-signal groups that replace zero-signal groups (0 = off).",
-        issue=ROLLOUT_SERVER, ge=0,
+        "Cached high-signal groups that replace zero-signal groups (0 = off).", ge=0,
     )
-    replay_recompute_logps: bool = planned(
+    replay_recompute_logps: bool = field(
         True,
         "Recompute old log-probs of replayed groups with the current model.",
-        issue=ROLLOUT_SERVER,
     )
-    reroll_start_fraction: float = planned(
+    reroll_start_fraction: float = field(
         1.0,
-        "Fraction of max_steps after which all-zero-reward prompts are re-rolled (1.0 = off).",
-        issue=ROLLOUT_SERVER, ge=0.0, le=1.0,
+        "Fraction of max_steps after which all-zero-reward prompts are re-rolled (1.0 = off; needs max_steps).",
+        ge=0.0, le=1.0,
     )
-    reroll_max_groups: int = planned(
+    reroll_max_groups: int = field(
         1,
-        "Most re-rolled prompt groups injected per batch.",
-        issue=ROLLOUT_SERVER, ge=0,
+        "Most re-rolled prompt groups injected per batch.", ge=0,
     )
+
+    @field_validator("vllm_importance_sampling_cap")
+    @classmethod
+    def _cap_at_least_one(cls, value: Optional[float]) -> Optional[float]:
+        if value is None:
+            return value
+        if not value > 0:
+            raise ValueError(f"IS cap <= 0 ({value}): the cap bounds a probability ratio; 3.0 is the usual choice")
+        if value < 1:
+            raise ValueError(
+                f"IS cap {value} < 1: the floor 1/C would lie above the cap C (mask modes would drop every token, "
+                "truncation would shrink even on-policy tokens); use C >= 1, 3.0 is the usual choice"
+            )
+        return value
 
 
 class EBFTConfig(Section):
@@ -484,53 +499,57 @@ class EBFTConfig(Section):
 
 
 class VLLMConfig(Section):
-    """The `vllm:` section: how `rlft serve` starts the vLLM rollout engine."""
+    """The `vllm:` section: how `rlft vllm-serve` starts the rollout server (vLLM or transformers backend)."""
 
-    host: Optional[str] = planned("0.0.0.0", "Address the server listens on.", issue=ROLLOUT_SERVER)
-    port: Optional[int] = planned(
-        8000,
-        "Port the server listens on.",
-        issue=ROLLOUT_SERVER, ge=1, le=65535,
+    host: Optional[str] = field(
+        "0.0.0.0",
+        "Address the server listens on (0.0.0.0 = every interface; clients reach it as 127.0.0.1 on this machine).",
     )
-    tensor_parallel_size: Optional[int] = planned(
-        None,
-        "Tensor-parallel GPUs per engine; None -> 1.",
-        issue=ROLLOUT_SERVER, ge=1,
-    )
-    data_parallel_size: Optional[int] = planned(
-        None,
-        "Engine replicas (data parallel); None -> 1.",
-        issue=ROLLOUT_SERVER, ge=1,
-    )
-    gpu_memory_utilization: Optional[float] = planned(
-        None,
-        "Fraction of GPU memory for the engine; None -> 0.9 served, 0.3 colocated.",
-        issue=ROLLOUT_SERVER, gt=0.0, le=1.0,
-    )
-    dtype: Optional[str] = planned(
+    port: Optional[int] = field(8000, "Port the server listens on.", ge=1, le=65535)
+    backend: Literal["auto", "transformers", "vllm"] = field(
         "auto",
-        "Engine weight dtype (auto, bfloat16, float16, float32).",
-        issue=ROLLOUT_SERVER,
+        "Engine behind the server: vllm, transformers (any device, batched KV-cache decode), "
+        "auto -> vllm when it imports and CUDA is available, else transformers.",
     )
-    max_model_len: Optional[int] = planned(
+    api_key: Optional[str] = field(
         None,
-        "Engine context length; None -> the model's.",
-        issue=ROLLOUT_SERVER, ge=1,
+        "Token for weight-changing endpoints; env RLFT_SERVER_TOKEN; generated at start when bound beyond loopback and unset.",
     )
-    enable_prefix_caching: Optional[bool] = planned(
+    tensor_parallel_size: Optional[int] = field(
         None,
-        "Reuse KV cache across prompts sharing a prefix; None -> engine default.",
-        issue=ROLLOUT_SERVER,
+        "Tensor-parallel GPUs per engine (vllm backend); None -> 1.",
+        ge=1,
     )
-    enforce_eager: Optional[bool] = planned(
+    data_parallel_size: Optional[int] = field(
         None,
-        "Disable CUDA-graph capture; None -> false.",
-        issue=ROLLOUT_SERVER,
+        "Engine replicas (data parallel); None -> 1. Only 1 is supported (start one server per replica).",
+        ge=1,
     )
-    kv_cache_dtype: Optional[str] = planned(
+    gpu_memory_utilization: Optional[float] = field(
         None,
-        "KV-cache dtype (e.g. fp8); None -> auto.",
-        issue=ROLLOUT_SERVER,
+        "Fraction of GPU memory for the engine (vllm backend); None -> 0.9.",
+        gt=0.0, le=1.0,
+    )
+    dtype: Optional[str] = field(
+        "auto",
+        "Engine weight dtype (auto, bfloat16, float16, float32); auto -> the model's dtype, float32 on CPU.",
+    )
+    max_model_len: Optional[int] = field(
+        None,
+        "Engine context length (prompt + completion); None -> the model's max_position_embeddings.",
+        ge=1,
+    )
+    enable_prefix_caching: Optional[bool] = field(
+        None,
+        "Reuse KV cache across prompts sharing a prefix (vllm backend); None -> engine default.",
+    )
+    enforce_eager: Optional[bool] = field(
+        None,
+        "Disable CUDA-graph capture (vllm backend); None -> false.",
+    )
+    kv_cache_dtype: Optional[str] = field(
+        None,
+        "KV-cache dtype (e.g. fp8; vllm backend); None -> auto.",
     )
     serve_module: Optional[str] = planned(
         None,
@@ -552,16 +571,15 @@ class VLLMConfig(Section):
         "vLLM reasoning parser name (with enable_reasoning).",
         issue=ROLLOUT_SERVER,
     )
-    max_lora_rank: Optional[int] = planned(
+    max_lora_rank: Optional[int] = field(
         None,
-        "Largest LoRA rank the engine accepts; None -> lora_r.",
-        issue=ROLLOUT_SERVER, ge=1,
+        "Largest LoRA rank the engine accepts; None -> lora_r, or 64 without one.",
+        ge=1,
     )
-    max_loras: int = planned(2, "LoRA adapters kept loaded at once.", issue=ROLLOUT_SERVER, ge=1)
-    lora_dtype: Optional[str] = planned(
+    max_loras: int = field(2, "LoRA adapters kept loaded at once (vllm backend).", ge=1)
+    lora_dtype: Optional[str] = field(
         "bfloat16",
-        "Dtype of loaded LoRA adapters.",
-        issue=ROLLOUT_SERVER,
+        "Dtype of loaded LoRA adapters (vllm backend; the transformers backend runs them in the served dtype).",
     )
 
 

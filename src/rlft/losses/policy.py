@@ -4,8 +4,9 @@ Pure functions over per-token log-probabilities (B, T) and a loss mask (B, T): 1
 sees (completion mask times tool mask), 0 on padding, left or right. Padded positions may hold anything (0, -inf,
 NaN): they are replaced before any arithmetic, so padding side and padding values never change a result.
 
-Old, reference and rollout quantities are constants: `old_logps`, `ref_logps`, `advantages` and `is_weights` are
-detached here, whatever the caller passes; gradients reach `logps` (and `entropy`, whose bonus is meant to train).
+Old, reference and rollout quantities are constants: `old_logps`, `ref_logps`, `advantages`, `is_weights` and
+`sequence_keep` are detached here, whatever the caller passes; gradients reach `logps` (and `entropy`, whose bonus is
+meant to train).
 
 Accumulation contract: `policy_loss` returns (loss_sum, units). The training loop adds loss_sum over the micro-batches
 of one optimizer step and divides by the sum of units; each loss_type picks them so the quotient is that type's
@@ -81,12 +82,14 @@ def policy_loss(
     positive_nll_coef: float | None = 0.0,
     max_completion_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    sequence_keep: torch.Tensor | None = None,
+    bias_correction_kl: bool = False,
 ) -> PolicyLossOutput:
     """Clipped policy-gradient loss over one micro-batch.
 
     Shapes: logps, old_logps, mask, ref_logps, entropy (B, T); advantages (B,) (or (B, T) per token); is_weights
-    (B,) or (B, T). old_logps None means on-policy (old = logps.detach(), ratio 1). Below, m = mask, A = advantage of
-    the token's sequence, eps_h = epsilon_high (None -> epsilon), sg = stop-gradient.
+    (B,) or (B, T); sequence_keep (B,) or (B, 1). old_logps None means on-policy (old = logps.detach(), ratio 1).
+    Below, m = mask, A = advantage of the token's sequence, eps_h = epsilon_high (None -> epsilon), sg = stop-gradient.
 
     Importance ratio (`importance_sampling_level`):
         token     r_t = exp(logp_t - old_t)                                       PPO / GRPO
@@ -114,9 +117,17 @@ def policy_loss(
             (as TRL); aipo_rho is refused.
 
     Then, per token:
-        l *= sg(is_weights)                  external IS correction (vLLM / async staleness), on the policy term only,
-                                             as TRL multiplies before adding the KL
-        l += beta * k3(logp, ref)            KL to the reference (beta > 0 needs ref_logps), not IS-weighted (TRL)
+        l *= sg(sequence_keep)               off-policy sequence mask (DeepSeek-V3.2 OPSM, `rlft.losses.importance.
+                                             off_policy_sequence_mask`), on the policy term only, as TRL
+        l *= sg(is_weights)                  external IS correction (vLLM / async staleness, `rlft.losses.importance`),
+                                             on the policy term only, as TRL multiplies before adding the KL
+        l += beta * k3(logp, ref)            KL to the reference (beta > 0 needs ref_logps), not IS-weighted (TRL).
+                                             bias_correction_kl (DeepSeek-V3.2 §3.1 unbiased KL estimate, TRL
+                                             `use_bias_correction_kl`, Cosmos `unbiased_kl_estimate`): the k3 term is
+                                             multiplied by the token ratio exp(logp_t - old_t) (clamped log-ratio as
+                                             above), with gradient through logp as TRL. At both levels the *token*
+                                             ratio: the correction is of the per-token KL estimate (DeepSeek's formula;
+                                             TRL multiplies by its importance weight, the sequence ratio under GSPO).
         l -= entropy_coeff * H_t             entropy bonus (Cosmos-RL `entropy_coeff`)
         l += positive_nll_coef * (-logp_t)   on tokens of sequences with A > 0 (VAPO positive-example LM loss,
                                              https://arxiv.org/abs/2504.05118 §4.3, Cosmos `positive_nll_coef`).
@@ -144,7 +155,8 @@ def policy_loss(
     `clip_ratio/high_mean` = r > 1 + eps_h and A > 0, `clip_ratio/region_mean` = either (TRL's definitions; at sequence
     level per non-empty sequence). AIPO: high = r > rho, low = 0. CISPO: high = `cispo_clip_ratio` = r > 1 + eps_h and
     A > 0. `clip_ratio/dual_mean` when delta or lower_bound_ratio is set: A < 0 and r above the smaller bound. `kl` =
-    masked mean of k3 when ref_logps is given, `entropy` = masked mean of H when given. Empty mask -> 0.0.
+    masked mean of k3 when ref_logps is given (of k3 * r with bias_correction_kl, the estimate the loss uses, as TRL),
+    `entropy` = masked mean of H when given. Empty mask -> 0.0.
 
     None for loss_type, epsilon, importance_sampling_level, beta, entropy_coeff or positive_nll_coef means the default.
     Raises ValueError for an unknown loss_type or level, mismatched shapes, dr_grpo without max_completion_length,
@@ -223,6 +235,9 @@ def policy_loss(
         low = (ratio_value < 1 - eps_low) & (adv < 0)
         high = (ratio_value > 1 + eps_high) & (adv > 0)
 
+    if sequence_keep is not None:
+        keep = _as_tokens("sequence_keep", sequence_keep.detach().to(logp.dtype), shape, True)
+        per_token = per_token * torch.where(valid, keep, zero)
     if is_weights is not None:
         per_token = per_token * _as_tokens("is_weights", is_weights.detach().to(logp.dtype), shape, True)
 
@@ -230,6 +245,8 @@ def policy_loss(
     if ref_logps is not None:
         ref = torch.where(valid, _as_tokens("ref_logps", ref_logps, shape, False).detach().to(logp.dtype), zero)
         kl = k3_kl(logp, ref)
+        if bias_correction_kl:
+            kl = kl * torch.exp(log_ratio)
         if beta > 0:
             per_token = per_token + beta * kl
         metrics["kl"] = _masked_mean(kl, weights)

@@ -3,12 +3,14 @@
 `trainable_weights`: the tensors that change during training (a LoRA adapter's, or every weight of a
 full fine-tune), under the policy's own parameter names: what an engine made by copying the policy
 needs after each step. `merged_weights`: the policy as a plain model's state dict (LoRA deltas added
-to their base weights), computed layer by layer without copying the model.
+to their base weights), computed layer by layer without copying the model. `weights_checksum` and
+`architecture_digest`: what the trainer and the rollout server compare to prove a sync landed.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import torch
 
@@ -40,9 +42,60 @@ def merged_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
                 deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in adapters)
     merged = {}
     for key, value in base.state_dict().items():
-        parts = key.split(".")
-        if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
+        clean = _plain_name(key)
+        if clean is None:
             continue
-        clean = key.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
         merged[clean] = (value + deltas[clean].to(value.dtype)) if clean in deltas else value.detach()
     return merged
+
+
+def _plain_name(key: str) -> str | None:
+    """A PEFT-wrapped base model's state-dict key as the plain model names it; None for adapter tensors."""
+    parts = key.split(".")
+    if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
+        return None
+    return key.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base model's state dict under plain names (PEFT wrappers and adapter tensors left out), sharing storage.
+
+    Writing into these tensors (under no_grad) writes the module's weights: weight loading uses that.
+    """
+    model = _unwrap(model)
+    if hasattr(model, "peft_config"):
+        model = model.get_base_model()
+    plain = {}
+    for key, value in model.state_dict().items():
+        name = _plain_name(key)
+        if name is not None:
+            plain[name] = value
+    return plain
+
+
+def weights_checksum(named_tensors) -> str:
+    """sha256 over the sorted (name, dtype, shape, raw bytes) of named tensors: equal iff the weights are identical.
+
+    The trainer and the rollout server both call this, so a checksum that comes back equal means the
+    server holds bit-for-bit what was sent. Accepts a mapping or (name, tensor) pairs.
+    """
+    items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
+    digest = hashlib.sha256()
+    for name, tensor in sorted(items, key=lambda item: item[0]):
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def architecture_digest(model_or_state_dict) -> str:
+    """sha256 of the sorted (plain name, shape) list: equal for two models of the same architecture and size.
+
+    Lets a trainer detect a rollout server that serves another model before sending it weights.
+    """
+    if isinstance(model_or_state_dict, torch.nn.Module):
+        state = plain_state_dict(model_or_state_dict)
+    else:
+        state = model_or_state_dict
+    listing = sorted((name, tuple(tensor.shape)) for name, tensor in state.items())
+    return hashlib.sha256(repr(listing).encode()).hexdigest()

@@ -17,6 +17,7 @@ from rlft.rollout.types import Rollout, SamplingParams
 class RolloutEngine(Protocol):
     """What the producer samples from. An engine holds its own weights: it never reads the module being trained.
 
+    `seed` makes a batch's sampling reproducible (the same seed and weights give the same tokens);
     `version` names the weights it samples with; `load_weights` replaces them (all named tensors of the
     policy, or only those that train, such as a LoRA adapter's) and sets the version that every row it
     samples afterwards carries. `health()` says whether it can serve, with its version.
@@ -25,7 +26,8 @@ class RolloutEngine(Protocol):
     @property
     def version(self) -> int: ...
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_samples: int = 1) -> Rollout: ...
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_samples: int = 1,
+                 seed: int | None = None) -> Rollout: ...
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None: ...
 

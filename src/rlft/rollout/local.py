@@ -7,7 +7,8 @@ the exact distribution it was drawn from (`process_logits`).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+import threading
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from transformers import DynamicCache
@@ -15,6 +16,16 @@ from transformers import DynamicCache
 from rlft.errors import RolloutError
 from rlft.rollout.engine import process_logits
 from rlft.rollout.types import Rollout, SamplingParams
+
+
+class Decoded(NamedTuple):
+    """One sample per prompt: tokens (with the stop token), their sampling log-probs, whether max_new_tokens
+    ended them, and per step the (token id, log-prob) pairs of the most likely tokens when asked for."""
+
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+    truncated: list[bool]
+    top_logprobs: list[list[list[tuple[int, float]]]] | None
 
 
 class LocalEngine:
@@ -32,6 +43,7 @@ class LocalEngine:
         self.max_batch = max_batch
         self._version = version
         self._params = dict(model.named_parameters())
+        self.lock = threading.Lock()  # one decode or weight load at a time (async prefetch samples on another thread)
 
     @classmethod
     def from_policy(cls, policy, pad_id: int, tokenizer=None, version: int = 0) -> "LocalEngine":
@@ -48,22 +60,38 @@ class LocalEngine:
         if unknown:
             raise RolloutError(f"load_weights: the engine's model has no parameter {unknown[0]!r} "
                                f"({len(unknown)} unknown of {len(weights)}): the weights come from another architecture")
-        with torch.no_grad():
+        with self.lock, torch.no_grad():  # never while a batch is being decoded
             for name, tensor in weights.items():
                 self._params[name].copy_(tensor)
-        self._version = version
+            self._version = version
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "engine": "local", "version": self._version}
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_samples: int = 1) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_samples: int = 1, seed: int | None = None) -> Rollout:
+        """`seed` draws from a generator of its own (the stream of `torch.manual_seed(seed)`), so sampling is
+        reproducible whatever other threads do with the global generator; None uses the global generator."""
         expanded = [ids for ids in prompt_ids for _ in range(num_samples)]
-        parts = [self._decode(expanded[i : i + self.max_batch], params) for i in range(0, len(expanded), self.max_batch)]
-        return Rollout(expanded, [c for p in parts for c in p[0]], [lp for p in parts for lp in p[1]], [t for p in parts for t in p[2]],
+        device = next(self.model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        decoded = self.decode(expanded, params, generator=generator)
+        return Rollout(expanded, decoded.completion_ids, decoded.logprobs, decoded.truncated,
                        weight_versions=[self._version] * len(expanded))
 
-    def _decode(self, prompts: list[list[int]], params: SamplingParams):
+    @torch.no_grad()
+    def decode(self, prompts: list[list[int]], params: SamplingParams, top_logprobs: int = 0,
+               generator: torch.Generator | None = None) -> "Decoded":
+        """One sample per prompt, in batches of `max_batch`; with `top_logprobs` > 0 also the k most likely
+        tokens of each step's sampling distribution (the OpenAI `top_logprobs` of the rollout server)."""
+        with self.lock:
+            parts = [self._decode(prompts[i : i + self.max_batch], params, top_logprobs, generator)
+                     for i in range(0, len(prompts), self.max_batch)]
+        return Decoded([c for p in parts for c in p[0]], [lp for p in parts for lp in p[1]], [t for p in parts for t in p[2]],
+                       [k for p in parts for k in p[3]] if top_logprobs > 0 else None)
+
+    def _decode(self, prompts: list[list[int]], params: SamplingParams, top_logprobs: int = 0,
+                generator: torch.Generator | None = None):
         device = next(self.model.parameters()).device
         count, width = len(prompts), max(len(p) for p in prompts)
         input_ids = torch.full((count, width), self.pad_id, dtype=torch.long, device=device)
@@ -81,7 +109,7 @@ class LocalEngine:
         cache = DynamicCache()
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                             past_key_values=cache, use_cache=True).logits[:, -1]
-        tokens, logps = [], []
+        tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
         end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
         next_position = positions[:, -1]
@@ -89,12 +117,14 @@ class LocalEngine:
             scores = process_logits(logits, seen, params)
             distribution = torch.log_softmax(scores, dim=-1)
             if params.temperature > 0:
-                chosen = torch.multinomial(distribution.exp(), 1).squeeze(-1)
+                chosen = torch.multinomial(distribution.exp(), 1, generator=generator).squeeze(-1)
             else:
                 chosen = scores.argmax(-1)
             chosen = torch.where(finished, torch.full_like(chosen, self.pad_id), chosen)
             tokens.append(chosen)
             logps.append(distribution.gather(-1, chosen.clamp_min(0)[:, None]).squeeze(-1))
+            if top_logprobs > 0:
+                tops.append(torch.topk(distribution, min(top_logprobs, distribution.size(-1)), dim=-1))
             if seen is not None:
                 seen.scatter_(1, chosen[:, None], ~finished[:, None])
             just_finished = ~finished & torch.isin(chosen, stop)
@@ -110,8 +140,12 @@ class LocalEngine:
                                 past_key_values=cache, use_cache=True).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()
         ends = [end + 1 if end >= 0 else len(tokens[0]) for end in end_step.tolist()]
+        top_rows: list[list[list[tuple[int, float]]]] = []
+        if tops:
+            ids, values = torch.stack([t.indices for t in tops], 1).tolist(), torch.stack([t.values for t in tops], 1).tolist()
+            top_rows = [[list(zip(i, v)) for i, v in zip(ids[row][:end], values[row][:end])] for row, end in enumerate(ends)]
         return ([row[:end] for row, end in zip(tokens, ends)], [row[:end] for row, end in zip(logps, ends)],
-                [end < 0 for end in end_step.tolist()])
+                [end < 0 for end in end_step.tolist()], top_rows)
 
     def _stop_string_hit(self, tokens: torch.Tensor, done: torch.Tensor, stop_strings: list[str]) -> torch.Tensor:
         window = max(len(s) for s in stop_strings) + 8  # tokens are at least one character

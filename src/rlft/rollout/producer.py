@@ -2,7 +2,10 @@
 
 It owns its prompt cursor, the engine, the scorer and the filters, and never touches the module being
 trained: it samples from an engine that holds its own weights (updated by the trainer through
-`engine.load_weights`). Synchronous: `produce()` returns the next generation batch when asked.
+`engine.load_weights`). Three stages: `draw()` takes the next prompts (main thread), `sample()` runs the
+engine (anywhere: inline, or on the background thread of rollout/prefetch.py when prefetching) and
+`score()` turns a SampledBatch into a ScoredBatch (main thread: reward functions may need its signals).
+`produce()` chains the three for synchronous use.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from rlft.errors import RolloutError
 from rlft.losses.advantages import group_advantages, zero_variance_groups
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.scoring import Scorer, add_overlong_penalty, column_stats
-from rlft.rollout.types import Rollout, SamplingParams, ScoredBatch, Scores
+from rlft.rollout.types import Rollout, SampledBatch, SamplingParams, ScoredBatch, Scores
 
 ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
@@ -45,57 +48,105 @@ class RolloutContext:
 class RolloutProducer:
     def __init__(self, engine: RolloutEngine, scorer: Scorer, prompts: PromptSource, settings, tokenizer,
                  sampling: SamplingParams, rollout_func: Callable | None = None,
-                 sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None):
+                 sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
+                 seed: int = 0):
         """`settings` is `rlft.config.rl.RLSettings`; `sampling_for(prompts, sampling)` may adapt the sampling
-        parameters to a prompt batch (EBFT's adaptive_max_tokens)."""
+        parameters to a prompt batch (EBFT's adaptive_max_tokens). `seed` seeds every draw's sampling."""
         self.engine, self.scorer, self.prompts, self.settings = engine, scorer, prompts, settings
         self.tokenizer, self.sampling, self.rollout_func = tokenizer, sampling, rollout_func
         self.sampling_for = sampling_for or (lambda prompts, sampling: sampling)
         self.group = settings.num_generations
-        self.generations = 0  # generation batches produced so far
+        self.seed = seed
+        self.generations = 0  # generation batches scored so far
+        self.draws = 0  # prompt batches drawn so far (a draw's index seeds its sampling)
+        self.inject: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda prompts: prompts  # re-roll
+        self.after_scoring: Callable[[ScoredBatch], ScoredBatch] = lambda scored: scored  # replay buffer
+        self.run_engine: Callable[[Callable[[], Any]], Any] = lambda job: job()  # where engine work runs (Prefetcher.call)
 
     # ------------------------------------------------------------------ the batch
     def produce(self) -> ScoredBatch:
-        """One generation batch: prompts_per_step x steps_per_generation prompts, G completions each."""
+        """One generation batch, drawn, sampled and scored here: prompts_per_step x steps_per_generation prompts."""
+        return self.score(self.sample(*self.draw()))
+
+    def draw(self) -> tuple[list[dict[str, Any]], int]:
+        """The next generation batch's prompts and the draw's index (main thread: the cursor lives here)."""
         s = self.settings
-        needed = s.prompts_per_step * s.steps_per_generation
-        started = time.perf_counter()
-        prompts = [p for _ in range(s.steps_per_generation) for p in self.prompts.next()["prompts"]]
-        rollout, scores, timings = self._sample_and_score(prompts)
-        dropped, metrics = {}, {}
-        if s.filter_reward_metric:  # DAPO dynamic sampling: keep groups whose filter reward varies, draw more (bounded)
-            prompts, rollout, scores, dropped, retries = self._dynamic_sampling(prompts, rollout, scores, needed)
-            metrics["dynamic_sampling/retries"] = float(retries)
-            metrics["dynamic_sampling/dropped_groups"] = float(sum(dropped.values()))
-        result = group_advantages(scores.values, scores.weights, self.group, scale=s.scale_rewards,
-                                  aggregation=s.multi_objective_aggregation, estimator=s.advantage_estimator)
-        self.generations += 1
-        skip = s.skip_zero_advantage_batches and bool((result.advantages == 0).all())
-        metrics.update(timings)
-        metrics.update(rollout_metrics(scores, rollout, self.group, float(result.frac_zero_std), timings["time/generate"]))
-        metrics["time/rollout_total"] = round(time.perf_counter() - started, 4)
-        return ScoredBatch(prompts, rollout, scores, result.advantages, self.group, skip=skip, dropped=dropped, metrics=metrics)
+        prompts = self.inject([p for _ in range(s.steps_per_generation) for p in self.prompts.next()["prompts"]])
+        self.draws += 1
+        return prompts, self.draws - 1
 
-    def evaluate(self, prompts: list[dict[str, Any]], params: SamplingParams) -> tuple[Rollout, Scores]:
-        """One completion per prompt with `params` (greedy for eval), scored."""
-        rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, 1)
-        return rollout, self.scorer.score(prompts, rollout, 1)
-
-    # ------------------------------------------------------------------ stages
-    def _sample_and_score(self, prompts: list[dict[str, Any]]) -> tuple[Rollout, Scores, dict[str, float]]:
+    def sample(self, prompts: list[dict[str, Any]], index: int) -> SampledBatch:
+        """Generate G completions per prompt. Touches only the engine: safe on a background thread."""
         started = time.perf_counter()
         if self.rollout_func is not None:
             rollout, extra = self._user_rollout(prompts)
         else:
             params = self.sampling_for(prompts, self.sampling)
-            rollout, extra = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group), {}
-        generated = time.perf_counter()
-        scores = self.scorer.score(prompts, rollout, self.group, extra)
+            rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group, seed=self.seed_of(index))
+            extra = {}
+        return SampledBatch(prompts, rollout, extra, index, round(time.perf_counter() - started, 4))
+
+    def seed_of(self, index: int) -> int:
+        return (self.seed * 1_000_003 + index) % (2**63 - 1)
+
+    def score(self, sampled: SampledBatch) -> ScoredBatch:
+        """Rewards, the overlong penalty, dynamic sampling, advantages, replay and metrics (main thread)."""
         s = self.settings
+        needed = s.prompts_per_step * s.steps_per_generation
+        started = time.perf_counter()
+        prompts, rollout = sampled.prompts, sampled.rollout
+        scores = self._score(prompts, rollout, sampled.extra)
+        timings = {"time/generate": sampled.generate_time, "time/reward": round(time.perf_counter() - started, 4)}
+        dropped, metrics = {}, {}
+        if s.filter_reward_metric:  # DAPO dynamic sampling: keep groups whose filter reward varies, draw more (bounded)
+            prompts, rollout, scores, dropped, retries = self._dynamic_sampling(prompts, rollout, scores, needed)
+            metrics["dynamic_sampling/retries"] = float(retries)
+            metrics["dynamic_sampling/dropped_groups"] = float(sum(dropped.values()))
+        advantages, frac_zero_std = self._advantages(scores)
+        self.generations += 1
+        skip = s.skip_zero_advantage_batches and bool((advantages == 0).all())
+        metrics.update(timings)
+        metrics.update(rollout_metrics(scores, rollout, self.group, frac_zero_std, max(sampled.generate_time, 1e-9)))
+        metrics["time/rollout_total"] = round(sampled.generate_time + time.perf_counter() - started, 4)
+        scored = ScoredBatch(prompts, rollout, scores, advantages, self.group, skip=skip, dropped=dropped, metrics=metrics)
+        return self.after_scoring(scored)
+
+    def _advantages(self, scores: Scores) -> tuple[torch.Tensor, float]:
+        """Group advantages over the whole batch, or chunk by chunk of `streaming_min_groups` groups when streaming
+        (each chunk normalised on its own, as Axolotl's streaming scorer does)."""
+        s = self.settings
+        chunk = s.streaming_min_groups * self.group if s.streaming else len(scores.total)
+        parts, zero = [], 0.0
+        for start in range(0, len(scores.total), max(chunk, 1)):
+            values = scores.values[start : start + chunk]
+            result = group_advantages(values, scores.weights, self.group, scale=s.scale_rewards,
+                                      aggregation=s.multi_objective_aggregation, estimator=s.advantage_estimator)
+            parts.append(result.advantages)
+            zero += float(result.frac_zero_std) * len(values)
+        return torch.cat(parts), zero / max(1, len(scores.total))
+
+    def evaluate(self, prompts: list[dict[str, Any]], params: SamplingParams) -> tuple[Rollout, Scores]:
+        """One completion per prompt with `params` (greedy for eval), scored."""
+        rollout = self.run_engine(lambda: self.engine.generate([p["prompt_ids"] for p in prompts], params, 1))
+        return rollout, self.scorer.score(prompts, rollout, 1)
+
+    # ------------------------------------------------------------------ stages
+    def _score(self, prompts: list[dict[str, Any]], rollout: Rollout, extra: dict[str, list]) -> Scores:
+        """The scorer over the whole batch, or chunk by chunk of groups when streaming (bounded memory per call)."""
+        s = self.settings
+        if s.streaming and len(prompts) > s.streaming_min_groups:
+            step = s.streaming_min_groups
+            parts = []
+            for start in range(0, len(prompts), step):
+                rows = list(range(start * self.group, min(len(prompts), start + step) * self.group))
+                part_extra = {k: [v[i] for i in rows] for k, v in extra.items()}
+                parts.append(self.scorer.score(prompts[start : start + step], rollout.select(rows), self.group, part_extra))
+            scores = Scores.concat(parts)
+        else:
+            scores = self.scorer.score(prompts, rollout, self.group, extra)
         if s.overlong_penalty:
             scores = add_overlong_penalty(scores, rollout, s.max_completion_length, s.overlong_buffer_length, s.overlong_penalty_factor)
-        timings = {"time/generate": round(generated - started, 4), "time/reward": round(time.perf_counter() - generated, 4)}
-        return rollout, scores, timings
+        return scores
 
     def _dynamic_sampling(self, prompts, rollout: Rollout, scores: Scores, needed: int):
         """Drop groups whose filter metric(s) are constant; draw more prompt batches until `needed` groups are kept
@@ -121,7 +172,10 @@ class RolloutProducer:
                 break
             retries += 1
             prompts = self.prompts.next()["prompts"]
-            rollout, scores, _ = self._sample_and_score(prompts)
+            index = self.draws
+            self.draws += 1
+            sampled = self.run_engine(lambda: self.sample(prompts, index))
+            rollout, scores = sampled.rollout, self._score(prompts, sampled.rollout, sampled.extra)
         if not kept_prompts:  # nothing varied even after retries: train on the last batch (it will have zero advantages)
             return prompts, rollout, scores, {"zero_variance": dropped - len(prompts)}, retries
         rows = list(range(min(needed, len(kept_prompts)) * self.group))

@@ -63,6 +63,25 @@ class Rollout:
 
 
 @dataclass
+class SampledBatch:
+    """One generation batch as the engine returned it, before any scoring: what a background sampler hands over."""
+
+    prompts: list[dict[str, Any]]  # one per group
+    rollout: Rollout
+    extra: dict[str, list] = field(default_factory=dict)  # columns a rollout_func returned beside the rollout
+    index: int = 0  # which draw of the run this is (seeds its sampling)
+    generate_time: float = 0.0
+
+    def to_state(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "rollout": dataclasses.asdict(self.rollout), "extra": self.extra,
+                "index": self.index, "generate_time": self.generate_time}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> "SampledBatch":
+        return SampledBatch(state["prompts"], Rollout(**state["rollout"]), state["extra"], state["index"], state["generate_time"])
+
+
+@dataclass
 class Scores:
     """Rewards of N rows: one column per reward function (NaN = unscorable), their weights and the weighted total."""
 

@@ -88,9 +88,9 @@ def train(cfg, console: Console | None = None) -> LoopResult:
             disable_dropout(model)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
     elif cfg.method in ("grpo", "gdpo"):
-        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base)
+        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
     elif cfg.method == "ebft":
-        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base)
+        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base, console)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
     check_context(cfg, model)
@@ -212,31 +212,37 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
     return model, frozen
 
 
-def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None):
+def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
     from rlft.config.rl import rl_settings
     from rlft.data.prepare import prepare_data, prompt_steps
     from rlft.rollout.rewards import RewardRunner, load_reward_functions
     from rlft.rollout.scoring import FunctionScorer
+    from rlft.train.engines import engine_factory
     from rlft.train.recipes.grpo import GRPORecipe
 
     trl = cfg.trl
     if not trl.reward_funcs:
         raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
                           "directory, or a trained reward model folder)")
+    make_engine, remote = engine_factory(cfg, console)  # vllm_mode: colocate without vLLM stops here, before any loading
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
     data = prepare_data(cfg, tokenizer, prompt_steps(cfg))
     model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
-    return model, GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard), data
+    recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
+                        remote_engine=remote)
+    return model, recipe, data
 
 
-def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None):
+def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
     """EBFT: the frozen feature network is the initial policy (adapter disabled, or a frozen copy)."""
     from rlft.data.prepare import ebft_steps, prepare_data
+    from rlft.train.engines import engine_factory
 
+    make_engine, remote = engine_factory(cfg, console) if cfg.ebft.mode == "structured" else (None, False)
     data = prepare_data(cfg, tokenizer, ebft_steps(cfg))
     model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
     shard = (accelerator.process_index, accelerator.num_processes)
@@ -250,7 +256,7 @@ def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None):
 
     scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
     reference = frozen if rl_settings(cfg).beta else None  # the same frozen initial policy serves the KL term
-    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard), data
+    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard, make_engine, remote), data
 
 
 def load_reference_model(cfg, tokenizer):

@@ -1,29 +1,105 @@
 """Trainer-side weight sync: after optimizer steps, send the policy's new weights to the rollout engine.
 
-The weight version is the number of optimizer steps the weights have seen; every rollout row carries
-the version that sampled it, and the checkpoint records the engine's version. After each push the
-engine must report the version it was sent, or the run stops: sampling from weights other than
-the ones the trainer thinks it sent is how off-policy bugs start.
+The weight version is the number of optimizer steps the weights have seen; every rollout row carries the
+version that sampled it, and the checkpoint records the engine's version. `prepare` takes a snapshot of
+the weights on the main thread (so training may go on changing them) and returns the load to run where the
+engine work runs (rollout/prefetch.py). What is sent depends on the engine:
+
+* an in-process engine copied from the policy gets the tensors that train (a LoRA adapter, or every weight);
+* a rollout server gets a plain model's weights: every trained weight of a full fine-tune, or, for a LoRA
+  policy, the merged weights of the layers the adapter touches (W + scale * B A), or with `vllm_lora_sync`
+  the adapter itself, saved with PEFT as safetensors in a folder the server reads.
+
+Every load is verified: the engine must then serve the version it was sent (and a server reports the
+checksum of what it loaded, which the client compares with what it sent). Sampling from weights other
+than the ones the trainer thinks it sent is how off-policy bugs start, so a mismatch stops the run.
 """
 
 from __future__ import annotations
 
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
 from rlft.errors import RolloutError
-from rlft.models.weights import trainable_weights
+from rlft.models.weights import merged_weights, trainable_weights
 from rlft.rollout.engine import RolloutEngine
 
 
 class WeightSync:
-    def __init__(self, engine: RolloutEngine, every: int = 1):
-        self.engine = engine
-        self.every = every
+    def __init__(self, engine: RolloutEngine, every: int = 1, plain: bool = False, lora_folder: Path | None = None):
+        """`plain`: the engine holds a plain (non-PEFT) model, as a server does; `lora_folder`: send the adapter
+        through this folder instead (vllm_lora_sync)."""
+        self.engine, self.every, self.plain, self.lora_folder = engine, every, plain, lora_folder
+        self.pushed: int | None = None  # the last version handed to the engine
+        self.seconds = 0.0  # engine-side load time of the last push
 
     def after_optimizer_step(self, policy, step: int) -> bool:
-        """Push when `step` is due (every `every` steps). Returns whether it pushed."""
+        """Push at once when `step` is due (synchronous use). Returns whether it pushed."""
         if step % self.every:
             return False
-        self.engine.load_weights(trainable_weights(policy), version=step)
-        served = self.engine.health().get("version")
-        if served != step:
-            raise RolloutError(f"weight sync: the engine serves version {served} after being sent version {step}")
+        self.prepare(policy, step)()
         return True
+
+    def prepare(self, policy, version: int) -> Callable[[], None]:
+        """Snapshot the weights now; the returned call loads them into the engine and verifies the version."""
+        self.pushed = version
+        if self.lora_folder is not None:
+            folder = self.lora_folder / f"v{version}"
+            if folder.exists():
+                shutil.rmtree(folder)
+            getattr(policy, "module", policy).save_pretrained(folder, safe_serialization=True)
+
+            def load_adapter() -> None:
+                self._timed(lambda: self.engine.load_adapter(folder, version))
+                self._check(version)
+                # the server has read it: drop older versions only (a newer one may be being written on the main
+                # thread right now, with async prefetch)
+                for old in self.lora_folder.glob("v*"):
+                    if old.name[1:].isdigit() and int(old.name[1:]) < version:
+                        shutil.rmtree(old, ignore_errors=True)
+            return load_adapter
+        weights = plain_weights(policy) if self.plain else trainable_weights(policy)
+        snapshot = {name: tensor.detach().clone() for name, tensor in weights.items()}
+
+        def load() -> None:
+            self._timed(lambda: self.engine.load_weights(snapshot, version))
+            self._check(version)
+        return load
+
+    def _timed(self, call: Callable[[], None]) -> None:
+        began = time.perf_counter()
+        call()
+        self.seconds = time.perf_counter() - began
+
+    def _check(self, version: int) -> None:
+        served = self.engine.health().get("version")
+        if served != version:
+            raise RolloutError(f"weight sync: the engine serves version {served} after being sent version {version}")
+
+
+@torch.no_grad()
+def plain_weights(policy) -> dict[str, torch.Tensor]:
+    """The weights a plain copy of the base model needs to equal the policy: for a LoRA policy only the layers its
+    adapter changes (merged) and its `modules_to_save`; for a full fine-tune every weight that trains."""
+    model = getattr(policy, "module", policy)
+    if not hasattr(model, "peft_config"):
+        return trainable_weights(model)
+    merged = merged_weights(model)
+    touched = set()
+    for name, param in model.get_base_model().named_parameters():
+        if not param.requires_grad:
+            continue
+        parts = name.split(".")
+        for marker in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
+            if marker in parts:
+                touched.add(".".join(parts[: parts.index(marker)]) + ".weight")
+        if "modules_to_save" in parts:
+            touched.add(name.replace(".modules_to_save.default.", "."))
+    missing = sorted(touched - set(merged))
+    if missing:
+        raise RolloutError(f"weight sync: cannot map trained weight {missing[0]!r} onto the base model's names")
+    return {name: merged[name] for name in sorted(touched)}

@@ -57,9 +57,11 @@ def adaptive_sampling(ebft) -> Callable[[list[dict[str, Any]], SamplingParams], 
 class EBFTStructuredRecipe(GRPORecipe):
     """GRPO with the feature-matching scorer, plus ground-truth cross-entropy (`ce_coef`) and EBFT's eval."""
 
-    def __init__(self, cfg, data, tokenizer, scorer, reference, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, cfg, data, tokenizer, scorer, reference, shard: tuple[int, int] = (0, 1), make_engine=None,
+                 remote_engine: bool = False):
         super().__init__(cfg, data, tokenizer, scorer, reference, shard,
-                         sampling_for=adaptive_sampling(cfg.ebft) if cfg.ebft.adaptive_max_tokens else None)
+                         sampling_for=adaptive_sampling(cfg.ebft) if cfg.ebft.adaptive_max_tokens else None,
+                         make_engine=make_engine, remote_engine=remote_engine)
         self.name = "ebft"
         self.ebft = cfg.ebft
         self.health = EBFTHealth()
@@ -102,6 +104,7 @@ class EBFTStructuredRecipe(GRPORecipe):
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out ground-truth cross-entropy (teacher forced) and greedy exact match with the ground truth."""
         greedy = dataclasses.replace(self.sampling, temperature=0.0, max_new_tokens=self.settings.max_completion_length)
+        self.feed.sync_now(self.model)  # evaluate the weights being trained, not the engine's older ones
         nll_total, tokens, hits, count = 0.0, 0, 0, 0
         eos = self.tokenizer.eos_token_id
         for batch in batches:
@@ -113,7 +116,7 @@ class EBFTStructuredRecipe(GRPORecipe):
             logps, _ = completion_logps(model, truth, 1.0, False)
             nll_total += float(-(logps * truth["completion_mask"]).sum())
             tokens += int(truth["completion_mask"].sum())
-            rollout = self.producer.engine.generate([p["prompt_ids"] for p in prompts], greedy, 1)
+            rollout = self.feed.engine_call(lambda: self.producer.engine.generate([p["prompt_ids"] for p in prompts], greedy, 1))
             for p, completion in zip(prompts, rollout.completion_ids):
                 hits += [t for t in completion if t != eos] == [t for t in p["ground_truth_ids"] if t != eos]
             count += len(prompts)

@@ -22,6 +22,7 @@ import torch
 from rlft.config.rl import GENERATION_KWARGS, rl_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
+from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.logprobs import completion_batch, completion_logps
@@ -32,11 +33,12 @@ from rlft.rollout.producer import RolloutProducer
 from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.train.recipe import LossOutput, Recipe
+from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync
 from rlft.usercode import UserCodeError, load_user_function
 
 ZERO_SIGNAL_WARN_STEPS = 10
-LOGP_VALUES = ("old_logps", "ref_logps")
+LOGP_VALUES = ("old_logps", "ref_logps", "sampling_logps")
 
 
 def sampling_params(settings, tokenizer) -> SamplingParams:
@@ -63,7 +65,8 @@ def training_rows(scored: ScoredBatch, mask_truncated: bool) -> list[TrainingRow
 
 def row_inputs(row: TrainingRow) -> dict[str, Any]:
     return {"prompt_ids": row.prompt_ids, "completion_ids": row.completion_ids, "mask": row.loss_mask,
-            "advantage": row.advantage, "old_logps": row.old_logps, "ref_logps": row.ref_logps}
+            "advantage": row.advantage, "old_logps": row.old_logps, "ref_logps": row.ref_logps,
+            "sampling_logps": row.sampling_logps}
 
 
 def load_rollout_func(name: str) -> Callable:
@@ -76,9 +79,10 @@ def load_rollout_func(name: str) -> Callable:
 class GRPORecipe(Recipe):
     def __init__(self, cfg, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
-                 make_engine: Callable[..., RolloutEngine] | None = None):
+                 make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
-        holding its own copy of the trained weights)."""
+        holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
+        (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
         self.settings = s = rl_settings(cfg)
         unknown = sorted(set(s.raw["generation_kwargs"] or {}) - set(GENERATION_KWARGS))
@@ -95,8 +99,11 @@ class GRPORecipe(Recipe):
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
         self.draws_per_step = 1  # one plan batch (prompts_per_step prompts) per optimizer step
         self.prompts = PlanCursor(self.train_plan)
+        self.remote_engine = remote_engine
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
-        self.weight_sync: WeightSync | None = None
+        self.feed: RolloutFeed | None = None
+        self.model = None  # the trained module (unwrapped), for weight pushes at checkpoints and evaluation
+        self.step = 0
         self.queue: list[list[list[TrainingRow]]] = []  # steps -> micro-batches -> rows, still to train on
         self.batch_metrics: dict[str, float] = {}  # describe the generation batch being trained on
         self.fresh: dict[str, float] = {}  # this step's own (phase times, skips)
@@ -106,19 +113,32 @@ class GRPORecipe(Recipe):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, model) -> None:
-        engine = self.make_engine(model, self._restored.get("weight_version", 0))
-        self.producer = RolloutProducer(engine, self.scorer, self.prompts, self.settings, self.tokenizer, self.sampling,
-                                        self.rollout_func, self.sampling_for)
+        s, version = self.settings, self._restored.get("weight_version", 0) or 0
+        self.model, self.step = model, self._restored.get("step", 0)
+        engine = self.make_engine(model, version)
+        self.producer = RolloutProducer(engine, self.scorer, self.prompts, s, self.tokenizer, self.sampling,
+                                        self.rollout_func, self.sampling_for, seed=self.cfg.seed)
         self.producer.generations = self._restored.get("generations", 0)
-        self.weight_sync = WeightSync(engine)
+        # the in-process engine copies only what trains (the adapter, for LoRA) already: vllm_lora_sync is its default
+        lora_folder = Path(self.cfg.output_dir) / "lora_sync" if s.lora_sync and self.remote_engine else None
+        sync = WeightSync(engine, every=s.sync_interval, plain=self.remote_engine, lora_folder=lora_folder)
+        self.feed = RolloutFeed(self.producer, sync, s, self.cfg.max_steps, self.cfg.seed)
+        self.feed.load_state_dict(self._restored.get("feed", {}), self.step)
+        if self.remote_engine:  # its weights are the server's own until told otherwise: send ours (a resume's too)
+            sync.prepare(model, version)()
 
     def after_optimizer_step(self, model, step: int) -> None:
         started = time.perf_counter()
-        self.weight_sync.after_optimizer_step(model, step)
+        self.step = step
+        main_thread = self.feed.after_optimizer_step(model, step)
         self._update_reference(model, step)
-        self.fresh["time/weight_sync"] = round(time.perf_counter() - started, 4)
+        self.fresh["time/weight_sync"] = round(time.perf_counter() - started if not self.feed.depth else main_thread, 4)
+        if self.feed.depth and self.feed.weight_sync.seconds:
+            self.fresh["async/weight_load_s"] = round(self.feed.weight_sync.seconds, 4)
 
     def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
         self.scorer.close()
 
     @property
@@ -131,9 +151,10 @@ class GRPORecipe(Recipe):
     def state_dict(self) -> dict[str, Any]:
         """Queued rows, the prompt position and health counters: a resume trains on exactly the rows an
         uninterrupted run would, sampled from an engine of the recorded weight version."""
+        feed = self.feed.state_dict(self.model) if self.feed else {}
         return {"queue": [[[row.to_state() for row in micro] for micro in window] for window in self.queue],
                 "prompts": self.prompts.state_dict(), "generations": self.producer.generations if self.producer else 0,
-                "weight_version": self.producer.engine.version if self.producer else 0,
+                "weight_version": feed.get("weight_version") or 0, "step": self.step, "feed": feed,
                 "zero_signal_steps": self.zero_signal_steps, "steps_with_signal": self.steps_with_signal,
                 "batch_metrics": self.batch_metrics}
 
@@ -164,14 +185,34 @@ class GRPORecipe(Recipe):
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         s = self.settings  # entropy is logged every step (TRL's `entropy`); with a gradient only when entropy_coeff > 0
         logps, entropy = completion_logps(model, batch, s.temperature, True, grad_entropy=bool(s.entropy_coeff))
+        is_weights, keep, metrics = self.off_policy_terms(logps, batch)
         result = policy_loss(
             logps, batch.get("old_logps", logps.detach()), batch["advantages"], batch["completion_mask"],
             loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
             lower_bound_ratio=s.lower_bound_ratio, aipo_rho=s.aipo_rho, importance_sampling_level=s.importance_sampling_level,
             ref_logps=batch.get("ref_logps"), beta=s.beta, entropy=entropy, entropy_coeff=s.entropy_coeff,
             positive_nll_coef=s.positive_nll_coef, max_completion_length=s.unbiased_loss_max_tokens,
+            is_weights=is_weights, sequence_keep=keep, bias_correction_kl=s.bias_correction_kl,
         )
-        return LossOutput(result.loss_sum, float(result.units), result.metrics)
+        return LossOutput(result.loss_sum, float(result.units), {**result.metrics, **metrics})
+
+    def off_policy_terms(self, logps: torch.Tensor, batch: dict[str, Any]):
+        """The sampling correction (IS weights exp(old - sampling), or the decoupled loss's behaviour weights) and the
+        off-policy sequence mask, from the engine's sampling log-probs and the trainer's old log-probs."""
+        s, mask = self.settings, batch["completion_mask"]
+        sampling, old = batch.get("sampling_logps"), batch.get("old_logps")
+        weights = keep = None
+        metrics: dict[str, float] = {}
+        if s.needs_sampling_correction and old is not None and sampling is not None:
+            if s.decoupled_loss:
+                weights, metrics = decoupled_weights(old, sampling, mask, s.behav_imp_weight_cap)
+            else:
+                weights, metrics = importance_weights(old, sampling, mask, level=s.is_level, mode=s.is_mode, cap=s.is_cap)
+        if s.off_policy_mask_threshold is not None:
+            reference = sampling if sampling is not None else (old if old is not None else logps.detach())
+            keep, masked = off_policy_sequence_mask(logps, reference, batch["advantages"], mask, s.off_policy_mask_threshold)
+            metrics.update(masked)
+        return weights, keep, metrics
 
     def step_metrics(self) -> dict[str, float]:
         """The batch's rollout statistics repeat on steps that reuse it (num_iterations, steps_per_generation); phase
@@ -186,6 +227,7 @@ class GRPORecipe(Recipe):
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Greedy completion per held-out prompt, scored by the reward functions: eval/reward (accuracy for 0/1 rewards)."""
         greedy = dataclasses.replace(self.sampling, temperature=0.0)
+        self.feed.sync_now(self.model)  # evaluate the weights being trained, not the engine's older ones
         totals, count = {}, 0
         for batch in batches:
             prompts = batch["prompts"]
@@ -206,9 +248,9 @@ class GRPORecipe(Recipe):
     # ------------------------------------------------------------------ one generation batch
     def _fill_queue(self, model) -> None:
         s = self.settings
-        scored = self.producer.produce()
+        scored = self.feed.next_batch()
         self._take_metrics(scored)
-        rows = self.rows_of(scored)
+        rows = self._within_staleness(self.rows_of(scored))
         if s.log_completions:
             self._log_completions(scored)
         started = time.perf_counter()
@@ -218,8 +260,18 @@ class GRPORecipe(Recipe):
             self._attach_logps(model, rows, "ref_logps", reference=True)
         self.fresh["time/logprobs"] = round(time.perf_counter() - started, 4)
         self.fresh["time/rollout_total"] = round(self.fresh["time/rollout_total"] + self.fresh["time/logprobs"], 4)
-        windows = [[] for _ in range(s.steps_per_generation)] if scored.skip else self._windows(rows)
+        windows = [[] for _ in range(s.steps_per_generation)] if scored.skip or not rows else self._windows(rows)
         self.queue = [window for _ in range(s.num_iterations) for window in windows]
+
+    def _within_staleness(self, rows: list[TrainingRow]) -> list[TrainingRow]:
+        """Rows sampled more than `allowed_outdated_steps` steps ago (replayed ones can be) are dropped, and counted."""
+        bound = self.settings.allowed_outdated_steps
+        if bound is None:
+            return rows
+        kept = [row for row in rows if self.step - row.weight_version <= bound]
+        if len(kept) < len(rows):
+            self.fresh["async/stale_rows_dropped"] = float(len(rows) - len(kept))
+        return kept
 
     def rows_of(self, scored: ScoredBatch) -> list[TrainingRow]:
         return training_rows(scored, self.settings.mask_truncated_completions)

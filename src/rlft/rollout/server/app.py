@@ -1,0 +1,135 @@
+"""The rollout server's HTTP application: training endpoints, verified weight and adapter sync, and the
+OpenAI-compatible routes (`openai_routes.py`).
+
+Every route answers errors as `{"error": message}` with a 4xx for a bad request, never a traceback.
+Slow work (decoding a bucket, hashing weights, generating) runs off the event loop, so `/health`
+answers while a batch is being generated. Routes exist with and without a trailing slash, since
+TRL and Axolotl clients call `/health/` and `/generate/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from rlft.rollout.server.openai_routes import add_openai_routes
+from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
+from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, WeightsPathBody, generation_request
+from rlft.rollout.server.security import token_guard
+from rlft.rollout.server.transfer import (BucketedTransfer, check_against_model, read_adapter_folder, read_weights_path,
+                                          verify_checksum)
+
+
+def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], guard=None) -> None:
+    """`path` and `path/`, so every client's spelling reaches the same handler."""
+    dependencies = [Depends(guard)] if guard is not None else None
+    for spelling in (path, path + "/"):
+        app.add_api_route(spelling, endpoint, methods=methods, dependencies=dependencies, include_in_schema=spelling == path)
+
+
+def build_app(backend: ServingBackend, *, model_name: str, token: str | None) -> FastAPI:
+    app = FastAPI(title="rlft rollout server", redirect_slashes=False)
+    guard = token_guard(token)
+    transfer = BucketedTransfer()
+    _add_error_handlers(app)
+
+    def weight_state() -> dict[str, Any]:
+        return {"weight_version": backend.weight_version, "weight_checksum": backend.weight_checksum}
+
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "backend": backend.name, **weight_state(), "dtype": dtype_name(backend.dtype)}
+
+    async def weight_info() -> dict[str, Any]:
+        return {**weight_state(), "dtype": dtype_name(backend.dtype), "lora_dtype": dtype_name(backend.lora_dtype),
+                "architecture": backend.architecture, "lora": backend.lora, "max_lora_rank": backend.max_lora_rank,
+                "max_model_len": backend.max_model_len, "model": model_name, "backend": backend.name}
+
+    async def generate(body: GenerateBody) -> dict[str, Any]:
+        request = generation_request(
+            backend, body.prompt_ids, n=body.n, max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+            top_k=body.top_k, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
+            stop_token_ids=body.stop_token_ids, stop=body.stop, seed=body.seed)
+        out = await backend.generate(request)
+        return {"completion_ids": out.completion_ids, "logprobs": out.logprobs, "truncated": out.truncated,
+                "weight_version": out.weight_version, "weight_checksum": out.weight_checksum}
+
+    async def load_checked(tensors, claimed: str | None, version: int) -> dict[str, Any]:
+        received = await asyncio.to_thread(verify_checksum, tensors, claimed, "weights")
+        check_against_model(tensors, backend.parameter_shapes())
+        loaded = await backend.load_weights(tensors, version)
+        return {"weight_version": version, "weight_checksum": loaded, "received_checksum": received}
+
+    async def update_weights(request: Request, version: int, checksum: str, bucket: int = 0, buckets: int = 1) -> dict[str, Any]:
+        body = await request.body()
+        tensors = await asyncio.to_thread(transfer.add, body, version, bucket, buckets)
+        if tensors is None:
+            return {"received": bucket, "buckets": buckets, "weight_version": backend.weight_version}
+        return await load_checked(tensors, checksum, version)
+
+    async def update_weights_from_path(body: WeightsPathBody) -> dict[str, Any]:
+        tensors = await asyncio.to_thread(read_weights_path, body.path)
+        return await load_checked(tensors, body.checksum, body.version)
+
+    async def load_adapter(body: LoadAdapterBody, version: int) -> dict[str, Any]:
+        adapter = await asyncio.to_thread(read_adapter_folder, body.lora_path, backend.max_lora_rank)
+        if body.checksum and adapter.checksum != body.checksum:
+            raise ServerError(400, f"transfer corrupted: the adapter in {adapter.folder} has checksum {adapter.checksum[:16]}..., "
+                                   f"the sender computed {body.checksum[:16]}... (a partly written folder?); nothing was loaded")
+        loaded = await backend.load_adapter(adapter, version)
+        return {"weight_version": version, "weight_checksum": loaded, "received_checksum": adapter.checksum, "lora": backend.lora}
+
+    async def load_lora_adapter(body: LoadAdapterBody) -> dict[str, Any]:
+        if body.version is None:
+            raise ServerError(400, "load_lora_adapter needs a version (int): the weight version the adapter carries")
+        return await load_adapter(body, body.version)
+
+    async def vllm_load_lora_adapter(body: LoadAdapterBody) -> dict[str, Any]:  # vLLM's {lora_name, lora_path}
+        return await load_adapter(body, backend.weight_version + 1)
+
+    async def set_lora_adapter(body: LoadAdapterBody) -> dict[str, Any]:  # Axolotl's {lora_name, lora_int_id, lora_path}
+        version = body.lora_int_id if body.lora_int_id is not None else backend.weight_version + 1
+        return await load_adapter(body, version)
+
+    async def reset_prefix_cache() -> dict[str, Any]:
+        await backend.reset_prefix_cache()
+        return {"status": "ok"}
+
+    add_route(app, "/health", health, ["GET"])
+    add_route(app, "/weight_info", weight_info, ["GET"])
+    add_route(app, "/generate", generate, ["POST"])
+    add_route(app, "/update_weights", update_weights, ["POST"], guard)
+    add_route(app, "/update_weights_from_path", update_weights_from_path, ["POST"], guard)
+    add_route(app, "/load_lora_adapter", load_lora_adapter, ["POST"], guard)
+    add_route(app, "/v1/load_lora_adapter", vllm_load_lora_adapter, ["POST"], guard)
+    add_route(app, "/set_lora_adapter", set_lora_adapter, ["POST"], guard)
+    add_route(app, "/reset_prefix_cache", reset_prefix_cache, ["POST"], guard)
+    add_openai_routes(app, backend, model_name)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServerError)
+    async def server_error(request: Request, exc: ServerError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors()[:3]:
+            where = ".".join(str(part) for part in error.get("loc", ()) if part not in ("body", "query"))
+            problems.append(f"{where or 'body'}: {error.get('msg')}")
+        return JSONResponse({"error": f"bad request to {request.url.path}: " + "; ".join(problems)}, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {message}"}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"error": f"internal error in {request.url.path}: {type(exc).__name__}: {exc}"}, status_code=500)

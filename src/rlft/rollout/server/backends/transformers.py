@@ -1,0 +1,205 @@
+"""The transformers backend: rlft's batched KV-cache decoder (`LocalEngine`) behind the server, on any device.
+
+One engine thread owns the model. It takes every generation request waiting, decodes those with the
+same sampling settings together in one batch (a request with a seed alone, right after seeding, so
+it reproduces `LocalEngine.generate` exactly), and applies weight and adapter updates between batches.
+Log-probs come from the distribution actually sampled (`process_logits`), as in training.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlft.errors import ConfigError
+from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
+from rlft.rollout.local import LocalEngine
+from rlft.rollout.server.engine_thread import EngineThread
+from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
+
+
+def served_dtype(setting: str | None, model_dtype: torch.dtype | None, device_type: str) -> torch.dtype:
+    """`vllm.dtype` resolved: auto -> float32 on CPU, else the model's own dtype (float32 when it names none)."""
+    if setting in (None, "auto"):
+        if device_type == "cpu" or model_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return torch.float32
+        return model_dtype
+    if setting not in DTYPES:
+        raise ConfigError(f"vllm.dtype: {setting!r} is not a dtype the server knows: use auto, bfloat16, float16 or float32")
+    return DTYPES[setting]
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model, tokenizer, *, model_name: str, dtype: torch.dtype, max_model_len: int, max_lora_rank: int):
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.dtype = self.lora_dtype = dtype
+        self.max_model_len = max_model_len
+        self.max_lora_rank = max_lora_rank
+        self.weight_version = 0
+        self.weight_checksum: str | None = None
+        self.lora: dict[str, int] | None = None
+        self._lora_config: dict | None = None
+        self._engine = LocalEngine(model.to(dtype).requires_grad_(False), tokenizer.pad_token_id, tokenizer)
+        plain = plain_state_dict(model)
+        self.architecture = architecture_digest(plain)
+        self._shapes = {name: (tuple(t.shape), t.dtype) for name, t in plain.items()}
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._thread = EngineThread(self._run_batch)
+
+    @classmethod
+    def from_config(cls, cfg) -> "TransformersBackend":
+        from rlft.models.loading import load_model, load_tokenizer
+
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        tokenizer = load_tokenizer(cfg)
+        model = load_model(cfg, tokenizer, device_type, with_adapter=False)
+        dtype = served_dtype(cfg.vllm.dtype, getattr(model.config, "dtype", None), device_type)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        max_model_len = cfg.vllm.max_model_len or positions
+        if max_model_len is None:
+            raise ConfigError("vllm.max_model_len: the model's config names no max_position_embeddings: set vllm.max_model_len")
+        if positions is not None and max_model_len > positions:
+            raise ConfigError(f"vllm.max_model_len={max_model_len} is above the model's max_position_embeddings={positions}: lower it")
+        max_lora_rank = cfg.vllm.max_lora_rank or cfg.lora_r or 64
+        return cls(model.to(device_type), tokenizer, model_name=str(cfg.base_model), dtype=dtype,
+                   max_model_len=max_model_len, max_lora_rank=max_lora_rank)
+
+    def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return self._shapes
+
+    async def generate(self, request: GenerationRequest) -> Generated:
+        return await self._thread.generate(request)
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        return await self._thread.call(lambda: self._load_weights(tensors, version))
+
+    async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        return await self._thread.call(lambda: self._load_adapter(adapter, version))
+
+    async def reset_prefix_cache(self) -> None:
+        return None  # each batch builds its own KV cache: nothing is kept between batches
+
+    def close(self) -> None:
+        self._thread.stop()
+
+    # ---------------------------------------------------------------- on the engine thread
+
+    def _run_batch(self, requests: list[GenerationRequest]) -> list[Generated | BaseException]:
+        results: list[Generated | BaseException | None] = [None] * len(requests)
+        groups: dict[object, list[int]] = {}
+        for index, request in enumerate(requests):
+            key = ("seed", index) if request.seed is not None else request.params  # seeded requests decode alone
+            groups.setdefault(key, []).append(index)
+        for members in groups.values():
+            try:
+                for index, generated in zip(members, self._decode_group([requests[i] for i in members])):
+                    results[index] = generated
+            except Exception as exc:  # noqa: BLE001 - only this group's requests fail
+                for index in members:
+                    results[index] = ServerError(500, f"generation failed: {type(exc).__name__}: {exc}")
+        return results  # type: ignore[return-value]
+
+    def _decode_group(self, requests: list[GenerationRequest]) -> list[Generated]:
+        expanded = [ids for request in requests for ids in request.prompt_ids for _ in range(request.n)]
+        seed = requests[0].seed
+        if seed is not None:
+            torch.manual_seed(seed)
+        top = max(request.top_logprobs for request in requests)
+        decoded = self._engine.decode(expanded, requests[0].params, top_logprobs=top)
+        if seed is not None:
+            torch.seed()  # later unseeded requests must not replay this stream
+        out, start = [], 0
+        for request in requests:
+            end = start + len(request.prompt_ids) * request.n
+            tops = None
+            if request.top_logprobs and decoded.top_logprobs is not None:
+                tops = [[step[: request.top_logprobs] for step in row] for row in decoded.top_logprobs[start:end]]
+            out.append(Generated(decoded.completion_ids[start:end], decoded.logprobs[start:end], decoded.truncated[start:end],
+                                 tops, self.weight_version, self.weight_checksum))
+            start = end
+        return out
+
+    @torch.no_grad()
+    def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        state = plain_state_dict(self._engine.model)  # shares storage with the module: copy_ writes the weights
+        for name, tensor in tensors.items():
+            state[name].copy_(tensor)
+        checksum = weights_checksum({name: state[name] for name in tensors})  # read back from the module
+        self.weight_version, self.weight_checksum = version, checksum
+        return checksum
+
+    @torch.no_grad()
+    def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        from peft import get_peft_model_state_dict
+
+        previous = None
+        if self._lora_config is not None and _adapter_shape(adapter.config) != _adapter_shape(self._lora_config):
+            previous = (self._lora_config, {k: v.clone() for k, v in get_peft_model_state_dict(self._engine.model).items()})
+            self._unwrap()
+        if self._lora_config is None:
+            self._wrap(adapter.config)
+        try:
+            readback = self._set_adapter_tensors(adapter)
+        except ServerError:
+            self._unwrap()
+            if previous is not None:  # serve the adapter that was there before, unchanged
+                self._wrap(previous[0])
+                _set_state(self._engine.model, previous[1])
+            raise
+        checksum = weights_checksum(readback)
+        self.weight_version, self.weight_checksum = version, checksum
+        self.lora = {"rank": adapter.rank, "version": version}
+        return checksum
+
+    def _wrap(self, config: dict) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        known = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
+        known.update(inference_mode=True)
+        model = get_peft_model(self._engine.model, LoraConfig(**known), autocast_adapter_dtype=False)
+        model.to(self.dtype).requires_grad_(False).eval()
+        self._engine = LocalEngine(model, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version)
+        self._lora_config = config
+
+    def _unwrap(self) -> None:
+        base = self._engine.model.unload()  # removes the LoRA layers; base weights untouched
+        self._engine = LocalEngine(base, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version)
+        self._lora_config, self.lora = None, None
+
+    def _set_adapter_tensors(self, adapter: AdapterFiles) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        model = self._engine.model
+        expected = get_peft_model_state_dict(model)
+        missing = sorted(set(expected) - set(adapter.tensors))
+        unknown = sorted(set(adapter.tensors) - set(expected))
+        if missing or unknown:
+            name = (unknown or missing)[0]
+            what = "is not a tensor of this adapter on the served model" if unknown else "is missing from the adapter file"
+            raise ServerError(400, f"{adapter.folder}: {name!r} {what}: the adapter was saved from another model or config")
+        for name, tensor in adapter.tensors.items():
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise ServerError(400, f"{adapter.folder}: {name!r} has shape {tuple(tensor.shape)}, the served adapter's "
+                                       f"is {tuple(expected[name].shape)}")
+        cast = {name: tensor.to(self.lora_dtype) for name, tensor in adapter.tensors.items()}
+        _set_state(model, cast)
+        readback = {name: tensor for name, tensor in get_peft_model_state_dict(model).items() if name in cast}
+        bad = next((name for name in cast if not torch.equal(readback[name].cpu(), cast[name])), None)
+        if bad is not None:
+            raise ServerError(500, f"adapter tensor {bad!r} reads back different from the file after loading")
+        return readback
+
+
+def _set_state(model, tensors: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, tensors)
+
+
+def _adapter_shape(config: dict) -> tuple:
+    """What decides the adapter's modules and sizes: a change needs a new wrap, the rest only new tensors."""
+    keys = ("r", "lora_alpha", "target_modules", "rank_pattern", "alpha_pattern", "use_rslora", "use_dora",
+            "modules_to_save", "layers_to_transform", "bias", "fan_in_fan_out", "exclude_modules")
+    return tuple(repr(config.get(key)) for key in keys)

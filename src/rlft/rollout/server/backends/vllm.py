@@ -1,0 +1,200 @@
+"""The vLLM backend: `vllm.LLM` in this process, driven from the server's engine thread.
+
+Generation goes from token ids (`TokensPrompt`) with `logprobs=0` (the sampled token's log-prob) and
+`logprobs_mode="processed_logprobs"`, so log-probs come from the distribution after temperature,
+top-k/top-p/min-p and repetition penalty, as the trainer computes them. `ignore_eos` is set and the
+stop ids are passed explicitly, so `/generate` stops exactly where the transformers backend does.
+Every waiting request goes into one `LLM.generate` call (vLLM batches them itself).
+
+Full weights reach the model through its `load_weights` inside each worker (`LLM.apply_model`; the
+tensors travel as a safetensors file in shared memory, not through the RPC pipe), then the prefix
+cache is reset so no KV computed with the old weights is reused. vLLM stacks and renames weights
+(qkv_proj, gate_up_proj), so they cannot be read back under the trainer's names: the checksum
+returned is that of the verified tensors handed to `load_weights`. LoRA adapters load through a
+`LoRARequest` with a new int id per version (vLLM keeps `max_loras` of them, least recently used out).
+NCCL weight transfer is not built.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rlft.errors import ConfigError
+from rlft.models.weights import architecture_digest, weights_checksum
+from rlft.rollout.server.engine_thread import EngineThread
+from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
+
+
+def _load_file_into_model(path: str, model: torch.nn.Module) -> int:
+    """Runs inside each vLLM worker: read the safetensors file onto the model's device and hand it to load_weights."""
+    from safetensors.torch import load_file
+
+    device = next(model.parameters()).device
+    weights = load_file(path, device=str(device))
+    loaded = model.load_weights(weights=iter(weights.items()))
+    return len(loaded) if loaded is not None else len(weights)
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, llm, tokenizer, *, model_name: str, architecture: str, shapes, lora_dtype: torch.dtype,
+                 max_lora_rank: int, enable_lora: bool):
+        config = llm.llm_engine.model_config
+        self._llm = llm
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.dtype = config.dtype
+        self.lora_dtype = lora_dtype
+        self.max_model_len = config.max_model_len
+        self.max_lora_rank = max_lora_rank
+        self.architecture = architecture
+        self.vocab_size = config.get_vocab_size()
+        self.weight_version = 0
+        self.weight_checksum: str | None = None
+        self.lora: dict[str, int] | None = None
+        self._shapes = {name: (shape, self.dtype) for name, shape in shapes.items()}
+        self._enable_lora = enable_lora
+        self._lora_request = None
+        self._lora_ids = 0
+        self._thread = EngineThread(self._run_batch, name="rlft-vllm")
+
+    @classmethod
+    def from_config(cls, cfg) -> "VLLMBackend":
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from vllm import LLM
+
+        from rlft.models.loading import load_tokenizer, resolve_source
+
+        settings = cfg.vllm
+        if cfg.random_init:
+            raise ConfigError("random_init: the vllm backend loads weights from base_model and cannot start from a random "
+                              "init: save the initial weights to a folder, or use --backend transformers")
+        if (settings.data_parallel_size or 1) > 1:
+            raise ConfigError("vllm.data_parallel_size > 1: start one server per replica (each with its own --port)")
+        source = resolve_source(cfg.base_model, "base_model")
+        tokenizer = load_tokenizer(cfg)
+        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        with torch.device("meta"):  # names and shapes only, no memory
+            skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=cfg.trust_remote_code)
+        state = skeleton.state_dict()
+        enable_lora = bool(cfg.trl.vllm_lora_sync)
+        max_lora_rank = settings.max_lora_rank or cfg.lora_r or 64
+        lora_dtype_name = settings.lora_dtype or "auto"
+        # vLLM pickles the functions given to apply_model to reach its workers; only rlft's own function is sent
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        kwargs = dict(
+            model=source, tokenizer=source, dtype=settings.dtype or "auto", seed=cfg.seed,
+            tensor_parallel_size=settings.tensor_parallel_size or 1,
+            gpu_memory_utilization=settings.gpu_memory_utilization or 0.9,
+            max_model_len=settings.max_model_len, enforce_eager=bool(settings.enforce_eager),
+            kv_cache_dtype=settings.kv_cache_dtype or "auto", trust_remote_code=cfg.trust_remote_code,
+            logprobs_mode="processed_logprobs", max_logprobs=20,
+        )
+        if settings.enable_prefix_caching is not None:
+            kwargs["enable_prefix_caching"] = settings.enable_prefix_caching
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=settings.max_loras, lora_dtype=lora_dtype_name)
+        llm = LLM(**kwargs)
+        model_dtype = llm.llm_engine.model_config.dtype
+        lora_dtype = DTYPES.get(lora_dtype_name, model_dtype)
+        return cls(llm, tokenizer, model_name=str(cfg.base_model), architecture=architecture_digest(state),
+                   shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype,
+                   max_lora_rank=max_lora_rank, enable_lora=enable_lora)
+
+    def parameter_shapes(self):
+        return self._shapes
+
+    async def generate(self, request: GenerationRequest) -> Generated:
+        return await self._thread.generate(request)
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        return await self._thread.call(lambda: self._load_weights(tensors, version))
+
+    async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        if not self._enable_lora:
+            raise ServerError(400, "this server was started without LoRA support: set trl.vllm_lora_sync: true in the "
+                                   "config it was started with, and restart it")
+        return await self._thread.call(lambda: self._load_adapter(adapter, version))
+
+    async def reset_prefix_cache(self) -> None:
+        await self._thread.call(self._llm.reset_prefix_cache)
+
+    def close(self) -> None:
+        self._thread.stop()
+
+    # ---------------------------------------------------------------- on the engine thread
+
+    def _run_batch(self, requests: list[GenerationRequest]) -> list[Generated | BaseException]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts, sampling = [], []
+        for request in requests:
+            p = request.params
+            options = SamplingParams(
+                n=request.n, max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, repetition_penalty=p.repetition_penalty,
+                stop_token_ids=list(p.stop_token_ids), stop=list(p.stop_strings) or None, ignore_eos=True,
+                seed=request.seed, logprobs=request.top_logprobs, detokenize=bool(p.stop_strings),
+            )
+            for ids in request.prompt_ids:
+                prompts.append(TokensPrompt(prompt_token_ids=ids))
+                sampling.append(options)
+        outputs = self._llm.generate(prompts, sampling_params=sampling, use_tqdm=False, lora_request=self._lora_request)
+        results: list[Generated | BaseException] = []
+        position = 0
+        for request in requests:
+            mine = outputs[position : position + len(request.prompt_ids)]
+            position += len(request.prompt_ids)
+            completions = [c for output in mine for c in sorted(output.outputs, key=lambda c: c.index)]
+            ids = [list(c.token_ids) for c in completions]
+            logprobs = [[step[token].logprob for step, token in zip(c.logprobs, c.token_ids)] for c in completions]
+            tops = None
+            if request.top_logprobs:
+                tops = [[_top(step, request.top_logprobs) for step in c.logprobs] for c in completions]
+            results.append(Generated(ids, logprobs, [c.finish_reason == "length" for c in completions], tops,
+                                     self.weight_version, self.weight_checksum))
+        return results
+
+    def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        from safetensors.torch import save_file
+
+        folder = "/dev/shm" if Path("/dev/shm").is_dir() else None  # shared memory: the workers read it without disk I/O
+        with tempfile.TemporaryDirectory(dir=folder, prefix="rlft-weights-") as scratch:
+            path = str(Path(scratch) / f"v{version}.safetensors")
+            save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, path)
+            loaded = self._llm.apply_model(functools.partial(_load_file_into_model, path))
+        if not all(loaded):
+            raise ServerError(500, f"vLLM's load_weights took none of the {len(tensors)} tensors on some worker")
+        self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
+        checksum = weights_checksum(tensors)
+        self.weight_version, self.weight_checksum = version, checksum
+        return checksum
+
+    def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        from vllm.lora.request import LoRARequest
+
+        self._lora_ids += 1  # a new id per version: vLLM caches adapters by id
+        request = LoRARequest(lora_name=f"rlft-v{version}", lora_int_id=self._lora_ids, lora_path=adapter.folder)
+        try:
+            self._llm.llm_engine.add_lora(request)
+        except Exception as exc:  # noqa: BLE001 - vLLM's reason is the useful part
+            raise ServerError(400, f"vLLM refused the adapter in {adapter.folder}: {type(exc).__name__}: {exc}") from None
+        self._lora_request = request
+        self._llm.reset_prefix_cache()
+        checksum = weights_checksum({name: tensor.to(self.lora_dtype) for name, tensor in adapter.tensors.items()})
+        self.weight_version, self.weight_checksum = version, checksum
+        self.lora = {"rank": adapter.rank, "version": version}
+        return checksum
+
+
+def _top(step: dict, k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens of one step (vLLM adds the sampled token to them, ranked wherever it is)."""
+    ranked = sorted(((entry.rank, token, entry.logprob) for token, entry in step.items() if entry.rank is not None and entry.rank <= k))
+    return [(token, logprob) for _, token, logprob in ranked]

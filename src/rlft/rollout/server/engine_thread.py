@@ -1,0 +1,94 @@
+"""The one thread that owns an engine: generation batches and weight changes, in arrival order.
+
+HTTP handlers never block the event loop: they put an item on the queue and await its future. The
+thread takes everything waiting at once; consecutive generation requests become one batch (the
+backend decodes compatible ones together) and a weight change is run between two batches, never
+inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, TypeVar
+
+from rlft.rollout.server.protocol import Generated, GenerationRequest
+
+T = TypeVar("T")
+RunBatch = Callable[[list[GenerationRequest]], list["Generated | BaseException"]]
+_STOP = object()
+
+
+class EngineThread:
+    def __init__(self, run_batch: RunBatch, name: str = "rlft-engine"):
+        self._run_batch = run_batch
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    async def generate(self, request: GenerationRequest) -> Generated:
+        future: Future = Future()
+        self._queue.put((request, future))
+        return await asyncio.wrap_future(future)
+
+    async def call(self, function: Callable[[], T]) -> T:
+        """Run `function` on the engine thread between two generation batches."""
+        future: Future = Future()
+        self._queue.put((function, future))
+        return await asyncio.wrap_future(future)
+
+    def run_now(self, function: Callable[[], T]) -> T:
+        """`call` for code that is not on the event loop (start-up)."""
+        future: Future = Future()
+        self._queue.put((function, future))
+        return future.result()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            batch: list[tuple[GenerationRequest, Future]] = []
+            for item in items:
+                if item is _STOP:
+                    self._flush(batch)
+                    return
+                work, future = item
+                if not future.set_running_or_notify_cancel():  # the client went away: drop its work
+                    continue
+                if isinstance(work, GenerationRequest):
+                    batch.append((work, future))
+                    continue
+                self._flush(batch)
+                batch = []
+                _settle(future, work)
+            self._flush(batch)
+
+    def _flush(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
+        if not batch:
+            return
+        try:
+            results = self._run_batch([request for request, _ in batch])
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiting request, never lost
+            results = [exc] * len(batch)
+        for (_, future), result in zip(batch, results):
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+
+def _settle(future: Future, function: Callable[[], Any]) -> None:
+    try:
+        future.set_result(function())
+    except BaseException as exc:  # noqa: BLE001 - reported to the waiting handler
+        future.set_exception(exc)

@@ -1,0 +1,152 @@
+"""OpenAI-compatible routes, so agent frameworks (and NeMo Gym) can use the server as a policy endpoint.
+
+Besides the OpenAI fields, every choice carries `prompt_token_ids`, `generation_token_ids` and
+`generation_log_probs` (as Axolotl's server and NeMo Gym expect): what a trainer needs to learn
+from an agent's calls. These routes stop at the tokenizer's end-of-sequence token as OpenAI servers
+do; `/generate` stops only at the ids it is sent. The `model` field of a request is not checked.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI
+
+from rlft.rollout.server.protocol import Generated, ServerError, ServingBackend
+from rlft.rollout.server.requests import ChatBody, CompletionBody, TokenizeBody, generation_request
+
+MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
+
+
+def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) -> None:
+    from rlft.rollout.server.app import add_route  # the one place that knows the trailing-slash rule
+
+    tokenizer = backend.tokenizer
+    created = int(time.time())
+
+    def token_text(token_id: int, as_ids: bool) -> str:
+        return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
+
+    def stop_ids(extra: list[int] | None) -> list[int]:
+        ids = list(extra or [])
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+            ids.append(tokenizer.eos_token_id)
+        return ids
+
+    def text_of(ids: list[int], stops: list[str]) -> str:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        cuts = [text.find(stop) for stop in stops if stop and stop in text]
+        return text[: min(cuts)] if cuts else text  # the stop string itself is not part of the answer
+
+    def chat_prompt(messages: list[dict[str, Any]], tools, add_generation_prompt: bool, kwargs) -> list[int]:
+        clean = [{key: _content_text(value) if key == "content" else value for key, value in message.items() if key in MESSAGE_KEYS}
+                 for message in messages]
+        try:
+            return list(tokenizer.apply_chat_template(clean, tools=tools, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=True, return_dict=False, **(kwargs or {})))
+        except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages is the request's problem
+            raise ServerError(400, f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from None
+
+    def usage(prompts: list[list[int]], out: Generated) -> dict[str, int]:
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        completion_tokens = sum(len(ids) for ids in out.completion_ids)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+    def token_extras(prompt: list[int], out: Generated, row: int) -> dict[str, Any]:
+        return {"prompt_token_ids": prompt, "generation_token_ids": out.completion_ids[row], "generation_log_probs": out.logprobs[row],
+                "weight_version": out.weight_version}
+
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "rlft",
+                                            "root": model_name, "max_model_len": backend.max_model_len}]}
+
+    async def completions(body: CompletionBody) -> dict[str, Any]:
+        prompts = _completion_prompts(body.prompt, tokenizer)
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        top = body.logprobs or 0
+        request = generation_request(
+            backend, prompts, n=body.n, max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+            top_k=body.top_k, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
+            stop_token_ids=stop_ids(body.stop_token_ids), stop=stops, seed=body.seed, top_logprobs=top)
+        out = await backend.generate(request)
+        choices = []
+        for row, ids in enumerate(out.completion_ids):
+            logprobs = None
+            if body.logprobs is not None:
+                tokens = [token_text(t, body.return_tokens_as_token_ids) for t in ids]
+                tops = None
+                if top and out.top_logprobs is not None:
+                    tops = [{token_text(t, body.return_tokens_as_token_ids): lp for t, lp in step} for step in out.top_logprobs[row]]
+                offsets, position = [], 0
+                for token in tokens:
+                    offsets.append(position)
+                    position += len(token)
+                logprobs = {"tokens": tokens, "token_logprobs": out.logprobs[row], "top_logprobs": tops, "text_offset": offsets}
+            choices.append({"index": row, "text": text_of(ids, stops), "logprobs": logprobs,
+                            "finish_reason": "length" if out.truncated[row] else "stop",
+                            **token_extras(prompts[row // body.n], out, row)})
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model_name,
+                "choices": choices, "usage": usage(prompts, out)}
+
+    async def chat_completions(body: ChatBody) -> dict[str, Any]:
+        prompt = chat_prompt(body.messages, body.tools, True, body.chat_template_kwargs)
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        request = generation_request(
+            backend, [prompt], n=body.n, max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
+            top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
+            stop_token_ids=stop_ids(body.stop_token_ids), stop=stops, seed=body.seed, top_logprobs=top)
+        out = await backend.generate(request)
+        choices = []
+        for row, ids in enumerate(out.completion_ids):
+            logprobs = None
+            if body.logprobs:
+                content = []
+                for step, (token_id, logprob) in enumerate(zip(ids, out.logprobs[row])):
+                    token = token_text(token_id, body.return_tokens_as_token_ids)
+                    alternatives = []
+                    if top and out.top_logprobs is not None:
+                        for alt_id, alt_lp in out.top_logprobs[row][step]:
+                            alt = token_text(alt_id, body.return_tokens_as_token_ids)
+                            alternatives.append({"token": alt, "logprob": alt_lp, "bytes": list(alt.encode())})
+                    content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": alternatives})
+                logprobs = {"content": content}
+            choices.append({"index": row, "message": {"role": "assistant", "content": text_of(ids, stops)}, "logprobs": logprobs,
+                            "finish_reason": "length" if out.truncated[row] else "stop", **token_extras(prompt, out, row)})
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model_name,
+                "choices": choices, "usage": usage([prompt], out)}
+
+    async def tokenize(body: TokenizeBody) -> dict[str, Any]:
+        if body.messages is not None:
+            tokens = chat_prompt(body.messages, body.tools, body.add_generation_prompt, body.chat_template_kwargs)
+        elif body.prompt is not None:
+            tokens = tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
+        else:
+            raise ServerError(400, "tokenize needs `prompt` (a string) or `messages` (a chat)")
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_model_len}
+
+    add_route(app, "/v1/models", models, ["GET"])
+    add_route(app, "/v1/completions", completions, ["POST"])
+    add_route(app, "/v1/chat/completions", chat_completions, ["POST"])
+    add_route(app, "/tokenize", tokenize, ["POST"])
+
+
+def _content_text(content: Any) -> Any:
+    """OpenAI content parts ([{"type": "text", "text": ...}]) as the plain string chat templates expect."""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content
+
+
+def _completion_prompts(prompt: Any, tokenizer) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [tokenizer(prompt)["input_ids"]]
+    if not prompt:
+        raise ServerError(400, "prompt is empty")
+    if all(isinstance(item, int) for item in prompt):
+        return [list(prompt)]
+    if all(isinstance(item, str) for item in prompt):
+        return [tokenizer(text)["input_ids"] for text in prompt]
+    return [list(ids) for ids in prompt]

@@ -1,0 +1,91 @@
+"""What travels between the HTTP layer and a backend: requests, results, errors, and the backend protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from rlft.rollout.types import SamplingParams
+
+
+class ServerError(Exception):
+    """A request the server refuses or cannot serve: answered as `{"error": message}` with `status`."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.message = message
+        super().__init__(message)
+
+
+@dataclass
+class GenerationRequest:
+    """`n` samples of each prompt. With a `seed` the request is decoded alone after seeding, so it reproduces."""
+
+    prompt_ids: list[list[int]]
+    n: int
+    params: SamplingParams
+    seed: int | None = None
+    top_logprobs: int = 0  # k most likely tokens per step (OpenAI routes); 0 = none
+
+
+@dataclass
+class Generated:
+    """Prompt-major samples (the n of prompt 0 first) and the weights that produced them."""
+
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+    truncated: list[bool]
+    top_logprobs: list[list[list[tuple[int, float]]]] | None
+    weight_version: int
+    weight_checksum: str | None
+
+
+@dataclass
+class AdapterFiles:
+    """A PEFT LoRA adapter as read from its folder (safetensors only)."""
+
+    folder: str
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    checksum: str  # weights_checksum of `tensors` as stored in the file
+    rank: int
+
+
+class ServingBackend(Protocol):
+    """An engine the server drives. Generation and weight changes run on the backend's own thread, in arrival
+    order, so an update always lands between two generation batches and never inside one."""
+
+    name: str  # "transformers" | "vllm"
+    model_name: str
+    tokenizer: Any
+    dtype: torch.dtype  # of the served base weights
+    lora_dtype: torch.dtype  # of loaded adapter weights
+    max_model_len: int
+    max_lora_rank: int
+    architecture: str  # architecture_digest of the base model's plain state dict
+    vocab_size: int
+    weight_version: int
+    weight_checksum: str | None
+    lora: dict[str, int] | None  # {"rank", "version"} of the loaded adapter
+
+    def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
+
+    async def generate(self, request: GenerationRequest) -> Generated: ...
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str: ...
+
+    async def load_adapter(self, adapter: AdapterFiles, version: int) -> str: ...
+
+    async def reset_prefix_cache(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "half": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,0 +1,140 @@
+"""Receiving weights: safetensors buckets, shared paths and adapter folders, checked before anything is loaded.
+
+Only safetensors are ever read (never pickle / torch.load): a weight file cannot run code here.
+Every transfer is verified against the checksum the sender computed (`weights_checksum`), and every
+name and shape against the served model, before the backend sees it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import load_file
+
+from rlft.models.weights import weights_checksum
+from rlft.rollout.server.protocol import AdapterFiles, ServerError, dtype_name
+
+
+def decode_bucket(body: bytes, where: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_safetensors_bytes(body)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise ServerError(400, f"transfer corrupted: {where} is not valid safetensors ({exc}); nothing was loaded: send it again") from None
+
+
+@dataclass
+class BucketedTransfer:
+    """The buckets of one full-weight transfer, gathered until the last one arrives."""
+
+    version: int | None = None
+    expected: int = 0
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    received: int = 0
+
+    def add(self, body: bytes, version: int, bucket: int, buckets: int) -> dict[str, torch.Tensor] | None:
+        """Add one bucket; return every tensor once the last bucket is in, else None."""
+        if buckets < 1 or not 0 <= bucket < buckets:
+            raise ServerError(400, f"bucket {bucket} of {buckets}: bucket must be in 0..buckets-1")
+        if bucket == 0:
+            self.version, self.expected, self.tensors, self.received = version, buckets, {}, 0
+        elif (version, buckets) != (self.version, self.expected) or bucket != self.received:
+            waiting = f"bucket {self.received} of version {self.version}" if self.version is not None else "bucket 0"
+            raise ServerError(400, f"bucket {bucket}/{buckets} of version {version} arrived while the server waits for "
+                                   f"{waiting}: resend the transfer from bucket 0")
+        part = decode_bucket(body, f"bucket {bucket} of version {version}")
+        duplicate = next((name for name in part if name in self.tensors), None)
+        if duplicate is not None:
+            raise ServerError(400, f"tensor {duplicate!r} came in two buckets of version {version}: resend from bucket 0")
+        self.tensors.update(part)
+        self.received += 1
+        if self.received < self.expected:
+            return None
+        tensors, self.version, self.tensors, self.received = self.tensors, None, {}, 0
+        return tensors
+
+
+def verify_checksum(tensors: dict[str, torch.Tensor], claimed: str | None, what: str) -> str:
+    """The checksum of what arrived; a mismatch with the sender's means the bytes changed on the way."""
+    actual = weights_checksum(tensors)
+    if claimed and actual != claimed:
+        raise ServerError(400, f"transfer corrupted: the {what} received have checksum {actual[:16]}..., the sender "
+                               f"computed {claimed[:16]}...; nothing was loaded: send them again")
+    return actual
+
+
+def check_against_model(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """Every name must exist in the served model with the same shape and dtype (400 naming the first bad one)."""
+    if not tensors:
+        raise ServerError(400, "the weight update holds no tensors")
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        if name not in shapes:
+            raise ServerError(400, f"the served model has no weight {name!r}: the update comes from another model "
+                                   f"(send plain state-dict names, as merged_weights() gives them)")
+        shape, dtype = shapes[name]
+        if tuple(tensor.shape) != shape:
+            raise ServerError(400, f"weight {name!r} has shape {tuple(tensor.shape)}, the served model's is {shape}: "
+                                   f"the update comes from another model size")
+        if tensor.dtype != dtype:
+            raise ServerError(400, f"weight {name!r} is {dtype_name(tensor.dtype)}, the server serves {dtype_name(dtype)}: "
+                                   f"cast before sending (RemoteEngine.load_weights does)")
+
+
+def read_weights_path(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors file, or of all *.safetensors files of a folder."""
+    source = Path(path).expanduser()
+    if source.is_dir():
+        files = sorted(source.glob("*.safetensors"))
+        if not files:
+            pickles = sorted(p.name for p in source.glob("*.bin")) + sorted(p.name for p in source.glob("*.pt"))
+            hint = f" (it holds {', '.join(pickles[:3])}: pickle files are never read; save with safe_serialization=True)" if pickles else ""
+            raise ServerError(400, f"{source} has no *.safetensors file{hint}")
+    elif source.is_file():
+        if source.suffix != ".safetensors":
+            raise ServerError(400, f"{source} is not a .safetensors file: only safetensors are read (never pickle)")
+        files = [source]
+    else:
+        raise ServerError(400, f"{source} does not exist on the server's machine: give a path both machines share")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(str(file)))
+        except (SafetensorError, OSError) as exc:
+            raise ServerError(400, f"cannot read {file}: {exc}") from None
+    return tensors
+
+
+def read_adapter_folder(folder: str, max_lora_rank: int) -> AdapterFiles:
+    """adapter_config.json + adapter_model.safetensors of a PEFT LoRA folder, its rank checked."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ServerError(400, f"LoRA folder {path} does not exist on the server's machine: give a path both machines share")
+    config_file, weights_file = path / "adapter_config.json", path / "adapter_model.safetensors"
+    if not config_file.is_file():
+        raise ServerError(400, f"{path} has no adapter_config.json: give the folder save_pretrained() wrote")
+    if not weights_file.is_file():
+        if (path / "adapter_model.bin").exists():
+            raise ServerError(400, f"{path} holds adapter_model.bin (a pickle), which the server never reads: "
+                                   "save the adapter with safe_serialization=True")
+        raise ServerError(400, f"{path} has no adapter_model.safetensors")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ServerError(400, f"cannot read {config_file}: {exc}") from None
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise ServerError(400, f"{config_file}: peft_type {config.get('peft_type')!r} is not LORA; only LoRA adapters are served")
+    ranks = [int(config.get("r", 8))] + [int(r) for r in (config.get("rank_pattern") or {}).values()]
+    rank = max(ranks)
+    if rank > max_lora_rank:
+        raise ServerError(400, f"LoRA rank {rank} is above vllm.max_lora_rank={max_lora_rank}: "
+                               "raise vllm.max_lora_rank or lower lora_r")
+    try:
+        tensors = load_file(str(weights_file))
+    except (SafetensorError, OSError) as exc:
+        raise ServerError(400, f"cannot read {weights_file}: {exc}") from None
+    return AdapterFiles(str(path.resolve()), config, tensors, weights_checksum(tensors), rank)

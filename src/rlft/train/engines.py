@@ -1,0 +1,75 @@
+"""Which rollout engine an online-RL run samples from, from the `trl:` keys.
+
+* `use_vllm: false` (default): rlft's in-process transformers engine (a copy of the trained weights).
+* `use_vllm: true`, `vllm_mode: server` (default): a rollout server started with `rlft vllm-serve CONFIG`
+  (transformers or vLLM backend), reached over HTTP; the trainer waits for it up to `vllm_server_timeout`.
+* `use_vllm: true`, `vllm_mode: colocate`: vLLM inside the trainer process (needs vLLM and a CUDA GPU).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlft.config.rl import rl_settings
+from rlft.errors import ConfigError
+from rlft.rollout.engine import RolloutEngine
+
+
+def server_token(cfg, port: int) -> str | None:
+    """vllm.api_key, else RLFT_SERVER_TOKEN, else the token a server on this machine generated for that port."""
+    from rlft.rollout.server.security import local_token
+
+    return cfg.vllm.api_key or os.environ.get("RLFT_SERVER_TOKEN") or local_token(port)
+
+
+def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] | None, bool]:
+    """(make_engine(policy, version), whether that engine holds a plain model of its own); (None, False) for the
+    default in-process engine."""
+    s = rl_settings(cfg)
+    if not s.use_vllm:
+        return None, False
+    if s.vllm_mode == "colocate":
+        return colocated_vllm(cfg), True
+
+    def connect(policy, version: int) -> RolloutEngine:
+        from rlft.rollout.remote import RemoteEngine
+
+        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port), timeout=s.server_timeout)
+        wait_for_server(engine, s, console)
+        engine.check_serves(policy)  # another model behind that port: say so before sending it weights
+        return engine
+
+    return connect, True
+
+
+def wait_for_server(engine, s, console: Console) -> None:
+    """Poll the server's /health until it answers or `vllm_server_timeout` passes, with a progress bar."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                        transient=True, disable=not console.is_terminal)
+    where = f"http://{s.server_host}:{s.server_port}"
+    with progress:
+        task = progress.add_task(f"waiting for the rollout server at {where}", total=s.server_timeout)
+        if not console.is_terminal:
+            console.print(f"waiting for the rollout server at {where} (up to {s.server_timeout:.0f} s)")
+        engine.wait_until_ready(s.server_timeout, on_progress=lambda elapsed: progress.update(task, completed=elapsed))
+
+
+def colocated_vllm(cfg) -> Callable[..., RolloutEngine]:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "trl.vllm_mode: colocate runs vLLM inside the trainer, and vLLM is not installed here: install it with "
+            "`pip install 'rlft[vllm]' -c constraints.txt` on a machine with a CUDA GPU, use vllm_mode: server with "
+            "`rlft vllm-serve CONFIG` (its transformers backend runs anywhere), or set trl.use_vllm: false for rlft's "
+            "in-process transformers engine") from None
+    from rlft.rollout.server.colocated import ColocatedEngine
+
+    def make(policy, version: int) -> RolloutEngine:
+        return ColocatedEngine.from_config(cfg, version=version)
+
+    return make

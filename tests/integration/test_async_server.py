@@ -1,0 +1,207 @@
+"""Asynchronous GRPO against a real `rlft vllm-serve` process: learning, the seed's async configs, exact resume
+after a kill, a server that dies, and the trainer's refusals (no server, another model, a wrong token)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlft.train.metrics import read_metrics
+from server_utils import free_port, kill_group, run_cli, server_env, wait_for_health
+
+pytestmark = pytest.mark.slow
+SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds" / "configs"
+TOKEN = "s3cret"
+REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, warm_model):
+    """One server for the module, on the warm model, with a token (weight pushes must carry it)."""
+    root = tmp_path_factory.mktemp("served")
+    (root / "rewards_async.py").write_text(REWARD)
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    port = free_port()
+    base = {"base_model": str(warm_model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
+            "micro_batch_size": 8, "max_steps": 2, "learning_rate": 1e-4, "logging_steps": 1,
+            "vllm": {"host": "127.0.0.1", "port": port, "api_key": TOKEN, "max_lora_rank": 64},
+            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["rewards_async.r"], "use_vllm": True,
+                    "vllm_server_port": port, "vllm_server_timeout": 30, "async_prefetch": True}}
+    config = root / "serve.yaml"
+    config.write_text(yaml.safe_dump(base))
+    log = root / "server.log"
+    process = run_cli("vllm-serve", str(config), log=log)
+    try:
+        wait_for_health(process, port, log)
+        yield {"root": root, "base": base, "port": port, "log": log}
+    finally:
+        kill_group(process)
+
+
+def write(served, tmp_path, name: str, settings: dict) -> Path:
+    cfg = deep_merge(served["base"], {"output_dir": str(tmp_path / name), **settings})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def steps_of(out: Path) -> list[dict]:
+    return [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+
+
+def test_async_training_against_the_server_learns(served, cli, tmp_path, monkeypatch, repo_root):
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "learn"
+    assert cli("train", "examples/grpo/async.yaml", f"--base_model={served['base']['base_model']}", f"--output_dir={out}",
+               "--max_steps=60", "--eval_steps=60", "--logging_steps=1", "--learning_rate=1e-3",
+               "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]", f"--trl.vllm_server_port={served['port']}",
+               f"--vllm.api_key={TOKEN}") == 0
+    steps = [m for m in steps_of(out) if "reward" in m]
+    mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
+    assert mean(steps[-15:]) > mean(steps[:15]) + 0.03, (mean(steps[:15]), mean(steps[-15:]))
+    assert all(m["async/staleness/max"] == 1.0 for m in steps[1:])
+    assert abs(steps[0]["sampling/importance_sampling_ratio/max"] - 1) < 1e-4  # sampled by the weights being trained
+
+
+SEED_ASYNC = ["11-async-grpo", "12-vllm-lora-sync", "13-streaming-partial-batch", "14-importance-sampling-correction",
+              "15-replay-buffer", "16-deferred-re-rolling", "17-zero-advantage-batch-skipping",
+              "18-parallel-reward-workers", "19-full-async-grpo-example"]
+
+
+@pytest.mark.parametrize("seed", SEED_ASYNC)
+def test_seed_async_configs_run_against_the_server(seed, served, cli, tmp_path, monkeypatch):
+    """Each fragment of the seed guide, merged onto a local GRPO config that samples from the running server (as the
+    guide's two-terminal workflow), with the guide's model, data and reward swapped for local ones."""
+    if not SEEDS.exists():
+        pytest.skip(f"the seed configs are not beside this checkout ({SEEDS})")
+    monkeypatch.chdir(served["root"])
+    fragment = yaml.safe_load((SEEDS / f"{seed}.yaml").read_text())
+    for key in ("base_model", "datasets"):
+        fragment.pop(key, None)
+    fragment.pop("vllm", None)  # the guide's server address (0.0.0.0:8000): ours is the module's server
+    trl = fragment.get("trl", {})
+    for key in ("reward_funcs", "num_generations", "max_completion_length"):
+        trl.pop(key, None)
+    fragment.update(micro_batch_size=8, gradient_accumulation_steps=1, max_steps=3, bf16=False)
+    config = write(served, tmp_path, seed, deep_merge(fragment, {"trl": {"use_vllm": True}}))
+    assert cli("train", config) == 0
+    steps = steps_of(tmp_path / seed)
+    assert len(steps) == 3 and all("reward" in s for s in steps)
+
+
+def _train_process(config: Path, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                env=server_env(), cwd=config.parent, start_new_session=True)
+
+
+def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monkeypatch):
+    """SIGKILL the trainer mid-run; `resume_from_checkpoint: auto` continues with the saved rollouts in flight and the
+    checkpoint's weights pushed to the server, and matches an uninterrupted run step for step."""
+    settings = {"max_steps": 6, "save_steps": 1, "trl": {"prefetch_depth": 2, "replay_buffer_size": 4}}
+    whole = write(served, tmp_path, "whole", settings)
+    cut = write(served, tmp_path, "cut", {**settings, "resume_from_checkpoint": "auto"})
+    env_cwd = served["root"]
+    for config in (whole, cut):
+        (tmp_path / config.stem).mkdir(exist_ok=True)
+    monkeypatch.chdir(env_cwd)
+    run = subprocess.run([sys.executable, "-m", "rlft.cli", "train", str(whole)], env=server_env(), cwd=env_cwd,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(cut)], env=server_env(), cwd=env_cwd,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "cut" / "checkpoint-3" / "trainer_state.json").exists():
+            assert time.monotonic() < deadline and process.poll() is None, "the run ended before checkpoint-3"
+            time.sleep(0.05)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    run = subprocess.run([sys.executable, "-m", "rlft.cli", "train", str(cut)], env=server_env(), cwd=env_cwd,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Resumed" in run.stdout
+    first = {m["step"]: (m["loss"], m.get("reward")) for m in steps_of(tmp_path / "whole")}
+    second = {m["step"]: (m["loss"], m.get("reward")) for m in steps_of(tmp_path / "cut")}
+    assert [first[s] for s in (4, 5, 6)] == [second[s] for s in (4, 5, 6)]
+
+
+def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_path, warm_model):
+    port = free_port()
+    root = tmp_path
+    (root / "rewards_async.py").write_text(REWARD)
+    config = write(served, root, "dies", {"max_steps": 500, "save_steps": 1, "vllm": {"port": port},
+                                          "trl": {"vllm_server_port": port}})
+    server_log = root / "server.log"
+    server = run_cli("vllm-serve", str(config), log=server_log)
+    trainer = None
+    try:
+        wait_for_health(server, port, server_log)
+        trainer = _train_process(config, root / "train.log")
+        deadline = time.monotonic() + 120
+        while not (root / "dies" / "checkpoint-2" / "trainer_state.json").exists():
+            assert time.monotonic() < deadline and trainer.poll() is None, (root / "train.log").read_text()[-2000:]
+            time.sleep(0.05)
+        kill_group(server)
+        killed = time.monotonic()
+        code = trainer.wait(timeout=60)
+        assert time.monotonic() - killed < 10
+        text = (root / "train.log").read_text()
+        assert code == 1 and "Traceback" not in text
+        assert "stopped answering" in text and "rlft vllm-serve" in text
+        assert (root / "dies" / "checkpoint-2" / "trainer_state.json").exists()  # nothing trained is lost
+    finally:
+        kill_group(server)
+        if trainer is not None:
+            kill_group(trainer)
+
+
+def test_no_server_says_what_to_start(served, cli, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(served["root"])
+    port = free_port()
+    config = write(served, tmp_path, "none", {"trl": {"vllm_server_port": port, "vllm_server_timeout": 2}})
+    began = time.monotonic()
+    assert cli("train", config) == 1
+    assert time.monotonic() - began < 60
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "rlft vllm-serve CONFIG" in err
+
+
+def test_a_wrong_token_is_refused_with_where_to_set_it(served, cli, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(served["root"])
+    monkeypatch.delenv("RLFT_SERVER_TOKEN", raising=False)
+    config = write(served, tmp_path, "token", {"vllm": {"api_key": "wrong"}})
+    assert cli("train", config) == 1
+    err = capsys.readouterr().err
+    assert "401" in err or "token" in err
+    assert "RLFT_SERVER_TOKEN" in err
+
+
+def test_a_server_of_another_model_is_refused(served, cli, tmp_path, capsys, monkeypatch, tiny_model_dir):
+    """The module's server serves the warm XS model; a config for a model of another size must not push to it."""
+    from rlft.models.tiny import write_tiny_model
+
+    monkeypatch.chdir(served["root"])
+    other = tmp_path / "other-model"
+    write_tiny_model(other, "S")
+    config = write(served, tmp_path, "other", {"base_model": str(other), "random_init": True})
+    assert cli("train", config) == 1
+    err = capsys.readouterr().err
+    assert "serves" in err and "same base_model" in err

@@ -1,0 +1,308 @@
+"""The rollout server as users run it: `rlft vllm-serve CONFIG` in a subprocess, driven over HTTP and by RemoteEngine."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+import yaml
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlft.errors import RolloutError
+from rlft.models.tiny import write_tiny_model
+from rlft.models.tokenizer import byte_tokenizer
+from rlft.models.weights import architecture_digest, weights_checksum
+from rlft.rollout.local import LocalEngine
+from rlft.rollout.remote import RemoteEngine
+from rlft.rollout.types import SamplingParams
+from server_utils import free_port, kill_group, run_cli, wait_for_health
+
+pytestmark = pytest.mark.slow
+TOKEN = "test-token"
+PROMPTS = [[49, 43, 50, 61], [55, 43, 56, 43, 57, 61]]  # "1+2=", "7+8+9="
+
+
+def _model_folder(folder, max_positions: int):
+    write_tiny_model(folder, "XS", max_positions=max_positions)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    return folder
+
+
+def _config(folder, path, **vllm):
+    path.write_text(yaml.safe_dump({"base_model": str(folder), "datasets": [{"path": "unused.jsonl"}],
+                                    "vllm": {"host": "127.0.0.1", **vllm}}))
+    return path
+
+
+def _local(folder, state=None):
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    if state is not None:
+        model.load_state_dict(state)
+    tokenizer = byte_tokenizer()
+    return LocalEngine(model, tokenizer.pad_token_id, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    folder = _model_folder(root / "model", 128)
+    port = free_port()
+    config = _config(folder, root / "serve.yaml", api_key=TOKEN, max_lora_rank=8)
+    log = root / "server.log"
+    process = run_cli("vllm-serve", str(config), "--port", str(port), log=log)
+    try:
+        wait_for_health(process, port, log)
+        yield {"port": port, "folder": folder, "root": root, "process": process, "log": log, "config": config,
+               "url": f"http://127.0.0.1:{port}"}
+    finally:
+        kill_group(process)
+
+
+@pytest.fixture
+def remote(server):
+    engine = RemoteEngine("0.0.0.0", server["port"], token=TOKEN, timeout=120)
+    yield engine
+    engine.close()
+
+
+def test_health_answers_while_a_batch_is_generated(server):
+    health = httpx.get(server["url"] + "/health/").json()
+    assert health == {"status": "ok", "model": str(server["folder"]), "backend": "transformers", "weight_version": 0,
+                      "weight_checksum": None, "dtype": "float32"}
+    body = {"prompt_ids": [PROMPTS[0]], "n": 256, "max_tokens": 120}
+    worker = threading.Thread(target=lambda: httpx.post(server["url"] + "/generate", json=body, timeout=120))
+    worker.start()
+    answered_while_busy = 0
+    while worker.is_alive():  # a health answer counts when the batch was still being generated after it came back
+        answered = httpx.get(server["url"] + "/health", timeout=2.0)
+        answered_while_busy += answered.status_code == 200 and worker.is_alive()
+        time.sleep(0.02)
+    worker.join()
+    assert answered_while_busy >= 1
+
+
+def test_weight_info_names_the_architecture(server):
+    info = httpx.get(server["url"] + "/weight_info").json()
+    base = AutoModelForCausalLM.from_pretrained(server["folder"])
+    assert info["architecture"] == architecture_digest(base)
+    assert (info["max_model_len"], info["max_lora_rank"], info["lora"], info["dtype"]) == (128, 8, None, "float32")
+
+
+def test_openai_routes_tokenize_and_shapes(server):
+    url = server["url"]
+    models = httpx.get(url + "/v1/models").json()
+    assert models["data"][0]["id"] == str(server["folder"]) and models["data"][0]["max_model_len"] == 128
+    tokens = httpx.post(url + "/tokenize", json={"prompt": "1+2="}).json()
+    assert tokens == {"tokens": PROMPTS[0], "count": 4, "max_model_len": 128}
+    chat_tokens = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()["tokens"]
+
+    done = httpx.post(url + "/v1/completions", json={"prompt": [PROMPTS[0], PROMPTS[1]], "n": 2, "max_tokens": 5, "logprobs": 2,
+                                                     "return_tokens_as_token_ids": True, "seed": 3}).json()
+    assert len(done["choices"]) == 4 and done["usage"]["completion_tokens"] == sum(len(c["generation_token_ids"]) for c in done["choices"])
+    for index, choice in enumerate(done["choices"]):
+        assert choice["prompt_token_ids"] == PROMPTS[index // 2] and choice["finish_reason"] in ("stop", "length")
+        assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["generation_token_ids"]]
+        assert choice["logprobs"]["token_logprobs"] == choice["generation_log_probs"]
+        assert all(len(step) <= 2 for step in choice["logprobs"]["top_logprobs"])
+
+    chat = httpx.post(url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi", "extra_key": 1}], "max_completion_tokens": 4, "logprobs": True,
+        "top_logprobs": 3, "return_tokens_as_token_ids": True, "tools": None}).json()
+    choice = chat["choices"][0]
+    assert choice["prompt_token_ids"] == chat_tokens and choice["message"]["role"] == "assistant"
+    content = choice["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in choice["generation_token_ids"]]
+    assert [c["logprob"] for c in content] == choice["generation_log_probs"]
+    for step in content:  # the sampled token's log-prob is at most the best alternative's
+        assert len(step["top_logprobs"]) == 3 and step["logprob"] <= step["top_logprobs"][0]["logprob"] + 1e-6
+    assert chat["usage"] == {"prompt_tokens": len(chat_tokens), "completion_tokens": len(content),
+                             "total_tokens": len(chat_tokens) + len(content)}
+
+
+def test_bad_requests_get_json_errors(server):
+    url = server["url"]
+    too_long = httpx.post(url + "/generate", json={"prompt_ids": [[65] * 130], "n": 1})
+    assert too_long.status_code == 400 and "vllm.max_model_len is 128" in too_long.json()["error"]
+    none = httpx.post(url + "/generate", json={"prompt_ids": [[65]], "n": 0, "unknown_field": 1})
+    assert none.status_code == 400 and "n=0" in none.json()["error"]
+    malformed = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert malformed.status_code == 400 and "error" in malformed.json()
+
+
+def test_generation_equals_local_engine_with_the_same_seed(server, remote):
+    params = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=50, repetition_penalty=1.1,
+                            stop_token_ids=(259,))
+    served = remote.generate(PROMPTS, params, num_samples=3, seed=7)
+    torch.manual_seed(7)
+    local = _local(server["folder"]).generate(PROMPTS, params, 3)
+    assert served.completion_ids == local.completion_ids
+    assert served.logprobs == local.logprobs and served.truncated == local.truncated
+    assert served.weight_versions == [0] * 6 and served.prompt_ids[3] == PROMPTS[1]
+
+
+def test_full_sync_is_verified_and_served(server, remote):
+    base = AutoModelForCausalLM.from_pretrained(server["folder"])
+    trained = copy.deepcopy(base)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in trained.parameters():  # tied embeddings appear once here, twice in the state dict
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    state = trained.state_dict()
+    remote.bucket_bytes = 64 * 1024  # several buckets
+    remote.check_serves(trained)
+    remote.load_weights(state, version=1)
+    info = remote.weight_info()
+    assert info["weight_version"] == 1 and info["weight_checksum"] == weights_checksum(state)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    served = remote.generate(PROMPTS, params, num_samples=2, seed=11)
+    torch.manual_seed(11)
+    local = _local(server["folder"], state).generate(PROMPTS, params, 2)
+    assert (served.completion_ids, served.logprobs) == (local.completion_ids, local.logprobs)
+    assert served.weight_versions == [1] * 4
+
+
+def _adapter(folder, base_folder, rank: int):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(rank)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_folder),
+                           LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_lora_sync_is_verified_and_a_rank_above_the_limit_refused(server, remote):
+    from safetensors.torch import load_file
+
+    saved = server["folder"] / "model.safetensors"  # back to the base weights, read from a shared path
+    remote.load_weights_from_path(saved, version=2, checksum=weights_checksum(load_file(str(saved))))
+    folder = server["root"] / "adapter-r4"
+    adapted = _adapter(folder, server["folder"], 4)
+    checksum = weights_checksum(load_file(str(folder / "adapter_model.safetensors")))
+    remote.load_adapter(folder, version=3, checksum=checksum)
+    info = remote.weight_info()
+    assert info["lora"] == {"rank": 4, "version": 3} and info["weight_version"] == 3
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    served = remote.generate(PROMPTS, params, num_samples=2, seed=5)
+    torch.manual_seed(5)
+    tokenizer = byte_tokenizer()
+    local = LocalEngine(adapted, tokenizer.pad_token_id, tokenizer).generate(PROMPTS, params, 2)
+    assert (served.completion_ids, served.logprobs) == (local.completion_ids, local.logprobs)
+
+    _adapter(server["root"] / "adapter-r16", server["folder"], 16)
+    with pytest.raises(RolloutError, match=r"LoRA rank 16 is above vllm.max_lora_rank=8: raise vllm.max_lora_rank or lower lora_r"):
+        remote.load_adapter(server["root"] / "adapter-r16", version=4)
+    assert remote.weight_info()["weight_version"] == 3  # nothing changed
+
+
+def test_corrupted_transfer_is_refused(server, remote, monkeypatch):
+    from safetensors.torch import save
+
+    weights = {name: tensor.clone() for name, tensor in AutoModelForCausalLM.from_pretrained(server["folder"]).state_dict().items()
+               if "layers.0." in name}
+    before = remote.weight_info()
+    body = bytearray(save(weights))
+    body[-8:] = bytes(255 - b for b in body[-8:])  # flip bytes of the last tensor's data, keep the claimed checksum
+    answer = httpx.post(server["url"] + "/update_weights", content=bytes(body), headers={"Authorization": f"Bearer {TOKEN}"},
+                        params={"version": 9, "checksum": weights_checksum(weights), "bucket": 0, "buckets": 1})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("transfer corrupted")
+
+    import rlft.rollout.remote as remote_module
+
+    def corrupting_save(tensors):
+        data = bytearray(save(tensors))
+        data[-4:] = bytes(255 - b for b in data[-4:])
+        return bytes(data)
+
+    monkeypatch.setattr(remote_module, "save", corrupting_save)
+    with pytest.raises(RolloutError, match="transfer corrupted"):
+        remote.load_weights(weights, version=9)
+    after = remote.weight_info()
+    assert (after["weight_version"], after["weight_checksum"]) == (before["weight_version"], before["weight_checksum"])
+
+
+def test_weight_changes_need_the_token(server):
+    url = server["url"]
+    missing = httpx.post(url + "/reset_prefix_cache")
+    assert missing.status_code == 401 and "vllm.api_key" in missing.json()["error"]
+    wrong = httpx.post(url + "/load_lora_adapter", json={"lora_path": "/nowhere", "version": 1},
+                       headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "wrong token" in wrong.json()["error"]
+    assert httpx.post(url + "/reset_prefix_cache", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    anonymous = RemoteEngine("127.0.0.1", server["port"], token=None, timeout=30)
+    with pytest.raises(RolloutError, match="token is wrong or missing.*RLFT_SERVER_TOKEN"):
+        anonymous.load_weights({"model.norm.weight": torch.ones(64)}, version=5)
+
+
+def test_port_in_use_is_a_clear_error(server, tmp_path):
+    log = tmp_path / "second.log"
+    process = run_cli("vllm-serve", str(server["config"]), "--port", str(server["port"]), log=log)
+    try:
+        assert process.wait(timeout=120) == 1
+    finally:
+        kill_group(process)
+    text = log.read_text()
+    assert f"port {server['port']} on 127.0.0.1 is in use: stop the other server or set vllm.port / --port" in text
+    assert "Traceback" not in text and "loading" not in text
+
+
+def test_wait_until_ready_names_the_command_to_start():
+    port = free_port()
+    engine = RemoteEngine("127.0.0.1", port)
+    seen = []
+    start = time.monotonic()
+    with pytest.raises(RolloutError, match=rf"no rollout server answered at http://127.0.0.1:{port}/health.*`rlft vllm-serve CONFIG`"):
+        engine.wait_until_ready(timeout=2.0, on_progress=seen.append)
+    assert time.monotonic() - start < 10 and seen
+
+
+def test_a_dead_or_hung_server_is_noticed_within_10_seconds(tmp_path):
+    folder = _model_folder(tmp_path / "long", 4096)
+    port = free_port()
+    log = tmp_path / "server.log"
+    process = run_cli("vllm-serve", str(_config(folder, tmp_path / "serve.yaml")), "--port", str(port), log=log)
+    try:
+        wait_for_health(process, port, log)
+        engine = RemoteEngine("127.0.0.1", port, timeout=300)
+        engine.health()
+        params = SamplingParams(max_new_tokens=4000, temperature=1.0)
+
+        def outcome(stop):
+            result = {}
+
+            def call():
+                try:
+                    engine.generate([PROMPTS[0]] * 8, params)
+                except RolloutError as exc:
+                    result["error"], result["at"] = exc, time.monotonic()
+
+            worker = threading.Thread(target=call)
+            worker.start()
+            time.sleep(1.5)
+            stopped = time.monotonic()
+            stop()
+            worker.join(30)
+            return result, result.get("at", float("inf")) - stopped
+
+        hung, waited = outcome(lambda: os.killpg(process.pid, signal.SIGSTOP))
+        assert "stopped answering (it died or hangs)" in str(hung.get("error")) and waited < 10
+        os.killpg(process.pid, signal.SIGCONT)
+        wait_for_health(process, port, log)
+        dead, waited = outcome(lambda: os.killpg(process.pid, signal.SIGKILL))
+        assert "rlft vllm-serve CONFIG" in str(dead.get("error")) and waited < 10
+    finally:
+        kill_group(process)
+
+
+def test_sigterm_stops_the_server_cleanly(server):
+    process = server["process"]
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert "rollout server stopped (SIGTERM)" in server["log"].read_text()

@@ -1,0 +1,277 @@
+"""Asynchronous rollouts without the CLI: the ordered prefetcher, exact staleness, determinism, resume, replay, re-roll.
+
+A fake engine stands in for the rollout engine (it records the weight version it sampled with); the real GRPO
+recipe, producer, feed and weight sync run around it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlft.errors import RolloutError
+from rlft.rollout.buffer import ReplayBuffer, RerollQueue, group_std
+from rlft.rollout.prefetch import Prefetcher
+from rlft.rollout.scoring import make_scores
+from rlft.rollout.types import Rollout, ScoredBatch
+
+GROUP = 2
+
+
+class VersionedEngine:
+    """Completion [p0, version, j]; reward (FakeScorer) varies within a group. Slow enough to overlap."""
+
+    def __init__(self, delay: float = 0.0):
+        self.version, self.calls, self.delay = 0, [], delay
+        self.lock = threading.Lock()
+
+    def generate(self, prompt_ids, params, num_samples=1, seed=None):
+        with self.lock:
+            time.sleep(self.delay)
+            self.calls.append((tuple(p[0] for p in prompt_ids), self.version))
+            expanded = [p for p in prompt_ids for _ in range(num_samples)]
+            completions = [[p[0], 20 + self.version, 10 + j % num_samples] for j, p in enumerate(expanded)]
+            return Rollout(expanded, completions, [[-0.5] * 3 for _ in expanded], [False] * len(expanded),
+                           weight_versions=[self.version] * len(expanded))
+
+    def load_weights(self, weights, version):
+        with self.lock:
+            self.version = version
+
+    def health(self):
+        return {"ok": True, "version": self.version}
+
+
+class FakeScorer:
+    needs_policy = False
+    names, weights = ["r"], [1.0]
+
+    def score(self, prompts, rollout, group, extra=None):
+        return make_scores(torch.tensor([[float(c[2])] for c in rollout.completion_ids]), self.names, self.weights)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64,
+                                        pad_token_id=0, eos_token_id=1))
+
+
+def make_recipe(tok, engine, output_dir, **trl):
+    from rlft.config import build_config
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 2,
+                        "gradient_accumulation_steps": 1, "max_steps": 8, "output_dir": str(output_dir),
+                        "trl": {"num_generations": GROUP, "reward_funcs": ["r.f"], "max_completion_length": 3, **trl}})
+    prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in range(3, 19)]
+    def make_engine(policy, version):  # like LocalEngine.from_policy: a copy of the (resumed) policy at that version
+        engine.version = version
+        return engine
+
+    return GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None, make_engine=make_engine)
+
+
+def run_steps(recipe, model, steps: int, first_step: int = 0) -> list[dict]:
+    out = []
+    for step in range(first_step + 1, first_step + steps + 1):
+        batches = recipe.prepare_step(model)
+        out.append({"ids": [b["input_ids"].tolist() for b in batches], "metrics": recipe.step_metrics()})
+        recipe.after_optimizer_step(model, step)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ prefetcher
+
+
+def test_prefetcher_runs_jobs_and_loads_in_the_order_enqueued():
+    order = []
+    fetch = Prefetcher(depth=2)
+    fetch.submit_sample(lambda: (time.sleep(0.05), order.append("s0"))[1] or "s0")
+    fetch.submit_load(lambda: order.append("load1"))
+    fetch.submit_sample(lambda: order.append("s1") or "s1")
+    assert fetch.take()[0] == "s0" and fetch.take()[0] == "s1"
+    assert order == ["s0", "load1", "s1"]
+    fetch.close()
+
+
+def test_prefetcher_hands_a_worker_failure_to_the_main_thread_and_stops_later_work():
+    fetch = Prefetcher(depth=1)
+    fetch.submit_load(lambda: (_ for _ in ()).throw(RolloutError("server died")))
+    fetch.submit_sample(lambda: "never")
+    with pytest.raises(RolloutError, match="server died"):
+        fetch.take()
+    fetch.close()
+
+
+def test_prefetcher_depth_zero_runs_inline_on_this_thread():
+    seen = []
+    fetch = Prefetcher(depth=0)
+    fetch.submit_sample(lambda: seen.append(threading.current_thread()) or 1)
+    assert fetch.take()[0] == 1 and seen == [threading.main_thread()]
+
+
+# ------------------------------------------------------------------------------------------ the async recipe
+
+
+def test_async_batches_are_exactly_one_step_stale_and_overlap_training(tok, tiny_llama, tmp_path):
+    engine = VersionedEngine(delay=0.05)
+    recipe = make_recipe(tok, engine, tmp_path, async_prefetch=True, prefetch_depth=1)
+    recipe.start(tiny_llama)
+    steps = run_steps(recipe, tiny_llama, 5)
+    staleness = [s["metrics"]["async/staleness/max"] for s in steps]
+    assert staleness == [0.0, 1.0, 1.0, 1.0, 1.0]  # the first batch is fresh, then every batch is one step old
+    assert [version for _, version in engine.calls[:4]] == [0, 0, 1, 2]  # batch j sampled after weights j-1 landed
+    recipe.close()
+
+
+def test_sync_interval_two_keeps_the_engine_on_even_versions(tok, tiny_llama, tmp_path):
+    engine = VersionedEngine()
+    recipe = make_recipe(tok, engine, tmp_path, async_prefetch=True, prefetch_depth=1, vllm_sync_interval=2)
+    recipe.start(tiny_llama)
+    run_steps(recipe, tiny_llama, 6)
+    assert {version for _, version in engine.calls} <= {0, 2, 4, 6}
+    recipe.close()
+
+
+def test_async_run_is_reproducible_and_resumes_exactly(tok, tiny_llama, tmp_path):
+    def uninterrupted():
+        recipe = make_recipe(tok, VersionedEngine(delay=0.01), tmp_path / "a", async_prefetch=True, prefetch_depth=2)
+        recipe.start(tiny_llama)
+        steps = run_steps(recipe, tiny_llama, 3)
+        recipe.state_dict()  # a checkpoint at step 3 is a sync point in both runs
+        steps += run_steps(recipe, tiny_llama, 3, first_step=3)
+        recipe.close()
+        return [s["ids"] for s in steps]
+
+    first, second = uninterrupted(), uninterrupted()
+    assert first == second
+
+    recipe = make_recipe(tok, VersionedEngine(delay=0.01), tmp_path / "b", async_prefetch=True, prefetch_depth=2)
+    recipe.start(tiny_llama)
+    head = run_steps(recipe, tiny_llama, 3)
+    state = recipe.state_dict()
+    assert len(state["feed"]["pending"]) == 2  # the batches in flight were finished and saved, not dropped
+    recipe.close()
+    import json
+
+    state = json.loads(json.dumps(state))  # as the checkpoint stores it
+    engine = VersionedEngine(delay=0.01)
+    resumed = make_recipe(tok, engine, tmp_path / "b", async_prefetch=True, prefetch_depth=2)
+    resumed.load_state_dict(state)
+    resumed.start(tiny_llama)
+    tail = run_steps(resumed, tiny_llama, 3, first_step=3)
+    resumed.close()
+    assert [s["ids"] for s in head + tail] == first
+
+
+def test_a_pipeline_staler_than_allowed_outdated_steps_is_refused(tok, tmp_path):
+    from rlft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollouts up to 3 steps old"):
+        make_recipe(tok, VersionedEngine(), tmp_path, async_prefetch=True, prefetch_depth=1, steps_per_generation=2,
+                    vllm_sync_interval=2, allowed_outdated_steps=2)
+
+
+def test_rows_older_than_allowed_outdated_steps_are_dropped_and_counted(tok, tiny_llama, tmp_path):
+    recipe = make_recipe(tok, VersionedEngine(), tmp_path, async_prefetch=True, prefetch_depth=1, allowed_outdated_steps=1,
+                         replay_buffer_size=4)
+    recipe.start(tiny_llama)
+    recipe.step = 5
+    rows = recipe._within_staleness([SimpleNamespace(weight_version=v) for v in (1, 4, 5)])
+    assert [r.weight_version for r in rows] == [4, 5] and recipe.fresh["async/stale_rows_dropped"] == 1.0
+    recipe.close()
+
+
+# ------------------------------------------------------------------------------------------ replay and re-roll
+
+
+def scored_batch(rewards: list[list[float]], firsts: list[int], version: int = 0) -> ScoredBatch:
+    prompts = [{"prompt_ids": [f, 7], "prompt": f"p{f}", "columns": {}} for f in firsts]
+    expanded = [p["prompt_ids"] for p in prompts for _ in range(GROUP)]
+    rollout = Rollout(expanded, [[f, 9] for f in firsts for _ in range(GROUP)], [[-0.1, -0.2]] * len(expanded),
+                      [False] * len(expanded), weight_versions=[version] * len(expanded))
+    values = torch.tensor([[r] for group in rewards for r in group])
+    advantages = torch.cat([torch.tensor(g) - torch.tensor(g).mean() for g in rewards])
+    return ScoredBatch(prompts, rollout, make_scores(values, ["r"], [1.0]), advantages, GROUP)
+
+
+def test_group_std_ignores_nan_and_single_values():
+    values = torch.tensor([[1.0], [3.0], [2.0], [float("nan")]])
+    assert torch.allclose(group_std(values, 2), torch.tensor([[2 ** 0.5], [0.0]]))
+
+
+def test_replay_moves_a_whole_stored_group_into_a_group_without_signal():
+    buffer = ReplayBuffer(size=4)
+    first, _ = buffer.apply(scored_batch([[0.0, 1.0], [1.0, 1.0]], [3, 5], version=0))
+    assert len(buffer) == 1 and first.prompts[1]["prompt"] == "p5"  # nothing stored yet: no replacement
+    second, metrics = buffer.apply(scored_batch([[1.0, 1.0], [0.0, 2.0]], [7, 9], version=4))
+    assert metrics["replay_buffer_replacements"] == 1.0
+    assert second.prompts[0]["prompt"] == "p3"  # the no-signal group 0 now holds the stored group, whole
+    assert second.rollout.completion_ids[:2] == [[3, 9], [3, 9]] and second.rollout.weight_versions[:2] == [0, 0]
+    assert second.advantages[:2].tolist() == [-0.5, 0.5] and second.scores.values[:2, 0].tolist() == [0.0, 1.0]
+    assert second.prompts[1]["prompt"] == "p9"  # groups with signal are kept
+    state = buffer.state_dict()
+    restored = ReplayBuffer(size=4)
+    restored.load_state_dict(state)
+    assert len(restored) == 2 and restored.sample(1) == buffer.sample(1)
+
+
+def test_replay_keeps_the_highest_scoring_groups():
+    buffer = ReplayBuffer(size=1)
+    buffer.apply(scored_batch([[0.0, 1.0]], [3]))
+    buffer.apply(scored_batch([[0.0, 4.0]], [5]))  # more signal: evicts the first
+    buffer.apply(scored_batch([[0.0, 0.5]], [7]))  # less: not stored
+    assert [entry["prompt"]["prompt"] for entry in buffer.sample(1)] == ["p5"]
+
+
+def test_reroll_queues_all_zero_groups_and_injects_them_from_the_start_step():
+    queue = RerollQueue(start_step=2, max_groups=1)
+    metrics = queue.collect(scored_batch([[0.0, 0.0], [0.0, 1.0]], [3, 5]))
+    assert metrics == {"reroll_buffered": 1.0, "reroll_buffer_size": 1.0}
+    fresh = [{"prompt": "a"}, {"prompt": "b"}]
+    assert queue.inject(fresh, step=1) == (fresh, 0)
+    injected, count = queue.inject(fresh, step=2)
+    assert count == 1 and [p["prompt"] for p in injected] == ["a", "p3"] and not queue.waiting
+
+
+def test_reroll_is_off_at_the_default_start_fraction(tok, tmp_path):
+    recipe = make_recipe(tok, VersionedEngine(), tmp_path)
+    recipe.start(torch.nn.Linear(1, 1))
+    assert not recipe.feed.reroll.enabled and recipe.feed.replay is None
+
+
+def test_colocate_without_vllm_says_how_to_install_it_or_use_the_transformers_engine():
+    import importlib.util
+
+    from rlft.config import build_config
+    from rlft.errors import ConfigError
+    from rlft.train.engines import engine_factory
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                        "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True, "vllm_mode": "colocate"}})
+    with pytest.raises(ConfigError, match=r"pip install 'rlft\[vllm\]'.*use_vllm: false"):
+        engine_factory(cfg, None)
+
+
+def test_the_trainer_connects_where_the_same_configs_server_listens():
+    from rlft.config import build_config
+    from rlft.config.rl import rl_settings
+
+    base = {"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+            "vllm": {"host": "0.0.0.0", "port": 8123}, "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True}}
+    s = rl_settings(build_config(base))
+    assert (s.server_host, s.server_port) == ("127.0.0.1", 8123)
+    explicit = rl_settings(build_config({**base, "trl": {**base["trl"], "vllm_server_port": 9000, "vllm_server_host": "gpu7"}}))
+    assert (explicit.server_host, explicit.server_port) == ("gpu7", 9000)

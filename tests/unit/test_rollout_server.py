@@ -1,0 +1,153 @@
+"""Rollout-server pieces without a server: backend choice, tokens, bucket order, adapter folders, checksums,
+and the vLLM backend (skipped where vLLM or CUDA is missing)."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from rlft.errors import ConfigError
+from rlft.models.weights import architecture_digest, weights_checksum
+from rlft.rollout.server.backends import choose_backend
+from rlft.rollout.server.protocol import ServerError
+from rlft.rollout.server.security import is_loopback, resolve_token
+from rlft.rollout.server.transfer import BucketedTransfer, read_adapter_folder
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="the vllm backend needs the vllm package and a CUDA GPU")
+
+
+def test_auto_backend_is_transformers_without_vllm_or_cuda():
+    if HAS_VLLM:
+        pytest.skip("vllm and CUDA are present here")
+    assert choose_backend("auto") == "transformers" and choose_backend("transformers") == "transformers"
+    with pytest.raises(ConfigError, match="--backend transformers"):
+        choose_backend("vllm")
+
+
+def test_a_token_is_generated_only_beyond_loopback(monkeypatch):
+    monkeypatch.delenv("RLFT_SERVER_TOKEN", raising=False)
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.3.4.5", "::1", "localhost", "[::1]"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "10.0.0.2", "::", "myhost"))
+    assert resolve_token(None, "127.0.0.1") == (None, False)
+    token, generated = resolve_token(None, "0.0.0.0")
+    assert generated and len(token) >= 32
+    assert resolve_token("mine", "0.0.0.0") == ("mine", False)
+    monkeypatch.setenv("RLFT_SERVER_TOKEN", "from-env")
+    assert resolve_token(None, "0.0.0.0") == ("from-env", False)
+
+
+def test_checksums_see_every_bit_and_dtype():
+    weights = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(2, dtype=torch.bfloat16)}
+    assert weights_checksum(weights) == weights_checksum(dict(reversed(list(weights.items()))))
+    changed = dict(weights, b=weights["b"].clone())
+    changed["b"][1, 2] = torch.nextafter(changed["b"][1, 2], torch.tensor(100.0))
+    assert weights_checksum(changed) != weights_checksum(weights)
+    assert weights_checksum({"b": weights["b"].double(), "a": weights["a"]}) != weights_checksum(weights)
+    assert architecture_digest(weights) == architecture_digest({"a": torch.zeros(2), "b": torch.zeros(2, 3)})
+
+
+def test_buckets_must_arrive_in_order():
+    transfer = BucketedTransfer()
+    first, second = save({"x": torch.ones(2)}), save({"y": torch.zeros(3)})
+    assert transfer.add(first, version=1, bucket=0, buckets=2) is None
+    with pytest.raises(ServerError, match="resend the transfer from bucket 0"):
+        transfer.add(second, version=2, bucket=1, buckets=2)
+    assert transfer.add(first, version=1, bucket=0, buckets=2) is None
+    assert set(transfer.add(second, version=1, bucket=1, buckets=2)) == {"x", "y"}
+    with pytest.raises(ServerError, match="transfer corrupted"):
+        transfer.add(b"not safetensors", version=1, bucket=0, buckets=1)
+
+
+def test_adapter_folders_are_read_from_safetensors_only(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 64}))
+    (tmp_path / "adapter_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ServerError, match="adapter_model.bin .a pickle., which the server never reads"):
+        read_adapter_folder(str(tmp_path), max_lora_rank=64)
+    (tmp_path / "adapter_model.safetensors").write_bytes(save({"w.lora_A.weight": torch.ones(64, 4)}))
+    with pytest.raises(ServerError, match="LoRA rank 64 is above vllm.max_lora_rank=32: raise vllm.max_lora_rank or lower lora_r"):
+        read_adapter_folder(str(tmp_path), max_lora_rank=32)
+    adapter = read_adapter_folder(str(tmp_path), max_lora_rank=64)
+    assert adapter.rank == 64 and adapter.checksum == weights_checksum(adapter.tensors)
+
+
+@needs_vllm
+def test_vllm_backend_generates_and_loads_weights(tmp_path):
+    import asyncio
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.config import build_config
+    from rlft.models.tiny import write_tiny_model
+    from rlft.rollout.server.backends.vllm import VLLMBackend
+    from rlft.rollout.server.requests import generation_request
+
+    folder = write_tiny_model(tmp_path / "m", "S", max_positions=256)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    cfg = build_config({"base_model": str(folder), "datasets": [{"path": "unused.jsonl"}],
+                        "vllm": {"gpu_memory_utilization": 0.2, "enforce_eager": True, "dtype": "bfloat16"}})
+    backend = VLLMBackend.from_config(cfg)
+    try:
+        request = generation_request(backend, [[49, 43, 50, 61]], n=3, max_tokens=8, temperature=1.0, top_p=0.9, top_k=20,
+                                     min_p=0.0, repetition_penalty=1.0, stop_token_ids=[], stop=[], seed=1)
+        out = asyncio.run(backend.generate(request))
+        assert len(out.completion_ids) == 3 and all(len(ids) == 8 for ids in out.completion_ids)
+        assert all(lp <= 0 for row in out.logprobs for lp in row) and out.truncated == [True] * 3
+        state = {name: tensor.clone() for name, tensor in model.state_dict().items() if name != "lm_head.weight"}
+        assert asyncio.run(backend.load_weights(state, 1)) == weights_checksum(state)
+        assert asyncio.run(backend.generate(request)).weight_version == 1
+    finally:
+        backend.close()
+
+
+def test_a_generated_token_is_kept_for_the_same_user_only(tmp_path, monkeypatch):
+    import stat
+
+    from rlft.rollout.server.security import local_token, save_generated_token
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert local_token(8123) is None
+    path = save_generated_token("abc", 8123)
+    assert local_token(8123) == "abc" and local_token(8124) is None
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_colocated_engine_loads_verified_weights_and_adapters_in_process(tmp_path):
+    """vllm_mode: colocate wraps the server's backend without HTTP; exercised here with the transformers backend (the
+    vLLM one needs a GPU): generation carries the version, loads are verified, a bad adapter is a RolloutError."""
+    import pytest
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.errors import RolloutError
+    from rlft.models.tiny import write_tiny_model
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.rollout.server.backends.transformers import TransformersBackend
+    from rlft.rollout.server.colocated import ColocatedEngine
+    from rlft.rollout.types import SamplingParams
+
+    write_tiny_model(tmp_path / "m", "XS")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "m"))
+    backend = TransformersBackend(model, byte_tokenizer(), model_name="m", dtype=torch.float32, max_model_len=64, max_lora_rank=4)
+    engine = ColocatedEngine(backend, version=3)
+    try:
+        rollout = engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=3), 2, seed=0)
+        assert rollout.weight_versions == [3, 3] and len(rollout.completion_ids) == 2
+        changed = {name: p.detach() + 0.01 for name, p in model.named_parameters() if "layers.0" in name}
+        engine.load_weights(changed, 4)
+        assert engine.health()["version"] == 4
+        adapter = get_peft_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "m")),
+                                 LoraConfig(r=8, target_modules=["q_proj"]))
+        adapter.save_pretrained(tmp_path / "lora", safe_serialization=True)
+        with pytest.raises(RolloutError, match="max_lora_rank"):
+            engine.load_adapter(tmp_path / "lora", 5)
+        with pytest.raises(RolloutError, match="refused the weights"):
+            engine.load_weights({"no.such.weight": torch.zeros(1)}, 6)
+    finally:
+        engine.close()
