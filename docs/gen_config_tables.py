@@ -22,7 +22,10 @@ DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
 MODEL_NAMES = {"DatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
 ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet",
-          "rollout server (later issue)": "rollout server, a later issue",
+          "NCCL weight transfer, a later issue": "NCCL weight transfer, a later issue",
+          "custom vLLM server code, a later issue": "custom vLLM server code, a later issue",
+          "NeMo Gym, issue #10": "issue #10",
+          "padding-free batches, issue #13": "issue #13",
           "SAPO/LUSPO/VESPO losses (later issue)": "SAPO/LUSPO/VESPO losses, a later issue",
           "reasoning transforms (later issue)": "reasoning transforms, a later issue"}
 

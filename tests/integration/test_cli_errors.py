@@ -30,7 +30,7 @@ def test_validate_ok_and_explain(cli, capsys, make_config):
     assert cli("validate", make_config()) == 0
     assert capsys.readouterr().out.strip() == "OK"
     assert cli("validate", "--explain", "trl.vllm_group_port") == 0
-    assert "planned in rollout server" in capsys.readouterr().out
+    assert "planned in NCCL weight transfer" in capsys.readouterr().out
 
 
 def test_missing_base_model_folder(cli, capsys, make_config, tmp_path):
@@ -65,7 +65,7 @@ def test_everything_dropped(cli, capsys, make_config):
 
 @pytest.mark.parametrize("settings, words", [
     ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"]}}, "trl.loss_type 'sapo' is not implemented yet"),
-    ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"]}}, "trl.vllm_group_port (rollout server"),
+    ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"]}}, "trl.vllm_group_port (NCCL weight transfer"),
     ({"fsdp": ["full_shard"]}, "fsdp (multi-GPU)"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"fp16": True}, "fp16: true needs a CUDA GPU"),

@@ -177,6 +177,7 @@ def test_loss_units_match_the_policy_loss(warm_model):
     batch = completion_batch(rows, pad_id=0)
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo"):
         recipe = GRPORecipe.__new__(GRPORecipe)
+        recipe.compares_sampled = False
         recipe.settings = SimpleNamespace(
             temperature=1.0, entropy_coeff=0.0, loss_type=loss_type, epsilon=0.2, epsilon_high=None, delta=None,
             lower_bound_ratio=None, aipo_rho=None, importance_sampling_level="token", beta=0.0, positive_nll_coef=0.0,

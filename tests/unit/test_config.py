@@ -288,7 +288,7 @@ def test_explain_trl_beta_has_default_and_description():
     assert "default: None" in text
     assert "KL coefficient (k3 estimator) to the reference" in text
     assert "not built yet" not in text
-    assert "not built yet: planned in rollout server" in explain("trl.vllm_group_port")
+    assert "not built yet: planned in NCCL weight transfer" in explain("trl.vllm_group_port")
     assert "not built yet" not in explain("trl.use_vllm")
 
 
@@ -318,7 +318,7 @@ def test_explain_typo_in_section_suggests_key():
 
 def test_planned_setting_is_reported_with_issue(config):
     cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51217})
-    assert planned_settings(cfg) == [("trl.vllm_group_port", "rollout server (later issue)")]
+    assert planned_settings(cfg) == [("trl.vllm_group_port", "NCCL weight transfer, a later issue")]
 
 
 def test_planned_setting_at_default_not_reported(config):
@@ -409,16 +409,21 @@ def test_is_correction_defaults_on_with_an_engine_or_async(config, trl):
     from rlft.config.rl import rl_settings
 
     s = rl_settings(config(**GRPO, trl=trl))
-    assert s.is_correction and s.needs_sampling_correction and s.needs_old_logps
+    assert s.is_correction and s.needs_sampling_correction
+    assert not s.needs_old_logps  # rows trained on within one step: the loss's own log-probs are the old ones
     assert s.raw["vllm_importance_sampling_correction"] is True  # trainer.args sees the resolved value
 
 
-def test_is_correction_off_by_user_and_async_still_needs_old_logps(config):
+@pytest.mark.parametrize("trl,cached", [
+    ({"async_prefetch": True, "vllm_importance_sampling_correction": False}, False),
+    ({"async_prefetch": True, "num_iterations": 2}, True),  # the policy moves before the second pass
+    ({"async_prefetch": True, "replay_buffer_size": 4}, False),
+    ({"async_prefetch": True, "replay_buffer_size": 4, "replay_recompute_logps": False}, True),
+])
+def test_old_logps_are_cached_only_when_the_policy_moves_or_replay_keeps_recorded_ones(config, trl, cached):
     from rlft.config.rl import rl_settings
 
-    s = rl_settings(config(**GRPO, trl={"async_prefetch": True, "vllm_importance_sampling_correction": False}))
-    assert not s.is_correction and not s.needs_sampling_correction
-    assert s.needs_old_logps  # stale rows: the PPO ratio needs the trainer's log-probs at scoring time
+    assert rl_settings(config(**GRPO, trl=trl)).needs_old_logps is cached
 
 
 def test_decoupled_loss_turns_the_default_is_correction_off(config):
@@ -426,7 +431,7 @@ def test_decoupled_loss_turns_the_default_is_correction_off(config):
 
     s = rl_settings(config(**GRPO, trl={"use_vllm": True, "use_decoupled_loss": True, "behav_imp_weight_cap": 5.0}))
     assert (s.decoupled_loss, s.behav_imp_weight_cap, s.is_correction) == (True, 5.0, False)
-    assert s.needs_sampling_correction and s.needs_old_logps
+    assert s.needs_sampling_correction and not s.needs_old_logps
 
 
 @pytest.mark.parametrize("mode,level,kind", [

@@ -206,7 +206,7 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     ebft: EBFTConfig = field(default_factory=EBFTConfig, description="Energy-based fine-tuning options.")
     vllm: VLLMConfig = field(default_factory=VLLMConfig, description="Rollout server (vLLM) options.")
     batch_flattening: Union[bool, Literal["auto"]] = planned(
-        False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="rollout server (later issue)"
+        False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="padding-free batches, issue #13"
     )
 
     # --- multi-device (specified by the seeds, not built yet) ---
@@ -332,6 +332,10 @@ def _ebft_problems(cfg: RlftConfig):
         yield f"ebft.embed_method {ebft.embed_method!r} is for structured mode; strided mode pools a block: last_token or mean_pooling"
     if ebft.mode == "strided" and ebft.temperature <= 0:
         yield "ebft.temperature must be > 0: the REINFORCE term needs the sampling distribution's log-probs"
+    rollout_keys = [f"trl.{key}" for key in ("use_vllm", "async_prefetch") if getattr(cfg.trl, key)]
+    if ebft.mode == "strided" and rollout_keys:
+        yield (f"{' and '.join(rollout_keys)} with ebft.mode: strided: strided EBFT generates its blocks inside each "
+               "document in the trainer, not through a rollout engine; remove them (they apply to structured mode)")
 
 
 def _grpo_problems(cfg: RlftConfig):

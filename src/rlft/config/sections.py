@@ -27,7 +27,10 @@ __all__ = [
     "VLLMConfig",
 ]
 
-ROLLOUT_SERVER = "rollout server (later issue)"
+NCCL_SYNC = "NCCL weight transfer, a later issue"
+CUSTOM_SERVER = "custom vLLM server code, a later issue"
+REASONING = "reasoning transforms (later issue)"
+NEMO_GYM = "NeMo Gym, issue #10"
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Union[Literal["group", "batch", "none"], bool]
@@ -306,12 +309,12 @@ class TRLConfig(Section):
     )
     vllm_server_timeout: Optional[float] = field(
         None,
-        "Seconds to wait for the server to come up (also the LoRA-load timeout); None -> 240.", gt=0,
+        "Seconds the trainer waits for the server to come up at start; None -> 240 (later calls are watched by /health: a dead server is noticed within ~10 s).", gt=0,
     )
     vllm_group_port: Optional[int] = planned(
         51216,
         "Port of the NCCL weight-sync group.",
-        issue=ROLLOUT_SERVER, ge=1, le=65535,
+        issue=NCCL_SYNC, ge=1, le=65535,
     )
     vllm_lora_sync: bool = field(
         False,
@@ -339,7 +342,7 @@ class TRLConfig(Section):
     )
     streaming_partial_batch: Optional[bool] = field(
         None,
-        "Score a rollout batch in chunks of prompt groups (less memory, same result); None -> false.",
+        "Score a rollout batch in chunks of prompt groups: rewards called and advantages normalised per chunk (as Axolotl's streaming scorer); None -> false.",
     )
     streaming_min_groups: Optional[int] = field(
         None,
@@ -347,8 +350,8 @@ class TRLConfig(Section):
     )
     allowed_outdated_steps: Optional[int] = field(
         None,
-        "Drop a rollout batch whose oldest row was sampled more than this many optimizer steps before it is trained "
-        "on (Cosmos-RL); None = no bound beyond prefetch_depth.", ge=0,
+        "Drop rollout rows sampled more than this many optimizer steps before they are trained on (counted in "
+        "async/stale_rows_dropped; Cosmos-RL's staleness bound); None = no bound beyond prefetch_depth.", ge=0,
     )
 
     # ---- importance-sampling correction for stale / engine log-probs ------------------------
@@ -554,22 +557,22 @@ class VLLMConfig(Section):
     serve_module: Optional[str] = planned(
         None,
         "Python module implementing the server; None -> rlft's rollout server.",
-        issue=ROLLOUT_SERVER,
+        issue=CUSTOM_SERVER,
     )
     worker_extension_cls: Optional[str] = planned(
         None,
         "vLLM worker extension class for weight sync; None -> the server's default.",
-        issue=ROLLOUT_SERVER,
+        issue=CUSTOM_SERVER,
     )
     enable_reasoning: Optional[bool] = planned(
         None,
         "Split reasoning content from answers in responses.",
-        issue=ROLLOUT_SERVER,
+        issue=REASONING,
     )
     reasoning_parser: Optional[str] = planned(
         None,
         "vLLM reasoning parser name (with enable_reasoning).",
-        issue=ROLLOUT_SERVER,
+        issue=REASONING,
     )
     max_lora_rank: Optional[int] = field(
         None,
@@ -589,17 +592,17 @@ class NemoGymDataset(Section):
     path: str = planned(
         ...,
         "JSONL file, relative to nemo_gym_dir unless absolute (~ expanded).",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     server_name: str = planned(
         ...,
         "Resource server that verifies rows without their own agent_ref.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     max_samples: Optional[int] = planned(
         None,
         "Rows sampled at random from the file; None = all.",
-        issue=ROLLOUT_SERVER, ge=1,
+        issue=NEMO_GYM, ge=1,
     )
 
 
@@ -609,68 +612,68 @@ class NemoGymFields(Section):
     plugins: Optional[list[str]] = planned(
         None,
         "Integration plugins, e.g. axolotl.integrations.nemo_gym.NemoGymPlugin.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_enabled: Optional[bool] = planned(
         None,
         "Enable NeMo Gym; None -> true when the NeMo Gym plugin is listed.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_dir: Optional[str] = planned(
         None,
         "NeMo Gym checkout; None -> ~/Gym.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_auto_clone: Optional[bool] = planned(
         None,
         "Clone NeMo Gym into nemo_gym_dir if missing; None -> false.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_config_paths: Optional[list[str]] = planned(
         None,
         "Gym server configs for ng_run (required when auto-starting).",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_auto_start: bool = planned(
         True,
         "Start the Gym servers (ng_run) before training.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_head_port: int = planned(
         11000,
         "Port of the Gym head server.",
-        issue=ROLLOUT_SERVER, ge=1, le=65535,
+        issue=NEMO_GYM, ge=1, le=65535,
     )
     nemo_gym_server_timeout: int = planned(
         360,
         "Seconds to wait for the Gym servers to start.",
-        issue=ROLLOUT_SERVER, ge=1,
+        issue=NEMO_GYM, ge=1,
     )
     nemo_gym_verify_timeout: int = planned(
         30,
         "Seconds per /verify request.",
-        issue=ROLLOUT_SERVER, ge=1,
+        issue=NEMO_GYM, ge=1,
     )
-    nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=ROLLOUT_SERVER, ge=1)
+    nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=NEMO_GYM, ge=1)
     nemo_gym_datasets: Optional[list[NemoGymDataset]] = planned(
         None,
         "Gym task files (replace `datasets:`; required when enabled).",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_model_name: Optional[str] = planned(
         None,
         "Model name sent to /verify; None -> base_model.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_multi_turn: Optional[bool] = planned(
         None,
         "Multi-turn rollouts through the agent /run endpoint; None -> false.",
-        issue=ROLLOUT_SERVER,
+        issue=NEMO_GYM,
     )
     nemo_gym_max_turns: Optional[int] = planned(
         None,
         "Turn limit per multi-turn episode; None = the agent's.",
-        issue=ROLLOUT_SERVER, ge=1,
+        issue=NEMO_GYM, ge=1,
     )
 
 

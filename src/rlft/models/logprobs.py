@@ -6,7 +6,7 @@ C + 1 positions' logits are computed (`logits_to_keep`), where C is the completi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -41,14 +41,23 @@ def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str,
     return batch
 
 
-def completion_logps(model, batch: dict[str, Any], temperature: float, with_entropy: bool, grad_entropy: bool = False):
-    """Per-token log-probs (B, C) of the completion tokens at `temperature`, and their entropy (or None)."""
+def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
+    """Raw float logits (B, C, V) at the positions that predict each completion token."""
     width = int(batch["completion_width"])
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
                    logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
-    logits = logits.float() / (temperature if temperature > 0 else 1.0)
-    log_probs = torch.log_softmax(logits, dim=-1)
-    targets = batch["input_ids"][:, -width:]
+    return logits.float()
+
+
+def completion_logps(model, batch: dict[str, Any], temperature: float, with_entropy: bool, grad_entropy: bool = False):
+    """Per-token log-probs (B, C) of the completion tokens at `temperature`, and their entropy (or None)."""
+    return logps_from_logits(completion_logits(model, batch), batch, temperature, with_entropy, grad_entropy)
+
+
+def logps_from_logits(logits: torch.Tensor, batch: dict[str, Any], temperature: float, with_entropy: bool,
+                      grad_entropy: bool = False):
+    log_probs = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    targets = batch["input_ids"][:, -int(batch["completion_width"]):]
     logps = log_probs.gather(-1, targets[..., None]).squeeze(-1)
     entropy = None
     if with_entropy:
@@ -56,3 +65,79 @@ def completion_logps(model, batch: dict[str, Any], temperature: float, with_entr
         with context:
             entropy = -(log_probs.exp() * log_probs).sum(-1)
     return logps, entropy
+
+
+# ---------------------------------------------------------------------- the distribution sampled from
+
+SAMPLED_LOGP_FLOOR = -1e4  # a token outside the kept set (top-k/top-p/min-p) of these weights: probability 0
+
+
+class SamplingFilters(Protocol):
+    """What shapes the sampling distribution (rlft.rollout.types.SamplingParams has these fields)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+
+
+def filters_active(params: SamplingFilters) -> bool:
+    """Whether sampling reshapes the distribution beyond temperature (so its log-probs differ from
+    log_softmax(logits / T))."""
+    return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0 or params.repetition_penalty != 1.0
+
+
+def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: SamplingFilters) -> torch.Tensor:
+    """Scores of the sampling distribution (HF order: repetition penalty, temperature, top-k, top-p, min-p).
+
+    `seen` (N, V) bool marks tokens already in each sequence (for the repetition penalty). Filtered
+    tokens get -inf; log_softmax of the result is the distribution sampled from. Engines sample from it,
+    and the trainer evaluates it (`sampled_logps`) so that importance ratios compare like with like.
+    """
+    scores = logits.float()
+    if params.repetition_penalty != 1.0 and seen is not None:
+        penalised = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
+        scores = torch.where(seen, penalised, scores)
+    if params.temperature > 0 and params.temperature != 1.0:  # skip no-op work: decoding is overhead-bound
+        scores = scores / params.temperature
+    if 0 < params.top_k < scores.size(-1):  # 0 or -1 = off
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=True, dim=-1)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - ordered.softmax(-1) >= params.top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    if params.min_p > 0:
+        probs = scores.softmax(-1)
+        scores = scores.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
+    return scores
+
+
+def tokens_seen(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, vocab: int) -> torch.Tensor:
+    """(B, C, V) bool: token v occurs among the attended tokens before completion position t (what the engine's
+    repetition penalty saw when it sampled token t: the prompt and the completion so far)."""
+    count, length = input_ids.shape
+    positions = torch.arange(length, device=input_ids.device).expand(count, length)
+    positions = torch.where(attention_mask.bool(), positions, length)  # padding never counts
+    first = torch.full((count, vocab), length, dtype=torch.long, device=input_ids.device)
+    first = first.scatter_reduce(1, input_ids, positions, reduce="amin")
+    before = torch.arange(length - width, length, device=input_ids.device)  # completion token t sits here
+    return first[:, None, :] < before[None, :, None]
+
+
+@torch.no_grad()
+def sampled_logps(logits: torch.Tensor, batch: dict[str, Any], params: SamplingFilters) -> torch.Tensor:
+    """(B, C) log-probs of the completion tokens under the distribution an engine with these weights samples from
+    (`process_logits`), without gradient. A token the filters drop gets SAMPLED_LOGP_FLOOR instead of -inf."""
+    width = int(batch["completion_width"])
+    count, _, vocab = logits.shape
+    seen = None
+    if params.repetition_penalty != 1.0:
+        seen = tokens_seen(batch["input_ids"], batch["attention_mask"], width, vocab).reshape(count * width, vocab)
+    scores = process_logits(logits.reshape(count * width, vocab), seen, params)
+    log_probs = torch.log_softmax(scores, dim=-1).reshape(count, width, vocab)
+    targets = batch["input_ids"][:, -width:]
+    return log_probs.gather(-1, targets[..., None]).squeeze(-1).clamp_min(SAMPLED_LOGP_FLOOR)

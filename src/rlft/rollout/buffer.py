@@ -6,8 +6,10 @@
   constant within it) is replaced by a stored group drawn with probability proportional to its score. Unlike
   Axolotl, a replayed group is moved in whole (prompt, completions, sampling log-probs, rewards, advantages,
   weight version): rows are lists of their own length, so nothing is re-padded or misaligned (§H4). Its old
-  log-probs are recomputed by the trainer like every other row's, and its weight version stays the one that
-  sampled it, so the importance-sampling correction sees how stale it is.
+  log-probs are the current policy's like every other row's (replay_recompute_logps: true), or, with
+  replay_recompute_logps: false, the sampling log-probs recorded with the group (no forward pass for it; the
+  PPO ratio then measures the whole distance from the weights that sampled it). Its weight version stays the
+  one that sampled it, so the importance-sampling correction and allowed_outdated_steps see how stale it is.
 * Re-roll (`reroll_start_fraction`, `reroll_max_groups`, §A10): a prompt whose every completion scored 0
   on every reward function is queued; from `reroll_start_fraction * max_steps` on, up to `reroll_max_groups`
   queued prompts replace the last prompts of each new draw, so they are sampled again. (Axolotl queues them
@@ -124,8 +126,10 @@ def replace_groups(scored: ScoredBatch, replacements: dict[int, dict[str, Any]])
     value_tensor = torch.cat(values)
     scores = Scores(value_tensor, old.names, old.weights, weighted_total(value_tensor, old.weights), old.metrics, old.failures)
     advantage_tensor = torch.cat(advantages)
+    replayed = frozenset(g * group + i for g in replacements for i in range(group)) | scored.replayed_rows
     return ScoredBatch(prompts, Rollout.concat(parts), scores, advantage_tensor, group,
-                       skip=scored.skip and bool((advantage_tensor == 0).all()), dropped=scored.dropped, metrics=scored.metrics)
+                       skip=scored.skip and bool((advantage_tensor == 0).all()), dropped=scored.dropped, metrics=scored.metrics,
+                       replayed_rows=replayed)
 
 
 class RerollQueue:

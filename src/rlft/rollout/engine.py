@@ -11,6 +11,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
+from rlft.models.logprobs import process_logits  # noqa: F401 - engines sample from it (the trainer evaluates it)
 from rlft.rollout.types import Rollout, SamplingParams
 
 
@@ -32,30 +33,3 @@ class RolloutEngine(Protocol):
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None: ...
 
     def health(self) -> dict[str, Any]: ...
-
-
-def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: SamplingParams) -> torch.Tensor:
-    """Scores of the sampling distribution (HF order: repetition penalty, temperature, top-k, top-p, min-p).
-
-    `seen` (N, V) bool marks tokens already in each sequence (for the repetition penalty). Filtered
-    tokens get -inf; log_softmax of the result is the distribution sampled from.
-    """
-    scores = logits.float()
-    if params.repetition_penalty != 1.0 and seen is not None:
-        penalised = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
-        scores = torch.where(seen, penalised, scores)
-    if params.temperature > 0 and params.temperature != 1.0:  # skip no-op work: decoding is overhead-bound
-        scores = scores / params.temperature
-    if 0 < params.top_k < scores.size(-1):  # 0 or -1 = off
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        ordered, order = torch.sort(scores, descending=True, dim=-1)
-        cumulative = ordered.softmax(-1).cumsum(-1)
-        drop_sorted = cumulative - ordered.softmax(-1) >= params.top_p  # keep the smallest set reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    if params.min_p > 0:
-        probs = scores.softmax(-1)
-        scores = scores.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
-    return scores

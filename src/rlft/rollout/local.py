@@ -103,8 +103,8 @@ class LocalEngine:
         vocab = self.model.get_output_embeddings().weight.shape[0] if self.model.get_output_embeddings() is not None else None
         seen = None
         if params.repetition_penalty != 1.0:
-            seen = torch.zeros((count, vocab), dtype=torch.bool, device=device)
-            seen.scatter_(1, input_ids, attention.bool())
+            # counted, not scattered as booleans: a padding column must not clear a token the prompt does hold
+            seen = torch.zeros((count, vocab), dtype=torch.long, device=device).scatter_add_(1, input_ids, attention) > 0
         stop = torch.tensor(params.stop_token_ids or [-1], device=device)
         cache = DynamicCache()
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,

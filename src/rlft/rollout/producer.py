@@ -59,7 +59,8 @@ class RolloutProducer:
         self.seed = seed
         self.generations = 0  # generation batches scored so far
         self.draws = 0  # prompt batches drawn so far (a draw's index seeds its sampling)
-        self.inject: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda prompts: prompts  # re-roll
+        # re-roll: (prompts, how many were replaced by re-rolled ones)
+        self.inject: Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], int]] = lambda prompts: (prompts, 0)
         self.after_scoring: Callable[[ScoredBatch], ScoredBatch] = lambda scored: scored  # replay buffer
         self.run_engine: Callable[[Callable[[], Any]], Any] = lambda job: job()  # where engine work runs (Prefetcher.call)
 
@@ -68,14 +69,15 @@ class RolloutProducer:
         """One generation batch, drawn, sampled and scored here: prompts_per_step x steps_per_generation prompts."""
         return self.score(self.sample(*self.draw()))
 
-    def draw(self) -> tuple[list[dict[str, Any]], int]:
-        """The next generation batch's prompts and the draw's index (main thread: the cursor lives here)."""
+    def draw(self) -> tuple[list[dict[str, Any]], int, int]:
+        """The next generation batch's prompts, the draw's index and how many prompts re-roll put in (main thread:
+        the cursor lives here)."""
         s = self.settings
-        prompts = self.inject([p for _ in range(s.steps_per_generation) for p in self.prompts.next()["prompts"]])
+        prompts, injected = self.inject([p for _ in range(s.steps_per_generation) for p in self.prompts.next()["prompts"]])
         self.draws += 1
-        return prompts, self.draws - 1
+        return prompts, self.draws - 1, injected
 
-    def sample(self, prompts: list[dict[str, Any]], index: int) -> SampledBatch:
+    def sample(self, prompts: list[dict[str, Any]], index: int, injected: int = 0) -> SampledBatch:
         """Generate G completions per prompt. Touches only the engine: safe on a background thread."""
         started = time.perf_counter()
         if self.rollout_func is not None:
@@ -84,7 +86,7 @@ class RolloutProducer:
             params = self.sampling_for(prompts, self.sampling)
             rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group, seed=self.seed_of(index))
             extra = {}
-        return SampledBatch(prompts, rollout, extra, index, round(time.perf_counter() - started, 4))
+        return SampledBatch(prompts, rollout, extra, index, round(time.perf_counter() - started, 4), injected)
 
     def seed_of(self, index: int) -> int:
         return (self.seed * 1_000_003 + index) % (2**63 - 1)
@@ -106,6 +108,8 @@ class RolloutProducer:
         self.generations += 1
         skip = s.skip_zero_advantage_batches and bool((advantages == 0).all())
         metrics.update(timings)
+        if sampled.injected:
+            metrics["reroll_injected"] = float(sampled.injected)
         metrics.update(rollout_metrics(scores, rollout, self.group, frac_zero_std, max(sampled.generate_time, 1e-9)))
         metrics["time/rollout_total"] = round(sampled.generate_time + time.perf_counter() - started, 4)
         scored = ScoredBatch(prompts, rollout, scores, advantages, self.group, skip=skip, dropped=dropped, metrics=metrics)

@@ -30,9 +30,12 @@ _GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.W
 
 
 class RemoteEngine:
-    def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 600.0, *,
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 3600.0, *,
                  bucket_bytes: int = 64 * 2**20, health_interval: float = 2.0, health_failures: int = 3,
                  health_timeout: float = 1.5):
+        """`timeout`: the longest a generation or weight update may take while the server keeps answering /health
+        (a dead or hung server is noticed within ~10 s regardless); short calls (health, weight info) time out after
+        5 x `health_timeout`."""
         self.host = "127.0.0.1" if host in ("0.0.0.0", "", None) else host  # 0.0.0.0 is where a server listens, not an address
         self.port = port
         shown = f"[{self.host}]" if ":" in self.host else self.host
@@ -43,6 +46,8 @@ class RemoteEngine:
         token = token or os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+        # one client for the liveness probes of watched calls (making a client costs ~20 ms: not once per call)
+        self._probe = httpx.Client(base_url=self.base_url, timeout=health_timeout)
         self._sent: dict[int, str] = {}  # version -> checksum of the weights this client sent for it
         self._version: int | None = None
         self._initial_version: int | None = None
@@ -58,6 +63,11 @@ class RemoteEngine:
 
     def health(self) -> dict[str, Any]:
         state = self._call("GET", "/health", timeout=self.health_timeout * 5)
+        if not isinstance(state, dict) or "weight_version" not in state:
+            raise RolloutError(f"the server at {self.base_url} answers /health but is not an rlft rollout server (no weight "
+                               "version in its answer; a plain `vllm serve` or TRL's server cannot take verified weight "
+                               "syncs): start `rlft vllm-serve CONFIG` there, or point trl.vllm_server_host / "
+                               "vllm_server_port at the rlft server")
         if self._version is None:
             self._version = self._initial_version = state["weight_version"]
         return {**state, "ok": state.get("status") == "ok", "version": state["weight_version"]}
@@ -152,6 +162,7 @@ class RemoteEngine:
 
     def close(self) -> None:
         self._http.close()
+        self._probe.close()
 
     # ---------------------------------------------------------------- HTTP
 
@@ -195,21 +206,20 @@ class RemoteEngine:
         worker = threading.Thread(target=run, name=f"rlft-remote{path}", daemon=True)  # daemon: a hung call never blocks exit
         worker.start()
         failures, next_probe = 0, time.monotonic() + self.health_interval
-        with httpx.Client(base_url=self.base_url, timeout=self.health_timeout) as probe:
-            while True:
-                worker.join(max(next_probe - time.monotonic(), 0.0))
-                if not worker.is_alive():
-                    break
-                next_probe = time.monotonic() + self.health_interval  # a slow probe does not stretch the schedule
-                try:
-                    probe.get("/health").raise_for_status()
-                    failures = 0
-                except httpx.ConnectError:
-                    raise self._died() from None  # refused: the process is gone
-                except httpx.HTTPError:
-                    failures += 1
-                    if failures >= self.health_failures:
-                        raise self._died() from None
+        while True:
+            worker.join(max(next_probe - time.monotonic(), 0.0))
+            if not worker.is_alive():
+                break
+            next_probe = time.monotonic() + self.health_interval  # a slow probe does not stretch the schedule
+            try:
+                self._probe.get("/health").raise_for_status()
+                failures = 0
+            except httpx.ConnectError:
+                raise self._died() from None  # refused: the process is gone
+            except httpx.HTTPError:
+                failures += 1
+                if failures >= self.health_failures:
+                    raise self._died() from None
         if "error" in result:
             if isinstance(result["error"], (*_GONE, httpx.TimeoutException)):
                 raise self._died() from None

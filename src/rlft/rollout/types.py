@@ -71,14 +71,16 @@ class SampledBatch:
     extra: dict[str, list] = field(default_factory=dict)  # columns a rollout_func returned beside the rollout
     index: int = 0  # which draw of the run this is (seeds its sampling)
     generate_time: float = 0.0
+    injected: int = 0  # prompts the re-roll queue put in place of drawn ones
 
     def to_state(self) -> dict[str, Any]:
         return {"prompts": self.prompts, "rollout": dataclasses.asdict(self.rollout), "extra": self.extra,
-                "index": self.index, "generate_time": self.generate_time}
+                "index": self.index, "generate_time": self.generate_time, "injected": self.injected}
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> "SampledBatch":
-        return SampledBatch(state["prompts"], Rollout(**state["rollout"]), state["extra"], state["index"], state["generate_time"])
+        return SampledBatch(state["prompts"], Rollout(**state["rollout"]), state["extra"], state["index"], state["generate_time"],
+                            state.get("injected", 0))
 
 
 @dataclass
@@ -121,6 +123,7 @@ class ScoredBatch:
     skip: bool = False  # no learning signal anywhere (skip_zero_advantage_batches): no update on these steps
     dropped: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    replayed_rows: frozenset[int] = frozenset()  # rows the replay buffer put in place of a group without signal
 
     def prompt_of(self, row: int) -> dict[str, Any]:
         return self.prompts[row // self.group_size]
@@ -136,9 +139,11 @@ class TrainingRow:
     advantage: float  # from ScoredBatch.advantages
     sampling_logps: list[float]  # from the engine that sampled the row (Rollout.logprobs)
     weight_version: int  # of that engine (Rollout.weight_versions)
-    old_logps: list[float] | None = None  # the policy at sampling time, recomputed by the trainer (num_iterations > 1)
+    old_logps: list[float] | None = None  # the trainer's, cached at scoring time when the policy moves before use
+    old_sampled_logps: list[float] | None = None  # the same under the engine's sampling filters (top-k/p, min-p, ...)
     ref_logps: list[float] | None = None  # the frozen reference (beta > 0)
     ground_truth_ids: list[int] | None = None  # EBFT structured with ce_coef
+    replayed: bool = False  # from the replay buffer (its old log-probs may be the recorded ones)
 
     def to_state(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -38,7 +38,7 @@ def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] 
     def connect(policy, version: int) -> RolloutEngine:
         from rlft.rollout.remote import RemoteEngine
 
-        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port), timeout=s.server_timeout)
+        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port))
         wait_for_server(engine, s, console)
         engine.check_serves(policy)  # another model behind that port: say so before sending it weights
         return engine

@@ -36,7 +36,6 @@ class RolloutFeed:
         start = max(1, int(max_steps * s.reroll_start_fraction)) if max_steps and s.reroll_start_fraction < 1.0 else None
         self.reroll = RerollQueue(start, s.reroll_max_groups)
         self.step = 0  # optimizer steps done (the policy's weight version)
-        self.metrics: dict[str, float] = {}  # about the batch just taken
         producer.run_engine = self.prefetcher.call
         producer.inject = self._inject
         producer.after_scoring = self._after_scoring
@@ -61,14 +60,11 @@ class RolloutFeed:
         return scored
 
     def _submit(self) -> None:
-        prompts, index = self.producer.draw()
-        self.prefetcher.submit_sample(lambda: self.producer.sample(prompts, index))
+        prompts, index, injected = self.producer.draw()
+        self.prefetcher.submit_sample(lambda: self.producer.sample(prompts, index, injected))
 
-    def _inject(self, prompts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        prompts, injected = self.reroll.inject(prompts, self.step)
-        if injected:
-            self.metrics["reroll_injected"] = float(injected)
-        return prompts
+    def _inject(self, prompts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        return self.reroll.inject(prompts, self.step)
 
     def _after_scoring(self, scored: ScoredBatch) -> ScoredBatch:
         extra = self.reroll.collect(scored)
@@ -76,8 +72,6 @@ class RolloutFeed:
             scored, replay_metrics = self.replay.apply(scored)
             extra.update(replay_metrics)
         scored.metrics.update(extra)
-        scored.metrics.update(self.metrics)
-        self.metrics = {}
         return scored
 
     def engine_call(self, job: Callable[[], Any]) -> Any:

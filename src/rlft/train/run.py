@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -34,6 +35,11 @@ def refuse_unbuilt(cfg) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.use_vllm and processes > 1:
+        raise NotImplementedYet(f"trl.use_vllm with {processes} training processes: pushing weights to the rollout server "
+                                "from several ranks is not built yet (multi-process training is issue #11); train with one "
+                                "process")
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)

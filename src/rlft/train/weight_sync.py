@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from rlft.errors import RolloutError
-from rlft.models.weights import merged_weights, trainable_weights
+from rlft.models.weights import merged_weights, plain_state_dict, trainable_weights
 from rlft.rollout.engine import RolloutEngine
 
 
@@ -43,6 +43,17 @@ class WeightSync:
             return False
         self.prepare(policy, step)()
         return True
+
+    def reset(self, policy, version: int) -> None:
+        """Make a plain engine (a server: it may hold another run's weights or adapter) serve exactly this policy:
+        every weight of the base model, then, with `lora_folder`, the adapter; without it, a LoRA policy's weights
+        are sent merged. Later pushes send only what trains."""
+        base = plain_state_dict(policy) if self.lora_folder is not None else merged_weights(policy)
+        self._timed(lambda: self.engine.load_weights(base, version))  # a full update also drops any adapter
+        self._check(version)
+        self.pushed = version
+        if self.lora_folder is not None:
+            self.prepare(policy, version)()
 
     def prepare(self, policy, version: int) -> Callable[[], None]:
         """Snapshot the weights now; the returned call loads them into the engine and verifies the version."""

@@ -10,11 +10,13 @@ TRL and Axolotl clients call `/health/` and `/generate/`.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from rlft.rollout.server.openai_routes import add_openai_routes
@@ -26,10 +28,20 @@ from rlft.rollout.server.transfer import (BucketedTransfer, check_against_model,
 
 
 def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], guard=None) -> None:
-    """`path` and `path/`, so every client's spelling reaches the same handler."""
+    """`path` and `path/`, so every client's spelling reaches the same handler.
+
+    The endpoint's dict is written with `json.dumps` directly: FastAPI's own encoder walks every element of a
+    response (~25 ms for one batch of 512 completions' ids and log-probs, on the engine's critical path)."""
     dependencies = [Depends(guard)] if guard is not None else None
+
+    @functools.wraps(endpoint)  # FastAPI reads the wrapped signature: body models and parameters stay as declared
+    async def json_endpoint(*args, **kwargs) -> Response:
+        payload = await endpoint(*args, **kwargs)
+        return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+
     for spelling in (path, path + "/"):
-        app.add_api_route(spelling, endpoint, methods=methods, dependencies=dependencies, include_in_schema=spelling == path)
+        app.add_api_route(spelling, json_endpoint, methods=methods, dependencies=dependencies, response_model=None,
+                          include_in_schema=spelling == path)
 
 
 def build_app(backend: ServingBackend, *, model_name: str, token: str | None) -> FastAPI:

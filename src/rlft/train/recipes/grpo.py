@@ -25,7 +25,8 @@ from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy
-from rlft.models.logprobs import completion_batch, completion_logps
+from rlft.models.logprobs import (completion_batch, completion_logits, completion_logps, filters_active, logps_from_logits,
+                                  sampled_logps)
 from rlft.models.weights import merged_weights
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.local import LocalEngine
@@ -38,7 +39,7 @@ from rlft.train.weight_sync import WeightSync
 from rlft.usercode import UserCodeError, load_user_function
 
 ZERO_SIGNAL_WARN_STEPS = 10
-LOGP_VALUES = ("old_logps", "ref_logps", "sampling_logps")
+LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
 
 
 def sampling_params(settings, tokenizer) -> SamplingParams:
@@ -59,14 +60,14 @@ def training_rows(scored: ScoredBatch, mask_truncated: bool) -> list[TrainingRow
         mask = [0] * len(completion) if mask_truncated and rollout.truncated[index] else list(rollout.env_mask[index])
         rows.append(TrainingRow(prompt_ids=rollout.prompt_ids[index], completion_ids=completion, loss_mask=mask,
                                 advantage=float(scored.advantages[index]), sampling_logps=rollout.logprobs[index],
-                                weight_version=rollout.weight_versions[index]))
+                                weight_version=rollout.weight_versions[index], replayed=index in scored.replayed_rows))
     return rows
 
 
 def row_inputs(row: TrainingRow) -> dict[str, Any]:
     return {"prompt_ids": row.prompt_ids, "completion_ids": row.completion_ids, "mask": row.loss_mask,
-            "advantage": row.advantage, "old_logps": row.old_logps, "ref_logps": row.ref_logps,
-            "sampling_logps": row.sampling_logps}
+            "advantage": row.advantage, "old_logps": row.old_logps, "old_sampled_logps": row.old_sampled_logps,
+            "ref_logps": row.ref_logps, "sampling_logps": row.sampling_logps}
 
 
 def load_rollout_func(name: str) -> Callable:
@@ -90,6 +91,9 @@ class GRPORecipe(Recipe):
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
                                f"{', '.join(GENERATION_KWARGS)})")
         self.sampling = sampling_params(s, tokenizer)
+        # the off-policy terms compare the trainer with the engine: with sampling filters on, on the filtered distribution
+        self.compares_sampled = filters_active(self.sampling) and (
+            s.needs_sampling_correction or s.off_policy_mask_threshold is not None)
         self.sampling_for = sampling_for
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
             policy, tokenizer.pad_token_id, tokenizer, version=version))
@@ -108,6 +112,7 @@ class GRPORecipe(Recipe):
         self.batch_metrics: dict[str, float] = {}  # describe the generation batch being trained on
         self.fresh: dict[str, float] = {}  # this step's own (phase times, skips)
         self.pending: list[str] = []  # warnings for the loop to print
+        self.empty_reason = "skipped_zero_adv_batches"  # the metric of a step with nothing to train on
         self.zero_signal_steps = self.steps_with_signal = 0
         self._restored: dict[str, Any] = {}
 
@@ -124,8 +129,8 @@ class GRPORecipe(Recipe):
         sync = WeightSync(engine, every=s.sync_interval, plain=self.remote_engine, lora_folder=lora_folder)
         self.feed = RolloutFeed(self.producer, sync, s, self.cfg.max_steps, self.cfg.seed)
         self.feed.load_state_dict(self._restored.get("feed", {}), self.step)
-        if self.remote_engine:  # its weights are the server's own until told otherwise: send ours (a resume's too)
-            sync.prepare(model, version)()
+        if self.remote_engine:  # it serves whatever it held before (another run's weights or adapter): send all of ours
+            sync.reset(model, version)
 
     def after_optimizer_step(self, model, step: int) -> None:
         started = time.perf_counter()
@@ -176,7 +181,7 @@ class GRPORecipe(Recipe):
             self._fill_queue(model)
         window = self.queue.pop(0)
         if not window:
-            self.fresh["skipped_zero_adv_batches"] = 1.0
+            self.fresh[self.empty_reason] = 1.0
         return [self.micro_batch(rows) for rows in window]
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
@@ -184,8 +189,11 @@ class GRPORecipe(Recipe):
 
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         s = self.settings  # entropy is logged every step (TRL's `entropy`); with a gradient only when entropy_coeff > 0
-        logps, entropy = completion_logps(model, batch, s.temperature, True, grad_entropy=bool(s.entropy_coeff))
-        is_weights, keep, metrics = self.off_policy_terms(logps, batch)
+        logits = completion_logits(model, batch)
+        logps, entropy = logps_from_logits(logits, batch, s.temperature, True, grad_entropy=bool(s.entropy_coeff))
+        sampled = sampled_logps(logits.detach(), batch, self.sampling) if self.compares_sampled else None
+        del logits
+        is_weights, keep, metrics = self.off_policy_terms(logps, batch, sampled)
         result = policy_loss(
             logps, batch.get("old_logps", logps.detach()), batch["advantages"], batch["completion_mask"],
             loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
@@ -196,21 +204,29 @@ class GRPORecipe(Recipe):
         )
         return LossOutput(result.loss_sum, float(result.units), {**result.metrics, **metrics})
 
-    def off_policy_terms(self, logps: torch.Tensor, batch: dict[str, Any]):
+    def off_policy_terms(self, logps: torch.Tensor, batch: dict[str, Any], sampled: torch.Tensor | None = None):
         """The sampling correction (IS weights exp(old - sampling), or the decoupled loss's behaviour weights) and the
-        off-policy sequence mask, from the engine's sampling log-probs and the trainer's old log-probs."""
+        off-policy sequence mask, from the engine's sampling log-probs and the trainer's old log-probs.
+
+        The engine reports log-probs of the distribution it sampled from (after top-k, top-p, min-p and repetition
+        penalty); with such filters on, the trainer's side of each comparison is taken from the same distribution
+        (`sampled`: the current weights'; `old_sampled_logps`: cached at scoring time), so a ratio measures only
+        the weights' difference and is 1 at zero staleness, not the filters' renormalisation."""
         s, mask = self.settings, batch["completion_mask"]
-        sampling, old = batch.get("sampling_logps"), batch.get("old_logps")
+        current = sampled if sampled is not None else logps.detach()
+        # not cached: the rows are trained on by the weights that scored them, so the old log-probs are the current ones
+        old = batch.get("old_sampled_logps" if sampled is not None else "old_logps", current)
+        sampling = batch.get("sampling_logps")
         weights = keep = None
         metrics: dict[str, float] = {}
-        if s.needs_sampling_correction and old is not None and sampling is not None:
+        if s.needs_sampling_correction and sampling is not None:
             if s.decoupled_loss:
                 weights, metrics = decoupled_weights(old, sampling, mask, s.behav_imp_weight_cap)
             else:
                 weights, metrics = importance_weights(old, sampling, mask, level=s.is_level, mode=s.is_mode, cap=s.is_cap)
         if s.off_policy_mask_threshold is not None:
-            reference = sampling if sampling is not None else (old if old is not None else logps.detach())
-            keep, masked = off_policy_sequence_mask(logps, reference, batch["advantages"], mask, s.off_policy_mask_threshold)
+            reference = sampling if sampling is not None else old
+            keep, masked = off_policy_sequence_mask(current, reference, batch["advantages"], mask, s.off_policy_mask_threshold)
             metrics.update(masked)
         return weights, keep, metrics
 
@@ -255,11 +271,17 @@ class GRPORecipe(Recipe):
             self._log_completions(scored)
         started = time.perf_counter()
         if s.needs_old_logps:  # the policy moves before these rows are used: cache old log-probs now
-            self._attach_logps(model, rows, "old_logps", reference=False)
+            recorded = [row for row in rows if row.replayed and not s.replay_recompute_logps]
+            for row in recorded:  # replay_recompute_logps: false keeps the log-probs recorded with the group
+                row.old_logps = list(row.sampling_logps)
+                row.old_sampled_logps = list(row.sampling_logps) if self.compares_sampled else None
+            self._attach_logps(model, [row for row in rows if row.old_logps is None], "old_logps", reference=False)
         if s.beta:
             self._attach_logps(model, rows, "ref_logps", reference=True)
         self.fresh["time/logprobs"] = round(time.perf_counter() - started, 4)
         self.fresh["time/rollout_total"] = round(self.fresh["time/rollout_total"] + self.fresh["time/logprobs"], 4)
+        # no update on these steps: no learning signal, or every row older than allowed_outdated_steps
+        self.empty_reason = "skipped_zero_adv_batches" if scored.skip else "async/stale_batches_skipped"
         windows = [[] for _ in range(s.steps_per_generation)] if scored.skip or not rows else self._windows(rows)
         self.queue = [window for _ in range(s.num_iterations) for window in windows]
 
@@ -307,14 +329,19 @@ class GRPORecipe(Recipe):
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.micro_batch(chunk).items()}
+            sampled = None
             with torch.no_grad():
                 if reference:
                     with self.reference.view(model) as network:
                         logps, _ = completion_logps(network, batch, self.settings.temperature, False)
                 else:
-                    logps, _ = completion_logps(model, batch, self.settings.temperature, False)
-            for row, values in zip(chunk, logps):
-                setattr(row, field, values[: len(row.completion_ids)].tolist())
+                    logits = completion_logits(model, batch)
+                    logps, _ = logps_from_logits(logits, batch, self.settings.temperature, False)
+                    sampled = sampled_logps(logits, batch, self.sampling) if self.compares_sampled else None
+            for index, row in enumerate(chunk):
+                setattr(row, field, logps[index, : len(row.completion_ids)].tolist())
+                if sampled is not None:
+                    row.old_sampled_logps = sampled[index, : len(row.completion_ids)].tolist()
 
     def _update_reference(self, model, step: int) -> None:
         """Cosmos-RL's reference reset every `reference_reset_interval` steps, or TR-DPO's soft update every

@@ -123,6 +123,8 @@ class TransformersBackend:
 
     @torch.no_grad()
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        if self._lora_config is not None:  # full weights are what is served now: an earlier adapter must not stay on top
+            self._unwrap()
         state = plain_state_dict(self._engine.model)  # shares storage with the module: copy_ writes the weights
         for name, tensor in tensors.items():
             state[name].copy_(tensor)

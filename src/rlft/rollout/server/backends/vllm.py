@@ -173,6 +173,7 @@ class VLLMBackend:
         if not all(loaded):
             raise ServerError(500, f"vLLM's load_weights took none of the {len(tensors)} tensors on some worker")
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
+        self._lora_request, self.lora = None, None  # full weights are what is served now, without an earlier adapter
         checksum = weights_checksum(tensors)
         self.weight_version, self.weight_checksum = version, checksum
         return checksum
