@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--completions", type=int, default=32, help="completions per step (8 per prompt)")
     parser.add_argument("--size", default="S", help="tiny model size (rlft.models.tiny.SIZES)")
     parser.add_argument("--sync-interval", type=int, default=2, help="vllm_sync_interval of the async runs (the seed's 2)")
+    parser.add_argument("--trainer-threads", type=int, default=1, help="torch threads of the async trainer")
+    parser.add_argument("--server-threads", type=int, default=1, help="torch threads of the rollout server")
     parser.add_argument("--work", type=Path, default=REPO / "outputs" / "bench-async")
     args = parser.parse_args()
     args.work = args.work.resolve()
@@ -177,9 +179,9 @@ def main() -> None:
     served = config(args.work, "async", model, args, port, use_vllm=True, async_prefetch=True, prefetch_depth=1,
                     vllm_sync_interval=args.sync_interval)
     log = args.work / "server.log"
-    server = rlft("vllm-serve", str(served), threads=1, log=log)
+    server = rlft("vllm-serve", str(served), threads=args.server_threads, log=log)
     try:
-        runs["async"] = train_run(args.work, "async", served, threads=1)
+        runs["async"] = train_run(args.work, "async", served, threads=args.trainer_threads)
         costs = sync_costs(model, port, args.work)
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -202,6 +202,40 @@ def test_lora_sync_is_verified_and_a_rank_above_the_limit_refused(server, remote
     assert remote.weight_info()["weight_version"] == 3  # nothing changed
 
 
+@pytest.mark.parametrize("lora_sync", [False, True])
+def test_a_new_runs_first_push_replaces_everything_the_server_held(server, remote, tmp_path, lora_sync):
+    """The server still holds the previous test's adapter (or the previous run's weights): a run's reset must leave it
+    serving exactly the new policy (plain weights, merged or base + adapter), never old layers or an old adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlft.train.weight_sync import WeightSync
+
+    remote.load_adapter(*_held_adapter(server), version=20)  # something of "another run" on top
+    torch.manual_seed(21)
+    policy = AutoModelForCausalLM.from_pretrained(server["folder"])
+    with torch.no_grad():
+        for parameter in policy.parameters():  # a different base than the served one, in every layer
+            parameter.add_(torch.randn(parameter.shape) * 0.05)
+    policy = get_peft_model(policy, LoraConfig(r=2, target_modules=["k_proj"], init_lora_weights=False))
+    WeightSync(remote, plain=True, lora_folder=tmp_path if lora_sync else None).reset(policy, 0)
+    info = remote.weight_info()
+    assert info["weight_version"] == 0 and info["lora"] == ({"rank": 2, "version": 0} if lora_sync else None)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    served = remote.generate(PROMPTS, params, num_samples=2, seed=13)
+    torch.manual_seed(13)
+    tokenizer = byte_tokenizer()
+    local = LocalEngine(policy.eval(), tokenizer.pad_token_id, tokenizer).generate(PROMPTS, params, 2)
+    assert served.completion_ids == local.completion_ids
+    assert torch.allclose(torch.tensor(sum(served.logprobs, [])), torch.tensor(sum(local.logprobs, [])), atol=1e-5)
+
+
+def _held_adapter(server):
+    folder = server["root"] / "adapter-r4"
+    if not folder.exists():
+        _adapter(folder, server["folder"], 4)
+    return (folder,)
+
+
 def test_corrupted_transfer_is_refused(server, remote, monkeypatch):
     from safetensors.torch import save
 

@@ -275,3 +275,50 @@ def test_the_trainer_connects_where_the_same_configs_server_listens():
     assert (s.server_host, s.server_port) == ("127.0.0.1", 8123)
     explicit = rl_settings(build_config({**base, "trl": {**base["trl"], "vllm_server_port": 9000, "vllm_server_host": "gpu7"}}))
     assert (explicit.server_host, explicit.server_port) == ("gpu7", 9000)
+
+
+def test_use_vllm_with_several_training_processes_is_refused(monkeypatch):
+    from rlft.config import build_config
+    from rlft.errors import NotImplementedYet
+    from rlft.train.run import refuse_unbuilt
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                        "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True}})
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    refuse_unbuilt(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(NotImplementedYet, match="trl.use_vllm with 2 training processes: .*train with one process"):
+        refuse_unbuilt(cfg)
+
+
+def test_a_server_that_is_not_an_rlft_server_is_named_as_such():
+    """Another HTTP server on the port (a plain `vllm serve`, TRL's server): a clear RolloutError, not a KeyError."""
+    import http.server
+    import threading
+
+    from rlft.errors import RolloutError
+    from rlft.rollout.remote import RemoteEngine
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":  # TRL's server redirects to /health/; vLLM answers 200 with an empty body
+                self.send_response(307)
+                self.send_header("Location", "/health/")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        engine = RemoteEngine("127.0.0.1", server.server_address[1])
+        with pytest.raises(RolloutError, match=r"answers /health but is not an rlft rollout server.*rlft vllm-serve CONFIG"):
+            engine.wait_until_ready(timeout=5)
+        engine.close()
+    finally:
+        server.shutdown()

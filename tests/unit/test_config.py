@@ -520,3 +520,10 @@ def test_reroll_without_max_steps(config_problems, config):
 def test_rollout_keys_on_other_methods_follow_other_trl_keys(config):
     # trl: keys are not checked for methods that do not read them (as every other trl key)
     assert config(rl="dpo", trl={"vllm_lora_sync": True, "streaming_min_groups": 2}).trl.vllm_lora_sync
+
+
+def test_strided_ebft_refuses_rollout_engine_keys(config_problems):
+    problems = config_problems(rl="ebft", ebft={"mode": "strided"}, trl={"use_vllm": True, "async_prefetch": True})
+    assert ("combination", "trl.use_vllm and trl.async_prefetch with ebft.mode: strided: strided EBFT generates its blocks "
+            "inside each document in the trainer, not through a rollout engine; remove them (they apply to structured "
+            "mode)") in problems

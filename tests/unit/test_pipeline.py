@@ -123,6 +123,16 @@ def test_producer_yields_prompt_major_groups_with_versions_and_advantages():
     assert "time/generate" in batch.metrics and batch.metrics["reward"] == pytest.approx(float(batch.scores.total.mean()))
 
 
+def test_reroll_injections_are_counted_on_the_batch_that_holds_them():
+    """With prefetch, draws run ahead of scoring: the count travels with the sampled batch, not with the next one scored."""
+    made = producer()
+    counts = iter([1, 0])
+    made.inject = lambda prompts: (prompts, next(counts))
+    first, second = made.sample(*made.draw()), made.sample(*made.draw())  # drawn before either is scored
+    assert made.score(first).metrics["reroll_injected"] == 1.0
+    assert "reroll_injected" not in made.score(second).metrics
+
+
 def test_dynamic_sampling_drops_constant_groups_and_draws_more():
     # prompts 3 and 5 vary (odd first token), 2 and 4 are constant: draws go on until both odd ones are kept
     made = producer(firsts=(3, 2, 5, 4), filter_reward_metric=("reward",), dynamic_sampling_max_retries=5)
@@ -301,3 +311,59 @@ def test_reference_mix_moves_a_tied_weight_once():
     expected = 0.5 * before + 0.5 * policy.lm_head.weight.detach()
     assert torch.allclose(reference.model.lm_head.weight, expected, atol=1e-6)
     assert reference.model.lm_head.weight.data_ptr() == reference.model.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_replayed_rows_keep_their_recorded_logps_only_when_asked(tiny_llama, tok, recompute):
+    """replay_recompute_logps: false gives a replayed row the log-probs recorded with its group (no forward pass);
+    true (the default) gives it the current policy's, like every other row."""
+    from rlft.config import build_config
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 2,
+                        "gradient_accumulation_steps": 1, "trl": {
+                            "num_generations": 2, "steps_per_generation": 2, "reward_funcs": ["r.f"],
+                            "replay_buffer_size": 4, "replay_recompute_logps": recompute}})
+    prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in (3, 4, 5, 6, 8, 10, 12, 14)]
+    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+                        make_engine=lambda policy, version: FakeEngine())
+    recipe.start(tiny_llama)
+    replayed = []
+    for _ in range(12):  # odd first tokens have signal and are stored; even ones are replaced by stored groups
+        if replayed:
+            break
+        recipe.queue = []
+        recipe._fill_queue(tiny_llama)
+        rows = [row for window in recipe.queue for micro in window for row in micro]
+        assert all(row.old_logps is not None for row in rows)
+        replayed += [row for row in rows if row.replayed]
+        fresh = [row for row in rows if not row.replayed]
+        assert all(row.old_logps != row.sampling_logps for row in fresh)  # the policy's own
+    assert replayed, "no group was replayed: the test saw nothing"
+    assert all((row.old_logps == row.sampling_logps) is (not recompute) for row in replayed)
+
+
+@pytest.mark.parametrize("trl", [{"top_k": 5, "temperature": 0.7}, {"top_p": 0.7}, {"repetition_penalty": 1.4}])
+def test_recipe_is_ratios_are_one_at_zero_staleness_with_sampling_filters(tiny_llama, tok, trl):
+    """The in-process engine samples with the trained weights (version 0, nothing trained yet): every IS ratio the loss
+    sees must be 1, also when the engine's distribution is filtered (the trainer evaluates the same distribution)."""
+    from rlft.config import build_config
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                        "gradient_accumulation_steps": 1, "trl": {
+                            "num_generations": 2, "reward_funcs": ["r.f"], "max_completion_length": 6,
+                            "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_mask",
+                            "vllm_importance_sampling_cap": 1.001, "generation_kwargs": {"ignore_eos": True}, **trl}})
+    prompts = [{"prompt_ids": [first, 7, 9], "prompt": f"p{first}", "columns": {}} for first in (3, 5, 7, 9)]
+    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None)
+    recipe.start(tiny_llama)
+    assert recipe.compares_sampled
+    [batch] = recipe.prepare_step(tiny_llama)
+    metrics = recipe.loss(tiny_llama, batch).metrics
+    assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["sampling/is_masked_fraction"] == 0.0
+    recipe.compares_sampled = False  # control: the temperature-only log-probs put the ratios off 1 (what TRL compares)
+    control = recipe.loss(tiny_llama, batch).metrics
+    assert control["sampling/importance_sampling_ratio/min"] < 1 - 1e-3

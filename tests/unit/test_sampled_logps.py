@@ -1,0 +1,87 @@
+"""The trainer evaluates the distribution the engine sampled from (temperature, top-k, top-p, min-p, repetition
+penalty), so importance ratios measure only a difference of weights: at zero staleness they are 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlft.losses.importance import importance_weights
+from rlft.models.logprobs import (SAMPLED_LOGP_FLOOR, completion_batch, completion_logits, filters_active, logps_from_logits,
+                                  sampled_logps, tokens_seen)
+from rlft.rollout.local import LocalEngine
+from rlft.rollout.types import SamplingParams
+
+FILTERED = [
+    SamplingParams(max_new_tokens=12, temperature=0.7, top_k=5),
+    SamplingParams(max_new_tokens=12, temperature=1.3, top_p=0.8),
+    SamplingParams(max_new_tokens=12, temperature=1.0, min_p=0.8),  # a random model is nearly uniform
+    SamplingParams(max_new_tokens=12, temperature=0.9, repetition_penalty=1.5),
+    SamplingParams(max_new_tokens=12, temperature=0.8, top_k=8, top_p=0.9, min_p=0.05, repetition_penalty=1.2),
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, pad_token_id=0, eos_token_id=1)
+    return LlamaForCausalLM(config).eval()
+
+
+def _sample(model, params):
+    torch.manual_seed(3)
+    prompts = [[5, 6, 7], [9, 9], [2, 3, 4, 5, 6]]  # different lengths: left padding in the engine and the trainer
+    rollout = LocalEngine(model, pad_id=0).generate(prompts, params, 2)
+    rows = [{"prompt_ids": p, "completion_ids": c, "mask": [1] * len(c), "advantage": 1.0}
+            for p, c in zip(rollout.prompt_ids, rollout.completion_ids)]
+    batch = completion_batch(rows, pad_id=0)
+    engine = torch.zeros_like(batch["completion_mask"])
+    for row, values in enumerate(rollout.logprobs):
+        engine[row, : len(values)] = torch.tensor(values)
+    return batch, engine
+
+
+@pytest.mark.parametrize("params", FILTERED, ids=["top_k", "top_p", "min_p", "repetition_penalty", "all"])
+def test_sampled_logps_are_the_engines_and_is_ratios_are_one(model, params):
+    batch, engine = _sample(model, params)
+    mask = batch["completion_mask"]
+    with torch.no_grad():
+        logits = completion_logits(model, batch)
+        plain, _ = logps_from_logits(logits, batch, params.temperature, False)
+    sampled = sampled_logps(logits, batch, params)
+    assert torch.allclose(sampled * mask, engine * mask, atol=2e-5)
+    # the temperature-only log-probs are not the sampled distribution's: comparing those would bias the ratios
+    assert (((plain - engine) * mask).abs().max()) > 1e-3
+    weights, metrics = importance_weights(sampled, engine, mask, level="token", mode="mask", cap=1.0001)
+    assert metrics["sampling/is_masked_fraction"] == 0.0
+    assert torch.allclose(weights * mask, mask, atol=1e-4)
+
+
+def test_filters_active_only_beyond_temperature():
+    assert not filters_active(SamplingParams(max_new_tokens=4, temperature=0.5))
+    assert not filters_active(SamplingParams(max_new_tokens=4, top_k=-1))
+    assert all(filters_active(params) for params in FILTERED)
+
+
+def test_tokens_seen_is_the_prompt_and_the_completion_so_far():
+    # row 0: prompt [3, 4] (left-padded with 0), completion [4, 5, 2]; row 1: prompt [0, 6, 7] (0 is a real token here)
+    input_ids = torch.tensor([[0, 3, 4, 4, 5, 2], [0, 6, 7, 6, 2, 0]])
+    attention = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    seen = tokens_seen(input_ids, attention, width=3, vocab=8)
+    expected = torch.zeros(2, 3, 8, dtype=torch.bool)
+    for row in range(2):
+        for t in range(3):
+            for position in range(3 + t):
+                if attention[row, position]:
+                    expected[row, t, input_ids[row, position]] = True
+    assert torch.equal(seen, expected)
+    assert not seen[0, 0, 0] and seen[1, 0, 0]  # padding is never seen; a real token 0 is
+
+
+def test_a_token_outside_the_kept_set_gets_the_floor_not_minus_infinity():
+    logits = torch.tensor([[[5.0, 4.0, -3.0, -4.0]]])
+    batch = {"input_ids": torch.tensor([[1, 3]]), "attention_mask": torch.ones(1, 2, dtype=torch.long), "completion_width": 1}
+    value = sampled_logps(logits, batch, SamplingParams(max_new_tokens=1, top_k=2))
+    assert value.item() == SAMPLED_LOGP_FLOOR
