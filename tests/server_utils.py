@@ -28,10 +28,11 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, log: Path) -> subprocess.Popen:
-    """`python -m rlft.cli ARGS` in a new session (its own process group), output to `log`."""
+def run_cli(*args: str, log: Path, python: str = sys.executable) -> subprocess.Popen:
+    """`python -m rlft.cli ARGS` in a new session (its own process group), output to `log`; `python`: another
+    environment's interpreter (the vLLM one)."""
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "rlft.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen([python, "-m", "rlft.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                                 env=server_env(), cwd=REPO, start_new_session=True)
 
 

@@ -10,6 +10,9 @@ import torch
 from rlft.rollout.types import SamplingParams
 
 
+UNKNOWN_VERSION = -1  # served after a weight update failed part-way: no trainer ever sent it, so its samples are refused
+
+
 class ServerError(Exception):
     """A request the server refuses or cannot serve: answered as `{"error": message}` with `status`."""
 

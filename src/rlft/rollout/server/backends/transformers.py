@@ -14,7 +14,7 @@ from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.server.engine_thread import EngineThread
-from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
+from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
 def served_dtype(setting: str | None, model_dtype: torch.dtype | None, device_type: str) -> torch.dtype:
@@ -126,8 +126,14 @@ class TransformersBackend:
         if self._lora_config is not None:  # full weights are what is served now: an earlier adapter must not stay on top
             self._unwrap()
         state = plain_state_dict(self._engine.model)  # shares storage with the module: copy_ writes the weights
-        for name, tensor in tensors.items():
-            state[name].copy_(tensor)
+        try:
+            for name, tensor in tensors.items():
+                state[name].copy_(tensor)
+        except Exception as exc:  # noqa: BLE001 - names and shapes were checked; a part may hold new weights now
+            self.weight_version, self.weight_checksum = UNKNOWN_VERSION, None
+            raise ServerError(500, f"loading the weights of version {version} failed part-way ({type(exc).__name__}: "
+                                   f"{exc}): the served weights are in an unknown state (version {UNKNOWN_VERSION}); "
+                                   "send a full update or restart the server") from None
         checksum = weights_checksum({name: state[name] for name in tensors})  # read back from the module
         self.weight_version, self.weight_checksum = version, checksum
         return checksum

@@ -6,7 +6,7 @@ top-k/top-p/min-p and repetition penalty, as the trainer computes them. `ignore_
 stop ids are passed explicitly, so `/generate` stops exactly where the transformers backend does.
 Every waiting request goes into one `LLM.generate` call (vLLM batches them itself).
 
-Full weights reach the model through its `load_weights` inside each worker (`LLM.apply_model`; the
+Full weights reach the model through vLLM's in-place reload inside each worker (`LLM.collective_rpc`; the
 tensors travel as a safetensors file in shared memory, not through the RPC pipe), then the prefix
 cache is reset so no KV computed with the old weights is reused. vLLM stacks and renames weights
 (qkv_proj, gate_up_proj), so they cannot be read back under the trainer's names: the checksum
@@ -17,7 +17,6 @@ NCCL weight transfer is not built.
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 from pathlib import Path
@@ -27,17 +26,26 @@ import torch
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.engine_thread import EngineThread
-from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
+from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
-def _load_file_into_model(path: str, model: torch.nn.Module) -> int:
-    """Runs inside each vLLM worker: read the safetensors file onto the model's device and hand it to load_weights."""
+def _reload_from_file(worker, path: str) -> int:
+    """Runs in each vLLM worker: read the safetensors file onto the model's device and reload those weights in place.
+
+    vLLM's own in-place reload (`model_runner.reload_weights`) restores each layer's checkpoint-format parameters,
+    loads, then re-runs the layer's post-load processing: needed wherever vLLM repacks weights after loading (its
+    CPU build packs linear weights for oneDNN and frees the originals; quantized kernels do the same). Layers
+    absent from the file keep their weights. Older vLLMs without it get the weights through `load_weights`."""
     from safetensors.torch import load_file
 
-    device = next(model.parameters()).device
-    weights = load_file(path, device=str(device))
-    loaded = model.load_weights(weights=iter(weights.items()))
-    return len(loaded) if loaded is not None else len(weights)
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+    model = runner.get_model()
+    weights = load_file(path, device=str(next(model.parameters()).device))
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=iter(weights.items()))
+    else:
+        model.load_weights(weights=iter(weights.items()))
+    return len(weights)
 
 
 class VLLMBackend:
@@ -86,13 +94,24 @@ class VLLMBackend:
         enable_lora = bool(cfg.trl.vllm_lora_sync)
         max_lora_rank = settings.max_lora_rank or cfg.lora_r or 64
         lora_dtype_name = settings.lora_dtype or "auto"
-        # vLLM pickles the functions given to apply_model to reach its workers; only rlft's own function is sent
+        if lora_dtype_name not in ("auto", "float16", "bfloat16"):
+            if lora_dtype_name != (settings.dtype or "auto"):
+                raise ConfigError(f"vllm.lora_dtype: {lora_dtype_name!r}: vLLM runs adapters in auto (the served dtype), "
+                                  "float16 or bfloat16")
+            lora_dtype_name = "auto"  # the served dtype, which is what was asked
+        # vLLM pickles a function given to collective_rpc to reach its workers; only rlft's own function is sent
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:  # the CPU build: the engine in this process (no spawned worker), a KV cache of 1 GiB unless told
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         kwargs = dict(
             model=source, tokenizer=source, dtype=settings.dtype or "auto", seed=cfg.seed,
             tensor_parallel_size=settings.tensor_parallel_size or 1,
             gpu_memory_utilization=settings.gpu_memory_utilization or 0.9,
-            max_model_len=settings.max_model_len, enforce_eager=bool(settings.enforce_eager),
+            max_model_len=settings.max_model_len,
+            # on a CPU, compiling costs ~30 s of start-up for tiny models: eager unless the config says otherwise
+            enforce_eager=bool(settings.enforce_eager) if settings.enforce_eager is not None else on_cpu,
             kv_cache_dtype=settings.kv_cache_dtype or "auto", trust_remote_code=cfg.trust_remote_code,
             logprobs_mode="processed_logprobs", max_logprobs=20,
         )
@@ -100,7 +119,12 @@ class VLLMBackend:
             kwargs["enable_prefix_caching"] = settings.enable_prefix_caching
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=settings.max_loras, lora_dtype=lora_dtype_name)
-        llm = LLM(**kwargs)
+        try:
+            llm = LLM(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - vLLM's own reason, without its traceback
+            reason = str(exc).strip().splitlines()
+            raise ConfigError(f"vLLM could not start with the vllm: settings of this config ({type(exc).__name__}: "
+                              f"{' '.join(reason[:4])[:600]}): fix the setting it names, or use --backend transformers") from None
         model_dtype = llm.llm_engine.model_config.dtype
         lora_dtype = DTYPES.get(lora_dtype_name, model_dtype)
         return cls(llm, tokenizer, model_name=str(cfg.base_model), architecture=architecture_digest(state),
@@ -137,15 +161,17 @@ class VLLMBackend:
         prompts, sampling = [], []
         for request in requests:
             p = request.params
-            options = SamplingParams(
-                n=request.n, max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, repetition_penalty=p.repetition_penalty,
-                stop_token_ids=list(p.stop_token_ids), stop=list(p.stop_strings) or None, ignore_eos=True,
-                seed=request.seed, logprobs=request.top_logprobs, detokenize=bool(p.stop_strings),
-            )
-            for ids in request.prompt_ids:
+            for index, ids in enumerate(request.prompt_ids):
+                # one seed per prompt: vLLM seeds each prompt's stream alone, so a shared seed would give every prompt of
+                # the batch the same random draws (correlated samples)
+                seed = None if request.seed is None else (request.seed * 1_000_003 + index) % (2**63 - 1)
                 prompts.append(TokensPrompt(prompt_token_ids=ids))
-                sampling.append(options)
+                sampling.append(SamplingParams(
+                    n=request.n, max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                    top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, repetition_penalty=p.repetition_penalty,
+                    stop_token_ids=list(p.stop_token_ids), stop=list(p.stop_strings) or None, ignore_eos=True,
+                    seed=seed, logprobs=request.top_logprobs, detokenize=bool(p.stop_strings),
+                ))
         outputs = self._llm.generate(prompts, sampling_params=sampling, use_tqdm=False, lora_request=self._lora_request)
         results: list[Generated | BaseException] = []
         position = 0
@@ -169,9 +195,15 @@ class VLLMBackend:
         with tempfile.TemporaryDirectory(dir=folder, prefix="rlft-weights-") as scratch:
             path = str(Path(scratch) / f"v{version}.safetensors")
             save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, path)
-            loaded = self._llm.apply_model(functools.partial(_load_file_into_model, path))
+            try:
+                loaded = self._llm.collective_rpc(_reload_from_file, args=(path,))
+            except Exception as exc:  # noqa: BLE001 - some layers may hold the new weights, others the old
+                self.weight_version, self.weight_checksum = UNKNOWN_VERSION, None
+                raise ServerError(500, f"vLLM failed to load the weights of version {version} ({type(exc).__name__}: "
+                                       f"{exc}): the served weights are now in an unknown state (version "
+                                       f"{UNKNOWN_VERSION}); send a full update or restart the server") from None
         if not all(loaded):
-            raise ServerError(500, f"vLLM's load_weights took none of the {len(tensors)} tensors on some worker")
+            raise ServerError(500, f"vLLM's weight reload took none of the {len(tensors)} tensors on some worker")
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
         self._lora_request, self.lora = None, None  # full weights are what is served now, without an earlier adapter
         checksum = weights_checksum(tensors)
