@@ -54,7 +54,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
     folder = _model_folder(root / "model", 128)
     port = free_port()
-    config = _config(folder, root / "serve.yaml", api_key=TOKEN, max_lora_rank=8)
+    config = _config(folder, root / "serve.yaml", api_key=TOKEN, max_lora_rank=8, gpu_memory_utilization=0.5)
     log = root / "server.log"
     process = run_cli("vllm-serve", str(config), "--port", str(port), log=log)
     try:
@@ -86,6 +86,11 @@ def test_health_answers_while_a_batch_is_generated(server):
         time.sleep(0.02)
     worker.join()
     assert answered_while_busy >= 1
+
+
+def test_vllm_only_keys_are_named_as_unused_by_the_transformers_backend(server):
+    assert ("note: vllm.gpu_memory_utilization apply to the vllm backend only; the transformers backend does not use "
+            "them") in server["log"].read_text()
 
 
 def test_weight_info_names_the_architecture(server):

@@ -151,3 +151,10 @@ def test_colocated_engine_loads_verified_weights_and_adapters_in_process(tmp_pat
             engine.load_weights({"no.such.weight": torch.zeros(1)}, 6)
     finally:
         engine.close()
+
+
+def test_vllm_only_keys_exist_in_the_vllm_section():
+    from rlft.config.sections import VLLMConfig
+    from rlft.rollout.server.launch import VLLM_ONLY
+
+    assert VLLM_ONLY <= set(VLLMConfig.model_fields)

@@ -14,6 +14,11 @@ from typing import Any
 from rlft.errors import ConfigError, RlftError
 
 
+# `vllm:` keys that only vLLM reads (the transformers backend decodes on one device, adapters in the served dtype)
+VLLM_ONLY = {"tensor_parallel_size", "gpu_memory_utilization", "enable_prefix_caching", "enforce_eager", "kv_cache_dtype",
+             "max_loras", "lora_dtype"}
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening socket on host:port, or an RlftError that says what to do when it is taken."""
     try:
@@ -49,6 +54,10 @@ def serve(cfg, console, *, backend_name: str) -> int:
     sock = bind_socket(host, port)
     try:
         backend_name = choose_backend(backend_name)
+        unused = sorted(VLLM_ONLY & settings.model_fields_set) if backend_name == "transformers" else []
+        if unused:
+            console.print(f"note: {', '.join('vllm.' + key for key in unused)} apply to the vllm backend only; the "
+                          "transformers backend does not use them", highlight=False, markup=False, soft_wrap=True)
         token, generated = resolve_token(settings.api_key, host)
         console.print(f"loading {cfg.base_model} (backend {backend_name}) ...", highlight=False, markup=False, soft_wrap=True)
         backend = load_backend(cfg, backend_name)
