@@ -205,3 +205,26 @@ def test_a_server_of_another_model_is_refused(served, cli, tmp_path, capsys, mon
     assert cli("train", config) == 1
     err = capsys.readouterr().err
     assert "serves" in err and "same base_model" in err
+
+
+def test_the_full_async_example_runs_with_a_server_of_the_same_file(cli, tmp_path, monkeypatch, repo_root, warm_model):
+    """The seed guide's two-terminal workflow, one file for both: `rlft vllm-serve examples/grpo/full-async.yaml` and
+    `rlft train examples/grpo/full-async.yaml` (local model and port given on the command line, as users override)."""
+    monkeypatch.chdir(repo_root)
+    port, log = free_port(), tmp_path / "server.log"
+    example = "examples/grpo/full-async.yaml"
+    process = run_cli("vllm-serve", example, "--port", str(port), f"--base_model={warm_model}", log=log)
+    try:
+        wait_for_health(process, port, log)
+        out = tmp_path / "full"
+        assert cli("train", example, f"--base_model={warm_model}", f"--vllm.port={port}", f"--output_dir={out}",
+                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8",
+                   "--gradient_accumulation_steps=1") == 0
+    finally:
+        kill_group(process)
+    steps = steps_of(out)
+    assert len(steps) == 6 and all(m["async/staleness/max"] <= 2.0 for m in steps)  # depth 1, sync every 2 steps
+    seen = set().union(*steps)
+    assert {"replay_buffer_size", "reroll_buffer_size", "sampling/off_policy_masked_fraction",
+            "sampling/importance_sampling_ratio/mean"} <= seen
+    assert (out / "lora_sync").is_dir() and "Traceback" not in log.read_text()
