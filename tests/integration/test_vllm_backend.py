@@ -160,3 +160,26 @@ def test_async_lora_grpo_trains_against_the_vllm_server(vllm_server, cli, tmp_pa
     assert steps[0]["async/staleness/max"] == 0.0 and "skipped_zero_adv_batches" not in steps[0]
     assert abs(steps[0]["sampling/importance_sampling_ratio/max"] - 1) < 1e-3  # sampled by the weights being trained
     assert Path(out, "lora_sync").is_dir()
+
+
+def test_repeated_training_pushes_keep_a_tied_output_layer_in_step(vllm_server):
+    """What a full fine-tune sends after each step (its trainable weights, where a tied lm_head is not a parameter of
+    its own): the served model must follow every push, not keep the first embedding as its output layer."""
+    from rlft.train.weight_sync import plain_weights
+
+    engine = vllm_server["engine"]
+    model = AutoModelForCausalLM.from_pretrained(vllm_server["model"]).eval()
+    assert model.config.tie_word_embeddings
+    WeightSync(engine, plain=True).reset(model, 10)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    for version in range(11, 14):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.02)
+        engine.load_weights(plain_weights(model), version)
+        assert _engine_vs_trainer(engine, model, params)[0] < 1e-4, version
+    trained = {name: tensor for name, tensor in model.named_parameters()}  # without the tied alias: the server adds it
+    with torch.no_grad():
+        trained["model.embed_tokens.weight"].add_(0.05)
+    engine.load_weights(trained, 14)
+    assert _engine_vs_trainer(engine, model, params)[0] < 1e-4

@@ -367,3 +367,19 @@ def test_recipe_is_ratios_are_one_at_zero_staleness_with_sampling_filters(tiny_l
     recipe.compares_sampled = False  # control: the temperature-only log-probs put the ratios off 1 (what TRL compares)
     control = recipe.loss(tiny_llama, batch).metrics
     assert control["sampling/importance_sampling_ratio/min"] < 1 - 1e-3
+
+
+def test_weights_for_a_plain_engine_carry_every_name_of_a_tied_tensor():
+    """A tied output layer is sent under its own name too: an engine that holds the names apart (vLLM) must not keep
+    the old embedding as its output layer."""
+    from rlft.train.weight_sync import plain_weights
+
+    config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=16, tie_word_embeddings=True)
+    full = plain_weights(LlamaForCausalLM(config))
+    assert "lm_head.weight" in full and full["lm_head.weight"] is full["model.embed_tokens.weight"]
+    untied = plain_weights(LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "tie_word_embeddings": False})))
+    assert untied["lm_head.weight"] is not untied["model.embed_tokens.weight"]
+    adapted = plain_weights(peft.get_peft_model(LlamaForCausalLM(config), peft.LoraConfig(
+        r=2, target_modules=["q_proj", "embed_tokens"], init_lora_weights=False)))
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"} == set(adapted)

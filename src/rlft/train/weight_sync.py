@@ -98,7 +98,7 @@ def plain_weights(policy) -> dict[str, torch.Tensor]:
     adapter changes (merged) and its `modules_to_save`; for a full fine-tune every weight that trains."""
     model = getattr(policy, "module", policy)
     if not hasattr(model, "peft_config"):
-        return trainable_weights(model)
+        return with_tied_names(model, trainable_weights(model))
     merged = merged_weights(model)
     touched = set()
     for name, param in model.get_base_model().named_parameters():
@@ -113,4 +113,22 @@ def plain_weights(policy) -> dict[str, torch.Tensor]:
     missing = sorted(touched - set(merged))
     if missing:
         raise RolloutError(f"weight sync: cannot map trained weight {missing[0]!r} onto the base model's names")
-    return {name: merged[name] for name in sorted(touched)}
+    return with_tied_names(model, {name: merged[name] for name in sorted(touched)})
+
+
+def with_tied_names(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` plus every other plain name of a tied tensor (lm_head.weight beside model.embed_tokens.weight).
+
+    A parameter appears once among named_parameters but under each of its names in a state dict, and an engine may
+    hold the names apart: vLLM's in-place reload restores every layer it was sent nothing for, so a tied output
+    layer would keep the old embedding while the checksum of what was sent still matches."""
+    plain = plain_state_dict(model)
+    by_storage: dict[int, list[str]] = {}
+    for name, tensor in plain.items():
+        by_storage.setdefault(tensor.data_ptr(), []).append(name)
+    out = dict(weights)
+    for name in weights:
+        if name in plain:
+            for alias in by_storage[plain[name].data_ptr()]:
+                out.setdefault(alias, weights[name])
+    return out

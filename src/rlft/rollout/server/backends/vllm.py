@@ -52,7 +52,7 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, llm, tokenizer, *, model_name: str, architecture: str, shapes, lora_dtype: torch.dtype,
-                 max_lora_rank: int, enable_lora: bool):
+                 max_lora_rank: int, enable_lora: bool, tied: list[list[str]] | None = None):
         config = llm.llm_engine.model_config
         self._llm = llm
         self.tokenizer = tokenizer
@@ -67,6 +67,7 @@ class VLLMBackend:
         self.weight_checksum: str | None = None
         self.lora: dict[str, int] | None = None
         self._shapes = {name: (shape, self.dtype) for name, shape in shapes.items()}
+        self._tied = tied or []  # plain names of one tensor (lm_head.weight and model.embed_tokens.weight when tied)
         self._enable_lora = enable_lora
         self._lora_request = None
         self._lora_ids = 0
@@ -128,7 +129,7 @@ class VLLMBackend:
         model_dtype = llm.llm_engine.model_config.dtype
         lora_dtype = DTYPES.get(lora_dtype_name, model_dtype)
         return cls(llm, tokenizer, model_name=str(cfg.base_model), architecture=architecture_digest(state),
-                   shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype,
+                   shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype, tied=_tied_names(skeleton),
                    max_lora_rank=max_lora_rank, enable_lora=enable_lora)
 
     def parameter_shapes(self):
@@ -191,10 +192,16 @@ class VLLMBackend:
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
         from safetensors.torch import save_file
 
+        checksum = weights_checksum(tensors)  # of what was sent and verified
+        for names in self._tied:  # vLLM's reload keeps the old weights of a layer it gets nothing for: send every name
+            given = next((name for name in names if name in tensors), None)
+            if given is not None:
+                tensors = {**tensors, **{name: tensors[given] for name in names if name not in tensors}}
+
         folder = "/dev/shm" if Path("/dev/shm").is_dir() else None  # shared memory: the workers read it without disk I/O
         with tempfile.TemporaryDirectory(dir=folder, prefix="rlft-weights-") as scratch:
             path = str(Path(scratch) / f"v{version}.safetensors")
-            save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, path)
+            save_file(_unshared(tensors), path)
             try:
                 loaded = self._llm.collective_rpc(_reload_from_file, args=(path,))
             except Exception as exc:  # noqa: BLE001 - some layers may hold the new weights, others the old
@@ -206,7 +213,6 @@ class VLLMBackend:
             raise ServerError(500, f"vLLM's weight reload took none of the {len(tensors)} tensors on some worker")
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
         self._lora_request, self.lora = None, None  # full weights are what is served now, without an earlier adapter
-        checksum = weights_checksum(tensors)
         self.weight_version, self.weight_checksum = version, checksum
         return checksum
 
@@ -225,6 +231,26 @@ class VLLMBackend:
         self.weight_version, self.weight_checksum = version, checksum
         self.lora = {"rank": adapter.rank, "version": version}
         return checksum
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors, a copy for each name after the first of one storage (safetensors writes no shared ones)."""
+    out, seen = {}, set()
+    for name, tensor in tensors.items():
+        tensor = tensor.contiguous()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        out[name] = tensor
+    return out
+
+
+def _tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Groups of state-dict names that are one parameter (tied embeddings), from a (meta) copy of the model."""
+    groups: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def _top(step: dict, k: int) -> list[tuple[int, float]]:
