@@ -96,6 +96,9 @@ def read_run(out: Path) -> dict:
                               for i in range(0, quarter * 4, quarter)],
         "median_wait_s": median(r.get("time/rollout_wait", 0.0) for r in train[2:]),
         "median_generate_s": median(r.get("time/generate", 0.0) for r in train[2:]),
+        "median_forward_backward_s": median(r.get("time/forward_backward", 0.0) for r in train[2:]),
+        "median_optimizer_s": median(r.get("time/optimizer", 0.0) for r in train[2:]),
+        "median_weight_load_s": median(r.get("async/weight_load_s", 0.0) for r in train[2:]),
         "staleness_max": max(r.get("async/staleness/max", 0.0) for r in train),
         "is_ratio_min": min((r["sampling/importance_sampling_ratio/min"] for r in train
                              if "sampling/importance_sampling_ratio/min" in r), default=None),
@@ -218,7 +221,10 @@ def main() -> None:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-    if args.vllm_python:  # the same async run against the vLLM backend (its CPU build here)
+    head_dim = json.loads((model / "config.json").read_text()).get("head_dim", 0)
+    if args.vllm_python and head_dim < 32:
+        print(f"no async-vllm run: vLLM's CPU attention needs a head size of at least 32 (size {args.size} has {head_dim})")
+    elif args.vllm_python:  # the same async run against the vLLM backend (its CPU build here)
         port = free_port()
         served = config(args.work, "async-vllm", model, args, port, use_vllm=True, async_prefetch=True, prefetch_depth=1,
                         vllm_sync_interval=args.sync_interval)
@@ -235,6 +241,14 @@ def main() -> None:
               "load_average_before": load, "runs": runs, "server": costs,
               "speedup_async_vs_sync": round(runs["sync"]["median_step_s"] / runs["async"]["median_step_s"], 3),
               "speedup_async_local_vs_sync": round(runs["sync"]["median_step_s"] / runs["async-local"]["median_step_s"], 3)}
+    # the best async could do here: each side on its own core(s), nothing but its own work on it, full overlap
+    sync_run, async_run = runs["sync"], runs["async"]
+    trainer_side = async_run["median_forward_backward_s"] + async_run["median_optimizer_s"]
+    engine_side = async_run["median_generate_s"] + async_run["median_weight_load_s"] / args.sync_interval
+    result["async_bound"] = {"sync_work_s": round(sync_run["median_generate_s"] + sync_run["median_forward_backward_s"]
+                                                  + sync_run["median_optimizer_s"], 4),
+                             "async_trainer_side_s": round(trainer_side, 4), "async_engine_side_s": round(engine_side, 4)}
+    result["async_bound"]["best_speedup"] = round(result["async_bound"]["sync_work_s"] / max(trainer_side, engine_side), 3)
     if "async-vllm" in runs:
         result["speedup_async_vllm_vs_sync"] = round(runs["sync"]["median_step_s"] / runs["async-vllm"]["median_step_s"], 3)
     RESULTS.mkdir(exist_ok=True)
@@ -242,6 +256,10 @@ def main() -> None:
     print(f"{'run':12} {'median step':>12} {'wall':>8}  reward by quarter of the run")
     for name, run in runs.items():
         print(f"{name:12} {run['median_step_s'] * 1000:10.1f}ms {run['wall_s']:7.1f}s  {run['reward_by_quarter']}")
+    bound = result["async_bound"]
+    print(f"phases: sync generate+train {bound['sync_work_s'] * 1000:.1f} ms on 2 threads; async trainer side "
+          f"{bound['async_trainer_side_s'] * 1000:.1f} ms and engine side {bound['async_engine_side_s'] * 1000:.1f} ms on 1 "
+          f"thread each: at best {bound['best_speedup']}x with perfect overlap")
     print(f"sync/async step ratio: {result['speedup_async_vs_sync']}x (server); "
           f"{result['speedup_async_local_vs_sync']}x (in-process thread)")
     print(f"full weight sync {costs['full_sync_median_s'] * 1000:.1f} ms ({costs['full_sync_bytes'] / 1e6:.1f} MB), "
