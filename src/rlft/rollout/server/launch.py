@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from rlft.errors import ConfigError, RlftError
@@ -60,7 +61,10 @@ def serve(cfg, console, *, backend_name: str) -> int:
                           "transformers backend does not use them", highlight=False, markup=False, soft_wrap=True)
         token, generated = resolve_token(settings.api_key, host)
         console.print(f"loading {cfg.base_model} (backend {backend_name}) ...", highlight=False, markup=False, soft_wrap=True)
-        backend = load_backend(cfg, backend_name)
+        began = time.monotonic()
+        with console.status("loading the model", spinner="dots"):  # vLLM's start-up can take minutes
+            backend = load_backend(cfg, backend_name)
+        console.print(f"loaded in {time.monotonic() - began:.1f} s", highlight=False, markup=False)
     except BaseException:
         sock.close()
         raise
