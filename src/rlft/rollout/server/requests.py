@@ -43,11 +43,11 @@ class LoadAdapterBody(Body):
     lora_int_id: Optional[int] = None  # Axolotl's /set_lora_adapter/: the version
 
 
-class CompletionBody(Body):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+class OpenAISamplingBody(Body):
+    """The sampling fields both OpenAI routes take (vLLM's extensions included)."""
+
     model: Optional[str] = None
     n: int = 1
-    max_tokens: Optional[int] = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -56,28 +56,22 @@ class CompletionBody(Body):
     stop: Union[str, list[str], None] = None
     stop_token_ids: Optional[list[int]] = None
     seed: Optional[int] = None
-    logprobs: Optional[int] = None
     return_tokens_as_token_ids: bool = False
 
 
-class ChatBody(Body):
+class CompletionBody(OpenAISamplingBody):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = None
+
+
+class ChatBody(OpenAISamplingBody):
     messages: list[dict[str, Any]]
-    model: Optional[str] = None
     tools: Optional[list[dict[str, Any]]] = None
-    n: int = 1
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: Union[str, list[str], None] = None
-    stop_token_ids: Optional[list[int]] = None
-    seed: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = None
-    return_tokens_as_token_ids: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
