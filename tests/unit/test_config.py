@@ -401,7 +401,7 @@ def test_rl_settings_defaults_for_a_sync_run(config):
     assert (s.decoupled_loss, s.behav_imp_weight_cap) == (False, None)
     assert (s.replay_buffer_size, s.replay_recompute_logps, s.reroll_start_fraction, s.reroll_max_groups) == (0, True, 1.0, 1)
     assert s.allowed_outdated_steps is None
-    assert not s.needs_sampling_correction and not s.needs_old_logps  # a sync on-policy run caches nothing
+    assert not s.needs_sampling_correction
 
 
 @pytest.mark.parametrize("trl", [{"use_vllm": True}, {"async_prefetch": True}])
@@ -410,20 +410,7 @@ def test_is_correction_defaults_on_with_an_engine_or_async(config, trl):
 
     s = rl_settings(config(**GRPO, trl=trl))
     assert s.is_correction and s.needs_sampling_correction
-    assert not s.needs_old_logps  # rows trained on within one step: the loss's own log-probs are the old ones
     assert s.raw["vllm_importance_sampling_correction"] is True  # trainer.args sees the resolved value
-
-
-@pytest.mark.parametrize("trl,cached", [
-    ({"async_prefetch": True, "vllm_importance_sampling_correction": False}, False),
-    ({"async_prefetch": True, "num_iterations": 2}, True),  # the policy moves before the second pass
-    ({"async_prefetch": True, "replay_buffer_size": 4}, False),
-    ({"async_prefetch": True, "replay_buffer_size": 4, "replay_recompute_logps": False}, True),
-])
-def test_old_logps_are_cached_only_when_the_policy_moves_or_replay_keeps_recorded_ones(config, trl, cached):
-    from rlft.config.rl import rl_settings
-
-    assert rl_settings(config(**GRPO, trl=trl)).needs_old_logps is cached
 
 
 def test_decoupled_loss_turns_the_default_is_correction_off(config):
@@ -431,7 +418,7 @@ def test_decoupled_loss_turns_the_default_is_correction_off(config):
 
     s = rl_settings(config(**GRPO, trl={"use_vllm": True, "use_decoupled_loss": True, "behav_imp_weight_cap": 5.0}))
     assert (s.decoupled_loss, s.behav_imp_weight_cap, s.is_correction) == (True, 5.0, False)
-    assert s.needs_sampling_correction and not s.needs_old_logps
+    assert s.needs_sampling_correction
 
 
 @pytest.mark.parametrize("mode,level,kind", [

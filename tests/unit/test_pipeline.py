@@ -383,3 +383,24 @@ def test_weights_for_a_plain_engine_carry_every_name_of_a_tied_tensor():
     adapted = plain_weights(peft.get_peft_model(LlamaForCausalLM(config), peft.LoraConfig(
         r=2, target_modules=["q_proj", "embed_tokens"], init_lora_weights=False)))
     assert {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"} == set(adapted)
+
+
+@pytest.mark.parametrize("trl,steps,cached", [
+    ({}, 1, False),  # one optimizer step: the loss's own log-probs are the old ones
+    ({"generation_batch_size": 8}, 2, True),  # one generation feeds two steps: the policy moves in between
+    ({"num_iterations": 2}, 2, True),
+])
+def test_old_logps_are_cached_exactly_when_the_policy_moves_before_the_rows_are_used(tiny_llama, tok, trl, steps, cached):
+    from rlft.config import build_config
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                        "gradient_accumulation_steps": 1, "trl": {"num_generations": 2, "reward_funcs": ["r.f"], **trl}})
+    prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in (3, 5, 7, 9, 11, 13, 15, 17)]
+    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+                        make_engine=lambda policy, version: FakeEngine())
+    recipe.start(tiny_llama)
+    recipe._fill_queue(tiny_llama)
+    rows = [row for window in recipe.queue for micro in window for row in micro]
+    assert len(recipe.queue) == steps and rows
+    assert all((row.old_logps is not None) is cached for row in rows)

@@ -123,17 +123,6 @@ class RLSettings:
         """The policy term is weighted by exp(old - sampling): IS correction or the decoupled loss."""
         return self.is_correction or self.decoupled_loss
 
-    @property
-    def needs_old_logps(self) -> bool:
-        """Old log-probs must be cached when the rows are scored: the policy moves before a generation batch is used
-        up (num_iterations, steps_per_generation), or replayed rows keep their recorded log-probs
-        (replay_recompute_logps: false) while the others need theirs. Otherwise every row is trained on within one
-        optimizer step, by the very weights that scored it, so the loss's own log-probs (detached) are the old ones,
-        bit for bit: the importance-sampling correction and the PPO ratio need no extra forward pass (TRL runs one
-        whenever the IS correction is on; it computes the same numbers)."""
-        return (self.num_iterations > 1 or self.steps_per_generation > 1
-                or (self.replay_buffer_size > 0 and not self.replay_recompute_logps))
-
     def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`, as earlier rlft versions
         return self.raw[name]
 

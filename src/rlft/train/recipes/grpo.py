@@ -269,21 +269,25 @@ class GRPORecipe(Recipe):
         rows = self._within_staleness(self.rows_of(scored))
         if s.log_completions:
             self._log_completions(scored)
-        started = time.perf_counter()
-        if s.needs_old_logps:  # the policy moves before these rows are used: cache old log-probs now
-            recorded = [row for row in rows if row.replayed and not s.replay_recompute_logps]
-            for row in recorded:  # replay_recompute_logps: false keeps the log-probs recorded with the group
-                row.old_logps = list(row.sampling_logps)
-                row.old_sampled_logps = list(row.sampling_logps) if self.compares_sampled else None
-            self._attach_logps(model, [row for row in rows if row.old_logps is None], "old_logps", reference=False)
-        if s.beta:
-            self._attach_logps(model, rows, "ref_logps", reference=True)
-        self.fresh["time/logprobs"] = round(time.perf_counter() - started, 4)
-        self.fresh["time/rollout_total"] = round(self.fresh["time/rollout_total"] + self.fresh["time/logprobs"], 4)
         # no update on these steps: no learning signal, or every row older than allowed_outdated_steps
         self.empty_reason = "skipped_zero_adv_batches" if scored.skip else "async/stale_batches_skipped"
         windows = [[] for _ in range(s.steps_per_generation)] if scored.skip or not rows else self._windows(rows)
         self.queue = [window for _ in range(s.num_iterations) for window in windows]
+        trained = [row for window in windows for micro in window for row in micro]
+        started = time.perf_counter()
+        recorded = [row for row in trained if row.replayed and not s.replay_recompute_logps]
+        # Old log-probs are cached when the policy moves before these rows are used up (several optimizer steps:
+        # num_iterations, steps_per_generation, a generation_batch_size above one step's rows), or when replayed rows
+        # keep their recorded ones. Otherwise the loss's own log-probs are the old ones (same weights), for free.
+        if sum(1 for window in self.queue if window) > 1 or recorded:
+            for row in recorded:  # replay_recompute_logps: false keeps the log-probs recorded with the group
+                row.old_logps = list(row.sampling_logps)
+                row.old_sampled_logps = list(row.sampling_logps) if self.compares_sampled else None
+            self._attach_logps(model, [row for row in trained if row.old_logps is None], "old_logps", reference=False)
+        if s.beta:
+            self._attach_logps(model, trained, "ref_logps", reference=True)
+        self.fresh["time/logprobs"] = round(time.perf_counter() - started, 4)
+        self.fresh["time/rollout_total"] = round(self.fresh["time/rollout_total"] + self.fresh["time/logprobs"], 4)
 
     def _within_staleness(self, rows: list[TrainingRow]) -> list[TrainingRow]:
         """Rows sampled more than `allowed_outdated_steps` steps ago (replayed ones can be) are dropped, and counted."""
