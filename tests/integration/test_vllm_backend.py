@@ -83,7 +83,7 @@ def _engine_vs_trainer(engine, model, params) -> tuple[float, float, list[int]]:
     with torch.no_grad():
         logits = completion_logits(model, batch)
         plain, _ = logps_from_logits(logits, batch, params.temperature, False)
-    sampled = sampled_logps(logits, batch, params)
+    sampled, _ = sampled_logps(logits, batch, params, plain)
     served = torch.zeros_like(sampled)
     for row, values in enumerate(out.logprobs):
         served[row, : len(values)] = torch.tensor(values)
@@ -95,7 +95,8 @@ def _engine_vs_trainer(engine, model, params) -> tuple[float, float, list[int]]:
     SamplingParams(max_new_tokens=12, temperature=1.0),
     SamplingParams(max_new_tokens=12, temperature=0.7, top_k=5, top_p=0.9),
     SamplingParams(max_new_tokens=12, temperature=1.0, min_p=0.05, repetition_penalty=1.3),
-], ids=["plain", "top_k_top_p", "min_p_repetition"])
+    SamplingParams(max_new_tokens=12, temperature=0.9, min_p=0.1, top_p=0.8),  # the order of min-p and top-p matters
+], ids=["plain", "top_k_top_p", "min_p_repetition", "min_p_top_p"])
 def test_vllm_logprobs_are_the_trainers_sampled_distribution(vllm_server, params):
     """processed_logprobs on the vLLM side, `sampled_logps` on the trainer's: IS ratios of 1 at zero staleness."""
     engine, model = vllm_server["engine"], AutoModelForCausalLM.from_pretrained(vllm_server["model"]).eval()
@@ -104,6 +105,15 @@ def test_vllm_logprobs_are_the_trainers_sampled_distribution(vllm_server, params
     assert sampled < 1e-4 and set(versions) == {0}
     if params.top_k or params.min_p:
         assert plain > 1e-2  # what a temperature-only trainer would compare
+
+
+def test_vllm_seeds_give_every_sample_of_every_prompt_its_own_stream(vllm_server):
+    """vLLM seeds each prompt alone (sample k of a prompt with seed s draws from s + k): one seed per prompt spaced by
+    n, or prompts would share random streams and their samples would repeat across the batch."""
+    engine = vllm_server["engine"]
+    same = [PROMPTS[0]] * 4  # identical prompts: identical completions would mean shared streams
+    out = engine.generate(same, SamplingParams(max_new_tokens=12, temperature=1.0), 3, seed=11)
+    assert len({tuple(ids) for ids in out.completion_ids}) == len(out.completion_ids)
 
 
 def test_vllm_full_and_lora_syncs_are_verified_and_served(vllm_server, tmp_path):

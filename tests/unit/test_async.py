@@ -322,3 +322,20 @@ def test_a_server_that_is_not_an_rlft_server_is_named_as_such():
         engine.close()
     finally:
         server.shutdown()
+
+
+def test_samples_must_come_from_weights_this_client_sent():
+    from rlft.errors import RolloutError
+    from rlft.rollout.remote import RemoteEngine
+
+    engine = RemoteEngine("127.0.0.1", 9)  # no call reaches the network here
+    engine._check_served(0, None)  # nothing sent yet: a plain sampler takes the server's own weights
+    engine._sent[1] = "abc"
+    engine._check_served(1, "abc")
+    with pytest.raises(RolloutError, match="another process changed its weights"):
+        engine._check_served(1, "xyz")
+    with pytest.raises(RolloutError, match="which this trainer never sent"):
+        engine._check_served(0, None)  # e.g. a restarted server back at its initial version
+    with pytest.raises(RolloutError, match="unknown state"):
+        engine._check_served(-1, None)
+    engine.close()

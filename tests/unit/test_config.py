@@ -514,3 +514,14 @@ def test_strided_ebft_refuses_rollout_engine_keys(config_problems):
     assert ("combination", "trl.use_vllm and trl.async_prefetch with ebft.mode: strided: strided EBFT generates its blocks "
             "inside each document in the trainer, not through a rollout engine; remove them (they apply to structured "
             "mode)") in problems
+
+
+def test_replay_with_recorded_logps_and_sampling_filters_is_refused(config_problems, config):
+    [(_, what)] = config_problems(**GRPO, trl={"replay_buffer_size": 4, "replay_recompute_logps": False, "top_p": 0.9})
+    assert what.startswith("trl.replay_recompute_logps: false with trl.top_p: a replayed row would keep the log-probs")
+    assert config(**GRPO, trl={"replay_buffer_size": 4, "replay_recompute_logps": False, "top_k": -1})
+
+
+def test_qlora_against_a_server_needs_adapter_sync(config_problems):
+    problems = config_problems(**GRPO, adapter="qlora", load_in_4bit=True, trl={"use_vllm": True})
+    assert any(what.startswith("adapter: qlora with trl.use_vllm sends merged weights") for _, what in problems)

@@ -404,3 +404,42 @@ def test_old_logps_are_cached_exactly_when_the_policy_moves_before_the_rows_are_
     rows = [row for window in recipe.queue for micro in window for row in micro]
     assert len(recipe.queue) == steps and rows
     assert all((row.old_logps is not None) is cached for row in rows)
+
+
+@pytest.mark.parametrize("base_updated", [False, True])
+def test_a_quantized_base_is_never_sent_and_must_still_be_the_servers_own(tiny_llama, tmp_path, base_updated):
+    """QLoRA: the 4-bit base cannot be sent; the server keeps base_model's own weights and gets the adapter only, which
+    is right only while no earlier run replaced its base."""
+    from rlft.train.weight_sync import WeightSync, is_quantized
+
+    class Server:
+        def __init__(self):
+            self.version, self.calls = 0, []
+
+        def weight_info(self):
+            return {"base_updated": base_updated}
+
+        def load_weights(self, weights, version):
+            self.calls.append("weights")
+            self.version = version
+
+        def load_adapter(self, folder, version):
+            self.calls.append("adapter")
+            self.version = version
+
+        def health(self):
+            return {"ok": True, "version": self.version}
+
+    policy = lora(tiny_llama)
+    assert not is_quantized(policy)
+    policy.get_base_model().model.register_buffer("packed_4bit", torch.zeros(4, dtype=torch.uint8))  # as bitsandbytes stores
+    assert is_quantized(policy)
+    server = Server()
+    sync = WeightSync(server, plain=True, lora_folder=tmp_path)
+    if base_updated:
+        with pytest.raises(RolloutError, match="base weights were replaced by an earlier run.*restart the server"):
+            sync.reset(policy, 0)
+        assert server.calls == []
+    else:
+        sync.reset(policy, 0)
+        assert server.calls == ["adapter"]

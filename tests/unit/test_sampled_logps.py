@@ -8,8 +8,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.losses.importance import importance_weights
-from rlft.models.logprobs import (SAMPLED_LOGP_FLOOR, completion_batch, completion_logits, filters_active, logps_from_logits,
+from rlft.models.logprobs import (completion_batch, completion_logits, filters_active, logps_from_logits,
                                   sampled_logps, tokens_seen)
+from rlft.models.logprobs import process_logits
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.types import SamplingParams
 
@@ -50,7 +51,8 @@ def test_sampled_logps_are_the_engines_and_is_ratios_are_one(model, params):
     with torch.no_grad():
         logits = completion_logits(model, batch)
         plain, _ = logps_from_logits(logits, batch, params.temperature, False)
-    sampled = sampled_logps(logits, batch, params)
+    sampled, dropped = sampled_logps(logits, batch, params, plain)
+    assert not (dropped * mask).any()
     assert torch.allclose(sampled * mask, engine * mask, atol=2e-5)
     # the temperature-only log-probs are not the sampled distribution's: comparing those would bias the ratios
     assert (((plain - engine) * mask).abs().max()) > 1e-3
@@ -80,8 +82,33 @@ def test_tokens_seen_is_the_prompt_and_the_completion_so_far():
     assert not seen[0, 0, 0] and seen[1, 0, 0]  # padding is never seen; a real token 0 is
 
 
-def test_a_token_outside_the_kept_set_gets_the_floor_not_minus_infinity():
-    logits = torch.tensor([[[5.0, 4.0, -3.0, -4.0]]])
-    batch = {"input_ids": torch.tensor([[1, 3]]), "attention_mask": torch.ones(1, 2, dtype=torch.long), "completion_width": 1}
-    value = sampled_logps(logits, batch, SamplingParams(max_new_tokens=1, top_k=2))
-    assert value.item() == SAMPLED_LOGP_FLOOR
+def test_a_token_outside_the_kept_set_falls_back_to_the_temperature_log_prob_and_is_flagged():
+    logits = torch.tensor([[[5.0, 4.0, -3.0, -4.0], [1.0, 2.0, 3.0, 4.0]]])
+    batch = {"input_ids": torch.tensor([[1, 3, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long), "completion_width": 2}
+    plain = torch.log_softmax(logits, -1)[0, [0, 1], [3, 3]][None]
+    value, dropped = sampled_logps(logits, batch, SamplingParams(max_new_tokens=1, top_k=2), plain)
+    assert dropped.tolist() == [[True, False]]
+    assert value[0, 0] == plain[0, 0]  # not log 0: one boundary token must not zero a ratio
+    assert value[0, 1] == pytest.approx(float(torch.log_softmax(torch.tensor([3.0, 4.0]), -1)[1]))
+
+
+def test_chunks_give_the_same_values_as_one_pass(monkeypatch):
+    import rlft.models.logprobs as logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 40)
+    ids = torch.randint(2, 40, (3, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_width": 7}
+    params = SamplingParams(max_new_tokens=7, temperature=0.8, top_p=0.7, repetition_penalty=1.3)
+    plain = torch.zeros(3, 7)
+    whole = sampled_logps(logits, batch, params, plain)[0]
+    monkeypatch.setattr(logprobs, "SAMPLED_CHUNK", 4)  # chunks that cut rows apart
+    assert torch.equal(sampled_logps(logits, batch, params, plain)[0], whole)
+
+
+def test_min_p_comes_before_top_p_as_in_vllm():
+    """min-p first, then the nucleus of what is left (vLLM's order); min-p last (HF's) would keep the third token."""
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.2, 0.1]]))
+    params = SamplingParams(max_new_tokens=1, top_p=0.75, min_p=0.3)
+    kept = torch.isfinite(process_logits(logits, None, params))[0].tolist()
+    assert kept == [True, True, False, False]

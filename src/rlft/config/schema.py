@@ -384,6 +384,9 @@ def _rollout_problems(cfg: RlftConfig):
                    f"prefetch_depth = {depth} batches of {per_batch} optimizer step(s) with vllm_sync_interval = "
                    f"{trl.vllm_sync_interval or 1} trains on rollouts up to {oldest} steps old, so every batch would be "
                    "dropped; raise allowed_outdated_steps or lower prefetch_depth / vllm_sync_interval")
+    if trl.use_vllm and cfg.adapter == "qlora" and not trl.vllm_lora_sync:
+        yield ("adapter: qlora with trl.use_vllm sends merged weights, which a 4-bit base cannot give: set "
+               "trl.vllm_lora_sync: true (the server keeps base_model's own weights and loads the adapter)")
     if trl.vllm_lora_sync and cfg.adapter not in ("lora", "qlora"):
         yield ("trl.vllm_lora_sync sends the LoRA adapter: set adapter: lora, or remove vllm_lora_sync to send full "
                "weights")
@@ -400,6 +403,12 @@ def _rollout_problems(cfg: RlftConfig):
     if trl.streaming_min_groups is not None and not trl.streaming_partial_batch:
         yield ("trl.streaming_min_groups sizes the chunks of streaming scoring: set trl.streaming_partial_batch: true, "
                "or remove streaming_min_groups")
+    filters = [f"trl.{key}" for key, off in (("top_k", (None, 0, -1)), ("top_p", (None, 1.0)), ("min_p", (None, 0.0)),
+                                              ("repetition_penalty", (None, 1.0))) if getattr(trl, key) not in off]
+    if trl.replay_buffer_size and not trl.replay_recompute_logps and filters:
+        yield (f"trl.replay_recompute_logps: false with {', '.join(filters)}: a replayed row would keep the log-probs "
+               "recorded when it was sampled, which are of the filtered distribution, while the PPO ratio compares "
+               "temperature-only ones (every ratio off 1); set replay_recompute_logps: true (the default)")
     if trl.reroll_start_fraction < 1 and cfg.max_steps is None:
         yield (f"trl.reroll_start_fraction = {trl.reroll_start_fraction} is a fraction of max_steps, which is not set: "
                "set max_steps, or remove reroll_start_fraction (1.0 = no re-roll)")

@@ -69,7 +69,7 @@ def logps_from_logits(logits: torch.Tensor, batch: dict[str, Any], temperature: 
 
 # ---------------------------------------------------------------------- the distribution sampled from
 
-SAMPLED_LOGP_FLOOR = -1e4  # a token outside the kept set (top-k/top-p/min-p) of these weights: probability 0
+SAMPLED_CHUNK = 256  # positions per chunk of sampled_logps: sorting and masking a (chunk, vocab) block at a time
 
 
 class SamplingFilters(Protocol):
@@ -89,11 +89,13 @@ def filters_active(params: SamplingFilters) -> bool:
 
 
 def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: SamplingFilters) -> torch.Tensor:
-    """Scores of the sampling distribution (HF order: repetition penalty, temperature, top-k, top-p, min-p).
+    """Scores of the sampling distribution, in vLLM's order: repetition penalty, temperature, min-p, top-k, top-p.
 
     `seen` (N, V) bool marks tokens already in each sequence (for the repetition penalty). Filtered
-    tokens get -inf; log_softmax of the result is the distribution sampled from. Engines sample from it,
-    and the trainer evaluates it (`sampled_logps`) so that importance ratios compare like with like.
+    tokens get -inf; log_softmax of the result is the distribution sampled from. Every rlft engine samples
+    from it, vLLM applies the same steps in the same order (HF's `generate` applies min-p last, which keeps a
+    different set when min-p and top-p are combined), and the trainer evaluates it (`sampled_logps`) so that
+    importance ratios compare like with like.
     """
     scores = logits.float()
     if params.repetition_penalty != 1.0 and seen is not None:
@@ -101,6 +103,9 @@ def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: Samp
         scores = torch.where(seen, penalised, scores)
     if params.temperature > 0 and params.temperature != 1.0:  # skip no-op work: decoding is overhead-bound
         scores = scores / params.temperature
+    if params.min_p > 0:
+        probs = scores.softmax(-1)
+        scores = scores.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
     if 0 < params.top_k < scores.size(-1):  # 0 or -1 = off
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -110,34 +115,48 @@ def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: Samp
         drop_sorted = cumulative - ordered.softmax(-1) >= params.top_p  # keep the smallest set reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    if params.min_p > 0:
-        probs = scores.softmax(-1)
-        scores = scores.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
     return scores
+
+
+def first_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, V): the first attended position of each token in each row (the row length where it never occurs)."""
+    count, length = input_ids.shape
+    positions = torch.arange(length, device=input_ids.device).expand(count, length)
+    positions = torch.where(attention_mask.bool(), positions, length)  # padding never counts
+    first = torch.full((count, vocab), length, dtype=torch.long, device=input_ids.device)
+    return first.scatter_reduce(1, input_ids, positions, reduce="amin")
 
 
 def tokens_seen(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int, vocab: int) -> torch.Tensor:
     """(B, C, V) bool: token v occurs among the attended tokens before completion position t (what the engine's
     repetition penalty saw when it sampled token t: the prompt and the completion so far)."""
-    count, length = input_ids.shape
-    positions = torch.arange(length, device=input_ids.device).expand(count, length)
-    positions = torch.where(attention_mask.bool(), positions, length)  # padding never counts
-    first = torch.full((count, vocab), length, dtype=torch.long, device=input_ids.device)
-    first = first.scatter_reduce(1, input_ids, positions, reduce="amin")
+    length = input_ids.size(1)
     before = torch.arange(length - width, length, device=input_ids.device)  # completion token t sits here
-    return first[:, None, :] < before[None, :, None]
+    return first_positions(input_ids, attention_mask, vocab)[:, None, :] < before[None, :, None]
 
 
 @torch.no_grad()
-def sampled_logps(logits: torch.Tensor, batch: dict[str, Any], params: SamplingFilters) -> torch.Tensor:
+def sampled_logps(logits: torch.Tensor, batch: dict[str, Any], params: SamplingFilters,
+                  temperature_logps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, C) log-probs of the completion tokens under the distribution an engine with these weights samples from
-    (`process_logits`), without gradient. A token the filters drop gets SAMPLED_LOGP_FLOOR instead of -inf."""
+    (`process_logits`), without gradient, computed SAMPLED_CHUNK positions at a time; and a (B, C) bool of the
+    tokens these weights' filters drop (a boundary token the engine kept: numerics or staleness moved the
+    boundary). Those get `temperature_logps` instead of log 0, so one such token does not zero a ratio or
+    dominate a sequence's mean."""
     width = int(batch["completion_width"])
     count, _, vocab = logits.shape
-    seen = None
+    length = batch["input_ids"].size(1)
+    targets = batch["input_ids"][:, -width:].reshape(-1)
+    first = None
     if params.repetition_penalty != 1.0:
-        seen = tokens_seen(batch["input_ids"], batch["attention_mask"], width, vocab).reshape(count * width, vocab)
-    scores = process_logits(logits.reshape(count * width, vocab), seen, params)
-    log_probs = torch.log_softmax(scores, dim=-1).reshape(count, width, vocab)
-    targets = batch["input_ids"][:, -width:]
-    return log_probs.gather(-1, targets[..., None]).squeeze(-1).clamp_min(SAMPLED_LOGP_FLOOR)
+        first = first_positions(batch["input_ids"], batch["attention_mask"], vocab)
+    out = []
+    for start in range(0, count * width, SAMPLED_CHUNK):
+        index = torch.arange(start, min(start + SAMPLED_CHUNK, count * width), device=logits.device)
+        rows, steps = index // width, index % width
+        seen = first[rows] < (length - width + steps)[:, None] if first is not None else None
+        scores = process_logits(logits[rows, steps], seen, params)  # a (chunk, V) copy, never the whole batch
+        out.append(torch.log_softmax(scores, dim=-1).gather(-1, targets[index, None]).squeeze(-1))
+    values = torch.cat(out).reshape(count, width)
+    dropped = torch.isinf(values)
+    return torch.where(dropped, temperature_logps.detach(), values), dropped

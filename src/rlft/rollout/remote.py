@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save
 
 from rlft.errors import RolloutError
 from rlft.models.weights import architecture_digest, weights_checksum
-from rlft.rollout.server.protocol import DTYPES
+from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
 from rlft.rollout.types import Rollout, SamplingParams
 
 TOKEN_ENV = "RLFT_SERVER_TOKEN"
@@ -50,7 +50,6 @@ class RemoteEngine:
         self._probe = httpx.Client(base_url=self.base_url, timeout=health_timeout)
         self._sent: dict[int, str] = {}  # version -> checksum of the weights this client sent for it
         self._version: int | None = None
-        self._initial_version: int | None = None
         self._info: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- RolloutEngine
@@ -69,7 +68,7 @@ class RemoteEngine:
                                "syncs): start `rlft vllm-serve CONFIG` there, or point trl.vllm_server_host / "
                                "vllm_server_port at the rlft server")
         if self._version is None:
-            self._version = self._initial_version = state["weight_version"]
+            self._version = state["weight_version"]
         return {**state, "ok": state.get("status") == "ok", "version": state["weight_version"]}
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_samples: int = 1, seed: int | None = None) -> Rollout:
@@ -237,11 +236,16 @@ class RemoteEngine:
         self._version = version
 
     def _check_served(self, version: int, checksum: str | None) -> None:
+        """Once this client has sent weights, every sample must come from weights it sent (a client that never sent
+        any, a plain sampler, takes the server's own)."""
+        if version == UNKNOWN_VERSION:
+            raise RolloutError(f"the rollout server at {self.host}:{self.port} serves weights in an unknown state (a weight "
+                               "update failed part-way): send a full update or restart it with `rlft vllm-serve CONFIG`")
         if version in self._sent:
             if checksum != self._sent[version]:
                 raise RolloutError(f"the rollout server sampled with weight version {version} of checksum {checksum}, but this "
                                    f"trainer sent checksum {self._sent[version]} for it: another process changed its weights")
-        elif self._sent and version != self._initial_version:
+        elif self._sent:
             raise RolloutError(f"the rollout server sampled with weight version {version}, which this trainer never sent "
                                f"(it sent {sorted(self._sent)}): it was restarted or another trainer updates it")
 

@@ -47,7 +47,16 @@ class WeightSync:
     def reset(self, policy, version: int) -> None:
         """Make a plain engine (a server: it may hold another run's weights or adapter) serve exactly this policy:
         every weight of the base model, then, with `lora_folder`, the adapter; without it, a LoRA policy's weights
-        are sent merged. Later pushes send only what trains."""
+        are sent merged. Later pushes send only what trains.
+
+        A quantized base (QLoRA) cannot be sent: the engine keeps base_model's own weights, which it must still
+        hold (no earlier run replaced them), and gets the adapter only."""
+        if self.lora_folder is not None and is_quantized(policy):
+            if self.engine_base_updated():
+                raise RolloutError("the rollout server's base weights were replaced by an earlier run, and a QLoRA run "
+                                   "cannot send its 4-bit base: restart the server (rlft vllm-serve CONFIG), then this run")
+            self.prepare(policy, version)()
+            return
         base = plain_state_dict(policy) if self.lora_folder is not None else merged_weights(policy)
         self._timed(lambda: self.engine.load_weights(base, version))  # a full update also drops any adapter
         self._check(version)
@@ -80,6 +89,10 @@ class WeightSync:
             self._timed(lambda: self.engine.load_weights(snapshot, version))
             self._check(version)
         return load
+
+    def engine_base_updated(self) -> bool:
+        weight_info = getattr(self.engine, "weight_info", None)  # a server; an in-process engine holds the policy itself
+        return bool(weight_info()["base_updated"]) if weight_info is not None else False
 
     def _timed(self, call: Callable[[], None]) -> None:
         began = time.perf_counter()
@@ -114,6 +127,11 @@ def plain_weights(policy) -> dict[str, torch.Tensor]:
     if missing:
         raise RolloutError(f"weight sync: cannot map trained weight {missing[0]!r} onto the base model's names")
     return with_tied_names(model, {name: merged[name] for name in sorted(touched)})
+
+
+def is_quantized(policy) -> bool:
+    """Whether the base weights are stored quantized (bitsandbytes 4/8 bit: integer storage)."""
+    return any(not tensor.is_floating_point() for tensor in plain_state_dict(policy).values())
 
 
 def with_tied_names(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -37,11 +37,26 @@ def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], g
     @functools.wraps(endpoint)  # FastAPI reads the wrapped signature: body models and parameters stay as declared
     async def json_endpoint(*args, **kwargs) -> Response:
         payload = await endpoint(*args, **kwargs)
-        return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+        try:
+            body = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a log-prob of -inf (a top alternative the filters dropped): JSON has no infinity
+            body = json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False)
+        return Response(body, media_type="application/json")
 
     for spelling in (path, path + "/"):
         app.add_api_route(spelling, json_endpoint, methods=methods, dependencies=dependencies, response_model=None,
                           include_in_schema=spelling == path)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with -inf / inf as -9999.0 / 9999.0 (OpenAI's floor for impossible tokens) and NaN as null."""
+    if isinstance(value, float):
+        return None if value != value else max(-9999.0, min(9999.0, value))
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def build_app(backend: ServingBackend, *, model_name: str, token: str | None) -> FastAPI:
@@ -59,7 +74,8 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None) ->
     async def weight_info() -> dict[str, Any]:
         return {**weight_state(), "dtype": dtype_name(backend.dtype), "lora_dtype": dtype_name(backend.lora_dtype),
                 "architecture": backend.architecture, "lora": backend.lora, "max_lora_rank": backend.max_lora_rank,
-                "max_model_len": backend.max_model_len, "model": model_name, "backend": backend.name}
+                "max_model_len": backend.max_model_len, "model": model_name, "backend": backend.name,
+                "base_updated": backend.base_updated}
 
     async def generate(body: GenerateBody) -> dict[str, Any]:
         request = generation_request(

@@ -45,6 +45,10 @@ class ColocatedEngine:
     def version(self) -> int:
         return self.backend.weight_version
 
+    def weight_info(self) -> dict[str, Any]:
+        return {"weight_version": self.backend.weight_version, "base_updated": self.backend.base_updated,
+                "lora": self.backend.lora}
+
     def health(self) -> dict[str, Any]:
         return {"ok": True, "engine": f"colocated {self.backend.name}", "version": self.backend.weight_version,
                 "checksum": self.backend.weight_checksum}

@@ -72,6 +72,7 @@ class ServingBackend(Protocol):
     weight_version: int
     weight_checksum: str | None
     lora: dict[str, int] | None  # {"rank", "version"} of the loaded adapter
+    base_updated: bool  # full weights were loaded since start: the base is no longer base_model's own
 
     def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
 

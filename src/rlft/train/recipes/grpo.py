@@ -161,7 +161,7 @@ class GRPORecipe(Recipe):
                 "prompts": self.prompts.state_dict(), "generations": self.producer.generations if self.producer else 0,
                 "weight_version": feed.get("weight_version") or 0, "step": self.step, "feed": feed,
                 "zero_signal_steps": self.zero_signal_steps, "steps_with_signal": self.steps_with_signal,
-                "batch_metrics": self.batch_metrics}
+                "batch_metrics": self.batch_metrics, "empty_reason": self.empty_reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state and "prompts" not in state:
@@ -173,6 +173,7 @@ class GRPORecipe(Recipe):
         self.zero_signal_steps = state.get("zero_signal_steps", 0)
         self.steps_with_signal = state.get("steps_with_signal", 0)
         self.batch_metrics = state.get("batch_metrics", {})
+        self.empty_reason = state.get("empty_reason", self.empty_reason)
         self._restored = state
 
     # ------------------------------------------------------------------ a step
@@ -191,9 +192,14 @@ class GRPORecipe(Recipe):
         s = self.settings  # entropy is logged every step (TRL's `entropy`); with a gradient only when entropy_coeff > 0
         logits = completion_logits(model, batch)
         logps, entropy = logps_from_logits(logits, batch, s.temperature, True, grad_entropy=bool(s.entropy_coeff))
-        sampled = sampled_logps(logits.detach(), batch, self.sampling) if self.compares_sampled else None
+        # the current weights' filtered distribution: for the IS weights when old log-probs were not cached, and for OPSM
+        wanted = self.compares_sampled and ("old_sampled_logps" not in batch or s.off_policy_mask_threshold is not None)
+        sampled, dropped = sampled_logps(logits, batch, self.sampling, logps) if wanted else (None, None)
         del logits
         is_weights, keep, metrics = self.off_policy_terms(logps, batch, sampled)
+        if dropped is not None:
+            mask = batch["completion_mask"]
+            metrics["sampling/outside_filters_fraction"] = round(float((dropped * mask).sum() / mask.sum().clamp_min(1)), 6)
         result = policy_loss(
             logps, batch.get("old_logps", logps.detach()), batch["advantages"], batch["completion_mask"],
             loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
@@ -215,7 +221,7 @@ class GRPORecipe(Recipe):
         s, mask = self.settings, batch["completion_mask"]
         current = sampled if sampled is not None else logps.detach()
         # not cached: the rows are trained on by the weights that scored them, so the old log-probs are the current ones
-        old = batch.get("old_sampled_logps" if sampled is not None else "old_logps", current)
+        old = batch.get("old_sampled_logps" if self.compares_sampled else "old_logps", current)
         sampling = batch.get("sampling_logps")
         weights = keep = None
         metrics: dict[str, float] = {}
@@ -341,7 +347,7 @@ class GRPORecipe(Recipe):
                 else:
                     logits = completion_logits(model, batch)
                     logps, _ = logps_from_logits(logits, batch, self.settings.temperature, False)
-                    sampled = sampled_logps(logits, batch, self.sampling) if self.compares_sampled else None
+                    sampled = sampled_logps(logits, batch, self.sampling, logps)[0] if self.compares_sampled else None
             for index, row in enumerate(chunk):
                 setattr(row, field, logps[index, : len(row.completion_ids)].tolist())
                 if sampled is not None:

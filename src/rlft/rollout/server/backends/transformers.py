@@ -39,6 +39,7 @@ class TransformersBackend:
         self.max_lora_rank = max_lora_rank
         self.weight_version = 0
         self.weight_checksum: str | None = None
+        self.base_updated = False  # True once full weights were loaded: the base is no longer base_model's own
         self.lora: dict[str, int] | None = None
         self._lora_config: dict | None = None
         self._engine = LocalEngine(model.to(dtype).requires_grad_(False), tokenizer.pad_token_id, tokenizer)
@@ -135,7 +136,7 @@ class TransformersBackend:
                                    f"{exc}): the served weights are in an unknown state (version {UNKNOWN_VERSION}); "
                                    "send a full update or restart the server") from None
         checksum = weights_checksum({name: state[name] for name in tensors})  # read back from the module
-        self.weight_version, self.weight_checksum = version, checksum
+        self.weight_version, self.weight_checksum, self.base_updated = version, checksum, True
         return checksum
 
     @torch.no_grad()

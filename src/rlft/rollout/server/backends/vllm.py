@@ -29,7 +29,7 @@ from rlft.rollout.server.engine_thread import EngineThread
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
-def _reload_from_file(worker, path: str) -> int:
+def _reload_from_file(worker, path: str) -> None:
     """Runs in each vLLM worker: read the safetensors file onto the model's device and reload those weights in place.
 
     vLLM's own in-place reload (`model_runner.reload_weights`) restores each layer's checkpoint-format parameters,
@@ -45,7 +45,6 @@ def _reload_from_file(worker, path: str) -> int:
         runner.reload_weights(weights_iterator=iter(weights.items()))
     else:
         model.load_weights(weights=iter(weights.items()))
-    return len(weights)
 
 
 class VLLMBackend:
@@ -65,6 +64,7 @@ class VLLMBackend:
         self.vocab_size = config.get_vocab_size()
         self.weight_version = 0
         self.weight_checksum: str | None = None
+        self.base_updated = False  # True once full weights were loaded: the base is no longer base_model's own
         self.lora: dict[str, int] | None = None
         self._shapes = {name: (shape, self.dtype) for name, shape in shapes.items()}
         self._tied = tied or []  # plain names of one tensor (lm_head.weight and model.embed_tokens.weight when tied)
@@ -163,9 +163,9 @@ class VLLMBackend:
         for request in requests:
             p = request.params
             for index, ids in enumerate(request.prompt_ids):
-                # one seed per prompt: vLLM seeds each prompt's stream alone, so a shared seed would give every prompt of
-                # the batch the same random draws (correlated samples)
-                seed = None if request.seed is None else (request.seed * 1_000_003 + index) % (2**63 - 1)
+                # one seed per prompt: vLLM seeds each prompt alone (its k-th sample draws from seed + k), so a shared
+                # seed, or seeds 1 apart, would give prompts of the batch the same random draws; spaced by n they do not
+                seed = None if request.seed is None else (request.seed * 1_000_003 + index * request.n) % (2**63 - 1)
                 prompts.append(TokensPrompt(prompt_token_ids=ids))
                 sampling.append(SamplingParams(
                     n=request.n, max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
@@ -203,16 +203,15 @@ class VLLMBackend:
             path = str(Path(scratch) / f"v{version}.safetensors")
             save_file(_unshared(tensors), path)
             try:
-                loaded = self._llm.collective_rpc(_reload_from_file, args=(path,))
+                self._llm.collective_rpc(_reload_from_file, args=(path,))
             except Exception as exc:  # noqa: BLE001 - some layers may hold the new weights, others the old
                 self.weight_version, self.weight_checksum = UNKNOWN_VERSION, None
                 raise ServerError(500, f"vLLM failed to load the weights of version {version} ({type(exc).__name__}: "
                                        f"{exc}): the served weights are now in an unknown state (version "
                                        f"{UNKNOWN_VERSION}); send a full update or restart the server") from None
-        if not all(loaded):
-            raise ServerError(500, f"vLLM's weight reload took none of the {len(tensors)} tensors on some worker")
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
         self._lora_request, self.lora = None, None  # full weights are what is served now, without an earlier adapter
+        self.base_updated = True
         self.weight_version, self.weight_checksum = version, checksum
         return checksum
 
