@@ -1,7 +1,7 @@
 """Rollout engines: the protocol the producer samples through, and the sampling distribution.
 
 Every engine reports each token's log-prob from the exact distribution it was drawn from (after
-repetition penalty, temperature, top-k, top-p and min-p, `process_logits`), so importance-sampling
+repetition penalty, temperature, min-p, top-k and top-p, `process_logits`), so importance-sampling
 corrections compare like with like. `LocalEngine` (rollout/local.py) is the in-process one.
 """
 

@@ -2,7 +2,7 @@
 
 Generation goes from token ids (`TokensPrompt`) with `logprobs=0` (the sampled token's log-prob) and
 `logprobs_mode="processed_logprobs"`, so log-probs come from the distribution after temperature,
-top-k/top-p/min-p and repetition penalty, as the trainer computes them. `ignore_eos` is set and the
+min-p, top-k/top-p and repetition penalty (rlft uses vLLM's order everywhere), as the trainer computes them. `ignore_eos` is set and the
 stop ids are passed explicitly, so `/generate` stops exactly where the transformers backend does.
 Every waiting request goes into one `LLM.generate` call (vLLM batches them itself).
 
