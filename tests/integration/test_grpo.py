@@ -245,6 +245,101 @@ def test_rollout_func_contract(warm_model, cli, tmp_path, monkeypatch):
     assert steps and all(m["rewards/from_env/mean"] == m["completions/mean_length"] for m in steps)
 
 
+GUIDE_ROLLOUT = """
+    import re
+
+    def math_solver_rollout(model, processing_class, prompts, generation_config=None):
+        completions = []
+        for prompt in prompts:
+            text = processing_class.apply_chat_template(prompt["messages"], tokenize=False, add_generation_prompt=True)
+            inputs = processing_class(text, return_tensors="pt", add_special_tokens=False).to(model.device)
+            outputs = model.generate(**inputs, generation_config=generation_config)
+            completions.append(processing_class.decode(outputs[0][inputs.input_ids.shape[1]:], skip_special_tokens=True))
+        return completions
+
+    def math_reward(prompts, completions, answer, **kwargs):
+        return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]
+"""
+
+
+def test_the_guides_rollout_func_form_trains(warm_model, cli, tmp_path, monkeypatch):
+    """Seed config 09's form: rollout_func(model, processing_class, prompts, generation_config) -> list of strings."""
+    monkeypatch.chdir(tmp_path)
+    config = _grpo_config(tmp_path, warm_model, GUIDE_ROLLOUT, ["myrewards.math_reward"], max_steps=3, logging_steps=1,
+                          trl={"rollout_func": "myrewards.math_solver_rollout", "beta": 0.001, "top_k": 20,
+                               "vllm_importance_sampling_correction": True})
+    module = next(tmp_path.glob("rewards_*.py")).stem
+    config.write_text(config.read_text().replace("myrewards.math_solver_rollout", f"{module}.math_solver_rollout"))
+    assert cli("train", config) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
+    assert len(steps) == 3 and all(0 < m["completions/mean_length"] <= 4 for m in steps)
+    # the log-probs rlft computed for the texts are those of the weights that generated them (synchronous: every
+    # step samples with the weights it trains), so every ratio is 1
+    trained = [m for m in steps if "sampling/importance_sampling_ratio/max" in m]
+    assert trained and all(abs(m["sampling/importance_sampling_ratio/max"] - 1) < 1e-4 for m in trained)
+
+
+GUIDE_AS_PRINTED = """
+    def math_solver_rollout(model, processing_class, prompts, generation_config=None):
+        completions = []
+        for prompt in prompts:
+            # Apply chat template to prompt
+            messages = prompt.get("messages", [])
+            formatted_prompt = processing_class.apply_chat_template(
+                messages, processing_class=False, add_generation_prompt=True
+            )
+
+            # Generate step-by-step solution
+            full_response = ""
+            for step in range(5):  # Max 5 reasoning steps
+                current_input = formatted_prompt + full_response + "\\nNext step:"
+                inputs = processing_class(current_input, return_tensors="pt").to(model.device)
+                outputs = model.generate(
+                    **inputs,
+                    max_new_tokens=100,
+                    generation_config=generation_config,
+                )
+                step_text = processing_class.decode(
+                    outputs[0][inputs.input_ids.shape[1]:], skip_special_tokens=True
+                )
+                if "FINAL ANSWER:" in step_text:
+                    full_response += step_text
+                    break
+                full_response += step_text + "\\n"
+            completions.append(full_response)
+        return completions
+
+    def math_reward(prompts, completions, answer, **kwargs):
+        return [0.0 for _ in completions]
+"""
+
+
+def test_the_guides_rollout_func_as_printed_fails_with_a_clear_message(warm_model, cli, tmp_path, monkeypatch, capsys):
+    """The guide's example passes `processing_class=False` where it means `tokenize=False`, so its template call
+    returns token ids and `ids + str` raises in the user's code: say so, with the place, not a traceback."""
+    monkeypatch.chdir(tmp_path)
+    config = _grpo_config(tmp_path, warm_model, GUIDE_AS_PRINTED, ["myrewards.math_reward"], max_steps=1,
+                          trl={"rollout_func": "myrewards.math_solver_rollout"})
+    module = next(tmp_path.glob("rewards_*.py")).stem
+    config.write_text(config.read_text().replace("myrewards.math_solver_rollout", f"{module}.math_solver_rollout"))
+    assert cli("train", config) != 0
+    err = capsys.readouterr().err
+    assert f"trl.rollout_func {module}.math_solver_rollout raised TypeError" in err and f"{module}.py:" in err
+    assert "Traceback" not in err
+
+
+def test_a_rollout_func_of_neither_form_is_refused_before_the_model_loads(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = "def one(prompts):\n    return []\n\ndef r(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], trl={"rollout_func": "myrewards.one"})
+    module = next(tmp_path.glob("rewards_*.py")).stem
+    config.write_text(config.read_text().replace("myrewards.one", f"{module}.one"))
+    assert cli("train", config) != 0
+    out = capsys.readouterr()
+    assert "takes neither accepted form: write rollout_func(prompts, trainer)" in out.err
+    assert "rlft train: grpo" not in out.out  # refused before the plan (and the model) is loaded
+
+
 def test_async_prefetch_learns_with_importance_sampling_metrics(warm_model, cli, tmp_path, monkeypatch, repo_root):
     """The in-process engine samples the next batch on a background thread while the trainer trains on this one."""
     monkeypatch.chdir(repo_root)

@@ -21,6 +21,7 @@ from rlft.losses.advantages import group_advantages, zero_variance_groups
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.scoring import Scorer, add_overlong_penalty, column_stats
 from rlft.rollout.types import Rollout, SampledBatch, SamplingParams, ScoredBatch, Scores
+from rlft.rollout.user_rollouts import call_user, completions_rollout, rollout_form
 
 ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
@@ -54,6 +55,7 @@ class RolloutProducer:
         parameters to a prompt batch (EBFT's adaptive_max_tokens). `seed` seeds every draw's sampling."""
         self.engine, self.scorer, self.prompts, self.settings = engine, scorer, prompts, settings
         self.tokenizer, self.sampling, self.rollout_func = tokenizer, sampling, rollout_func
+        self.rollout_form = rollout_form(rollout_func, settings.rollout_func) if rollout_func is not None else None
         self.sampling_for = sampling_for or (lambda prompts, sampling: sampling)
         self.group = settings.num_generations
         self.seed = seed
@@ -188,8 +190,13 @@ class RolloutProducer:
 
     def _user_rollout(self, prompts: list[dict[str, Any]]) -> tuple[Rollout, dict[str, list]]:
         name = self.settings.rollout_func
+        if self.rollout_form == "completions":
+            rollout = completions_rollout(self.rollout_func, name, getattr(self.engine, "model", None), self.tokenizer, prompts,
+                                          self.group, self.sampling_for(prompts, self.sampling), self.engine.version)
+            return rollout, {}
         expanded = [p["prompt"] for p in prompts for _ in range(self.group)]
-        result = self.rollout_func(copy.deepcopy(expanded), RolloutContext(self.engine, self.tokenizer, self.settings, self.sampling))
+        result = call_user(self.rollout_func, name, copy.deepcopy(expanded),
+                           RolloutContext(self.engine, self.tokenizer, self.settings, self.sampling))
         missing = [key for key in ROLLOUT_KEYS if key not in (result or {})]
         if missing:
             raise RolloutError(f"trl.rollout_func {name} returned no {', '.join(missing)}: it must return a dict with "

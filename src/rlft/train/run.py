@@ -225,13 +225,15 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     from rlft.rollout.rewards import RewardRunner, load_reward_functions
     from rlft.rollout.scoring import FunctionScorer
     from rlft.train.engines import engine_factory
-    from rlft.train.recipes.grpo import GRPORecipe
+    from rlft.train.recipes.grpo import GRPORecipe, load_rollout_func
 
     trl = cfg.trl
     if not trl.reward_funcs:
         raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
                           "directory, or a trained reward model folder)")
     make_engine, remote = engine_factory(cfg, console)  # vllm_mode: colocate without vLLM stops here, before any loading
+    if trl.rollout_func:  # import it and check its form now, not after the model has loaded
+        load_rollout_func(trl.rollout_func, trl.use_vllm)
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
     data = prepare_data(cfg, tokenizer, prompt_steps(cfg))
     model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
