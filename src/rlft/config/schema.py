@@ -268,7 +268,7 @@ def combination_problems(cfg: RlftConfig):
     set_keys = cfg.model_fields_set
     if not cfg.base_model:
         yield "base_model is not set: give a model folder (or a hub id when online)"
-    if not cfg.datasets:
+    if not cfg.datasets and not nemo_gym_enabled(cfg):  # NeMo Gym's task files replace datasets:
         yield "datasets is empty: add at least one entry with a `path`"
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
@@ -293,8 +293,34 @@ def combination_problems(cfg: RlftConfig):
         yield from _ebft_problems(cfg)
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
+    yield from _nemo_gym_problems(cfg)
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
         yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
+
+
+NEMO_GYM_PLUGIN = "axolotl.integrations.nemo_gym.NemoGymPlugin"
+
+
+def nemo_gym_enabled(cfg) -> bool:
+    """`nemo_gym_enabled`, or (unset) whether the NeMo Gym plugin is listed, as Axolotl decides."""
+    return bool(cfg.nemo_gym_enabled) if cfg.nemo_gym_enabled is not None else NEMO_GYM_PLUGIN in (cfg.plugins or [])
+
+
+def _nemo_gym_problems(cfg: RlftConfig):
+    unknown = [name for name in cfg.plugins or [] if name != NEMO_GYM_PLUGIN]
+    if unknown:
+        yield (f"plugins: {', '.join(unknown)} is not a plugin rlft knows; the one it runs is {NEMO_GYM_PLUGIN} (NeMo Gym "
+               "environments): remove the others")
+    if not nemo_gym_enabled(cfg):
+        if cfg.nemo_gym_datasets:
+            yield (f"nemo_gym_datasets is set but NeMo Gym is off: add plugins: [{NEMO_GYM_PLUGIN}] (or nemo_gym_enabled: "
+                   "true), or remove nemo_gym_datasets")
+        return
+    if cfg.rl not in ("grpo", "gdpo"):
+        yield f"NeMo Gym environments score online-RL rollouts: set rl: grpo (or gdpo), not {cfg.rl or 'sft'}"
+    if not cfg.nemo_gym_datasets:
+        yield ("NeMo Gym is on and nemo_gym_datasets is empty: list the task files, e.g. "
+               "[{path: resources_servers/reasoning_gym/data/example.jsonl, server_name: reasoning_gym}]")
 
 
 def _preference_problems(cfg: RlftConfig):

@@ -589,40 +589,35 @@ class VLLMConfig(Section):
 class NemoGymDataset(Section):
     """One entry of `nemo_gym_datasets`."""
 
-    path: str = planned(
+    path: str = field(
         ...,
         "JSONL file, relative to nemo_gym_dir unless absolute (~ expanded).",
-        issue=NEMO_GYM,
     )
-    server_name: str = planned(
+    server_name: str = field(
         ...,
         "Resource server that verifies rows without their own agent_ref.",
-        issue=NEMO_GYM,
     )
-    max_samples: Optional[int] = planned(
+    max_samples: Optional[int] = field(
         None,
         "Rows sampled at random from the file; None = all.",
-        issue=NEMO_GYM, ge=1,
+        ge=1,
     )
 
 
 class NemoGymFields(Section):
     """Top-level `plugins` and `nemo_gym_*` keys (NeMo Gym environments as rewards / rollouts)."""
 
-    plugins: Optional[list[str]] = planned(
+    plugins: Optional[list[str]] = field(
         None,
         "Integration plugins, e.g. axolotl.integrations.nemo_gym.NemoGymPlugin.",
-        issue=NEMO_GYM,
     )
-    nemo_gym_enabled: Optional[bool] = planned(
+    nemo_gym_enabled: Optional[bool] = field(
         None,
         "Enable NeMo Gym; None -> true when the NeMo Gym plugin is listed.",
-        issue=NEMO_GYM,
     )
-    nemo_gym_dir: Optional[str] = planned(
+    nemo_gym_dir: Optional[str] = field(
         None,
         "NeMo Gym checkout; None -> ~/Gym.",
-        issue=NEMO_GYM,
     )
     nemo_gym_auto_clone: Optional[bool] = planned(
         None,
@@ -634,36 +629,33 @@ class NemoGymFields(Section):
         "Gym server configs for ng_run (required when auto-starting).",
         issue=NEMO_GYM,
     )
-    nemo_gym_auto_start: bool = planned(
+    nemo_gym_auto_start: bool = field(
         True,
-        "Start the Gym servers (ng_run) before training.",
-        issue=NEMO_GYM,
+        "Start the Gym servers (ng_run) before training; true is not built yet: start them yourself and set false.",
     )
-    nemo_gym_head_port: int = planned(
+    nemo_gym_head_port: int = field(
         11000,
         "Port of the Gym head server.",
-        issue=NEMO_GYM, ge=1, le=65535,
+        ge=1, le=65535,
     )
     nemo_gym_server_timeout: int = planned(
         360,
         "Seconds to wait for the Gym servers to start.",
         issue=NEMO_GYM, ge=1,
     )
-    nemo_gym_verify_timeout: int = planned(
+    nemo_gym_verify_timeout: int = field(
         30,
         "Seconds per /verify request.",
-        issue=NEMO_GYM, ge=1,
+        ge=1,
     )
     nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=NEMO_GYM, ge=1)
-    nemo_gym_datasets: Optional[list[NemoGymDataset]] = planned(
+    nemo_gym_datasets: Optional[list[NemoGymDataset]] = field(
         None,
         "Gym task files (replace `datasets:`; required when enabled).",
-        issue=NEMO_GYM,
     )
-    nemo_gym_model_name: Optional[str] = planned(
+    nemo_gym_model_name: Optional[str] = field(
         None,
         "Model name sent to /verify; None -> base_model.",
-        issue=NEMO_GYM,
     )
     nemo_gym_multi_turn: Optional[bool] = planned(
         None,

@@ -9,7 +9,8 @@ import torch
 from rich.console import Console
 
 from rlft.config import planned_settings
-from rlft.errors import ConfigError, NotImplementedYet
+from rlft.config.schema import nemo_gym_enabled
+from rlft.errors import ConfigError, DataError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.report import print_plan, print_summary
@@ -35,6 +36,9 @@ def refuse_unbuilt(cfg) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
+    if nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start:
+        raise NotImplementedYet("nemo_gym_auto_start: true (rlft starting the NeMo Gym servers) is not built yet: start them "
+                                "yourself (ng_run, see docs/environments.md) and set nemo_gym_auto_start: false")
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.use_vllm and processes > 1:
         raise NotImplementedYet(f"trl.use_vllm with {processes} training processes: pushing weights to the rollout server "
@@ -235,7 +239,7 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     if trl.rollout_func:  # import it and check its form now, not after the model has loaded
         load_rollout_func(trl.rollout_func, trl.use_vllm)
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
-    data = prepare_data(cfg, tokenizer, prompt_steps(cfg))
+    data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
     model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
@@ -243,6 +247,37 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
                         remote_engine=remote)
     return model, recipe, data
+
+
+def nemo_gym_prompts(cfg, tokenizer, console: Console):
+    """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
+    NeMo Gym head server names."""
+    from rlft.config.rl import rl_settings
+    from rlft.data.prepare import PreparedData
+    from rlft.data.prompts import fit_prompt, tokenize_prompt
+    from rlft.data.tokenize import LengthReport
+    from rlft.rollout.envs.nemo_gym import resource_servers, task_rows
+
+    if cfg.datasets:
+        console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
+                      markup=False)
+    records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
+    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
+    report = LengthReport(name="nemo_gym_datasets", rows=len(records))
+    train = []
+    for record in records:
+        example, outcome = fit_prompt(tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), budget,
+                                      cfg.excess_length_strategy)
+        if example is None:
+            report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
+            continue
+        report.kept += 1
+        report.truncated += outcome == "truncated"
+        report.lengths.append(len(example["prompt_ids"]))
+        train.append(example)
+    if not train:
+        raise DataError(f"no NeMo Gym task left after filtering ({report.dropped_text()}): raise sequence_len")
+    return PreparedData(train=train, eval=[], reports=[report])
 
 
 def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):

@@ -83,8 +83,16 @@ def _make_names_unique(functions: list[RewardFunction]) -> None:
         seen.add(function.name)
 
 
+# Axolotl's names of rewards rlft implements itself (a user's config runs unchanged)
+ALIASES = {
+    "axolotl.integrations.nemo_gym.rewards.reward_nemo_gym_verify": "rlft.rollout.envs.nemo_gym.reward_nemo_gym_verify",
+    "axolotl.integrations.nemo_gym.rewards.reward_env": "rlft.rollout.envs.nemo_gym.reward_env",
+}
+
+
 def _load_one(name: str, weight: float, index: int, device: str) -> RewardFunction:
     key = f"trl.reward_funcs[{index}]"
+    name = ALIASES.get(name, name)
     folder = Path(name).expanduser()
     if folder.is_dir():
         return _reward_model_function(name, folder, weight, key, device)

@@ -1,0 +1,1 @@
+"""Environments that score or drive rollouts (NeMo Gym)."""

@@ -1,0 +1,164 @@
+"""NeMo Gym environments, single turn: tasks from Gym's JSONL files, rewards from a resource server's `/verify`.
+
+The servers are NeMo Gym's own (`ng_run`, from the `nemo-gym` package). rlft asks the head server
+(`GET /global_config_dict_yaml` on `nemo_gym_head_port`) where each resource server listens, turns every row of
+`nemo_gym_datasets` into a prompt (the first user message of `responses_create_params.input`) whose columns carry
+the row and its server's `/verify` URL, and scores each completion by posting the row with a Responses-API
+shaped answer to that URL (spec axolotl-rl.md §E3). The reward function needs nothing but its columns, so it
+also runs in reward worker processes.
+
+A verification that fails (an error status, a timeout, a refused connection after retries, a response without a
+reward, or one the server marks `mask_sample`) gives None: the completion is unscorable, so it is counted in
+`rewards/<fn>/unscorable` and its group's advantages ignore it, never a silent 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from rlft.errors import ConfigError, DataError
+
+VERIFY_URL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_MODEL = "nemo_gym_verify_url", "verify_extra", "nemo_gym_verify_timeout", "nemo_gym_model"
+CONNECT_RETRIES = 3  # connection errors only: a server that answered (even with an error) is not asked again
+POOL = 16  # verifications in flight at once
+
+
+def gym_dir(setting: str | None) -> Path:
+    return Path(setting or "~/Gym").expanduser()
+
+
+def resource_servers(head_port: int, timeout: float = 10.0) -> dict[str, str]:
+    """{resource server name: its /verify URL}, from the head server's global config."""
+    url = f"http://127.0.0.1:{head_port}/global_config_dict_yaml"
+    try:
+        response = httpx.get(url, timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"no NeMo Gym head server answered at {url} ({type(exc).__name__}): start the Gym servers with "
+                          "ng_run (see docs/environments.md), or set nemo_gym_head_port to the head server's port") from None
+    config = response.json()
+    config = yaml.safe_load(config) if isinstance(config, str) else config  # Gym sends YAML inside a JSON string
+    servers = {}
+    for top in config.values() if isinstance(config, dict) else ():
+        for name, server in ((top or {}).get("resources_servers") or {}).items() if isinstance(top, dict) else ():
+            host = server.get("host") or "127.0.0.1"
+            host = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
+            servers[name] = f"http://{host}:{server['port']}/verify"
+    return servers
+
+
+def task_prompt(row: dict[str, Any], where: str) -> str:
+    """The first user message of `responses_create_params.input` (else its last message): Axolotl's choice."""
+    params = row.get("responses_create_params")
+    messages = params.get("input") if isinstance(params, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: no responses_create_params.input messages: a NeMo Gym task row holds the prompt there "
+                        "as {\"responses_create_params\": {\"input\": [{\"role\": \"user\", \"content\": ...}]}, ...}")
+    user = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    message = user[0] if user else messages[-1]
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # content parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if not isinstance(content, str) or not content:
+        raise DataError(f"{where}: the prompt message of responses_create_params.input has no text content")
+    return content
+
+
+def task_rows(cfg, servers: dict[str, str]) -> list[dict[str, Any]]:
+    """Prompt records (`prompt` plus reward columns) from every entry of `nemo_gym_datasets`, shuffled (seeded)."""
+    base = gym_dir(cfg.nemo_gym_dir)
+    rng = random.Random(cfg.seed)
+    records: list[dict[str, Any]] = []
+    for index, entry in enumerate(cfg.nemo_gym_datasets or []):
+        path = Path(entry.path).expanduser()
+        path = path if path.is_absolute() else base / path
+        where = f"nemo_gym_datasets[{index}] ({path})"
+        if not path.is_file():
+            raise DataError(f"{where}: no such file: paths are relative to nemo_gym_dir ({base}) unless absolute")
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if entry.max_samples is not None and entry.max_samples < len(lines):
+            lines = rng.sample(lines, entry.max_samples)
+        for number, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}, line {number + 1}: not JSON ({exc.msg})") from None
+            agent = row.get("agent_ref") or {}
+            server = agent.get("name") if agent.get("name") and agent.get("type") != "responses_api_agents" else entry.server_name
+            if server not in servers:
+                known = ", ".join(sorted(servers)) or "none"
+                raise ConfigError(f"{where}, line {number + 1}: the NeMo Gym head server knows no resource server "
+                                  f"{server!r} (it knows: {known}): fix server_name, or start that server")
+            records.append({"prompt": [{"role": "user", "content": task_prompt(row, f'{where}, line {number + 1}')}],
+                            VERIFY_URL: servers[server], VERIFY_ROW: row, VERIFY_TIMEOUT: cfg.nemo_gym_verify_timeout,
+                            VERIFY_MODEL: cfg.nemo_gym_model_name or str(cfg.base_model)})
+    rng.shuffle(records)
+    return records
+
+
+def verify_body(row: dict[str, Any], prompt: str, text: str, model: str) -> dict[str, Any]:
+    """The /verify request: the task row, its prompt, and the completion as a Responses-API response."""
+    body = {key: value for key, value in row.items() if value is not None}
+    body["responses_create_params"] = {**(row.get("responses_create_params") or {}),
+                                       "input": [{"role": "user", "content": prompt}]}
+    body["response"] = {"id": "resp", "created_at": 0, "model": model, "object": "response", "parallel_tool_calls": True,
+                        "tool_choice": "auto", "tools": [],
+                        "output": [{"id": "msg", "role": "assistant", "type": "message", "status": "completed",
+                                    "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
+    return body
+
+
+def verify_one(client: httpx.Client, url: str, body: dict[str, Any]) -> float | None:
+    for attempt in range(CONNECT_RETRIES):
+        try:
+            response = client.post(url, json=body)
+        except (httpx.ConnectError, httpx.RemoteProtocolError):
+            time.sleep(0.5 * (attempt + 1))
+            continue
+        except httpx.TimeoutException:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            answer = response.json()
+        except ValueError:
+            return None
+        reward = answer.get("reward") if isinstance(answer, dict) else None
+        if not isinstance(reward, (int, float)) or answer.get("mask_sample"):
+            return None
+        return float(reward)
+    return None
+
+
+def _text(completion: Any) -> str:
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
+        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def reward_nemo_gym_verify(prompts, completions, **columns) -> list[float | None]:
+    """Reward of each completion from its task's NeMo Gym resource server (`/verify`); None when it cannot be had."""
+    urls, rows = columns[VERIFY_URL], columns[VERIFY_ROW]
+    timeouts, models = columns[VERIFY_TIMEOUT], columns[VERIFY_MODEL]
+    with httpx.Client(timeout=httpx.Timeout(float(max(timeouts)), connect=5.0)) as client, ThreadPoolExecutor(POOL) as pool:
+        jobs = [pool.submit(verify_one, client, url, verify_body(row, _text(prompt[-1]["content"] if isinstance(prompt, list) else prompt),
+                                                                 _text(completion), model))
+                for url, row, prompt, completion, model in zip(urls, rows, prompts, completions, models)]
+        return [job.result() for job in jobs]
+
+
+def reward_env(completions, **columns) -> list[float | None]:
+    """The environment's own reward, passed through from the `env_reward` column (a rollout function's); None (not
+    scorable, counted) where there is none."""
+    values = columns.get("env_reward")
+    if values is None:
+        return [None] * len(completions)
+    return [None if v is None else float(v) for v in (values if isinstance(values, list) else [values] * len(completions))]
