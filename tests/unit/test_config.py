@@ -525,3 +525,35 @@ def test_replay_with_recorded_logps_and_sampling_filters_is_refused(config_probl
 def test_qlora_against_a_server_needs_adapter_sync(config_problems):
     problems = config_problems(**GRPO, adapter="qlora", load_in_4bit=True, trl={"use_vllm": True})
     assert any(what.startswith("adapter: qlora with trl.use_vllm sends merged weights") for _, what in problems)
+
+
+NEMO = {"rl": "grpo", "micro_batch_size": 8, "plugins": ["axolotl.integrations.nemo_gym.NemoGymPlugin"],
+        "nemo_gym_auto_start": False, "nemo_gym_datasets": [{"path": "data/t.jsonl", "server_name": "math"}]}
+
+
+def test_nemo_gym_config_of_the_guide_validates_without_datasets(config):
+    cfg = config(**{**NEMO, "datasets": []})
+    from rlft.config.schema import nemo_gym_enabled
+
+    assert nemo_gym_enabled(cfg) and cfg.nemo_gym_head_port == 11000 and cfg.nemo_gym_verify_timeout == 30
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"plugins": ["my.Plugin"], "nemo_gym_enabled": True}, "plugins: my.Plugin is not a plugin rlft knows"),
+    ({"plugins": None}, "nemo_gym_datasets is set but NeMo Gym is off"),
+    ({"nemo_gym_datasets": None}, "NeMo Gym is on and nemo_gym_datasets is empty"),
+    ({"rl": "dpo"}, "NeMo Gym environments score online-RL rollouts"),
+])
+def test_nemo_gym_combinations_name_the_fix(config_problems, change, words):
+    problems = config_problems(**{**NEMO, **change})
+    assert any(what.startswith(words) for _, what in problems), problems
+
+
+def test_nemo_gym_auto_start_and_multi_turn_are_refused_by_train(config):
+    from rlft.errors import NotImplementedYet
+    from rlft.train.run import refuse_unbuilt
+
+    with pytest.raises(NotImplementedYet, match="nemo_gym_auto_start: true .* set nemo_gym_auto_start: false"):
+        refuse_unbuilt(config(**{**NEMO, "nemo_gym_auto_start": True, "trl": {"reward_funcs": ["r.f"]}}))
+    with pytest.raises(NotImplementedYet, match="nemo_gym_multi_turn"):
+        refuse_unbuilt(config(**{**NEMO, "nemo_gym_multi_turn": True, "trl": {"reward_funcs": ["r.f"]}}))
