@@ -557,3 +557,8 @@ def test_nemo_gym_auto_start_and_multi_turn_are_refused_by_train(config):
         refuse_unbuilt(config(**{**NEMO, "nemo_gym_auto_start": True, "trl": {"reward_funcs": ["r.f"]}}))
     with pytest.raises(NotImplementedYet, match="nemo_gym_multi_turn"):
         refuse_unbuilt(config(**{**NEMO, "nemo_gym_multi_turn": True, "trl": {"reward_funcs": ["r.f"]}}))
+
+
+def test_nemo_gym_refuses_evaluation_keys_it_would_ignore(config_problems):
+    problems = config_problems(**{**NEMO, "val_set_size": 0.1})
+    assert any(what.startswith("val_set_size with NeMo Gym: evaluation on Gym tasks is not built yet") for _, what in problems)

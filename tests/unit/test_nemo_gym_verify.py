@@ -128,3 +128,17 @@ def test_env_reward_passes_through_and_is_unscorable_when_absent():
     assert reward_env(["a", "b"], env_reward=[1, 0.5]) == [1.0, 0.5]
     assert reward_env(["a", "b"], env_reward=2) == [2.0, 2.0]
     assert reward_env(["a"]) == [None]
+
+
+def test_task_rows_that_are_not_objects_are_named(tmp_path):
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(DataError, match="line 1: a task row is a JSON object, not a list"):
+        task_rows(_cfg(tmp_path, "list.jsonl"), {"math": "u"})
+
+
+def test_a_head_port_that_is_not_gyms_is_named(gym):
+    from rlft.rollout.envs.nemo_gym import resource_servers
+
+    port = int(gym.rsplit(":", 1)[1])  # the stand-in answers GET with 501: no global config there
+    with pytest.raises(ConfigError):
+        resource_servers(port, timeout=2)

@@ -318,6 +318,10 @@ def _nemo_gym_problems(cfg: RlftConfig):
         return
     if cfg.rl not in ("grpo", "gdpo"):
         yield f"NeMo Gym environments score online-RL rollouts: set rl: grpo (or gdpo), not {cfg.rl or 'sft'}"
+    evaluation = [key for key in ("test_datasets", "val_set_size") if getattr(cfg, key)]
+    if evaluation:
+        yield (f"{' and '.join(evaluation)} with NeMo Gym: evaluation on Gym tasks is not built yet (the task files "
+               "replace datasets:); remove them")
     if not cfg.nemo_gym_datasets:
         yield ("NeMo Gym is on and nemo_gym_datasets is empty: list the task files, e.g. "
                "[{path: resources_servers/reasoning_gym/data/example.jsonl, server_name: reasoning_gym}]")

@@ -73,7 +73,8 @@ class TRLConfig(Section):
     )
     rollout_func: Optional[str] = field(
         None,
-        "Custom rollout 'module.fn'(prompts, trainer) -> prompt_ids/completion_ids/logprobs.",
+        "Custom rollout 'module.fn': (prompts, trainer) -> prompt_ids/completion_ids/logprobs (TRL), or (model, "
+        "processing_class, prompts, generation_config=None) -> completion strings (the Axolotl guide).",
     )
     reward_num_workers: int = field(
         1,

@@ -255,6 +255,7 @@ def nemo_gym_prompts(cfg, tokenizer, console: Console):
     from rlft.config.rl import rl_settings
     from rlft.data.prepare import PreparedData
     from rlft.data.prompts import fit_prompt, tokenize_prompt
+    from rlft.data.formats import RowError
     from rlft.data.tokenize import LengthReport
     from rlft.rollout.envs.nemo_gym import resource_servers, task_rows
 
@@ -266,8 +267,12 @@ def nemo_gym_prompts(cfg, tokenizer, console: Console):
     report = LengthReport(name="nemo_gym_datasets", rows=len(records))
     train = []
     for record in records:
-        example, outcome = fit_prompt(tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), budget,
-                                      cfg.excess_length_strategy)
+        example = tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs)
+        try:
+            example, outcome = (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget,
+                                                                                           cfg.excess_length_strategy)
+        except RowError as exc:
+            raise DataError(f"nemo_gym_datasets: the task {record['prompt'][0]['content'][:60]!r}: {exc}") from None
         if example is None:
             report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
             continue

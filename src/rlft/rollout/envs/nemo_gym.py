@@ -44,11 +44,20 @@ def resource_servers(head_port: int, timeout: float = 10.0) -> dict[str, str]:
     except httpx.HTTPError as exc:
         raise ConfigError(f"no NeMo Gym head server answered at {url} ({type(exc).__name__}): start the Gym servers with "
                           "ng_run (see docs/environments.md), or set nemo_gym_head_port to the head server's port") from None
-    config = response.json()
-    config = yaml.safe_load(config) if isinstance(config, str) else config  # Gym sends YAML inside a JSON string
+    try:
+        config = response.json()
+        config = yaml.safe_load(config) if isinstance(config, str) else config  # Gym sends YAML inside a JSON string
+    except (ValueError, yaml.YAMLError):
+        config = None
+    if not isinstance(config, dict):
+        raise ConfigError(f"the server at {url} did not answer with NeMo Gym's global config: is nemo_gym_head_port the "
+                          "head server's port?")
     servers = {}
-    for top in config.values() if isinstance(config, dict) else ():
-        for name, server in ((top or {}).get("resources_servers") or {}).items() if isinstance(top, dict) else ():
+    for top in config.values():
+        resources = top.get("resources_servers") if isinstance(top, dict) else None
+        for name, server in (resources or {}).items() if isinstance(resources, dict) else ():
+            if not isinstance(server, dict) or not server.get("port"):
+                continue  # not started (no port yet)
             host = server.get("host") or "127.0.0.1"
             host = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
             servers[name] = f"http://{host}:{server['port']}/verify"
@@ -91,7 +100,9 @@ def task_rows(cfg, servers: dict[str, str]) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}, line {number + 1}: not JSON ({exc.msg})") from None
-            agent = row.get("agent_ref") or {}
+            if not isinstance(row, dict):
+                raise DataError(f"{where}, line {number + 1}: a task row is a JSON object, not a {type(row).__name__}")
+            agent = row.get("agent_ref") if isinstance(row.get("agent_ref"), dict) else {}
             server = agent.get("name") if agent.get("name") and agent.get("type") != "responses_api_agents" else entry.server_name
             if server not in servers:
                 known = ", ".join(sorted(servers)) or "none"
@@ -120,10 +131,10 @@ def verify_one(client: httpx.Client, url: str, body: dict[str, Any]) -> float | 
     for attempt in range(CONNECT_RETRIES):
         try:
             response = client.post(url, json=body)
-        except (httpx.ConnectError, httpx.RemoteProtocolError):
+        except httpx.ConnectError:  # nothing reached the server: ask again
             time.sleep(0.5 * (attempt + 1))
             continue
-        except httpx.TimeoutException:
+        except httpx.HTTPError:  # a timeout, a dropped connection: the server may have verified it; do not repeat
             return None
         if response.status_code != 200:
             return None
@@ -148,11 +159,16 @@ def reward_nemo_gym_verify(prompts, completions, **columns) -> list[float | None
     """Reward of each completion from its task's NeMo Gym resource server (`/verify`); None when it cannot be had."""
     urls, rows = columns[VERIFY_URL], columns[VERIFY_ROW]
     timeouts, models = columns[VERIFY_TIMEOUT], columns[VERIFY_MODEL]
-    with httpx.Client(timeout=httpx.Timeout(float(max(timeouts)), connect=5.0)) as client, ThreadPoolExecutor(POOL) as pool:
-        jobs = [pool.submit(verify_one, client, url, verify_body(row, _text(prompt[-1]["content"] if isinstance(prompt, list) else prompt),
-                                                                 _text(completion), model))
-                for url, row, prompt, completion, model in zip(urls, rows, prompts, completions, models)]
-        return [job.result() for job in jobs]
+    pool = ThreadPoolExecutor(POOL)
+    try:
+        with httpx.Client(timeout=httpx.Timeout(float(max(timeouts)), connect=5.0)) as client:
+            jobs = [pool.submit(verify_one, client, url,
+                                verify_body(row, _text(prompt[-1]["content"] if isinstance(prompt, list) else prompt),
+                                            _text(completion), model))
+                    for url, row, prompt, completion, model in zip(urls, rows, prompts, completions, models)]
+            return [job.result() for job in jobs]
+    finally:  # the reward timeout (trl.reward_timeout) may interrupt the wait: drop what has not started
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def reward_env(completions, **columns) -> list[float | None]:

@@ -106,6 +106,11 @@ class GRPORecipe(Recipe):
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
             policy, tokenizer.pad_token_id, tokenizer, version=version))
         self.rollout_func = load_rollout_func(s.rollout_func, s.use_vllm) if s.rollout_func else None
+        if self.rollout_func is not None and rollout_form(self.rollout_func, s.rollout_func) == "completions" and (
+                s.ignore_eos or s.stop_strings):
+            raise RolloutError(f"trl.rollout_func {s.rollout_func} calls generate itself, which stops at EOS: "
+                               "trl.generation_kwargs ignore_eos / stop cannot reach it; remove them, or use the "
+                               "(prompts, trainer) form, whose trainer.generate applies them")
         identity = lambda rows: {"prompts": rows}  # noqa: E731
         self.train_plan = BatchPlan(data.train, s.prompts_per_step, cfg.seed, tokenizer.pad_token_id, shard=shard, collate=identity)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
