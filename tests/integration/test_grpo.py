@@ -375,3 +375,15 @@ def test_async_resume_is_exact_with_batches_in_flight(warm_model, cli, tmp_path,
     first = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "a") if "loss" in m}
     second = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "b") if "loss" in m}
     assert [first[s] for s in (3, 4, 5)] == [second[s] for s in (3, 4, 5)]
+
+
+def test_math_verify_reward_runs_in_reward_workers(warm_model, cli, tmp_path, monkeypatch):
+    """math-verify times its parsing out with signal.alarm (main thread only): in worker processes it scores."""
+    pytest.importorskip("math_verify")
+    monkeypatch.chdir(tmp_path)
+    config = _grpo_config(tmp_path, warm_model, "", ["rlft.rollout.rewards.math_verify.math_verify_reward"], max_steps=2,
+                          logging_steps=1, trl={"reward_num_workers": 2})
+    assert cli("train", config) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
+    assert len(steps) == 2 and all(m["rewards/math_verify_reward/failures"] == 0 for m in steps)
+    assert all(m["rewards/math_verify_reward/unscorable"] == 0 for m in steps)
