@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.models.tokenizer import byte_tokenizer
-from rlft.rollout.engine import process_logits
+from rlft.models.logprobs import process_logits
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.types import SamplingParams
 

@@ -1,8 +1,9 @@
-"""Rollout engines: the protocol the producer samples through, and the sampling distribution.
+"""Rollout engines: the protocol the producer samples through.
 
 Every engine reports each token's log-prob from the exact distribution it was drawn from (after
-repetition penalty, temperature, min-p, top-k and top-p, `process_logits`), so importance-sampling
-corrections compare like with like. `LocalEngine` (rollout/local.py) is the in-process one.
+repetition penalty, temperature, min-p, top-k and top-p), so importance-sampling
+corrections compare like with like (`rlft.models.logprobs.process_logits`, which the trainer evaluates too).
+`LocalEngine` (rollout/local.py) is the in-process one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from rlft.models.logprobs import process_logits  # noqa: F401 - engines sample from it (the trainer evaluates it)
 from rlft.rollout.types import Rollout, SamplingParams
 
 

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from rlft.errors import RolloutError
-from rlft.rollout.engine import process_logits
+from rlft.models.logprobs import process_logits
 from rlft.rollout.types import Rollout, SamplingParams
 
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlft.rollout.engine import SamplingParams, process_logits
+from rlft.models.logprobs import process_logits
+from rlft.rollout.types import SamplingParams
 
 
 @dataclass(frozen=True)
