@@ -217,7 +217,9 @@ def test_local_engine_shares_frozen_weights_and_copies_the_trained_ones(tiny_lla
             base[name].add_(1.0)
     assert not torch.equal(own[trained[0]], base[trained[0]])  # the engine still samples with version 0
     sync = WeightSync(engine)
-    assert sync.after_optimizer_step(policy, step=1) and engine.version == 1
+    assert sync.due(1)
+    sync.prepare(policy, 1)()
+    assert engine.version == 1
     assert all(torch.equal(own[n], base[n]) for n in trained)
     rollout = engine.generate([[2, 3]], SamplingParams(max_new_tokens=2, temperature=0.0), 2)
     assert rollout.weight_versions == [1, 1]
@@ -231,8 +233,8 @@ def test_weight_sync_refuses_an_engine_that_serves_another_version():
             pass
 
     with pytest.raises(RolloutError, match="serves version 0 after being sent version 2"):
-        WeightSync(Stuck(), every=2).after_optimizer_step(torch.nn.Linear(2, 2), step=2)
-    assert not WeightSync(Stuck(), every=2).after_optimizer_step(torch.nn.Linear(2, 2), step=1)
+        WeightSync(Stuck(), every=2).prepare(torch.nn.Linear(2, 2), 2)()
+    assert WeightSync(Stuck(), every=2).due(2) and not WeightSync(Stuck(), every=2).due(1)
 
 
 def test_merged_weights_equal_merge_and_unload(tiny_llama):

@@ -83,7 +83,7 @@ class RolloutFeed:
         """Push the new weights when due. Returns the seconds the main thread spent (snapshot, or the whole load
         when synchronous)."""
         self.step = step
-        if step % self.weight_sync.every:
+        if not self.weight_sync.due(step):
             return 0.0
         return self.push(policy, step)
 

@@ -37,12 +37,9 @@ class WeightSync:
         self.pushed: int | None = None  # the last version handed to the engine
         self.seconds = 0.0  # engine-side load time of the last push
 
-    def after_optimizer_step(self, policy, step: int) -> bool:
-        """Push at once when `step` is due (synchronous use). Returns whether it pushed."""
-        if step % self.every:
-            return False
-        self.prepare(policy, step)()
-        return True
+    def due(self, step: int) -> bool:
+        """Whether the weights after optimizer step `step` are pushed (every `vllm_sync_interval` steps)."""
+        return step % self.every == 0
 
     def reset(self, policy, version: int) -> None:
         """Make a plain engine (a server: it may hold another run's weights or adapter) serve exactly this policy:
