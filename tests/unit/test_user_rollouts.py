@@ -90,3 +90,21 @@ def test_the_log_probs_are_those_generate_sampled_from(params):
     for (ids, lps), completion, logprobs in zip(sampled, out.completion_ids, out.logprobs):
         assert completion[: len(ids)] == ids  # an EOS generate produced is the EOS rlft closes the text with
         assert torch.allclose(torch.tensor(logprobs[: len(ids)]), torch.tensor(lps), atol=1e-4)
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"use_vllm": True}, "generates with a local model, and trl.use_vllm samples on a server"),
+    ({"ignore_eos": True}, "ignore_eos / stop cannot reach it"),
+    ({"stop_strings": ("\n",)}, "ignore_eos / stop cannot reach it"),
+])
+def test_the_guide_form_is_refused_where_it_cannot_run(tmp_path, monkeypatch, settings, words):
+    from types import SimpleNamespace
+
+    from rlft.train.recipes.grpo import load_rollout_func
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "guide_roll.py").write_text("def roll(model, processing_class, prompts, generation_config=None):\n    return []\n")
+    base = {"use_vllm": False, "ignore_eos": False, "stop_strings": ()}
+    assert load_rollout_func("guide_roll.roll", SimpleNamespace(**base))
+    with pytest.raises(RolloutError, match=words):
+        load_rollout_func("guide_roll.roll", SimpleNamespace(**{**base, **settings}))

@@ -237,7 +237,7 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
                           "directory, or a trained reward model folder)")
     make_engine, remote = engine_factory(cfg, console)  # vllm_mode: colocate without vLLM stops here, before any loading
     if trl.rollout_func:  # import it and check its form now, not after the model has loaded
-        load_rollout_func(trl.rollout_func, trl.use_vllm)
+        load_rollout_func(trl.rollout_func, rl_settings(cfg))
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
     data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
     model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))

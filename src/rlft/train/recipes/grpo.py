@@ -71,17 +71,23 @@ def row_inputs(row: TrainingRow) -> dict[str, Any]:
             "ref_logps": row.ref_logps, "sampling_logps": row.sampling_logps}
 
 
-def load_rollout_func(name: str, use_vllm: bool) -> Callable:
+def load_rollout_func(name: str, settings) -> Callable:
     """The user's rollout function, checked before any model loads: importable, of an accepted form, and able to run
-    with this engine."""
+    with this engine and these sampling settings."""
     try:
         fn = load_user_function(name)[0]
     except UserCodeError as exc:
         raise RolloutError(f"trl.rollout_func {exc}") from None
-    if rollout_form(fn, name) == "completions" and use_vllm:
-        raise RolloutError(f"trl.rollout_func {name} takes (model, processing_class, prompts, generation_config): it "
-                           "generates with a local model, and trl.use_vllm samples on a server: use the (prompts, trainer) "
-                           "form, whose trainer.generate(prompt_ids) samples through the server, or set trl.use_vllm: false")
+    if rollout_form(fn, name) == "completions":
+        if settings.use_vllm:
+            raise RolloutError(f"trl.rollout_func {name} takes (model, processing_class, prompts, generation_config): it "
+                               "generates with a local model, and trl.use_vllm samples on a server: use the (prompts, "
+                               "trainer) form, whose trainer.generate(prompt_ids) samples through the server, or set "
+                               "trl.use_vllm: false")
+        if settings.ignore_eos or settings.stop_strings:
+            raise RolloutError(f"trl.rollout_func {name} calls generate itself, which stops at EOS: trl.generation_kwargs "
+                               "ignore_eos / stop cannot reach it; remove them, or use the (prompts, trainer) form, whose "
+                               "trainer.generate applies them")
     return fn
 
 
@@ -105,12 +111,7 @@ class GRPORecipe(Recipe):
         self.sampling_for = sampling_for
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
             policy, tokenizer.pad_token_id, tokenizer, version=version))
-        self.rollout_func = load_rollout_func(s.rollout_func, s.use_vllm) if s.rollout_func else None
-        if self.rollout_func is not None and rollout_form(self.rollout_func, s.rollout_func) == "completions" and (
-                s.ignore_eos or s.stop_strings):
-            raise RolloutError(f"trl.rollout_func {s.rollout_func} calls generate itself, which stops at EOS: "
-                               "trl.generation_kwargs ignore_eos / stop cannot reach it; remove them, or use the "
-                               "(prompts, trainer) form, whose trainer.generate applies them")
+        self.rollout_func = load_rollout_func(s.rollout_func, s) if s.rollout_func else None
         identity = lambda rows: {"prompts": rows}  # noqa: E731
         self.train_plan = BatchPlan(data.train, s.prompts_per_step, cfg.seed, tokenizer.pad_token_id, shard=shard, collate=identity)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
