@@ -14,7 +14,9 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, TypeVar
 
-from rlft.rollout.server.protocol import Generated, GenerationRequest
+import torch
+
+from rlft.rollout.server.protocol import AdapterFiles, Generated, GenerationRequest
 
 T = TypeVar("T")
 RunBatch = Callable[[list[GenerationRequest]], list["Generated | BaseException"]]
@@ -92,3 +94,27 @@ def _settle(future: Future, function: Callable[[], Any]) -> None:
         future.set_result(function())
     except BaseException as exc:  # noqa: BLE001 - reported to the waiting handler
         future.set_exception(exc)
+
+
+class ThreadedBackend:
+    """The async face of a backend whose work all runs on one EngineThread. A subclass sets `_thread` and `_shapes`
+    and implements, for that thread, `_run_batch`, `_load_weights(tensors, version)` and `_load_adapter(adapter,
+    version)` (each returning the checksum of what it loaded)."""
+
+    _thread: EngineThread
+    _shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+    def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return self._shapes
+
+    async def generate(self, request: GenerationRequest) -> Generated:
+        return await self._thread.generate(request)
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        return await self._thread.call(lambda: self._load_weights(tensors, version))
+
+    async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        return await self._thread.call(lambda: self._load_adapter(adapter, version))
+
+    def close(self) -> None:
+        self._thread.stop()

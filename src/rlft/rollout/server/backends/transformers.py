@@ -13,7 +13,7 @@ import torch
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
 from rlft.rollout.local import LocalEngine
-from rlft.rollout.server.engine_thread import EngineThread
+from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
@@ -28,7 +28,7 @@ def served_dtype(setting: str | None, model_dtype: torch.dtype | None, device_ty
     return DTYPES[setting]
 
 
-class TransformersBackend:
+class TransformersBackend(ThreadedBackend):
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, model_name: str, dtype: torch.dtype, max_model_len: int, max_lora_rank: int):
@@ -67,23 +67,8 @@ class TransformersBackend:
         return cls(model.to(device_type), tokenizer, model_name=str(cfg.base_model), dtype=dtype,
                    max_model_len=max_model_len, max_lora_rank=max_lora_rank)
 
-    def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return self._shapes
-
-    async def generate(self, request: GenerationRequest) -> Generated:
-        return await self._thread.generate(request)
-
-    async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
-        return await self._thread.call(lambda: self._load_weights(tensors, version))
-
-    async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
-        return await self._thread.call(lambda: self._load_adapter(adapter, version))
-
     async def reset_prefix_cache(self) -> None:
         return None  # each batch builds its own KV cache: nothing is kept between batches
-
-    def close(self) -> None:
-        self._thread.stop()
 
     # ---------------------------------------------------------------- on the engine thread
 

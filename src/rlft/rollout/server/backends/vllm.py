@@ -25,7 +25,7 @@ import torch
 
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, weights_checksum
-from rlft.rollout.server.engine_thread import EngineThread
+from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
@@ -47,7 +47,7 @@ def _reload_from_file(worker, path: str) -> None:
         model.load_weights(weights=iter(weights.items()))
 
 
-class VLLMBackend:
+class VLLMBackend(ThreadedBackend):
     name = "vllm"
 
     def __init__(self, llm, tokenizer, *, model_name: str, architecture: str, shapes, lora_dtype: torch.dtype,
@@ -132,26 +132,14 @@ class VLLMBackend:
                    shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype, tied=_tied_names(skeleton),
                    max_lora_rank=max_lora_rank, enable_lora=enable_lora)
 
-    def parameter_shapes(self):
-        return self._shapes
-
-    async def generate(self, request: GenerationRequest) -> Generated:
-        return await self._thread.generate(request)
-
-    async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
-        return await self._thread.call(lambda: self._load_weights(tensors, version))
-
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         if not self._enable_lora:
             raise ServerError(400, "this server was started without LoRA support: set trl.vllm_lora_sync: true in the "
                                    "config it was started with, and restart it")
-        return await self._thread.call(lambda: self._load_adapter(adapter, version))
+        return await super().load_adapter(adapter, version)
 
     async def reset_prefix_cache(self) -> None:
         await self._thread.call(self._llm.reset_prefix_cache)
-
-    def close(self) -> None:
-        self._thread.stop()
 
     # ---------------------------------------------------------------- on the engine thread
 
