@@ -129,18 +129,40 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
     report = LengthReport(name=where, rows=len(rows))
     examples = []
     for item in processed:
-        outcome = item["outcome"]
-        if outcome == "error":
+        if item["outcome"] == "error":
             raise DataError(f"{where}, {item['error']}")
-        if outcome in ("too_long", "no_target", "identical", "too_short"):
-            report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
-            continue
-        example = json.loads(item["example"])
-        report.truncated += outcome == "truncated"
-        report.kept += 1
-        report.lengths.append(_length(example))
-        examples.append(example)
+        example = json.loads(item["example"]) if item["example"] else None
+        if _tally(report, example, item["outcome"]):
+            examples.append(example)
     return examples, report
+
+
+def _tally(report: LengthReport, example: dict[str, Any] | None, outcome: str) -> bool:
+    """Count one row's outcome in `report`; whether it is kept."""
+    if outcome in ("too_long", "no_target", "identical", "too_short"):
+        report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
+        return False
+    report.truncated += outcome == "truncated"
+    report.kept += 1
+    report.lengths.append(_length(example))
+    return True
+
+
+def prepare_records(records: list[dict[str, Any]], cfg, tokenizer, steps: MethodSteps, name: str) -> PreparedData:
+    """Records already in the method's canonical form (NeMo Gym tasks), tokenised and length-fitted as dataset rows
+    are; a bad record raises DataError naming `name` and its index."""
+    report = LengthReport(name=name, rows=len(records))
+    train = []
+    for index, record in enumerate(records):
+        try:
+            example, outcome = steps.fit(steps.tokenize(record, tokenizer, None), cfg)
+        except RowError as exc:
+            raise DataError(f"{name}, row {index}: {exc}") from None
+        if _tally(report, example, outcome):
+            train.append(example)
+    if not train:
+        raise DataError(f"no training rows left after filtering ({name}: {report.dropped_text()}): raise sequence_len")
+    return PreparedData(train=train, eval=[], reports=[report])
 
 
 def _length(example: dict[str, Any]) -> int:

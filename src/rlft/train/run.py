@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rlft.config import planned_settings
 from rlft.config.schema import nemo_gym_enabled
-from rlft.errors import ConfigError, DataError, NotImplementedYet
+from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.report import print_plan, print_summary
@@ -251,38 +251,15 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
 
 def nemo_gym_prompts(cfg, tokenizer, console: Console):
     """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
-    NeMo Gym head server names."""
-    from rlft.config.rl import rl_settings
-    from rlft.data.prepare import PreparedData
-    from rlft.data.prompts import fit_prompt, tokenize_prompt
-    from rlft.data.formats import RowError
-    from rlft.data.tokenize import LengthReport
+    NeMo Gym head server names, tokenised and fitted as any prompt dataset."""
+    from rlft.data.prepare import prepare_records, prompt_steps
     from rlft.rollout.envs.nemo_gym import resource_servers, task_rows
 
     if cfg.datasets:
         console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
                       markup=False)
     records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
-    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
-    report = LengthReport(name="nemo_gym_datasets", rows=len(records))
-    train = []
-    for record in records:
-        example = tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs)
-        try:
-            example, outcome = (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget,
-                                                                                           cfg.excess_length_strategy)
-        except RowError as exc:
-            raise DataError(f"nemo_gym_datasets: the task {record['prompt'][0]['content'][:60]!r}: {exc}") from None
-        if example is None:
-            report.dropped[outcome] = report.dropped.get(outcome, 0) + 1
-            continue
-        report.kept += 1
-        report.truncated += outcome == "truncated"
-        report.lengths.append(len(example["prompt_ids"]))
-        train.append(example)
-    if not train:
-        raise DataError(f"no NeMo Gym task left after filtering ({report.dropped_text()}): raise sequence_len")
-    return PreparedData(train=train, eval=[], reports=[report])
+    return prepare_records(records, cfg, tokenizer, prompt_steps(cfg), "nemo_gym_datasets")
 
 
 def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
