@@ -92,7 +92,7 @@ class RLSettings:
     vllm_mode: str  # server | colocate
     server_host: str  # where the trainer connects: a listen address (0.0.0.0, ::) becomes loopback
     server_port: int
-    server_timeout: float  # seconds to wait for the server (and a LoRA load)
+    server_timeout: float  # seconds the trainer waits for the server at start
     lora_sync: bool  # send the LoRA adapter instead of full weights
     sync_interval: int  # optimizer steps between weight syncs
     # async rollouts
@@ -100,7 +100,7 @@ class RLSettings:
     prefetch_depth: int  # rollout batches generated ahead
     streaming: bool  # score a rollout batch in chunks of prompt groups
     streaming_min_groups: int
-    allowed_outdated_steps: int | None  # drop a batch sampled more than this many optimizer steps ago; None = no bound
+    allowed_outdated_steps: int | None  # drop rows sampled more than this many optimizer steps ago; None = no bound
     # importance-sampling correction and off-policy control (rlft.losses.importance)
     is_correction: bool  # weight the policy term by exp(old - sampling) (TRL's vllm_importance_sampling_correction)
     is_level: str  # token | sequence
