@@ -189,7 +189,8 @@ class RemoteEngine:
         except ValueError:
             payload = {"error": response.text[:300]}
         if response.status_code >= 400:
-            raise RolloutError(f"the rollout server refused {path} ({response.status_code}): {payload.get('error', payload)}")
+            reason = payload.get("error", payload) if isinstance(payload, dict) else payload
+            raise RolloutError(f"the rollout server refused {path} ({response.status_code}): {reason}")
         return payload
 
     def _watched(self, method: str, path: str, **kwargs) -> Any:
