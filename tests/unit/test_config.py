@@ -549,14 +549,25 @@ def test_nemo_gym_combinations_name_the_fix(config_problems, change, words):
     assert any(what.startswith(words) for _, what in problems), problems
 
 
-def test_nemo_gym_auto_start_and_multi_turn_are_refused_by_train(config):
-    from rlft.errors import NotImplementedYet
-    from rlft.train.run import refuse_unbuilt
+@pytest.mark.parametrize("change,words", [
+    ({"nemo_gym_auto_start": True}, "nemo_gym_auto_start is true (the default) but nemo_gym_config_paths is empty"),
+    ({"nemo_gym_max_turns": 4}, "nemo_gym_max_turns limits multi-turn episodes: set nemo_gym_multi_turn: true"),
+    ({"nemo_gym_multi_turn": True}, "nemo_gym_multi_turn: true: the Gym agent calls the policy over HTTP"),
+    ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "vllm_mode": "colocate"}}, "nemo_gym_multi_turn: true: the Gym agent"),
+    ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "reward_funcs": [
+        "axolotl.integrations.nemo_gym.rewards.reward_nemo_gym_verify"]}}, "trl.reward_funcs: axolotl.integrations.nemo_gym"),
+    ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "rollout_func": "m.f"}}, "trl.rollout_func and nemo_gym_multi_turn"),
+])
+def test_nemo_gym_auto_start_and_multi_turn_combinations_name_the_fix(config_problems, change, words):
+    problems = config_problems(**{**NEMO, **change})
+    assert any(what.startswith(words) for _, what in problems), problems
 
-    with pytest.raises(NotImplementedYet, match="nemo_gym_auto_start: true .* set nemo_gym_auto_start: false"):
-        refuse_unbuilt(config(**{**NEMO, "nemo_gym_auto_start": True, "trl": {"reward_funcs": ["r.f"]}}))
-    with pytest.raises(NotImplementedYet, match="nemo_gym_multi_turn"):
-        refuse_unbuilt(config(**{**NEMO, "nemo_gym_multi_turn": True, "trl": {"reward_funcs": ["r.f"]}}))
+
+def test_nemo_gym_multi_turn_with_the_rollout_server_and_auto_start_with_configs_validate(config):
+    cfg = config(**{**NEMO, "nemo_gym_multi_turn": True, "nemo_gym_max_turns": 3, "nemo_gym_auto_start": True,
+                    "nemo_gym_config_paths": ["a.yaml"], "trl": {"use_vllm": True, "reward_funcs": [
+                        "axolotl.integrations.nemo_gym.rewards.reward_env"]}})
+    assert cfg.nemo_gym_multi_turn and cfg.nemo_gym_run_timeout == 300 and cfg.nemo_gym_server_timeout == 360
 
 
 def test_nemo_gym_refuses_evaluation_keys_it_would_ignore(config_problems):

@@ -325,6 +325,23 @@ def _nemo_gym_problems(cfg: RlftConfig):
     if not cfg.nemo_gym_datasets:
         yield ("NeMo Gym is on and nemo_gym_datasets is empty: list the task files, e.g. "
                "[{path: resources_servers/reasoning_gym/data/example.jsonl, server_name: reasoning_gym}]")
+    if cfg.nemo_gym_auto_start and not cfg.nemo_gym_config_paths:
+        yield ("nemo_gym_auto_start is true (the default) but nemo_gym_config_paths is empty: list the Gym server configs "
+               "ng_run should start, e.g. [resources_servers/reasoning_gym/configs/resources_only.yaml], or start the "
+               "servers yourself and set nemo_gym_auto_start: false")
+    if not cfg.nemo_gym_multi_turn:
+        if cfg.nemo_gym_max_turns is not None:
+            yield "nemo_gym_max_turns limits multi-turn episodes: set nemo_gym_multi_turn: true, or remove it"
+        return
+    if not cfg.trl.use_vllm or (cfg.trl.vllm_mode or "server") != "server":
+        yield ("nemo_gym_multi_turn: true: the Gym agent calls the policy over HTTP, so it needs rlft's rollout server: set "
+               "trl.use_vllm: true and trl.vllm_mode: server, and start `rlft vllm-serve <config>` (docs/environments.md)")
+    verify = [name for name in cfg.trl.reward_funcs or [] if str(name).endswith("reward_nemo_gym_verify")]
+    if verify:
+        yield (f"trl.reward_funcs: {verify[0]} scores single answers, but with nemo_gym_multi_turn the agent's /run "
+               "verifies each episode: use axolotl.integrations.nemo_gym.rewards.reward_env (the /run reward)")
+    if cfg.trl.rollout_func:
+        yield "trl.rollout_func and nemo_gym_multi_turn both produce the episodes: keep one of them"
 
 
 def _preference_problems(cfg: RlftConfig):

@@ -625,31 +625,34 @@ class NemoGymFields(Section):
         "Clone NeMo Gym into nemo_gym_dir if missing; None -> false.",
         issue=NEMO_GYM,
     )
-    nemo_gym_config_paths: Optional[list[str]] = planned(
+    nemo_gym_config_paths: Optional[list[str]] = field(
         None,
-        "Gym server configs for ng_run (required when auto-starting).",
-        issue=NEMO_GYM,
+        "Gym server configs for ng_run, relative to nemo_gym_dir (required when auto-starting).",
     )
     nemo_gym_auto_start: bool = field(
         True,
-        "Start the Gym servers (ng_run) before training; true is not built yet: start them yourself and set false.",
+        "Start the Gym servers (ng_run with nemo_gym_config_paths) before training and stop them after.",
     )
     nemo_gym_head_port: int = field(
         11000,
         "Port of the Gym head server.",
         ge=1, le=65535,
     )
-    nemo_gym_server_timeout: int = planned(
+    nemo_gym_server_timeout: int = field(
         360,
-        "Seconds to wait for the Gym servers to start.",
-        issue=NEMO_GYM, ge=1,
+        "Seconds to wait for auto-started Gym servers to answer.",
+        ge=1,
     )
     nemo_gym_verify_timeout: int = field(
         30,
         "Seconds per /verify request.",
         ge=1,
     )
-    nemo_gym_run_timeout: int = planned(300, "Seconds per agent /run read.", issue=NEMO_GYM, ge=1)
+    nemo_gym_run_timeout: int = field(
+        300,
+        "Seconds per agent /run (a whole multi-turn episode).",
+        ge=1,
+    )
     nemo_gym_datasets: Optional[list[NemoGymDataset]] = field(
         None,
         "Gym task files (replace `datasets:`; required when enabled).",
@@ -658,15 +661,14 @@ class NemoGymFields(Section):
         None,
         "Model name sent to /verify; None -> base_model.",
     )
-    nemo_gym_multi_turn: Optional[bool] = planned(
+    nemo_gym_multi_turn: Optional[bool] = field(
         None,
-        "Multi-turn rollouts through the agent /run endpoint; None -> false.",
-        issue=NEMO_GYM,
+        "Multi-turn episodes through the agent's /run (needs the rollout server); None -> false.",
     )
-    nemo_gym_max_turns: Optional[int] = planned(
+    nemo_gym_max_turns: Optional[int] = field(
         None,
-        "Turn limit per multi-turn episode; None = the agent's.",
-        issue=NEMO_GYM, ge=1,
+        "Model turns per episode: auto-started agents stop there (max_steps), longer episodes are not trained on.",
+        ge=1,
     )
 
 

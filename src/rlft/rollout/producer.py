@@ -46,13 +46,23 @@ class RolloutContext:
         return self._engine.generate(prompt_ids, self._sampling, num_samples)
 
 
+class Environment(Protocol):
+    """Plays whole episodes instead of the engine sampling single answers (NeMo Gym's agents): G rows per prompt,
+    with `env_mask` over what the environment wrote, and extra columns for the reward functions (`env_reward`,
+    `num_turns`, `env_error`: a failed episode's reason, None otherwise)."""
+
+    def rollout(self, prompts: list[dict[str, Any]], group: int, sampling: SamplingParams,
+                version: int) -> tuple[Rollout, dict[str, list]]: ...
+
+
 class RolloutProducer:
     def __init__(self, engine: RolloutEngine, scorer: Scorer, prompts: PromptSource, settings, tokenizer,
                  sampling: SamplingParams, rollout_func: Callable | None = None,
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
-                 seed: int = 0):
+                 seed: int = 0, environment: Environment | None = None):
         """`settings` is `rlft.config.rl.RLSettings`; `sampling_for(prompts, sampling)` may adapt the sampling
         parameters to a prompt batch (EBFT's adaptive_max_tokens). `seed` seeds every draw's sampling."""
+        self.environment = environment
         self.engine, self.scorer, self.prompts, self.settings = engine, scorer, prompts, settings
         self.tokenizer, self.sampling, self.rollout_func = tokenizer, sampling, rollout_func
         self.rollout_form = rollout_form(rollout_func, settings.rollout_func) if rollout_func is not None else None
@@ -82,7 +92,10 @@ class RolloutProducer:
     def sample(self, prompts: list[dict[str, Any]], index: int, injected: int = 0) -> SampledBatch:
         """Generate G completions per prompt. Touches only the engine: safe on a background thread."""
         started = time.perf_counter()
-        if self.rollout_func is not None:
+        if self.environment is not None:
+            rollout, extra = self.environment.rollout(prompts, self.group, self.sampling_for(prompts, self.sampling),
+                                                      self.engine.version)
+        elif self.rollout_func is not None:
             rollout, extra = self._user_rollout(prompts)
         else:
             params = self.sampling_for(prompts, self.sampling)
@@ -114,7 +127,9 @@ class RolloutProducer:
             metrics["reroll_injected"] = float(sampled.injected)
         metrics.update(rollout_metrics(scores, rollout, self.group, frac_zero_std, max(sampled.generate_time, 1e-9)))
         metrics["time/rollout_total"] = round(sampled.generate_time + time.perf_counter() - started, 4)
-        scored = ScoredBatch(prompts, rollout, scores, advantages, self.group, skip=skip, dropped=dropped, metrics=metrics)
+        notes = episode_metrics(sampled.extra, metrics)
+        scored = ScoredBatch(prompts, rollout, scores, advantages, self.group, skip=skip, dropped=dropped, metrics=metrics,
+                             notes=notes)
         return self.after_scoring(scored)
 
     def _advantages(self, scores: Scores) -> tuple[torch.Tensor, float]:
@@ -217,6 +232,20 @@ class RolloutProducer:
                           weight_versions=[self.engine.version] * count)
         extra = {k: (v if isinstance(v, list) else [v] * count) for k, v in result.items() if k not in ROLLOUT_KEYS + ("env_mask",)}
         return rollout, extra
+
+
+def episode_metrics(extra: dict[str, list], metrics: dict[str, float]) -> list[str]:
+    """An environment's turns and failures into `metrics` (Axolotl's rollout/num_turns/*); the first failure's reason,
+    to print."""
+    turns = [t for t in extra.get("num_turns") or [] if t is not None]
+    if turns:
+        metrics.update({"rollout/num_turns/mean": sum(turns) / len(turns), "rollout/num_turns/min": float(min(turns)),
+                        "rollout/num_turns/max": float(max(turns))})
+    if "env_error" not in extra:
+        return []
+    errors = [e for e in extra["env_error"] if e]
+    metrics["rollout/env_failures"] = float(len(errors))
+    return [f"{len(errors)} of {len(extra['env_error'])} episodes failed and are not trained on; the first: {errors[0]}"] if errors else []
 
 
 def rollout_metrics(scores: Scores, rollout: Rollout, group: int, frac_zero_std: float, generate_time: float) -> dict[str, float]:

@@ -124,6 +124,7 @@ class ScoredBatch:
     dropped: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     replayed_rows: frozenset[int] = frozenset()  # rows the replay buffer put in place of a group without signal
+    notes: list[str] = field(default_factory=list)  # what the user should read now (an environment's first failure)
 
     def prompt_of(self, row: int) -> dict[str, Any]:
         return self.prompts[row // self.group_size]

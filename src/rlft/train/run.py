@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -36,9 +37,6 @@ def refuse_unbuilt(cfg) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
-    if nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start:
-        raise NotImplementedYet("nemo_gym_auto_start: true (rlft starting the NeMo Gym servers) is not built yet: start them "
-                                "yourself (ng_run, see docs/environments.md) and set nemo_gym_auto_start: false")
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.use_vllm and processes > 1:
         raise NotImplementedYet(f"trl.use_vllm with {processes} training processes: pushing weights to the rollout server "
@@ -64,12 +62,33 @@ def make_accelerator(cfg):
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:
+    console = console or Console()
+    refuse_unbuilt(cfg)
+    with nemo_gym_servers(cfg, console):  # started for this run (auto start) and stopped after it, whatever happens
+        return _train(cfg, console)
+
+
+def nemo_gym_servers(cfg, console: Console):
+    """NeMo Gym's servers for this run when `nemo_gym_auto_start` asks for them, else nothing to start."""
+    if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    from rlft.config.rl import rl_settings
+    from rlft.rollout.envs.nemo_gym_launch import GymServers
+    from rlft.train.engines import server_token
+
+    policy = None
+    if cfg.nemo_gym_multi_turn:  # the Gym model server the agents ask points at rlft's rollout server
+        s = rl_settings(cfg)
+        policy = {"base_url": f"http://{s.server_host}:{s.server_port}/v1", "model": str(cfg.base_model),
+                  "api_key": server_token(cfg, s.server_port) or "EMPTY"}
+    return GymServers(cfg, console, policy)
+
+
+def _train(cfg, console: Console) -> LoopResult:
     from accelerate.utils import set_seed
 
     from rlft.models.loading import load_tokenizer, resolve_source
 
-    console = console or Console()
-    refuse_unbuilt(cfg)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     output_dir = Path(cfg.output_dir)
@@ -240,12 +259,18 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
         load_rollout_func(trl.rollout_func, rl_settings(cfg))
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
     data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
+    environment = None
+    if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
+        from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
+
+        environment = NemoGymAgents(tokenizer.eos_token_id, cfg.nemo_gym_run_timeout, cfg.nemo_gym_max_turns,
+                                    rl_settings(cfg).max_completion_length)
     model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
-                        remote_engine=remote)
+                        remote_engine=remote, environment=environment)
     return model, recipe, data
 
 
@@ -253,12 +278,15 @@ def nemo_gym_prompts(cfg, tokenizer, console: Console):
     """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
     NeMo Gym head server names, tokenised and fitted as any prompt dataset."""
     from rlft.data.prepare import prepare_records, prompt_steps
-    from rlft.rollout.envs.nemo_gym import resource_servers, task_rows
+    from rlft.rollout.envs.nemo_gym import agent_servers, resource_servers, task_rows
 
     if cfg.datasets:
         console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
                       markup=False)
-    records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
+    if cfg.nemo_gym_multi_turn:
+        records = task_rows(cfg, {}, agent_servers(cfg.nemo_gym_head_port))
+    else:
+        records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
     return prepare_records(records, cfg, tokenizer, prompt_steps(cfg), "nemo_gym_datasets")
 
 

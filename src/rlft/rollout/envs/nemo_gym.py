@@ -1,4 +1,6 @@
-"""NeMo Gym environments, single turn: tasks from Gym's JSONL files, rewards from a resource server's `/verify`.
+"""NeMo Gym environments: tasks from Gym's JSONL files, servers found through the head server; single turn here.
+
+Multi-turn episodes (an agent's `/run`) are in nemo_gym_episodes.py, starting the servers in nemo_gym_launch.py.
 
 The servers are NeMo Gym's own (`ng_run`, from the `nemo-gym` package). rlft asks the head server
 (`GET /global_config_dict_yaml` on `nemo_gym_head_port`) where each resource server listens, turns every row of
@@ -35,15 +37,16 @@ def gym_dir(setting: str | None) -> Path:
     return Path(setting or "~/Gym").expanduser()
 
 
-def resource_servers(head_port: int, timeout: float = 10.0) -> dict[str, str]:
-    """{resource server name: its /verify URL}, from the head server's global config."""
+def head_config(head_port: int, timeout: float = 10.0) -> dict[str, Any]:
+    """NeMo Gym's global config, from the head server (`GET /global_config_dict_yaml`)."""
     url = f"http://127.0.0.1:{head_port}/global_config_dict_yaml"
     try:
         response = httpx.get(url, timeout=timeout)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ConfigError(f"no NeMo Gym head server answered at {url} ({type(exc).__name__}): start the Gym servers with "
-                          "ng_run (see docs/environments.md), or set nemo_gym_head_port to the head server's port") from None
+                          "ng_run (see docs/environments.md) or set nemo_gym_auto_start: true, or set nemo_gym_head_port to "
+                          "the head server's port") from None
     try:
         config = response.json()
         config = yaml.safe_load(config) if isinstance(config, str) else config  # Gym sends YAML inside a JSON string
@@ -52,16 +55,36 @@ def resource_servers(head_port: int, timeout: float = 10.0) -> dict[str, str]:
     if not isinstance(config, dict):
         raise ConfigError(f"the server at {url} did not answer with NeMo Gym's global config: is nemo_gym_head_port the "
                           "head server's port?")
-    servers = {}
-    for top in config.values():
-        resources = top.get("resources_servers") if isinstance(top, dict) else None
-        for name, server in (resources or {}).items() if isinstance(resources, dict) else ():
+    return config
+
+
+def servers_of(config: dict[str, Any], kind: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """{top-level name: (base URL, its settings)} of the started servers of one kind (`resources_servers`,
+    `responses_api_agents`) in a global config."""
+    found = {}
+    for top, section in config.items():
+        group = section.get(kind) if isinstance(section, dict) else None
+        for server in (group or {}).values() if isinstance(group, dict) else ():
             if not isinstance(server, dict) or not server.get("port"):
                 continue  # not started (no port yet)
             host = server.get("host") or "127.0.0.1"
             host = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
-            servers[name] = f"http://{host}:{server['port']}/verify"
-    return servers
+            found[top] = (f"http://{host}:{server['port']}", server)
+    return found
+
+
+def resource_servers(head_port: int, timeout: float = 10.0) -> dict[str, str]:
+    """{resource server name: its /verify URL}, from the head server's global config."""
+    return {name: url + "/verify" for name, (url, _) in servers_of(head_config(head_port, timeout), "resources_servers").items()}
+
+
+def agent_servers(head_port: int, timeout: float = 10.0) -> dict[str, tuple[str, str | None]]:
+    """{agent name: (its /run URL, the resource server it plays against)}, from the head server's global config."""
+    agents = {}
+    for name, (url, server) in servers_of(head_config(head_port, timeout), "responses_api_agents").items():
+        resources = server.get("resources_server")
+        agents[name] = (url + "/run", resources.get("name") if isinstance(resources, dict) else None)
+    return agents
 
 
 def task_prompt(row: dict[str, Any], where: str) -> str:
@@ -81,8 +104,11 @@ def task_prompt(row: dict[str, Any], where: str) -> str:
     return content
 
 
-def task_rows(cfg, servers: dict[str, str]) -> list[dict[str, Any]]:
-    """Prompt records (`prompt` plus reward columns) from every entry of `nemo_gym_datasets`, shuffled (seeded)."""
+def task_rows(cfg, servers: dict[str, str], agents: dict[str, tuple[str, str | None]] | None = None) -> list[dict[str, Any]]:
+    """Prompt records (`prompt` plus reward columns) from every entry of `nemo_gym_datasets`, shuffled (seeded).
+
+    With `agents` (multi-turn), each row goes to an agent instead: the one its `agent_ref` names, else the one that
+    plays against its resource server."""
     base = gym_dir(cfg.nemo_gym_dir)
     rng = random.Random(cfg.seed)
     records: list[dict[str, Any]] = []
@@ -96,23 +122,42 @@ def task_rows(cfg, servers: dict[str, str]) -> list[dict[str, Any]]:
         if entry.max_samples is not None and entry.max_samples < len(lines):
             lines = rng.sample(lines, entry.max_samples)
         for number, line in enumerate(lines):
+            here = f"{where}, line {number + 1}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{where}, line {number + 1}: not JSON ({exc.msg})") from None
+                raise DataError(f"{here}: not JSON ({exc.msg})") from None
             if not isinstance(row, dict):
-                raise DataError(f"{where}, line {number + 1}: a task row is a JSON object, not a {type(row).__name__}")
-            agent = row.get("agent_ref") if isinstance(row.get("agent_ref"), dict) else {}
-            server = agent.get("name") if agent.get("name") and agent.get("type") != "responses_api_agents" else entry.server_name
-            if server not in servers:
+                raise DataError(f"{here}: a task row is a JSON object, not a {type(row).__name__}")
+            record = {"prompt": [{"role": "user", "content": task_prompt(row, here)}], VERIFY_ROW: row}
+            ref = row.get("agent_ref") if isinstance(row.get("agent_ref"), dict) else {}
+            names_agent = bool(ref.get("name")) and ref.get("type") in (None, "responses_api_agents")
+            server = ref["name"] if ref.get("name") and ref.get("type") != "responses_api_agents" else entry.server_name
+            if agents is not None:
+                from rlft.rollout.envs.nemo_gym_episodes import AGENT_NAME, AGENT_URL
+
+                agent = ref["name"] if names_agent and ref["name"] in agents else _agent_for(agents, server, here)
+                record.update({AGENT_URL: agents[agent][0], AGENT_NAME: agent})
+            elif server not in servers:
                 known = ", ".join(sorted(servers)) or "none"
-                raise ConfigError(f"{where}, line {number + 1}: the NeMo Gym head server knows no resource server "
-                                  f"{server!r} (it knows: {known}): fix server_name, or start that server")
-            records.append({"prompt": [{"role": "user", "content": task_prompt(row, f'{where}, line {number + 1}')}],
-                            VERIFY_URL: servers[server], VERIFY_ROW: row, VERIFY_TIMEOUT: cfg.nemo_gym_verify_timeout,
-                            VERIFY_MODEL: cfg.nemo_gym_model_name or str(cfg.base_model)})
+                raise ConfigError(f"{here}: the NeMo Gym head server knows no resource server {server!r} (it knows: "
+                                  f"{known}): fix server_name, or start that server")
+            else:
+                record.update({VERIFY_URL: servers[server], VERIFY_TIMEOUT: cfg.nemo_gym_verify_timeout,
+                               VERIFY_MODEL: cfg.nemo_gym_model_name or str(cfg.base_model)})
+            records.append(record)
     rng.shuffle(records)
     return records
+
+
+def _agent_for(agents: dict[str, tuple[str, str | None]], server: str, where: str) -> str:
+    playing = sorted(name for name, (_, resources) in agents.items() if resources == server)
+    if not playing:
+        known = ", ".join(f"{name} (plays {resources})" for name, (_, resources) in sorted(agents.items())) or "none"
+        raise ConfigError(f"{where}: no NeMo Gym agent plays against resource server {server!r} (the head server knows "
+                          f"these agents: {known}): fix server_name, or start an agent for it (nemo_gym_multi_turn needs "
+                          "an agent server, e.g. simple_agent)")
+    return playing[0]
 
 
 def verify_body(row: dict[str, Any], prompt: str, text: str, model: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """OpenAI-compatible routes, so agent frameworks (and NeMo Gym) can use the server as a policy endpoint.
 
 Besides the OpenAI fields, every choice carries `prompt_token_ids`, `generation_token_ids` and
-`generation_log_probs` (as Axolotl's server and NeMo Gym expect): what a trainer needs to learn
-from an agent's calls. These routes stop at the tokenizer's end-of-sequence token as OpenAI servers
-do; `/generate` stops only at the ids it is sent. The `model` field of a request is not checked.
+`generation_log_probs` (as Axolotl's server expects), and so does every chat message (where NeMo Gym's
+model server looks first): what a trainer needs to learn from an agent's calls. With `tools` in a chat
+request, Hermes `<tool_call>` blocks in the answer come back as `tool_calls` (rollout/server/tool_calls.py).
+These routes stop at the tokenizer's end-of-sequence token as OpenAI servers do; `/generate` stops only at
+the ids it is sent. The `model` field of a request is not checked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi import FastAPI
 
 from rlft.rollout.server.protocol import Generated, ServerError, ServingBackend
 from rlft.rollout.server.requests import ChatBody, CompletionBody, TokenizeBody, generation_request
+from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
 
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 
@@ -41,7 +44,8 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) ->
         return text[: min(cuts)] if cuts else text  # the stop string itself is not part of the answer
 
     def chat_prompt(messages: list[dict[str, Any]], tools, add_generation_prompt: bool, kwargs) -> list[int]:
-        clean = [{key: _content_text(value) if key == "content" else value for key, value in message.items() if key in MESSAGE_KEYS}
+        clean = [decoded_arguments({key: _content_text(value) if key == "content" else value
+                                    for key, value in message.items() if key in MESSAGE_KEYS})
                  for message in messages]
         try:
             return list(tokenizer.apply_chat_template(clean, tools=tools, add_generation_prompt=add_generation_prompt,
@@ -113,8 +117,13 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) ->
                             alternatives.append({"token": alt, "logprob": alt_lp, "bytes": list(alt.encode())})
                     content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": alternatives})
                 logprobs = {"content": content}
-            choices.append({"index": row, "message": {"role": "assistant", "content": text_of(ids, stops)}, "logprobs": logprobs,
-                            "finish_reason": "length" if out.truncated[row] else "stop", **token_extras(prompt, out, row)})
+            content, calls = text_of(ids, stops), []
+            if body.tools and body.tool_choice != "none":
+                content, calls = parse_tool_calls(content)
+            extras = token_extras(prompt, out, row)
+            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {}), **extras}
+            finish = "length" if out.truncated[row] else "tool_calls" if calls else "stop"
+            choices.append({"index": row, "message": message, "logprobs": logprobs, "finish_reason": finish, **extras})
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model_name,
                 "choices": choices, "usage": usage([prompt], out)}
 

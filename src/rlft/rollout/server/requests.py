@@ -68,6 +68,7 @@ class CompletionBody(OpenAISamplingBody):
 class ChatBody(OpenAISamplingBody):
     messages: list[dict[str, Any]]
     tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Any] = None  # "none" turns tool-call parsing off; anything else leaves it to the model
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False

@@ -30,7 +30,7 @@ from rlft.models.logprobs import (completion_batch, completion_logits, completio
 from rlft.models.weights import merged_weights
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.local import LocalEngine
-from rlft.rollout.producer import RolloutProducer
+from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import rollout_form
@@ -94,10 +94,12 @@ def load_rollout_func(name: str, settings) -> Callable:
 class GRPORecipe(Recipe):
     def __init__(self, cfg, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
-                 make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False):
+                 make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False,
+                 environment: Environment | None = None):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
-        (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples."""
+        (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
+        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server)."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
         self.settings = s = rl_settings(cfg)
         unknown = sorted(set(s.raw["generation_kwargs"] or {}) - set(GENERATION_KWARGS))
@@ -112,6 +114,7 @@ class GRPORecipe(Recipe):
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
             policy, tokenizer.pad_token_id, tokenizer, version=version))
         self.rollout_func = load_rollout_func(s.rollout_func, s) if s.rollout_func else None
+        self.environment = environment
         identity = lambda rows: {"prompts": rows}  # noqa: E731
         self.train_plan = BatchPlan(data.train, s.prompts_per_step, cfg.seed, tokenizer.pad_token_id, shard=shard, collate=identity)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
@@ -136,7 +139,8 @@ class GRPORecipe(Recipe):
         self.model, self.step = model, self._restored.get("step", 0)
         engine = self.make_engine(model, version)
         self.producer = RolloutProducer(engine, self.scorer, self.prompts, s, self.tokenizer, self.sampling,
-                                        self.rollout_func, self.sampling_for, seed=self.cfg.seed)
+                                        self.rollout_func, self.sampling_for, seed=self.cfg.seed,
+                                        environment=self.environment)
         self.producer.generations = self._restored.get("generations", 0)
         # the in-process engine copies only what trains (the adapter, for LoRA) already: vllm_lora_sync is its default
         lora_folder = Path(self.cfg.output_dir) / "lora_sync" if s.lora_sync and self.remote_engine else None
@@ -325,6 +329,7 @@ class GRPORecipe(Recipe):
     def _take_metrics(self, scored: ScoredBatch) -> None:
         self.batch_metrics = {k: v for k, v in scored.metrics.items() if not k.startswith("time/")}
         self.fresh.update({k: v for k, v in scored.metrics.items() if k.startswith("time/")})
+        self.pending += scored.notes
         for failure in scored.scores.failures:
             self.pending.append(f"reward function {failure['function']} failed: {failure['error']} (input: {failure['example']})")
         if scored.metrics["frac_reward_zero_std"] >= 1.0:
