@@ -109,7 +109,8 @@ class NemoGymAgents:
 
     def rollout(self, prompts: list[dict[str, Any]], group: int, sampling: SamplingParams,
                 version: int) -> tuple[Rollout, dict[str, list]]:
-        jobs = [(p, run_body(p[VERIFY_ROW], p[AGENT_NAME], sampling)) for p in prompts for _ in range(group)]
+        """G episodes per prompt (`prompt_ids` and `columns` with the task row and its agent, from `task_rows`)."""
+        jobs = [(p, run_body(p["columns"][VERIFY_ROW], p["columns"][AGENT_NAME], sampling)) for p in prompts for _ in range(group)]
         with httpx.Client(timeout=httpx.Timeout(self.timeout, connect=5.0), limits=httpx.Limits(max_connections=POOL)) as client, \
                 ThreadPoolExecutor(POOL) as pool:
             episodes = list(pool.map(lambda job: self.play(client, job[0], job[1]), jobs))
@@ -128,7 +129,7 @@ class NemoGymAgents:
         return rollout, extra
 
     def play(self, client: httpx.Client, prompt: dict[str, Any], body: dict[str, Any]) -> Episode:
-        url = prompt[AGENT_URL]
+        url = prompt["columns"][AGENT_URL]
         for attempt in range(CONNECT_RETRIES):
             try:
                 response = client.post(url, json=body)
