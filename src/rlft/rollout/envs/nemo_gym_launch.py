@@ -109,7 +109,7 @@ class GymServers:
 
     def __enter__(self) -> GymServers:
         cfg = self.cfg
-        base = gym_dir(cfg.nemo_gym_dir)
+        base = gym_dir(cfg.nemo_gym_dir).absolute()
         ng_run = find_ng_run(base)
         servers = configured_servers(base, cfg.nemo_gym_config_paths or [])
         _refuse_busy_port(cfg.nemo_gym_head_port)
@@ -117,9 +117,12 @@ class GymServers:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                    PATH=f"{ng_run.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen([str(ng_run), *overrides(cfg, servers, self.policy)], cwd=base, env=env,
-                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with open(self.log, "wb") as out:
+                self.process = subprocess.Popen([str(ng_run), *overrides(cfg, servers, self.policy)], cwd=base, env=env,
+                                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise ConfigError(f"could not start NeMo Gym's {ng_run}: {exc}: {INSTALL}") from None
         try:
             self.wait(len(servers))
         except BaseException:
