@@ -30,7 +30,6 @@ __all__ = [
 NCCL_SYNC = "NCCL weight transfer, a later issue"
 CUSTOM_SERVER = "custom vLLM server code, a later issue"
 REASONING = "reasoning transforms (later issue)"
-NEMO_GYM = "NeMo Gym, issue #10"
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Union[Literal["group", "batch", "none"], bool]
@@ -623,7 +622,7 @@ class NemoGymFields(Section):
     nemo_gym_auto_clone: Optional[bool] = planned(
         None,
         "Clone NeMo Gym into nemo_gym_dir if missing; None -> false.",
-        issue=NEMO_GYM,
+        issue="install NeMo Gym with `make nemo-gym` instead: a clone needs GitHub and its own `uv sync`",
     )
     nemo_gym_config_paths: Optional[list[str]] = field(
         None,
