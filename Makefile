@@ -3,6 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+NEMO_VENV := .venv-nemo-gym
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -46,7 +47,6 @@ test-vllm: $(STAMP) $(VLLM_VENV)/.installed
 # NeMo Gym's servers (nemo-gym 0.7.0 with its reasoning_gym environment) in their own environment, from the pinned
 # list envs/nemo-gym.txt, installed by uv (a minute instead of pip's three). nemo-gym declares Python >= 3.13.14 but
 # runs on 3.11, so it goes in last with pip's --ignore-requires-python. About 1.3 GB; `make test` builds it.
-NEMO_VENV := .venv-nemo-gym
 nemo-gym: $(NEMO_VENV)/.installed
 
 $(NEMO_VENV)/.installed: envs/nemo-gym.txt constraints.txt
