@@ -45,15 +45,15 @@ test-vllm: $(STAMP) $(VLLM_VENV)/.installed
 	RLFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/test_vllm_backend.py
 
 # NeMo Gym's servers (nemo-gym 0.7.0 with its reasoning_gym environment) in their own environment, from the pinned
-# list envs/nemo-gym.txt, installed by uv (a minute instead of pip's three). nemo-gym declares Python >= 3.13.14 but
-# runs on 3.11, so it goes in last with pip's --ignore-requires-python. About 1.3 GB; `make test` builds it.
+# list envs/nemo-gym.txt, installed by uv (much faster than pip). nemo-gym declares Python >= 3.13.14 but
+# runs on 3.11, so it goes in last with pip's --ignore-requires-python. `make test` builds it.
 nemo-gym: $(NEMO_VENV)/.installed
 
 $(NEMO_VENV)/.installed: envs/nemo-gym.txt constraints.txt
 	$(PYTHON) -m venv $(NEMO_VENV)
 	$(NEMO_VENV)/bin/pip install -q -c constraints.txt uv
 	$(NEMO_VENV)/bin/uv pip install -q --python $(NEMO_VENV)/bin/python --no-deps -c constraints.txt -r envs/nemo-gym.txt
-	$(NEMO_VENV)/bin/pip install -q --no-deps --ignore-requires-python nemo-gym==0.7.0
+	$(NEMO_VENV)/bin/pip install -q -c constraints.txt --no-deps --ignore-requires-python nemo-gym==0.7.0
 	touch $@
 
 test-nemo-gym: $(STAMP) $(NEMO_VENV)/.installed

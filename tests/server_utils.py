@@ -1,14 +1,21 @@
-"""Start `rlft vllm-serve` in a subprocess of its own process group for tests, and always stop it."""
+"""Start `rlft vllm-serve` in a subprocess of its own process group for tests, and always stop it; small stand-in JSON
+servers for unit tests of HTTP clients."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,17 +72,37 @@ def kill_group(process: subprocess.Popen) -> None:
 def kill_session(process: subprocess.Popen) -> None:
     """SIGKILL every process of the session `process` leads (start_new_session=True): Ray's workers move to process
     groups of their own but stay in the session."""
-    session = process.pid
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    from rlft.rollout.envs.nemo_gym_launch import session_members
+
+    for pid in session_members(process.pid):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:  # field 6 of /proc/PID/stat: the session id
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     kill_group(process)
+
+
+@contextlib.contextmanager
+def stand_in(answer: Callable[[str, dict[str, Any]], tuple[int, Any]]) -> Iterator[str]:
+    """A JSON server on 127.0.0.1 for the block: every POST is answered with `answer(path, body)` -> (status, JSON);
+    yields its base URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            status, reply = answer(self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            data = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

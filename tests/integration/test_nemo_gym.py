@@ -11,8 +11,10 @@ Ctrl-C through `rlft train`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -26,11 +28,11 @@ import torch
 import yaml
 from rich.console import Console
 
-from gym_utils import VENV, gym_site, needs_gym, session_members
-from rlft.rollout.envs.nemo_gym import (VERIFY_MODEL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_URL, agent_servers, resource_servers,
-                                        reward_nemo_gym_verify)
-from rlft.rollout.envs.nemo_gym_episodes import AGENT_NAME, AGENT_URL, NemoGymAgents
-from rlft.rollout.envs.nemo_gym_launch import GymServers
+from gym_utils import VENV, gym_site, needs_gym
+from rlft.rollout.envs.nemo_gym import (AGENT_NAME, AGENT_URL, VERIFY_MODEL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_URL,
+                                        agent_servers, resource_servers, reward_nemo_gym_verify)
+from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
+from rlft.rollout.envs.nemo_gym_launch import GymServers, session_members
 from rlft.rollout.types import SamplingParams
 from rlft.train.metrics import read_metrics
 from server_utils import REPO, free_port, kill_group, kill_session, run_cli, server_env, wait_for_health
@@ -263,7 +265,8 @@ def test_ctrl_c_while_rlft_starts_the_servers_leaves_nothing_running(warm_model,
         kill_session(train)
         if gym_session is not None:
             for pid in session_members(gym_session):
-                subprocess.run(["kill", "-9", str(pid)], check=False)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _child_session(parent: int, name: str) -> int | None:

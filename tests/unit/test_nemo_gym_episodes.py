@@ -6,20 +6,19 @@ with NeMo Gym's simple_agent, and tests/integration/test_nemo_gym.py starts real
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from rlft.errors import ConfigError
-from rlft.rollout.envs.nemo_gym import VERIFY_ROW, task_rows
-from rlft.rollout.envs.nemo_gym_episodes import AGENT_NAME, AGENT_URL, NemoGymAgents, run_body, stitch
+from rlft.rollout.envs.nemo_gym import AGENT_NAME, AGENT_URL, VERIFY_ROW, task_rows
+from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents, run_body, stitch
 from rlft.rollout.envs.nemo_gym_launch import configured_servers, find_ng_run, overrides
 from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
 from rlft.rollout.types import SamplingParams
+from server_utils import stand_in
 
 EOS = 9
 
@@ -65,34 +64,20 @@ def test_run_body_keeps_the_rows_settings_and_adds_the_runs():
     assert body["responses_create_params"]["max_output_tokens"] == 64 and body["responses_create_params"]["top_p"] == 0.999
 
 
-class Agent(http.server.BaseHTTPRequestHandler):
+def play(path: str, body: dict) -> tuple[int, dict]:
     """/ok plays a two-turn episode, /slow never ends in time, /500 fails."""
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        kind = self.path.split("/")[1]
-        if kind == "slow":
-            time.sleep(3)
-        status, answer = 200, {"reward": 0.5, "response": {"output": [turn([1], [2]), turn([1, 2, 8], [3])]}}
-        if kind == "500":
-            status, answer = 500, {"detail": "boom"}
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+    kind = path.split("/")[1]
+    if kind == "slow":
+        time.sleep(3)
+    if kind == "500":
+        return 500, {"detail": "boom"}
+    return 200, {"reward": 0.5, "response": {"output": [turn([1], [2]), turn([1, 2, 8], [3])]}}
 
 
 @pytest.fixture(scope="module")
 def agent():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Agent)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with stand_in(play) as url:
+        yield url
 
 
 def test_episodes_come_back_in_order_and_failures_are_counted_with_their_reason(agent):
@@ -186,10 +171,7 @@ def test_auto_start_reads_the_servers_of_the_config_files_and_limits_agent_turns
 def test_auto_start_refuses_a_head_port_that_something_else_answers_on():
     from rlft.rollout.envs.nemo_gym_launch import _refuse_busy_port
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Agent)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with pytest.raises(ConfigError, match=f"nemo_gym_head_port {server.server_address[1]} is already in use"):
-            _refuse_busy_port(server.server_address[1])
-    finally:
-        server.shutdown()
+    with stand_in(play) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with pytest.raises(ConfigError, match=f"nemo_gym_head_port {port} is already in use"):
+            _refuse_busy_port(port)

@@ -5,9 +5,7 @@ real NeMo Gym servers."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from types import SimpleNamespace
 
@@ -16,46 +14,34 @@ import pytest
 from rlft.errors import ConfigError, DataError
 from rlft.rollout.envs.nemo_gym import (VERIFY_MODEL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_URL, reward_env,
                                         reward_nemo_gym_verify, task_prompt, task_rows, verify_body)
+from server_utils import stand_in
 
 ROW = {"responses_create_params": {"input": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]},
        "answer": "4", "metadata": None}
 
 
-class Gym(http.server.BaseHTTPRequestHandler):
+SEEN: list = []  # the bodies /verify received
+
+
+def verify(path: str, body: dict) -> tuple[int, dict]:
     """/verify answers by path: /ok scores "4" as 1.0, /422 refuses, /slow sleeps, /masked masks, /noreward omits it."""
-
-    seen: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Gym.seen.append(body)
-        kind = self.path.split("/")[1]
-        if kind == "slow":
-            time.sleep(3)
-        status, answer = 200, {"reward": float(body["response"]["output"][0]["content"][0]["text"] == body["answer"])}
-        if kind == "422":
-            status, answer = 422, {"detail": "bad"}
-        elif kind == "masked":
-            answer = {"reward": 0.0, "mask_sample": True}
-        elif kind == "noreward":
-            answer = {"score": 1}
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+    SEEN.append(body)
+    kind = path.split("/")[1]
+    if kind == "slow":
+        time.sleep(3)
+    if kind == "422":
+        return 422, {"detail": "bad"}
+    if kind == "masked":
+        return 200, {"reward": 0.0, "mask_sample": True}
+    if kind == "noreward":
+        return 200, {"score": 1}
+    return 200, {"reward": float(body["response"]["output"][0]["content"][0]["text"] == body["answer"])}
 
 
 @pytest.fixture(scope="module")
 def gym():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gym)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with stand_in(verify) as url:
+        yield url
 
 
 def columns(urls, timeout=1):
@@ -65,7 +51,7 @@ def columns(urls, timeout=1):
 def test_right_and_wrong_answers_are_scored_by_the_server(gym):
     prompts = [[{"role": "user", "content": "2+2?"}]] * 2
     assert reward_nemo_gym_verify(prompts, ["4", "5"], **columns([gym + "/ok/verify"] * 2)) == [1.0, 0.0]
-    body = Gym.seen[-1]
+    body = SEEN[-1]
     assert body["responses_create_params"]["input"] == [{"role": "user", "content": "2+2?"}] and "metadata" not in body
     assert body["response"]["output"][0]["content"][0]["type"] == "output_text"
 

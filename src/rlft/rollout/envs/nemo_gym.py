@@ -29,6 +29,7 @@ import yaml
 from rlft.errors import ConfigError, DataError
 
 VERIFY_URL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_MODEL = "nemo_gym_verify_url", "verify_extra", "nemo_gym_verify_timeout", "nemo_gym_model"
+AGENT_URL, AGENT_NAME = "nemo_gym_agent_url", "nemo_gym_agent"  # multi-turn rows: where their episodes are played
 CONNECT_RETRIES = 3  # connection errors only: a server that answered (even with an error) is not asked again
 POOL = 16  # verifications in flight at once
 
@@ -134,8 +135,6 @@ def task_rows(cfg, servers: dict[str, str], agents: dict[str, tuple[str, str | N
             names_agent = bool(ref.get("name")) and ref.get("type") in (None, "responses_api_agents")
             server = ref["name"] if ref.get("name") and ref.get("type") != "responses_api_agents" else entry.server_name
             if agents is not None:
-                from rlft.rollout.envs.nemo_gym_episodes import AGENT_NAME, AGENT_URL
-
                 agent = ref["name"] if names_agent and ref["name"] in agents else _agent_for(agents, server, here)
                 record.update({AGENT_URL: agents[agent][0], AGENT_NAME: agent})
             elif server not in servers:

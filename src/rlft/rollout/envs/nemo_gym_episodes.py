@@ -23,10 +23,8 @@ from typing import Any
 
 import httpx
 
-from rlft.rollout.envs.nemo_gym import CONNECT_RETRIES, POOL, VERIFY_ROW
+from rlft.rollout.envs.nemo_gym import AGENT_NAME, AGENT_URL, CONNECT_RETRIES, POOL, VERIFY_ROW
 from rlft.rollout.types import Rollout, SamplingParams
-
-AGENT_URL, AGENT_NAME = "nemo_gym_agent_url", "nemo_gym_agent"
 
 
 @dataclass

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlft.errors import ConfigError
-from rlft.rollout.envs.nemo_gym import gym_dir, head_config
+from rlft.rollout.envs.nemo_gym import gym_dir, head_config, servers_of
 
 SERVER_KINDS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 INSTALL = ("install NeMo Gym with `make nemo-gym` (rlft's repository; then nemo_gym_dir is "
@@ -161,30 +161,25 @@ class GymServers:
         except ConfigError:
             return 0
         up = 0
-        for section in config.values():
-            for kind in SERVER_KINDS:
-                group = section.get(kind) if isinstance(section, dict) else None
-                for server in (group or {}).values() if isinstance(group, dict) else ():
-                    if isinstance(server, dict) and server.get("port"):
-                        try:
-                            httpx.get(f"http://127.0.0.1:{server['port']}/", timeout=2)
-                            up += 1
-                        except httpx.HTTPError:
-                            pass
+        for url, _ in (server for kind in SERVER_KINDS for server in servers_of(config, kind).values()):
+            try:
+                httpx.get(url + "/", timeout=2)
+                up += 1
+            except httpx.HTTPError:
+                pass
         return up
 
     def stop(self) -> None:
         if self.process is None:
             return
         process, self.process = self.process, None
-        session = _session_members(process.pid)
-        for pid in session:
+        for pid in session_members(process.pid):
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(pid) for pid in session):
-            process.poll()
+        while time.monotonic() < deadline and session_members(process.pid):
+            process.poll()  # reap ng_run itself
             time.sleep(0.2)
-        for pid in _session_members(process.pid) | {p for p in session if _alive(p)}:
+        for pid in session_members(process.pid):
             _signal(pid, signal.SIGKILL)
         try:
             process.wait(timeout=5)
@@ -201,20 +196,24 @@ def _refuse_busy_port(port: int) -> None:
                       "pick another port, or set nemo_gym_auto_start: false to use the servers running there")
 
 
-def _session_members(session: int) -> set[int]:
-    """Every process whose session id is `session` (Linux /proc; elsewhere the leader's process group)."""
+def session_members(session: int) -> list[int]:
+    """The live processes whose session id is `session` (Linux /proc; elsewhere just the leader, if alive)."""
     proc = Path("/proc")
-    if not proc.is_dir() or sys.platform != "linux":
-        return {session}
-    members = set()
+    if sys.platform != "linux" or not proc.is_dir():
+        try:
+            os.kill(session, 0)
+            return [session]
+        except OSError:
+            return []
+    members = []
     for entry in proc.iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[3]) == session:  # field 6 of /proc/PID/stat: the session id
-                members.add(int(entry.name))
+            if int(fields[3]) == session and fields[0] != "Z":  # field 6 of /proc/PID/stat: the session id
+                members.append(int(entry.name))
     return members
 
 
@@ -223,14 +222,6 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"
-    except OSError:
-        return False
 
 
 def _tail(path: Path, lines: int = 25) -> str:
