@@ -23,7 +23,7 @@ def test_auto_skips_partial_checkpoint_and_resumes(make_config, cli, tmp_path, c
     (out / ".tmp-checkpoint-5-999").mkdir()
     shutil.copytree(out / "checkpoint-4", out / "checkpoint-5")
     (out / "checkpoint-5" / "trainer_state.json").unlink()
-    (out / "checkpoint-5" / "optimizer.pt").unlink()
+    shutil.rmtree(out / "checkpoint-5" / "optimizer")
     assert resolve_resume("auto", out) == out / "checkpoint-4"
 
     capsys.readouterr()

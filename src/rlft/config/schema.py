@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import field_validator, model_validator
 
 from rlft.config.base import Section, field, planned
+from rlft.config.parallel import fsdp_settings
 from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
 
@@ -209,11 +210,15 @@ class RlftConfig(PreferenceFields, NemoGymFields):
         False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="padding-free batches, issue #13"
     )
 
-    # --- multi-device (specified by the seeds, not built yet) ---
-    fsdp: Optional[list[str]] = planned(None, "FSDP options, e.g. [full_shard, auto_wrap].", issue="multi-GPU")
-    fsdp_config: Optional[dict[str, Any]] = planned(None, "FSDP settings passed to accelerate.", issue="multi-GPU")
-    deepspeed: Optional[str] = planned(None, "DeepSpeed JSON config path.", issue="multi-GPU")
-    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="multi-GPU")
+    # --- several processes (docs/distributed.md) ---
+    fsdp: Optional[list[str]] = field(None, "Shard the model over the processes (FSDP2): [full_shard, auto_wrap]; shard_grad_op "
+                                      "keeps parameters gathered until backward; offload moves them to the CPU.")
+    fsdp_config: Optional[dict[str, Any]] = field(
+        None, "FSDP settings: fsdp_transformer_layer_cls_to_wrap, fsdp_reshard_after_forward, fsdp_offload_params, "
+              "fsdp_activation_checkpointing, fsdp_version (rlft always runs FSDP2).")
+    ddp_timeout: int = field(1800, "Seconds a collective may wait for a rank before the run stops (a rank that hangs).", gt=0)
+    deepspeed: Optional[str] = planned(None, "DeepSpeed JSON config path.", issue="#11")
+    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="#11")
 
     @field_validator("chat_template")
     @classmethod
@@ -294,6 +299,12 @@ def combination_problems(cfg: RlftConfig):
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
     yield from _nemo_gym_problems(cfg)
+    try:
+        fsdp_settings(cfg)
+    except ValueError as exc:
+        yield str(exc)
+    if cfg.deepspeed and (cfg.fsdp or cfg.fsdp_config):
+        yield "deepspeed and fsdp are both set: choose one way to shard the model"
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
         yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
 

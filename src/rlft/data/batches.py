@@ -50,9 +50,14 @@ class BatchPlan:
         if self.lengths is not None:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
         mine = batches[self.rank :: self.world]
-        while len(mine) < len(self):  # equal counts on every process keep collectives in step
+        while len(mine) < len(self):  # equal counts on every process keep collectives in step (trained with weight 0)
             mine.append(mine[-1])
         return mine
+
+    def is_padding(self, position: int) -> bool:
+        """Whether this process's micro-batch `position` of an epoch only repeats one (the last process may have fewer)."""
+        batches = math.ceil(len(self.items) / self.micro_batch_size)
+        return position >= (batches - self.rank + self.world - 1) // self.world
 
     def batch(self, indices: list[int]) -> dict[str, Any]:
         return self.collate([self.items[i] for i in indices])
@@ -83,7 +88,16 @@ class PlanCursor:
             self.batch_in_epoch = 0
 
     def next(self) -> dict[str, Any]:
-        return self.plan.batch(self.next_indices())
+        batch = self.plan.batch(self.next_indices())
+        if self.plan.is_padding(self.batch_in_epoch - 1):
+            batch["padding"] = True  # the loop runs it (collectives stay in step) and counts none of it
+        return batch
+
+    def reshard(self, old_world: int, new_world: int) -> None:
+        """Continue a position written by `old_world` processes with `new_world` (same micro-batch size): the
+        global micro-batches consumed are kept; a remainder that does not divide is skipped, never repeated."""
+        if old_world != new_world:
+            self.batch_in_epoch = -(-self.batch_in_epoch * old_world // new_world)
 
     @property
     def epochs_done(self) -> float:

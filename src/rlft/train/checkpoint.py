@@ -1,14 +1,18 @@
 """Atomic, exactly-resumable checkpoints.
 
 A checkpoint `output_dir/checkpoint-N/` holds:
-  model/              save_pretrained output (only the adapter for LoRA) + tokenizer: loadable as is
-  optimizer.pt        optimizer state
+  model/              save_pretrained output (only the adapter for LoRA) + tokenizer: loadable as is; the full
+                      weights even when they were sharded over processes (gathered for the save)
+  optimizer/          optimizer state, torch.distributed.checkpoint: each process writes its own shard, and a
+                      load re-shards it for any number of processes (or one)
   scheduler.pt        learning-rate schedule state
-  rng.pt              python, numpy and torch RNG states
-  trainer_state.json  step, data position (epoch, batch), metrics; written last
+  rng-R.pt            python, numpy and torch RNG states of process R
+  trainer_state.json  step, data position (epoch, batch), process count, metrics; written last
 
-It is written under `output_dir/.tmp-checkpoint-N-PID/` and renamed into place, so a crash mid-save
-leaves the previous checkpoints untouched and never a half-written `checkpoint-N`.
+Every process takes part in a save. It is written under `output_dir/.tmp-checkpoint-N/` and renamed into
+place by rank 0 once every process has written its part, so a crash mid-save (of any process) leaves the
+previous checkpoints untouched and never a half-written `checkpoint-N`. Checkpoints of earlier rlft
+versions (`optimizer.pt`, `rng.pt`) still load.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,8 @@ import torch
 from rlft.errors import CheckpointError
 
 STATE_FILE = "trainer_state.json"
-REQUIRED = ("model", "optimizer.pt", "scheduler.pt", "rng.pt", STATE_FILE)
+REQUIRED = ("model", "scheduler.pt", STATE_FILE)
+EITHER = (("optimizer", "optimizer.pt"), ("rng-0.pt", "rng.pt"))  # this version's name, or an earlier version's
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -41,6 +47,7 @@ class TrainState:
     batch_in_epoch: int = 0
     tokens_seen: int = 0
     total_steps: int = 0
+    world_size: int = 1  # processes that wrote it; the data position is per process
     last_metrics: dict[str, Any] = field(default_factory=dict)
     recipe_state: dict[str, Any] = field(default_factory=dict)  # e.g. running statistics of a loss
 
@@ -61,30 +68,72 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None) -> Path:
-    """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it."""
+    from rlft.train.parallel import barrier, full_state_dict, is_sharded
+
+    rank = _rank()
     final = output_dir / f"checkpoint-{state.global_step}"
-    staging = output_dir / f".tmp-checkpoint-{state.global_step}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    model.save_pretrained(staging / "model", safe_serialization=True)
-    tokenizer.save_pretrained(staging / "model")
-    torch.save(optimizer.state_dict(), staging / "optimizer.pt")
-    torch.save(scheduler.state_dict(), staging / "scheduler.pt")
-    torch.save(rng_state(), staging / "rng.pt")
-    (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
-    _fsync_tree(staging)
-    if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
-        old = output_dir / f".old-checkpoint-{state.global_step}-{os.getpid()}"
-        final.rename(old)
-        staging.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(final)
-    if keep:
-        for stale in list_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(stale, ignore_errors=True)
+    staging = output_dir / f".tmp-checkpoint-{state.global_step}"
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    barrier()
+    unwrapped = getattr(model, "module", model)
+    weights = full_state_dict(model) if is_sharded(model) else None  # gathered: a collective
+    if rank == 0:
+        unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
+        tokenizer.save_pretrained(staging / "model")
+    save_optimizer(model, optimizer, staging / "optimizer")
+    torch.save(rng_state(), staging / f"rng-{rank}.pt")
+    barrier()  # every process has written its part
+    if rank == 0:
+        torch.save(scheduler.state_dict(), staging / "scheduler.pt")
+        (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        _fsync_tree(staging)
+        if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
+            old = output_dir / f".old-checkpoint-{state.global_step}-{os.getpid()}"
+            final.rename(old)
+            staging.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(final)
+        if keep:
+            for stale in list_checkpoints(output_dir)[:-keep]:
+                shutil.rmtree(stale, ignore_errors=True)
+    barrier()
     return final
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _inner(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+
+
+def save_optimizer(model, optimizer, folder: Path) -> None:
+    """The optimizer state keyed by parameter names, each process writing its shard (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", which it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}, checkpoint_id=str(folder))
+
+
+def load_optimizer(model, optimizer, folder: Path) -> None:
+    """Load a state `save_optimizer` wrote, re-sharded for however many processes run now."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    target = {"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}  # initialised: the tensors to load into
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(target, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, _inner(optimizer), target["optimizer"])
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -107,6 +156,7 @@ def checkpoint_problem(folder: Path) -> str | None:
     if not folder.is_dir():
         return "it does not exist"
     missing = [name for name in REQUIRED if not (folder / name).exists()]
+    missing += [names[0] for names in EITHER if not any((folder / name).exists() for name in names)]
     if missing:
         return f"it lacks {', '.join(missing)} (a partial save?)"
     weights = list((folder / "model").glob("*.safetensors"))
@@ -174,23 +224,29 @@ def load_weights(model, folder: Path) -> None:
         )
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
-    load_weights(model, folder / "model")
+def load_checkpoint(folder: Path, model, optimizer, scheduler, world_size: int = 1) -> TrainState:
+    """The optimizer, schedule and RNG state of `folder` (its weights were loaded before the model was wrapped,
+    with `load_weights`). Every process calls it; each restores its own RNG (rank 0's when it wrote none)."""
+    rank = _rank()
     try:
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+        if (folder / "optimizer").is_dir():
+            load_optimizer(model, optimizer, folder / "optimizer")
+        else:
+            _inner(optimizer).load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
         scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
         # the schedule is rebuilt from today's config (max_steps may have changed): apply it from this step on
         scheduler._last_lr = scheduler.get_lr()
         for group, lr in zip(optimizer.param_groups, scheduler._last_lr):
             group["lr"] = lr
-        restore_rng(torch.load(folder / "rng.pt", weights_only=False))
+        rng = next((folder / name for name in (f"rng-{rank}.pt", "rng-0.pt", "rng.pt") if (folder / name).exists()))
+        restore_rng(torch.load(rng, weights_only=False))
     except (RuntimeError, ValueError, KeyError, EOFError) as exc:
         raise CheckpointError(f"{folder}: cannot restore optimizer/scheduler/RNG state: {exc}") from None
     return TrainState(**json.loads((folder / STATE_FILE).read_text()))
 
 
 def clean_staging(output_dir: Path) -> None:
-    """Remove `.tmp-checkpoint-*` folders left by a run killed mid-save."""
+    """Remove `.tmp-checkpoint-*` folders left by a run killed mid-save (rank 0, before any save)."""
     if output_dir.is_dir():
         for leftover in output_dir.glob(".tmp-checkpoint-*"):
             shutil.rmtree(leftover, ignore_errors=True)

@@ -19,11 +19,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from rlft.config.parallel import fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
-from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, resolve_resume, save_checkpoint
+from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
+from rlft.train.parallel import gradient_sync, max_across, mean_metrics, shard_model, sum_across
 from rlft.train.recipe import Recipe
 
 
@@ -49,25 +51,50 @@ def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
+def wrap(cfg, model, accelerator, console: Console):
+    """The model as the processes train it (as it is, DDP, or sharded with FSDP2) and its optimizer."""
+    settings = fsdp_settings(cfg)
+    if settings is not None and accelerator.is_main_process:
+        for note in settings.notes if accelerator.num_processes > 1 else ("fsdp with one process: nothing to shard",):
+            console.print(f"note: {note}", markup=False, highlight=False)
+    if settings is None or accelerator.num_processes == 1:
+        return accelerator.prepare(model, build_optimizer(cfg, model))
+    shard_model(model.to(accelerator.device), settings)
+    return model, accelerator.prepare(build_optimizer(cfg, model))
+
+
 def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Console) -> LoopResult:
     output_dir = Path(cfg.output_dir)
     main = accelerator.is_main_process
     if main:
         clean_staging(output_dir)
+    accelerator.wait_for_everyone()
     plan = recipe.train_plan
     total_steps = total_steps_for(cfg, len(plan), recipe.draws_per_step)
-    optimizer = build_optimizer(cfg, model)
+    world = accelerator.num_processes
+    resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir)
+    if resume_from is not None:  # the weights go in before the model is wrapped or sharded
+        load_weights(accelerator.unwrap_model(model), resume_from / "model")
+    model, optimizer = wrap(cfg, model, accelerator, console)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
 
-    state = TrainState(total_steps=total_steps)
-    resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir)
+    state = TrainState(total_steps=total_steps, world_size=world)
     if resume_from is not None:
-        state = load_checkpoint(resume_from, unwrapped, optimizer, scheduler)
+        state = load_checkpoint(resume_from, model, optimizer, scheduler)
         state.total_steps = total_steps
         recipe.load_state_dict(state.recipe_state)
-        console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}")
+        note = ""
+        if state.world_size != world:
+            before = state.batch_in_epoch
+            cursor_state = PlanCursor(plan, state.epoch, state.batch_in_epoch)
+            cursor_state.reshard(state.world_size, world)
+            state.batch_in_epoch = cursor_state.batch_in_epoch
+            skipped = state.batch_in_epoch * world - before * state.world_size
+            note = (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
+                    + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even)" if skipped else ")"))
+            state.world_size = world
+        console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}{note}")
     elif cfg.resume_from_checkpoint == "auto":
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
 
@@ -101,13 +128,11 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
 
     def save() -> Path | None:
         nonlocal last_saved, save_time
-        accelerator.wait_for_everyone()
         state.recipe_state = recipe.state_dict()
-        if main:
-            began = time.perf_counter()
-            with timer("save"):
-                last_saved = save_checkpoint(output_dir, state, unwrapped, tokenizer, optimizer, scheduler, cfg.save_total_limit)
-            save_time += time.perf_counter() - began
+        began = time.perf_counter()
+        with timer("save"):
+            last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit)
+        save_time += time.perf_counter() - began
         return last_saved
 
     def show_messages() -> None:
@@ -143,20 +168,27 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 batches = next_batches()
                 units, loss_total, step_metrics, tokens, scale = 0.0, 0.0, {}, 0, None
                 lr = scheduler.get_last_lr()[0]
+                counted = [b for b in batches if not b.get("padding")]
                 for index, batch in enumerate(batches):
-                    sync = index == len(batches) - 1
-                    with timer("forward_backward"), (nullcontext() if sync else accelerator.no_sync(model)):
+                    weight = 0.0 if batch.get("padding") else 1.0  # a padding batch keeps collectives in step, adds nothing
+                    with timer("forward_backward"), gradient_sync(model, index == len(batches) - 1):
                         with accelerator.autocast():
                             out = recipe.loss(model, batch)
-                        # backward at the size of a mean (the first micro-batch's units), not of a sum: fp16 scalers stay in range
-                        scale = scale or max(float(out.units), 1.0)
-                        accelerator.backward(out.loss_sum / scale)
+                        # backward at the size of a mean (the first micro-batch's units, the largest over ranks: every
+                        # rank must scale alike), not of a sum: fp16 scalers stay in range
+                        scale = scale or max_across(max(float(out.units), 1.0), accelerator.device)
+                        accelerator.backward(out.loss_sum * (weight / scale))
+                    if not weight:
+                        continue
                     units += out.units
                     loss_total += float(out.loss_sum.detach())
                     tokens += int(batch["num_tokens"])
                     for key, value in out.metrics.items():  # phase times add up over micro-batches, the rest average
-                        share = value if key.startswith("time/") else value / len(batches)
+                        share = value if key.startswith("time/") else value / len(counted)
                         step_metrics[key] = step_metrics.get(key, 0.0) + share
+                units, loss_total, tokens = sum_across([units, loss_total, tokens], accelerator.device)
+                tokens = int(tokens)
+                step_metrics = mean_metrics(step_metrics)
                 loss_value = loss_total / max(units, 1)
                 show_messages()
                 if not math.isfinite(loss_value):
@@ -167,16 +199,15 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     )
                 with timer("optimizer"):
                     if batches:
-                        # sum over the window -> mean per loss unit; DDP averaged the gradients over ranks, so divide
-                        # by the ranks' mean units: every rank steps with the gradient of one large batch
-                        step_units = units
-                        if accelerator.num_processes > 1:
-                            step_units = float(accelerator.reduce(torch.tensor(units, device=accelerator.device), "mean"))
+                        # sum over the window (and ranks) -> mean per loss unit; DDP and FSDP average the gradients
+                        # over ranks, so multiply by the rank count: every rank steps with one large batch's gradient
+                        factor = scale * accelerator.num_processes / max(units, 1.0)
                         for param in params:
                             if param.grad is not None:
-                                param.grad.mul_(scale / max(step_units, 1.0))
+                                param.grad.mul_(factor)
                         max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
-                        grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
+                        norm = accelerator.clip_grad_norm_(params, max_norm)
+                        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
                         optimizer.step()
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
                         grad_norm = 0.0

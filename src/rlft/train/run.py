@@ -14,6 +14,7 @@ from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
+from rlft.train.parallel import full_state_dict, is_sharded, make_accelerator
 from rlft.train.report import print_plan, print_summary
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
@@ -37,28 +38,10 @@ def refuse_unbuilt(cfg) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.use_vllm and processes > 1:
-        raise NotImplementedYet(f"trl.use_vllm with {processes} training processes: pushing weights to the rollout server "
-                                "from several ranks is not built yet (multi-process training is issue #11); train with one "
-                                "process")
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
         raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
-
-
-def make_accelerator(cfg):
-    from accelerate import Accelerator
-
-    cuda = torch.cuda.is_available()
-    if cfg.fp16 and not cuda:
-        raise ConfigError("fp16: true needs a CUDA GPU (CPUs have no fast float16 path): use bf16 or fp32")
-    bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and cuda and torch.cuda.is_bf16_supported())
-    if cfg.tf32 and cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"))
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:
@@ -135,11 +118,11 @@ def _train(cfg, console: Console) -> LoopResult:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():
         console.print(f"WARNING: {warning}", style="bold red", markup=False, soft_wrap=True)
+    weights = full_state_dict(model) if is_sharded(model) else None  # sharded over processes: gathered (a collective)
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model)
         # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
         conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}
-        final.save_pretrained(output_dir, safe_serialization=True, **conversion)
+        model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights, **conversion)
         tokenizer.save_pretrained(output_dir)
         print_summary(console, cfg, result)
     return result

@@ -1,0 +1,188 @@
+"""Training on several processes: the process group, how the model is wrapped, and the collectives the loop needs.
+
+Processes come from a launcher (`rlft train --num-processes N`, `accelerate launch`, `torchrun`, `srun`)
+and are found through its environment only (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
+accelerate starts the process group (NCCL on CUDA, gloo on CPU). Strategies:
+
+* one process: the model as it is;
+* data parallel (DDP), the default with N > 1: a full copy per process, gradients all-reduced;
+* FSDP2 (`fsdp` / `fsdp_config`): parameters, gradients and optimizer state sharded over the processes with
+  `torch.distributed.fsdp.fully_shard`, one unit per decoder layer. rlft calls it directly, the call
+  accelerate makes on GPUs, so the same code runs on CPU (gloo), where accelerate has no FSDP.
+
+Every collective runs on the main thread, in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlft.errors import ConfigError
+
+
+def launched_processes() -> int:
+    """The number of training processes the launcher started (1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def make_accelerator(cfg):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    cuda = torch.cuda.is_available()
+    if cfg.fp16 and not cuda:
+        raise ConfigError("fp16: true needs a CUDA GPU (CPUs have no fast float16 path): use bf16 or fp32")
+    processes, local = launched_processes(), int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if cuda and local > torch.cuda.device_count():
+        raise ConfigError(f"{local} training processes on this node but {torch.cuda.device_count()} visible GPU(s): start at most "
+                          "one process per GPU (--num-processes, CUDA_VISIBLE_DEVICES)")
+    bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and cuda and torch.cuda.is_bf16_supported())
+    if cfg.tf32 and cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # a rank that hangs (not one that dies: the launcher stops the others at once) fails the others after ddp_timeout
+    timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
+    return Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda, kwargs_handlers=timeout)
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
+    """Apply FSDP2 in place: each decoder layer (`fsdp_transformer_layer_cls_to_wrap`, else the model's own
+    `_no_split_modules`) becomes a unit, then the root. Names the model's layer classes when one is missing."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    present = {type(module).__name__ for module in model.modules()}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    classes = set(settings.layer_classes or getattr(base, "_no_split_modules", None) or ())
+    missing = sorted(classes - present)
+    if settings.wrap_layers and (missing or not classes):
+        layers = sorted(name for name in present if name.endswith(("DecoderLayer", "Block", "Layer")))
+        raise ConfigError(f"fsdp_config.fsdp_transformer_layer_cls_to_wrap: {', '.join(missing) or '(none)'} is not a layer of "
+                          f"{type(base).__name__}; its layer classes: {', '.join(layers) or 'none found'}")
+    if settings.activation_checkpointing and not getattr(base, "is_gradient_checkpointing", False):
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    options: dict[str, Any] = {"reshard_after_forward": settings.reshard_after_forward}
+    if settings.offload_params:
+        options["offload_policy"] = CPUOffloadPolicy()
+    if settings.wrap_layers:
+        for module in model.modules():
+            if type(module).__name__ in classes:
+                fully_shard(module, **options)
+    fully_shard(model, **options)
+    return model
+
+
+@contextmanager
+def gradient_sync(model, sync: bool) -> Iterator[None]:
+    """Reduce gradients in this backward only when `sync` (the last micro-batch of a step)."""
+    if sync:
+        yield
+    elif is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def full_parameters(model) -> Iterator[None]:
+    """Every rank holds the full parameters inside (FSDP2: gathered, then sharded again); a no-op otherwise.
+    A collective: every rank must enter it together."""
+    if not is_sharded(model):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in reversed(units):
+            unit.reshard()
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's full state dict on CPU, on rank 0 (empty elsewhere when sharded). A collective under FSDP2."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not is_sharded(model):
+        module = getattr(model, "module", model)
+        return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def sum_across(values: list[float], device) -> list[float]:
+    """Element-wise sums over all ranks (the values themselves with one process)."""
+    if not distributed():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def max_across(value: float, device) -> float:
+    if not distributed():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor)
+
+
+def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric averaged over the ranks that report it; phase times (`time/*`) are the slowest rank's."""
+    if not distributed():
+        return metrics
+    gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, metrics)
+    out: dict[str, float] = {}
+    for key in sorted({k for part in gathered for k in part}):
+        values = [part[key] for part in gathered if key in part]
+        out[key] = max(values) if key.startswith("time/") else sum(values) / len(values)
+    return out
+
+
+def gather_objects(items: list[Any]) -> list[Any]:
+    """Every rank's list, concatenated in rank order, on every rank."""
+    if not distributed():
+        return list(items)
+    gathered: list[list[Any]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, items)
+    return [item for part in gathered for item in part]
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value` on every rank (pickled; tensors travel on the CPU)."""
+    if not distributed():
+        return value
+    box = [value if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if distributed():
+        dist.barrier()
+
