@@ -20,7 +20,15 @@ def _train(args: argparse.Namespace) -> int:
     from rlft.config import load_config
     from rlft.train.run import train
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)  # a bad config stops here, before any process starts
+    if args.num_processes > 1 or args.nnodes > 1:
+        from rlft.train.launch import launch_command, run_launched
+
+        if "WORLD_SIZE" in os.environ:
+            raise ConfigError("--num-processes inside an already launched process (torchrun / accelerate launch set "
+                              "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
+        return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
+                                           args.main_ip, args.main_port, args.debug))
     train(cfg, console)
     return 0
 
@@ -141,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("train", help="train from a config (overrides: --key=value, --trl.beta=0.01)")
     p.add_argument("config")
+    p.add_argument("--num-processes", "--num_processes", type=int, default=1, dest="num_processes", metavar="N",
+                   help="training processes in all, over every node (one per GPU); starts them with accelerate launch")
+    p.add_argument("--nnodes", "--num-machines", "--num_machines", type=int, default=1, dest="nnodes", help="nodes (machines)")
+    p.add_argument("--node-rank", "--node_rank", "--machine-rank", type=int, default=0, dest="node_rank",
+                   help="this node's index, 0 on the first")
+    p.add_argument("--main-process-ip", "--main_process_ip", "--master-addr", dest="main_ip", help="address of node 0")
+    p.add_argument("--main-process-port", "--main_process_port", "--master-port", type=int, dest="main_port",
+                   help="port on node 0 for the rendezvous")
     p.set_defaults(run=_train)
 
     p = commands.add_parser("validate", help="check a config without loading models or data")

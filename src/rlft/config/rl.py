@@ -7,6 +7,7 @@ lives in exactly one place. The `variant` shorthand (Cosmos-RL) and `rl: gdpo` a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +151,9 @@ def rl_settings(cfg) -> RLSettings:
         options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
     scale = "none" if options["unbiased_advantage"] else options["scale_rewards"]
     group = options["num_generations"]
-    completions_per_step = options["generation_batch_size"] or cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    # every training process trains micro_batch_size x gradient_accumulation_steps completions per optimizer step
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    completions_per_step = options["generation_batch_size"] or cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
     kwargs = options["generation_kwargs"] or {}
     metric = options["filter_reward_metric"]
     maximum = options["max_completion_length"]

@@ -75,6 +75,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir)
     if resume_from is not None:  # the weights go in before the model is wrapped or sharded
         load_weights(accelerator.unwrap_model(model), resume_from / "model")
+    recipe.before_wrap(model)
     model, optimizer = wrap(cfg, model, accelerator, console)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     unwrapped = accelerator.unwrap_model(model)

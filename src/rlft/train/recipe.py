@@ -1,6 +1,6 @@
 """What a training method supplies to the loop, with defaults: subclass `Recipe` and override what you need.
 
-The loop calls, in order: `start(model)` once the model is prepared and any checkpoint is loaded;
+The loop calls, in order: `before_wrap(model)`, `start(model)` once the model is prepared and any checkpoint is loaded;
 per step `prepare_step(model)` (None: the loop draws `gradient_accumulation_steps` micro-batches from
 `train_plan`; a list: the recipe built them, an empty list skips the update), `loss(model, batch)`
 per micro-batch, `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()`
@@ -37,6 +37,9 @@ class Recipe:
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
         return []
+
+    def before_wrap(self, model: torch.nn.Module) -> None:
+        """The model holds its first (or resumed) weights, before DDP wraps or FSDP shards it: copy what you need whole."""
 
     def start(self, model: torch.nn.Module) -> None:
         """The model is prepared and any checkpoint (and `load_state_dict`) is loaded."""

@@ -14,7 +14,8 @@ from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
-from rlft.train.parallel import full_state_dict, is_sharded, make_accelerator
+from rlft.config.parallel import fsdp_settings
+from rlft.train.parallel import full_state_dict, is_sharded, launched_processes, make_accelerator
 from rlft.train.report import print_plan, print_summary
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
@@ -38,6 +39,20 @@ def refuse_unbuilt(cfg) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
+    processes = launched_processes()
+    if cfg.method == "ebft" and processes > 1:
+        raise NotImplementedYet(f"rl: ebft with {processes} training processes is not built yet (issue #11): train EBFT with "
+                                "one process")
+    resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
+    if resets and processes > 1 and fsdp_settings(cfg) is not None:
+        raise NotImplementedYet(f"trl.{resets[0]} with fsdp: moving a reference copy towards sharded weights is not built "
+                                "yet; use plain data parallelism (leave fsdp unset) or drop the key")
+    if cfg.context_parallel_size > 1:
+        device = "CUDA GPUs" if torch.cuda.is_available() else "CUDA GPUs (this machine has none)"
+        raise NotImplementedYet(f"context_parallel_size: {cfg.context_parallel_size}: context parallelism splits each sequence "
+                                f"over processes with ring attention on CUDA SDPA kernels and FSDP2, so it needs {device}; "
+                                "rlft has not built it yet (issue #11). Remove the key; for long rows use "
+                                "gradient_checkpointing and a smaller micro_batch_size")
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)

@@ -101,10 +101,9 @@ class EBFTStructuredRecipe(GRPORecipe):
             out.metrics["ebft/ce_loss"] = float(nll.detach())
         return out
 
-    def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+    def evaluate_with_engine(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out ground-truth cross-entropy (teacher forced) and greedy exact match with the ground truth."""
         greedy = dataclasses.replace(self.sampling, temperature=0.0, max_new_tokens=self.settings.max_completion_length)
-        self.feed.sync_now(self.model)  # evaluate the weights being trained, not the engine's older ones
         nll_total, tokens, hits, count = 0.0, 0, 0, 0
         eos = self.tokenizer.eos_token_id
         for batch in batches:

@@ -11,6 +11,7 @@ when due.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -35,6 +36,8 @@ from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import rollout_form
 from rlft.train.recipe import LossOutput, Recipe
+from rlft.config.parallel import fsdp_settings
+from rlft.train.parallel import broadcast_object, full_state_dict, gather_objects, is_sharded, max_across
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync
 from rlft.usercode import UserCodeError, load_user_function
@@ -116,7 +119,10 @@ class GRPORecipe(Recipe):
         self.rollout_func = load_rollout_func(s.rollout_func, s) if s.rollout_func else None
         self.environment = environment
         identity = lambda rows: {"prompts": rows}  # noqa: E731
-        self.train_plan = BatchPlan(data.train, s.prompts_per_step, cfg.seed, tokenizer.pad_token_id, shard=shard, collate=identity)
+        # rank 0 draws, samples and scores every process's prompts (prompts_per_step counts them all) and broadcasts the
+        # scored batch: one engine, one prompt order, the same batch as one process with the same global batch size
+        self.rank, self.world = shard
+        self.train_plan = BatchPlan(data.train, s.prompts_per_step, cfg.seed, tokenizer.pad_token_id, collate=identity)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
         self.draws_per_step = 1  # one plan batch (prompts_per_step prompts) per optimizer step
         self.prompts = PlanCursor(self.train_plan)
@@ -125,7 +131,8 @@ class GRPORecipe(Recipe):
         self.feed: RolloutFeed | None = None
         self.model = None  # the trained module (unwrapped), for weight pushes at checkpoints and evaluation
         self.step = 0
-        self.queue: list[list[list[TrainingRow]]] = []  # steps -> micro-batches -> rows, still to train on
+        self.queue: list[list[TrainingRow]] = []  # each optimizer step's rows (all processes'), still to train on
+        self.twin = None  # rank 0's full copy of a sharded (FSDP2) policy, which the engine and weight sync read
         self.batch_metrics: dict[str, float] = {}  # describe the generation batch being trained on
         self.fresh: dict[str, float] = {}  # this step's own (phase times, skips)
         self.pending: list[str] = []  # warnings for the loop to print
@@ -134,10 +141,27 @@ class GRPORecipe(Recipe):
         self._restored: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
+    def before_wrap(self, model) -> None:
+        if self.world > 1 and self.rank == 0 and fsdp_settings(self.cfg) is not None:
+            self.twin = copy.deepcopy(model)  # frozen weights share storage with nothing sharded: a plain copy
+
+    def whole(self, model):
+        """The policy with whole weights, for the engine and weight sync (on rank 0); gathers a sharded one (every rank
+        must call it together)."""
+        if self.twin is None and not is_sharded(model):
+            return model
+        weights = full_state_dict(model)
+        if self.twin is not None:
+            self.twin.load_state_dict(weights)
+        return self.twin
+
     def start(self, model) -> None:
         s, version = self.settings, self._restored.get("weight_version", 0) or 0
         self.model, self.step = model, self._restored.get("step", 0)
-        engine = self.make_engine(model, version)
+        policy = self.whole(model)
+        if self.rank != 0:  # the other processes train on what rank 0 broadcasts
+            return
+        engine = self.make_engine(policy, version)
         self.producer = RolloutProducer(engine, self.scorer, self.prompts, s, self.tokenizer, self.sampling,
                                         self.rollout_func, self.sampling_for, seed=self.cfg.seed,
                                         environment=self.environment)
@@ -148,15 +172,17 @@ class GRPORecipe(Recipe):
         self.feed = RolloutFeed(self.producer, sync, s, self.cfg.max_steps, self.cfg.seed)
         self.feed.load_state_dict(self._restored.get("feed", {}), self.step)
         if self.remote_engine:  # it serves whatever it held before (another run's weights or adapter): send all of ours
-            sync.reset(model, version)
+            sync.reset(policy, version)
 
     def after_optimizer_step(self, model, step: int) -> None:
         started = time.perf_counter()
         self.step = step
-        main_thread = self.feed.after_optimizer_step(model, step)
+        due = self.settings.sync_interval and step % self.settings.sync_interval == 0
+        policy = self.whole(model) if due else model
+        main_thread = self.feed.after_optimizer_step(policy, step) if self.feed else 0.0
         self._update_reference(model, step)
-        self.fresh["time/weight_sync"] = round(time.perf_counter() - started if not self.feed.depth else main_thread, 4)
-        if self.feed.depth and self.feed.weight_sync.seconds:
+        self.fresh["time/weight_sync"] = round(time.perf_counter() - started if not (self.feed and self.feed.depth) else main_thread, 4)
+        if self.feed and self.feed.depth and self.feed.weight_sync.seconds:
             self.fresh["async/weight_load_s"] = round(self.feed.weight_sync.seconds, 4)
 
     def close(self) -> None:
@@ -174,8 +200,9 @@ class GRPORecipe(Recipe):
     def state_dict(self) -> dict[str, Any]:
         """Queued rows, the prompt position and health counters: a resume trains on exactly the rows an
         uninterrupted run would, sampled from an engine of the recorded weight version."""
-        feed = self.feed.state_dict(self.model) if self.feed else {}
-        return {"queue": [[[row.to_state() for row in micro] for micro in window] for window in self.queue],
+        policy = self.whole(self.model) if self.model is not None else None
+        feed = self.feed.state_dict(policy) if self.feed else {}
+        return {"queue": [[row.to_state() for row in window] for window in self.queue],
                 "prompts": self.prompts.state_dict(), "generations": self.producer.generations if self.producer else 0,
                 "weight_version": feed.get("weight_version") or 0, "step": self.step, "feed": feed,
                 "zero_signal_steps": self.zero_signal_steps, "steps_with_signal": self.steps_with_signal,
@@ -186,7 +213,8 @@ class GRPORecipe(Recipe):
             raise CheckpointError("this checkpoint was written by an rlft version before typed rollouts (its queued rows "
                                   "lack sampling log-probs and weight versions) and cannot be resumed exactly: start a new "
                                   "run from its model/ folder (base_model: <checkpoint>/model)")
-        self.queue = [[[TrainingRow.from_state(row) for row in micro] for micro in window] for window in state.get("queue", [])]
+        # a window is a list of rows (earlier versions: of micro-batches of rows)
+        self.queue = [[TrainingRow.from_state(row) for row in _flat(window)] for window in state.get("queue", [])]
         self.prompts.load_state_dict(state.get("prompts", {}))
         self.zero_signal_steps = state.get("zero_signal_steps", 0)
         self.steps_with_signal = state.get("steps_with_signal", 0)
@@ -201,7 +229,10 @@ class GRPORecipe(Recipe):
         window = self.queue.pop(0)
         if not window:
             self.fresh[self.empty_reason] = 1.0
-        return [self.micro_batch(rows) for rows in window]
+        mine, count = my_micro_batches(window, self.rank, self.world, self.cfg.micro_batch_size, self.cfg.gradient_accumulation_steps)
+        # a process with fewer rows than the others runs padding micro-batches (weight 0): collectives stay in step
+        padding = [{**self.micro_batch(window[:1]), "padding": True}] * count if count else []
+        return [self.micro_batch(rows) for rows in mine] + padding
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
         return completion_batch([row_inputs(r) for r in rows], self.tokenizer.pad_token_id, LOGP_VALUES)
@@ -265,9 +296,15 @@ class GRPORecipe(Recipe):
         return pending
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
+        """Rank 0 evaluates with the engine (on the weights being trained, not its older ones) for every process."""
+        policy = self.whole(self.model)
+        if self.rank == 0:
+            self.feed.sync_now(policy)
+        return broadcast_object(self.evaluate_with_engine(model, batches) if self.rank == 0 else None)
+
+    def evaluate_with_engine(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Greedy completion per held-out prompt, scored by the reward functions: eval/reward (accuracy for 0/1 rewards)."""
         greedy = dataclasses.replace(self.sampling, temperature=0.0)
-        self.feed.sync_now(self.model)  # evaluate the weights being trained, not the engine's older ones
         totals, count = {}, 0
         for batch in batches:
             prompts = batch["prompts"]
@@ -288,7 +325,7 @@ class GRPORecipe(Recipe):
     # ------------------------------------------------------------------ one generation batch
     def _fill_queue(self, model) -> None:
         s = self.settings
-        scored = self.feed.next_batch()
+        scored = broadcast_object(self.feed.next_batch() if self.rank == 0 else None)  # on the main thread, as every collective
         self._take_metrics(scored)
         rows = self._within_staleness(self.rows_of(scored))
         if s.log_completions:
@@ -297,7 +334,7 @@ class GRPORecipe(Recipe):
         self.empty_reason = "skipped_zero_adv_batches" if scored.skip else "async/stale_batches_skipped"
         windows = [[] for _ in range(s.steps_per_generation)] if scored.skip or not rows else self._windows(rows)
         self.queue = [window for _ in range(s.num_iterations) for window in windows]
-        trained = [row for window in windows for micro in window for row in micro]
+        trained = [row for window in windows for row in window]
         started = time.perf_counter()
         recorded = [row for row in trained if row.replayed and not s.replay_recompute_logps]
         # Old log-probs are cached when the policy moves before these rows are used up (several optimizer steps:
@@ -343,20 +380,21 @@ class GRPORecipe(Recipe):
             self.zero_signal_steps = 0
             self.steps_with_signal += 1
 
-    def _windows(self, rows: list[TrainingRow]) -> list[list[list[TrainingRow]]]:
-        """Split a generation batch into optimizer steps of gradient_accumulation_steps micro-batches."""
-        size, per_step = self.cfg.micro_batch_size, self.cfg.micro_batch_size * self.cfg.gradient_accumulation_steps
-        windows = []
-        for start in range(0, len(rows), per_step):
-            step_rows = rows[start : start + per_step]
-            windows.append([step_rows[i : i + size] for i in range(0, len(step_rows), size)])
-        return windows
+    def _windows(self, rows: list[TrainingRow]) -> list[list[TrainingRow]]:
+        """Split a generation batch into optimizer steps: micro_batch_size x gradient_accumulation_steps rows per process."""
+        per_step = self.cfg.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world
+        return [rows[start : start + per_step] for start in range(0, len(rows), per_step)]
 
     def _attach_logps(self, model, rows: list[TrainingRow], field: str, reference: bool) -> None:
+        """Each process computes every world-th row's log-probs (the same number of forward passes on each, for FSDP's
+        collectives), and all processes get all of them."""
         size = self.cfg.micro_batch_size
         device = next(model.parameters()).device
-        for start in range(0, len(rows), size):
-            chunk = rows[start : start + size]
+        mine = rows[self.rank :: self.world]
+        passes = int(max_across(-(-len(mine) // size), device))
+        values: list[tuple[list[float], list[float] | None]] = []
+        for start in range(0, passes * size, size):
+            chunk = mine[start : start + size] or rows[:1]  # a pass with nothing of its own: computed and dropped
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.micro_batch(chunk).items()}
             sampled = None
             with torch.no_grad():
@@ -367,10 +405,16 @@ class GRPORecipe(Recipe):
                     logits = completion_logits(model, batch)
                     logps, _ = logps_from_logits(logits, batch, self.settings.temperature, False)
                     sampled = sampled_logps(logits, batch, self.sampling, logps)[0] if self.compares_sampled else None
-            for index, row in enumerate(chunk):
-                setattr(row, field, logps[index, : len(row.completion_ids)].tolist())
-                if sampled is not None:
-                    row.old_sampled_logps = sampled[index, : len(row.completion_ids)].tolist()
+            if start < len(mine):
+                values += [(logps[index, : len(row.completion_ids)].tolist(),
+                            sampled[index, : len(row.completion_ids)].tolist() if sampled is not None else None)
+                           for index, row in enumerate(chunk)]
+        shared = gather_objects(values)  # rank order: rank r's are rows[r::world]
+        order = [index for rank in range(self.world) for index in range(rank, len(rows), self.world)]
+        for index, (logps, sampled_logps) in zip(order, shared):
+            setattr(rows[index], field, logps)
+            if sampled_logps is not None:
+                rows[index].old_sampled_logps = sampled_logps
 
     def _update_reference(self, model, step: int) -> None:
         """Cosmos-RL's reference reset every `reference_reset_interval` steps, or TR-DPO's soft update every
@@ -395,6 +439,20 @@ class GRPORecipe(Recipe):
                 handle.write(json.dumps({"step": self.producer.generations, "prompt": scored.prompt_of(index)["prompt"],
                                          "completion": text, "rewards": rewards, "weight_version": rollout.weight_versions[index],
                                          "advantage": round(float(scored.advantages[index]), 6)}) + "\n")
+
+
+def my_micro_batches(window: list[TrainingRow], rank: int, world: int, size: int, accumulation: int):
+    """This process's micro-batches of one optimizer step's rows (its contiguous share of micro_batch_size x
+    accumulation rows, as one process would have split them), and how many padding micro-batches it must add to
+    run as many as rank 0."""
+    share = window[rank * size * accumulation : (rank + 1) * size * accumulation]
+    mine = [share[i : i + size] for i in range(0, len(share), size)]
+    most = -(-min(len(window), size * accumulation) // size)
+    return mine, most - len(mine)
+
+
+def _flat(window: list) -> list:
+    return [row for item in window for row in (item if isinstance(item, list) else [item])]
 
 
 def _finite_or_none(value: torch.Tensor) -> float | None:

@@ -1,0 +1,66 @@
+"""`rlft train CONFIG --num-processes N`: start N training processes through accelerate's launcher.
+
+accelerate's `--multi_gpu` launcher is torch's elastic launcher (torchrun) underneath; it starts the
+processes on GPUs and on CPUs alike (each process then picks NCCL or gloo), stops the others when one
+fails, and sets the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that the
+processes read. Several nodes: run the same command on every node with `--nnodes`, its `--node-rank`
+and the first node's `--main-process-ip` / `--main-process-port`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from rlft.errors import ConfigError, RlftError
+
+
+def launch_command(config: str, overrides: list[str], processes: int, nodes: int = 1, node_rank: int = 0,
+                   main_ip: str | None = None, main_port: int | None = None, debug: bool = False) -> list[str]:
+    """The accelerate launch command that starts `processes` training processes in all (over `nodes` nodes)."""
+    if processes < 1 or nodes < 1:
+        raise ConfigError(f"--num-processes {processes} --nnodes {nodes}: both must be at least 1")
+    if processes % nodes:
+        raise ConfigError(f"--num-processes {processes} is the total over all nodes and must divide by --nnodes {nodes} "
+                          f"(e.g. --num-processes {nodes * max(1, processes // nodes)})")
+    if not 0 <= node_rank < nodes:
+        raise ConfigError(f"--node-rank {node_rank}: expected 0 to {nodes - 1} (one per node, 0 on the first)")
+    if nodes > 1 and not main_ip:
+        raise ConfigError("--nnodes > 1 needs --main-process-ip: the address of the node with --node-rank 0, reachable from "
+                          "every node")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+               "--num_machines", str(nodes), "--machine_rank", str(node_rank), "--mixed_precision", "no",
+               "--dynamo_backend", "no"]
+    if main_ip:
+        command += ["--main_process_ip", main_ip]
+    if main_port:
+        command += ["--main_process_port", str(main_port)]
+    command += ["-m", "rlft.cli", "train", config, *overrides]
+    return command + (["--debug"] if debug else [])
+
+
+def run_launched(command: list[str]) -> int:
+    """Run the launcher and wait for it. Ctrl-C reaches every process (one process group): each saves a checkpoint
+    and stops, and this waits for them."""
+    env = dict(os.environ, ACCELERATE_LOG_LEVEL=os.environ.get("ACCELERATE_LOG_LEVEL", "error"))
+    process = subprocess.Popen(command, env=env)
+    while True:
+        try:
+            code = process.wait()
+            break
+        except KeyboardInterrupt:
+            continue  # the processes got the same Ctrl-C: wait for their checkpoint
+    if code in (0, 130):  # done, or interrupted (the processes said where their checkpoint is)
+        return code
+    if code < 0:
+        reason = f"were stopped by {signal.Signals(-code).name}"
+    else:
+        reason = f"failed (exit code {code})"
+    raise LaunchFailed(f"the training processes {reason}: the first error above names the rank that failed. Checkpoints "
+                       "are written whole or not at all: resume with --resume_from_checkpoint=auto")
+
+
+class LaunchFailed(RlftError):
+    pass
