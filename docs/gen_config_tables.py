@@ -21,7 +21,7 @@ from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, Pref
 DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
 MODEL_NAMES = {"DatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
-ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "multi-GPU": "multi-GPU, no issue yet",
+ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "#11": "issue #11",
           "NCCL weight transfer, a later issue": "NCCL weight transfer, a later issue",
           "custom vLLM server code, a later issue": "custom vLLM server code, a later issue",
           "NeMo Gym, issue #10": "issue #10",

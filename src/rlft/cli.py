@@ -21,6 +21,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlft.train.run import train
 
     cfg = load_config(args.config, args.overrides)  # a bad config stops here, before any process starts
+
     if args.num_processes > 1 or args.nnodes > 1:
         from rlft.train.launch import launch_command, run_launched
 
@@ -29,7 +30,8 @@ def _train(args: argparse.Namespace) -> int:
                               "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
         return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
                                            args.main_ip, args.main_port, args.debug))
-    train(cfg, console)
+    rank = int(os.environ.get("RANK", "0"))
+    train(cfg, console if rank == 0 else Console(quiet=True))  # rank 0 reports for all; every rank's errors reach stderr
     return 0
 
 
@@ -236,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     except RlftError as exc:
         if args.debug:
             raise
-        err_console.print("error:", style="bold red", end=" ")
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        where = f" (rank {os.environ.get('RANK', '0')} of {processes})" if processes > 1 else ""
+        err_console.print(f"error{where}:", style="bold red", end=" ")
         err_console.print(str(exc), markup=False, highlight=False)  # messages quote YAML like [ipo]: no markup
         return 130 if isinstance(exc, TrainingInterrupted) else 1
     except KeyboardInterrupt:

@@ -277,18 +277,20 @@ def test_the_trainer_connects_where_the_same_configs_server_listens():
     assert (explicit.server_host, explicit.server_port) == ("gpu7", 9000)
 
 
-def test_use_vllm_with_several_training_processes_is_refused(monkeypatch):
+def test_several_training_processes_refuse_only_what_is_not_built(monkeypatch):
+    """A rollout server with several processes is built (rank 0 samples for all); EBFT and context parallelism are not."""
     from rlft.config import build_config
     from rlft.errors import NotImplementedYet
     from rlft.train.run import refuse_unbuilt
 
-    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
-                        "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True}})
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    refuse_unbuilt(cfg)
+    base = {"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4}
+    grpo = build_config({**base, "rl": "grpo", "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True}})
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(NotImplementedYet, match="trl.use_vllm with 2 training processes: .*train with one process"):
-        refuse_unbuilt(cfg)
+    refuse_unbuilt(grpo)
+    with pytest.raises(NotImplementedYet, match="rl: ebft with 2 training processes is not built yet"):
+        refuse_unbuilt(build_config({**base, "rl": "ebft", "ebft": {"mode": "strided", "stride": 4, "context_length": 4, "generate_max_len": 4}}))
+    with pytest.raises(NotImplementedYet, match="context_parallel_size: 2: .*needs CUDA GPUs"):
+        refuse_unbuilt(build_config({**base, "context_parallel_size": 2}))
 
 
 def test_a_server_that_is_not_an_rlft_server_is_named_as_such():

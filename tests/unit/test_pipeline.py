@@ -336,7 +336,7 @@ def test_replayed_rows_keep_their_recorded_logps_only_when_asked(tiny_llama, tok
             break
         recipe.queue = []
         recipe._fill_queue(tiny_llama)
-        rows = [row for window in recipe.queue for micro in window for row in micro]
+        rows = [row for window in recipe.queue for row in window]
         assert all(row.old_logps is not None for row in rows)
         replayed += [row for row in rows if row.replayed]
         fresh = [row for row in rows if not row.replayed]
@@ -403,7 +403,7 @@ def test_old_logps_are_cached_exactly_when_the_policy_moves_before_the_rows_are_
                         make_engine=lambda policy, version: FakeEngine())
     recipe.start(tiny_llama)
     recipe._fill_queue(tiny_llama)
-    rows = [row for window in recipe.queue for micro in window for row in micro]
+    rows = [row for window in recipe.queue for row in window]
     assert len(recipe.queue) == steps and rows
     assert all((row.old_logps is not None) is cached for row in rows)
 

@@ -21,6 +21,7 @@ from rlft.losses import preference as L
 from rlft.losses.sft import token_nll
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
+from rlft.train.parallel import barrier, gather_objects
 from rlft.train.recipe import LossOutput, Recipe
 
 INPUTS = ("input_ids", "attention_mask")
@@ -289,11 +290,18 @@ def precompute_or_load(recipe, policy, data, pad_id: int, device, batch_size: in
             continue
         was_training, started = policy.training, time.perf_counter()
         policy.eval()
-        recipe.precompute_reference(policy, examples, pad_id, device, batch_size)
+        rank, world = recipe.train_plan.rank, recipe.train_plan.world  # each process computes every world-th row
+        recipe.precompute_reference(policy, examples[rank::world], pad_id, device, batch_size)
         policy.train(was_training)
+        shared = gather_objects([{k: v for k, v in e.items() if k.startswith("ref_")} for e in examples[rank::world]])
+        order = [index for part in range(world) for index in range(part, len(examples), world)]
+        for index, values in zip(order, shared):
+            examples[index].update(values)
         recipe.precompute_time += time.perf_counter() - started
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{k: v for k, v in e.items() if k.startswith("ref_")} for e in examples]))
-        tmp.rename(path)
-        console.print(f"reference log-probs ({split}): computed for {len(examples)} rows, cached in {path}")
+        if rank == 0:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps([{k: v for k, v in e.items() if k.startswith("ref_")} for e in examples]))
+            tmp.rename(path)
+            console.print(f"reference log-probs ({split}): computed for {len(examples)} rows, cached in {path}")
+        barrier()  # the cache is whole before any process looks for it again

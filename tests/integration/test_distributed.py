@@ -1,0 +1,263 @@
+"""Several training processes on CPU (gloo), through the real launcher: `rlft train CONFIG --num-processes 2`.
+
+The same global batch on 1 and on 2 processes (micro_batch_size x accumulation x processes) must give the
+same losses, for plain data parallelism (DDP) and FSDP2; checkpoints written by 2 processes resume on 1; a
+run whose rank dies stops whole and resumes exactly; two "nodes" on localhost train like one.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+FSDP = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(config: Path, *flags: str, processes: int = 2, cwd: Path | None = None) -> subprocess.Popen:
+    """`rlft train` in a session of its own (the test stops the whole group), on a free rendezvous port; reward
+    modules are imported from `cwd` (default: the config's folder)."""
+    extra = ["--num-processes", str(processes), "--main-process-port", str(free_port())] if processes > 1 else []
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config), *extra, *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, cwd=cwd or config.parent)
+
+
+def stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def train(config: Path, *flags: str, processes: int = 2, timeout: float = 300, cwd: Path | None = None) -> str:
+    process = start(config, *flags, processes=processes, cwd=cwd)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        stop(process)
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m}
+
+
+def write(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory, tiny_model_dir, addition_files):
+    """An SFT config maker, and the 1-process run with 4 micro-batches of 8 per step: the reference."""
+    folder = tmp_path_factory.mktemp("sft")
+
+    def config(name: str, accumulation: int, **extra) -> Path:
+        return write(folder / f"{name}.yaml", {
+            "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
+            "sequence_len": 32, "micro_batch_size": 8, "gradient_accumulation_steps": accumulation, "max_steps": 10,
+            "learning_rate": 3e-3, "warmup_steps": 1, "logging_steps": 1, "seed": 3, "output_dir": str(folder / name), **extra})
+
+    train(config("one", 4), processes=1)
+    return config, losses(folder / "one"), folder
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sft_two_processes_equal_one(sft, strategy):
+    config, expected, folder = sft
+    out = train(config(strategy, 2, save_steps=5, **(FSDP if strategy == "fsdp" else {})))
+    assert "8 micro x 2 accumulation x 2 process(es)" in out
+    got = losses(folder / strategy)
+    assert got.keys() == expected.keys() == set(range(1, 11))
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    checkpoint = folder / strategy / "checkpoint-10"
+    assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
+    assert len(list((checkpoint / "optimizer").glob("*.distcp"))) == 2  # each process wrote its shard
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["world_size"] == 2
+    if strategy == "fsdp":  # the sharded weights were gathered: the final model loads whole, with the trained values
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder / strategy)
+        assert sum(p.numel() for p in model.parameters()) > 100_000
+
+
+def test_fsdp_checkpoint_resumes_on_one_process(sft):
+    """Written by 2 FSDP processes at step 5, continued by 1 process (twice the accumulation): the same steps 6-10."""
+    import shutil
+
+    config, expected, folder = sft
+    source = folder / "fsdp" / "checkpoint-5"
+    if not source.exists():
+        train(config("fsdp", 2, save_steps=5, **FSDP))
+    shutil.rmtree(folder / "resumed", ignore_errors=True)
+    (folder / "resumed").mkdir()
+    shutil.copytree(source, folder / "resumed" / "checkpoint-5")
+    out = train(config("resumed", 4, resume_from_checkpoint="auto"), processes=1)
+    assert "written by 2 processes, continued by 1" in " ".join(out.split())
+    got = losses(folder / "resumed")
+    assert set(got) == {6, 7, 8, 9, 10}
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+
+
+def test_two_nodes_on_localhost(sft):
+    """--nnodes 2, one process each, meeting at node 0's address: the same run as one process."""
+    config, expected, folder = sft
+    path, port = config("nodes", 2), str(free_port())
+    nodes = [start(path, "--num-processes", "2", "--nnodes", "2", "--node-rank", str(rank), "--main-process-ip",
+                   "127.0.0.1", "--main-process-port", port, processes=1) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            stop(node)
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    got = losses(folder / "nodes")
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+
+
+def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
+    """Rank 1 is killed mid-run: the run stops as a whole, saying which rank failed; no partial checkpoint is left,
+    and `auto` resumes from the last whole one with the losses of an uninterrupted run (constant learning rate: the
+    schedule does not depend on max_steps)."""
+    import psutil
+
+    config, _, folder = sft
+    constant = {"lr_scheduler": "constant", "warmup_steps": 0, "save_steps": 2}
+    process = start(config("killed", 2, max_steps=1000, **constant))
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (folder / "killed" / "checkpoint-4").exists():
+            time.sleep(0.2)
+        assert (folder / "killed" / "checkpoint-4").exists(), "no checkpoint-4 in time"
+        rank1 = [p for p in psutil.Process(process.pid).children(recursive=True) if p.environ().get("RANK") == "1"]
+        assert rank1, "rank 1 not found"
+        rank1[0].kill()
+        output, _ = process.communicate(timeout=120)  # the others stop too, long before the run's end
+    finally:
+        stop(process)
+    assert process.returncode != 0
+    assert "rank      : 1" in output and "the training processes" in output, output[-3000:]
+    assert not list((folder / "killed").glob(".tmp-checkpoint-*"))
+    done = max(int(p.name.split("-")[1]) for p in (folder / "killed").glob("checkpoint-*"))
+    assert 4 <= done < 1000
+    train(config("killed", 2, max_steps=done + 3, resume_from_checkpoint="auto", **constant))
+    train(config("straight", 2, max_steps=done + 3, **constant))
+    first, second = losses(folder / "straight"), losses(folder / "killed")
+    for step in range(done + 1, done + 4):
+        assert abs(first[step] - second[step]) < 1e-5, (step, first[step], second[step])
+
+
+def test_missing_fsdp_layer_class_names_the_models_layers(sft):
+    config, _, _ = sft
+    process = start(config("badwrap", 2, fsdp=["full_shard", "auto_wrap"],
+                           fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "Qwen2DecoderLayer"}))
+    try:
+        output, _ = process.communicate(timeout=240)
+    finally:
+        stop(process)
+    assert process.returncode != 0
+    assert "Qwen2DecoderLayer is not a layer of LlamaForCausalLM; its layer classes: LlamaDecoderLayer" in output
+    assert "Traceback" not in output.split("rlft.cli FAILED")[0]
+
+
+REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+
+
+@pytest.fixture(scope="module")
+def grpo(tmp_path_factory, warm_model):
+    """A GRPO config maker (reference KL on: reference log-probs are split over processes and shared), and the
+    1-process run with 2 micro-batches of 8 completions per step."""
+    folder = tmp_path_factory.mktemp("grpo")
+    (folder / "dist_rewards.py").write_text(REWARD)
+    data = folder / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+
+    def config(name: str, accumulation: int, **extra) -> Path:
+        return write(folder / f"{name}.yaml", {
+            "base_model": str(warm_model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
+            "micro_batch_size": 8, "gradient_accumulation_steps": accumulation, "max_steps": 10, "learning_rate": 1e-3,
+            "logging_steps": 1, "output_dir": str(folder / name), "save_steps": 5,
+            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["dist_rewards.r"], "beta": 0.01}, **extra})
+
+    train(config("one", 2), processes=1)
+    return config, losses(folder / "one"), folder
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_grpo_two_processes_equal_one(grpo, strategy):
+    """Rank 0 samples and scores all 16 completions of a step and broadcasts them; each process trains 8."""
+    config, expected, folder = grpo
+    train(config(strategy, 1, **(FSDP if strategy == "fsdp" else {})))
+    got = losses(folder / strategy)
+    assert got.keys() == expected.keys() == set(range(1, 11))
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    rewards = [m["reward"] for m in read_metrics(folder / strategy / "metrics.jsonl") if "reward" in m]
+    assert rewards == [m["reward"] for m in read_metrics(folder / "one" / "metrics.jsonl") if "reward" in m]
+
+
+def test_grpo_fsdp_checkpoint_resumes_on_one_process(grpo):
+    import shutil
+
+    config, expected, folder = grpo
+    if not (folder / "fsdp" / "checkpoint-5").exists():
+        train(config("fsdp", 1, **FSDP))
+    (folder / "resumed").mkdir()
+    shutil.copytree(folder / "fsdp" / "checkpoint-5", folder / "resumed" / "checkpoint-5")
+    train(config("resumed", 2, resume_from_checkpoint="auto"), processes=1)
+    got = losses(folder / "resumed")
+    assert set(got) == {6, 7, 8, 9, 10}
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+
+
+def test_async_grpo_on_two_ranks_learns(warm_model, tmp_path, repo_root):
+    """Rank 0 samples the next batch on its background thread while both ranks train on this one: the shipped
+    example's settings with the same global batch (64 completions x 1 accumulation x 2 processes)."""
+    out = tmp_path / "async"
+    config = yaml.safe_load((repo_root / "examples" / "grpo-arithmetic.yaml").read_text())
+    config.update(base_model=str(warm_model), output_dir=str(out), max_steps=50, eval_steps=50, logging_steps=1,
+                  learning_rate=1e-3, gradient_accumulation_steps=1)
+    config["trl"].update(reward_funcs=["examples.grpo.arithmetic.close_enough"], async_prefetch=True, prefetch_depth=1)
+    output = train(write(tmp_path / "async.yaml", config), cwd=repo_root, timeout=400)
+    assert "64 micro x 1 accumulation x 2 process(es)" in output
+    steps = [m for m in read_metrics(out / "metrics.jsonl") if "reward" in m]
+    mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
+    assert mean(steps[-12:]) > mean(steps[:12]) + 0.03, (mean(steps[:12]), mean(steps[-12:]))
+    assert all(m["async/staleness/max"] == 1.0 for m in steps[1:])
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl") if "eval/reward" in m] == [0, 50]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_dpo_two_processes_equal_one(tmp_path, warm_model, strategy):
+    rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows))
+
+    def config(name: str, accumulation: int, **extra) -> Path:
+        return write(tmp_path / f"{name}.yaml", {
+            "base_model": str(warm_model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
+            "micro_batch_size": 4, "gradient_accumulation_steps": accumulation, "max_steps": 10, "learning_rate": 1e-3,
+            "logging_steps": 1, "output_dir": str(tmp_path / name), **extra})
+
+    train(config("one", 4), processes=1)
+    train(config(strategy, 2, **(FSDP if strategy == "fsdp" else {})))
+    got, expected = losses(tmp_path / strategy), losses(tmp_path / "one")
+    assert got.keys() == expected.keys() == set(range(1, 11))
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)

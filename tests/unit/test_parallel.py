@@ -1,0 +1,105 @@
+"""The pure parts of multi-process training: FSDP settings, the launch command, how rows and batches split."""
+
+import pytest
+
+from rlft.config.parallel import fsdp_settings
+from rlft.data.batches import BatchPlan, PlanCursor
+from rlft.errors import ConfigError
+from rlft.train.launch import launch_command
+from rlft.train.recipes.grpo import my_micro_batches
+
+
+def test_the_guides_fsdp_block(config):
+    """Seed config 20: fsdp [full_shard, auto_wrap] with the layer class to wrap."""
+    settings = fsdp_settings(config(fsdp=["full_shard", "auto_wrap"],
+                                    fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "Qwen2DecoderLayer"}))
+    assert settings.layer_classes == ("Qwen2DecoderLayer",)
+    assert settings.wrap_layers and settings.reshard_after_forward and not settings.offload_params
+    assert settings.notes == ()
+
+
+def test_fsdp_options_and_prefixless_keys(config):
+    settings = fsdp_settings(config(fsdp=["shard_grad_op", "auto_wrap", "offload"],
+                                    fsdp_config={"activation_checkpointing": True, "fsdp_version": 2}))
+    assert not settings.reshard_after_forward and settings.offload_params and settings.activation_checkpointing
+    assert settings.layer_classes == ()  # the model's own _no_split_modules
+    assert fsdp_settings(config(fsdp=["full_shard"])).wrap_layers is False
+    assert fsdp_settings(config()) is None
+
+
+def test_fsdp1_keys_are_read_and_said_to_be_without_effect(config):
+    settings = fsdp_settings(config(fsdp_config={"fsdp_version": 1, "fsdp_use_orig_params": True,
+                                                 "fsdp_state_dict_type": "FULL_STATE_DICT"}))
+    assert settings.wrap_layers  # fsdp_config alone: Axolotl's FSDP2 form
+    joined = " ".join(settings.notes)
+    assert "use_orig_params has no effect under FSDP2" in joined and "fsdp_version 1 runs as FSDP2" in joined
+    assert "whatever fsdp_state_dict_type says" in joined
+
+
+@pytest.mark.parametrize("fsdp, fsdp_config, words", [
+    (["full_shard", "hybrid_shard"], None, "fsdp: hybrid_shard not supported"),
+    (["full_shard", "shard_grad_op"], None, "choose one"),
+    (None, {"fsdp_transformer_layer_cls": "X"}, "unknown keys transformer_layer_cls"),
+    (None, {"fsdp_version": 3}, "expected 1 or 2"),
+    (None, {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP"}, "SIZE_BASED_WRAP' is not built"),
+    (None, {"fsdp_offload_params": "yes"}, "fsdp_config.offload_params: expected true or false"),
+])
+def test_bad_fsdp_settings_are_refused_at_validation(config, fsdp, fsdp_config, words):
+    with pytest.raises(ConfigError, match=words):
+        config(fsdp=fsdp, fsdp_config=fsdp_config)
+
+
+def test_deepspeed_with_fsdp_is_refused(config):
+    with pytest.raises(ConfigError, match="deepspeed and fsdp are both set"):
+        config(deepspeed="ds.json", fsdp=["full_shard"])
+
+
+def test_launch_command():
+    command = launch_command("c.yaml", ["--max_steps=3"], 4, nodes=2, node_rank=1, main_ip="10.0.0.1", main_port=29600)
+    joined = " ".join(command)
+    assert "accelerate.commands.launch --multi_gpu --num_processes 4 --num_machines 2 --machine_rank 1" in joined
+    assert joined.endswith("--main_process_ip 10.0.0.1 --main_process_port 29600 -m rlft.cli train c.yaml --max_steps=3")
+
+
+@pytest.mark.parametrize("args, words", [
+    ((3, 2, 0, "h"), "must divide by --nnodes 2"),
+    ((2, 2, 2, "h"), "--node-rank 2: expected 0 to 1"),
+    ((2, 2, 0, None), "needs --main-process-ip"),
+    ((0, 1, 0, None), "both must be at least 1"),
+])
+def test_launch_command_refuses_impossible_layouts(args, words):
+    with pytest.raises(ConfigError, match=words):
+        launch_command("c.yaml", [], *args)
+
+
+def test_a_step_splits_as_one_process_would():
+    rows = list(range(16))  # one step of 2 processes x 2 micro-batches x 4 rows
+    assert my_micro_batches(rows, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5, 6, 7]], 0)
+    assert my_micro_batches(rows, 1, 2, 4, 2) == ([[8, 9, 10, 11], [12, 13, 14, 15]], 0)
+    short = list(range(6))  # rows filtered out: rank 1 has none, and runs rank 0's count of padding batches
+    assert my_micro_batches(short, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5]], 0)
+    assert my_micro_batches(short, 1, 2, 4, 2) == ([], 2)
+    assert my_micro_batches([], 0, 2, 4, 2) == ([], 0)
+
+
+def test_plan_padding_and_reshard():
+    plan = BatchPlan(list(range(10)), 2, seed=0, pad_id=0, shard=(1, 2), collate=lambda rows: {"rows": rows})
+    assert len(plan) == 3  # 5 batches: rank 0 has 3, rank 1 has 2 and repeats its last
+    assert [plan.is_padding(i) for i in range(3)] == [False, False, True]
+    cursor = PlanCursor(plan)
+    batches = [cursor.next() for _ in range(3)]
+    assert [b.get("padding", False) for b in batches] == [False, False, True]
+    cursor = PlanCursor(plan, 0, 3)
+    cursor.reshard(2, 4)  # 6 global batches consumed; with 4 processes that is 1.5 each: continue at 2 (none repeated)
+    assert cursor.batch_in_epoch == 2
+    cursor.reshard(4, 1)
+    assert cursor.batch_in_epoch == 8
+
+
+def test_the_default_generation_batch_counts_every_process(config, monkeypatch):
+    from rlft.config.rl import rl_settings
+
+    cfg = config(rl="grpo", micro_batch_size=8, gradient_accumulation_steps=2, trl={"num_generations": 4, "reward_funcs": ["r.f"]})
+    assert rl_settings(cfg).prompts_per_step == 4
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert rl_settings(cfg).prompts_per_step == 8
