@@ -246,18 +246,20 @@ def test_async_grpo_on_two_ranks_learns(warm_model, tmp_path, repo_root):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_dpo_two_processes_equal_one(tmp_path, warm_model, strategy):
-    rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)]
+    # 128 pairs: 32 micro-batches an epoch, which divide by the 2 processes (otherwise an epoch's last step differs: one
+    # process has a padding micro-batch where a single process would take the next epoch's first)
+    rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)][:128]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows))
 
     def config(name: str, accumulation: int, **extra) -> Path:
         return write(tmp_path / f"{name}.yaml", {
             "base_model": str(warm_model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
-            "micro_batch_size": 4, "gradient_accumulation_steps": accumulation, "max_steps": 10, "learning_rate": 1e-3,
+            "micro_batch_size": 4, "gradient_accumulation_steps": accumulation, "max_steps": 12, "learning_rate": 1e-3,
             "logging_steps": 1, "output_dir": str(tmp_path / name), **extra})
 
     train(config("one", 4), processes=1)
     train(config(strategy, 2, **(FSDP if strategy == "fsdp" else {})))
     got, expected = losses(tmp_path / strategy), losses(tmp_path / "one")
-    assert got.keys() == expected.keys() == set(range(1, 11))
+    assert got.keys() == expected.keys() == set(range(1, 13))  # steps 9-12 are the second epoch
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)

@@ -103,3 +103,21 @@ def test_the_default_generation_batch_counts_every_process(config, monkeypatch):
     assert rl_settings(cfg).prompts_per_step == 4
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert rl_settings(cfg).prompts_per_step == 8
+
+
+def test_the_launchers_own_traceback_is_left_out():
+    import io
+
+    from rlft.train.launch import relay_stderr
+
+    text = ("error (rank 1 of 2): bad layer\n"
+            "Traceback (most recent call last):\n  File \"/x/torch/distributed/elastic/api.py\", line 3, in run\n    raise\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "rank      : 1 (local_rank: 1)\n"
+            "Traceback (most recent call last):\n  File \"/x/rlft/train/loop.py\", line 9, in run_loop\n"
+            "KeyError: 'a bug'\n")
+    out = io.StringIO()
+    relay_stderr(io.StringIO(text), out)
+    assert out.getvalue() == ("error (rank 1 of 2): bad layer\nrank      : 1 (local_rank: 1)\n"
+                              "Traceback (most recent call last):\n  File \"/x/rlft/train/loop.py\", line 9, in run_loop\n"
+                              "KeyError: 'a bug'\n")

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from rlft.errors import ConfigError, RlftError
 
@@ -43,23 +44,46 @@ def launch_command(config: str, overrides: list[str], processes: int, nodes: int
 
 def run_launched(command: list[str]) -> int:
     """Run the launcher and wait for it. Ctrl-C reaches every process (one process group): each saves a checkpoint
-    and stops, and this waits for them."""
+    and stops, and this waits for them. The launcher's own traceback (a child failed) is left out of stderr; its
+    table of which rank failed, and every process's messages, are not."""
     env = dict(os.environ, ACCELERATE_LOG_LEVEL=os.environ.get("ACCELERATE_LOG_LEVEL", "error"))
-    process = subprocess.Popen(command, env=env)
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+    relay = threading.Thread(target=relay_stderr, args=(process.stderr, sys.stderr), daemon=True)
+    relay.start()
     while True:
         try:
             code = process.wait()
             break
         except KeyboardInterrupt:
             continue  # the processes got the same Ctrl-C: wait for their checkpoint
+    relay.join(timeout=5)
     if code in (0, 130):  # done, or interrupted (the processes said where their checkpoint is)
         return code
-    if code < 0:
-        reason = f"were stopped by {signal.Signals(-code).name}"
-    else:
-        reason = f"failed (exit code {code})"
+    reason = f"were stopped by {signal.Signals(-code).name}" if code < 0 else f"failed (exit code {code})"
     raise LaunchFailed(f"the training processes {reason}: the first error above names the rank that failed. Checkpoints "
                        "are written whole or not at all: resume with --resume_from_checkpoint=auto")
+
+
+def relay_stderr(source, sink) -> None:
+    """Copy lines, holding each Python traceback until it ends: the launcher's (frames in torch.distributed's elastic
+    launcher or accelerate's launch command) is dropped, any other is copied whole."""
+    held: list[str] = []
+    for line in source:
+        if line.startswith("Traceback (most recent call last):"):
+            held = [line]
+            continue
+        if held:
+            held.append(line)
+            if line.startswith((" ", "\t")):
+                continue
+            block, held = "".join(held), []
+            if "torch/distributed/elastic" in block or "accelerate/commands/launch" in block:
+                continue
+            line = block
+        sink.write(line)
+        sink.flush()
+    if held:
+        sink.write("".join(held))
 
 
 class LaunchFailed(RlftError):
