@@ -24,6 +24,9 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.num_processes > 1 or args.nnodes > 1:
         from rlft.train.launch import launch_command, run_launched
+        from rlft.train.run import refuse_unbuilt
+
+        refuse_unbuilt(cfg, args.num_processes)  # said once, before any process starts
 
         if "WORLD_SIZE" in os.environ:
             raise ConfigError("--num-processes inside an already launched process (torchrun / accelerate launch set "
@@ -238,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     except RlftError as exc:
         if args.debug:
             raise
-        processes = int(os.environ.get("WORLD_SIZE", "1"))
-        where = f" (rank {os.environ.get('RANK', '0')} of {processes})" if processes > 1 else ""
+        processes, rank = int(os.environ.get("WORLD_SIZE", "1")), os.environ.get("RANK", "0")
+        if isinstance(exc, TrainingInterrupted) and rank != "0":
+            return 130  # the processes stopped together: rank 0 says where the checkpoint is
+        where = f" (rank {rank} of {processes})" if processes > 1 else ""
         err_console.print(f"error{where}:", style="bold red", end=" ")
         err_console.print(str(exc), markup=False, highlight=False)  # messages quote YAML like [ipo]: no markup
         return 130 if isinstance(exc, TrainingInterrupted) else 1

@@ -143,6 +143,31 @@ def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monke
     assert [first[s] for s in (4, 5, 6)] == [second[s] for s in (4, 5, 6)]
 
 
+@pytest.mark.parametrize("sharding", [{}, {"fsdp": ["full_shard", "auto_wrap"], "adapter": "lora", "lora_r": 8,
+                                          "lora_alpha": 16, "lora_target_linear": True, "trl": {"vllm_lora_sync": True}}],
+                         ids=["ddp-full", "fsdp-lora-sync"])
+def test_two_training_processes_against_the_server_equal_one(served, tmp_path, sharding):
+    """Rank 0 samples every process's prompts from the server (async, one batch ahead) and pushes the weights after each
+    step: full weights from DDP, the adapter gathered from FSDP2 shards. Same global batch, same losses as one process."""
+    settings = {"max_steps": 4, **sharding, "trl": {**served["base"]["trl"], **sharding.get("trl", {})}}
+    one = write(served, tmp_path, "one", {**settings, "gradient_accumulation_steps": 2})
+    two = write(served, tmp_path, "two", {**settings, "gradient_accumulation_steps": 1})
+    for config, flags in ((one, []), (two, ["--num-processes", "2", "--main-process-port", str(free_port())])):
+        process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config), *flags], env=server_env(),
+                                   cwd=served["root"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        try:
+            output, _ = process.communicate(timeout=300)
+        finally:
+            kill_group(process)
+        assert process.returncode == 0, output[-3000:]
+    first = {m["step"]: (m["loss"], m["reward"]) for m in steps_of(tmp_path / "one")}
+    second = {m["step"]: (m["loss"], m["reward"]) for m in steps_of(tmp_path / "two")}
+    assert first.keys() == second.keys() == {1, 2, 3, 4}
+    for step in first:
+        assert abs(first[step][0] - second[step][0]) < 1e-5 and first[step][1] == second[step][1], (step, first, second)
+
+
 def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_path, warm_model):
     port = free_port()
     root = tmp_path

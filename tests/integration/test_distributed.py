@@ -99,6 +99,22 @@ def test_sft_two_processes_equal_one(sft, strategy):
         assert sum(p.numel() for p in model.parameters()) > 100_000
 
 
+def test_lora_under_fsdp_equals_one_process(sft):
+    """Only the adapter trains; FSDP2 shards frozen and trained weights alike; the saved adapter is gathered whole."""
+    from safetensors.torch import load_file
+
+    config, _, folder = sft
+    lora = {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_linear": True, "max_steps": 6}
+    train(config("lora-one", 4, **lora), processes=1)
+    train(config("lora-fsdp", 2, **lora, **FSDP))
+    got, expected = losses(folder / "lora-fsdp"), losses(folder / "lora-one")
+    assert got.keys() == expected.keys() == set(range(1, 7))
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    one, two = (load_file(folder / name / "adapter_model.safetensors") for name in ("lora-one", "lora-fsdp"))
+    assert sorted(one) == sorted(two) and all("lora_" in name for name in one)
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-5
+
+
 def test_fsdp_checkpoint_resumes_on_one_process(sft):
     """Written by 2 FSDP processes at step 5, continued by 1 process (twice the accumulation): the same steps 6-10."""
     import shutil
@@ -163,6 +179,28 @@ def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
     first, second = losses(folder / "straight"), losses(folder / "killed")
     for step in range(done + 1, done + 4):
         assert abs(first[step] - second[step]) < 1e-5, (step, first[step], second[step])
+
+
+def test_ctrl_c_stops_every_process_after_the_same_step_with_a_checkpoint(sft):
+    """Ctrl-C reaches the launcher and every process; they agree on the step to stop after and save together."""
+    from rlft.train.checkpoint import checkpoint_problem
+
+    config, _, folder = sft
+    process = start(config("ctrl-c", 2, max_steps=100000))
+    metrics = folder / "ctrl-c" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        stop(process)
+    assert process.returncode == 130, output[-3000:]
+    saved = [p for p in (folder / "ctrl-c").glob("checkpoint-*")]
+    assert len(saved) == 1 and checkpoint_problem(saved[0]) is None
+    assert f"checkpoint saved to {saved[0]}" in " ".join(output.split())
+    assert output.count("interrupted at step") == 1  # said once, by rank 0
 
 
 def test_missing_fsdp_layer_class_names_the_models_layers(sft):

@@ -121,3 +121,13 @@ def test_the_launchers_own_traceback_is_left_out():
     assert out.getvalue() == ("error (rank 1 of 2): bad layer\nrank      : 1 (local_rank: 1)\n"
                               "Traceback (most recent call last):\n  File \"/x/rlft/train/loop.py\", line 9, in run_loop\n"
                               "KeyError: 'a bug'\n")
+
+
+def test_what_several_processes_cannot_run_is_refused_before_they_start(cli, tmp_path, capsys):
+    import yaml
+
+    config = tmp_path / "ebft.yaml"
+    config.write_text(yaml.safe_dump({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "ebft",
+                                      "ebft": {"mode": "strided", "stride": 4, "context_length": 4, "generate_max_len": 4}}))
+    assert cli("train", config, "--num-processes", "2") == 1
+    assert "rl: ebft with 2 training processes is not built yet" in capsys.readouterr().err

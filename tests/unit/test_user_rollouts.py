@@ -100,7 +100,7 @@ def test_the_log_probs_are_those_generate_sampled_from(params):
 def test_the_guide_form_is_refused_where_it_cannot_run(tmp_path, monkeypatch, settings, words):
     from types import SimpleNamespace
 
-    from rlft.train.recipes.grpo import load_rollout_func
+    from rlft.rollout.user_rollouts import load_rollout_func
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "guide_roll.py").write_text("def roll(model, processing_class, prompts, generation_config=None):\n    return []\n")

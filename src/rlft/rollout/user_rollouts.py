@@ -24,6 +24,7 @@ import torch
 from rlft.errors import RolloutError
 from rlft.models.logprobs import completion_batch, completion_logits, filters_active, logps_from_logits, sampled_logps
 from rlft.rollout.types import Rollout, SamplingParams
+from rlft.usercode import UserCodeError, load_user_function
 
 LOGP_ROWS = 16  # completions per forward pass when computing their log-probs
 FORMS = ("rollout_func(prompts, trainer) -> dict with prompt_ids, completion_ids and logprobs (TRL), or "
@@ -134,3 +135,23 @@ def completions_rollout(fn: Callable, name: str, model, tokenizer, prompts: list
             logps, _ = sampled_logps(logits, batch, params, logps)
         logprobs += [logps[row, : len(r["completion_ids"])].tolist() for row, r in enumerate(rows)]
     return Rollout(prompt_ids, completions, logprobs, truncated, weight_versions=[version] * len(expanded))
+
+
+def load_rollout_func(name: str, settings) -> Callable:
+    """The user's rollout function, checked before any model loads: importable, of an accepted form, and able to run
+    with this engine and these sampling settings."""
+    try:
+        fn = load_user_function(name)[0]
+    except UserCodeError as exc:
+        raise RolloutError(f"trl.rollout_func {exc}") from None
+    if rollout_form(fn, name) == "completions":
+        if settings.use_vllm:
+            raise RolloutError(f"trl.rollout_func {name} takes (model, processing_class, prompts, generation_config): it "
+                               "generates with a local model, and trl.use_vllm samples on a server: use the (prompts, "
+                               "trainer) form, whose trainer.generate(prompt_ids) samples through the server, or set "
+                               "trl.use_vllm: false")
+        if settings.ignore_eos or settings.stop_strings:
+            raise RolloutError(f"trl.rollout_func {name} calls generate itself, which stops at EOS: trl.generation_kwargs "
+                               "ignore_eos / stop cannot reach it; remove them, or use the (prompts, trainer) form, whose "
+                               "trainer.generate applies them")
+    return fn

@@ -50,15 +50,18 @@ def run_launched(command: list[str]) -> int:
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
     relay = threading.Thread(target=relay_stderr, args=(process.stderr, sys.stderr), daemon=True)
     relay.start()
+    interrupted = False
     while True:
         try:
             code = process.wait()
             break
         except KeyboardInterrupt:
-            continue  # the processes got the same Ctrl-C: wait for their checkpoint
+            interrupted = True  # the processes got the same Ctrl-C: wait for their checkpoint
     relay.join(timeout=5)
-    if code in (0, 130):  # done, or interrupted (the processes said where their checkpoint is)
-        return code
+    if code == 0:
+        return 0
+    if interrupted or code == 130:  # rank 0 said where the checkpoint is
+        return 130
     reason = f"were stopped by {signal.Signals(-code).name}" if code < 0 else f"failed (exit code {code})"
     raise LaunchFailed(f"the training processes {reason}: the first error above names the rank that failed. Checkpoints "
                        "are written whole or not at all: resume with --resume_from_checkpoint=auto")

@@ -13,6 +13,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
-from rlft.train.parallel import gradient_sync, max_across, mean_metrics, shard_model, sum_across
+from rlft.train.parallel import StopRequest, gradient_sync, max_across, mean_metrics, shard_model, sum_across
 from rlft.train.recipe import Recipe
 
 
@@ -162,6 +163,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     if state.global_step == 0:
         evaluate()  # the baseline, so the summary and metrics.jsonl show how far training moved it
     model.train()
+    stop = StopRequest() if world > 1 else SimpleNamespace(requested=False, close=lambda: None)
     try:
         with progress:
             while state.global_step < total_steps:
@@ -187,7 +189,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     for key, value in out.metrics.items():  # phase times add up over micro-batches, the rest average
                         share = value if key.startswith("time/") else value / len(counted)
                         step_metrics[key] = step_metrics.get(key, 0.0) + share
-                units, loss_total, tokens = sum_across([units, loss_total, tokens], accelerator.device)
+                units, loss_total, tokens, stopping = sum_across([units, loss_total, tokens, float(stop.requested)],
+                                                                 accelerator.device)
                 tokens = int(tokens)
                 step_metrics = mean_metrics(step_metrics)
                 loss_value = loss_total / max(units, 1)
@@ -246,11 +249,15 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     evaluate()
                 if cfg.save_steps and state.global_step % cfg.save_steps == 0 and state.global_step < total_steps:
                     save()
+                if stopping:  # every process saw the same sum: they stop after this same step
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         saved = save() if state.global_step > 0 else None
         log.close()
         where = f"checkpoint saved to {saved}; resume with --resume_from_checkpoint=auto" if saved else "no step had finished, nothing to save"
         raise TrainingInterrupted(f"interrupted at step {state.global_step}/{total_steps}: {where}") from None
+    finally:
+        stop.close()
     final_eval = evaluate()
     state.last_metrics.update(final_eval)
     checkpoint = save()

@@ -24,8 +24,9 @@ METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "
                  "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
 
 
-def refuse_unbuilt(cfg) -> None:
-    """Stop before loading anything when the config asks for something not built yet."""
+def refuse_unbuilt(cfg, processes: int | None = None) -> None:
+    """Stop before loading anything when the config asks for something not built yet (`processes`: the training
+    processes, by default those the launcher started)."""
     if cfg.method not in BUILT_METHODS:
         raise NotImplementedYet(
             f"{cfg.method!r} training is not implemented yet (planned in issue {METHOD_ISSUES[cfg.method]}); "
@@ -39,7 +40,7 @@ def refuse_unbuilt(cfg) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
-    processes = launched_processes()
+    processes = processes or launched_processes()
     if cfg.method == "ebft" and processes > 1:
         raise NotImplementedYet(f"rl: ebft with {processes} training processes is not built yet (issue #11): train EBFT with "
                                 "one process")
@@ -246,7 +247,8 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     from rlft.rollout.rewards import RewardRunner, load_reward_functions
     from rlft.rollout.scoring import FunctionScorer
     from rlft.train.engines import engine_factory
-    from rlft.train.recipes.grpo import GRPORecipe, load_rollout_func
+    from rlft.rollout.user_rollouts import load_rollout_func
+    from rlft.train.recipes.grpo import GRPORecipe
 
     trl = cfg.trl
     if not trl.reward_funcs:

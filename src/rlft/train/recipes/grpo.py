@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from rlft.config.parallel import fsdp_settings
 from rlft.config.rl import GENERATION_KWARGS, rl_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
@@ -34,13 +35,11 @@ from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
-from rlft.rollout.user_rollouts import rollout_form
+from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.recipe import LossOutput, Recipe
-from rlft.config.parallel import fsdp_settings
 from rlft.train.parallel import broadcast_object, full_state_dict, gather_objects, is_sharded, max_across
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync
-from rlft.usercode import UserCodeError, load_user_function
 
 ZERO_SIGNAL_WARN_STEPS = 10
 LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
@@ -72,26 +71,6 @@ def row_inputs(row: TrainingRow) -> dict[str, Any]:
     return {"prompt_ids": row.prompt_ids, "completion_ids": row.completion_ids, "mask": row.loss_mask,
             "advantage": row.advantage, "old_logps": row.old_logps, "old_sampled_logps": row.old_sampled_logps,
             "ref_logps": row.ref_logps, "sampling_logps": row.sampling_logps}
-
-
-def load_rollout_func(name: str, settings) -> Callable:
-    """The user's rollout function, checked before any model loads: importable, of an accepted form, and able to run
-    with this engine and these sampling settings."""
-    try:
-        fn = load_user_function(name)[0]
-    except UserCodeError as exc:
-        raise RolloutError(f"trl.rollout_func {exc}") from None
-    if rollout_form(fn, name) == "completions":
-        if settings.use_vllm:
-            raise RolloutError(f"trl.rollout_func {name} takes (model, processing_class, prompts, generation_config): it "
-                               "generates with a local model, and trl.use_vllm samples on a server: use the (prompts, "
-                               "trainer) form, whose trainer.generate(prompt_ids) samples through the server, or set "
-                               "trl.use_vllm: false")
-        if settings.ignore_eos or settings.stop_strings:
-            raise RolloutError(f"trl.rollout_func {name} calls generate itself, which stops at EOS: trl.generation_kwargs "
-                               "ignore_eos / stop cannot reach it; remove them, or use the (prompts, trainer) form, whose "
-                               "trainer.generate applies them")
-    return fn
 
 
 class GRPORecipe(Recipe):
