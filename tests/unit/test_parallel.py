@@ -131,3 +131,16 @@ def test_what_several_processes_cannot_run_is_refused_before_they_start(cli, tmp
                                       "ebft": {"mode": "strided", "stride": 4, "context_length": 4, "generate_max_len": 4}}))
     assert cli("train", config, "--num-processes", "2") == 1
     assert "rl: ebft with 2 training processes is not built yet" in capsys.readouterr().err
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    import torch
+
+    from rlft.train.launch import check_devices
+
+    check_devices(8)  # this CPU machine: any count
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_devices(2)
+    with pytest.raises(ConfigError, match="3 training processes on this node but 2 visible GPU"):
+        check_devices(3)

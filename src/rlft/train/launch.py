@@ -42,6 +42,15 @@ def launch_command(config: str, overrides: list[str], processes: int, nodes: int
     return command + (["--debug"] if debug else [])
 
 
+def check_devices(per_node: int) -> None:
+    """More processes on this node than visible GPUs cannot each have one: refused (CPU-only machines take any count)."""
+    import torch
+
+    if torch.cuda.is_available() and per_node > torch.cuda.device_count():
+        raise ConfigError(f"{per_node} training processes on this node but {torch.cuda.device_count()} visible GPU(s): start "
+                          "at most one process per GPU (--num-processes, CUDA_VISIBLE_DEVICES)")
+
+
 def run_launched(command: list[str]) -> int:
     """Run the launcher and wait for it. Ctrl-C reaches every process (one process group): each saves a checkpoint
     and stops, and this waits for them. The launcher's own traceback (a child failed) is left out of stderr; its

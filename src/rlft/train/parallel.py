@@ -39,10 +39,11 @@ def make_accelerator(cfg):
     cuda = torch.cuda.is_available()
     if cfg.fp16 and not cuda:
         raise ConfigError("fp16: true needs a CUDA GPU (CPUs have no fast float16 path): use bf16 or fp32")
-    processes, local = launched_processes(), int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    if cuda and local > torch.cuda.device_count():
-        raise ConfigError(f"{local} training processes on this node but {torch.cuda.device_count()} visible GPU(s): start at most "
-                          "one process per GPU (--num-processes, CUDA_VISIBLE_DEVICES)")
+    processes = launched_processes()
+    if cuda:  # started by torchrun or accelerate launch directly: the same check as `rlft train --num-processes`
+        from rlft.train.launch import check_devices
+
+        check_devices(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and cuda and torch.cuda.is_bf16_supported())
     if cfg.tf32 and cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
