@@ -66,7 +66,7 @@ def test_everything_dropped(cli, capsys, make_config):
 @pytest.mark.parametrize("settings, words", [
     ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"]}}, "trl.loss_type 'sapo' is not implemented yet"),
     ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"]}}, "trl.vllm_group_port (NCCL weight transfer"),
-    ({"deepspeed": "ds.json"}, "deepspeed (issue #11)"),
+    ({"deepspeed": "ds.json"}, "ds.json does not exist"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"fp16": True}, "fp16: true needs a CUDA GPU"),
     ({"adapter": "qlora", "load_in_4bit": True}, "need a CUDA GPU and the bitsandbytes package"),

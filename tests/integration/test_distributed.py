@@ -60,6 +60,19 @@ def losses(out: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m}
 
 
+def evals(out: Path) -> dict[int, dict[str, float]]:
+    return {m["step"]: {k: v for k, v in m.items() if k.startswith("eval/")} for m in read_metrics(out / "metrics.jsonl")
+            if any(k.startswith("eval/") for k in m)}
+
+
+def assert_same_evals(got: dict, expected: dict) -> None:
+    """Evaluation is split over the processes and gathered: the same numbers as one process's."""
+    assert got.keys() == expected.keys() and got, (got, expected)
+    for step in got:
+        assert got[step].keys() == expected[step].keys()
+        assert max(abs(got[step][k] - expected[step][k]) for k in got[step]) < 1e-5, (step, got[step], expected[step])
+
+
 def write(path: Path, config: dict) -> Path:
     path.write_text(yaml.safe_dump(config))
     return path
@@ -74,7 +87,8 @@ def sft(tmp_path_factory, tiny_model_dir, addition_files):
         return write(folder / f"{name}.yaml", {
             "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
             "sequence_len": 32, "micro_batch_size": 8, "gradient_accumulation_steps": accumulation, "max_steps": 10,
-            "learning_rate": 3e-3, "warmup_steps": 1, "logging_steps": 1, "seed": 3, "output_dir": str(folder / name), **extra})
+            "learning_rate": 3e-3, "warmup_steps": 1, "logging_steps": 1, "seed": 3, "output_dir": str(folder / name),
+            "test_datasets": [{"path": str(addition_files["heldout"])}], "eval_steps": 5, **extra})
 
     train(config("one", 4), processes=1)
     return config, losses(folder / "one"), folder
@@ -88,6 +102,7 @@ def test_sft_two_processes_equal_one(sft, strategy):
     got = losses(folder / strategy)
     assert got.keys() == expected.keys() == set(range(1, 11))
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    assert_same_evals(evals(folder / strategy), evals(folder / "one"))
     checkpoint = folder / strategy / "checkpoint-10"
     assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
     assert len(list((checkpoint / "optimizer").glob("*.distcp"))) == 2  # each process wrote its shard
@@ -286,18 +301,22 @@ def test_async_grpo_on_two_ranks_learns(warm_model, tmp_path, repo_root):
 def test_dpo_two_processes_equal_one(tmp_path, warm_model, strategy):
     # 128 pairs: 32 micro-batches an epoch, which divide by the 2 processes (otherwise an epoch's last step differs: one
     # process has a padding micro-batch where a single process would take the next epoch's first)
-    rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)][:128]
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows))
+    rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)]
+    data, held_out = tmp_path / "pairs.jsonl", tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows[:128]))
+    # 12 pairs: 3 eval batches, 2 on one process and 1 (with a padding batch) on the other
+    held_out.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows[128:]))
 
     def config(name: str, accumulation: int, **extra) -> Path:
         return write(tmp_path / f"{name}.yaml", {
             "base_model": str(warm_model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
             "micro_batch_size": 4, "gradient_accumulation_steps": accumulation, "max_steps": 12, "learning_rate": 1e-3,
-            "logging_steps": 1, "output_dir": str(tmp_path / name), **extra})
+            "logging_steps": 1, "output_dir": str(tmp_path / name), "test_datasets": [{"path": str(held_out)}],
+            "eval_steps": 6, **extra})
 
     train(config("one", 4), processes=1)
     train(config(strategy, 2, **(FSDP if strategy == "fsdp" else {})))
     got, expected = losses(tmp_path / strategy), losses(tmp_path / "one")
     assert got.keys() == expected.keys() == set(range(1, 13))  # steps 9-12 are the second epoch
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    assert_same_evals(evals(tmp_path / strategy), evals(tmp_path / "one"))

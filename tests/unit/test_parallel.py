@@ -144,3 +144,20 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     check_devices(2)
     with pytest.raises(ConfigError, match="3 training processes on this node but 2 visible GPU"):
         check_devices(3)
+
+
+def test_deepspeed_is_refused_with_the_fsdp_settings_that_shard_alike(config, tmp_path):
+    import json
+
+    from rlft.errors import NotImplementedYet
+    from rlft.train.run import refuse_unbuilt
+
+    missing = tmp_path / "zero3_bf16.json"
+    with pytest.raises(NotImplementedYet, match="zero3_bf16.json does not exist"):
+        refuse_unbuilt(config(deepspeed=str(missing)))
+    missing.write_text("{not json")
+    with pytest.raises(NotImplementedYet, match="is not a JSON object"):
+        refuse_unbuilt(config(deepspeed=str(missing)))
+    missing.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
+    with pytest.raises(NotImplementedYet, match=r"ZeRO-3 config: remove deepspeed and set fsdp: \[full_shard, auto_wrap, offload\]"):
+        refuse_unbuilt(config(deepspeed=str(missing)))

@@ -175,6 +175,23 @@ def gather_objects(items: list[Any]) -> list[Any]:
     return [item for part in gathered for item in part]
 
 
+def eval_share(batches: list[Any], rank: int, world: int) -> list[tuple[Any, float]]:
+    """This process's evaluation batches (every world-th) with weight 1, padded with weight-0 repeats to the count
+    of the others (FSDP's collectives need as many forward passes on each)."""
+    mine = [(batch, 1.0) for batch in batches[rank::world]]
+    most = -(-len(batches) // world)
+    return mine + [(batches[0], 0.0)] * (most - len(mine)) if batches else []
+
+
+def sum_dicts(values: dict[str, float]) -> dict[str, float]:
+    """Key-wise sums over all ranks (the dict itself with one process)."""
+    out: dict[str, float] = {}
+    for part in gather_objects([values]):
+        for key, value in part.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
 def broadcast_object(value: Any) -> Any:
     """Rank 0's `value` on every rank (pickled; tensors travel on the CPU)."""
     if not distributed():

@@ -48,6 +48,8 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if resets and processes > 1 and fsdp_settings(cfg) is not None:
         raise NotImplementedYet(f"trl.{resets[0]} with fsdp: moving a reference copy towards sharded weights is not built "
                                 "yet; use plain data parallelism (leave fsdp unset) or drop the key")
+    if cfg.deepspeed:
+        raise NotImplementedYet(deepspeed_refusal(cfg.deepspeed))
     if cfg.context_parallel_size > 1:
         device = "CUDA GPUs" if torch.cuda.is_available() else "CUDA GPUs (this machine has none)"
         raise NotImplementedYet(f"context_parallel_size: {cfg.context_parallel_size}: context parallelism splits each sequence "
@@ -58,6 +60,25 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
         raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
+
+
+def deepspeed_refusal(path: str) -> str:
+    """Why `deepspeed:` does not run, and the FSDP2 settings that shard the way its ZeRO stage does."""
+    import json
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"deepspeed: {file} does not exist (relative paths start in the working directory {Path.cwd()})"
+    try:
+        zero = json.loads(file.read_text()).get("zero_optimization", {})
+    except (json.JSONDecodeError, AttributeError) as exc:
+        return f"deepspeed: {file} is not a JSON object ({exc})"
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    offload = isinstance(zero, dict) and any(zero.get(k, {}).get("device") in ("cpu", "nvme")
+                                             for k in ("offload_optimizer", "offload_param") if isinstance(zero.get(k), dict))
+    options = ["full_shard" if stage == 3 else "shard_grad_op", "auto_wrap"] + (["offload"] if offload else [])
+    return (f"deepspeed: DeepSpeed ZeRO is not built yet (issue #11). FSDP2 shards the same way as this ZeRO-{stage} config: "
+            f"remove deepspeed and set fsdp: [{', '.join(options)}] (docs/distributed.md)")
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:

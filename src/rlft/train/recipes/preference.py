@@ -21,7 +21,7 @@ from rlft.losses import preference as L
 from rlft.losses.sft import token_nll
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
-from rlft.train.parallel import barrier, gather_objects
+from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
 from rlft.train.recipe import LossOutput, Recipe
 
 INPUTS = ("input_ids", "attention_mask")
@@ -246,20 +246,21 @@ def pair_metrics(chosen_rewards, rejected_rewards, out: SequenceLogps, pairs: in
 
 
 def _weighted_eval(recipe, model, batches: list[dict[str, Any]]) -> dict[str, float]:
-    """Loss and metrics over all eval batches, weighted by loss units; names prefixed `eval/`."""
+    """Loss and metrics over all eval batches, weighted by loss units; names prefixed `eval/`. Each process evaluates
+    every world-th batch and the sums are gathered."""
     totals: dict[str, float] = {}
-    weights: dict[str, int] = {}
-    for batch in batches:
+    for batch, weight in eval_share(batches, recipe.train_plan.rank, recipe.train_plan.world):
         out = recipe.loss(model, batch)
-        loss_sum, metrics, units = out.loss_sum, out.metrics, out.units
-        totals["loss"] = totals.get("loss", 0.0) + float(loss_sum)
-        weights["loss"] = weights.get("loss", 0) + units
-        for key, value in metrics.items():
+        units = out.units * weight
+        totals["loss"] = totals.get("loss", 0.0) + float(out.loss_sum) * weight
+        totals["units/loss"] = totals.get("units/loss", 0) + units
+        for key, value in out.metrics.items():
             if key.startswith("time/"):
                 continue
             totals[key] = totals.get(key, 0.0) + value * units
-            weights[key] = weights.get(key, 0) + units
-    return {f"eval/{key}": round(totals[key] / max(1, weights[key]), 6) for key in totals}
+            totals[f"units/{key}"] = totals.get(f"units/{key}", 0) + units
+    totals = sum_dicts(totals)
+    return {f"eval/{key}": round(totals[key] / max(1, totals[f"units/{key}"]), 6) for key in totals if not key.startswith("units/")}
 
 
 def data_fingerprint(examples: list[dict[str, Any]], *parts: Any) -> str:

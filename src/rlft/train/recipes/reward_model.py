@@ -8,6 +8,7 @@ import torch
 
 from rlft.data.preference import pair_batch
 from rlft.losses.preference import bradley_terry_loss
+from rlft.train.parallel import eval_share, gather_objects
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.preference import _weighted_eval, preference_plans
 
@@ -47,7 +48,10 @@ class RewardModelRecipe(Recipe):
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         result = _weighted_eval(self, model, batches)
-        scores = torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, 0].float() for b in batches])
-        # extremes over the whole eval set, not averages of per-batch extremes
-        result.update({"eval/rewards/min": round(float(scores.min()), 6), "eval/rewards/max": round(float(scores.max()), 6)})
+        scores = torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, 0].float()
+                            for b, _ in eval_share(batches, self.train_plan.rank, self.train_plan.world)])
+        # extremes over the whole eval set, not averages of per-batch extremes (padding batches repeat real ones)
+        extremes = gather_objects([(float(scores.min()), float(scores.max()))])
+        result.update({"eval/rewards/min": round(min(low for low, _ in extremes), 6),
+                       "eval/rewards/max": round(max(high for _, high in extremes), 6)})
         return result

@@ -9,6 +9,7 @@ import torch
 from rlft.data.prepare import PreparedData
 from rlft.losses.sft import sft_loss_sum
 from rlft.data.batches import BatchPlan
+from rlft.train.parallel import eval_share, sum_across
 from rlft.train.recipe import LossOutput, Recipe
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -20,6 +21,7 @@ class SFTRecipe(Recipe):
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
         capacity = cfg.sequence_len if cfg.sample_packing else None
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard)
+        self.shard = shard
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, capacity)
         self._eval_batches = eval_plan.sequential() if data.eval else []
 
@@ -38,10 +40,11 @@ class SFTRecipe(Recipe):
         return LossOutput(loss_sum, self._units(batch))
 
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
-        total, count = 0.0, 0
-        for batch in batches:
+        total, count = 0.0, 0.0
+        for batch, weight in eval_share(batches, *self.shard):  # every world-th batch here; the sums are gathered
             logits = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}, use_cache=False).logits
             loss_sum, n = sft_loss_sum(logits, batch["labels"])
-            total, count = total + float(loss_sum), count + n
+            total, count = total + float(loss_sum) * weight, count + n * weight
+        total, count = sum_across([total, count], batches[0]["labels"].device)
         loss = total / max(count, 1)
         return {"eval/loss": round(loss, 6), "eval/perplexity": round(float(torch.exp(torch.tensor(min(loss, 50.0)))), 4)}
