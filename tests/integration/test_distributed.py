@@ -66,11 +66,11 @@ def evals(out: Path) -> dict[int, dict[str, float]]:
 
 
 def assert_same_evals(got: dict, expected: dict) -> None:
-    """Evaluation is split over the processes and gathered: the same numbers as one process's."""
+    """Evaluation is split over the processes and gathered: the same numbers as one process's (relative 1e-5: after
+    some steps the weights differ in the last float32 bits, and log-prob sums are tens in size)."""
     assert got.keys() == expected.keys() and got, (got, expected)
     for step in got:
-        assert got[step].keys() == expected[step].keys()
-        assert max(abs(got[step][k] - expected[step][k]) for k in got[step]) < 1e-5, (step, got[step], expected[step])
+        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-5), (step, got[step], expected[step])
 
 
 def write(path: Path, config: dict) -> Path:
@@ -170,6 +170,8 @@ def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
     schedule does not depend on max_steps)."""
     import psutil
 
+    from rlft.train.checkpoint import checkpoint_problem
+
     config, _, folder = sft
     constant = {"lr_scheduler": "constant", "warmup_steps": 0, "save_steps": 2}
     process = start(config("killed", 2, max_steps=1000, **constant))
@@ -186,10 +188,13 @@ def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
         stop(process)
     assert process.returncode != 0
     assert "rank      : 1" in output and "the training processes" in output, output[-3000:]
-    assert not list((folder / "killed").glob(".tmp-checkpoint-*"))
-    done = max(int(p.name.split("-")[1]) for p in (folder / "killed").glob("checkpoint-*"))
+    # killed mid-save, a .tmp-checkpoint-N may be left: never a checkpoint-N that is not whole
+    saved = list((folder / "killed").glob("checkpoint-*"))
+    assert saved and all(checkpoint_problem(p) is None for p in saved)
+    done = max(int(p.name.split("-")[1]) for p in saved)
     assert 4 <= done < 1000
     train(config("killed", 2, max_steps=done + 3, resume_from_checkpoint="auto", **constant))
+    assert not list((folder / "killed").glob(".tmp-checkpoint-*"))  # removed at the start
     train(config("straight", 2, max_steps=done + 3, **constant))
     first, second = losses(folder / "straight"), losses(folder / "killed")
     for step in range(done + 1, done + 4):

@@ -94,8 +94,11 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             model = AutoModelForCausalLM.from_config(config, **kwargs)
-        if init_base_dir is not None and cfg.adapter:
-            model.save_pretrained(init_base_dir)
+        if init_base_dir is not None and cfg.adapter and os.environ.get("RANK", "0") == "0":
+            # written whole, then renamed: other processes build the same seeded weights until the folder is there
+            staging = init_base_dir.with_name(f".tmp-{init_base_dir.name}-{os.getpid()}")
+            model.save_pretrained(staging)
+            staging.rename(init_base_dir)
     else:
         kwargs.update(_quantization_kwargs(cfg))
         try:

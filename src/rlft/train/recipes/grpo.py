@@ -307,7 +307,7 @@ class GRPORecipe(Recipe):
         scored = broadcast_object(self.feed.next_batch() if self.rank == 0 else None)  # on the main thread, as every collective
         self._take_metrics(scored)
         rows = self._within_staleness(self.rows_of(scored))
-        if s.log_completions:
+        if s.log_completions and self.rank == 0:
             self._log_completions(scored)
         # no update on these steps: no learning signal, or every row older than allowed_outdated_steps
         self.empty_reason = "skipped_zero_adv_batches" if scored.skip else "async/stale_batches_skipped"
