@@ -24,10 +24,12 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.num_processes > 1 or args.nnodes > 1:
         from rlft.train.launch import check_devices, launch_command, run_launched
+        from rlft.train.parallel import check_layer_classes
         from rlft.train.run import refuse_unbuilt
 
         refuse_unbuilt(cfg, args.num_processes)  # said once, before any process starts
         check_devices(args.num_processes // max(1, args.nnodes))
+        check_layer_classes(cfg)
 
         if "WORLD_SIZE" in os.environ:
             raise ConfigError("--num-processes inside an already launched process (torchrun / accelerate launch set "

@@ -59,11 +59,9 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
-    """Apply FSDP2 in place: each decoder layer (`fsdp_transformer_layer_cls_to_wrap`, else the model's own
-    `_no_split_modules`) becomes a unit, then the root. Names the model's layer classes when one is missing."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
+def layer_classes(model: torch.nn.Module, settings) -> set[str]:
+    """The class names FSDP2 makes units of (`fsdp_transformer_layer_cls_to_wrap`, else the model's own
+    `_no_split_modules`); a ConfigError naming the model's layer classes when one is missing."""
     present = {type(module).__name__ for module in model.modules()}
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     classes = set(settings.layer_classes or getattr(base, "_no_split_modules", None) or ())
@@ -72,6 +70,33 @@ def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
         layers = sorted(name for name in present if name.endswith(("DecoderLayer", "Block", "Layer")))
         raise ConfigError(f"fsdp_config.fsdp_transformer_layer_cls_to_wrap: {', '.join(missing) or '(none)'} is not a layer of "
                           f"{type(base).__name__}; its layer classes: {', '.join(layers) or 'none found'}")
+    return classes
+
+
+def check_layer_classes(cfg) -> None:
+    """Before any process starts: the layer classes `fsdp_config` names exist in the model (built on the meta device
+    from its config, no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.config.parallel import fsdp_settings
+    from rlft.models.loading import resolve_source
+
+    settings = fsdp_settings(cfg)
+    if settings is None or not settings.wrap_layers:
+        return
+    source = resolve_source(cfg.base_model_config or cfg.base_model, "base_model")
+    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+    with torch.device("meta"):
+        layer_classes(AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code), settings)
+
+
+def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
+    """Apply FSDP2 in place: each decoder layer (`fsdp_transformer_layer_cls_to_wrap`, else the model's own
+    `_no_split_modules`) becomes a unit, then the root. Names the model's layer classes when one is missing."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    classes = layer_classes(model, settings)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if settings.activation_checkpointing and not getattr(base, "is_gradient_checkpointing", False):
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     options: dict[str, Any] = {"reshard_after_forward": settings.reshard_after_forward}
