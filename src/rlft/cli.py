@@ -254,6 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    except Exception as exc:
+        from rlft.train.parallel import peer_failure
+
+        if args.debug or not peer_failure(exc):
+            raise
+        where = f"rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE')}"
+        err_console.print(f"error ({where}): another training process stopped first, so this one cannot go on "
+                          f"({str(exc).splitlines()[0][-120:]}); that process's own error is above", markup=False,
+                          highlight=False)
+        return 1
 
 
 if __name__ == "__main__":

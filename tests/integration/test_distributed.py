@@ -188,6 +188,8 @@ def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
         stop(process)
     assert process.returncode != 0
     assert "rank      : 1" in output and "the training processes" in output, output[-3000:]
+    assert "error (rank 0 of 2): another training process stopped first" in output  # one line, not a traceback
+    assert "Traceback" not in output, output[-3000:]
     # killed mid-save, a .tmp-checkpoint-N may be left: never a checkpoint-N that is not whole
     saved = list((folder / "killed").glob("checkpoint-*"))
     assert saved and all(checkpoint_problem(p) is None for p in saved)

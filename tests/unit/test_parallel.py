@@ -161,3 +161,17 @@ def test_deepspeed_is_refused_with_the_fsdp_settings_that_shard_alike(config, tm
     missing.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
     with pytest.raises(NotImplementedYet, match=r"ZeRO-3 config: remove deepspeed and set fsdp: \[full_shard, auto_wrap, offload\]"):
         refuse_unbuilt(config(deepspeed=str(missing)))
+
+
+def test_a_peers_failure_is_told_apart(monkeypatch):
+    from rlft.train.parallel import peer_failure
+
+    gone = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:2944")
+    assert not peer_failure(gone)  # one process: nothing to blame on a peer
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert peer_failure(gone) and not peer_failure(ValueError("a bug"))
+
+
+def test_fewer_batches_than_processes_pad_every_process():
+    plan = BatchPlan(list(range(2)), 2, seed=0, pad_id=0, shard=(1, 2), collate=lambda rows: {"rows": rows})
+    assert len(plan) == 1 and plan.is_padding(0) and plan.epoch_order(0) == [plan.epoch_order(0)[0]]

@@ -49,7 +49,7 @@ class BatchPlan:
         batches = [order[i : i + size] for i in range(0, len(order), size)]
         if self.lengths is not None:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-        mine = batches[self.rank :: self.world]
+        mine = batches[self.rank :: self.world] or batches[:1]  # fewer batches than processes: repeat one, weight 0
         while len(mine) < len(self):  # equal counts on every process keep collectives in step (trained with weight 0)
             mine.append(mine[-1])
         return mine

@@ -242,6 +242,13 @@ class StopRequest:
         signal.signal(signal.SIGINT, self._previous)
 
 
+def peer_failure(exc: BaseException) -> bool:
+    """Whether `exc` is this process's side of another process's failure: a collective whose peer went away."""
+    text = str(exc)
+    return launched_processes() > 1 and (isinstance(exc, getattr(dist, "DistError", ())) or "closed by peer" in text
+                                         or "reset by peer" in text)
+
+
 def barrier() -> None:
     if distributed():
         dist.barrier()
