@@ -128,25 +128,6 @@ def gradient_sync(model, sync: bool) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def full_parameters(model) -> Iterator[None]:
-    """Every rank holds the full parameters inside (FSDP2: gathered, then sharded again); a no-op otherwise.
-    A collective: every rank must enter it together."""
-    if not is_sharded(model):
-        yield
-        return
-    from torch.distributed.fsdp import FSDPModule
-
-    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
-    for unit in units:
-        unit.unshard()
-    try:
-        yield
-    finally:
-        for unit in reversed(units):
-            unit.reshard()
-
-
 def full_state_dict(model) -> dict[str, torch.Tensor]:
     """The model's full state dict on CPU, on rank 0 (empty elsewhere when sharded). A collective under FSDP2."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
