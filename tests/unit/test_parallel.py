@@ -153,13 +153,16 @@ def test_deepspeed_is_refused_with_the_fsdp_settings_that_shard_alike(config, tm
     from rlft.train.run import refuse_unbuilt
 
     missing = tmp_path / "zero3_bf16.json"
-    with pytest.raises(NotImplementedYet, match="zero3_bf16.json does not exist"):
+    with pytest.raises(NotImplementedYet, match=r"set fsdp: \[full_shard, auto_wrap\] .*zero3_bf16.json does not exist"):
         refuse_unbuilt(config(deepspeed=str(missing)))
     missing.write_text("{not json")
     with pytest.raises(NotImplementedYet, match="is not a JSON object"):
         refuse_unbuilt(config(deepspeed=str(missing)))
+    missing.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    with pytest.raises(NotImplementedYet, match=r"ZeRO-2 does: remove deepspeed and set fsdp: \[shard_grad_op, auto_wrap\]"):
+        refuse_unbuilt(config(deepspeed=str(missing)))
     missing.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
-    with pytest.raises(NotImplementedYet, match=r"ZeRO-3 config: remove deepspeed and set fsdp: \[full_shard, auto_wrap, offload\]"):
+    with pytest.raises(NotImplementedYet, match=r"ZeRO-3 does: remove deepspeed and set fsdp: \[full_shard, auto_wrap, offload\]"):
         refuse_unbuilt(config(deepspeed=str(missing)))
 
 

@@ -63,22 +63,25 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
 
 
 def deepspeed_refusal(path: str) -> str:
-    """Why `deepspeed:` does not run, and the FSDP2 settings that shard the way its ZeRO stage does."""
+    """Why `deepspeed:` does not run, and the FSDP2 settings that shard the way its ZeRO stage does (ZeRO-3 when the
+    file cannot be read, which is also said)."""
     import json
 
-    file = Path(path).expanduser()
+    file, zero, problem = Path(path).expanduser(), {}, ""
     if not file.is_file():
-        return f"deepspeed: {file} does not exist (relative paths start in the working directory {Path.cwd()})"
-    try:
-        zero = json.loads(file.read_text()).get("zero_optimization", {})
-    except (json.JSONDecodeError, AttributeError) as exc:
-        return f"deepspeed: {file} is not a JSON object ({exc})"
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    offload = isinstance(zero, dict) and any(zero.get(k, {}).get("device") in ("cpu", "nvme")
-                                             for k in ("offload_optimizer", "offload_param") if isinstance(zero.get(k), dict))
+        problem = f"; besides, {file} does not exist (relative paths start in the working directory {Path.cwd()})"
+    else:
+        try:
+            zero = json.loads(file.read_text()).get("zero_optimization", {})
+        except (json.JSONDecodeError, AttributeError) as exc:
+            problem = f"; besides, {file} is not a JSON object ({exc})"
+    zero = zero if isinstance(zero, dict) else {}
+    stage = zero.get("stage", 3)
+    offload = any(isinstance(zero.get(k), dict) and zero[k].get("device") in ("cpu", "nvme")
+                  for k in ("offload_optimizer", "offload_param"))
     options = ["full_shard" if stage == 3 else "shard_grad_op", "auto_wrap"] + (["offload"] if offload else [])
-    return (f"deepspeed: DeepSpeed ZeRO is not built yet (issue #11). FSDP2 shards the same way as this ZeRO-{stage} config: "
-            f"remove deepspeed and set fsdp: [{', '.join(options)}] (docs/distributed.md)")
+    return (f"deepspeed: DeepSpeed ZeRO is not built yet (issue #11). FSDP2 shards the way ZeRO-{stage} does: remove "
+            f"deepspeed and set fsdp: [{', '.join(options)}] (docs/distributed.md){problem}")
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:
