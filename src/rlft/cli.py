@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rlft.config.parallel import launched
 from rlft.errors import ConfigError, RlftError, TrainingInterrupted
 
 console = Console()
@@ -36,8 +37,7 @@ def _train(args: argparse.Namespace) -> int:
                               "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
         return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
                                            args.main_ip, args.main_port, args.debug))
-    rank = int(os.environ.get("RANK", "0"))
-    train(cfg, console if rank == 0 else Console(quiet=True))  # rank 0 reports for all; every rank's errors reach stderr
+    train(cfg, console if launched()[0] == 0 else Console(quiet=True))  # rank 0 reports for all; every rank's errors reach stderr
     return 0
 
 
@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     except RlftError as exc:
         if args.debug:
             raise
-        processes, rank = int(os.environ.get("WORLD_SIZE", "1")), os.environ.get("RANK", "0")
-        if isinstance(exc, TrainingInterrupted) and rank != "0":
+        rank, processes = launched()
+        if isinstance(exc, TrainingInterrupted) and rank != 0:
             return 130  # the processes stopped together: rank 0 says where the checkpoint is
         where = f" (rank {rank} of {processes})" if processes > 1 else ""
         err_console.print(f"error{where}:", style="bold red", end=" ")
@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.debug or not peer_failure(exc):
             raise
-        where = f"rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE')}"
-        err_console.print(f"error ({where}): another training process stopped first, so this one cannot go on "
+        rank, processes = launched()
+        err_console.print(f"error (rank {rank} of {processes}): another training process stopped first, so this one cannot go on "
                           f"({str(exc).splitlines()[0][-120:]}); that process's own error is above", markup=False,
                           highlight=False)
         return 1

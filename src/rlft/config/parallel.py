@@ -8,6 +8,7 @@ without their `fsdp_` prefix, as Axolotl and accelerate write them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
@@ -16,6 +17,12 @@ FSDP1_ONLY = {"use_orig_params", "sync_module_states", "cpu_ram_efficient_loadin
               "backward_prefetch", "forward_prefetch"}
 FSDP_KEYS = {"version", "transformer_layer_cls_to_wrap", "reshard_after_forward", "offload_params",
              "activation_checkpointing", "auto_wrap_policy", "state_dict_type", "sharding_strategy"} | FSDP1_ONLY
+
+
+def launched() -> tuple[int, int]:
+    """(this process's rank, the number of training processes), as the launcher (torchrun, accelerate launch, `rlft
+    train --num-processes`) set them in RANK and WORLD_SIZE; (0, 1) without a launcher. The one place rlft reads them."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ lives in exactly one place. The `variant` shorthand (Cosmos-RL) and `rl: gdpo` a
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlft.config.parallel import launched
 
 # `trl:` keys whose schema default is None, and the value that then applies (TRL's GRPOConfig defaults,
 # except loss_type, where Axolotl's documented default is dapo)
@@ -152,7 +153,7 @@ def rl_settings(cfg) -> RLSettings:
     scale = "none" if options["unbiased_advantage"] else options["scale_rewards"]
     group = options["num_generations"]
     # every training process trains micro_batch_size x gradient_accumulation_steps completions per optimizer step
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = launched()[1]
     completions_per_step = options["generation_batch_size"] or cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
     kwargs = options["generation_kwargs"] or {}
     metric = options["filter_reward_metric"]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlft.config.parallel import launched
 from rlft.errors import ModelError
 from rlft.models.tokenizer import apply_chat_template_setting
 
@@ -94,7 +95,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             model = AutoModelForCausalLM.from_config(config, **kwargs)
-        if init_base_dir is not None and cfg.adapter and os.environ.get("RANK", "0") == "0":
+        if init_base_dir is not None and cfg.adapter and launched()[0] == 0:
             # written whole, then renamed: other processes build the same seeded weights until the folder is there
             staging = init_base_dir.with_name(f".tmp-{init_base_dir.name}-{os.getpid()}")
             model.save_pretrained(staging)

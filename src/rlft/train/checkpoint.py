@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
 
 STATE_FILE = "trainer_state.json"
@@ -71,7 +72,7 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it."""
     from rlft.train.parallel import barrier, full_state_dict, is_sharded
 
-    rank = _rank()
+    rank = launched()[0]
     final = output_dir / f"checkpoint-{state.global_step}"
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
     if rank == 0:
@@ -102,12 +103,6 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
                 shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _inner(optimizer):
@@ -224,10 +219,10 @@ def load_weights(model, folder: Path) -> None:
         )
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler, world_size: int = 1) -> TrainState:
+def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
     """The optimizer, schedule and RNG state of `folder` (its weights were loaded before the model was wrapped,
     with `load_weights`). Every process calls it; each restores its own RNG (rank 0's when it wrote none)."""
-    rank = _rank()
+    rank = launched()[0]
     try:
         if (folder / "optimizer").is_dir():
             load_optimizer(model, optimizer, folder / "optimizer")

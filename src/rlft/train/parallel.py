@@ -24,12 +24,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from rlft.config.parallel import launched
 from rlft.errors import ConfigError
-
-
-def launched_processes() -> int:
-    """The number of training processes the launcher started (1 without a launcher)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def make_accelerator(cfg):
@@ -39,7 +35,7 @@ def make_accelerator(cfg):
     cuda = torch.cuda.is_available()
     if cfg.fp16 and not cuda:
         raise ConfigError("fp16: true needs a CUDA GPU (CPUs have no fast float16 path): use bf16 or fp32")
-    processes = launched_processes()
+    processes = launched()[1]
     if cuda:  # started by torchrun or accelerate launch directly: the same check as `rlft train --num-processes`
         from rlft.train.launch import check_devices
 
@@ -226,7 +222,7 @@ class StopRequest:
 def peer_failure(exc: BaseException) -> bool:
     """Whether `exc` is this process's side of another process's failure: a collective whose peer went away."""
     text = str(exc)
-    return launched_processes() > 1 and (isinstance(exc, getattr(dist, "DistError", ())) or "closed by peer" in text
+    return launched()[1] > 1 and (isinstance(exc, getattr(dist, "DistError", ())) or "closed by peer" in text
                                          or "reset by peer" in text)
 
 

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
 from rlft.config import planned_settings
+from rlft.config.parallel import fsdp_settings, launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
-from rlft.config.parallel import fsdp_settings
-from rlft.train.parallel import full_state_dict, is_sharded, launched_processes, make_accelerator
+from rlft.train.parallel import full_state_dict, is_sharded, make_accelerator
 from rlft.train.report import print_plan, print_summary
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
@@ -40,7 +39,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
-    processes = processes or launched_processes()
+    processes = processes or launched()[1]
     if cfg.method == "ebft" and processes > 1:
         raise NotImplementedYet(f"rl: ebft with {processes} training processes is not built yet (issue #11): train EBFT with "
                                 "one process")
@@ -93,7 +92,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
 
 def nemo_gym_servers(cfg, console: Console):
     """NeMo Gym's servers for this run when `nemo_gym_auto_start` asks for them, else nothing to start."""
-    if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or int(os.environ.get("RANK", "0")) != 0:
+    if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or launched()[0] != 0:
         return contextlib.nullcontext()
     from rlft.config.rl import rl_settings
     from rlft.rollout.envs.nemo_gym_launch import GymServers
