@@ -70,7 +70,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None) -> Path:
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it."""
-    from rlft.train.parallel import barrier, full_state_dict, is_sharded
+    from rlft.train.parallel import barrier, gathered_state_dict
 
     rank = launched()[0]
     final = output_dir / f"checkpoint-{state.global_step}"
@@ -80,7 +80,7 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         staging.mkdir(parents=True)
     barrier()
     unwrapped = getattr(model, "module", model)
-    weights = full_state_dict(model) if is_sharded(model) else None  # gathered: a collective
+    weights = gathered_state_dict(model)  # sharded: gathered (a collective); else None, and the model saves itself
     if rank == 0:
         unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
         tokenizer.save_pretrained(staging / "model")

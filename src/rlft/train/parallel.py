@@ -124,13 +124,13 @@ def gradient_sync(model, sync: bool) -> Iterator[None]:
         yield
 
 
-def full_state_dict(model) -> dict[str, torch.Tensor]:
-    """The model's full state dict on CPU, on rank 0 (empty elsewhere when sharded). A collective under FSDP2."""
+def gathered_state_dict(model) -> dict[str, torch.Tensor] | None:
+    """A sharded (FSDP2) model's whole state dict, on the CPU of rank 0 (empty elsewhere): a collective, every rank
+    calls it. None for a model that is whole on every rank already (one process, DDP)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if not is_sharded(model):
-        module = getattr(model, "module", model)
-        return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
+        return None
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
@@ -159,8 +159,7 @@ def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Each metric averaged over the ranks that report it; phase times (`time/*`) are the slowest rank's."""
     if not distributed():
         return metrics
-    gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(gathered, metrics)
+    gathered = gather_objects([metrics])
     out: dict[str, float] = {}
     for key in sorted({k for part in gathered for k in part}):
         values = [part[key] for part in gathered if key in part]

@@ -14,7 +14,7 @@ from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
-from rlft.train.parallel import full_state_dict, is_sharded, make_accelerator
+from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.report import print_plan, print_summary
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
@@ -157,7 +157,7 @@ def _train(cfg, console: Console) -> LoopResult:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():
         console.print(f"WARNING: {warning}", style="bold red", markup=False, soft_wrap=True)
-    weights = full_state_dict(model) if is_sharded(model) else None  # sharded over processes: gathered (a collective)
+    weights = gathered_state_dict(model)  # sharded over processes: gathered (a collective)
     if accelerator.is_main_process:
         # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
         conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}

@@ -38,8 +38,7 @@ class WeightSync:
         self.seconds = 0.0  # engine-side load time of the last push
 
     def due(self, step: int) -> bool:
-        """Whether the weights after optimizer step `step` are pushed (every `vllm_sync_interval` steps)."""
-        return step % self.every == 0
+        return sync_due(step, self.every)
 
     def reset(self, policy, version: int) -> None:
         """Make a plain engine (a server: it may hold another run's weights or adapter) serve exactly this policy:
@@ -100,6 +99,12 @@ class WeightSync:
         served = self.engine.health().get("version")
         if served != version:
             raise RolloutError(f"weight sync: the engine serves version {served} after being sent version {version}")
+
+
+def sync_due(step: int, every: int) -> bool:
+    """Whether the weights after optimizer step `step` are pushed (every `vllm_sync_interval` steps); every process
+    knows it, also those without an engine."""
+    return step % every == 0
 
 
 @torch.no_grad()

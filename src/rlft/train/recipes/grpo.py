@@ -37,9 +37,9 @@ from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.recipe import LossOutput, Recipe
-from rlft.train.parallel import broadcast_object, full_state_dict, gather_objects, is_sharded, max_across
+from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across
 from rlft.train.rollout_feed import RolloutFeed
-from rlft.train.weight_sync import WeightSync
+from rlft.train.weight_sync import WeightSync, sync_due
 
 ZERO_SIGNAL_WARN_STEPS = 10
 LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
@@ -122,17 +122,23 @@ class GRPORecipe(Recipe):
     # ------------------------------------------------------------------ lifecycle
     def before_wrap(self, model) -> None:
         if self.world > 1 and self.rank == 0 and fsdp_settings(self.cfg) is not None:
-            self.twin = copy.deepcopy(model)  # frozen weights share storage with nothing sharded: a plain copy
+            self.twin = copy.deepcopy(model)  # taken before sharding: a plain model, refreshed by `whole`
 
     def whole(self, model):
         """The policy with whole weights, for the engine and weight sync (on rank 0); gathers a sharded one (every rank
         must call it together)."""
-        if self.twin is None and not is_sharded(model):
+        weights = gathered_state_dict(model)
+        if weights is None:  # whole on every rank already
             return model
-        weights = full_state_dict(model)
         if self.twin is not None:
             self.twin.load_state_dict(weights)
         return self.twin
+
+    def current(self, model):
+        """The policy to bring the engine up to date from (evaluation, checkpoints): gathered only when rank 0's engine
+        serves older weights than these, which rank 0 tells every process."""
+        behind = broadcast_object(self.feed.weight_sync.pushed != self.feed.step if self.feed else None)
+        return self.whole(model) if behind else model
 
     def start(self, model) -> None:
         s, version = self.settings, self._restored.get("weight_version", 0) or 0
@@ -156,8 +162,7 @@ class GRPORecipe(Recipe):
     def after_optimizer_step(self, model, step: int) -> None:
         started = time.perf_counter()
         self.step = step
-        due = self.settings.sync_interval and step % self.settings.sync_interval == 0
-        policy = self.whole(model) if due else model
+        policy = self.whole(model) if sync_due(step, self.settings.sync_interval) else model
         main_thread = self.feed.after_optimizer_step(policy, step) if self.feed else 0.0
         self._update_reference(model, step)
         self.fresh["time/weight_sync"] = round(time.perf_counter() - started if not (self.feed and self.feed.depth) else main_thread, 4)
@@ -179,7 +184,7 @@ class GRPORecipe(Recipe):
     def state_dict(self) -> dict[str, Any]:
         """Queued rows, the prompt position and health counters: a resume trains on exactly the rows an
         uninterrupted run would, sampled from an engine of the recorded weight version."""
-        policy = self.whole(self.model) if self.model is not None else None
+        policy = self.current(self.model) if self.model is not None else None
         feed = self.feed.state_dict(policy) if self.feed else {}
         return {"queue": [[row.to_state() for row in window] for window in self.queue],
                 "prompts": self.prompts.state_dict(), "generations": self.producer.generations if self.producer else 0,
@@ -276,7 +281,7 @@ class GRPORecipe(Recipe):
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Rank 0 evaluates with the engine (on the weights being trained, not its older ones) for every process."""
-        policy = self.whole(self.model)
+        policy = self.current(self.model)
         if self.rank == 0:
             self.feed.sync_now(policy)
         return broadcast_object(self.evaluate_with_engine(model, batches) if self.rank == 0 else None)
