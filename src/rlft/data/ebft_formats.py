@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlft.data.formats import RowError, get_field
-from rlft.data.prompts import resolve_prompt_format
+from rlft.data.prompts import prompt_text, resolve_prompt_format, tokenize_prompt
+from rlft.data.tokenize import encode_text, split_answers
 
 PROMPT_FIELDS = ("input", "prompt", "question")
 ANSWER_FIELDS = ("output", "completion", "answer", "ground_truth")
@@ -73,10 +74,15 @@ def resolve_structured(ds, cfg, index: int, where: str, tokenizer) -> Callable[[
 
 
 def tokenize_structured(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
-    from rlft.data.prompts import tokenize_prompt
-
     example = tokenize_prompt(record, tokenizer, chat_template_kwargs)
-    truth = tokenizer(str(record["ground_truth"]), add_special_tokens=False)["input_ids"]
+    # the ground truth as the model would write it after the prompt (tokenised in context, not alone)
+    text, special = prompt_text(record["prompt"], tokenizer, chat_template_kwargs)
+    whole = tokenizer(text + str(record["ground_truth"]), add_special_tokens=special)["input_ids"]
+    prompt = example["prompt_ids"]
+    if whole[: len(prompt)] == prompt:
+        truth = whole[len(prompt):]
+    else:  # the tokenizer merged across the boundary: the ground truth alone
+        truth = tokenizer(str(record["ground_truth"]), add_special_tokens=False)["input_ids"]
     example["ground_truth_ids"] = truth + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     example["columns"].pop("ground_truth", None)
     return example
@@ -97,9 +103,9 @@ def resolve_strided(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dic
 def tokenize_strided(record: dict[str, Any], tokenizer) -> dict[str, Any]:
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if "text" in record:
-        return {"input_ids": tokenizer(record["text"], add_special_tokens=True)["input_ids"] + eos, "prompt_length": 0}
-    prompt = tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]
-    completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + eos
+        return {"input_ids": encode_text(tokenizer, record["text"])["input_ids"] + eos, "prompt_length": 0}
+    prompt, (completion,) = split_answers(tokenizer, record["prompt"], [record["completion"]])
+    completion = completion + eos
     return {"input_ids": prompt + completion, "prompt_length": len(prompt)}
 
 

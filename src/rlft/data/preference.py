@@ -1,8 +1,9 @@
 """Preference and KTO records -> token ids, length handling, and batches for one concatenated forward.
 
 A pair example is {prompt_ids, chosen_ids, rejected_ids[, margin]}; a KTO example is
-{prompt_ids, completion_ids, label}. The prompt gets the tokenizer's special tokens (BOS) unless its
-text already starts with BOS; completions get none, plus EOS when they do not already end with it.
+{prompt_ids, completion_ids, label}. Prompt + answer is tokenised as one text (with the tokenizer's
+special tokens unless it already starts with BOS) and cut where the answer begins
+(`split_answers`); answers end with EOS (added when they do not already).
 """
 
 from __future__ import annotations
@@ -12,18 +13,12 @@ from typing import Any
 import torch
 
 from rlft.data.formats import RowError
-from rlft.data.tokenize import IGNORE
+from rlft.data.tokenize import IGNORE, split_answers
 
 
-def _prompt_ids(tokenizer, text: str) -> list[int]:
-    has_bos = tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token)
-    return tokenizer(text, add_special_tokens=not has_bos)["input_ids"]
-
-
-def _completion_ids(tokenizer, text: str) -> list[int]:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def _with_eos(tokenizer, ids: list[int]) -> list[int]:
     if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
-        ids.append(tokenizer.eos_token_id)
+        return ids + [tokenizer.eos_token_id]
     return ids
 
 
@@ -31,11 +26,8 @@ def tokenize_pair(record: dict[str, Any], tokenizer) -> dict[str, Any]:
     for key in ("chosen", "rejected"):
         if not str(record.get(key) or "").strip():
             raise RowError(f"{key!r} is empty or missing")
-    example = {
-        "prompt_ids": _prompt_ids(tokenizer, str(record.get("prompt") or "")),
-        "chosen_ids": _completion_ids(tokenizer, str(record["chosen"])),
-        "rejected_ids": _completion_ids(tokenizer, str(record["rejected"])),
-    }
+    prompt, (chosen, rejected) = split_answers(tokenizer, str(record.get("prompt") or ""), [str(record["chosen"]), str(record["rejected"])])
+    example = {"prompt_ids": prompt, "chosen_ids": _with_eos(tokenizer, chosen), "rejected_ids": _with_eos(tokenizer, rejected)}
     if record.get("margin") is not None:
         example["margin"] = float(record["margin"])
     return example
@@ -44,11 +36,8 @@ def tokenize_pair(record: dict[str, Any], tokenizer) -> dict[str, Any]:
 def tokenize_kto(record: dict[str, Any], tokenizer) -> dict[str, Any]:
     if not str(record.get("completion") or "").strip():
         raise RowError("'completion' is empty or missing")
-    return {
-        "prompt_ids": _prompt_ids(tokenizer, str(record.get("prompt") or "")),
-        "completion_ids": _completion_ids(tokenizer, str(record["completion"])),
-        "label": bool(record["label"]),
-    }
+    prompt, (completion,) = split_answers(tokenizer, str(record.get("prompt") or ""), [str(record["completion"])])
+    return {"prompt_ids": prompt, "completion_ids": _with_eos(tokenizer, completion), "label": bool(record["label"])}
 
 
 def fit_completions(example: dict[str, Any], keys: tuple[str, ...], sequence_len: int, strategy: str) -> tuple[dict | None, str]:

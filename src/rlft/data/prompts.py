@@ -45,13 +45,22 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
     return to_record
 
 
+def prompt_text(prompt: str | list, tokenizer, chat_template_kwargs: dict | None) -> tuple[str, bool]:
+    """The text the model is given and whether the tokenizer adds its special tokens to it.
+
+    A message list is rendered with the chat template, which holds any BOS itself; a string gets the
+    tokenizer's special tokens unless it already starts with BOS (a prompt rendered beforehand).
+    """
+    if isinstance(prompt, list):
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})), False
+    text = str(prompt)
+    return text, not (tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token))
+
+
 def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
     prompt = record["prompt"]
-    if isinstance(prompt, list):
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(str(prompt), add_special_tokens=True)["input_ids"]
+    text, special = prompt_text(prompt, tokenizer, chat_template_kwargs)
+    ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids")}
     return {"prompt_ids": ids, "prompt": prompt, "columns": columns}
 

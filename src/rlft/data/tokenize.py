@@ -3,8 +3,15 @@
 Chat records are rendered with the tokenizer's chat template; which tokens are trained is decided
 on characters: each message's content is located in the rendered text (by rendering once more
 with a sentinel in its place), trained roles mark their content (and the end-of-turn marker, by
-`train_on_eos`), and a token is trained when its first character is marked. This works for any
-template, with or without `{% generation %}` tags.
+`train_on_eos`), and a token is trained when ANY of its characters is marked. This works for any
+template, with or without `{% generation %}` tags. "Any", not "the first": SentencePiece and
+Llama-2/Mistral-style templates put the separating space and the first word of the answer in one
+token (`[/INST] Paris` -> `▁Paris`), whose first character is template text.
+
+Prompt + answer records (SFT `prompt`/`completion`, the preference formats, KTO, EBFT) are tokenised
+as ONE text, the way the model sees it at inference, and cut where the answer begins (`split_answers`):
+tokenising the two parts apart gives other ids with many tokenizers (SentencePiece adds a `▁` to the
+start of every text it encodes; BPE merges across the boundary).
 """
 
 from __future__ import annotations
@@ -107,6 +114,32 @@ def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_
     return marked
 
 
+def encode_text(tokenizer, text: str, **kwargs):
+    """Encode `text`, adding the tokenizer's special tokens (BOS) unless the text already starts with BOS."""
+    has_bos = tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token)
+    return tokenizer(text, add_special_tokens=not has_bos, **kwargs)
+
+
+def split_answers(tokenizer, prompt: str, answers: list[str]) -> tuple[list[int], list[list[int]]]:
+    """Ids of `prompt + answer` for each answer, cut into (shared prompt ids, answer ids per answer).
+
+    Each whole text is tokenised once; the answer starts at the first token holding any answer
+    character, and the prompt part is what all the answers share before that, so
+    `prompt_ids + answer_ids[i]` is exactly the tokenisation of `prompt + answers[i]`.
+    """
+    wholes, cuts = [], []
+    for answer in answers:
+        encoded = encode_text(tokenizer, prompt + answer, return_offsets_mapping=True)
+        ids = list(encoded["input_ids"])
+        ends = [end for _, end in encoded["offset_mapping"]]
+        cuts.append(next((i for i, end in enumerate(ends) if end > len(prompt)), len(ids)))
+        wholes.append(ids)
+    cut = min(cuts)
+    while cut and any(whole[:cut] != wholes[0][:cut] for whole in wholes):
+        cut -= 1
+    return wholes[0][:cut], [whole[cut:] for whole in wholes]
+
+
 def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_train: list[str], train_on_eos: str) -> dict[str, list[int]]:
     """Token ids and labels for one canonical record (no truncation here)."""
     if "messages" in record:
@@ -116,14 +149,14 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         if train_on_inputs:
             return {"input_ids": ids, "labels": list(ids)}
         marked = _chat_char_mask(tokenizer, text, record["messages"], set(roles_to_train), train_on_eos)
-        labels = [tok if start < len(marked) and marked[start] else IGNORE for tok, (start, _) in zip(ids, encoded["offset_mapping"])]
+        labels = [tok if any(marked[start:end]) else IGNORE for tok, (start, end) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if "text" in record:
-        ids = tokenizer(str(record["text"]), add_special_tokens=True)["input_ids"] + eos
+        ids = encode_text(tokenizer, str(record["text"]))["input_ids"] + eos
         return {"input_ids": ids, "labels": list(ids)}
-    prompt = tokenizer(str(record["prompt"]), add_special_tokens=True)["input_ids"]
-    completion = tokenizer(str(record["completion"]), add_special_tokens=False)["input_ids"] + eos
+    prompt, (completion,) = split_answers(tokenizer, str(record["prompt"]), [str(record["completion"])])
+    completion = completion + eos
     prompt_labels = list(prompt) if train_on_inputs else [IGNORE] * len(prompt)
     return {"input_ids": prompt + completion, "labels": prompt_labels + completion}
 

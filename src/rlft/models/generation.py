@@ -6,10 +6,12 @@ import torch
 
 
 def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 64, temperature: float = 0.0,
-                   top_p: float = 1.0, num_samples: int = 1, batch_size: int = 64, seed: int | None = None) -> list[str]:
+                   top_p: float = 1.0, num_samples: int = 1, batch_size: int = 64, seed: int | None = None,
+                   add_special_tokens: bool = True) -> list[str]:
     """Completions (prompt excluded, special tokens removed), `num_samples` per prompt, prompt-major.
 
-    temperature 0 means greedy decoding.
+    temperature 0 means greedy decoding. Pass add_special_tokens=False for prompts rendered with the
+    chat template: the template holds any BOS, so the ids are exactly those training saw.
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -18,7 +20,7 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
     outputs: list[str] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
-        encoded = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=True).to(device)
+        encoded = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens).to(device)
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
             generated = model.generate(**encoded, max_new_tokens=max_new_tokens, num_return_sequences=num_samples,
