@@ -8,6 +8,7 @@ expected type and the value that was given.
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,42 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _sections_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config sections an annotation holds (`TRLConfig`, `list[DatasetConfig]`, `Optional[Union[str, X]]`)."""
+    if isinstance(annotation, type):
+        return [annotation] if issubclass(annotation, BaseModel) else []
+    return [section for arg in typing.get_args(annotation) for section in _sections_in(arg)]
+
+
+def drop_empty(data: dict[str, Any], model: type[BaseModel] = RlftConfig) -> dict[str, Any]:
+    """Axolotl's idiom: a known key left empty (`fp16:` with no value) is unset, at every level.
+
+    Keys whose null has a meaning of its own keep it (their default is not null and they accept
+    null, e.g. `trl.reward_timeout: null` = no limit). Unknown keys stay, to be reported.
+    """
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        info = model.model_fields.get(key)
+        if info is None:
+            kept[key] = value
+            continue
+        if value is None:
+            if type(None) in typing.get_args(info.annotation) and info.get_default(call_default_factory=True) is not None:
+                kept[key] = value
+            continue
+        sections = _sections_in(info.annotation)
+        if sections and isinstance(value, dict):
+            value = drop_empty(value, sections[0])
+        elif sections and isinstance(value, list):
+            value = [drop_empty(item, sections[0]) if isinstance(item, dict) else item for item in value]
+        kept[key] = value
+    return kept
+
+
 def build_config(data: dict[str, Any], source: str = "config") -> RlftConfig:
     """Validate a config mapping and its key combinations; raise ConfigError listing every problem."""
     try:
-        cfg = RlftConfig.model_validate(data)
+        cfg = RlftConfig.model_validate(drop_empty(data))
     except ValidationError as exc:
         problems = [describe_error(err) for err in exc.errors()]
         # A union field reports each member; keep the deeper error (e.g. a misspelt key in a `type:` mapping).

@@ -160,6 +160,8 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     )
     train_on_inputs: bool = field(False, "SFT: also compute the loss on prompt (non-assistant) tokens.")
     sample_packing: bool = field(False, "SFT: pack several documents per row, with per-document attention.")
+    eval_sample_packing: Optional[bool] = field(None, "SFT: pack the eval rows too (default: as sample_packing).")
+    pad_to_sequence_len: bool = field(False, "SFT: pad every batch to sequence_len tokens (one shape for every step).")
     remove_unused_columns: bool = field(
         False, "Axolotl key: rlft never drops dataset columns (reward functions read them), so only false is valid."
     )
@@ -185,7 +187,9 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.")
     logging_steps: int = field(1, "Log every N optimizer steps.")
     eval_steps: Optional[int] = field(None, "Evaluate every N steps (default: at the end only).")
+    evals_per_epoch: Optional[int] = field(None, "Evaluate this many times per epoch, evenly spaced (instead of eval_steps).", ge=1)
     save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).")
+    saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps).", ge=1)
     save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.")
     output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
@@ -282,6 +286,9 @@ def combination_problems(cfg: RlftConfig):
         yield f"{' and '.join(attention_flags)} are all set: choose one attention implementation"
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         yield "warmup_steps and warmup_ratio are both set: keep one"
+    for steps, per_epoch in (("eval_steps", "evals_per_epoch"), ("save_steps", "saves_per_epoch")):
+        if getattr(cfg, steps) and getattr(cfg, per_epoch):
+            yield f"{steps} and {per_epoch} are both set: keep one"
     lora_keys = sorted(k for k in set_keys if k.startswith(("lora_", "peft_")) and k != "lora_model_dir")
     if lora_keys and cfg.adapter is None:
         yield f"{', '.join(lora_keys)} set without `adapter`: add `adapter: lora` (or remove them)"
@@ -291,8 +298,9 @@ def combination_problems(cfg: RlftConfig):
         yield "adapter: qlora needs load_in_4bit: true"
     if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo") and not (cfg.rl == "ebft" and cfg.ebft.mode == "structured"):
         yield "skip_prepare_dataset applies to prompt datasets (grpo, gdpo, structured ebft); other methods need rows fitted to sequence_len"
-    if cfg.sample_packing and cfg.method != "sft":
-        yield f"sample_packing applies to SFT only, not {cfg.method}"
+    for key in ("sample_packing", "eval_sample_packing", "pad_to_sequence_len"):
+        if getattr(cfg, key) and cfg.method != "sft":
+            yield f"{key} applies to SFT only, not {cfg.method}"
     yield from _preference_problems(cfg)
     if cfg.rl == "ebft":
         yield from _ebft_problems(cfg)

@@ -19,19 +19,20 @@ class BatchPlan:
 
     def __init__(self, examples: list[Any], micro_batch_size: int, seed: int, pad_id: int, pack_capacity: int | None = None,
                  shard: tuple[int, int] = (0, 1), collate: Callable[[list[Any]], dict[str, Any]] | None = None,
-                 lengths: list[int] | None = None):
+                 lengths: list[int] | None = None, width: int = 0):
         """`lengths` turns on length grouping: within windows of 64 micro-batches of the shuffled order,
-        rows of similar length share a batch (less padding), and the batches are shuffled again."""
+        rows of similar length share a batch (less padding), and the batches are shuffled again.
+        `width` pads every batch to at least that many tokens (pad_to_sequence_len: one shape)."""
         self.micro_batch_size = micro_batch_size
         self.lengths = lengths
         self.seed = seed
         self.rank, self.world = shard
         if pack_capacity:
             self.items = [[examples[i] for i in pack] for pack in pack_examples(examples, pack_capacity)]
-            self.collate = collate or (lambda rows: packed_batch(rows, pad_id))
+            self.collate = collate or (lambda rows: packed_batch(rows, pad_id, width))
         else:
             self.items = list(examples)
-            self.collate = collate or (lambda rows: pad_batch(rows, pad_id))
+            self.collate = collate or (lambda rows: pad_batch(rows, pad_id, width))
 
     def __len__(self) -> int:
         """Micro-batches per epoch on this process."""

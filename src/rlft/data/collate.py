@@ -15,9 +15,9 @@ from rlft.data.tokenize import IGNORE
 Example = dict[str, list[int]]
 
 
-def pad_batch(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest row: input_ids, attention_mask, labels (-100 on padding)."""
-    width = max(len(e["input_ids"]) for e in examples)
+def pad_batch(examples: list[Example], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest row (or to `width`): input_ids, attention_mask, labels (-100 on padding)."""
+    width = max(width, max(len(e["input_ids"]) for e in examples))
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
     attention = torch.zeros((len(examples), width), dtype=torch.long)
@@ -46,9 +46,9 @@ def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
     return packs
 
 
-def packed_batch(packs: list[list[Example]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Rows of concatenated documents with a (B, 1, T, T) boolean block-causal attention mask."""
-    width = max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs)
+def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
+    """Rows of concatenated documents (padded to the longest, or to `width`) with a (B, 1, T, T) block-causal mask."""
+    width = max(width, max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs))
     batch = len(packs)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     labels = torch.full((batch, width), IGNORE, dtype=torch.long)

@@ -41,10 +41,21 @@ class LoopResult:
     recipe: Any = None  # the recipe that ran (its plan and state), for tools that inspect a finished run
 
 
+def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
+    """Optimizer steps in one epoch of `micro_batches_per_epoch` plan batches, `draws_per_step` per step."""
+    return max(1, math.ceil(micro_batches_per_epoch / (draws_per_step or cfg.gradient_accumulation_steps)))
+
+
 def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
-    """Optimizer steps of the run; an epoch is `micro_batches_per_epoch` plan batches, `draws_per_step` per step."""
-    steps_per_epoch = max(1, math.ceil(micro_batches_per_epoch / (draws_per_step or cfg.gradient_accumulation_steps)))
-    return cfg.max_steps if cfg.max_steps else max(1, math.ceil(cfg.num_epochs * steps_per_epoch))
+    """Optimizer steps of the run (max_steps wins over num_epochs)."""
+    return cfg.max_steps if cfg.max_steps else max(1, math.ceil(cfg.num_epochs * steps_per_epoch(cfg, micro_batches_per_epoch, draws_per_step)))
+
+
+def every(steps: int | None, per_epoch: int | None, epoch_steps: int) -> int | None:
+    """Steps between evals (or saves): `eval_steps`, or an epoch's steps split `evals_per_epoch` ways (at least 1)."""
+    if steps:
+        return steps
+    return max(1, epoch_steps // per_epoch) if per_epoch else None
 
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -71,6 +82,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     accelerator.wait_for_everyone()
     plan = recipe.train_plan
     total_steps = total_steps_for(cfg, len(plan), recipe.draws_per_step)
+    epoch_steps = steps_per_epoch(cfg, len(plan), recipe.draws_per_step)
+    eval_every, save_every = every(cfg.eval_steps, cfg.evals_per_epoch, epoch_steps), every(cfg.save_steps, cfg.saves_per_epoch, epoch_steps)
     world = accelerator.num_processes
     resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir)
     if resume_from is not None:  # the weights go in before the model is wrapped or sharded
@@ -244,9 +257,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         console.print(f"step {state.global_step}/{total_steps} | {info} | grad_norm {grad_norm:.3f}")
                 progress.update(task, completed=state.global_step)
                 show_messages()
-                if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and state.global_step < total_steps:
+                if eval_every and state.global_step % eval_every == 0 and state.global_step < total_steps:
                     evaluate()
-                if cfg.save_steps and state.global_step % cfg.save_steps == 0 and state.global_step < total_steps:
+                if save_every and state.global_step % save_every == 0 and state.global_step < total_steps:
                     save()
                 if stopping:  # every process saw the same sum: they stop after this same step
                     raise KeyboardInterrupt

@@ -20,9 +20,12 @@ class SFTRecipe(Recipe):
 
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
         capacity = cfg.sequence_len if cfg.sample_packing else None
-        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard)
+        width = cfg.sequence_len if cfg.pad_to_sequence_len else 0
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, width=width)
         self.shard = shard
-        eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, capacity)
+        packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
+        eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
+                              cfg.sequence_len if packed_eval else None, width=width)
         self._eval_batches = eval_plan.sequential() if data.eval else []
 
     @property
