@@ -16,8 +16,12 @@ from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TR
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
 
 RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
-Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw", "adam", "sgd", "rmsprop", "adagrad"]
-Scheduler = Literal["cosine", "linear", "constant", "constant_with_warmup"]
+# transformers' schedules (`get_scheduler`), less the two that need a metric at every step
+Scheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial", "inverse_sqrt",
+                    "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
+# Axolotl's own optimizers (its CustomSupportedOptimizers): they validate, `train` names an alternative
+AXOLOTL_OPTIMIZERS = ("optimi_adamw", "ao_adamw_4bit", "ao_adamw_8bit", "ao_adamw_fp8", "adopt_adamw", "came_pytorch", "muon",
+                      "dion", "sinkgd", "flash_adamw", "flash_adam", "flash_sgd", "flash_sgdw", "flash_lion", "q_galore_adamw8bit")
 NAMED_CHAT_TEMPLATES = ("tokenizer_default", "chatml", "llama3", "jinja")
 
 
@@ -173,7 +177,8 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     gradient_accumulation_steps: int = field(1, "Micro-batches per optimizer step.")
     num_epochs: float = field(1.0, "Passes over the training data (max_steps wins when set).")
     max_steps: Optional[int] = field(None, "Stop after this many optimizer steps.")
-    optimizer: Optimizer = field("adamw_torch", "Optimizer.")
+    optimizer: str = field("adamw_torch", "transformers' optimizer name (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, "
+                           "paged_adamw_8bit, lion_32bit, schedule_free_adamw, ...), or adamw / adam.")
     learning_rate: float = field(2e-5, "Peak learning rate.")
     adam_beta1: float = field(0.9, "Adam beta1.")
     adam_beta2: float = field(0.999, "Adam beta2.")
@@ -181,7 +186,10 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     weight_decay: float = field(0.0, "Decoupled weight decay (not applied to biases and norms).")
     max_grad_norm: Optional[float] = field(1.0, "Clip the global gradient norm to this (null: no clipping).")
     lr_scheduler: Scheduler = field("cosine", "Learning-rate schedule after warm-up.")
-    cosine_min_lr_ratio: float = field(0.0, "cosine: final learning rate as a fraction of the peak.")
+    lr_scheduler_kwargs: Optional[dict[str, Any]] = field(None, "Extra arguments of the schedule (transformers' "
+                                                                "scheduler_specific_kwargs), e.g. {num_cycles: 2}.")
+    cosine_min_lr_ratio: float = field(0.0, "cosine: final learning rate as a fraction of the peak (runs cosine_with_min_lr).",
+                                       ge=0.0, le=1.0)
     warmup_steps: Optional[int] = field(None, "Linear warm-up steps.")
     warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps.")
     seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.")
@@ -230,6 +238,20 @@ class RlftConfig(PreferenceFields, NemoGymFields):
         if value in NAMED_CHAT_TEMPLATES or value.endswith((".jinja", ".j2")):
             return value
         raise ValueError(f"expected one of {', '.join(NAMED_CHAT_TEMPLATES)} or a path to a .jinja file")
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer_known(cls, value: str) -> str:
+        from rlft.train.optim import optimizer_names
+
+        names = optimizer_names()
+        if value in names or value in AXOLOTL_OPTIMIZERS:
+            return value
+        import difflib
+
+        guess = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+        raise ValueError(f"unknown optimizer {value!r}" + (f": did you mean {guess[0]!r}?" if guess else "")
+                         + " (transformers' names, e.g. adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit)")
 
     @field_validator("micro_batch_size", "gradient_accumulation_steps", "sequence_len", "logging_steps")
     @classmethod

@@ -1,33 +1,60 @@
-"""Optimizer and learning-rate schedule from the config."""
+"""Optimizer and learning-rate schedule from the config, through transformers (the HF Trainer's names and curves).
+
+`optimizer:` takes transformers' optimizer names (`adamw_torch`, `adamw_torch_fused`, `adafactor`,
+`adamw_bnb_8bit`, `paged_adamw_8bit`, `lion_32bit`, `adamw_torch_8bit`, `schedule_free_adamw`, ...) plus
+`adamw` and `adam`; transformers picks the class and its keyword arguments, so a name behaves as in
+the HF Trainer and Axolotl. `lr_scheduler:` takes transformers' schedule names and runs
+`transformers.get_scheduler`.
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+
+from rlft.errors import ConfigError
 
 NO_DECAY = ("bias", "norm", "layernorm", "ln_")
+# names rlft adds to transformers' list
+ALIASES = {"adamw": "adamw_torch"}
+
+def optimizer_names() -> list[str]:
+    from transformers.training_args import OptimizerNames
+
+    return sorted({name.value for name in OptimizerNames} | set(ALIASES) | {"adam"})
+
+
+def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, dict]:
+    """The optimizer class and keyword arguments transformers gives `cfg.optimizer` (checked before the model loads)."""
+    name = ALIASES.get(cfg.optimizer, cfg.optimizer)
+    if name == "adam":  # not one of transformers' names
+        return torch.optim.Adam, {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon}
+    import dataclasses
+    from types import SimpleNamespace
+
+    from transformers import Trainer, TrainingArguments
+
+    # TrainingArguments' defaults without building one (its __post_init__ sets up devices and process groups)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}
+    args = SimpleNamespace(**{**defaults, "optim": name, "learning_rate": cfg.learning_rate, "adam_beta1": cfg.adam_beta1,
+                              "adam_beta2": cfg.adam_beta2, "adam_epsilon": cfg.adam_epsilon, "weight_decay": cfg.weight_decay})
+    try:
+        return Trainer.get_optimizer_cls_and_kwargs(args, model)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"optimizer: {cfg.optimizer} cannot be built here: {str(exc).splitlines()[0]} "
+                          "(adamw_torch needs nothing extra)") from None
 
 
 def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW/Adam/SGD/RMSprop/Adagrad over trainable parameters; no weight decay on biases and norms."""
+    """The configured optimizer over trainable parameters; no weight decay on biases and norms."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (no_decay if param.ndim < 2 or any(key in name.lower() for key in NO_DECAY) else decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    lr = cfg.learning_rate
-    betas = (cfg.adam_beta1, cfg.adam_beta2)
-    if cfg.optimizer in ("adamw_torch", "adamw", "adamw_torch_fused"):
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.adam_epsilon, fused=cfg.optimizer == "adamw_torch_fused" or None)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(groups, lr=lr, betas=betas, eps=cfg.adam_epsilon)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=0.9)
-    if cfg.optimizer == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=lr, eps=cfg.adam_epsilon)
-    return torch.optim.Adagrad(groups, lr=lr, eps=cfg.adam_epsilon)
+    cls, kwargs = optimizer_class(cfg, model)
+    return cls(groups, **kwargs)
 
 
 def warmup_steps(cfg, total_steps: int) -> int:
@@ -36,25 +63,14 @@ def warmup_steps(cfg, total_steps: int) -> int:
     return math.ceil((cfg.warmup_ratio or 0.0) * total_steps)
 
 
-def lr_multiplier(step: int, total: int, warmup: int, kind: str, min_ratio: float = 0.0) -> float:
-    """Learning-rate factor at `step` (0-based).
+def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int):
+    """`transformers.get_scheduler` with the config's warm-up; `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
+    from transformers import get_scheduler
 
-    Warm-up (not for `constant`, as in transformers): (step + 1) / (warmup + 1) for step < warmup, so
-    the first step already learns (transformers starts at 0). Then cosine from 1 to min_ratio, linear
-    to 0, or constant 1, over the remaining total - warmup steps.
-    """
-    if kind == "constant":
-        return 1.0
-    if warmup and step < warmup:
-        return (step + 1) / (warmup + 1)
-    if kind == "constant_with_warmup":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if kind == "linear":
-        return max(0.0, 1.0 - progress)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
-    warmup = warmup_steps(cfg, total_steps)
-    return LambdaLR(optimizer, lambda step: lr_multiplier(step, total_steps, warmup, cfg.lr_scheduler, cfg.cosine_min_lr_ratio))
+    name, kwargs = cfg.lr_scheduler, dict(cfg.lr_scheduler_kwargs or {})
+    if name == "cosine" and cfg.cosine_min_lr_ratio:
+        name = "cosine_with_min_lr"
+    if name in ("cosine_with_min_lr", "cosine_warmup_with_min_lr") and "min_lr" not in kwargs:
+        kwargs.setdefault("min_lr_rate", cfg.cosine_min_lr_ratio)
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(cfg, total_steps), num_training_steps=total_steps,
+                         scheduler_specific_kwargs=kwargs or None)

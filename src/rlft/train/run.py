@@ -10,10 +10,11 @@ from rich.console import Console
 
 from rlft.config import planned_settings
 from rlft.config.parallel import fsdp_settings, launched
-from rlft.config.schema import nemo_gym_enabled
+from rlft.config.schema import AXOLOTL_OPTIMIZERS, nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.train.loop import LoopResult, run_loop
+from rlft.train.optim import optimizer_class
 from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.report import print_plan, print_summary
 
@@ -55,6 +56,11 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 f"over processes with ring attention on CUDA SDPA kernels and FSDP2, so it needs {device}; "
                                 "rlft has not built it yet (issue #11). Remove the key; for long rows use "
                                 "gradient_checkpointing and a smaller micro_batch_size")
+    if cfg.optimizer in AXOLOTL_OPTIMIZERS:
+        raise NotImplementedYet(f"optimizer: {cfg.optimizer} is one of Axolotl's own optimizers, not built into rlft: use one of "
+                                "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
+    if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
+        optimizer_class(cfg)  # a missing package is said now, before the model loads
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
