@@ -32,6 +32,7 @@ def test_an_empty_unknown_key_is_still_reported(config_problems):
     (None, 2, 10, 5),
     (None, 4, 10, 2),  # 10 // 4
     (None, 4, 2, 1),  # more evals than steps: every step
+    (None, 0, 10, None),  # 0 per epoch (Axolotl's idiom): at the end only
 ])
 def test_every_from_steps_or_per_epoch(steps, per_epoch, epoch_steps, expected):
     assert every(steps, per_epoch, epoch_steps) == expected
@@ -39,7 +40,7 @@ def test_every_from_steps_or_per_epoch(steps, per_epoch, epoch_steps, expected):
 
 def test_steps_and_per_epoch_together_refused(config_problems):
     assert config_problems(save_steps=5, saves_per_epoch=2) == [("combination", "save_steps and saves_per_epoch are both set: keep one")]
-    assert ("evals_per_epoch", "Input should be greater than or equal to 1") in config_problems(evals_per_epoch=0)
+    assert ("evals_per_epoch", "Input should be greater than or equal to 0") in config_problems(evals_per_epoch=-1)
 
 
 def test_pad_to_a_width():
@@ -68,3 +69,125 @@ def test_eval_sample_packing_follows_sample_packing_unless_set(config, packing, 
     cfg = config(sample_packing=packing, eval_sample_packing=eval_packing, sequence_len=16, micro_batch_size=4)
     batches = SFTRecipe(cfg, PreparedData(rows, rows, []), pad_id=0).eval_batches
     assert ("position_ids" in batches[0]) is packed
+
+
+# ------------------------------------------------------------------ every key of Axolotl's schema is known
+
+DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "data"
+
+
+def _known(model) -> set[str]:
+    names = set(model.model_fields)
+    for info in model.model_fields.values():
+        names |= {info.alias} if info.alias else set()
+        names |= set(getattr(info.validation_alias, "choices", []))
+    return names
+
+
+def test_every_top_level_axolotl_key_is_known():
+    from rlft.config.schema import RlftConfig
+
+    keys = [line for line in (DATA / "axolotl_keys.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert len(keys) > 450
+    assert sorted(set(keys) - _known(RlftConfig)) == []
+
+
+def test_every_dataset_trl_and_vllm_axolotl_key_is_known():
+    import json
+
+    from rlft.config.schema import DatasetConfig
+    from rlft.config.sections import TRLConfig, VLLMConfig
+
+    nested = json.loads((DATA / "axolotl_nested_keys.json").read_text())
+    for parent, model in (("datasets[]", DatasetConfig), ("trl", TRLConfig), ("vllm", VLLMConfig)):
+        assert sorted(set(nested[parent]) - _known(model)) == [], parent
+
+
+def test_axolotl_only_keys_validate_and_train_refuses_them_with_reasons(config):
+    from rlft.config.axolotl_keys import unsupported_settings
+
+    cfg = config(liger_rms_norm=True, hub_model_id="me/model", strict=False, fsdp_version=2, wandb_watch=None,
+                 dataloader_num_workers=0, capabilities={"bf16": True}, datasets=[{"path": "train.jsonl", "field_thinking": "x"}],
+                 plugins=["axolotl.integrations.liger.LigerPlugin"])
+    refused, derived = unsupported_settings(cfg)
+    reasons = dict(refused)
+    assert set(reasons) == {"liger_rms_norm", "hub_model_id", "datasets[0].field_thinking",
+                            "plugins: axolotl.integrations.liger.LigerPlugin"}
+    assert "GPU kernel" in reasons["liger_rms_norm"] and "never uploads" in reasons["hub_model_id"]
+    assert derived == ["capabilities"]
+
+
+def test_train_refuses_before_loading_anything(config):
+    from rlft.errors import NotImplementedYet
+    from rlft.train.run import refuse_unbuilt
+
+    with pytest.raises(NotImplementedYet, match=r"(?s)do not run in rlft.*- torch_compile: .*GPU kernel"):
+        refuse_unbuilt(config(torch_compile=True))
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"model_type": "AutoModelForImageTextToText"}, "model_type: AutoModelForImageTextToText"),
+    ({"rl": "dpo", "skip_prepare_dataset": True}, "skip_prepare_dataset"),
+    ({"gradient_checkpointing": "offload"}, "gradient_checkpointing: offload"),
+    ({"attn_implementation": "xformers"}, "attn_implementation: xformers"),
+])
+def test_values_axolotl_accepts_and_rlft_does_not_run(config, overrides, key):
+    from rlft.config.axolotl_keys import unsupported_settings
+
+    assert key in dict(unsupported_settings(config(**overrides))[0])
+
+
+def test_causal_lm_classes_and_reward_heads_are_not_refused(config):
+    from rlft.config.axolotl_keys import unsupported_settings
+
+    assert unsupported_settings(config(model_type="LlamaForCausalLM"))[0] == []
+    assert unsupported_settings(config(model_type="AutoModelForSequenceClassification", reward_model=True))[0] == []
+
+
+# ------------------------------------------------------------------ model_type, tokenizer_type, tokens
+
+
+def test_model_and_tokenizer_classes_by_name(config, tiny_model_dir):
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from rlft.models.loading import load_model, load_tokenizer
+
+    cfg = config(base_model=str(tiny_model_dir), random_init=True, model_type="LlamaForCausalLM",
+                 tokenizer_type="PreTrainedTokenizerFast", tokens=["<think>", "</think>"])
+    tokenizer = load_tokenizer(cfg)
+    assert type(tokenizer) is PreTrainedTokenizerFast
+    assert tokenizer.convert_tokens_to_ids("<think>") >= 260  # added after the byte vocabulary
+    model = load_model(cfg, tokenizer, "cpu")
+    assert type(model) is LlamaForCausalLM and model.get_input_embeddings().num_embeddings >= len(tokenizer)
+
+
+def test_a_misspelt_class_is_a_clear_error(config, tiny_model_dir):
+    from rlft.errors import ModelError
+    from rlft.models.loading import load_tokenizer
+
+    with pytest.raises(ModelError, match="tokenizer_type: transformers .* has no class 'LamaTokenizer'"):
+        load_tokenizer(config(base_model=str(tiny_model_dir), tokenizer_type="LamaTokenizer"))
+
+
+# ------------------------------------------------------------------ dataset_prepared_path
+
+
+def test_prepared_data_is_reused_until_the_data_changes(config, tok, write_jsonl, tmp_path, capsys):
+    from rlft.data.prepare import prepare_sft_data
+
+    data = write_jsonl([{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(6)], "train.jsonl")
+    cfg = config(datasets=[{"path": str(data)}], dataset_prepared_path=str(tmp_path / "prepared"), val_set_size=2)
+    first = prepare_sft_data(cfg, tok)
+    assert "prepared data saved to" in capsys.readouterr().err
+    again = prepare_sft_data(cfg, tok)
+    assert "prepared data reused from" in capsys.readouterr().err
+    assert (again.train, again.eval, again.reports) == (first.train, first.eval, first.reports)
+    assert len(list((tmp_path / "prepared").iterdir())) == 1
+
+    data.write_text(data.read_text() + '{"prompt": "9+1=", "completion": "10"}\n')  # new data: prepared again
+    changed = prepare_sft_data(cfg, tok)
+    assert "prepared data saved to" in capsys.readouterr().err and len(changed.train) == len(first.train) + 1
+    prepare_sft_data(config(**{**cfg.model_dump(exclude_unset=True), "sequence_len": 64}), tok)  # new config: again
+    assert "prepared data saved to" in capsys.readouterr().err
+    prepare_sft_data(config(**{**cfg.model_dump(exclude_unset=True), "learning_rate": 0.1}), tok)  # training only: reused
+    assert "prepared data reused from" in capsys.readouterr().err

@@ -539,7 +539,7 @@ def test_nemo_gym_config_of_the_guide_validates_without_datasets(config):
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"plugins": ["my.Plugin"], "nemo_gym_enabled": True}, "plugins: my.Plugin is not a plugin rlft knows"),
+    ({"plugins": ["my.Plugin"], "nemo_gym_enabled": True}, "plugins: my.Plugin is not one of Axolotl's plugins"),
     ({"plugins": None}, "nemo_gym_datasets is set but NeMo Gym is off"),
     ({"nemo_gym_datasets": None}, "NeMo Gym is on and nemo_gym_datasets is empty"),
     ({"rl": "dpo"}, "NeMo Gym environments score online-RL rollouts"),

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import field_validator, model_validator
+from pydantic import AliasChoices, field_validator, model_validator
 
+from rlft.config import axolotl_keys
 from rlft.config.base import Section, field, planned
 from rlft.config.parallel import fsdp_settings
 from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
 
 RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
+ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+# Axolotl's other attention names (its CANONICAL_ATTN_IMPLS; `org/name` hub kernels also validate): train refuses them
+AXOLOTL_ATTENTION = ("xformers", "sage", "fp8")
 # transformers' schedules (`get_scheduler`), less the two that need a metric at every step
 Scheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial", "inverse_sqrt",
                     "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
@@ -51,7 +55,7 @@ class UserDefinedType(Section):
     completion_format: str = field("{completion}", "KTO: how the completion is rendered.")
 
 
-class DatasetConfig(Section):
+class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.DATASET)):
     """One entry of `datasets:` / `test_datasets:`."""
 
     path: Optional[str] = field(
@@ -97,7 +101,7 @@ class DatasetConfig(Section):
         return self
 
 
-class RlftConfig(PreferenceFields, NemoGymFields):
+class RlftConfig(PreferenceFields, NemoGymFields, axolotl_keys.known_only("AxolotlKeys", axolotl_keys.TOP_LEVEL)):
     """The whole config file."""
 
     # --- model ---
@@ -106,6 +110,13 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     )
     base_model_config: Optional[str] = field(None, "Folder whose config.json is used instead of base_model's.")
     tokenizer_config: Optional[str] = field(None, "Folder or hub id of the tokenizer (default: base_model).")
+    model_type: Optional[str] = field(None, "transformers class that loads the model: AutoModelForCausalLM (the default) or a "
+                                            "*ForCausalLM class; reward models: AutoModelForSequenceClassification. Other "
+                                            "classes validate and train refuses them (Axolotl's key; type_of_model too).",
+                                      validation_alias=AliasChoices("model_type", "type_of_model"))
+    tokenizer_type: Optional[str] = field(None, "transformers class that loads the tokenizer: AutoTokenizer (the default) or a "
+                                                "*Tokenizer / *TokenizerFast class.")
+    tokens: Optional[list[str]] = field(None, "Tokens to add to the tokenizer (the embeddings are resized).")
     random_init: bool = field(
         False, "Start from freshly initialised weights built from the model config (seeded by `seed`)."
     )
@@ -123,14 +134,16 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     bf16: Union[bool, Literal["auto"]] = field(False, "bfloat16 mixed precision; `auto` uses it where the device supports it.")
     fp16: bool = field(False, "float16 mixed precision (CUDA only).")
     tf32: bool = field(False, "Allow TF32 matmuls on Ampere+ GPUs.")
-    attn_implementation: Optional[Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"]] = field(
-        None, "transformers attention implementation (default sdpa); the *_attention flags below set it too."
+    attn_implementation: Optional[str] = field(
+        None, "transformers attention implementation: sdpa (default), eager, flash_attention_2, flash_attention_3, flex_attention; "
+              "the *_attention flags below set it too. Axolotl's others (xformers, hub kernels `org/name`) validate; train refuses them."
     )
     flash_attention: bool = field(False, "Use flash_attention_2 (needs the flash-attn package and a CUDA GPU).")
     flex_attention: bool = field(False, "Use PyTorch flex_attention (GPU only for training).")
     sdp_attention: bool = field(False, "Use PyTorch scaled_dot_product_attention (the default).")
     eager_attention: bool = field(False, "Use the plain eager attention implementation.")
-    gradient_checkpointing: bool = field(False, "Recompute activations in the backward pass to save memory.")
+    gradient_checkpointing: Union[bool, Literal["offload", "offload_disk"]] = field(
+        False, "Recompute activations in the backward pass to save memory (Axolotl's offload / offload_disk: train refuses them).")
     gradient_checkpointing_kwargs: Optional[dict[str, Any]] = field(
         None, "Passed to transformers' gradient_checkpointing_enable, e.g. {use_reentrant: false}."
     )
@@ -156,6 +169,8 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     datasets: list[DatasetConfig] = field([], "Training datasets, merged in order.")
     test_datasets: Optional[list[DatasetConfig]] = field(None, "Evaluation datasets (instead of val_set_size).")
     val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data.")
+    dataset_prepared_path: Optional[str] = field(None, "Folder that keeps tokenised data; reused while config, data files, "
+                                                       "tokenizer and rlft are unchanged (docs/sft.md).")
     dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).")
     shuffle_merged_datasets: bool = field(True, "Shuffle the merged training rows once (seeded).")
     sequence_len: int = field(512, "Maximum tokens per training sequence.")
@@ -195,9 +210,11 @@ class RlftConfig(PreferenceFields, NemoGymFields):
     seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.")
     logging_steps: int = field(1, "Log every N optimizer steps.")
     eval_steps: Optional[int] = field(None, "Evaluate every N steps (default: at the end only).")
-    evals_per_epoch: Optional[int] = field(None, "Evaluate this many times per epoch, evenly spaced (instead of eval_steps).", ge=1)
+    evals_per_epoch: Optional[int] = field(None, "Evaluate this many times per epoch, evenly spaced (instead of eval_steps); "
+                                           "0 = at the end only.", ge=0)
     save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).")
-    saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps).", ge=1)
+    saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps); "
+                                           "0 = at the end only.", ge=0)
     save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.")
     output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
@@ -238,6 +255,20 @@ class RlftConfig(PreferenceFields, NemoGymFields):
         if value in NAMED_CHAT_TEMPLATES or value.endswith((".jinja", ".j2")):
             return value
         raise ValueError(f"expected one of {', '.join(NAMED_CHAT_TEMPLATES)} or a path to a .jinja file")
+
+    @field_validator("tokenizer_type")
+    @classmethod
+    def _tokenizer_class(cls, value: Optional[str]) -> Optional[str]:
+        if value is None or value.endswith(("Tokenizer", "TokenizerFast")):
+            return value
+        raise ValueError(f"{value!r}: expected AutoTokenizer or a transformers *Tokenizer / *TokenizerFast class")
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _attention_known(cls, value: Optional[str]) -> Optional[str]:
+        if value is None or value in ATTENTION or value in AXOLOTL_ATTENTION or "/" in value:
+            return value
+        raise ValueError(f"unknown attention implementation {value!r}: expected one of {', '.join(ATTENTION)}")
 
     @field_validator("optimizer")
     @classmethod
@@ -299,7 +330,7 @@ def combination_problems(cfg: RlftConfig):
     set_keys = cfg.model_fields_set
     if not cfg.base_model:
         yield "base_model is not set: give a model folder (or a hub id when online)"
-    if not cfg.datasets and not nemo_gym_enabled(cfg):  # NeMo Gym's task files replace datasets:
+    if not cfg.datasets and not nemo_gym_enabled(cfg) and not cfg.pretraining_dataset:  # NeMo Gym's task files replace datasets:
         yield "datasets is empty: add at least one entry with a `path`"
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
@@ -318,8 +349,6 @@ def combination_problems(cfg: RlftConfig):
         yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
-    if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo") and not (cfg.rl == "ebft" and cfg.ebft.mode == "structured"):
-        yield "skip_prepare_dataset applies to prompt datasets (grpo, gdpo, structured ebft); other methods need rows fitted to sequence_len"
     for key in ("sample_packing", "eval_sample_packing", "pad_to_sequence_len"):
         if getattr(cfg, key) and cfg.method != "sft":
             yield f"{key} applies to SFT only, not {cfg.method}"
@@ -348,10 +377,10 @@ def nemo_gym_enabled(cfg) -> bool:
 
 
 def _nemo_gym_problems(cfg: RlftConfig):
-    unknown = [name for name in cfg.plugins or [] if name != NEMO_GYM_PLUGIN]
+    unknown = [name for name in cfg.plugins or [] if not name.startswith("axolotl.integrations.")]
     if unknown:
-        yield (f"plugins: {', '.join(unknown)} is not a plugin rlft knows; the one it runs is {NEMO_GYM_PLUGIN} (NeMo Gym "
-               "environments): remove the others")
+        yield (f"plugins: {', '.join(unknown)} is not one of Axolotl's plugins (axolotl.integrations.*); the one rlft runs is "
+               f"{NEMO_GYM_PLUGIN} (NeMo Gym environments): remove the others")
     if not nemo_gym_enabled(cfg):
         if cfg.nemo_gym_datasets:
             yield (f"nemo_gym_datasets is set but NeMo Gym is off: add plugins: [{NEMO_GYM_PLUGIN}] (or nemo_gym_enabled: "

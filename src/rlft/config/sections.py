@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
+from rlft.config import axolotl_keys
 from rlft.config.base import Section, field, planned
 
 __all__ = [
@@ -57,7 +58,7 @@ DPOLossType = Literal[
 DepthFraction = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
-class TRLConfig(Section):
+class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     """The `trl:` section: online RL (GRPO family, GDPO, DAPO, GSPO, Dr. GRPO, RLOO, Cosmos-RL
     loss options), rollouts (in-process or vLLM, sync or async) and rewards."""
 
@@ -501,7 +502,7 @@ class EBFTConfig(Section):
     )
 
 
-class VLLMConfig(Section):
+class VLLMConfig(axolotl_keys.known_only("AxolotlVllmKeys", axolotl_keys.VLLM)):
     """The `vllm:` section: how `rlft vllm-serve` starts the rollout server (vLLM or transformers backend)."""
 
     host: Optional[str] = field(

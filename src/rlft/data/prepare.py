@@ -176,7 +176,16 @@ def _length(example: dict[str, Any]) -> int:
 
 
 def prepare_data(cfg, tokenizer, steps: MethodSteps | None = None) -> PreparedData:
-    """Every training dataset merged (shuffled once, seeded), plus the eval split or test_datasets."""
+    """Every training dataset merged (shuffled once, seeded), plus the eval split or test_datasets
+    (from the `dataset_prepared_path` cache when it holds this config's data)."""
+    if cfg.dataset_prepared_path:
+        from rlft.data.cache import cached
+
+        return cached(cfg, tokenizer, lambda: _prepare_data(cfg, tokenizer, steps))
+    return _prepare_data(cfg, tokenizer, steps)
+
+
+def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
     train: list[dict[str, Any]] = []
     reports = []
     for index, ds in enumerate(cfg.datasets):

@@ -42,15 +42,29 @@ def resolve_source(name: str | None, key: str) -> str:
     return name
 
 
+def transformers_class(name: str, key: str):
+    """A class of transformers by name (`model_type`, `tokenizer_type`)."""
+    import transformers
+
+    found = getattr(transformers, name, None)
+    if found is None:
+        raise ModelError(f"{key}: transformers {transformers.__version__} has no class {name!r}; check the spelling, or leave "
+                         f"{key} unset for the Auto class")
+    return found
+
+
 def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
     source = resolve_source(cfg.tokenizer_config or cfg.base_model, "tokenizer_config" if cfg.tokenizer_config else "base_model")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
+            source, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a tokenizer from {source}: {exc}") from None
     if cfg.special_tokens:
         tokenizer.add_special_tokens(dict(cfg.special_tokens))
+    if cfg.tokens:
+        tokenizer.add_tokens(list(cfg.tokens))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"the tokenizer of {source} has neither a pad nor an eos token: set special_tokens.pad_token")
@@ -87,14 +101,19 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
     source = resolve_source(cfg.base_model, "base_model")
     kwargs: dict[str, Any] = {"attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
+    causal = cfg.model_type and cfg.model_type.endswith("ForCausalLM")  # anything else is refused before loading
+    model_class = transformers_class(cfg.model_type, "model_type") if causal else AutoModelForCausalLM
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(init_base_dir, **kwargs)
+        model = model_class.from_pretrained(init_base_dir, **kwargs)
     elif cfg.random_init:
         config_source = resolve_source(cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
         config = AutoConfig.from_pretrained(config_source, trust_remote_code=cfg.trust_remote_code)
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
-            model = AutoModelForCausalLM.from_config(config, **kwargs)
+            if model_class is AutoModelForCausalLM:
+                model = model_class.from_config(config, **kwargs)
+            else:  # a concrete class: its code is in transformers, so no remote code to allow
+                model = model_class._from_config(config, **{k: v for k, v in kwargs.items() if k != "trust_remote_code"})
         if init_base_dir is not None and cfg.adapter and launched()[0] == 0:
             # written whole, then renamed: other processes build the same seeded weights until the folder is there
             staging = init_base_dir.with_name(f".tmp-{init_base_dir.name}-{os.getpid()}")
@@ -103,7 +122,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     else:
         kwargs.update(_quantization_kwargs(cfg))
         try:
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            model = model_class.from_pretrained(source, **kwargs)
         except OSError as exc:
             raise ModelError(
                 f"cannot load weights from {source}: {exc}. If the folder holds only config.json, set random_init: true"

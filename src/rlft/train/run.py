@@ -9,6 +9,7 @@ import torch
 from rich.console import Console
 
 from rlft.config import planned_settings
+from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import fsdp_settings, launched
 from rlft.config.schema import AXOLOTL_OPTIMIZERS, nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
@@ -61,6 +62,10 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
     if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
+    refused, _ = unsupported_settings(cfg)
+    if refused:
+        listed = "\n".join(f"  - {key}: {why}" for key, why in refused)
+        raise NotImplementedYet(f"these Axolotl settings do not run in rlft; remove them (or set them to their default):\n{listed}")
     unbuilt = planned_settings(cfg)
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
@@ -92,6 +97,9 @@ def deepspeed_refusal(path: str) -> str:
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
     refuse_unbuilt(cfg)
+    derived = unsupported_settings(cfg)[1]
+    if derived and launched()[0] == 0:
+        console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
     with nemo_gym_servers(cfg, console):  # started for this run (auto start) and stopped after it, whatever happens
         return _train(cfg, console)
 
