@@ -387,3 +387,14 @@ def test_math_verify_reward_runs_in_reward_workers(warm_model, cli, tmp_path, mo
     steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
     assert len(steps) == 2 and all(m["rewards/math_verify_reward/failures"] == 0 for m in steps)
     assert all(m["rewards/math_verify_reward/unscorable"] == 0 for m in steps)
+
+
+def test_reused_batches_with_sampling_filters_cache_filtered_logps(warm_model, cli, tmp_path, monkeypatch):
+    """num_iterations 2 with top_p and an off-policy mask: the old log-probs of the reused batch are computed under the
+    sampling filters too (the path that compares filtered distributions)."""
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], max_steps=2, logging_steps=1,
+                          trl={"num_iterations": 2, "top_p": 0.9, "off_policy_mask_threshold": 0.5})
+    assert cli("train", config) == 0
+    assert len([m for m in _metrics(tmp_path / "out") if "loss" in m]) == 2

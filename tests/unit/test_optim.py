@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import get_args
 
 import pytest
 import torch

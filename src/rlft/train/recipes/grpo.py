@@ -395,10 +395,10 @@ class GRPORecipe(Recipe):
                            for index, row in enumerate(chunk)]
         shared = gather_objects(values)  # rank order: rank r's are rows[r::world]
         order = [index for rank in range(self.world) for index in range(rank, len(rows), self.world)]
-        for index, (logps, sampled_logps) in zip(order, shared):
+        for index, (logps, sampled) in zip(order, shared):
             setattr(rows[index], field, logps)
-            if sampled_logps is not None:
-                rows[index].old_sampled_logps = sampled_logps
+            if sampled is not None:
+                rows[index].old_sampled_logps = sampled
 
     def _update_reference(self, model, step: int) -> None:
         """Cosmos-RL's reference reset every `reference_reset_interval` steps, or TR-DPO's soft update every
