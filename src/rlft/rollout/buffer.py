@@ -86,13 +86,15 @@ class ReplayBuffer:
         return scored, {"replay_buffer_replacements": float(replacements), "replay_buffer_size": float(len(self._heap))}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"entries": [[score, entry] for score, _, entry in sorted(self._heap, key=lambda item: item[1])],
+        # the heap's own array order: `sample` draws by position in it, so a resume must see the same order
+        return {"heap": [[score, number, entry] for score, number, entry in self._heap],
                 "generator": self._generator.get_state().tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._heap = []
-        for score, entry in state.get("entries", []):
+        self._heap = [(score, number, entry) for score, number, entry in state.get("heap", [])]
+        for score, entry in state.get("entries", []):  # checkpoints written before the heap order was kept
             heapq.heappush(self._heap, (score, next(self._counter), entry))
+        self._counter = itertools.count(max((number for _, number, _ in self._heap), default=-1) + 1)
         if "generator" in state:
             self._generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
