@@ -191,3 +191,15 @@ def test_prepared_data_is_reused_until_the_data_changes(config, tok, write_jsonl
     assert "prepared data saved to" in capsys.readouterr().err
     prepare_sft_data(config(**{**cfg.model_dump(exclude_unset=True), "learning_rate": 0.1}), tok)  # training only: reused
     assert "prepared data reused from" in capsys.readouterr().err
+
+
+def test_every_axolotl_template_name_validates_and_unshipped_ones_are_refused_in_train(config):
+    from rlft.config.axolotl_keys import unsupported_settings
+    from rlft.models.chat_templates import NOT_SHIPPED, TEMPLATES
+
+    names = [line for line in (DATA / "axolotl_chat_templates.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert len(names) > 30
+    for name in names:
+        refused = dict(unsupported_settings(config(chat_template=name))[0])
+        assert (f"chat_template: {name}" in refused) == (name in NOT_SHIPPED), name
+        assert name in TEMPLATES or name in NOT_SHIPPED or name in ("jinja", "tokenizer_default"), name

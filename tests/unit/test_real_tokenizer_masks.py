@@ -165,3 +165,32 @@ def test_generate_chat_sees_the_ids_training_saw(mistral_tokenizer):
     assert model.seen == [training[: len(model.seen[0])]]
     assert model.seen[0].count(tokenizer.bos_token_id) == 1
     assert tokenizer.convert_ids_to_tokens(training[len(model.seen[0])]) == "▁Paris"
+
+
+@pytest.mark.parametrize("name", sorted(__import__("rlft.models.chat_templates", fromlist=["TEMPLATES"]).TEMPLATES))
+def test_named_templates_add_their_markers_and_train_only_the_answers(mistral_tokenizer, name):
+    """Every shipped named template on the SentencePiece tokenizer: markers become single tokens (added as special
+    tokens where missing), the answers and the end-of-turn marker are trained, nothing of the user turns is."""
+    from rlft.models.chat_templates import TEMPLATES
+    from rlft.models.tokenizer import apply_chat_template_setting, end_of_turn_token
+
+    tokenizer = copy.deepcopy(mistral_tokenizer)
+    apply_chat_template_setting(tokenizer, name, None)
+    for marker in TEMPLATES[name][1]:
+        assert len(tokenizer(marker, add_special_tokens=False)["input_ids"]) == 1, marker
+    chat = CHAT if name == "gemma" else [{"role": "system", "content": "Be brief."}, *CHAT]
+    example = tokenize_record({"messages": chat}, tokenizer, False, ["assistant"], "turn")
+    ids = [t for t, label in zip(example["input_ids"], example["labels"]) if label != IGNORE]
+    eot = end_of_turn_token(tokenizer)
+    assert tokenizer.decode(ids).replace(" ", "") == f"Paris{eot}Rome,ofcourse.{eot}"
+
+
+def test_a_template_the_tokenizer_has_wins_over_the_fallback(mistral_tokenizer):
+    from rlft.models.tokenizer import apply_chat_template_setting
+
+    tokenizer = copy.deepcopy(mistral_tokenizer)
+    apply_chat_template_setting(tokenizer, "tokenizer_default_fallback_chatml", None)
+    assert tokenizer.chat_template == __import__("rlft.models.chat_templates", fromlist=["TEMPLATES"]).TEMPLATES["chatml"][0]
+    tokenizer.chat_template = MISTRAL_V1
+    apply_chat_template_setting(tokenizer, "tokenizer_default_fallback_chatml", None)
+    assert tokenizer.chat_template == MISTRAL_V1

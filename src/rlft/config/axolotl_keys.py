@@ -527,6 +527,11 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
                                                   "it implements); its switches are refused one by one above where set"))
     if cfg.attn_implementation and cfg.attn_implementation not in ATTENTION:
         refused.append((f"attn_implementation: {cfg.attn_implementation}", f"not built in rlft: use one of {', '.join(ATTENTION)}"))
+    from rlft.models.chat_templates import NOT_SHIPPED
+
+    if cfg.chat_template in NOT_SHIPPED:
+        refused.append((f"chat_template: {cfg.chat_template}", "rlft does not ship this Axolotl template: set chat_template: "
+                        "tokenizer_default (the checkpoint's own template, the same one for its models) or chat_template_jinja"))
     model_type = cfg.model_type or "AutoModelForCausalLM"
     if cfg.method == "reward_model" and model_type not in ("AutoModelForCausalLM", "AutoModelForSequenceClassification"):
         refused.append((f"model_type: {model_type}", "reward models load as AutoModelForSequenceClassification (one score head)"))

@@ -26,7 +26,6 @@ Scheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cos
 # Axolotl's own optimizers (its CustomSupportedOptimizers): they validate, `train` names an alternative
 AXOLOTL_OPTIMIZERS = ("optimi_adamw", "ao_adamw_4bit", "ao_adamw_8bit", "ao_adamw_fp8", "adopt_adamw", "came_pytorch", "muon",
                       "dion", "sinkgd", "flash_adamw", "flash_adam", "flash_sgd", "flash_sgdw", "flash_lion", "q_galore_adamw8bit")
-NAMED_CHAT_TEMPLATES = ("tokenizer_default", "chatml", "llama3", "jinja")
 
 
 class UserDefinedType(Section):
@@ -126,7 +125,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, axolotl_keys.known_only("Axolo
     )
     chat_template: str = field(
         "tokenizer_default",
-        "tokenizer_default | chatml | llama3 | jinja (with chat_template_jinja) | a path to a .jinja file.",
+        "tokenizer_default | a named template (chatml, llama3, qwen_25, gemma, phi_3, mistral_v1, alpaca, ...: docs/sft.md) | "
+        "jinja (with chat_template_jinja) | a path to a .jinja file | tokenizer_default_fallback_NAME.",
     )
     chat_template_jinja: Optional[str] = field(None, "With chat_template: jinja, the template text or a file path.")
 
@@ -252,9 +252,11 @@ class RlftConfig(PreferenceFields, NemoGymFields, axolotl_keys.known_only("Axolo
     @field_validator("chat_template")
     @classmethod
     def _chat_template_known(cls, value: str) -> str:
-        if value in NAMED_CHAT_TEMPLATES or value.endswith((".jinja", ".j2")):
+        from rlft.models.chat_templates import NAMES
+
+        if value in NAMES or value.endswith((".jinja", ".j2")) or value.startswith("tokenizer_default_fallback_"):
             return value
-        raise ValueError(f"expected one of {', '.join(NAMED_CHAT_TEMPLATES)} or a path to a .jinja file")
+        raise ValueError(f"expected one of {', '.join(NAMES)} or a path to a .jinja file")
 
     @field_validator("tokenizer_type")
     @classmethod

@@ -48,9 +48,6 @@ LLAMA3_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
-NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}
-# The end-of-turn marker of each named template (trained on with train_on_eos).
-END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -75,10 +72,20 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def apply_chat_template_setting(tokenizer: PreTrainedTokenizerBase, name: str, jinja: str | None) -> None:
     """Set the tokenizer's chat template from the `chat_template` / `chat_template_jinja` keys."""
+    from rlft.models.chat_templates import TEMPLATES, add_missing_markers
+
+    if name.startswith("tokenizer_default_fallback_"):  # the tokenizer's own template, else the named one
+        if getattr(tokenizer, "chat_template", None):
+            return
+        name = name.removeprefix("tokenizer_default_fallback_")
+        if name not in TEMPLATES:
+            raise ConfigError(f"chat_template: the tokenizer has no template of its own and rlft does not ship {name!r}: "
+                              f"use one of {', '.join(TEMPLATES)}, or chat_template_jinja")
     if name == "tokenizer_default":
         return
-    if name in NAMED_TEMPLATES:
-        tokenizer.chat_template = NAMED_TEMPLATES[name]
+    if name in TEMPLATES:
+        tokenizer.chat_template = TEMPLATES[name][0]
+        add_missing_markers(tokenizer, name)
         return
     source = jinja if name == "jinja" else name
     if not source:
@@ -102,7 +109,7 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> Non
 def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The string that closes an assistant turn in this tokenizer's template (for train_on_eos)."""
     template = getattr(tokenizer, "chat_template", None) or ""
-    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>"):
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|END_OF_TURN_TOKEN|>", "[|endofturn|]", "</s>"):
         if marker in template:
             return marker
     return tokenizer.eos_token
