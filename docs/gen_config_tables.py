@@ -77,6 +77,8 @@ def table(model: type[BaseModel], names: list[str] | None = None, prefix: str = 
         if names is not None and name not in names:
             continue
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if "axolotl_only" in extra:  # listed by category in their own table
+            continue
         description = (info.description or "").replace("|", "\\|")
         if "planned" in extra:
             description = f"**Not built yet ({ISSUES.get(extra['planned'], extra['planned'])}).** {description}"
@@ -89,6 +91,21 @@ def own_fields(model: type[BaseModel], *exclude: type[BaseModel]) -> list[str]:
     return [name for name in model.model_fields if name not in inherited]
 
 
+def axolotl_only() -> str:
+    """The Axolotl keys rlft knows but does not run, by reason (config/axolotl_keys.py)."""
+    from rlft.config.axolotl_keys import DATASET, REASONS, SPECIFIC, TOP_LEVEL, TRL, VLLM
+
+    groups: dict[str, list[str]] = {}
+    for prefix, table_ in (("", TOP_LEVEL), ("datasets[].", DATASET), ("trl.", TRL), ("vllm.", VLLM)):
+        for key, (category, _) in table_.items():
+            groups.setdefault(category, []).append(f"`{prefix}{key}`")
+    rows = ["| why `train` refuses them when set | keys |", "|---|---|"]
+    for category, keys in groups.items():
+        rows.append(f"| {REASONS[category]} | {', '.join(sorted(keys))} |")
+    rows += ["", "Keys with a reason of their own: " + "; ".join(f"`{k}`: {why}" for k, why in SPECIFIC.items()) + "."]
+    return "\n".join(rows)
+
+
 TABLES = {
     "top-level": lambda: table(RlftConfig, own_fields(RlftConfig, PreferenceFields, NemoGymFields)),
     "dataset": lambda: table(DatasetConfig),
@@ -99,6 +116,7 @@ TABLES = {
     "vllm": lambda: table(VLLMConfig, prefix="vllm."),
     "nemo-gym": lambda: table(NemoGymFields),
     "nemo-gym-dataset": lambda: table(NemoGymDataset),
+    "axolotl-only": axolotl_only,
 }
 
 

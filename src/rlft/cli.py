@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rlft import __version__
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, RlftError, TrainingInterrupted
 
@@ -70,7 +71,7 @@ def _preprocess(args: argparse.Namespace) -> int:
     steps = steps(cfg) if steps else preference_steps(cfg.method)
     tokenizer = load_tokenizer(cfg)
     data = prepare_data(cfg, tokenizer, steps)
-    if args.debug:
+    if args.debug or cfg.debug:
         from rlft.data.inspect import describe_examples
 
         console.print("[bold]trained tokens in bold green, the rest dim[/]")
@@ -131,11 +132,14 @@ def _generate(args: argparse.Namespace) -> int:
 def _merge_lora(args: argparse.Namespace) -> int:
     from rlft.models.loading import load_for_inference
 
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise RlftError(f"{out} exists and is not empty: merging would overwrite what is there; pick another folder, or "
+                        "add --force to replace it")
     model, tokenizer = load_for_inference(args.checkpoint)
     if not hasattr(model, "merge_and_unload"):
         raise RlftError(f"{args.checkpoint} holds a full model, not a LoRA adapter: there is nothing to merge")
     merged = model.merge_and_unload()
-    out = Path(args.out)
     merged.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     console.print(f"merged model written to {out.resolve()}")
@@ -160,6 +164,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlft", description="Post-train language models from one YAML file.")
+    parser.add_argument("--version", action="version", version=f"rlft {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks (preprocess --debug: also the first rows token by token)")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -216,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("merge-lora", help="merge a LoRA checkpoint into its base and save a full model")
     p.add_argument("checkpoint")
     p.add_argument("out")
+    p.add_argument("--force", action="store_true", help="write into OUT even when it already holds files")
     p.set_defaults(run=_merge_lora)
 
     p = commands.add_parser("score", help="score texts with a trained reward model (higher = preferred)")

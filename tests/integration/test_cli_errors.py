@@ -74,3 +74,14 @@ def test_everything_dropped(cli, capsys, make_config):
 def test_refusals_say_why(cli, capsys, make_config, settings, words):
     assert cli("train", make_config(**settings)) == 1
     assert words in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import pytest
+
+    from rlft import __version__
+    from rlft.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"rlft {__version__}"

@@ -57,6 +57,10 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
     assert cli("generate", out, "--prompt", "1+2=", "--max-new-tokens", "3") == 0
     assert "1+2=" in capsys.readouterr().out
     assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged") == 0
+    capsys.readouterr()
+    assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged") == 1  # an existing output is not overwritten
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged", "--force") == 0
 
     from rlft.models.loading import load_for_inference
 

@@ -13,6 +13,7 @@ from pydantic import AliasChoices, field_validator, model_validator
 from rlft.config import axolotl_keys
 from rlft.config.base import Section, field, planned
 from rlft.config.parallel import fsdp_settings
+from rlft.config.trackers import TrackerFields
 from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
 
@@ -100,7 +101,7 @@ class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.D
         return self
 
 
-class RlftConfig(PreferenceFields, NemoGymFields, axolotl_keys.known_only("AxolotlKeys", axolotl_keys.TOP_LEVEL)):
+class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.known_only("AxolotlKeys", axolotl_keys.TOP_LEVEL)):
     """The whole config file."""
 
     # --- model ---
@@ -218,17 +219,14 @@ class RlftConfig(PreferenceFields, NemoGymFields, axolotl_keys.known_only("Axolo
     save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.")
     output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
+    debug: bool = field(False, "`rlft preprocess` shows the first rows token by token with the trained tokens marked "
+                               "(as `--debug`).")
     mfu_peak_flops: Optional[float] = field(
         None, "Peak FLOP/s of one device for the MFU metric (default: a table of known devices)."
     )
 
     # --- logging ---
-    use_tensorboard: bool = field(False, "Also log to TensorBoard under output_dir/runs (needs tensorboard).")
-    use_wandb: bool = field(False, "Also log to Weights & Biases (needs wandb).")
-    wandb_project: Optional[str] = field(None, "W&B project; setting it turns W&B on.")
-    wandb_entity: Optional[str] = field(None, "W&B entity.")
-    wandb_name: Optional[str] = field(None, "W&B run name.")
-    wandb_mode: Optional[Literal["online", "offline", "disabled"]] = field(None, "W&B mode.")
+    # the experiment trackers' keys: config/trackers.py
 
     # --- methods ---
     rl: Optional[RlMethod] = field(None, "The method: unset for SFT, else dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft.")

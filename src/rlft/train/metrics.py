@@ -8,6 +8,7 @@ attention FLOPs are ignored. Peak figures: `mfu_peak_flops`, else the table belo
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -76,29 +77,27 @@ class _Phase:
 
 
 class MetricsLog:
-    """Writes one JSON object per logged step to output_dir/metrics.jsonl and to optional trackers."""
+    """Writes one JSON object per logged step to output_dir/metrics.jsonl, and to the configured trackers
+    (accelerate's TensorBoard, W&B, MLflow, Comet and Trackio trackers: config/trackers.py)."""
 
     def __init__(self, cfg, output_dir: Path, enabled: bool = True) -> None:
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+        from rlft.config.trackers import tracker_specs
+
         self.enabled = enabled
         self.path = output_dir / "metrics.jsonl"
-        self.tensorboard = None
-        self.wandb = None
+        self.trackers = []
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.use_tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ImportError("use_tensorboard: true needs tensorboard: pip install tensorboard -c constraints.txt") from None
-            self.tensorboard = SummaryWriter(log_dir=str(output_dir / "runs"))
-        if cfg.use_wandb or cfg.wandb_project:
-            try:
-                import wandb
-            except ImportError:
-                raise ImportError("use_wandb / wandb_project need wandb: pip install wandb -c constraints.txt") from None
-            self.wandb = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.wandb_name,
-                                    mode=cfg.wandb_mode, config=cfg.model_dump(mode="json"))
+        for spec in tracker_specs(cfg):
+            if spec.name == "mlflow" and cfg.mlflow_tracking_uri:
+                os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
+            tracker = LOGGER_TYPE_TO_CLASS[spec.name](**spec.arguments)
+            tracker.start()
+            tracker.store_init_configuration(_flat(cfg.model_dump(mode="json", exclude_unset=True)))
+            self.trackers.append(tracker)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
@@ -106,18 +105,25 @@ class MetricsLog:
         record = {"step": step, **metrics}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        if self.tensorboard is not None:
-            for key, value in numbers.items():
-                self.tensorboard.add_scalar(key, value, step)
-        if self.wandb is not None:
-            self.wandb.log(numbers, step=step)
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for tracker in self.trackers:
+            tracker.log(numbers, step=step)
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> `section.key` entries of numbers, strings and booleans (what every tracker stores)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        elif value is not None:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+    return flat
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rlft.config import planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import fsdp_settings, launched
+from rlft.config.trackers import missing_tracker_packages
 from rlft.config.schema import AXOLOTL_OPTIMIZERS, nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
@@ -62,6 +63,9 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
     if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
+    missing = missing_tracker_packages(cfg)
+    if missing:
+        raise ConfigError("\n".join(missing))
     refused, _ = unsupported_settings(cfg)
     if refused:
         listed = "\n".join(f"  - {key}: {why}" for key, why in refused)

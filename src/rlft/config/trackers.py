@@ -1,0 +1,77 @@
+"""Experiment trackers: the Axolotl keys of each, and the accelerate tracker they turn on.
+
+metrics.jsonl is always written; these add TensorBoard, Weights & Biases, MLflow, Comet or Trackio
+through accelerate's tracker classes. A tracker that is configured but whose package is missing is
+an error before the model loads (`missing_tracker_packages`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field as dataclass_field
+from typing import Any, Literal, Optional
+
+from rlft.config.base import Section, field
+
+
+class TrackerFields(Section):
+    use_tensorboard: bool = field(False, "Also log to TensorBoard under output_dir/runs (needs tensorboard).")
+    use_wandb: bool = field(False, "Also log to Weights & Biases (needs wandb).")
+    wandb_project: Optional[str] = field(None, "W&B project; setting it turns W&B on.")
+    wandb_entity: Optional[str] = field(None, "W&B entity.")
+    wandb_name: Optional[str] = field(None, "W&B run name.")
+    wandb_mode: Optional[Literal["online", "offline", "disabled"]] = field(None, "W&B mode.")
+    use_mlflow: Optional[bool] = field(None, "Also log to MLflow (needs mlflow); mlflow_tracking_uri or mlflow_experiment_name "
+                                             "turn it on too.")
+    mlflow_tracking_uri: Optional[str] = field(None, "MLflow tracking server or folder (MLFLOW_TRACKING_URI).")
+    mlflow_experiment_name: Optional[str] = field(None, "MLflow experiment (default: rlft).")
+    mlflow_run_name: Optional[str] = field(None, "MLflow run name.")
+    use_comet: Optional[bool] = field(None, "Also log to Comet (needs comet_ml); comet_project_name turns it on too.")
+    comet_api_key: Optional[str] = field(None, "Comet API key (default: COMET_API_KEY).")
+    comet_workspace: Optional[str] = field(None, "Comet workspace.")
+    comet_project_name: Optional[str] = field(None, "Comet project (default: rlft).")
+    comet_experiment_key: Optional[str] = field(None, "Comet experiment key, to continue an experiment.")
+    comet_mode: Optional[str] = field(None, "Comet mode: create, get or get_or_create.")
+    comet_online: Optional[bool] = field(None, "false: log offline.")
+    use_trackio: Optional[bool] = field(None, "Also log to Trackio (needs trackio); trackio_project_name turns it on too.")
+    trackio_project_name: Optional[str] = field(None, "Trackio project (default: rlft).")
+    trackio_run_name: Optional[str] = field(None, "Trackio run name.")
+    trackio_space_id: Optional[str] = field(None, "Hugging Face Space that hosts the Trackio dashboard.")
+
+
+@dataclass
+class TrackerSpec:
+    name: str  # accelerate's logger name
+    package: str  # the module it imports
+    keys: str  # the config keys that turned it on (for messages)
+    arguments: dict[str, Any] = dataclass_field(default_factory=dict)
+
+
+def tracker_specs(cfg) -> list[TrackerSpec]:
+    """The trackers the config turns on, with their accelerate constructor arguments (no imports)."""
+    specs = []
+    if cfg.use_tensorboard:
+        specs.append(TrackerSpec("tensorboard", "tensorboard", "use_tensorboard", {"run_name": "runs", "logging_dir": cfg.output_dir}))
+    if cfg.use_wandb or cfg.wandb_project:
+        extra = {k: v for k, v in (("entity", cfg.wandb_entity), ("name", cfg.wandb_name), ("mode", cfg.wandb_mode)) if v}
+        specs.append(TrackerSpec("wandb", "wandb", "use_wandb / wandb_project", {"run_name": cfg.wandb_project or "rlft", **extra}))
+    if cfg.use_mlflow or (cfg.use_mlflow is None and (cfg.mlflow_tracking_uri or cfg.mlflow_experiment_name)):
+        specs.append(TrackerSpec("mlflow", "mlflow", "use_mlflow / mlflow_tracking_uri / mlflow_experiment_name",
+                                 {"experiment_name": cfg.mlflow_experiment_name or "rlft", "run_name": cfg.mlflow_run_name}))
+    if cfg.use_comet or (cfg.use_comet is None and cfg.comet_project_name):
+        extra = {k: v for k, v in (("api_key", cfg.comet_api_key), ("workspace", cfg.comet_workspace), ("experiment_key",
+                 cfg.comet_experiment_key), ("mode", cfg.comet_mode), ("online", cfg.comet_online)) if v is not None}
+        specs.append(TrackerSpec("comet_ml", "comet_ml", "use_comet / comet_project_name",
+                                 {"run_name": cfg.comet_project_name or "rlft", **extra}))
+    if cfg.use_trackio or (cfg.use_trackio is None and cfg.trackio_project_name):
+        extra = {k: v for k, v in (("name", cfg.trackio_run_name), ("space_id", cfg.trackio_space_id)) if v}
+        specs.append(TrackerSpec("trackio", "trackio", "use_trackio / trackio_project_name",
+                                 {"run_name": cfg.trackio_project_name or "rlft", **extra}))
+    return specs
+
+
+def missing_tracker_packages(cfg) -> list[str]:
+    """One sentence per configured tracker whose package is not installed."""
+    return [f"{spec.keys} turn on {spec.name}, but its package is not installed: pip install -c constraints.txt "
+            f"'rlft[{spec.package.replace('_ml', '')}]' (or pip install {spec.package.replace('_', '-')})"
+            for spec in tracker_specs(cfg) if importlib.util.find_spec(spec.package) is None]

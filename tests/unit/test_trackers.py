@@ -1,0 +1,50 @@
+"""Experiment trackers through accelerate (issue 12, point 4): the keys that turn each on, a missing package said early."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlft.config.trackers import missing_tracker_packages, tracker_specs
+
+
+def test_axolotl_tracker_keys_turn_trackers_on(config):
+    cfg = config(use_tensorboard=True, wandb_project="p", wandb_entity="me", mlflow_tracking_uri="file:/tmp/ml",
+                 comet_project_name="c", comet_online=False, trackio_project_name="t", trackio_space_id="me/space")
+    specs = {spec.name: spec.arguments for spec in tracker_specs(cfg)}
+    assert specs == {
+        "tensorboard": {"run_name": "runs", "logging_dir": "./outputs"},
+        "wandb": {"run_name": "p", "entity": "me"},
+        "mlflow": {"experiment_name": "rlft", "run_name": None},
+        "comet_ml": {"run_name": "c", "online": False},
+        "trackio": {"run_name": "t", "space_id": "me/space"},
+    }
+    assert tracker_specs(config()) == []
+    assert tracker_specs(config(use_mlflow=False, mlflow_tracking_uri="file:/tmp/ml")) == []  # explicitly off
+
+
+@pytest.mark.parametrize("overrides, package", [
+    ({"use_wandb": True}, "wandb"), ({"mlflow_experiment_name": "x"}, "mlflow"), ({"use_comet": True}, "comet"),
+    ({"use_trackio": True}, "trackio"),
+])
+def test_a_tracker_without_its_package_is_refused_before_anything_loads(config, overrides, package):
+    from rlft.errors import ConfigError
+    from rlft.train.run import refuse_unbuilt
+
+    if not missing_tracker_packages(config(**overrides)):
+        pytest.skip(f"{package} is installed here")
+    with pytest.raises(ConfigError, match=rf"its package is not installed: pip install -c constraints.txt 'rlft\[{package}\]'"):
+        refuse_unbuilt(config(**overrides))
+
+
+def test_tensorboard_through_accelerate_writes_events_and_the_config(config, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rlft.train.metrics import MetricsLog
+
+    log = MetricsLog(config(use_tensorboard=True, output_dir=str(tmp_path), trl={"beta": 0.1}), tmp_path)
+    log.write(1, {"loss": 2.5, "learning_rate": 1e-3, "note": "text is kept out of trackers"})
+    log.write(2, {"loss": 1.5})
+    log.close()
+    events = EventAccumulator(str(next((tmp_path / "runs").rglob("events.out.tfevents.*")).parent)).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 2.5), (2, 1.5)]
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
