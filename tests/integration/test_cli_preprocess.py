@@ -24,3 +24,12 @@ def test_preprocess_debug_shows_each_token_and_whether_it_is_trained(cli, capsys
     # ChatML with the byte tokenizer: the answer "2" and its <|im_end|> are the 2 trained tokens of 26
     assert "row 0: 26 tokens, 2 trained" in out and "row 1" not in out, out
     assert "'2'(50) '<|im_end|>'(259)" in " ".join(out.split())
+
+
+def test_a_sequence_len_beyond_the_models_context_is_refused_before_any_work(cli, capsys, make_config):
+    # the tiny test model has 128 positions
+    assert cli("preprocess", make_config(sequence_len=4096)) == 1
+    assert "sequence_len 4096 is longer than the model's context of 128 tokens (max_position_embeddings" in capsys.readouterr().err
+    assert cli("train", make_config(sequence_len=4096)) == 1
+    out = capsys.readouterr()
+    assert "longer than the model's context" in out.err and "rlft train" not in out.out  # before the plan

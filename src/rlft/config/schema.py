@@ -152,9 +152,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     # --- adapters ---
     adapter: Optional[Literal["lora", "qlora"]] = field(None, "Train a PEFT adapter instead of all weights.")
     lora_model_dir: Optional[str] = field(None, "Start from an existing LoRA adapter folder.")
-    lora_r: int = field(8, "LoRA rank.")
-    lora_alpha: int = field(16, "LoRA scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rsLoRA).")
-    lora_dropout: float = field(0.0, "Dropout on the LoRA input.")
+    lora_r: int = field(8, "LoRA rank.", ge=1)
+    lora_alpha: int = field(16, "LoRA scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rsLoRA).", ge=1)
+    lora_dropout: float = field(0.0, "Dropout on the LoRA input.", ge=0.0, lt=1.0)
     lora_target_modules: Optional[Union[str, list[str]]] = field(None, "Module names (or a regex) to adapt.")
     lora_target_linear: bool = field(False, "Adapt every linear layer except the output head.")
     lora_modules_to_save: Optional[list[str]] = field(None, "Modules trained in full and saved with the adapter.")
@@ -169,10 +169,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     # --- data ---
     datasets: list[DatasetConfig] = field([], "Training datasets, merged in order.")
     test_datasets: Optional[list[DatasetConfig]] = field(None, "Evaluation datasets (instead of val_set_size).")
-    val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data.")
+    val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data.", ge=0.0)
     dataset_prepared_path: Optional[str] = field(None, "Folder that keeps tokenised data; reused while config, data files, "
                                                        "tokenizer and rlft are unchanged (docs/sft.md).")
-    dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).")
+    dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).", ge=1)
     shuffle_merged_datasets: bool = field(True, "Shuffle the merged training rows once (seeded).")
     sequence_len: int = field(512, "Maximum tokens per training sequence.")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = field(
@@ -189,40 +189,40 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
 
     # --- loop ---
     micro_batch_size: int = field(1, "Rows per forward pass per device.")
-    eval_batch_size: Optional[int] = field(None, "Rows per evaluation forward pass (default: micro_batch_size).")
+    eval_batch_size: Optional[int] = field(None, "Rows per evaluation forward pass (default: micro_batch_size).", ge=1)
     gradient_accumulation_steps: int = field(1, "Micro-batches per optimizer step.")
-    num_epochs: float = field(1.0, "Passes over the training data (max_steps wins when set).")
-    max_steps: Optional[int] = field(None, "Stop after this many optimizer steps.")
+    num_epochs: float = field(1.0, "Passes over the training data (max_steps wins when set).", gt=0.0)
+    max_steps: Optional[int] = field(None, "Stop after this many optimizer steps.", ge=1)
     optimizer: str = field("adamw_torch", "transformers' optimizer name (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, "
                            "paged_adamw_8bit, lion_32bit, schedule_free_adamw, ...), or adamw / adam.")
-    learning_rate: float = field(2e-5, "Peak learning rate.")
-    adam_beta1: float = field(0.9, "Adam beta1.")
-    adam_beta2: float = field(0.999, "Adam beta2.")
-    adam_epsilon: float = field(1e-8, "Adam epsilon.")
-    weight_decay: float = field(0.0, "Decoupled weight decay (not applied to biases and norms).")
-    max_grad_norm: Optional[float] = field(1.0, "Clip the global gradient norm to this (null: no clipping).")
+    learning_rate: float = field(2e-5, "Peak learning rate.", gt=0.0, le=10.0)
+    adam_beta1: float = field(0.9, "Adam beta1.", ge=0.0, lt=1.0)
+    adam_beta2: float = field(0.999, "Adam beta2.", ge=0.0, lt=1.0)
+    adam_epsilon: float = field(1e-8, "Adam epsilon.", gt=0.0)
+    weight_decay: float = field(0.0, "Decoupled weight decay (not applied to biases and norms).", ge=0.0)
+    max_grad_norm: Optional[float] = field(1.0, "Clip the global gradient norm to this (null or 0: no clipping).", ge=0.0)
     lr_scheduler: Scheduler = field("cosine", "Learning-rate schedule after warm-up.")
     lr_scheduler_kwargs: Optional[dict[str, Any]] = field(None, "Extra arguments of the schedule (transformers' "
                                                                 "scheduler_specific_kwargs), e.g. {num_cycles: 2}.")
     cosine_min_lr_ratio: float = field(0.0, "cosine: final learning rate as a fraction of the peak (runs cosine_with_min_lr).",
                                        ge=0.0, le=1.0)
-    warmup_steps: Optional[int] = field(None, "Linear warm-up steps.")
-    warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps.")
-    seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.")
+    warmup_steps: Optional[int] = field(None, "Linear warm-up steps.", ge=0)
+    warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps.", ge=0.0, le=1.0)
+    seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.", ge=0)
     logging_steps: int = field(1, "Log every N optimizer steps.")
-    eval_steps: Optional[int] = field(None, "Evaluate every N steps (default: at the end only).")
+    eval_steps: Optional[int] = field(None, "Evaluate every N steps (default: at the end only).", ge=1)
     evals_per_epoch: Optional[int] = field(None, "Evaluate this many times per epoch, evenly spaced (instead of eval_steps); "
                                            "0 = at the end only.", ge=0)
-    save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).")
+    save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).", ge=1)
     saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps); "
                                            "0 = at the end only.", ge=0)
-    save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.")
+    save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.", ge=1)
     output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
     debug: bool = field(False, "`rlft preprocess` shows the first rows token by token with the trained tokens marked "
                                "(as `--debug`).")
     mfu_peak_flops: Optional[float] = field(
-        None, "Peak FLOP/s of one device for the MFU metric (default: a table of known devices)."
+        None, "Peak FLOP/s of one device for the MFU metric (default: a table of known devices).", gt=0.0
     )
 
     # --- logging ---
@@ -245,7 +245,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
               "fsdp_activation_checkpointing, fsdp_version (rlft always runs FSDP2).")
     ddp_timeout: int = field(1800, "Seconds a collective may wait for a rank before the run stops (a rank that hangs).", gt=0)
     deepspeed: Optional[str] = planned(None, "DeepSpeed JSON config path.", issue="#11")
-    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="#11")
+    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="#11", ge=1)
 
     @field_validator("chat_template")
     @classmethod

@@ -87,7 +87,7 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     reward_failure_score: Optional[float] = field(
         0.0,
         "Score of a reward call that raises or times out (counted); None = unscorable, like TRL's "
-        "None.",
+        "None.", allow_inf_nan=False,
     )
 
     # ---- sampling ---------------------------------------------------------------------------
@@ -218,11 +218,11 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     )
     epsilon: Optional[float] = field(
         None,
-        "Lower clip range epsilon of the PPO ratio; None -> 0.2.",
+        "Lower clip range epsilon of the PPO ratio; None -> 0.2.", gt=0.0,
     )
     epsilon_high: Optional[float] = field(
         None,
-        "Upper clip range (DAPO clip-higher, 0.28 suggested; CISPO's eps_max); None -> epsilon.",
+        "Upper clip range (DAPO clip-higher, 0.28 suggested; CISPO's eps_max); None -> epsilon.", gt=0.0,
     )
     delta: Optional[float] = field(
         None,
@@ -255,7 +255,7 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     )
     entropy_coeff: float = field(
         0.0,
-        "Entropy bonus coefficient (loss -= coeff * mean token entropy).",
+        "Entropy bonus coefficient (loss -= coeff * mean token entropy).", ge=0.0,
     )
     positive_nll_coef: Optional[float] = field(
         None,
@@ -446,11 +446,11 @@ class EBFTConfig(Section):
         )
     alignment_coef: float = field(
         1.0,
-        "Weight of the alignment reward 2*cos(generated, ground truth).",
+        "Weight of the alignment reward 2*cos(generated, ground truth).", ge=0.0,
         )
     diversity_coef: float = field(
         1.0,
-        "Weight of the diversity penalty 2/(n-1) * sum of pairwise dot products.",
+        "Weight of the diversity penalty 2/(n-1) * sum of pairwise dot products.", ge=0.0,
         )
     ce_coef: float = field(
         0.0,
@@ -485,7 +485,7 @@ class EBFTConfig(Section):
         ge=0.0,
     )
     top_p: float = field(1.0, "Nucleus-sampling threshold (strided).", gt=0.0, le=1.0)
-    rl_coef: float = field(1.0, "Coefficient of the REINFORCE term (strided).")
+    rl_coef: float = field(1.0, "Coefficient of the REINFORCE term (strided).", ge=0.0)
     advantage_estimator: Literal["rloo", "grpo", "group_norm", "reinforce"] = field(
         "rloo",
         "Per-block baseline: rloo (leave-one-out), grpo / group_norm (z-score), reinforce (none).",
@@ -734,7 +734,7 @@ class PreferenceFields(Section):
     )
     simpo_gamma: float = field(
         0.5,
-        "Target reward margin gamma of SimPO (https://arxiv.org/abs/2405.14734).",
+        "Target reward margin gamma of SimPO (https://arxiv.org/abs/2405.14734).", ge=0.0,
         )
     cpo_loss_type: Optional[Literal["sigmoid", "hinge", "ipo", "simpo"]] = field(
         None,

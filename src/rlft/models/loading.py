@@ -16,7 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlft.config.parallel import launched
-from rlft.errors import ModelError
+from rlft.errors import ConfigError, ModelError
 from rlft.models.tokenizer import apply_chat_template_setting
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -40,6 +40,21 @@ def resolve_source(name: str | None, key: str) -> str:
             "from the hub: fix the path, or download the model first"
         )
     return name
+
+
+def check_context_length(cfg) -> None:
+    """Refuse a sequence_len longer than the model's context (read from its config.json) before any work."""
+    key = "base_model_config" if cfg.base_model_config else "base_model"
+    try:
+        source = resolve_source(cfg.base_model_config or cfg.base_model, key)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError, ModelError):
+        return  # a model that cannot be read is reported where it loads, with its own message
+    names = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    found = next(((name, getattr(config, name)) for name in names if isinstance(getattr(config, name, None), int)), None)
+    if found and cfg.sequence_len > found[1]:
+        raise ConfigError(f"sequence_len {cfg.sequence_len} is longer than the model's context of {found[1]} tokens ({found[0]} in "
+                          f"{source}/config.json): lower sequence_len to {found[1]} or less")
 
 
 def transformers_class(name: str, key: str):

@@ -127,8 +127,9 @@ def nemo_gym_servers(cfg, console: Console):
 def _train(cfg, console: Console) -> LoopResult:
     from accelerate.utils import set_seed
 
-    from rlft.models.loading import load_tokenizer, resolve_source
+    from rlft.models.loading import check_context_length, load_tokenizer, resolve_source
 
+    check_context_length(cfg)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     output_dir = Path(cfg.output_dir)
