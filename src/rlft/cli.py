@@ -1,4 +1,4 @@
-"""`rlft` command line: train | validate | preprocess | vllm-serve | generate | score | merge-lora | quickstart."""
+"""`rlft` command line: train | evaluate | validate | preprocess | vllm-serve | generate | score | merge-lora | quickstart."""
 
 from __future__ import annotations
 
@@ -58,6 +58,14 @@ def _validate(args: argparse.Namespace) -> int:
         err_console.print(str(exc), style="red", markup=False, highlight=False)
         return 1
     console.print("OK")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from rlft.config import load_config
+    from rlft.train.run import evaluate
+
+    evaluate(load_config(args.config, args.overrides), console)
     return 0
 
 
@@ -163,13 +171,27 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+OVERRIDES_HELP = """overrides: any config key after the config file, as --key=value or --key value; values are YAML:
+  --learning_rate=1e-4 --max_steps 200          top-level keys
+  --trl.beta=0.01 --vllm.port=8001              keys of a section: section.key
+  --lora_target_modules='[q_proj, v_proj]'      lists and mappings in YAML flow style
+  --bf16                                        a bare flag is true
+  --resume_from_checkpoint=auto                 continue from the newest checkpoint in output_dir
+
+common keys: base_model, datasets, output_dir, sequence_len, micro_batch_size, gradient_accumulation_steps,
+  num_epochs / max_steps, learning_rate, lr_scheduler, warmup_steps, optimizer, bf16, adapter (lora_r, lora_alpha),
+  eval_steps / evals_per_epoch, save_steps / saves_per_epoch, rl (dpo, kto, orpo, simpo, grpo, gdpo, ebft), trl.*
+every key: rlft validate --explain KEY, and docs/config.md"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlft", description="Post-train language models from one YAML file.")
     parser.add_argument("--version", action="version", version=f"rlft {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks (preprocess --debug: also the first rows token by token)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p = commands.add_parser("train", help="train from a config (overrides: --key=value, --trl.beta=0.01)")
+    p = commands.add_parser("train", help="train from a config (overrides: --key=value, --trl.beta=0.01)",
+                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=OVERRIDES_HELP)
     p.add_argument("config")
     p.add_argument("--num-processes", "--num_processes", type=int, default=1, dest="num_processes", metavar="N",
                    help="training processes in all, over every node (one per GPU); starts them with accelerate launch")
@@ -180,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--main-process-port", "--main_process_port", "--master-port", type=int, dest="main_port",
                    help="port on node 0 for the rendezvous")
     p.set_defaults(run=_train)
+
+    p = commands.add_parser("evaluate", help="eval metrics of the config's model on its eval data; no training "
+                            "(point base_model at a trained output: --base_model=outputs/run)")
+    p.add_argument("config")
+    p.set_defaults(run=_evaluate)
 
     p = commands.add_parser("validate", help="check a config without loading models or data")
     p.add_argument("config", nargs="?")
@@ -253,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
     args.debug = debug
-    if extra and args.command not in ("train", "validate", "preprocess", "quickstart", "vllm-serve", "serve"):
+    if extra and args.command not in ("train", "evaluate", "validate", "preprocess", "quickstart", "vllm-serve", "serve"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra
     try:

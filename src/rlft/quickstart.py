@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from rlft.config import load_config
+from rlft.config import build_config, deep_merge, load_config, parse_overrides, read_yaml
+from rlft.errors import ConfigError
 from rlft.models.generation import generate_texts
 from rlft.tasks.addition import exact_match, read_jsonl
 
@@ -19,6 +20,23 @@ def held_out_accuracy(model, tokenizer, rows: list[dict[str, str]]) -> float:
     return exact_match(predictions, [row["completion"] for row in rows])
 
 
+def quickstart_config(config_path: Path, overrides: list[str] | None):
+    """The quickstart config; the default one is also found from another working directory (an installed clone):
+    its model and data paths then point into the clone, and outputs still go to ./outputs."""
+    if config_path != DEFAULT_CONFIG or config_path.exists():
+        return load_config(config_path, overrides)
+    repository = Path(__file__).resolve().parents[2]
+    source = repository / DEFAULT_CONFIG
+    if not source.exists():
+        raise ConfigError(f"{DEFAULT_CONFIG} is not here ({Path.cwd()}) and rlft is not installed from a clone of its "
+                          "repository: run the quickstart from a clone (`make demo`), or pass --config")
+    data = read_yaml(source)
+    data["base_model"] = str(repository / data["base_model"])
+    for key in ("datasets", "test_datasets"):
+        data[key] = [{**ds, "path": str(repository / ds["path"])} for ds in data.get(key) or []]
+    return build_config(deep_merge(data, parse_overrides(overrides or [])), source=str(source))
+
+
 def run_quickstart(config_path: Path = DEFAULT_CONFIG, overrides: list[str] | None = None, console: Console | None = None) -> dict[str, float]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -26,7 +44,7 @@ def run_quickstart(config_path: Path = DEFAULT_CONFIG, overrides: list[str] | No
     from rlft.train.run import train
 
     console = console or Console()
-    cfg = load_config(config_path, overrides)
+    cfg = quickstart_config(Path(config_path), overrides)
     rows = read_jsonl(Path(cfg.test_datasets[0].path))
     tokenizer = load_tokenizer(cfg)
     torch.manual_seed(cfg.seed)

@@ -101,3 +101,31 @@ def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path
         assert cli("train", make_config(output_dir=str(out), gradient_checkpointing=flag, max_steps=3)) == 0
         losses.append([m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m])
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_quickstart_runs_from_another_directory(cli, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository root: the clone's quickstart files are found all the same
+    assert cli("quickstart", "--max_steps=20", "--eval_steps=20", "--save_steps=20", "--logging_steps=10") == 0
+    out = capsys.readouterr().out
+    assert "held-out exact match before training" in out and "held-out exact match after training" in out
+    assert (tmp_path / "outputs" / "quickstart" / "model.safetensors").exists()
+
+
+def test_evaluate_gives_the_final_eval_of_the_trained_model_and_trains_nothing(make_config, cli, capsys, tmp_path):
+    import json
+
+    config = make_config(val_set_size=64)
+    assert cli("train", config) == 0
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    final = [m for m in metrics if "eval/loss" in m][-1]["eval/loss"]
+    before = (tmp_path / "out" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert cli("evaluate", config, f"--base_model={tmp_path / 'out'}", "--random_init=false") == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("eval/"))
+    assert abs(float(printed["eval/loss"]) - final) < 1e-4, (printed, final)
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == before  # nothing written
+
+
+def test_evaluate_without_eval_data_says_so(make_config, cli, capsys):
+    assert cli("evaluate", make_config()) == 1
+    assert "nothing to evaluate: give eval data with val_set_size or test_datasets" in capsys.readouterr().err

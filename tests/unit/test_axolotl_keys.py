@@ -203,3 +203,37 @@ def test_every_axolotl_template_name_validates_and_unshipped_ones_are_refused_in
         refused = dict(unsupported_settings(config(chat_template=name))[0])
         assert (f"chat_template: {name}" in refused) == (name in NOT_SHIPPED), name
         assert name in TEMPLATES or name in NOT_SHIPPED or name in ("jinja", "tokenizer_default"), name
+
+
+# ------------------------------------------------------------------ where models are found
+
+
+def test_a_hub_id_in_the_local_cache_loads_offline(tmp_path, monkeypatch):
+    from rlft.models.loading import resolve_source
+    from rlft.models.tiny import write_tiny_model
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someorg--tiny"
+    write_tiny_model(repo / "snapshots" / commit, "XS", max_positions=64)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_source("someorg/tiny", "base_model") == str(repo / "snapshots" / commit)
+
+
+def test_a_hub_id_missing_from_the_cache_is_a_clear_error_offline(tmp_path, monkeypatch):
+    from rlft.errors import ModelError
+    from rlft.models.loading import resolve_source
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache"):
+        resolve_source("someorg/absent", "base_model")
+
+
+def test_a_checkpoint_folder_stands_for_its_model(tmp_path):
+    from rlft.models.loading import resolve_source
+    from rlft.models.tiny import write_tiny_model
+
+    write_tiny_model(tmp_path / "checkpoint-3" / "model", "XS", max_positions=64)
+    assert resolve_source(str(tmp_path / "checkpoint-3"), "base_model") == str((tmp_path / "checkpoint-3" / "model").resolve())

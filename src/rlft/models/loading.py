@@ -30,14 +30,24 @@ def resolve_source(name: str | None, key: str) -> str:
     if local.exists():
         if not local.is_dir():
             raise ModelError(f"{key}: {local} is a file; give the model folder that contains config.json")
+        if not (local / "config.json").exists() and (local / "model" / "config.json").exists():
+            return str((local / "model").resolve())  # an rlft checkpoint: its model is in checkpoint-N/model
         return str(local.resolve())
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1  # hub ids are `org/name`
     if looks_like_path:
         raise ModelError(f"{key}: folder {local} does not exist (relative paths are read from {Path.cwd()})")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:  # downloaded before: the local Hugging Face cache holds it
+            return snapshot_download(name, local_files_only=True)
+        except (LocalEntryNotFoundError, ValueError):
+            pass
         raise ModelError(
             f"{key}: no folder {local} (relative to {Path.cwd()}), and HF_HUB_OFFLINE=1 forbids reading {name!r} "
-            "from the hub: fix the path, or download the model first"
+            "from the hub and it is not in the local Hugging Face cache: fix the path, or download the model first "
+            "(hf download ORG/NAME)"
         )
     return name
 
@@ -54,7 +64,8 @@ def check_context_length(cfg) -> None:
     found = next(((name, getattr(config, name)) for name in names if isinstance(getattr(config, name, None), int)), None)
     if found and cfg.sequence_len > found[1]:
         raise ConfigError(f"sequence_len {cfg.sequence_len} is longer than the model's context of {found[1]} tokens ({found[0]} in "
-                          f"{source}/config.json): lower sequence_len to {found[1]} or less")
+                          f"{source}/config.json): lower sequence_len to {found[1]} or less"
+                          + (" (prompts get sequence_len - trl.max_completion_length)" if cfg.rl in ("grpo", "gdpo") else ""))
 
 
 def transformers_class(name: str, key: str):

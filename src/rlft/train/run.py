@@ -124,10 +124,11 @@ def nemo_gym_servers(cfg, console: Console):
     return GymServers(cfg, console, policy)
 
 
-def _train(cfg, console: Console) -> LoopResult:
+def _setup(cfg, console: Console):
+    """Accelerator, tokenizer, data, model and recipe of a run (the model not yet wrapped), and the frozen init base."""
     from accelerate.utils import set_seed
 
-    from rlft.models.loading import check_context_length, load_tokenizer, resolve_source
+    from rlft.models.loading import check_context_length, load_tokenizer
 
     check_context_length(cfg)
     accelerator = make_accelerator(cfg)
@@ -163,7 +164,14 @@ def _train(cfg, console: Console) -> LoopResult:
         model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base, console)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
-    check_context(cfg, model)
+    return accelerator, tokenizer, model, recipe, data, init_base
+
+
+def _train(cfg, console: Console) -> LoopResult:
+    from rlft.models.loading import resolve_source
+
+    accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
+    output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
@@ -186,13 +194,30 @@ def _train(cfg, console: Console) -> LoopResult:
     return result
 
 
-def check_context(cfg, model) -> None:
-    """Rows (prompt + completion for RL) may not outgrow the positions the model was built for."""
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit and cfg.sequence_len > limit:
-        raise ConfigError(f"sequence_len={cfg.sequence_len} exceeds the model's context (max_position_embeddings={limit}): "
-                          f"lower sequence_len to at most {limit}" + (" (prompt budget = sequence_len - trl.max_completion_length)"
-                                                                       if cfg.rl in ("grpo", "gdpo") else ""))
+def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
+    """`rlft evaluate`: the eval metrics of the config's model (base_model: point it at a trained output or a
+    checkpoint's model/ folder) on its eval data, with no training and nothing written. One process."""
+    console = console or Console()
+    refuse_unbuilt(cfg)
+    if launched()[1] > 1:
+        raise NotImplementedYet("rlft evaluate runs in one process: start it without a launcher")
+    with nemo_gym_servers(cfg, console):
+        accelerator, _, model, recipe, _, _ = _setup(cfg, console)
+        if not recipe.eval_batches:
+            raise ConfigError("nothing to evaluate: give eval data with val_set_size or test_datasets")
+        try:
+            recipe.before_wrap(model)
+            model = model.to(accelerator.device).eval()
+            recipe.start(model)
+            with torch.no_grad(), accelerator.autocast():
+                batches = [{k: v.to(accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+                           for b in recipe.eval_batches]
+                result = recipe.evaluate(model, batches)
+        finally:
+            recipe.close()
+    for key, value in result.items():
+        console.print(f"{key:<28} {value:.6g}", markup=False, highlight=False)
+    return result
 
 
 def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
