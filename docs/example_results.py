@@ -1,0 +1,62 @@
+"""Regenerate the example results the README and docs quote (issue 12, point 8).
+
+    PYTHONPATH=src .venv/bin/python docs/example_results.py             # everything (tens of minutes on 2 cores)
+    PYTHONPATH=src .venv/bin/python docs/example_results.py dpo grpo    # some of them
+
+Runs the offline quickstart first (the other examples start from its checkpoints), then each
+example from the repository root with its own config into outputs/example-results/NAME, and
+writes every eval line of each run (step -> eval/* values) to docs/example-results.json, merged
+with what is already there. The numbers in README.md, docs/preference.md, docs/grpo.md and
+docs/ebft.md are copied from that file; compare them after a change to the training code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "example-results.json"
+EXAMPLES = {
+    "dpo": "examples/preference/dpo.yaml", "dpo-lora": "examples/preference/dpo-lora.yaml", "ipo": "examples/preference/ipo.yaml",
+    "kto": "examples/preference/kto.yaml", "orpo": "examples/preference/orpo.yaml", "simpo": "examples/preference/simpo.yaml",
+    "reward-model": "examples/preference/reward-model.yaml", "grpo": "examples/grpo-arithmetic.yaml",
+    "gdpo": "examples/grpo/gdpo.yaml", "dapo": "examples/grpo/dapo.yaml", "gspo": "examples/grpo/gspo.yaml",
+    "dr-grpo": "examples/grpo/dr-grpo.yaml", "rloo": "examples/grpo/rloo.yaml", "ebft-structured": "examples/ebft-structured.yaml",
+    "ebft-strided": "examples/ebft-strided.yaml",
+}
+
+
+def eval_lines(output_dir: Path) -> dict[str, dict[str, float]]:
+    lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return {str(m["step"]): {k: v for k, v in m.items() if k.startswith("eval/")} for m in lines if any(k.startswith("eval/") for k in m)}
+
+
+def main(names: list[str]) -> int:
+    import os
+
+    from rlft.cli import main as rlft
+
+    os.chdir(ROOT)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not names or "quickstart" in names:
+        from rlft.quickstart import run_quickstart
+
+        results["quickstart"] = run_quickstart()
+    for name in names or list(EXAMPLES):
+        if name == "quickstart":
+            continue
+        out = ROOT / "outputs" / "example-results" / name
+        if rlft(["train", EXAMPLES[name], f"--output_dir={out}"]) != 0:
+            print(f"{name}: the run failed", file=sys.stderr)
+            return 1
+        results[name] = eval_lines(out)
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(f"written {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
