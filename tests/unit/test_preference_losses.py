@@ -508,3 +508,15 @@ def test_config_and_losses_list_the_same_dpo_loss_types():
     from rlft.losses.preference import DPO_LOSS_TYPES
 
     assert set(get_args(DPOLossType)) == set(DPO_LOSS_TYPES)
+
+
+def test_chosen_nll_per_pair_or_over_the_batch_tokens():
+    from rlft.losses.preference import chosen_nll
+
+    logps, lengths = torch.tensor([-4.0, -6.0]), torch.tensor([2, 6])
+    # the papers: each answer's token mean (2.0, 1.0), then the mean over pairs 1.5
+    assert chosen_nll(logps, lengths, "pair").tolist() == [2.0, 1.0]
+    # TRL: all chosen tokens of the batch at once, 10 / 8 = 1.25 as the mean over pairs
+    batch = chosen_nll(logps, lengths, "batch")
+    assert batch.tolist() == [1.0, 1.5] and float(batch.mean()) == 1.25
+    assert chosen_nll(torch.tensor([0.0]), torch.tensor([0]), "pair").tolist() == [0.0]  # an empty answer: no division by 0

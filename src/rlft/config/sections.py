@@ -732,6 +732,12 @@ class PreferenceFields(Section):
         "Weight of the NLL term on chosen in CPO/SimPO (CPO, https://arxiv.org/abs/2401.08417).",
         ge=0.0,
     )
+    chosen_nll_average: Literal["pair", "batch"] = field(
+        "pair",
+        "How the chosen-answer NLL of CPO/SimPO (cpo_alpha), ORPO and DPO's `sft` loss type / rpo_alpha is averaged: "
+        "pair = each pair's mean over its tokens, then the mean over pairs (the papers'); batch = the mean over every "
+        "chosen token of the micro-batch (TRL's cross-entropy), which weights long answers more.",
+    )
     simpo_gamma: float = field(
         0.5,
         "Target reward margin gamma of SimPO (https://arxiv.org/abs/2405.14734).", ge=0.0,

@@ -298,6 +298,17 @@ def wpo_weights(
         return torch.exp(chosen_mean) * torch.exp(rejected_mean)
 
 
+def chosen_nll(chosen_logps: torch.Tensor, chosen_lengths: torch.Tensor, average: str = "pair") -> torch.Tensor:
+    """Per-pair NLL of the chosen answers, scaled so that its mean over the pairs is the wanted average.
+
+    pair  -log p(y_w) / |y_w| per pair: the mean over pairs averages each answer's token mean (CPO, ORPO, RPO papers).
+    batch -log p(y_w) / mean |y_w|: the mean over pairs is sum of NLL / sum of tokens, TRL's cross-entropy over every
+          chosen token of the micro-batch (long answers weigh more).
+    """
+    lengths = chosen_lengths.float().clamp_min(1)
+    return -chosen_logps / (lengths.mean() if average == "batch" else lengths)
+
+
 def ld_dpo_logps(
     token_logps_chosen: torch.Tensor,
     mask_chosen: torch.Tensor,

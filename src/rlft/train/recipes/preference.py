@@ -97,7 +97,7 @@ class PairRecipe(Recipe):
         pairs = batch["input_ids"].shape[0] // 2
         out = sequence_logps(model, batch, wpo=cfg.dpo_use_weighting)
         lengths_c, lengths_r = out.lengths[:pairs].float(), out.lengths[pairs:].float()
-        chosen_nll = -out.logps[:pairs] / lengths_c.clamp_min(1)
+        chosen_nll = L.chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average)
         if self.method in ("dpo", "ipo"):
             chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
             started = time.perf_counter()
