@@ -25,6 +25,11 @@ EXAMPLES = {
     "gdpo": "examples/grpo/gdpo.yaml", "dapo": "examples/grpo/dapo.yaml", "gspo": "examples/grpo/gspo.yaml",
     "dr-grpo": "examples/grpo/dr-grpo.yaml", "rloo": "examples/grpo/rloo.yaml", "ebft-structured": "examples/ebft-structured.yaml",
     "ebft-strided": "examples/ebft-strided.yaml",
+    # the ablations docs/ebft.md reports
+    "ebft-structured-ce0": "examples/ebft-structured.yaml --ebft.ce_coef=0",
+    "ebft-strided-ce0": "examples/ebft-strided.yaml --ebft.ce_coef=0",
+    "ebft-strided-ce0-seed1": "examples/ebft-strided.yaml --ebft.ce_coef=0 --seed=1",
+    "ebft-strided-rl0": "examples/ebft-strided.yaml --ebft.rl_coef=0",
 }
 
 
@@ -48,7 +53,7 @@ def main(names: list[str]) -> int:
         if name == "quickstart":
             continue
         out = ROOT / "outputs" / "example-results" / name
-        if rlft(["train", EXAMPLES[name], f"--output_dir={out}"]) != 0:
+        if rlft(["train", *EXAMPLES[name].split(), f"--output_dir={out}"]) != 0:
             print(f"{name}: the run failed", file=sys.stderr)
             return 1
         results[name] = eval_lines(out)
