@@ -83,3 +83,21 @@ def test_resume_with_more_steps_follows_the_new_schedule(make_config, cli, tmp_p
     # the first run decays to 0 over 4 steps; resumed at step 4 of 8 the linear schedule gives 3e-3 * (1 - 4/8)
     assert lrs[5] == pytest.approx(3e-3 * 0.5)
     assert lrs[8] == pytest.approx(3e-3 * (1 - 7 / 8))
+
+
+def test_loss_watchdog_stops_a_broken_run_with_its_reason(cli, make_config, capsys):
+    assert cli("train", make_config(loss_watchdog_threshold=0.01, loss_watchdog_patience=2, save_steps=1)) == 1
+    err = capsys.readouterr().err
+    assert "stayed above loss_watchdog_threshold=0.01 for 2 steps in a row" in err and "(step 2)" in err
+    assert "the last good checkpoint is" in err
+
+
+def test_early_stopping_ends_training_and_saves_the_model(cli, make_config, capsys, tmp_path):
+    import json
+
+    # a learning rate too small to move eval/loss (rounded to 6 digits): no evaluation improves on the first
+    config = make_config(val_set_size=32, eval_steps=1, early_stopping_patience=2, learning_rate=1e-12, max_steps=20)
+    assert cli("train", config) == 0
+    assert "early stopping at step 3" in capsys.readouterr().out
+    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 3 and (tmp_path / "out" / "model.safetensors").exists()

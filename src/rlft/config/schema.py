@@ -219,6 +219,12 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.", ge=1)
     output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
+    loss_watchdog_threshold: Optional[float] = field(None, "Stop when the training loss stays above this for "
+                                                     "loss_watchdog_patience steps in a row (about twice the first loss).", gt=0.0)
+    loss_watchdog_patience: Optional[int] = field(None, "Steps in a row above loss_watchdog_threshold before stopping "
+                                                  "(default 3).", ge=1)
+    early_stopping_patience: Optional[int] = field(None, "Stop when eval/loss has not improved for this many evaluations "
+                                                   "(the final model and a checkpoint are saved).", ge=1)
     debug: bool = field(False, "`rlft preprocess` shows the first rows token by token with the trained tokens marked "
                                "(as `--debug`).")
     mfu_peak_flops: Optional[float] = field(

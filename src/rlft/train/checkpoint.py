@@ -51,6 +51,7 @@ class TrainState:
     world_size: int = 1  # processes that wrote it; the data position is per process
     last_metrics: dict[str, Any] = field(default_factory=dict)
     recipe_state: dict[str, Any] = field(default_factory=dict)  # e.g. running statistics of a loss
+    guards: dict[str, Any] = field(default_factory=dict)  # the loss watchdog's and early stopping's counters
 
 
 def rng_state() -> dict[str, Any]:

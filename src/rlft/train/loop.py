@@ -27,6 +27,7 @@ from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flo
 from rlft.train.optim import build_optimizer, build_scheduler
 from rlft.train.parallel import StopRequest, gradient_sync, max_across, mean_metrics, shard_model, sum_across
 from rlft.train.recipe import Recipe
+from rlft.train.watch import RunGuards
 
 
 @dataclass
@@ -112,6 +113,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     elif cfg.resume_from_checkpoint == "auto":
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
 
+    guards = RunGuards(cfg, state.guards)
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and log.path.exists():  # a fresh run: keep the old log aside, do not mix them
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))
@@ -143,6 +145,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     def save() -> Path | None:
         nonlocal last_saved, save_time
         state.recipe_state = recipe.state_dict()
+        state.guards = guards.state_dict()
         began = time.perf_counter()
         with timer("save"):
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit)
@@ -207,9 +210,11 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 step_metrics = mean_metrics(step_metrics)
                 loss_value = loss_total / max(units, 1)
                 show_messages()
-                if not math.isfinite(loss_value):
+                breakdown = guards.loss_breakdown(loss_value)
+                if breakdown or not math.isfinite(loss_value):
                     where = f"; the last good checkpoint is {last_saved}" if last_saved else ""
                     raise TrainingDiverged(
+                        f"{breakdown} (step {state.global_step + 1}){where}" if breakdown else
                         f"loss is {loss_value} at step {state.global_step + 1}{where}. Lower learning_rate, "
                         "keep max_grad_norm set, or check the data for empty targets"
                     )
@@ -258,7 +263,11 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 progress.update(task, completed=state.global_step)
                 show_messages()
                 if eval_every and state.global_step % eval_every == 0 and state.global_step < total_steps:
-                    evaluate()
+                    if guards.stop_early(evaluate()):
+                        if main:
+                            console.print(f"early stopping at step {state.global_step}: eval/loss has not improved on "
+                                          f"{guards.best:.4f} for {guards.stale} evaluations (early_stopping_patience)")
+                        break
                 if save_every and state.global_step % save_every == 0 and state.global_step < total_steps:
                     save()
                 if stopping:  # every process saw the same sum: they stop after this same step
