@@ -225,7 +225,7 @@ def _section_for(loc: list[Any]) -> type[BaseModel]:
 def _unknown_key_message(loc: list[Any]) -> str:
     key = str(loc[-1])
     owner = _section_for(loc)
-    guess = _closest(key, list(owner.model_fields))
+    guess = _closest(key, [info.alias or name for name, info in owner.model_fields.items()])
     # the key may belong to another section: `beta` at top level is `trl.beta`
     elsewhere = [
         f"{name}.{key}"
