@@ -131,6 +131,26 @@ def test_openai_routes_tokenize_and_shapes(server):
                              "total_tokens": len(chat_tokens) + len(content)}
 
 
+def test_an_answer_sent_back_with_its_sampled_ids_is_put_back_as_those_ids(server):
+    """Token in, token out (what NeMo Gym's model server relies on): the next prompt extends the ids the model saw and
+    wrote, even when the chat template renders the answer differently (here: other spacing than was sampled)."""
+    from rlft.models.tokenizer import byte_tokenizer
+
+    url, tokenizer = server["url"], byte_tokenizer()  # the served model's tokenizer
+    first = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                               "add_generation_prompt": True}).json()["tokens"]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    written = list("  Hello   there ".encode()) + [end]  # byte tokenizer: ids 0-255 are bytes
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "Hello there", "prompt_token_ids": first, "generation_token_ids": written},
+                {"role": "user", "content": "and?"}]
+    chat = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 2}).json()
+    prompt = chat["choices"][0]["prompt_token_ids"]
+    assert prompt[: len(first) + len(written)] == first + written
+    rest = tokenizer.decode(prompt[len(first) + len(written):])
+    assert rest == "\n<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_bad_requests_get_json_errors(server):
     url = server["url"]
     too_long = httpx.post(url + "/generate", json={"prompt_ids": [[65] * 130], "n": 1})
@@ -345,3 +365,4 @@ def test_sigterm_stops_the_server_cleanly(server):
     os.killpg(process.pid, signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert "rollout server stopped (SIGTERM)" in server["log"].read_text()
+

@@ -158,3 +158,22 @@ def test_vllm_only_keys_exist_in_the_vllm_section():
     from rlft.rollout.server.launch import VLLM_ONLY
 
     assert VLLM_ONLY <= set(VLLMConfig.model_fields)
+
+
+def test_a_sampled_turn_replaces_its_rendering_and_keeps_what_follows_its_end_marker():
+    from rlft.rollout.server.openai_routes import splice_sampled_turn
+
+    END = 99
+    head = [1, 2, 10, 11, END, 7]  # prompt 1 2, answer rendered as 10 11, end marker, newline
+    rendered = head + [3, 4]  # then the next user turn
+    sampled = [1, 2, 12, 13, 14, END]  # the answer as it was sampled: other ids
+    assert splice_sampled_turn(rendered, head, sampled, {END}) == [1, 2, 12, 13, 14, END, 7, 3, 4]
+
+
+def test_a_turn_that_was_cut_off_or_does_not_match_is_left_as_rendered():
+    from rlft.rollout.server.openai_routes import splice_sampled_turn
+
+    END, head = 99, [1, 2, 10, 99, 7]
+    assert splice_sampled_turn(head + [3], head, [1, 2, 10, 11], {END}) == head + [3]  # cut off: no end marker
+    assert splice_sampled_turn([5] + head, head, [1, 2, 10, END], {END}) == [5] + head  # head is not a prefix
+    assert splice_sampled_turn(head + [3], head, [], {END}) == head + [3]

@@ -43,15 +43,26 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) ->
         cuts = [text.find(stop) for stop in stops if stop and stop in text]
         return text[: min(cuts)] if cuts else text  # the stop string itself is not part of the answer
 
-    def chat_prompt(messages: list[dict[str, Any]], tools, add_generation_prompt: bool, kwargs) -> list[int]:
-        clean = [decoded_arguments({key: _content_text(value) if key == "content" else value
-                                    for key, value in message.items() if key in MESSAGE_KEYS})
-                 for message in messages]
+    def render(clean: list[dict[str, Any]], tools, add_generation_prompt: bool, kwargs) -> list[int]:
         try:
             return list(tokenizer.apply_chat_template(clean, tools=tools, add_generation_prompt=add_generation_prompt,
                                                       tokenize=True, return_dict=False, **(kwargs or {})))
         except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages is the request's problem
             raise ServerError(400, f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from None
+
+    def chat_prompt(messages: list[dict[str, Any]], tools, add_generation_prompt: bool, kwargs) -> list[int]:
+        clean = [decoded_arguments({key: _content_text(value) if key == "content" else value
+                                    for key, value in message.items() if key in MESSAGE_KEYS})
+                 for message in messages]
+        ids = render(clean, tools, add_generation_prompt, kwargs)
+        # token in, token out: an earlier answer sent back with the ids it was sampled as (NeMo Gym does) is put back
+        # as those ids, so the next turn's prompt extends exactly what the model saw and wrote
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("generation_token_ids")
+                    and m.get("prompt_token_ids")), default=None)
+        if last is None:
+            return ids
+        sampled = [int(t) for t in messages[last]["prompt_token_ids"]] + [int(t) for t in messages[last]["generation_token_ids"]]
+        return splice_sampled_turn(ids, render(clean[: last + 1], tools, False, kwargs), sampled, set(tokenizer.all_special_ids))
 
     def usage(prompts: list[list[int]], out: Generated) -> dict[str, int]:
         prompt_tokens = sum(len(ids) for ids in prompts)
@@ -140,6 +151,22 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) ->
     add_route(app, "/v1/completions", completions, ["POST"])
     add_route(app, "/v1/chat/completions", chat_completions, ["POST"])
     add_route(app, "/tokenize", tokenize, ["POST"])
+
+
+def splice_sampled_turn(rendered: list[int], head: list[int], sampled: list[int], markers: set[int]) -> list[int]:
+    """`rendered` (the template's ids of the whole chat) with its start replaced by the ids an earlier turn was sampled as.
+
+    `head` is the template's rendering up to and including that assistant turn; `sampled` is the turn's prompt ids plus
+    its generated ids. The template may render the answer differently from how it was sampled (JSON arguments
+    re-serialised, text after a tool call dropped, another tokenisation); the part of `head` after the turn's last
+    sampled token (the newline after the end-of-turn marker) is kept. When the turn did not end with a special token
+    (`markers`: it was cut off), `head` is not a prefix of `rendered`, or `head` lacks that token, the rendering is
+    returned as it is.
+    """
+    if not sampled or sampled[-1] not in markers or rendered[: len(head)] != head or sampled[-1] not in head:
+        return rendered
+    end = len(head) - 1 - head[::-1].index(sampled[-1])  # the template's copy of the turn's last token
+    return sampled + head[end + 1 :] + rendered[len(head) :]
 
 
 def _content_text(content: Any) -> Any:
