@@ -237,3 +237,22 @@ def test_a_checkpoint_folder_stands_for_its_model(tmp_path):
 
     write_tiny_model(tmp_path / "checkpoint-3" / "model", "XS", max_positions=64)
     assert resolve_source(str(tmp_path / "checkpoint-3"), "base_model") == str((tmp_path / "checkpoint-3" / "model").resolve())
+
+
+def test_eot_tokens_are_added_as_special_tokens_and_trained_as_turn_ends(config, tiny_model_dir):
+    from rlft.data.tokenize import IGNORE, tokenize_record
+    from rlft.models.loading import load_tokenizer
+
+    template = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<|end_of_turn|>' }}{% endfor %}"
+    cfg = config(base_model=str(tiny_model_dir), chat_template="jinja", chat_template_jinja=template,
+                 eot_tokens=["<|end_of_turn|>"])
+    tokenizer = load_tokenizer(cfg)
+    assert len(tokenizer("<|end_of_turn|>", add_special_tokens=False)["input_ids"]) == 1  # one token, not 15 bytes
+    chat = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
+
+    def trained(eot_tokens):
+        example = tokenize_record({"messages": chat}, tokenizer, False, ["assistant"], "turn", eot_tokens)
+        return tokenizer.convert_ids_to_tokens([t for t, label in zip(example["input_ids"], example["labels"]) if label != IGNORE])
+
+    assert trained(cfg.eot_tokens) == ["2", "<|end_of_turn|>"]
+    assert trained(None) == ["2"]  # the template's marker is not one rlft knows: only the answer

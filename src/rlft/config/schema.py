@@ -117,6 +117,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     tokenizer_type: Optional[str] = field(None, "transformers class that loads the tokenizer: AutoTokenizer (the default) or a "
                                                 "*Tokenizer / *TokenizerFast class.")
     tokens: Optional[list[str]] = field(None, "Tokens to add to the tokenizer (the embeddings are resized).")
+    eot_tokens: Optional[list[str]] = field(None, "The strings that end a turn in the chat template (train_on_eos trains them); "
+                                                  "added as special tokens when the tokenizer lacks them. Default: found in "
+                                                  "the template.")
     random_init: bool = field(
         False, "Start from freshly initialised weights built from the model config (seeded by `seed`)."
     )

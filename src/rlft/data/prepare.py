@@ -38,7 +38,8 @@ class MethodSteps:
 def sft_steps(cfg) -> MethodSteps:
     return MethodSteps(
         resolve=resolve_sft_format,
-        tokenize=lambda record, tokenizer, ds: tokenize_record(record, tokenizer, cfg.train_on_inputs, ds.roles_to_train, ds.train_on_eos),
+        tokenize=lambda record, tokenizer, ds: tokenize_record(record, tokenizer, cfg.train_on_inputs, ds.roles_to_train, ds.train_on_eos,
+                                                                cfg.eot_tokens),
         fit=lambda example, cfg: fit_length(example, cfg.sequence_len, cfg.excess_length_strategy),
     )
 

@@ -96,9 +96,10 @@ def _content_starts(tokenizer, messages: list[dict[str, str]], text: str) -> lis
     return starts
 
 
-def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str) -> list[bool]:
+def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str,
+                    eot_tokens: list[str] | None = None) -> list[bool]:
     """True for every character that carries the loss."""
-    eot = end_of_turn_token(tokenizer)
+    markers = [m for m in (eot_tokens or [end_of_turn_token(tokenizer)]) if m]
     marked = [False] * len(text)
     last_index = len(messages) - 1
     for index, (message, start) in enumerate(zip(messages, _content_starts(tokenizer, messages, text))):
@@ -107,9 +108,10 @@ def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_
         if trained:
             marked[start:end] = [True] * (end - start)
         eos_wanted = {"turn": trained, "all": True, "last": index == last_index, "none": False}[train_on_eos]
-        if eos_wanted and eot:
+        if eos_wanted:
             gap = len(text[end:]) - len(text[end:].lstrip(" \t"))  # the marker follows the content directly
-            if text.startswith(eot, end + gap):
+            eot = next((m for m in markers if text.startswith(m, end + gap)), None)
+            if eot:
                 marked[end + gap : end + gap + len(eot)] = [True] * len(eot)
     return marked
 
@@ -140,7 +142,8 @@ def split_answers(tokenizer, prompt: str, answers: list[str]) -> tuple[list[int]
     return wholes[0][:cut], [whole[cut:] for whole in wholes]
 
 
-def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_train: list[str], train_on_eos: str) -> dict[str, list[int]]:
+def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_train: list[str], train_on_eos: str,
+                    eot_tokens: list[str] | None = None) -> dict[str, list[int]]:
     """Token ids and labels for one canonical record (no truncation here)."""
     if "messages" in record:
         text = tokenizer.apply_chat_template(record["messages"], tokenize=False)
@@ -148,7 +151,7 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         ids = list(encoded["input_ids"])
         if train_on_inputs:
             return {"input_ids": ids, "labels": list(ids)}
-        marked = _chat_char_mask(tokenizer, text, record["messages"], set(roles_to_train), train_on_eos)
+        marked = _chat_char_mask(tokenizer, text, record["messages"], set(roles_to_train), train_on_eos, eot_tokens)
         labels = [tok if any(marked[start:end]) else IGNORE for tok, (start, end) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

@@ -91,6 +91,10 @@ def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
         tokenizer.add_special_tokens(dict(cfg.special_tokens))
     if cfg.tokens:
         tokenizer.add_tokens(list(cfg.tokens))
+    if cfg.eot_tokens:  # end-of-turn markers are single special tokens, never trained in pieces
+        missing = [token for token in cfg.eot_tokens if token not in tokenizer.get_vocab()]
+        if missing:
+            tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"the tokenizer of {source} has neither a pad nor an eos token: set special_tokens.pad_token")
