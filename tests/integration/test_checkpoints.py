@@ -101,3 +101,236 @@ def test_early_stopping_ends_training_and_saves_the_model(cli, make_config, caps
     assert "early stopping at step 3" in capsys.readouterr().out
     steps = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 3 and (tmp_path / "out" / "model.safetensors").exists()
+
+
+# ------------------------------------------------------------------ never run a stranger's code; fall back past bad state
+
+class _RunsCode:
+    """Unpickling this runs a shell command: the marker file appears if anything loads it freely."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(checkpoint, target, marker):
+    """Replace one state file of `checkpoint` with a pickle that would run code."""
+    import pickle
+
+    import torch
+
+    payload = _RunsCode(marker)
+    if target == "optimizer/.metadata":
+        with open(checkpoint / target, "wb") as handle:
+            pickle.dump(payload, handle)
+    elif target == "optimizer value":  # a learning rate inside the optimizer shard, index made to point at it
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+        from rlft.train.state_files import read_index
+
+        index = read_index(checkpoint / "optimizer")
+        key = next(k for k in index.storage_data if k.fqn.endswith("param_groups.0.lr"))
+        shard = checkpoint / "optimizer" / index.storage_data[key].relative_path
+        import io
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        index.storage_data[key] = _StorageInfo(shard.name, shard.stat().st_size, len(buffer.getvalue()))
+        with open(shard, "ab") as handle:
+            handle.write(buffer.getvalue())
+        with open(checkpoint / "optimizer" / ".metadata", "wb") as handle:
+            pickle.dump(index, handle)
+    else:
+        if target == "scheduler.pt":  # an earlier version's name
+            (checkpoint / "scheduler.json").unlink()
+        if target == "optimizer.pt":
+            shutil.rmtree(checkpoint / "optimizer")
+        torch.save(payload, checkpoint / target)
+
+
+@pytest.mark.parametrize("target", ["rng-0.pt", "optimizer/.metadata", "optimizer value", "scheduler.pt", "optimizer.pt"])
+def test_a_crafted_pickle_in_a_state_file_never_runs(target, make_config, cli, tmp_path, capsys):
+    out, marker = tmp_path / "out", tmp_path / "pwned"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    _plant(out / "checkpoint-2", target, marker)
+
+    warnings = []
+    assert resolve_resume("auto", out, warnings.append) == out / "checkpoint-1"
+    assert "checkpoint-2" in warnings[0] and "running code" in warnings[0], warnings
+    with pytest.raises(CheckpointError, match="running code"):
+        resolve_resume(str(out / "checkpoint-2"), out)
+    capsys.readouterr()
+    assert cli("train", make_config(max_steps=3, resume_from_checkpoint=str(out / "checkpoint-2"))) == 1
+    assert "never runs code" in capsys.readouterr().err
+    assert cli("train", make_config(max_steps=3, resume_from_checkpoint="auto")) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "auto skips" in printed and "checkpoint-1 at step 1" in printed
+    assert not marker.exists()
+
+
+def test_the_optimizer_value_check_needs_the_planted_file_to_be_loadable(tmp_path):
+    """The planted payload above is a working exploit: loaded freely, it runs (so the test above can fail)."""
+    import torch
+
+    marker = tmp_path / "ran"
+    torch.save(_RunsCode(marker), tmp_path / "evil.pt")
+    torch.load(tmp_path / "evil.pt", weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["optimizer shard truncated", "scheduler not JSON", "rng truncated", "state keys"])
+def test_auto_falls_back_past_unreadable_state_and_says_why(damage, make_config, cli, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    broken = out / "checkpoint-2"
+    if damage == "optimizer shard truncated":
+        shard = next((broken / "optimizer").glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:50])
+        reason = "truncated"
+    elif damage == "scheduler not JSON":
+        (broken / "scheduler.json").write_text("{half")
+        reason = "scheduler.json is unreadable"
+    elif damage == "rng truncated":
+        rng = broken / "rng-0.pt"
+        rng.write_bytes(rng.read_bytes()[:64])
+        reason = "rng-0.pt is unreadable"
+    else:
+        (broken / "trainer_state.json").write_text(json.dumps({"step": 2}))
+        reason = "does not hold a training state"
+    warnings = []
+    assert resolve_resume("auto", out, warnings.append) == out / "checkpoint-1"
+    assert len(warnings) == 1 and reason in warnings[0] and "checkpoint-2" in warnings[0], warnings
+    capsys.readouterr()
+    assert cli("train", make_config(max_steps=3, resume_from_checkpoint="auto")) == 0
+    assert reason in capsys.readouterr().out.replace("\n", "")
+
+
+def test_old_format_state_files_still_load(make_config, cli, tmp_path):
+    """rlft before this version wrote rng.pt with numpy arrays, scheduler.pt and optimizer.pt as torch pickles."""
+    import random
+
+    import numpy as np
+    import torch
+
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    old = out / "checkpoint-2"
+    (old / "rng-0.pt").unlink()
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, old / "rng.pt")
+    import json
+    torch.save(json.loads((old / "scheduler.json").read_text()), old / "scheduler.pt")
+    (old / "scheduler.json").unlink()
+    assert resolve_resume("auto", out) == old
+    assert cli("train", make_config(max_steps=3, resume_from_checkpoint="auto")) == 0
+
+
+# ------------------------------------------------------------------ a save that cannot be written
+
+def _checkpoint_files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_write_error_mid_save_removes_the_partial_save_and_names_the_last_checkpoint(make_config, cli, tmp_path):
+    """A real write failure: the resumed run may not write files over 300 KB (ulimit -f), and its checkpoint's
+    weights are bigger. The run stops with the reason; checkpoint-2 is untouched and still resumes."""
+    import resource
+
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    before = _checkpoint_files(out / "checkpoint-2")
+    limit = 300 * 1024
+    assert (out / "checkpoint-2" / "model" / "model.safetensors").stat().st_size > limit
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    config = make_config(max_steps=4, save_steps=1, resume_from_checkpoint="auto")
+    process = subprocess.run([sys.executable, "-m", "rlft.cli", "train", str(config)], capture_output=True, text=True,
+                             preexec_fn=small_files, timeout=300)
+    assert process.returncode == 1, process.stderr
+    err = " ".join(process.stderr.split())
+    assert "Traceback" not in err
+    assert "saving checkpoint-3 failed" in err and "ulimit -f" in err and "checkpoint-2, is untouched" in err, err
+    assert not list(out.glob(".tmp-checkpoint-*")) and not (out / "checkpoint-3").exists()
+    assert _checkpoint_files(out / "checkpoint-2") == before
+    assert cli("train", config) == 0  # without the limit it goes on from checkpoint-2
+
+
+def test_a_full_disk_is_reported_before_the_save_and_while_it_writes(make_config, cli, tmp_path, capsys, monkeypatch):
+    import collections
+    import errno
+
+    import rlft.train.checkpoint as checkpoint
+
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
+    before = _checkpoint_files(out / "checkpoint-2")
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 200 << 10))
+    capsys.readouterr()
+    assert cli("train", make_config(max_steps=4, save_steps=1, resume_from_checkpoint="auto")) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "not enough disk space to save checkpoint-3" in err and "0 MiB are free" in err, err
+    assert "the last complete checkpoint is" in err and "checkpoint-2" in err
+    monkeypatch.undo()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / ".tmp-checkpoint-3" / "optimizer"))
+
+    monkeypatch.setattr(checkpoint, "save_optimizer", full)
+    assert cli("train", make_config(max_steps=4, save_steps=1, resume_from_checkpoint="auto")) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "saving checkpoint-3 failed: the disk is full" in err and "checkpoint-2, is untouched" in err, err
+    assert not list(out.glob(".tmp-checkpoint-*")) and _checkpoint_files(out / "checkpoint-2") == before
+
+
+# ------------------------------------------------------------------ non-finite values stop the run, naming the last good checkpoint
+
+@pytest.mark.parametrize("fault", ["gradient", "weights"])
+def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fault, make_config, cli, tmp_path, capsys,
+                                                                              monkeypatch):
+    """No config value reaches this any more (learning_rate is at most 10), so the fault is injected: a NaN gradient
+    at step 3, or NaN weights after the last step. Neither may reach a checkpoint, and the message names the last good one."""
+    import math
+
+    import torch
+
+    import rlft.train.loop as loop
+
+    real = loop.build_optimizer
+
+    def faulty(cfg, model):
+        optimizer = real(cfg, model)
+        first = next(p for p in model.parameters() if p.requires_grad)
+        backward_calls = [0]
+        if fault == "gradient":
+            def poison(grad):
+                backward_calls[0] += 1
+                return grad * math.nan if backward_calls[0] == 3 else grad
+            first.register_hook(poison)
+        else:
+            step = optimizer.step
+
+            def poisoned_step(*args, **kwargs):
+                result = step(*args, **kwargs)
+                backward_calls[0] += 1
+                if backward_calls[0] == 3:
+                    with torch.no_grad():
+                        first.view(-1)[0] = math.inf
+                return result
+            optimizer.step = poisoned_step
+        return optimizer
+
+    monkeypatch.setattr(loop, "build_optimizer", faulty)
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=3, save_steps=1)) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    expected = "the gradient norm is nan at step 3 (the step was not applied)" if fault == "gradient" else \
+        "the weights hold NaN or inf after step 3"
+    assert expected in err and f"the last good checkpoint is {out / 'checkpoint-2'}" in err, err
+    assert not (out / "checkpoint-3").exists() and not list(out.glob(".tmp-checkpoint-*"))
+    assert not (out / "model.safetensors").exists()

@@ -5,37 +5,40 @@ A checkpoint `output_dir/checkpoint-N/` holds:
                       weights even when they were sharded over processes (gathered for the save)
   optimizer/          optimizer state, torch.distributed.checkpoint: each process writes its own shard, and a
                       load re-shards it for any number of processes (or one)
-  scheduler.pt        learning-rate schedule state
-  rng-R.pt            python, numpy and torch RNG states of process R
+  scheduler.json      learning-rate schedule state
+  rng-R.pt            python, numpy and torch RNG states of process R (tensors and numbers)
   trainer_state.json  step, data position (epoch, batch), process count, metrics; written last
 
 Every process takes part in a save. It is written under `output_dir/.tmp-checkpoint-N/` and renamed into
 place by rank 0 once every process has written its part, so a crash mid-save (of any process) leaves the
-previous checkpoints untouched and never a half-written `checkpoint-N`. Checkpoints of earlier rlft
-versions (`optimizer.pt`, `rng.pt`) still load.
+previous checkpoints untouched and never a half-written `checkpoint-N`; a write error (a full disk) removes
+the staging folder and stops the run with the reason. Loading runs no code from the files (state_files.py).
+Checkpoints of earlier rlft versions (`optimizer.pt`, `scheduler.pt`, `rng.pt`) still load.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import random
 import re
 import shutil
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
+from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
+                                    restore_rng, rng_state, save_scheduler, scheduler_state)
 
 STATE_FILE = "trainer_state.json"
-REQUIRED = ("model", "scheduler.pt", STATE_FILE)
-EITHER = (("optimizer", "optimizer.pt"), ("rng-0.pt", "rng.pt"))  # this version's name, or an earlier version's
+REQUIRED = ("model", STATE_FILE)
+# this version's name, or an earlier version's
+EITHER = (("optimizer", "optimizer.pt"), ("rng-0.pt", "rng.pt"), (SCHEDULER_FILE, "scheduler.pt"))
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -54,23 +57,12 @@ class TrainState:
     guards: dict[str, Any] = field(default_factory=dict)  # the loss watchdog's and early stopping's counters
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None) -> Path:
-    """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it."""
+    """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it.
+
+    Refused before anything is written when the disk lacks the room; a write error on the way (a full disk, a
+    quota) removes the staging folder and raises CheckpointError naming what failed: earlier checkpoints are
+    untouched either way."""
     from rlft.train.parallel import barrier, gathered_state_dict
 
     rank = launched()[0]
@@ -78,20 +70,26 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
+        _check_room(output_dir, final, model, optimizer)
         staging.mkdir(parents=True)
     barrier()
     unwrapped = getattr(model, "module", model)
     weights = gathered_state_dict(model)  # sharded: gathered (a collective); else None, and the model saves itself
+    try:
+        if rank == 0:
+            unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
+            tokenizer.save_pretrained(staging / "model")
+        save_optimizer(model, optimizer, staging / "optimizer")
+        torch.save(rng_state(), staging / f"rng-{rank}.pt")
+        barrier()  # every process has written its part
+        if rank == 0:
+            save_scheduler(scheduler, staging)
+            (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+            _fsync_tree(staging)
+    except Exception as exc:  # OSError, or the writers' own wrappers of one (safetensors, torch.save, DCP)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(_write_failure(exc, final, output_dir)) from None
     if rank == 0:
-        unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
-        tokenizer.save_pretrained(staging / "model")
-    save_optimizer(model, optimizer, staging / "optimizer")
-    torch.save(rng_state(), staging / f"rng-{rank}.pt")
-    barrier()  # every process has written its part
-    if rank == 0:
-        torch.save(scheduler.state_dict(), staging / "scheduler.pt")
-        (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
-        _fsync_tree(staging)
         if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
             old = output_dir / f".old-checkpoint-{state.global_step}-{os.getpid()}"
             final.rename(old)
@@ -104,6 +102,45 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
                 shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
+
+
+def _last_complete(output_dir: Path, besides: Path) -> Path | None:
+    return next((p for p in reversed(list_checkpoints(output_dir)) if p != besides and checkpoint_problem(p) is None), None)
+
+
+def _write_failure(exc: Exception, final: Path, output_dir: Path) -> str:
+    last = _last_complete(output_dir, final)
+    keep = f"the last complete checkpoint, {last}, is untouched" if last else "no earlier checkpoint exists"
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and (found := re.search(r"os error (\d+)|errno (\d+)|\[Errno (\d+)\]", str(exc), re.IGNORECASE)):
+        code = int(next(group for group in found.groups() if group))
+    what = ("the disk is full" if code in (errno.ENOSPC, errno.EDQUOT) else
+            "a file grew past the size this process may write (ulimit -f)" if code == errno.EFBIG else
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
+    where = getattr(exc, "filename", None) or output_dir
+    fix = "raise it" if code == errno.EFBIG else f"free space under {output_dir} (or lower save_total_limit)"
+    return (f"saving {final.name} failed: {what} (writing under {where}). The partial save was removed and {keep}. "
+            f"Fix it ({fix}), then resume with resume_from_checkpoint: auto")
+
+
+def _check_room(output_dir: Path, final: Path, model, optimizer) -> None:
+    """Refuse the save when the disk under `output_dir` has less room than it needs (the size of the previous
+    checkpoint, or the tensors it will hold, plus a tenth)."""
+    previous = _last_complete(output_dir, final)
+    if previous is not None:
+        needed = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
+    else:
+        unwrapped = getattr(model, "module", model)
+        saved = [p for p in unwrapped.parameters() if p.requires_grad] if hasattr(unwrapped, "peft_config") else list(unwrapped.parameters())
+        state = [v for entry in _inner(optimizer).state.values() for v in entry.values() if isinstance(v, torch.Tensor)]
+        needed = sum(t.numel() * t.element_size() for t in saved + state)
+    needed = int(needed * 1.1) + (1 << 20)
+    free = shutil.disk_usage(output_dir).free
+    if free < needed:
+        keep = f"; the last complete checkpoint is {previous}" if previous else ""
+        raise CheckpointError(f"not enough disk space to save {final.name}: it needs about {needed / 2**20:.0f} MiB and "
+                              f"{free / 2**20:.0f} MiB are free under {output_dir}{keep}. Free space (or lower "
+                              "save_total_limit), then resume with resume_from_checkpoint: auto")
 
 
 def _inner(optimizer):
@@ -128,7 +165,7 @@ def load_optimizer(model, optimizer, folder: Path) -> None:
     target = {"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}  # initialised: the tensors to load into
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(target, checkpoint_id=str(folder))
+        dcp.load(target, storage_reader=SafeReader(str(folder)), planner=SafePlanner())
     set_optimizer_state_dict(model, _inner(optimizer), target["optimizer"])
 
 
@@ -148,7 +185,8 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 
 
 def checkpoint_problem(folder: Path) -> str | None:
-    """Why `folder` is not a complete checkpoint, or None when it is."""
+    """Why `folder` is not a complete, readable checkpoint, or None when it is. Every state file is read (safely: see
+    state_files.py), so `auto` never picks a checkpoint that would fail, or run code, on resume."""
     if not folder.is_dir():
         return "it does not exist"
     missing = [name for name in REQUIRED if not (folder / name).exists()]
@@ -167,20 +205,48 @@ def checkpoint_problem(folder: Path) -> str | None:
         except Exception as exc:  # safetensors raises its own error types for truncated files
             return f"{file.name} is unreadable ({exc}); was the save interrupted?"
     try:
-        json.loads((folder / STATE_FILE).read_text())
+        state = json.loads((folder / STATE_FILE).read_text())
+        TrainState(**state)
     except json.JSONDecodeError:
         return f"{STATE_FILE} is not valid JSON"
+    except TypeError:
+        return f"{STATE_FILE} does not hold a training state (keys {sorted(state)[:6] if isinstance(state, dict) else type(state).__name__})"
+    return _state_files_problem(folder)
+
+
+def _state_files_problem(folder: Path) -> str | None:
+    """Why the optimizer, schedule or RNG state of `folder` cannot be read, or None."""
+    if (folder / "optimizer").is_dir():
+        problem = optimizer_files_problem(folder / "optimizer")
+        if problem:
+            return problem + (" (rlft never runs code from a checkpoint)" if "running code" in problem else "")
+    checks: list[tuple[str, Callable[[], Any]]] = [(SCHEDULER_FILE if (folder / SCHEDULER_FILE).exists() else "scheduler.pt",
+                                                    lambda: scheduler_state(folder))]
+    checks += [(file.name, lambda file=file: load_tensors(file)) for file in sorted(folder.glob("rng*.pt"))]
+    if not (folder / "optimizer").is_dir():
+        checks.append(("optimizer.pt", lambda: load_tensors(folder / "optimizer.pt")))
+    for name, read in checks:
+        try:
+            read()
+        except UnsafeState as exc:
+            return f"{exc} (rlft never runs code from a checkpoint)"
+        except (OSError, RuntimeError, ValueError, EOFError, KeyError, json.JSONDecodeError) as exc:
+            return f"{name} is unreadable ({type(exc).__name__}: {str(exc)[:160]})"
     return None
 
 
-def resolve_resume(setting: str | None, output_dir: Path) -> Path | None:
-    """The checkpoint to resume from: an explicit folder (must be complete) or `auto` (newest complete one)."""
+def resolve_resume(setting: str | None, output_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """The checkpoint to resume from: an explicit folder (must be complete) or `auto` (the newest complete one; each
+    newer one it passes over is reported through `warn`)."""
     if not setting:
         return None
     if setting == "auto":
         for candidate in reversed(list_checkpoints(output_dir)):
-            if checkpoint_problem(candidate) is None:
+            problem = checkpoint_problem(candidate)
+            if problem is None:
                 return candidate
+            if warn:
+                warn(f"resume_from_checkpoint: auto skips {candidate}: {problem}")
         return None
     folder = Path(setting).expanduser()
     problem = checkpoint_problem(folder)
@@ -228,14 +294,16 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
         if (folder / "optimizer").is_dir():
             load_optimizer(model, optimizer, folder / "optimizer")
         else:
-            _inner(optimizer).load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+            _inner(optimizer).load_state_dict(load_tensors(folder / "optimizer.pt"))
+        scheduler.load_state_dict(scheduler_state(folder))
         # the schedule is rebuilt from today's config (max_steps may have changed): apply it from this step on
         scheduler._last_lr = scheduler.get_lr()
         for group, lr in zip(optimizer.param_groups, scheduler._last_lr):
             group["lr"] = lr
         rng = next((folder / name for name in (f"rng-{rank}.pt", "rng-0.pt", "rng.pt") if (folder / name).exists()))
-        restore_rng(torch.load(rng, weights_only=False))
+        restore_rng(load_tensors(rng))
+    except UnsafeState as exc:
+        raise CheckpointError(f"{folder}: {exc}; rlft never runs code from a checkpoint. Use a checkpoint you wrote") from None
     except (RuntimeError, ValueError, KeyError, EOFError) as exc:
         raise CheckpointError(f"{folder}: cannot restore optimizer/scheduler/RNG state: {exc}") from None
     return TrainState(**json.loads((folder / STATE_FILE).read_text()))

@@ -12,7 +12,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -25,9 +24,9 @@ from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
-from rlft.train.parallel import StopRequest, gradient_sync, max_across, mean_metrics, shard_model, sum_across
+from rlft.train.parallel import gradient_sync, max_across, mean_metrics, shard_model, sum_across
 from rlft.train.recipe import Recipe
-from rlft.train.watch import RunGuards
+from rlft.train.watch import RunGuards, StopRequest
 
 
 @dataclass
@@ -50,6 +49,10 @@ def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: int | Non
 def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
     """Optimizer steps of the run (max_steps wins over num_epochs)."""
     return cfg.max_steps if cfg.max_steps else max(1, math.ceil(cfg.num_epochs * steps_per_epoch(cfg, micro_batches_per_epoch, draws_per_step)))
+
+
+class _StopAfterStep(Exception):
+    """Ctrl-C was noted and the step in progress has finished: save and stop."""
 
 
 def every(steps: int | None, per_epoch: int | None, epoch_steps: int) -> int | None:
@@ -86,7 +89,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     epoch_steps = steps_per_epoch(cfg, len(plan), recipe.draws_per_step)
     eval_every, save_every = every(cfg.eval_steps, cfg.evals_per_epoch, epoch_steps), every(cfg.save_steps, cfg.saves_per_epoch, epoch_steps)
     world = accelerator.num_processes
-    resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir)
+    warn = (lambda message: console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)) if main else None
+    resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir, warn)
     if resume_from is not None:  # the weights go in before the model is wrapped or sharded
         load_weights(accelerator.unwrap_model(model), resume_from / "model")
     recipe.before_wrap(model)
@@ -117,6 +121,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and log.path.exists():  # a fresh run: keep the old log aside, do not mix them
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))
+    elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
+        log.truncate_after(state.global_step)
     timer = PhaseTimer()
     total_params = sum(p.numel() for p in unwrapped.parameters())
     trainable_params = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
@@ -144,6 +150,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
 
     def save() -> Path | None:
         nonlocal last_saved, save_time
+        if sum_across([float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in params))],
+                      accelerator.device)[0]:
+            raise TrainingDiverged(f"the weights hold NaN or inf after step {state.global_step}{last_good()}. Lower "
+                                   "learning_rate and keep max_grad_norm set")
         state.recipe_state = recipe.state_dict()
         state.guards = guards.state_dict()
         began = time.perf_counter()
@@ -151,6 +161,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit)
         save_time += time.perf_counter() - began
         return last_saved
+
+    def last_good() -> str:
+        latest = last_saved or resume_from
+        return f"; the last good checkpoint is {latest}" if latest else "; no checkpoint was saved"
 
     def show_messages() -> None:
         for message in recipe.messages():
@@ -175,13 +189,15 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not (main and console.is_terminal),
     )
     task = progress.add_task(recipe.name, total=total_steps, completed=state.global_step, info="")
-    if state.global_step == 0:
-        evaluate()  # the baseline, so the summary and metrics.jsonl show how far training moved it
-    model.train()
-    stop = StopRequest() if world > 1 else SimpleNamespace(requested=False, close=lambda: None)
+    stop = StopRequest(world, announce=main)
     try:
+        if state.global_step == 0:
+            evaluate()  # the baseline, so the summary and metrics.jsonl show how far training moved it
+        model.train()
         with progress:
             while state.global_step < total_steps:
+                if world == 1 and stop.requested:  # Ctrl-C during an evaluation or a save
+                    raise _StopAfterStep
                 step_start = time.perf_counter()
                 batches = next_batches()
                 units, loss_total, step_metrics, tokens, scale = 0.0, 0.0, {}, 0, None
@@ -212,10 +228,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 show_messages()
                 breakdown = guards.loss_breakdown(loss_value)
                 if breakdown or not math.isfinite(loss_value):
-                    where = f"; the last good checkpoint is {last_saved}" if last_saved else ""
                     raise TrainingDiverged(
-                        f"{breakdown} (step {state.global_step + 1}){where}" if breakdown else
-                        f"loss is {loss_value} at step {state.global_step + 1}{where}. Lower learning_rate, "
+                        f"{breakdown} (step {state.global_step + 1}){last_good()}" if breakdown else
+                        f"loss is {loss_value} at step {state.global_step + 1}{last_good()}. Lower learning_rate, "
                         "keep max_grad_norm set, or check the data for empty targets"
                     )
                 with timer("optimizer"):
@@ -229,6 +244,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
                         norm = accelerator.clip_grad_norm_(params, max_norm)
                         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
+                        if not math.isfinite(grad_norm) and accelerator.mixed_precision != "fp16":  # fp16: the scaler skips
+                            raise TrainingDiverged(f"the gradient norm is {grad_norm} at step {state.global_step + 1} (the "
+                                                   f"step was not applied){last_good()}. Lower learning_rate, keep "
+                                                   "max_grad_norm set, or check the data")
                         optimizer.step()
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
                         grad_norm = 0.0
@@ -270,18 +289,23 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         break
                 if save_every and state.global_step % save_every == 0 and state.global_step < total_steps:
                     save()
-                if stopping:  # every process saw the same sum: they stop after this same step
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        saved = save() if state.global_step > 0 else None
+                if stopping or (world == 1 and stop.requested):  # with several processes: the same sum on every one
+                    raise _StopAfterStep
+        final_eval = evaluate()
+        state.last_metrics.update(final_eval)
+        checkpoint = save()
+    except _StopAfterStep:
+        done = last_saved is not None and last_saved.name == f"checkpoint-{state.global_step}"
+        saved = (last_saved if done else save()) if state.global_step > 0 else None
         log.close()
         where = f"checkpoint saved to {saved}; resume with --resume_from_checkpoint=auto" if saved else "no step had finished, nothing to save"
         raise TrainingInterrupted(f"interrupted at step {state.global_step}/{total_steps}: {where}") from None
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step
+        log.close()
+        raise TrainingInterrupted(f"stopped at once during step {state.global_step + 1}/{total_steps}, nothing more "
+                                  f"saved{last_good()}; resume with --resume_from_checkpoint=auto") from None
     finally:
         stop.close()
-    final_eval = evaluate()
-    state.last_metrics.update(final_eval)
-    checkpoint = save()
     log.close()
     ended = time.perf_counter()
     return LoopResult(state=state, checkpoint=checkpoint, wall_time=ended - started, history=history, started_at=started,

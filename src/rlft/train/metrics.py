@@ -8,6 +8,7 @@ attention FLOPs are ignored. Peak figures: `mfu_peak_flops`, else the table belo
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -100,19 +101,45 @@ class MetricsLog:
             self.trackers.append(tracker)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
+        """One line of strict JSON: a NaN or infinite value is written as null and its key listed under `nonfinite`."""
         if not self.enabled:
             return
-        record = {"step": step, **metrics}
+        record = {"step": step, **{k: None if _nonfinite(v) else v for k, v in metrics.items()}}
+        bad = [k for k, v in metrics.items() if _nonfinite(v)]
+        if bad:
+            record["nonfinite"] = bad
         with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(record, allow_nan=False) + "\n")
         numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for tracker in self.trackers:
             tracker.log(numbers, step=step)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the lines logged after `step` (a resumed run trains those steps again), keeping the file's order."""
+        if not self.enabled or not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _line_step(line) <= step]
+        if len(kept) != len(lines):
+            staging = self.path.with_name(self.path.name + ".tmp")
+            staging.write_text("".join(kept))
+            staging.replace(self.path)
 
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+
+
+def _nonfinite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _line_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):  # a line cut by a kill mid-write: dropped with what follows the checkpoint
+        return math.inf
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -16,7 +16,6 @@ Every collective runs on the main thread, in the same order on every rank.
 from __future__ import annotations
 
 import os
-import signal
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator
@@ -200,22 +199,6 @@ def broadcast_object(value: Any) -> Any:
     box = [value if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-class StopRequest:
-    """Ctrl-C with several processes. The launcher passes it to every process, and each would stop wherever it stood,
-    while a checkpoint needs them all at the same point: so each only notes it, the processes agree at the next step's
-    reduction, finish that step and save together. (The launcher kills them 30 s after the Ctrl-C.)"""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGINT, self._note)
-
-    def _note(self, *_: Any) -> None:
-        self.requested = True
-
-    def close(self) -> None:
-        signal.signal(signal.SIGINT, self._previous)
 
 
 def peer_failure(exc: BaseException) -> bool:

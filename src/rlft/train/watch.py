@@ -1,13 +1,40 @@
-"""Axolotl's run guards: `loss_watchdog_threshold` / `loss_watchdog_patience` and `early_stopping_patience`.
+"""What stops a run between two steps: Axolotl's guards (`loss_watchdog_threshold` / `loss_watchdog_patience`,
+`early_stopping_patience`) and Ctrl-C.
 
-The loss and eval values they see are the ones every process agrees on (all-reduced), so all processes
+The loss and eval values the guards see are the ones every process agrees on (all-reduced), so all processes
 stop at the same step. Their counters live in the checkpoint's trainer state, so a resumed run
 stops where the uninterrupted one would.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
+
+
+class StopRequest:
+    """Ctrl-C during training. A step stopped half-way cannot be saved (its batch is drawn, its update half-made),
+    so the first Ctrl-C is only noted: the loop finishes the step it is in and saves the state after it, which a
+    resume continues exactly. With several processes (the launcher passes the Ctrl-C to each) they agree at the
+    next step's reduction and save together. A second Ctrl-C with one process stops at once, saving nothing more
+    (the last checkpoint stays); with several, the launcher kills them 30 s after the first."""
+
+    def __init__(self, world: int, announce: bool):
+        self.requested = False
+        self.world, self.announce = world, announce
+        self._previous = signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, *_: Any) -> None:
+        if self.requested and self.world == 1:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.announce:  # raw write: the interrupted code may hold the console's lock
+            again = "; Ctrl-C again stops at once without saving it" if self.world == 1 else ""
+            os.write(2, f"\nCtrl-C: finishing this step, then saving a checkpoint{again}\n".encode())
+
+    def close(self) -> None:
+        signal.signal(signal.SIGINT, self._previous)
 
 
 class RunGuards:

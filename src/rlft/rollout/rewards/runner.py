@@ -385,13 +385,12 @@ class RewardRunner:
             }
             if len(distinct) > 1:
                 record["other_errors"] = [e for e in distinct if e != error]
-            failures.append(record)
             score = "NaN (unscorable)" if self.failure_score is None else f"{self.failure_score:g}"
-            logger.warning(
-                "reward function %s failed on %d of %d completions (scored %s): %s\n  example row %d:\n    prompt: %s\n"
-                "    completion: %s", function.where, record["rows"], state.rows, score, error, first_row,
-                record["example"]["prompt"], record["example"]["completion"],
-            )
+            record["summary"] = (f"reward function {function.where} failed on {record['rows']} of {state.rows} completions "
+                                 f"(scored {score}): {error}\n  example row {first_row}:\n    prompt: "
+                                 f"{record['example']['prompt']}\n    completion: {record['example']['completion']}")
+            failures.append(record)
+            logger.warning("%s", record["summary"])
         return failures
 
     def _metrics(self, values, state: _CallState) -> dict[str, float]:

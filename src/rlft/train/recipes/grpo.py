@@ -352,7 +352,7 @@ class GRPORecipe(Recipe):
         self.fresh.update({k: v for k, v in scored.metrics.items() if k.startswith("time/")})
         self.pending += scored.notes
         for failure in scored.scores.failures:
-            self.pending.append(f"reward function {failure['function']} failed: {failure['error']} (input: {failure['example']})")
+            self.pending.append(failure["summary"])
         if scored.metrics["frac_reward_zero_std"] >= 1.0:
             self.zero_signal_steps += 1
             if self.zero_signal_steps == ZERO_SIGNAL_WARN_STEPS:

@@ -1,0 +1,38 @@
+"""metrics.jsonl stays usable: strict JSON (a non-finite value is null, named under `nonfinite`), and a resumed run
+drops what was logged after its checkpoint instead of repeating those steps."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rlft.train.metrics import MetricsLog, read_metrics
+
+
+def _strict(path):
+    return [json.loads(line, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+            for line in path.read_text().splitlines()]
+
+
+def test_non_finite_values_are_written_as_null_and_named(config, tmp_path):
+    log = MetricsLog(config(), tmp_path)
+    log.write(1, {"loss": math.nan, "grad_norm": math.inf, "reward": -math.inf, "tokens": 12, "ok": True})
+    log.write(2, {"loss": 0.5})
+    first, second = _strict(tmp_path / "metrics.jsonl")
+    assert first == {"step": 1, "loss": None, "grad_norm": None, "reward": None, "tokens": 12, "ok": True,
+                     "nonfinite": ["loss", "grad_norm", "reward"]}
+    assert second == {"step": 2, "loss": 0.5}
+
+
+def test_truncate_after_keeps_the_checkpoint_step_and_drops_later_and_cut_lines(config, tmp_path):
+    log = MetricsLog(config(), tmp_path)
+    for step in (0, 1, 2, 3, 4, 5):
+        log.write(step, {"loss": float(step)})
+    with open(log.path, "a") as handle:
+        handle.write('{"step": 6, "lo')  # killed mid-write
+    log.truncate_after(3)
+    assert [m["step"] for m in read_metrics(log.path)] == [0, 1, 2, 3]
+    log.write(4, {"loss": 4.5})
+    assert [(m["step"], m["loss"]) for m in read_metrics(log.path)][-2:] == [(3, 3.0), (4, 4.5)]
+    log.truncate_after(10)  # nothing after: the file is left as it is
+    assert len(read_metrics(log.path)) == 5
