@@ -178,11 +178,13 @@ def test_named_templates_add_their_markers_and_train_only_the_answers(mistral_to
     apply_chat_template_setting(tokenizer, name, None)
     for marker in TEMPLATES[name][1]:
         assert len(tokenizer(marker, add_special_tokens=False)["input_ids"]) == 1, marker
-    chat = CHAT if name == "gemma" else [{"role": "system", "content": "Be brief."}, *CHAT]
+    # gemma has no system role; mistral_v3_tekken writes the system message only into a last user message
+    chat = CHAT if name in ("gemma", "mistral_v3_tekken") else [{"role": "system", "content": "Be brief."}, *CHAT]
     example = tokenize_record({"messages": chat}, tokenizer, False, ["assistant"], "turn")
     ids = [t for t, label in zip(example["input_ids"], example["labels"]) if label != IGNORE]
     eot = end_of_turn_token(tokenizer)
-    assert tokenizer.decode(ids).replace(" ", "") == f"Paris{eot}Rome,ofcourse.{eot}"
+    # SentencePiece decodes ▁ as a space, in added tokens too (deepseek_v3's <｜end▁of▁sentence｜>)
+    assert tokenizer.decode(ids).replace(" ", "") == f"Paris{eot}Rome,ofcourse.{eot}".replace("▁", "")
 
 
 def test_a_template_the_tokenizer_has_wins_over_the_fallback(mistral_tokenizer):

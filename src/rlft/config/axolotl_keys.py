@@ -507,8 +507,8 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
     from rlft.models.chat_templates import NOT_SHIPPED
 
     if cfg.chat_template in NOT_SHIPPED:
-        refused.append((f"chat_template: {cfg.chat_template}", "rlft does not ship this Axolotl template: set chat_template: "
-                        "tokenizer_default (the checkpoint's own template, the same one for its models) or chat_template_jinja"))
+        refused.append((f"chat_template: {cfg.chat_template}", "a vision template; use a text template or tokenizer_default "
+                        "(rlft trains text-only models)"))
     model_type = cfg.model_type or "AutoModelForCausalLM"
     if cfg.method == "reward_model" and model_type not in ("AutoModelForCausalLM", "AutoModelForSequenceClassification"):
         refused.append((f"model_type: {model_type}", "reward models load as AutoModelForSequenceClassification (one score head)"))

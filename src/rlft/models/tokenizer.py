@@ -109,7 +109,8 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> Non
 def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The string that closes an assistant turn in this tokenizer's template (for train_on_eos)."""
     template = getattr(tokenizer, "chat_template", None) or ""
-    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|END_OF_TURN_TOKEN|>", "[|endofturn|]", "</s>"):
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|eot|>", "<|end|>", "<end_of_turn>", "<turn|>", "<|END_RESPONSE|>",
+                   "<|END_OF_TURN_TOKEN|>", "[|endofturn|]", "<|eom|>", "<｜end▁of▁sentence｜>", "</s>"):
         if marker in template:
             return marker
     return tokenizer.eos_token
