@@ -401,3 +401,21 @@ def test_reused_batches_with_sampling_filters_cache_filtered_logps(warm_model, c
                           trl={"num_iterations": 2, "top_p": 0.9, "off_policy_mask_threshold": 0.5})
     assert cli("train", config) == 0
     assert len([m for m in _metrics(tmp_path / "out") if "loss" in m]) == 2
+
+
+def test_log_completions_writes_every_completion_and_prints_the_first_n(warm_model, cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n"
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], max_steps=2, logging_steps=1,
+                          trl={"log_completions": True, "num_completions_to_print": 3})
+    assert cli("train", config) == 0
+    printed = capsys.readouterr().out
+    lines = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 8 and {line["step"] for line in lines} == {1, 2}  # 2 generation batches of 8 completions
+    module = next(iter(lines[0]["rewards"]))
+    assert set(lines[0]) == {"step", "prompt", "completion", "rewards", "weight_version", "advantage"}
+    for batch in (1, 2):
+        assert f"completions of generation batch {batch} (3 of 8):" in printed
+        shown = [line for line in lines if line["step"] == batch][:3]
+        for record in shown:
+            assert f"{record['prompt']!r} -> {record['completion']!r}  [{module} " in printed

@@ -193,3 +193,17 @@ def test_dpo_resume_is_exact_including_loss_state(warm_model, cli, tmp_path):
     assert [first[3], first[4]] == [second[3], second[4]]
     state = json.loads((tmp_path / "a" / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["recipe_state"]["bco_count"] == 8  # 2 steps x 2 pairs x (chosen + rejected)
+
+
+def test_orpo_sequence_span_takes_the_nll_over_the_prompt_too(warm_model, cli, tmp_path):
+    """TRL's span (orpo_nll_span: sequence): the prompt tokens join the NLL, which changes nll_loss and the loss."""
+    def run(span):
+        out = tmp_path / span
+        config = _pair_config(tmp_path, warm_model, _pairs(8), rl="orpo", max_steps=1, logging_steps=1,
+                              orpo_nll_span=span, output_dir=str(out))
+        assert cli("train", config) == 0
+        return next(m for m in read_metrics(out / "metrics.jsonl") if "loss" in m)
+
+    answer, sequence = run("answer"), run("sequence")
+    assert answer["log_odds_ratio"] == sequence["log_odds_ratio"]  # the odds term is the answers' either way
+    assert answer["nll_loss"] != sequence["nll_loss"] and answer["loss"] != sequence["loss"]

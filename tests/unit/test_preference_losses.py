@@ -520,3 +520,31 @@ def test_chosen_nll_per_pair_or_over_the_batch_tokens():
     batch = chosen_nll(logps, lengths, "batch")
     assert batch.tolist() == [1.0, 1.5] and float(batch.mean()) == 1.25
     assert chosen_nll(torch.tensor([0.0]), torch.tensor([0]), "pair").tolist() == [0.0]  # an empty answer: no division by 0
+
+
+def test_orpo_sequence_span_is_trls_cross_entropy_over_prompt_and_answer(tmp_path):
+    """`orpo_nll_span: sequence` + `chosen_nll_average: batch` is TRL's decoder-only ORPO NLL: labels = input_ids where
+    attention_mask is 1, cross-entropy mean over every chosen token after the first (prompt included)."""
+    import torch.nn.functional as F
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.data.preference import pair_batch
+    from rlft.losses.preference import chosen_nll
+    from rlft.models.tiny import write_tiny_model
+    from rlft.train.recipes.preference import sequence_logps
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_tiny_model(tmp_path / "m")))
+    examples = [{"prompt_ids": [5, 6, 7], "chosen_ids": [8, 9], "rejected_ids": [10]},
+                {"prompt_ids": [11], "chosen_ids": [12, 13, 14, 15], "rejected_ids": [16, 17]}]
+    batch = pair_batch(examples, pad_id=0)
+    out = sequence_logps(model, batch, whole_rows=2)
+    ours = chosen_nll(out.sequence_logps, out.sequence_lengths, "batch").mean()
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:2]
+    labels = torch.where(batch["attention_mask"][:2].bool(), batch["input_ids"][:2], -100)
+    trl = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert out.sequence_lengths.tolist() == [4, 4]  # 3 + 2 tokens and 1 + 4 tokens, the first one never a target
+    assert torch.allclose(ours, trl, atol=1e-6)
+    answer_only = chosen_nll(out.logps[:2], out.lengths[:2], "batch").mean()
+    assert not torch.allclose(answer_only, trl)  # the default span (the paper's) differs

@@ -442,7 +442,6 @@ DATASET = {
 }
 
 TRL = {
-    'num_completions_to_print': ('trl', None),
     'use_liger_loss': ('trl', None),
     'vllm_enable_sleep_mode': ('trl', None),
     'vllm_guided_decoding_regex': ('trl', None),

@@ -58,6 +58,7 @@ class RLSettings:
     rollout_func: str | None
     mask_truncated_completions: bool
     log_completions: bool
+    num_completions_to_print: int | None
     # batching
     prompts_per_step: int
     num_iterations: int
@@ -178,6 +179,7 @@ def rl_settings(cfg) -> RLSettings:
         stop_strings=tuple(kwargs.get("stop") or ()), ignore_eos=bool(kwargs.get("ignore_eos", False)),
         chat_template_kwargs=options["chat_template_kwargs"], rollout_func=options["rollout_func"],
         mask_truncated_completions=options["mask_truncated_completions"], log_completions=bool(options["log_completions"]),
+        num_completions_to_print=options["num_completions_to_print"],
         prompts_per_step=completions_per_step // group, num_iterations=options["num_iterations"],
         steps_per_generation=options["steps_per_generation"], scale_rewards=scale,
         multi_objective_aggregation=options["multi_objective_aggregation"], advantage_estimator=options["advantage_estimator"],

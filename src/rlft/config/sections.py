@@ -134,7 +134,12 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     )
     log_completions: Optional[bool] = field(
         False,
-        "Log sampled completions with their rewards.",
+        "Log sampled completions with their rewards (every completion to output_dir/completions.jsonl).",
+    )
+    num_completions_to_print: Optional[int] = field(
+        None,
+        "Print this many completions of each generation batch (prompt, completion, rewards, advantage) on the console; "
+        "None prints none (TRL prints all when log_completions is on).", ge=1,
     )
 
     # ---- batching and schedule --------------------------------------------------------------
@@ -737,6 +742,12 @@ class PreferenceFields(Section):
         "How the chosen-answer NLL of CPO/SimPO (cpo_alpha), ORPO and DPO's `sft` loss type / rpo_alpha is averaged: "
         "pair = each pair's mean over its tokens, then the mean over pairs (the papers'); batch = the mean over every "
         "chosen token of the micro-batch (TRL's cross-entropy), which weights long answers more.",
+    )
+    orpo_nll_span: Literal["answer", "sequence"] = field(
+        "answer",
+        "Tokens of ORPO's NLL term: answer = the chosen answer's (the paper's L_SFT, https://arxiv.org/abs/2403.07691 "
+        "eq. 2); sequence = prompt and answer, as TRL's decoder-only ORPOTrainer (with chosen_nll_average: batch, TRL's "
+        "loss exactly).",
     )
     simpo_gamma: float = field(
         0.5,

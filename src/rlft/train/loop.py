@@ -170,6 +170,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         for message in recipe.messages():
             if main:
                 console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
+        for line in recipe.reports():
+            if main:
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def evaluate() -> dict[str, float]:
         if not recipe.eval_batches:

@@ -64,6 +64,11 @@ class Recipe:
         return loop_epochs
 
     def messages(self) -> list[str]:
+        """Warnings for the loop to print (once each)."""
+        return []
+
+    def reports(self) -> list[str]:
+        """Plain lines for the loop to print, e.g. sampled completions (`trl.num_completions_to_print`)."""
         return []
 
     def final_warnings(self) -> list[str]:

@@ -115,6 +115,7 @@ class GRPORecipe(Recipe):
         self.batch_metrics: dict[str, float] = {}  # describe the generation batch being trained on
         self.fresh: dict[str, float] = {}  # this step's own (phase times, skips)
         self.pending: list[str] = []  # warnings for the loop to print
+        self.shown: list[str] = []  # sampled completions for the loop to print (trl.num_completions_to_print)
         self.empty_reason = "skipped_zero_adv_batches"  # the metric of a step with nothing to train on
         self.zero_signal_steps = self.steps_with_signal = 0
         self._restored: dict[str, Any] = {}
@@ -275,6 +276,10 @@ class GRPORecipe(Recipe):
         fresh, self.fresh = self.fresh, {}
         return {**self.batch_metrics, **fresh}
 
+    def reports(self) -> list[str]:
+        shown, self.shown = self.shown, []
+        return shown
+
     def messages(self) -> list[str]:
         pending, self.pending = self.pending, []
         return pending
@@ -312,7 +317,7 @@ class GRPORecipe(Recipe):
         scored = broadcast_object(self.feed.next_batch() if self.rank == 0 else None)  # on the main thread, as every collective
         self._take_metrics(scored)
         rows = self._within_staleness(self.rows_of(scored))
-        if s.log_completions and self.rank == 0:
+        if (s.log_completions or s.num_completions_to_print) and self.rank == 0:
             self._log_completions(scored)
         # no update on these steps: no learning signal, or every row older than allowed_outdated_steps
         self.empty_reason = "skipped_zero_adv_batches" if scored.skip else "async/stale_batches_skipped"
@@ -412,17 +417,28 @@ class GRPORecipe(Recipe):
             self.reference.mix(merged_weights(model), s.ref_model_mixup_alpha)
 
     def _log_completions(self, scored: ScoredBatch) -> None:
-        """Every completion of this generation batch to output_dir/completions.jsonl (TRL's log_completions)."""
-        path = Path(self.cfg.output_dir) / "completions.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Every completion of this generation batch to output_dir/completions.jsonl (TRL's log_completions), and the
+        first `num_completions_to_print` to the console."""
         rollout, scores = scored.rollout, scored.scores
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        with open(path, "a") as handle:
-            for index, text in enumerate(texts):
-                rewards = {name: _finite_or_none(scores.column(name)[index]) for name in scores.names}
-                handle.write(json.dumps({"step": self.producer.generations, "prompt": scored.prompt_of(index)["prompt"],
-                                         "completion": text, "rewards": rewards, "weight_version": rollout.weight_versions[index],
-                                         "advantage": round(float(scored.advantages[index]), 6)}) + "\n")
+        records = []
+        for index, text in enumerate(texts):
+            rewards = {name: _finite_or_none(scores.column(name)[index]) for name in scores.names}
+            records.append({"step": self.producer.generations, "prompt": scored.prompt_of(index)["prompt"], "completion": text,
+                            "rewards": rewards, "weight_version": rollout.weight_versions[index],
+                            "advantage": round(float(scored.advantages[index]), 6)})
+        if self.settings.log_completions:
+            path = Path(self.cfg.output_dir) / "completions.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as handle:
+                handle.writelines(json.dumps(record) + "\n" for record in records)
+        shown = records[: self.settings.num_completions_to_print or 0]
+        if shown:
+            self.shown.append(f"completions of generation batch {self.producer.generations} ({len(shown)} of {len(records)}):")
+            for record in shown:
+                rewards = ", ".join(f"{name} {value:.3g}" if value is not None else f"{name} -" for name, value in record["rewards"].items())
+                prompt = record["prompt"] if isinstance(record["prompt"], str) else json.dumps(record["prompt"])[-200:]
+                self.shown.append(f"  {prompt!r} -> {record['completion']!r}  [{rewards}; advantage {record['advantage']:+.3f}]")
 
 
 def my_micro_batches(window: list[TrainingRow], rank: int, world: int, size: int, accumulation: int):

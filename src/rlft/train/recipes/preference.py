@@ -37,17 +37,25 @@ class SequenceLogps:
     mask: torch.Tensor  # (N, T-1) completion-token positions
     mean_logits: torch.Tensor  # (N,) mean logit over completion positions (TRL's logits/* metric), detached
     log_sum_sq_probs: torch.Tensor | None = None  # (N, T-1) WPO alignment term, only when asked for
+    sequence_logps: torch.Tensor | None = None  # (rows,) log-prob of every token after the first (prompt included)
+    sequence_lengths: torch.Tensor | None = None  # (rows,) those tokens
 
 
-def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False) -> SequenceLogps:
+def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False, whole_rows: int = 0) -> SequenceLogps:
+    """`whole_rows`: also the log-prob of the whole text (prompt and answer) of the first `whole_rows` rows."""
     logits = model(**{k: batch[prefix + k] for k in INPUTS}, use_cache=False).logits
     nll, mask = token_nll(logits, batch[prefix + "labels"])
     lengths = mask.sum(-1)
+    whole = whole_lengths = None
+    if whole_rows:
+        ids, attention = batch[prefix + "input_ids"][:whole_rows], batch[prefix + "attention_mask"][:whole_rows]
+        whole_nll, whole_mask = token_nll(logits[:whole_rows], torch.where(attention.bool(), ids, -100))
+        whole, whole_lengths = -whole_nll.sum(-1), whole_mask.sum(-1)
     with torch.no_grad():
         per_position = logits[:, :-1].float().mean(-1)
         mean_logits = (per_position * mask).sum(-1) / lengths.clamp_min(1)
         sum_sq = L.token_log_sum_squared_probs(logits[:, :-1]) if wpo else None
-    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq)
+    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq, whole, whole_lengths)
 
 
 def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], prefix: str = "") -> SequenceLogps:
@@ -95,9 +103,11 @@ class PairRecipe(Recipe):
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         cfg = self.cfg
         pairs = batch["input_ids"].shape[0] // 2
-        out = sequence_logps(model, batch, wpo=cfg.dpo_use_weighting)
+        whole = self.method == "orpo" and cfg.orpo_nll_span == "sequence"  # TRL's span: prompt and answer
+        out = sequence_logps(model, batch, wpo=cfg.dpo_use_weighting, whole_rows=pairs if whole else 0)
         lengths_c, lengths_r = out.lengths[:pairs].float(), out.lengths[pairs:].float()
-        chosen_nll = L.chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average)
+        chosen_nll = (L.chosen_nll(out.sequence_logps, out.sequence_lengths, cfg.chosen_nll_average) if whole else
+                      L.chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average))
         if self.method in ("dpo", "ipo"):
             chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
             started = time.perf_counter()
