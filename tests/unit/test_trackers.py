@@ -9,7 +9,8 @@ from rlft.config.trackers import missing_tracker_packages, tracker_specs
 
 def test_axolotl_tracker_keys_turn_trackers_on(config):
     cfg = config(use_tensorboard=True, wandb_project="p", wandb_entity="me", mlflow_tracking_uri="file:/tmp/ml",
-                 comet_project_name="c", comet_online=False, trackio_project_name="t", trackio_space_id="me/space")
+                 comet_project_name="c", comet_online=False, trackio_project_name="t", trackio_space_id="me/space",
+                 swanlab_project="s", swanlab_experiment_name="e", swanlab_mode="offline", swanlab_workspace="team")
     specs = {spec.name: spec.arguments for spec in tracker_specs(cfg)}
     assert specs == {
         "tensorboard": {"run_name": "runs", "logging_dir": "./outputs"},
@@ -17,14 +18,16 @@ def test_axolotl_tracker_keys_turn_trackers_on(config):
         "mlflow": {"experiment_name": "rlft", "run_name": None},
         "comet_ml": {"run_name": "c", "online": False},
         "trackio": {"run_name": "t", "space_id": "me/space"},
+        "swanlab": {"run_name": "s", "experiment_name": "e", "mode": "offline", "workspace": "team"},
     }
+    assert tracker_specs(config(use_swanlab=False, swanlab_project="s")) == []  # Axolotl's switch, explicitly off
     assert tracker_specs(config()) == []
     assert tracker_specs(config(use_mlflow=False, mlflow_tracking_uri="file:/tmp/ml")) == []  # explicitly off
 
 
 @pytest.mark.parametrize("overrides, package", [
     ({"use_wandb": True}, "wandb"), ({"mlflow_experiment_name": "x"}, "mlflow"), ({"use_comet": True}, "comet"),
-    ({"use_trackio": True}, "trackio"),
+    ({"use_trackio": True}, "trackio"), ({"swanlab_project": "s"}, "swanlab"),
 ])
 def test_a_tracker_without_its_package_is_refused_before_anything_loads(config, overrides, package):
     from rlft.errors import ConfigError

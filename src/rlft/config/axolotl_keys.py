@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 REASONS = {
     "tracker": "this tracker option is not built in rlft: it logs to metrics.jsonl and, through accelerate, to TensorBoard, "
-               "W&B, MLflow, Comet and Trackio (docs/training.md#experiment-trackers)",
+               "W&B, MLflow, Comet, Trackio and SwanLab (docs/training.md#experiment-trackers)",
     "ui": "Axolotl's Gradio demo is not part of rlft: sample with `rlft generate CHECKPOINT --prompt ...`",
     "kernel": "a GPU kernel or compilation switch of Axolotl that rlft has not wired in: the model runs with transformers' own "
               "layers and attention (attn_implementation)",
@@ -361,19 +361,13 @@ TOP_LEVEL = {
     'streaming_multipack_buffer_size': ('other', 10000),
     'strict': ('other', False),
     'swanlab_api_host': ('tracker', None),
-    'swanlab_api_key': ('tracker', None),
     'swanlab_completion_log_interval': ('tracker', 100),
     'swanlab_completion_max_buffer': ('tracker', 128),
-    'swanlab_description': ('tracker', None),
-    'swanlab_experiment_name': ('tracker', None),
     'swanlab_lark_secret': ('tracker', None),
     'swanlab_lark_webhook_url': ('tracker', None),
     'swanlab_log_completions': ('tracker', True),
     'swanlab_log_model': ('tracker', False),
-    'swanlab_mode': ('tracker', None),
-    'swanlab_project': ('tracker', None),
     'swanlab_web_host': ('tracker', None),
-    'swanlab_workspace': ('tracker', None),
     'tensor_parallel_size': ('parallel', None),
     'tiled_mlp': ('kernel', None),
     'tiled_mlp_num_shards': ('kernel', None),
@@ -402,7 +396,6 @@ TOP_LEVEL = {
     'use_ray': ('launcher', False),
     'use_scattermoe': ('kernel', None),
     'use_sonicmoe': ('kernel', None),
-    'use_swanlab': ('tracker', True),
     'wandb_log_model': ('tracker', None),
     'wandb_run_id': ('tracker', None),
     'wandb_watch': ('tracker', None),

@@ -1,7 +1,7 @@
 """Experiment trackers: the Axolotl keys of each, and the accelerate tracker they turn on.
 
-metrics.jsonl is always written; these add TensorBoard, Weights & Biases, MLflow, Comet or Trackio
-through accelerate's tracker classes. A tracker that is configured but whose package is missing is
+metrics.jsonl is always written; these add TensorBoard, Weights & Biases, MLflow, Comet, Trackio or
+SwanLab through accelerate's tracker classes. A tracker that is configured but whose package is missing is
 an error before the model loads (`missing_tracker_packages`).
 """
 
@@ -37,6 +37,13 @@ class TrackerFields(Section):
     trackio_project_name: Optional[str] = field(None, "Trackio project (default: rlft).")
     trackio_run_name: Optional[str] = field(None, "Trackio run name.")
     trackio_space_id: Optional[str] = field(None, "Hugging Face Space that hosts the Trackio dashboard.")
+    use_swanlab: Optional[bool] = field(None, "Also log to SwanLab (needs swanlab); swanlab_project turns it on too (false: off).")
+    swanlab_project: Optional[str] = field(None, "SwanLab project (default: rlft).")
+    swanlab_experiment_name: Optional[str] = field(None, "SwanLab experiment name.")
+    swanlab_description: Optional[str] = field(None, "SwanLab experiment description.")
+    swanlab_workspace: Optional[str] = field(None, "SwanLab workspace (organisation).")
+    swanlab_mode: Optional[Literal["cloud", "local", "offline", "disabled"]] = field(None, "SwanLab mode (default: cloud).")
+    swanlab_api_key: Optional[str] = field(None, "SwanLab API key (default: SWANLAB_API_KEY or `swanlab login`).")
 
 
 @dataclass
@@ -67,6 +74,11 @@ def tracker_specs(cfg) -> list[TrackerSpec]:
         extra = {k: v for k, v in (("name", cfg.trackio_run_name), ("space_id", cfg.trackio_space_id)) if v}
         specs.append(TrackerSpec("trackio", "trackio", "use_trackio / trackio_project_name",
                                  {"run_name": cfg.trackio_project_name or "rlft", **extra}))
+    if cfg.use_swanlab or (cfg.use_swanlab is None and cfg.swanlab_project):
+        extra = {k: v for k, v in (("experiment_name", cfg.swanlab_experiment_name), ("description", cfg.swanlab_description),
+                                   ("workspace", cfg.swanlab_workspace), ("mode", cfg.swanlab_mode)) if v}
+        specs.append(TrackerSpec("swanlab", "swanlab", "use_swanlab / swanlab_project",
+                                 {"run_name": cfg.swanlab_project or "rlft", **extra}))
     return specs
 
 

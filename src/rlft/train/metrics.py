@@ -79,7 +79,7 @@ class _Phase:
 
 class MetricsLog:
     """Writes one JSON object per logged step to output_dir/metrics.jsonl, and to the configured trackers
-    (accelerate's TensorBoard, W&B, MLflow, Comet and Trackio trackers: config/trackers.py)."""
+    (accelerate's TensorBoard, W&B, MLflow, Comet, Trackio and SwanLab trackers: config/trackers.py)."""
 
     def __init__(self, cfg, output_dir: Path, enabled: bool = True) -> None:
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS
@@ -95,6 +95,8 @@ class MetricsLog:
         for spec in tracker_specs(cfg):
             if spec.name == "mlflow" and cfg.mlflow_tracking_uri:
                 os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
+            if spec.name == "swanlab" and cfg.swanlab_api_key:
+                os.environ.setdefault("SWANLAB_API_KEY", cfg.swanlab_api_key)
             tracker = LOGGER_TYPE_TO_CLASS[spec.name](**spec.arguments)
             tracker.start()
             tracker.store_init_configuration(_flat(cfg.model_dump(mode="json", exclude_unset=True)))
