@@ -131,3 +131,43 @@ def test_random_ctrl_c_and_kill_resume_to_the_uninterrupted_run(method, request,
         assert torch.equal(a[name], b[name]), name
     for line in (faulty / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda name: pytest.fail(f"metrics.jsonl holds {name}"))  # strict JSON
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_finishes_the_step_and_a_second_one_stops_at_once(presses, warm_model, tmp_path):
+    """A slow reward function holds step 2 open. One Ctrl-C: step 2 finishes and is saved. Two: it stops inside
+    step 2 and names checkpoint-1, which stays the newest and resumes."""
+    from rlft.train.checkpoint import resolve_resume
+
+    calls, out = tmp_path / "calls", tmp_path / "out"
+    config = _grpo(tmp_path, warm_model, out)
+    (tmp_path / "interrupt_rewards.py").write_text(  # replaces _grpo's reward function with a slow one
+        "import time\n"
+        f"def r(completions, answer, **kwargs):\n    open({str(calls)!r}, 'a').write('x')\n    time.sleep(2)\n"
+        "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
+    config.write_text(config.read_text().replace("save_steps: 2", "save_steps: 1").replace("max_steps: 24", "max_steps: 6"))
+    process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(tmp_path)))
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (calls.exists() and len(calls.read_text()) >= 2):  # inside step 2
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before step 2"
+        for _ in range(presses):
+            time.sleep(0.3)
+            process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    err = " ".join(err.split())
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert "Ctrl-C: finishing this step, then saving a checkpoint" in err
+    if presses == 1:
+        assert f"interrupted at step 2/6: checkpoint saved to {out / 'checkpoint-2'}" in err
+        assert resolve_resume("auto", out) == out / "checkpoint-2"
+    else:
+        assert f"stopped at once during step 2/6, nothing more saved; the last good checkpoint is {out / 'checkpoint-1'}" in err
+        assert resolve_resume("auto", out) == out / "checkpoint-1" and not (out / "checkpoint-2").exists()

@@ -28,6 +28,15 @@ class Decoded(NamedTuple):
     top_logprobs: list[list[list[tuple[int, float]]]] | None
 
 
+def _cache_keyword(model) -> str:
+    """The name the model's forward takes its KV cache by: `cache` since transformers 5.24 (`past_key_values`, its
+    earlier name, still works there but warns on every call)."""
+    import inspect
+
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(target).forward).parameters else "past_key_values"
+
+
 class LocalEngine:
     """Batched sampling from an in-memory causal LM that this engine owns (kept in eval mode, no gradients).
 
@@ -106,9 +115,9 @@ class LocalEngine:
             # counted, not scattered as booleans: a padding column must not clear a token the prompt does hold
             seen = torch.zeros((count, vocab), dtype=torch.long, device=device).scatter_add_(1, input_ids, attention) > 0
         stop = torch.tensor(params.stop_token_ids or [-1], device=device)
-        cache = DynamicCache()
+        cache = {_cache_keyword(self.model): DynamicCache()}
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True).logits[:, -1]
+                            use_cache=True, **cache).logits[:, -1]
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
         end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
@@ -137,7 +146,7 @@ class LocalEngine:
             attention = torch.cat([attention, torch.ones((count, 1), dtype=attention.dtype, device=device)], dim=1)
             next_position = next_position + 1
             logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+                                use_cache=True, **cache).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()
         ends = [end + 1 if end >= 0 else len(tokens[0]) for end in end_step.tolist()]
         top_rows: list[list[list[tuple[int, float]]]] = []
