@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignment is validated."""
+    """Base of every config section: unknown keys are errors, assignment is validated, and no number may be NaN or
+    infinite (`.nan` / `.inf` in YAML would train silently wrong: every key says how to turn its feature off)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
 
 
 def field(default: Any = None, description: str = "", **kwargs: Any) -> Any:

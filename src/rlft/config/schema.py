@@ -211,7 +211,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                        ge=0.0, le=1.0)
     warmup_steps: Optional[int] = field(None, "Linear warm-up steps.", ge=0)
     warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps.", ge=0.0, le=1.0)
-    seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling.", ge=0)
+    seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling (numpy takes 0 to 2**32 - 1).",
+                      ge=0, le=2**32 - 1)
     logging_steps: int = field(1, "Log every N optimizer steps.")
     eval_steps: Optional[int] = field(None, "Evaluate every N steps (default: at the end only).", ge=1)
     evals_per_epoch: Optional[int] = field(None, "Evaluate this many times per epoch, evenly spaced (instead of eval_steps); "
