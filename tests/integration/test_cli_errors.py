@@ -54,7 +54,7 @@ def test_row_missing_field(cli, capsys, make_config, tmp_path):
     data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"conversation": []}\n')
     assert cli("train", make_config(datasets=[{"path": str(data), "type": "chat_template"}])) == 1
     err = capsys.readouterr().err
-    assert "datasets[0]" in err and "row 1" in err and "'messages'" in err
+    assert "datasets[0]" in err and "line 2" in err and "'messages'" in err
 
 
 def test_everything_dropped(cli, capsys, make_config):

@@ -47,7 +47,7 @@ def _config(tmp_path, model, rows, **settings):
 def test_rows_without_ground_truth_are_explained(warm_model, cli, tmp_path, capsys):
     assert cli("train", _config(tmp_path, warm_model, [{"prompt": "1+1="}] * 4)) == 1
     err = capsys.readouterr().err
-    assert "datasets[0]" in err and "row 0: no ground truth" in err
+    assert "datasets[0]" in err and "line 1: no ground truth" in err
 
 
 def test_opencode_transform_and_lora_feature_network(warm_model, cli, tmp_path):

@@ -151,7 +151,7 @@ def test_empty_chosen_names_the_row(warm_model, cli, tmp_path, capsys):
     rows = _pairs(3) + [{"prompt": "1+1=", "chosen": " ", "rejected": "3"}]
     assert cli("train", _pair_config(tmp_path, warm_model, rows)) == 1
     err = capsys.readouterr().err
-    assert "row 3" in err and "chosen" in err
+    assert "line 4: field 'chosen' is empty" in err
 
 
 def test_kto_with_one_label_class_is_explained(warm_model, cli, tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from rlft.data.formats import resolve_sft_format
-from rlft.data.loading import load_rows
+from rlft.data.loading import load_rows, unpack
 from rlft.data.prepare import prepare_sft_data, tokenize_dataset
 from rlft.data.tokenize import IGNORE, tokenize_record
 from rlft.errors import DataError
@@ -28,6 +28,11 @@ def entry(data_config, **dataset):
     return data_config(dataset).datasets[0]
 
 
+def column(rows, name: str) -> list:
+    """One field of every loaded row, as its user wrote it."""
+    return [unpack(row)[1][name] for row in rows]
+
+
 def trained_text(example, tok) -> str:
     return tok.decode([token for token, label in zip(example["input_ids"], example["labels"]) if label != IGNORE])
 
@@ -37,27 +42,27 @@ def trained_text(example, tok) -> str:
 
 def test_load_jsonl_file(write_jsonl, data_config):
     rows = load_rows(entry(data_config, path=str(write_jsonl(ROWS, "a.jsonl"))), 0)
-    assert rows["n"] == list(range(10))
-    assert rows[3] == {"n": 3, "text": "row 3"}
+    assert column(rows, "n") == list(range(10))
+    assert unpack(rows[3]) == ("line 4", {"n": 3, "text": "row 3"})
 
 
 def test_load_json_array_file(tmp_path, data_config):
     path = tmp_path / "a.json"
     path.write_text(json.dumps(ROWS))
-    assert load_rows(entry(data_config, path=str(path)), 0)["n"] == list(range(10))
+    assert column(load_rows(entry(data_config, path=str(path)), 0), "n") == list(range(10))
 
 
 def test_load_csv_file(tmp_path, data_config):
     path = tmp_path / "a.csv"
     path.write_text("n,text\n" + "".join(f"{r['n']},{r['text']}\n" for r in ROWS))
     rows = load_rows(entry(data_config, path=str(path)), 0)
-    assert rows["text"] == [r["text"] for r in ROWS]
+    assert column(rows, "text") == [r["text"] for r in ROWS]
 
 
 def test_load_parquet_file(tmp_path, data_config):
     path = tmp_path / "a.parquet"
     Dataset.from_list(ROWS).to_parquet(str(path))
-    assert load_rows(entry(data_config, path=str(path)), 0)["n"] == list(range(10))
+    assert column(load_rows(entry(data_config, path=str(path)), 0), "n") == list(range(10))
 
 
 def test_load_folder_of_jsonl_files(tmp_path, data_config):
@@ -65,17 +70,17 @@ def test_load_folder_of_jsonl_files(tmp_path, data_config):
     folder.mkdir()
     (folder / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4]))
     (folder / "part-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[4:]))
-    assert sorted(load_rows(entry(data_config, path=str(folder)), 0)["n"]) == list(range(10))
+    assert sorted(column(load_rows(entry(data_config, path=str(folder)), 0), "n")) == list(range(10))
 
 
 def test_load_saved_dataset(tmp_path, data_config):
     Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
-    assert load_rows(entry(data_config, path=str(tmp_path / "saved")), 0)["n"] == list(range(10))
+    assert column(load_rows(entry(data_config, path=str(tmp_path / "saved")), 0), "n") == list(range(10))
 
 
 def test_load_saved_dataset_dict_named_split(tmp_path, data_config):
     DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:2])}).save_to_disk(str(tmp_path / "dd"))
-    assert load_rows(entry(data_config, path=str(tmp_path / "dd"), split="test"), 0)["n"] == [0, 1]
+    assert column(load_rows(entry(data_config, path=str(tmp_path / "dd"), split="test"), 0), "n") == [0, 1]
     assert len(load_rows(entry(data_config, path=str(tmp_path / "dd")), 0)) == 10
 
 
@@ -102,7 +107,7 @@ def test_load_ds_type_overrides_extension(tmp_path, data_config):
     [("train[:3]", [0, 1, 2]), ("train[2:5]", [2, 3, 4]), ("train[:50%]", [0, 1, 2, 3, 4]), ("train[-2:]", [8, 9])],
 )
 def test_split_slices(write_jsonl, data_config, split, expected):
-    assert load_rows(entry(data_config, path=str(write_jsonl(ROWS)), split=split), 0)["n"] == expected
+    assert column(load_rows(entry(data_config, path=str(write_jsonl(ROWS)), split=split), 0), "n") == expected
 
 
 def test_missing_data_file_names_path(tmp_path, monkeypatch, data_config):
@@ -166,6 +171,103 @@ def test_empty_saved_dataset(tmp_path, data_config):
 def test_bad_slice(write_jsonl, data_config, split, message):
     with pytest.raises(DataError, match=message):
         load_rows(entry(data_config, path=str(write_jsonl(ROWS)), split=split), 0)
+
+
+# ---------------------------------------------------------------- strict rows: the user's values, the user's lines
+
+
+def _tokenize_file(tmp_path, data_config, tok, content: bytes | str, name: str = "rows.jsonl", **dataset):
+    path = tmp_path / name
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    cfg = data_config({"path": str(path), **dataset})
+    return path, cfg
+
+
+@pytest.mark.parametrize(
+    "row, dataset, message",
+    [
+        ({"instruction": ["a", "b"], "output": "x"}, {"type": "alpaca"}, r"field 'instruction' is a list \(\['a', 'b'\]\), expected text"),
+        ({"instruction": "a", "output": {"t": 1}}, {"type": "alpaca"}, r"field 'output' is a mapping"),
+        ({"instruction": "a", "input": 3, "output": "x"}, {"type": "alpaca"}, r"field 'input' is a number \(3\)"),
+        ({"text": 5}, {"type": "completion"}, r"field 'text' is a number \(5\), expected text"),
+        ({"prompt": "p", "completion": True}, {}, r"field 'completion' is a boolean"),
+        ({"messages": [{"role": "user", "content": {"a": 1}}]}, {"type": "chat_template"}, r"field 'messages\[0\]\.content' is a mapping"),
+        ({"messages": [{"role": ["user"], "content": "a"}]}, {"type": "chat_template"}, r"field 'messages\[0\]\.role' is a list"),
+    ],
+)
+def test_a_field_of_the_wrong_type_names_line_and_field(tmp_path, data_config, tok, row, dataset, message):
+    good = {"instruction": "q", "output": "a", "text": "t", "prompt": "p", "completion": "c",
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    content = json.dumps(good) + "\n\n" + json.dumps(row) + "\n"  # a blank line: line numbers are the file's
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, content, **dataset)
+    with pytest.raises(DataError, match=rf"^datasets\[0\] \({path}\), line 3: {message}"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+def test_a_column_of_mixed_types_is_never_stringified(tmp_path, data_config, tok):
+    """datasets would type the column from the whole file (or cast 7 to "7"); the user's values stay as written."""
+    rows = [{"text": f"row {i}"} for i in range(5)] + [{"text": 7}]
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, "".join(json.dumps(r) + "\n" for r in rows), type="completion")
+    with pytest.raises(DataError, match=r"line 6: field 'text' is a number \(7\), expected text"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+def test_rows_with_different_nested_shapes_load(tmp_path, data_config, tok):
+    """A column that is a string in one row and a message list in another is a whole-file arrow error in datasets."""
+    rows = [{"prompt": "p1", "completion": "c1"}, {"messages": CHAT}, {"prompt": "p2", "completion": "c2", "meta": {"a": [1]}}]
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, "".join(json.dumps(r) + "\n" for r in rows))
+    examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert report.kept == 3 and trained_text(examples[0], tok) == "c1<|im_end|>"
+
+
+def test_non_utf8_bytes_name_the_line(tmp_path, data_config, tok):
+    content = b'{"text": "fine"}\n{"text": "caf\xe9"}\n'
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, content, type="completion")
+    with pytest.raises(DataError, match=rf"\): {path.name} line 2 is not UTF-8 \(byte 0xe9 at column 14\): save the file as UTF-8"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [('["a", "b"]', r"line 2 is list \[\"a\", \"b\"\], not an object with the row's fields"),
+     ('"just text"', r"line 2 is str"),
+     ('{"text": "unterminated', r"line 2 is not valid JSON: Unterminated string"),
+     ("{'text': 'single quotes'}", r"line 2 is not valid JSON: Expecting property name")],
+)
+def test_a_jsonl_line_that_is_not_an_object_names_its_line(tmp_path, data_config, tok, line, message):
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, '{"text": "fine"}\n' + line + "\n", type="completion")
+    with pytest.raises(DataError, match=rf"^datasets\[0\] \({path}\): {path.name} {message}"):
+        load_rows(cfg.datasets[0], 0)
+
+
+def test_json_array_elements_are_named(tmp_path, data_config, tok):
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, json.dumps([{"text": "a"}, {"text": ["b"]}]), name="rows.json",
+                               type="completion")
+    with pytest.raises(DataError, match=r"element 1: field 'text' is a list"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    path.write_text('[{"text": "a"}, 3]')
+    with pytest.raises(DataError, match=r"element 1 is int 3, not an object"):
+        load_rows(cfg.datasets[0], 0)
+
+
+def test_a_json_file_holding_json_lines_is_read_as_lines(tmp_path, data_config, tok):
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, '{"text": "a"}\n{"text": "b"}\n', name="rows.json", type="completion")
+    assert [unpack(row) for row in load_rows(cfg.datasets[0], 0)] == [("line 1", {"text": "a"}), ("line 2", {"text": "b"})]
+
+
+def test_the_line_is_named_after_a_split_slice(tmp_path, data_config, tok):
+    rows = [{"text": f"r{i}"} for i in range(6)] + [{"text": None}]
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, "".join(json.dumps(r) + "\n" for r in rows), type="completion",
+                               split="train[4:]")
+    with pytest.raises(DataError, match=r"line 7: missing field 'text'"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+def test_rows_of_other_sources_are_numbered_from_one(tmp_path, data_config, tok):
+    Dataset.from_list([{"text": "a"}, {"text": ""}, {"text": None}]).save_to_disk(str(tmp_path / "saved"))
+    cfg = data_config({"path": str(tmp_path / "saved"), "type": "completion"})
+    with pytest.raises(DataError, match=r"row 3: missing field 'text'"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
 
 
 # ---------------------------------------------------------------- formats
@@ -401,13 +503,13 @@ def test_bad_row_names_dataset_row_and_field(write_jsonl, data_config, tok):
     with pytest.raises(DataError) as caught:
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
     message = str(caught.value)
-    assert message.startswith(f"datasets[0] ({path}), row 2: missing field 'output'")
+    assert message.startswith(f"datasets[0] ({path}), line 3: missing field 'output'")
 
 
 def test_bad_chat_message_names_turn_and_key(write_jsonl, data_config, tok):
     path = write_jsonl([{"messages": [{"role": "user", "content": "a"}]}, {"messages": [{"role": "user", "text": "b"}]}])
     cfg = data_config({"path": str(path), "type": "chat_template"})
-    with pytest.raises(DataError, match=r"row 1: messages\[0\] lacks key 'content'"):
+    with pytest.raises(DataError, match=r"line 2: messages\[0\] lacks key 'content'"):
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
 
 
@@ -434,7 +536,7 @@ def test_excess_length_raise_names_row(write_jsonl, data_config, tok):
     cfg = data_config({"path": str(path), "type": "completion"}, sequence_len=10, excess_length_strategy="raise")
     with pytest.raises(DataError) as caught:
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
-    assert str(caught.value).startswith(f"datasets[0] ({path}), row 1: row has 21 tokens, more than sequence_len=10")
+    assert str(caught.value).startswith(f"datasets[0] ({path}), line 2: row has 21 tokens, more than sequence_len=10")
 
 
 def test_rows_without_trained_tokens_are_counted(write_jsonl, data_config, tok):
@@ -505,5 +607,20 @@ def test_dataset_num_proc_gives_the_same_examples_and_errors(tmp_path, data_conf
     assert results[0] == results[1] and len(results[0]) == 40
     path.write_text(rows + '{"prompt": "x"}\n')
     cfg = data_config({"path": str(path)}, dataset_num_proc=2)
-    with pytest.raises(DataError, match=r"row 40: .*'completion'"):
+    with pytest.raises(DataError, match=r"line 41: .*\(it has \['prompt'\]\)"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+def test_json_rows_get_every_key_of_the_file_as_with_datasets(tmp_path, data_config, tok):
+    """Transforms written for Axolotl read `row["input"]` on rows that lack it: null, as the datasets library gives."""
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, '{"a": "x"}\n{"b": [1]}\n')
+    assert [unpack(row) for row in load_rows(cfg.datasets[0], 0)] == [("line 1", {"a": "x", "b": None}),
+                                                                      ("line 2", {"a": None, "b": [1]})]
+
+
+def test_a_user_transform_that_raises_names_the_line(user_module, tmp_path, data_config, tok):
+    user_module("strict_tf", "def shape(cfg, dataset_idx=0):\n"
+                             "    return lambda row: {'prompt': row['q'].upper(), 'completion': row['a']}\n")
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, '{"q": "x", "a": "y"}\n{"q": 3, "a": "z"}\n', type="strict_tf.shape")
+    with pytest.raises(DataError, match=r"line 2: transform strict_tf.shape raised AttributeError: 'int' object has no attribute 'upper'"):
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")

@@ -99,7 +99,7 @@ def test_task_rows_name_the_fix(tmp_path):
     with pytest.raises(DataError, match="no such file: paths are relative to nemo_gym_dir"):
         task_rows(_cfg(tmp_path, "missing.jsonl"), {"math": "u"})
     (tmp_path / "bad.jsonl").write_text("{not json\n")
-    with pytest.raises(DataError, match="line 1: not JSON"):
+    with pytest.raises(DataError, match=r"\(.*bad.jsonl\): bad.jsonl line 1 is not valid JSON: Expecting property name"):
         task_rows(_cfg(tmp_path, "bad.jsonl"), {"math": "u"})
 
 
@@ -118,7 +118,7 @@ def test_env_reward_passes_through_and_is_unscorable_when_absent():
 
 def test_task_rows_that_are_not_objects_are_named(tmp_path):
     (tmp_path / "list.jsonl").write_text("[1, 2]\n")
-    with pytest.raises(DataError, match="line 1: a task row is a JSON object, not a list"):
+    with pytest.raises(DataError, match=r"list.jsonl line 1 is list \[1, 2\], not an object"):
         task_rows(_cfg(tmp_path, "list.jsonl"), {"math": "u"})
 
 

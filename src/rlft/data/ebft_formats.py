@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, get_field
+from rlft.data.formats import RowError, fields_of, get_field, text, text_field
 from rlft.data.prompts import prompt_text, resolve_prompt_format, tokenize_prompt
 from rlft.data.tokenize import encode_text, split_answers
 
@@ -27,8 +27,8 @@ ANSWER_FIELDS = ("output", "completion", "answer", "ground_truth")
 def _first(row: dict[str, Any], names: tuple[str, ...], what: str) -> str:
     for name in names:
         if row.get(name) not in (None, ""):
-            return str(row[name])
-    raise RowError(f"no {what}: the row needs one of {', '.join(names)} (it has {sorted(row)})")
+            return text(row[name], name)
+    raise RowError(f"no {what}: the row needs one of {', '.join(names)} (it has {fields_of(row)})")
 
 
 def structured_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -39,11 +39,16 @@ def structured_record(row: dict[str, Any]) -> dict[str, Any]:
 
 def chat_last_turn_record(row: dict[str, Any], field: str = "messages") -> dict[str, Any]:
     messages = get_field(row, field)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise RowError(f"field {field!r} must be a list of messages (mappings with role and content)")
+    for turn, message in enumerate(messages):
+        text(message.get("role"), f"{field}[{turn}].role")
+        text(message.get("content"), f"{field}[{turn}].content")
     last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
     if last is None or last == 0:
         raise RowError(f"{field!r} has no assistant turn after a prompt: nothing to use as the ground truth")
     return {"prompt": [{"role": m["role"], "content": m["content"]} for m in messages[:last]],
-            "ground_truth": str(messages[last]["content"])}
+            "ground_truth": messages[last]["content"]}
 
 
 STRUCTURED = {
@@ -68,6 +73,7 @@ def resolve_structured(ds, cfg, index: int, where: str, tokenizer) -> Callable[[
         if record.get("ground_truth") in (None, ""):
             raise RowError(f"no ground truth: EBFT compares samples with a reference answer; add a `ground_truth` "
                            f"(or `completion`) column, or use type: ebft_opencode.transform (row has {sorted(record)})")
+        record["ground_truth"] = text(record["ground_truth"], "ground_truth")
         return record
 
     return convert
@@ -76,13 +82,13 @@ def resolve_structured(ds, cfg, index: int, where: str, tokenizer) -> Callable[[
 def tokenize_structured(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
     example = tokenize_prompt(record, tokenizer, chat_template_kwargs)
     # the ground truth as the model would write it after the prompt (tokenised in context, not alone)
-    text, special = prompt_text(record["prompt"], tokenizer, chat_template_kwargs)
-    whole = tokenizer(text + str(record["ground_truth"]), add_special_tokens=special)["input_ids"]
+    rendered, special = prompt_text(record["prompt"], tokenizer, chat_template_kwargs)
+    whole = tokenizer(rendered + record["ground_truth"], add_special_tokens=special)["input_ids"]
     prompt = example["prompt_ids"]
     if whole[: len(prompt)] == prompt:
         truth = whole[len(prompt):]
     else:  # the tokenizer merged across the boundary: the ground truth alone
-        truth = tokenizer(str(record["ground_truth"]), add_special_tokens=False)["input_ids"]
+        truth = tokenizer(record["ground_truth"], add_special_tokens=False)["input_ids"]
     example["ground_truth_ids"] = truth + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     example["columns"].pop("ground_truth", None)
     return example
@@ -93,7 +99,7 @@ def resolve_strided(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dic
     if ds.type in ("ebft_strided_structured.transform", "ebft_strided_structured"):
         return lambda row: {"prompt": _first(row, PROMPT_FIELDS, "prompt"), "completion": _first(row, ANSWER_FIELDS, "completion")}
     if ds.type in (None, "completion", "completion.default"):
-        return lambda row: {"text": str(get_field(row, ds.field))}
+        return lambda row: {"text": text_field(row, ds.field)}
     from rlft.errors import DataError
 
     raise DataError(f"{where}: type {ds.type!r} is not a strided EBFT format: use ebft_strided_structured.transform, "

@@ -37,16 +37,56 @@ class RowError(Exception):
     """A row lacks a field or has a wrong value; the caller adds the dataset and row index."""
 
 
+def fields_of(row: dict[str, Any]) -> list[str]:
+    """The keys of `row` that hold a value (a JSON row has every key of its file, null where it has none)."""
+    return sorted(key for key, value in row.items() if value is not None)
+
+
+def call_transform(transform: Callable[[dict], Any], name: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A user transform's record for one row; whatever it raises or returns amiss is that row's error."""
+    try:
+        out = transform(dict(row))
+    except RowError:
+        raise
+    except Exception as exc:  # the transform's failure on one row is that row's problem
+        raise RowError(f"transform {name} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, dict):
+        raise RowError(f"transform {name} returned {type(out).__name__}, not a dict")
+    return out
+
+
 def get_field(row: dict[str, Any], dotted: str) -> Any:
     """Read `a.b.c` from nested mappings; a missing key raises RowError naming the field."""
     node: Any = row
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            raise RowError(f"missing field {dotted!r} (row has {sorted(row)})")
+            raise RowError(f"missing field {dotted!r} (row has {fields_of(row)})")
         if node[part] is None:  # datasets fills keys a row lacks with null, so null means absent too
             raise RowError(f"missing field {dotted!r} (absent or null in this row)")
         node = node[part]
     return node
+
+
+def text(value: Any, name: str, *, optional: bool = False) -> str:
+    """`value` of field `name` when it is text; anything else is the row's error (never turned into training text)."""
+    if value is None and optional:
+        return ""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise RowError(f"field {name!r} is missing or null, expected text")
+    kind = {list: "a list", dict: "a mapping", bool: "a boolean", int: "a number", float: "a number"}.get(type(value),
+                                                                                                   type(value).__name__)
+    raise RowError(f"field {name!r} is {kind} ({_short(value)}), expected text")
+
+
+def text_field(row: dict[str, Any], dotted: str) -> str:
+    return text(get_field(row, dotted), dotted)
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def chat_template_format(ds) -> RowFormat:
@@ -71,10 +111,12 @@ def chat_template_format(ds) -> RowFormat:
                 raw_role, content = message[mapping["role"]], message[mapping["content"]]
             except KeyError as missing:
                 raise RowError(f"{ds.field_messages}[{turn}] lacks key {missing.args[0]!r}") from None
+            where = f"{ds.field_messages}[{turn}]"
+            raw_role = text(raw_role, f"{where}.{mapping['role']}")
             role = role_names.get(raw_role, raw_role)
             if role == "system" and ds.drop_system_message:
                 continue
-            out.append({"role": role, "content": "" if content is None else str(content)})
+            out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
         return {"messages": out}
 
     return convert
@@ -82,17 +124,17 @@ def chat_template_format(ds) -> RowFormat:
 
 def alpaca_format(ds) -> RowFormat:
     def convert(row: dict[str, Any]) -> Record:
-        instruction = get_field(row, "instruction")
-        extra = row.get("input") or ""
+        instruction = text_field(row, "instruction")
+        extra = text(row.get("input"), "input", optional=True)
         prompt = (ALPACA_PROMPT if extra else ALPACA_PROMPT_NO_INPUT).format(instruction=instruction, input=extra)
-        return {"prompt": prompt, "completion": str(get_field(row, "output"))}
+        return {"prompt": prompt, "completion": text_field(row, "output")}
 
     return convert
 
 
 def completion_format(ds) -> RowFormat:
     def convert(row: dict[str, Any]) -> Record:
-        return {"text": str(get_field(row, ds.field))}
+        return {"text": text_field(row, ds.field)}
 
     return convert
 
@@ -105,8 +147,8 @@ def prompt_completion_format(ds) -> RowFormat:
             if all(key in row and row[key] is not None for key in keys):
                 if keys == ("messages",):
                     return chat_template_format(ds)(row)
-                return {key: row[key] for key in keys}
-        raise RowError(f"no `type:` set and the row has none of messages / prompt+completion / text (it has {sorted(row)})")
+                return {key: text(row[key], key) for key in keys}
+        raise RowError(f"no `type:` set and the row has none of messages / prompt+completion / text (it has {fields_of(row)})")
 
     return convert
 
@@ -114,14 +156,15 @@ def prompt_completion_format(ds) -> RowFormat:
 def user_defined_sft_format(spec) -> RowFormat:
     def convert(row: dict[str, Any]) -> Record:
         values = {
-            "instruction": get_field(row, spec.field_instruction),
-            "input": row.get(spec.field_input) or "",
-            "system": row.get(spec.field_system) or spec.system_prompt or "",
+            "instruction": text_field(row, spec.field_instruction),
+            "input": text(row.get(spec.field_input), spec.field_input, optional=True) if spec.field_input else "",
+            "system": (text(row.get(spec.field_system), spec.field_system, optional=True) if spec.field_system else "")
+            or spec.system_prompt or "",
         }
         prompt = (spec.format if values["input"] else spec.no_input_format).format(**values)
         if values["system"]:
             prompt = spec.system_format.format(system=values["system"]) + prompt
-        return {"prompt": prompt, "completion": str(get_field(row, spec.field_output))}
+        return {"prompt": prompt, "completion": text_field(row, spec.field_output)}
 
     return convert
 
@@ -186,4 +229,4 @@ def resolve_sft_format(ds, cfg, index: int, where: str, tokenizer) -> RowFormat:
     transform, _ = found
     transform = bind_tokenizer(transform, tokenizer)
     canonical = prompt_completion_format(ds)
-    return lambda row: canonical(transform(row))
+    return lambda row: canonical(call_transform(transform, ds.type, row))

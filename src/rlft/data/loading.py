@@ -2,10 +2,18 @@
 
 Splits may carry a slice (`train[:1%]`, `train[10:100]`, `train[-50:]`), applied the same way to
 every source.
+
+JSON and JSON-lines files are read here, not by `datasets`, which would re-type a column to one type
+for the whole file (a number next to strings, a list where a string is expected: a whole-file arrow error,
+or a value cast to text). Each row keeps the values its user wrote (and, as with `datasets`, every key of
+the file, null where the row has none: transforms written for Axolotl expect that), as JSON text in the `ROW` column, with
+its place in the file (`line 12` of a JSON-lines file, `element 3` of a JSON array) in `PLACE`; rows
+from other sources get `row N` (1-based). Every row message names that place, whatever the slice.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -23,6 +31,7 @@ EXTENSION_BUILDERS = {
     ".txt": "text",
 }
 _SPLIT = re.compile(r"^\s*([\w.\-]+)\s*(?:\[\s*([^\]]*)\s*\])?\s*$")
+ROW, PLACE = "__rlft_row__", "__rlft_place__"  # a JSON row as its user wrote it; where it is in its file
 
 
 def describe(ds, index: int) -> str:
@@ -77,14 +86,75 @@ def _load_files(files: list[str], ds_type: str | None, where: str) -> Dataset:
     if empty:
         raise DataError(f"{where}: file is empty: {', '.join(empty)}")
     builder = _builder_for(files, ds_type, where)
+    if builder == "json":
+        found = [(f"{Path(file).name} {place}" if len(files) > 1 else place, row)
+                 for file in files for place, row in read_json_rows(Path(file), where)]
+        keys = list(dict.fromkeys(key for _, row in found for key in row))  # every row gets every key, null where it has
+        rows = [json.dumps({key: row.get(key) for key in keys}, ensure_ascii=False) for _, row in found]  # none (as datasets)
+        return Dataset.from_dict({ROW: rows, PLACE: [place for place, _ in found]})
     try:
         return load_dataset(builder, data_files=files, split="train")
     except Exception as exc:  # datasets raises many types for malformed files
         raise DataError(f"{where}: cannot read {', '.join(files)} as {builder}: {exc}") from None
 
 
+def read_json_rows(path: Path, where: str) -> list[tuple[str, dict]]:
+    """(place, row) of a JSON-lines file, or of a .json file holding an array of objects (or one object; a .json file
+    of JSON lines is read as lines)."""
+    raw, name = path.read_bytes(), path.name  # `where` names the whole path
+    lines = raw.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{where}: {name} line {number} is not UTF-8 (byte {line[exc.start]:#04x} at column "
+                            f"{exc.start + 1}): save the file as UTF-8") from None
+    text = raw.decode("utf-8").lstrip("\ufeff")
+    if path.suffix.lower() == ".json" and (text.lstrip().startswith("[") or not _looks_like_lines(text)):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: {name} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        items = whole if isinstance(whole, list) else [whole]
+        for number, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise DataError(f"{where}: {name} element {number} is {type(item).__name__} {json.dumps(item)[:60]}, not "
+                                "an object with the row's fields")
+        return [(f"element {number}", item) for number, item in enumerate(items)]
+    rows = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: {name} line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: {name} line {number} is {type(row).__name__} {line.strip()[:60]}, not an object "
+                            "with the row's fields (one JSON object per line)")
+        rows.append((f"line {number}", row))
+    return rows
+
+
+def unpack(row: dict) -> tuple[str, dict]:
+    """(place in its file, the fields as its user wrote them) of one row of `load_rows`."""
+    row = dict(row)  # datasets hands lazy rows to map functions
+    place = row.pop(PLACE)
+    return place, json.loads(row[ROW]) if ROW in row else row
+
+
+def _looks_like_lines(text: str) -> bool:
+    """A .json file that is JSON lines in fact: its first non-blank line is a whole object."""
+    first = next((line for line in text.split("\n") if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict) and first.strip() != text.strip()
+    except json.JSONDecodeError:
+        return False
+
+
 def load_rows(ds, index: int) -> Dataset:
-    """All rows of dataset entry `ds` after the split slice, before any format is applied."""
+    """All rows of dataset entry `ds` after the split slice, before any format is applied. JSON rows come as the `ROW`
+    column (JSON text); every row has its place in its file in `PLACE`."""
     where = describe(ds, index)
     split_name, slice_spec = parse_split(ds.split)
     data_files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files or [])
@@ -100,6 +170,8 @@ def load_rows(ds, index: int) -> Dataset:
         rows = _load_hub(ds, split_name, where)
     if len(rows) == 0:
         raise DataError(f"{where}: the dataset has no rows")
+    if PLACE not in rows.column_names:
+        rows = rows.add_column(PLACE, [f"row {number}" for number in range(1, len(rows) + 1)])
     return apply_slice(rows, slice_spec, where)
 
 

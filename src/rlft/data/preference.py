@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlft.data.formats import RowError
+from rlft.data.formats import RowError, text
 from rlft.data.tokenize import IGNORE, split_answers
 
 
@@ -23,20 +23,24 @@ def _with_eos(tokenizer, ids: list[int]) -> list[int]:
 
 
 def tokenize_pair(record: dict[str, Any], tokenizer) -> dict[str, Any]:
-    for key in ("chosen", "rejected"):
-        if not str(record.get(key) or "").strip():
-            raise RowError(f"{key!r} is empty or missing")
-    prompt, (chosen, rejected) = split_answers(tokenizer, str(record.get("prompt") or ""), [str(record["chosen"]), str(record["rejected"])])
+    answers = [_answer(record, key) for key in ("chosen", "rejected")]
+    prompt, (chosen, rejected) = split_answers(tokenizer, text(record.get("prompt"), "prompt", optional=True), answers)
     example = {"prompt_ids": prompt, "chosen_ids": _with_eos(tokenizer, chosen), "rejected_ids": _with_eos(tokenizer, rejected)}
     if record.get("margin") is not None:
         example["margin"] = float(record["margin"])
     return example
 
 
+def _answer(record: dict[str, Any], key: str) -> str:
+    answer = text(record.get(key), key, optional=True)
+    if not answer.strip():
+        raise RowError(f"{key!r} is empty or missing")
+    return answer
+
+
 def tokenize_kto(record: dict[str, Any], tokenizer) -> dict[str, Any]:
-    if not str(record.get("completion") or "").strip():
-        raise RowError("'completion' is empty or missing")
-    prompt, (completion,) = split_answers(tokenizer, str(record.get("prompt") or ""), [str(record["completion"])])
+    answer = _answer(record, "completion")
+    prompt, (completion,) = split_answers(tokenizer, text(record.get("prompt"), "prompt", optional=True), [answer])
     return {"prompt_ids": prompt, "completion_ids": _with_eos(tokenizer, completion), "label": bool(record["label"])}
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, bind_tokenizer, chat_template_format, get_field, user_transform
+from rlft.data.formats import RowError, bind_tokenizer, call_transform, fields_of, chat_template_format, get_field, text, user_transform
 from rlft.errors import DataError, RlftError
 
 Record = dict[str, Any]
@@ -63,8 +63,7 @@ def _text(row: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
 
 
 def _check_text(value: Any, name: str, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise RowError(f"field {name!r} must be a string, got {type(value).__name__}")
+    value = text(value, name)
     if not allow_empty and not value.strip():
         raise RowError(f"field {name!r} is empty")
     return value
@@ -75,7 +74,7 @@ def _first_present(row: dict[str, Any], names: tuple[str, ...]) -> str:
         if row.get(name) is not None:
             return name
     listed = " / ".join(repr(name) for name in names)
-    raise RowError(f"missing field {listed} (row has {sorted(row)})")
+    raise RowError(f"missing field {listed} (row has {fields_of(row)})")
 
 
 def _system(row: dict[str, Any], name: str = "system") -> str | None:
@@ -630,7 +629,7 @@ def canonical_pair(ds, tokenizer, method) -> RowFormat:
         prompt, messages = row.get("prompt"), row.get("messages")
         if isinstance(chosen, str) and isinstance(rejected, str) and messages is None:
             if prompt is None and method != "reward_model":
-                raise RowError(f"missing field 'prompt' (row has {sorted(row)})")
+                raise RowError(f"missing field 'prompt' (row has {fields_of(row)})")
             if prompt is None or isinstance(prompt, str):
                 return {"prompt": prompt or "", "chosen": _text(row, "chosen"), "rejected": _text(row, "rejected")}
         for key in ("chosen", "rejected"):  # name a missing or mistyped answer before rendering anything
@@ -768,14 +767,7 @@ def _user_transform_format(name: str, ds, cfg, index: int, where: str, tokenizer
         removed = (removed,)
 
     def convert(row: dict[str, Any]) -> Record:
-        try:
-            out = transform(dict(row))
-        except RowError:
-            raise
-        except Exception as exc:  # the transform's failure on one row is that row's problem
-            raise RowError(f"transform {name} raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(out, dict):
-            raise RowError(f"transform {name} returned {type(out).__name__}, not a dict")
+        out = call_transform(transform, name, row)
         merged = {} if removed == "__all__" else {key: value for key, value in row.items() if key not in removed}
         merged.update(out)
         return canonical(merged)

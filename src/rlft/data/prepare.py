@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from rlft.config.rl import rl_settings
 from rlft.data.formats import RowError, resolve_sft_format
-from rlft.data.loading import describe, load_rows
+from rlft.data.loading import PLACE, describe, load_rows, unpack
 from rlft.data.tokenize import LengthReport, fit_length, tokenize_record
 from rlft.errors import DataError
 
@@ -114,17 +114,18 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
     rows = load_rows(ds, index)
     convert = steps.resolve(ds, cfg, index, where, tokenizer)
 
-    def process(row: dict, row_index: int) -> dict:
+    def process(row: dict) -> dict:
+        place, fields = unpack(row)
         try:
-            record = convert(dict(row))  # datasets hands lazy rows to map functions
+            record = convert(fields)
             example, outcome = steps.fit(steps.tokenize(record, tokenizer, ds), cfg)
         except RowError as exc:
-            return {"example": "", "outcome": "error", "error": f"row {row_index}: {exc}"}
+            return {"example": "", "outcome": "error", "error": f"{place}: {exc}"}
         except _Identical:
             return {"example": "", "outcome": "identical", "error": ""}
         return {"example": json.dumps(example) if example else "", "outcome": outcome, "error": ""}
 
-    processed = rows.map(process, with_indices=True, num_proc=cfg.dataset_num_proc, remove_columns=rows.column_names,
+    processed = rows.map(process, num_proc=cfg.dataset_num_proc, remove_columns=rows.column_names,
                          load_from_cache_file=False, new_fingerprint=uuid.uuid4().hex,  # never cached: skip hashing `process`
                          desc=f"tokenising {where}")
     report = LengthReport(name=where, rows=len(rows))
@@ -151,14 +152,16 @@ def _tally(report: LengthReport, example: dict[str, Any] | None, outcome: str) -
 
 def prepare_records(records: list[dict[str, Any]], cfg, tokenizer, steps: MethodSteps, name: str) -> PreparedData:
     """Records already in the method's canonical form (NeMo Gym tasks), tokenised and length-fitted as dataset rows
-    are; a bad record raises DataError naming `name` and its index."""
+    are; a bad record raises DataError naming its place (`PLACE`: file and line) or else `name` and its index."""
     report = LengthReport(name=name, rows=len(records))
     train = []
     for index, record in enumerate(records):
+        record = dict(record)
+        place = record.pop(PLACE, None) or f"{name}, row {index}"
         try:
             example, outcome = steps.fit(steps.tokenize(record, tokenizer, None), cfg)
         except RowError as exc:
-            raise DataError(f"{name}, row {index}: {exc}") from None
+            raise DataError(f"{place}: {exc}") from None
         if _tally(report, example, outcome):
             train.append(example)
     if not train:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, bind_tokenizer, chat_template_format, user_transform
+from rlft.data.formats import RowError, bind_tokenizer, call_transform, chat_template_format, text, user_transform
 from rlft.errors import DataError
 
 
@@ -32,7 +32,7 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
 
         def convert(row: dict) -> dict:
             kept = {} if removed == "__all__" else {k: v for k, v in row.items() if k not in removed}
-            return {**kept, **transform(row)}
+            return {**kept, **call_transform(transform, ds.type, row)}
     else:
         raise DataError(f"{where}: a user-defined `type:` mapping is for preference data; GRPO needs a `prompt` column")
 
@@ -40,6 +40,15 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
         record = convert(row)
         if record.get("prompt") in (None, "", []):
             raise RowError(f"no `prompt` after the transform (row has {sorted(record)}): GRPO rows need a prompt string or message list")
+        prompt = record["prompt"]
+        if isinstance(prompt, list):
+            for turn, message in enumerate(prompt):
+                if not isinstance(message, dict) or "role" not in message:
+                    raise RowError(f"prompt[{turn}] is not a message (a mapping with role and content): {message!r:.60}")
+                text(message["role"], f"prompt[{turn}].role")
+                text(message.get("content"), f"prompt[{turn}].content", optional=True)
+        else:
+            text(prompt, "prompt")
         return record
 
     return to_record
@@ -53,8 +62,7 @@ def prompt_text(prompt: str | list, tokenizer, chat_template_kwargs: dict | None
     """
     if isinstance(prompt, list):
         return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})), False
-    text = str(prompt)
-    return text, not (tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token))
+    return prompt, not (tokenizer.bos_token is not None and prompt.startswith(tokenizer.bos_token))
 
 
 def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:

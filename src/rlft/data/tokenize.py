@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlft.data.formats import Record, RowError
+from rlft.data.formats import Record, RowError, text
 from rlft.models.tokenizer import end_of_turn_token
 
 IGNORE = -100
@@ -146,19 +146,19 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
                     eot_tokens: list[str] | None = None) -> dict[str, list[int]]:
     """Token ids and labels for one canonical record (no truncation here)."""
     if "messages" in record:
-        text = tokenizer.apply_chat_template(record["messages"], tokenize=False)
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        rendered = tokenizer.apply_chat_template(record["messages"], tokenize=False)
+        encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(encoded["input_ids"])
         if train_on_inputs:
             return {"input_ids": ids, "labels": list(ids)}
-        marked = _chat_char_mask(tokenizer, text, record["messages"], set(roles_to_train), train_on_eos, eot_tokens)
+        marked = _chat_char_mask(tokenizer, rendered, record["messages"], set(roles_to_train), train_on_eos, eot_tokens)
         labels = [tok if any(marked[start:end]) else IGNORE for tok, (start, end) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if "text" in record:
-        ids = encode_text(tokenizer, str(record["text"]))["input_ids"] + eos
+        ids = encode_text(tokenizer, text(record["text"], "text"))["input_ids"] + eos
         return {"input_ids": ids, "labels": list(ids)}
-    prompt, (completion,) = split_answers(tokenizer, str(record["prompt"]), [str(record["completion"])])
+    prompt, (completion,) = split_answers(tokenizer, text(record["prompt"], "prompt"), [text(record["completion"], "completion")])
     completion = completion + eos
     prompt_labels = list(prompt) if train_on_inputs else [IGNORE] * len(prompt)
     return {"input_ids": prompt + completion, "labels": prompt_labels + completion}

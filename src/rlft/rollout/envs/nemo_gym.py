@@ -16,7 +16,6 @@ reward, or one the server marks `mask_sample`) gives None: the completion is uns
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from rlft.data.loading import PLACE, read_json_rows
 from rlft.errors import ConfigError, DataError
 
 VERIFY_URL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_MODEL = "nemo_gym_verify_url", "verify_extra", "nemo_gym_verify_timeout", "nemo_gym_model"
@@ -119,18 +119,12 @@ def task_rows(cfg, servers: dict[str, str], agents: dict[str, tuple[str, str | N
         where = f"nemo_gym_datasets[{index}] ({path})"
         if not path.is_file():
             raise DataError(f"{where}: no such file: paths are relative to nemo_gym_dir ({base}) unless absolute")
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        if entry.max_samples is not None and entry.max_samples < len(lines):
-            lines = rng.sample(lines, entry.max_samples)
-        for number, line in enumerate(lines):
-            here = f"{where}, line {number + 1}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{here}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{here}: a task row is a JSON object, not a {type(row).__name__}")
-            record = {"prompt": [{"role": "user", "content": task_prompt(row, here)}], VERIFY_ROW: row}
+        rows = read_json_rows(path, where)
+        if entry.max_samples is not None and entry.max_samples < len(rows):
+            rows = rng.sample(rows, entry.max_samples)
+        for place, row in rows:
+            here = f"{where}, {place}"
+            record = {"prompt": [{"role": "user", "content": task_prompt(row, here)}], VERIFY_ROW: row, PLACE: here}
             ref = row.get("agent_ref") if isinstance(row.get("agent_ref"), dict) else {}
             names_agent = bool(ref.get("name")) and ref.get("type") in (None, "responses_api_agents")
             server = ref["name"] if ref.get("name") and ref.get("type") != "responses_api_agents" else entry.server_name
