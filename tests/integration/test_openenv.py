@@ -78,10 +78,10 @@ def test_grpo_learns_from_environment_rewards(warm_model, cli, tmp_path, monkeyp
     monkeypatch.chdir(repo_root)
     monkeypatch.setenv("OPENENV_URL", openenv_url)
     out = tmp_path / "openenv"
-    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=30",
+    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=60",
                "--logging_steps=1", "--learning_rate=1e-3") == 0
     steps = [m for m in read_metrics(Path(out) / "metrics.jsonl") if "reward" in m]
-    assert len(steps) == 30
+    assert len(steps) == 60
     for m in steps:
         assert "rewards/reward_env/mean" in m, sorted(m)
         assert m["rewards/reward_env/unscorable"] == 0 and m["rewards/reward_env/failures"] == 0, m

@@ -294,7 +294,7 @@ def test_the_trainer_connects_where_the_same_configs_server_listens():
 
 
 def test_several_training_processes_refuse_only_what_is_not_built(monkeypatch):
-    """A rollout server with several processes is built (rank 0 samples for all); EBFT and context parallelism are not."""
+    """A rollout server and EBFT with several processes are built (rank 0 samples for all); context parallelism is not."""
     from rlft.config import build_config
     from rlft.errors import NotImplementedYet
     from rlft.train.run import refuse_unbuilt
@@ -303,8 +303,7 @@ def test_several_training_processes_refuse_only_what_is_not_built(monkeypatch):
     grpo = build_config({**base, "rl": "grpo", "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True}})
     monkeypatch.setenv("WORLD_SIZE", "2")
     refuse_unbuilt(grpo)
-    with pytest.raises(NotImplementedYet, match="rl: ebft with 2 training processes is not built yet"):
-        refuse_unbuilt(build_config({**base, "rl": "ebft", "ebft": {"mode": "strided", "stride": 4, "context_length": 4, "generate_max_len": 4}}))
+    refuse_unbuilt(build_config({**base, "rl": "ebft", "ebft": {"mode": "strided", "stride": 4, "context_length": 4, "generate_max_len": 4}}))
     with pytest.raises(NotImplementedYet, match="context_parallel_size: 2: .*needs CUDA GPUs"):
         refuse_unbuilt(build_config({**base, "context_parallel_size": 2}))
 

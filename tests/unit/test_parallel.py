@@ -96,6 +96,21 @@ def test_plan_padding_and_reshard():
     assert cursor.batch_in_epoch == 8
 
 
+def test_a_batch_has_the_same_sample_seed_on_any_number_of_processes():
+    """The seed belongs to the batch's place in the global order: its rows and its seed go together on 1 or 2 processes,
+    in every epoch, and a plan that does not ask for seeds adds none."""
+    def drawn(rank: int, world: int, count: int) -> dict[tuple, int]:
+        plan = BatchPlan(list(range(12)), 2, seed=5, pad_id=0, shard=(rank, world), collate=lambda rows: {"rows": rows},
+                         seed_batches=True)
+        cursor = PlanCursor(plan)
+        return {(cursor.epoch, tuple(b["rows"])): b["sample_seed"] for b in (cursor.next() for _ in range(count))}
+
+    one = drawn(0, 1, 12)  # two epochs of 6 batches
+    two = {**drawn(0, 2, 6), **drawn(1, 2, 6)}
+    assert one == two and len(set(one.values())) == 12
+    assert "sample_seed" not in PlanCursor(BatchPlan(list(range(4)), 2, seed=5, pad_id=0, collate=lambda rows: {"rows": rows})).next()
+
+
 def test_the_default_generation_batch_counts_every_process(config, monkeypatch):
     from rlft.config.rl import rl_settings
 
@@ -126,11 +141,10 @@ def test_the_launchers_own_traceback_is_left_out():
 def test_what_several_processes_cannot_run_is_refused_before_they_start(cli, tmp_path, capsys):
     import yaml
 
-    config = tmp_path / "ebft.yaml"
-    config.write_text(yaml.safe_dump({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "ebft",
-                                      "ebft": {"mode": "strided", "stride": 4, "context_length": 4, "generate_max_len": 4}}))
+    config = tmp_path / "cp.yaml"
+    config.write_text(yaml.safe_dump({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "context_parallel_size": 2}))
     assert cli("train", config, "--num-processes", "2") == 1
-    assert "rl: ebft with 2 training processes is not built yet" in capsys.readouterr().err
+    assert "context_parallel_size: 2: context parallelism splits each sequence" in capsys.readouterr().err
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch):

@@ -19,10 +19,13 @@ class BatchPlan:
 
     def __init__(self, examples: list[Any], micro_batch_size: int, seed: int, pad_id: int, pack_capacity: int | None = None,
                  shard: tuple[int, int] = (0, 1), collate: Callable[[list[Any]], dict[str, Any]] | None = None,
-                 lengths: list[int] | None = None, width: int = 0):
+                 lengths: list[int] | None = None, width: int = 0, seed_batches: bool = False):
         """`lengths` turns on length grouping: within windows of 64 micro-batches of the shuffled order,
         rows of similar length share a batch (less padding), and the batches are shuffled again.
-        `width` pads every batch to at least that many tokens (pad_to_sequence_len: one shape)."""
+        `width` pads every batch to at least that many tokens (pad_to_sequence_len: one shape).
+        `seed_batches` gives each drawn batch a `sample_seed` of its own (`batch_seed`), the same whichever process
+        draws it: a recipe that samples inside its loss draws the same samples on 1 or N processes, and after a resume."""
+        self.seed_batches = seed_batches
         self.micro_batch_size = micro_batch_size
         self.lengths = lengths
         self.seed = seed
@@ -60,6 +63,10 @@ class BatchPlan:
         batches = math.ceil(len(self.items) / self.micro_batch_size)
         return position >= (batches - self.rank + self.world - 1) // self.world
 
+    def batch_seed(self, epoch: int, position: int) -> int:
+        """The seed of this process's micro-batch `position` of `epoch`, from its place in the global order."""
+        return ((self.seed * 1_000_003 + epoch) * 1_000_033 + position * self.world + self.rank) % 2**62
+
     def batch(self, indices: list[int]) -> dict[str, Any]:
         return self.collate([self.items[i] for i in indices])
 
@@ -90,6 +97,8 @@ class PlanCursor:
 
     def next(self) -> dict[str, Any]:
         batch = self.plan.batch(self.next_indices())
+        if self.plan.seed_batches:
+            batch["sample_seed"] = self.plan.batch_seed(self.epoch, self.batch_in_epoch - 1)
         if self.plan.is_padding(self.batch_in_epoch - 1):
             batch["padding"] = True  # the loop runs it (collectives stay in step) and counts none of it
         return batch

@@ -43,9 +43,6 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
     processes = processes or launched()[1]
-    if cfg.method == "ebft" and processes > 1:
-        raise NotImplementedYet(f"rl: ebft with {processes} training processes is not built yet (issue #11): train EBFT with "
-                                "one process")
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
     if resets and processes > 1 and fsdp_settings(cfg) is not None:
         raise NotImplementedYet(f"trl.{resets[0]} with fsdp: moving a reference copy towards sharded weights is not built "

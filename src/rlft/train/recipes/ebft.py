@@ -68,7 +68,9 @@ class EBFTStructuredRecipe(GRPORecipe):
 
     def start(self, model) -> None:
         super().start(model)
-        self.scorer.attach_policy(model)  # the feature network may be the policy with its adapter disabled
+        # the feature network may be the policy with its adapter disabled: on rank 0, which scores, a whole model (the
+        # unwrapped one, or the full copy of a sharded one) that it can run alone
+        self.scorer.attach_policy(self.twin if self.twin is not None else model)
 
     def step_metrics(self) -> dict[str, float]:
         metrics = super().step_metrics()
@@ -152,8 +154,10 @@ class EBFTStridedRecipe(Recipe):
         self.pending: list[str] = []
         collate = lambda rows: document_batch(rows, tokenizer.pad_token_id)  # noqa: E731
         lengths = [len(e["input_ids"]) for e in data.train]
+        # every micro-batch samples from a generator of its own (its `sample_seed`): the same samples on 1 or N
+        # processes and after a resume, whatever else drew random numbers before
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, tokenizer.pad_token_id, shard=shard,
-                                    collate=collate, lengths=lengths)
+                                    collate=collate, lengths=lengths, seed_batches=True)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, tokenizer.pad_token_id,
                                    collate=collate)
 
@@ -223,7 +227,8 @@ class EBFTStridedRecipe(Recipe):
             return LossOutput(zero, 1, {"ebft/num_blocks": 0.0})
         started = time.perf_counter()
         rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
-                                  num_samples=e.n_samples_per_prompt, temperature=e.temperature, top_p=e.top_p)
+                                  num_samples=e.n_samples_per_prompt, temperature=e.temperature, top_p=e.top_p,
+                                  generator=seeded(batch["input_ids"].device, batch.get("sample_seed")))
         generated = time.perf_counter()
         advantages, metrics = self._rewards(model, rollout, layout)
         rewarded = time.perf_counter()
@@ -256,7 +261,7 @@ class EBFTStridedRecipe(Recipe):
         from rlft.rollout.strided import document_nll, generate_blocks
 
         nll_total, tokens, cfm, blocks = 0.0, 0, 0.0, 0
-        for batch in batches:
+        for index, batch in enumerate(batches):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
             nll, mask = document_nll(logits, batch["input_ids"], batch["attention_mask"])
             nll_total, tokens = nll_total + float(nll.sum()), tokens + int(mask.sum())
@@ -264,11 +269,16 @@ class EBFTStridedRecipe(Recipe):
             if layout.num_blocks > 0:
                 rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
                                           num_samples=self.ebft.n_samples_per_prompt, temperature=self.ebft.temperature,
-                                          top_p=self.ebft.top_p)
+                                          top_p=self.ebft.top_p, generator=seeded(batch["input_ids"].device, self.cfg.seed + index))
                 # on L2-normalised features: whitened magnitudes scale with 1/singular value, not comparable across steps
                 _, metrics = self._rewards(model, rollout, layout, whiten=False)
                 cfm, blocks = cfm + metrics["ebft/cfm_loss"] * len(batch["input_ids"]), blocks + len(batch["input_ids"])
         return {"eval/ce_loss": round(nll_total / max(1, tokens), 6), "eval/cfm_loss": round(cfm / max(1, blocks), 6)}
+
+
+def seeded(device: torch.device, seed: int | None) -> torch.Generator | None:
+    """A generator on `device` seeded with `seed` (None: sample from the global generator)."""
+    return None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
 
 
 def document_batch(rows: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:

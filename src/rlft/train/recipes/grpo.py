@@ -285,11 +285,14 @@ class GRPORecipe(Recipe):
         return pending
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
-        """Rank 0 evaluates with the engine (on the weights being trained, not its older ones) for every process."""
+        """Rank 0 evaluates with the engine (on the weights being trained, not its older ones) for every process; a
+        recipe that also runs the policy there (EBFT's teacher-forced loss) gets a whole one that runs alone: the
+        unwrapped model, or the full copy of a sharded one (up to date once the engine is)."""
         policy = self.current(self.model)
         if self.rank == 0:
             self.feed.sync_now(policy)
-        return broadcast_object(self.evaluate_with_engine(model, batches) if self.rank == 0 else None)
+        whole = self.twin if self.twin is not None else self.model
+        return broadcast_object(self.evaluate_with_engine(whole, batches) if self.rank == 0 else None)
 
     def evaluate_with_engine(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Greedy completion per held-out prompt, scored by the reward functions: eval/reward (accuracy for 0/1 rewards)."""
