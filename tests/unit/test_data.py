@@ -624,3 +624,31 @@ def test_a_user_transform_that_raises_names_the_line(user_module, tmp_path, data
     path, cfg = _tokenize_file(tmp_path, data_config, tok, '{"q": "x", "a": "y"}\n{"q": 3, "a": "z"}\n', type="strict_tf.shape")
     with pytest.raises(DataError, match=r"line 2: transform strict_tf.shape raised AttributeError: 'int' object has no attribute 'upper'"):
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ([{"role": "user"}], r"line 2: prompt\[0\] is not a message \(a mapping with role and content\)"),
+    ([{"role": "user", "content": ["a"]}], r"line 2: field 'prompt\[0\]\.content' is a list"),
+    ({"role": "user", "content": "q"}, r"line 2: field 'prompt' is a mapping"),
+])
+def test_grpo_prompts_of_the_wrong_shape_name_the_line(tmp_path, data_config, tok, prompt, message):
+    from rlft.data.prepare import prompt_steps
+
+    content = json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": prompt, "answer": "2"}) + "\n"
+    path, _ = _tokenize_file(tmp_path, data_config, tok, content)
+    cfg = data_config({"path": str(path)}, rl="grpo", micro_batch_size=2, trl={"num_generations": 2, "reward_funcs": ["r.f"]})
+    with pytest.raises(DataError, match=message):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", prompt_steps(cfg))
+
+
+def test_a_chat_template_that_rejects_a_row_names_the_line(tmp_path, data_config, tok):
+    strict = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}{% endif %}{{ m.content }}{% endfor %}"
+    original = tok.chat_template
+    tok.chat_template = strict
+    try:
+        rows = [{"messages": CHAT}, {"messages": [{"role": "system", "content": "s"}, *CHAT]}]
+        path, cfg = _tokenize_file(tmp_path, data_config, tok, "".join(json.dumps(r) + "\n" for r in rows), type="chat_template")
+        with pytest.raises(DataError, match=r"line 2: the chat template rejected the messages: no system role"):
+            tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    finally:
+        tok.chat_template = original

@@ -37,6 +37,17 @@ class RowError(Exception):
     """A row lacks a field or has a wrong value; the caller adds the dataset and row index."""
 
 
+def render_chat(tokenizer, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """The chat template's text of `messages`; a template that cannot render them (a role order it refuses, a key it
+    needs) is that row's error."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except TemplateError as exc:  # e.g. raise_exception("roles must alternate"), or an undefined key
+        raise RowError(f"the chat template rejected the messages: {exc}") from None
+
+
 def fields_of(row: dict[str, Any]) -> list[str]:
     """The keys of `row` that hold a value (a JSON row has every key of its file, null where it has none)."""
     return sorted(key for key, value in row.items() if value is not None)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, bind_tokenizer, call_transform, fields_of, chat_template_format, get_field, text, user_transform
+from rlft.data.formats import RowError, bind_tokenizer, call_transform, fields_of, render_chat, chat_template_format, get_field, text, user_transform
 from rlft.errors import DataError, RlftError
 
 Record = dict[str, Any]
@@ -367,16 +367,10 @@ class ChatRenderer:
         return message
 
     def render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        from jinja2 import TemplateError
-
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt}
+        kwargs: dict[str, Any] = {"add_generation_prompt": generation_prompt}
         if self.template is not None:
             kwargs["chat_template"] = self.template
-        try:
-            text = self.tokenizer.apply_chat_template(messages, **kwargs)
-        except TemplateError as exc:  # e.g. a template's raise_exception("roles must alternate")
-            raise RowError(f"the chat template rejected the messages: {exc}") from None
-        return text
+        return render_chat(self.tokenizer, messages, **kwargs)
 
     def answer_text(self, message: dict[str, str], name: str) -> str:
         """Axolotl's dummy-user trick: render [dummy user, answer], keep from the answer on, rstrip.

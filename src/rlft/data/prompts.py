@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, bind_tokenizer, call_transform, chat_template_format, text, user_transform
+from rlft.data.formats import RowError, bind_tokenizer, call_transform, chat_template_format, render_chat, text, user_transform
 from rlft.errors import DataError
 
 
@@ -43,10 +43,10 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
         prompt = record["prompt"]
         if isinstance(prompt, list):
             for turn, message in enumerate(prompt):
-                if not isinstance(message, dict) or "role" not in message:
+                if not isinstance(message, dict) or "role" not in message or "content" not in message:
                     raise RowError(f"prompt[{turn}] is not a message (a mapping with role and content): {message!r:.60}")
                 text(message["role"], f"prompt[{turn}].role")
-                text(message.get("content"), f"prompt[{turn}].content", optional=True)
+                text(message["content"], f"prompt[{turn}].content", optional=True)
         else:
             text(prompt, "prompt")
         return record
@@ -61,7 +61,7 @@ def prompt_text(prompt: str | list, tokenizer, chat_template_kwargs: dict | None
     tokenizer's special tokens unless it already starts with BOS (a prompt rendered beforehand).
     """
     if isinstance(prompt, list):
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})), False
+        return render_chat(tokenizer, prompt, add_generation_prompt=True, **(chat_template_kwargs or {})), False
     return prompt, not (tokenizer.bos_token is not None and prompt.startswith(tokenizer.bos_token))
 
 

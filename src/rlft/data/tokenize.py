@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlft.data.formats import Record, RowError, text
+from rlft.data.formats import Record, RowError, render_chat, text
 from rlft.models.tokenizer import end_of_turn_token
 
 IGNORE = -100
@@ -88,7 +88,7 @@ def _content_starts(tokenizer, messages: list[dict[str, str]], text: str) -> lis
     starts = []
     for index, message in enumerate(messages):
         probe = [dict(m, content=SENTINEL) if i == index else m for i, m in enumerate(messages)]
-        start = tokenizer.apply_chat_template(probe, tokenize=False).find(SENTINEL)
+        start = render_chat(tokenizer, probe).find(SENTINEL)
         content = message["content"].strip()
         if start < 0 or not text.startswith(content, start) and not text.startswith(content, start + 1):
             raise RowError(f"message {index} ({message['role']}) cannot be located in the rendered chat template text")
@@ -146,7 +146,7 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
                     eot_tokens: list[str] | None = None) -> dict[str, list[int]]:
     """Token ids and labels for one canonical record (no truncation here)."""
     if "messages" in record:
-        rendered = tokenizer.apply_chat_template(record["messages"], tokenize=False)
+        rendered = render_chat(tokenizer, record["messages"])
         encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(encoded["input_ids"])
         if train_on_inputs:
