@@ -102,14 +102,12 @@ def read_json_rows(path: Path, where: str) -> list[tuple[str, dict]]:
     """(place, row) of a JSON-lines file, or of a .json file holding an array of objects (or one object; a .json file
     of JSON lines is read as lines)."""
     raw, name = path.read_bytes(), path.name  # `where` names the whole path
-    lines = raw.split(b"\n")
-    for number, line in enumerate(lines, 1):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{where}: {name} line {number} is not UTF-8 (byte {line[exc.start]:#04x} at column "
-                            f"{exc.start + 1}): save the file as UTF-8") from None
-    text = raw.decode("utf-8").lstrip("\ufeff")
+    try:
+        text = raw.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as exc:
+        line, column = raw.count(b"\n", 0, exc.start) + 1, exc.start - raw.rfind(b"\n", 0, exc.start)
+        raise DataError(f"{where}: {name} line {line} is not UTF-8 (byte {raw[exc.start]:#04x} at column {column}): save "
+                        "the file as UTF-8") from None
     if path.suffix.lower() == ".json" and (text.lstrip().startswith("[") or not _looks_like_lines(text)):
         try:
             whole = json.loads(text)
