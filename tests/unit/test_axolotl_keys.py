@@ -55,9 +55,16 @@ def test_plan_width_pads_packed_rows_too():
     assert [b["input_ids"].shape[1] for b in packed] == [8]
 
 
-@pytest.mark.parametrize("key", ["pad_to_sequence_len", "eval_sample_packing"])
-def test_sft_only_switches_refused_for_preference(config_problems, key):
-    assert config_problems(rl="dpo", **{key: True}) == [("combination", f"{key} applies to SFT only, not dpo")]
+def test_sft_only_switches_refused_for_preference(config_problems):
+    assert config_problems(rl="dpo", eval_sample_packing=True) == [("combination", "eval_sample_packing applies to SFT only, not dpo")]
+
+
+def test_pad_to_sequence_len_applies_to_pair_batches_not_to_online_rl(config, config_problems):
+    """Axolotl pads reward-model and preference batches too (its examples/qwen3/reward-model.yaml sets it)."""
+    assert config(rl="dpo", pad_to_sequence_len=True).pad_to_sequence_len
+    assert config(rl="kto", micro_batch_size=2, pad_to_sequence_len=True).pad_to_sequence_len
+    problems = config_problems(rl="grpo", pad_to_sequence_len=True, trl={"num_generations": 1, "reward_funcs": ["r.f"]})
+    assert ("combination", "pad_to_sequence_len applies to SFT, preference and reward-model batches, not grpo") in problems
 
 
 @pytest.mark.parametrize("packing, eval_packing, packed", [(True, None, True), (True, False, False), (False, True, True)])

@@ -184,7 +184,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     train_on_inputs: bool = field(False, "SFT: also compute the loss on prompt (non-assistant) tokens.")
     sample_packing: bool = field(False, "SFT: pack several documents per row, with per-document attention.")
     eval_sample_packing: Optional[bool] = field(None, "SFT: pack the eval rows too (default: as sample_packing).")
-    pad_to_sequence_len: bool = field(False, "SFT: pad every batch to sequence_len tokens (one shape for every step).")
+    pad_to_sequence_len: bool = field(False, "SFT, preference and reward-model batches: pad every batch to sequence_len "
+                                          "tokens (one shape for every step).")
     remove_unused_columns: bool = field(
         False, "Axolotl key: rlft never drops dataset columns (reward functions read them), so only false is valid."
     )
@@ -359,9 +360,11 @@ def combination_problems(cfg: RlftConfig):
         yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
-    for key in ("sample_packing", "eval_sample_packing", "pad_to_sequence_len"):
+    for key in ("sample_packing", "eval_sample_packing"):
         if getattr(cfg, key) and cfg.method != "sft":
             yield f"{key} applies to SFT only, not {cfg.method}"
+    if cfg.pad_to_sequence_len and cfg.method in ("grpo", "gdpo", "ebft"):
+        yield f"pad_to_sequence_len applies to SFT, preference and reward-model batches, not {cfg.method}"
     yield from _preference_problems(cfg)
     if cfg.rl == "ebft":
         yield from _ebft_problems(cfg)

@@ -74,7 +74,7 @@ class PairRecipe(Recipe):
         self.precompute_time = 0.0  # seconds computing reference log-probs before training (precompute_ref_log_probs)
         self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
         self.bco_mean, self.bco_count = 0.0, 0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg)))
 
     @property
     def needs_reference(self) -> bool:
@@ -179,7 +179,7 @@ class KTORecipe(Recipe):
         self.cfg = cfg
         self.reference = reference
         self.precompute_time = 0.0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg)))
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -231,6 +231,12 @@ def _store_reference(recipe, policy, examples, collate, keys: tuple[str, str], d
         first, second = recipe.reference_logps(policy, batch)
         for example, a, b in zip(rows, first.tolist(), second.tolist()):
             example[keys[0]], example[keys[1]] = a, b
+
+
+def padded_width(cfg) -> int:
+    """The width every batch is padded to: sequence_len with pad_to_sequence_len (one shape every step), else 0 (the
+    longest row of the batch). Padding changes no loss: padded positions are masked."""
+    return cfg.sequence_len if cfg.pad_to_sequence_len else 0
 
 
 def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate) -> tuple[BatchPlan, BatchPlan]:
