@@ -345,15 +345,20 @@ def ebft(tmp_path_factory, warm_model, repo_root):
     return config, folder
 
 
+LORA = {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"]}
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_strided_ebft_two_processes_equal_one(ebft, strategy):
     """Each micro-batch samples its blocks from a generator seeded by its place in the global order, so 2 processes
-    draw what 1 process draws: the same losses, rewards and held-out evaluations."""
+    draw what 1 process draws: the same losses, rewards and held-out evaluations. With LoRA the feature network is the
+    policy with its adapter disabled: through the DDP wrapper, or the FSDP2-sharded model (called whole, so its root
+    weights are gathered)."""
     config, folder = ebft
     held_out = "examples/ebft/data/heldout.jsonl"
     if not (folder / "strided-one" / "metrics.jsonl").exists():
-        train(config("strided", "strided-one", 2, held_out, micro_batch_size=4), processes=1)
-    output = train(config("strided", f"strided-{strategy}", 1, held_out, micro_batch_size=4,
+        train(config("strided", "strided-one", 2, held_out, micro_batch_size=4, **LORA), processes=1)
+    output = train(config("strided", f"strided-{strategy}", 1, held_out, micro_batch_size=4, **LORA,
                           **(FSDP if strategy == "fsdp" else {})))
     assert "4 micro x 1 accumulation x 2 process(es)" in output
     got, expected = losses(folder / f"strided-{strategy}"), losses(folder / "strided-one")
@@ -368,8 +373,7 @@ def test_structured_ebft_with_lora_under_fsdp_equals_one_process(ebft):
     """Rank 0 samples and scores for both processes; the feature network is the policy with its adapter disabled, which
     rank 0 runs on its full copy of the sharded policy (alone, while the other rank waits for the broadcast)."""
     config, folder = ebft
-    lora = {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"],
-            "micro_batch_size": 16}
+    lora = {**LORA, "micro_batch_size": 16}
     held_out = "examples/quickstart/data/heldout.jsonl"
     train(config("structured", "structured-one", 2, held_out, **lora), processes=1)
     train(config("structured", "structured-fsdp", 1, held_out, **lora, **FSDP))

@@ -41,6 +41,13 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 shards `model`'s weights (DTensors between forwards)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder without the LM head: hidden states only, no (B, S, vocab) logits to allocate.
 
@@ -99,6 +106,8 @@ def hidden_features(
         kwargs["attention_mask"] = attention_mask
     if position_ids is not None:
         kwargs["position_ids"] = position_ids
+    if _sharded(network):  # FSDP2 gathers the root's weights (embeddings, final norm) only around the root's forward
+        backbone, kwargs = network, {**kwargs, "logits_to_keep": 1}  # one position's logits: no (B, S, vocab) block
     was_training = network.training
     network.eval()
     try:
