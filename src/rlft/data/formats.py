@@ -34,7 +34,7 @@ ALPACA_PROMPT_NO_INPUT = (
 
 
 class RowError(Exception):
-    """A row lacks a field or has a wrong value; the caller adds the dataset and row index."""
+    """A row lacks a field or has a wrong value; the caller adds the dataset and the row's place in its file."""
 
 
 def render_chat(tokenizer, messages: list[dict[str, Any]], **kwargs: Any) -> str:
