@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +36,7 @@ from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.recipe import LossOutput, Recipe
+from rlft.train.recipes.completion_log import append_records, completion_records, console_lines
 from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync, sync_due
@@ -420,28 +420,12 @@ class GRPORecipe(Recipe):
             self.reference.mix(merged_weights(model), s.ref_model_mixup_alpha)
 
     def _log_completions(self, scored: ScoredBatch) -> None:
-        """Every completion of this generation batch to output_dir/completions.jsonl (TRL's log_completions), and the
-        first `num_completions_to_print` to the console."""
-        rollout, scores = scored.rollout, scored.scores
-        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        records = []
-        for index, text in enumerate(texts):
-            rewards = {name: _finite_or_none(scores.column(name)[index]) for name in scores.names}
-            records.append({"step": self.producer.generations, "prompt": scored.prompt_of(index)["prompt"], "completion": text,
-                            "rewards": rewards, "weight_version": rollout.weight_versions[index],
-                            "advantage": round(float(scored.advantages[index]), 6)})
+        """Every completion of this generation batch to completions.jsonl (`log_completions`), and the first
+        `num_completions_to_print` to the console."""
+        records = completion_records(scored, self.tokenizer, self.producer.generations)
         if self.settings.log_completions:
-            path = Path(self.cfg.output_dir) / "completions.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as handle:
-                handle.writelines(json.dumps(record) + "\n" for record in records)
-        shown = records[: self.settings.num_completions_to_print or 0]
-        if shown:
-            self.shown.append(f"completions of generation batch {self.producer.generations} ({len(shown)} of {len(records)}):")
-            for record in shown:
-                rewards = ", ".join(f"{name} {value:.3g}" if value is not None else f"{name} -" for name, value in record["rewards"].items())
-                prompt = record["prompt"] if isinstance(record["prompt"], str) else json.dumps(record["prompt"])[-200:]
-                self.shown.append(f"  {prompt!r} -> {record['completion']!r}  [{rewards}; advantage {record['advantage']:+.3f}]")
+            append_records(self.cfg.output_dir, records)
+        self.shown += console_lines(records, self.settings.num_completions_to_print or 0, self.producer.generations)
 
 
 def my_micro_batches(window: list[TrainingRow], rank: int, world: int, size: int, accumulation: int):
@@ -456,8 +440,3 @@ def my_micro_batches(window: list[TrainingRow], rank: int, world: int, size: int
 
 def _flat(window: list) -> list:
     return [row for item in window for row in (item if isinstance(item, list) else [item])]
-
-
-def _finite_or_none(value: torch.Tensor) -> float | None:
-    number = float(value)
-    return None if number != number else round(number, 6)
