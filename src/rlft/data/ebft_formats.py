@@ -72,7 +72,7 @@ def resolve_structured(ds, cfg, index: int, where: str, tokenizer) -> Callable[[
             record["ground_truth"] = record["completion"]
         if record.get("ground_truth") in (None, ""):
             raise RowError(f"no ground truth: EBFT compares samples with a reference answer; add a `ground_truth` "
-                           f"(or `completion`) column, or use type: ebft_opencode.transform (row has {sorted(record)})")
+                           f"(or `completion`) column, or use type: ebft_opencode.transform (row has {fields_of(record)})")
         record["ground_truth"] = text(record["ground_truth"], "ground_truth")
         return record
 

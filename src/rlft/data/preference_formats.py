@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, bind_tokenizer, call_transform, fields_of, render_chat, chat_template_format, get_field, text, user_transform
+from rlft.data.formats import (RowError, bind_tokenizer, call_transform, chat_template_format, fields_of, get_field, render_chat,
+                               text, user_transform)
 from rlft.errors import DataError, RlftError
 
 Record = dict[str, Any]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, bind_tokenizer, call_transform, chat_template_format, render_chat, text, user_transform
+from rlft.data.formats import (RowError, bind_tokenizer, call_transform, chat_template_format, fields_of, render_chat, text,
+                               user_transform)
 from rlft.errors import DataError
 
 
@@ -39,7 +40,7 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
     def to_record(row: dict) -> dict:
         record = convert(row)
         if record.get("prompt") in (None, "", []):
-            raise RowError(f"no `prompt` after the transform (row has {sorted(record)}): GRPO rows need a prompt string or message list")
+            raise RowError(f"no `prompt` after the transform (row has {fields_of(record)}): GRPO rows need a prompt string or message list")
         prompt = record["prompt"]
         if isinstance(prompt, list):
             for turn, message in enumerate(prompt):
