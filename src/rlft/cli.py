@@ -295,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(f"error{where}:", style="bold red", end=" ")
         err_console.print(str(exc), markup=False, highlight=False)  # messages quote YAML like [ipo]: no markup
         return 130 if isinstance(exc, TrainingInterrupted) else 1
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
+    except KeyboardInterrupt:  # outside the training steps (loading, final export, summary): the loop saves its own
+        err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
+                          "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
         return 130
     except Exception as exc:
         from rlft.train.parallel import peer_failure
