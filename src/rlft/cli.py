@@ -311,5 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run_command() -> None:
+    """The `rlft` command: main(), then exit with its code. A Ctrl-C that lands after main() has returned (while the
+    interpreter shuts down torch's libraries) is ignored: the run is over and its result printed, and Python would
+    otherwise print a traceback from an atexit hook."""
+    import signal
+
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command()

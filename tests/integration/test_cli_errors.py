@@ -85,3 +85,21 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
     assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"rlft {__version__}"
+
+
+def test_the_command_ignores_a_ctrl_c_after_main_has_returned(monkeypatch):
+    """A SIGINT that lands while the interpreter shuts down (torch's atexit hooks) would print a traceback after the
+    run's summary; `rlft` ignores SIGINT once main() has returned, and exits with main()'s code."""
+    import signal
+
+    import rlft.cli
+
+    monkeypatch.setattr(rlft.cli, "main", lambda: 3)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            rlft.cli.run_command()
+        assert exit_.value.code == 3
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
