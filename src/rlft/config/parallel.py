@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
 # FSDP1 knobs with no counterpart in FSDP2 (it always keeps original parameters, loads and syncs as it shards)
@@ -91,3 +92,102 @@ def fsdp_settings(cfg) -> FsdpSettings | None:
         activation_checkpointing=_flag(config.get("activation_checkpointing", False), "activation_checkpointing"),
         notes=tuple(notes),
     )
+
+
+# DeepSpeed JSON files rlft ships, found by name when `deepspeed:` names a path that does not exist here
+SHIPPED_DEEPSPEED = Path(__file__).resolve().parent.parent / "deepspeed_configs"
+# sections of a DeepSpeed file that rlft builds from its own keys instead, or does not run
+DEEPSPEED_REFUSED = {
+    "optimizer": "rlft builds the optimizer from the config's optimizer, learning_rate, weight_decay and adam_* keys",
+    "scheduler": "rlft builds the learning-rate schedule from lr_scheduler, warmup_steps / warmup_ratio",
+}
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    path: Path  # the file read
+    config: dict  # its JSON; "auto" values are filled at train time (train/zero.py)
+    stage: int  # ZeRO stage, 0-3
+    offload: bool  # optimizer or parameters live on the CPU
+
+
+def deepspeed_file(setting: str) -> Path:
+    """The file `deepspeed:` names: as written (relative to the working directory), else the shipped file of that
+    name (Axolotl's `deepspeed_configs/zero3_bf16.json` idiom). Raises ValueError naming what exists."""
+    path = Path(setting).expanduser()
+    if path.is_file():
+        return path
+    shipped = SHIPPED_DEEPSPEED / path.name
+    if not path.is_absolute() and shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.name for p in SHIPPED_DEEPSPEED.glob("*.json")))
+    raise ValueError(f"deepspeed: {setting} does not exist (relative paths start in the working directory {Path.cwd()}); "
+                     f"rlft ships {names} under deepspeed_configs/, usable by that path from any folder")
+
+
+def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
+    """The DeepSpeed file `deepspeed:` names, read and checked against the config, or None when unset. Raises
+    ValueError naming the file and the problem."""
+    import json
+
+    if not cfg.deepspeed:
+        return None
+    path = deepspeed_file(cfg.deepspeed)
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"deepspeed: {path} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"deepspeed: {path} holds a {type(config).__name__}, expected a JSON object")
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ValueError(f"deepspeed: {path}: zero_optimization must be an object, got {zero!r}")
+    stage = zero.get("stage", 0)
+    if stage not in (1, 2, 3):
+        raise ValueError(f"deepspeed: {path}: zero_optimization.stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain data "
+                         "parallelism: leave deepspeed unset and start several processes)")
+    for section, why in DEEPSPEED_REFUSED.items():
+        if section in config:
+            raise ValueError(f"deepspeed: {path} has a {section!r} section, which rlft does not read: {why}. Remove it")
+    compile_ = config.get("compile")
+    if isinstance(compile_, dict) and compile_.get("disable", True) is False:
+        raise ValueError(f"deepspeed: {path}: its compile section (DeepSpeed's torch.compile) is not built in rlft; remove it "
+                         "(or use Axolotl's zero1.json / zero2.json / zero3.json without _torch_compile)")
+    offload = {key: zero[key].get("device") for key in ("offload_optimizer", "offload_param") if isinstance(zero.get(key), dict)}
+    if "nvme" in offload.values():
+        raise ValueError(f"deepspeed: {path}: offload to nvme is not built in rlft (checkpoints read the optimizer state in "
+                         "memory); offload to cpu, or remove the offload section")
+    fp16 = config.get("fp16", {}).get("enabled") if isinstance(config.get("fp16"), dict) else None
+    if fp16 is True or (fp16 == "auto" and cfg.fp16):
+        raise ValueError(f"deepspeed: fp16 with DeepSpeed is not built in rlft (its dynamic loss scale would fight rlft's "
+                         f"gradient accumulation); use bf16 (in {path} and in the config)")
+    bf16 = config.get("bf16", {}).get("enabled") if isinstance(config.get("bf16"), dict) else None
+    if isinstance(bf16, bool) and isinstance(cfg.bf16, bool) and bf16 != cfg.bf16:
+        raise ValueError(f"deepspeed: {path} sets bf16.enabled: {str(bf16).lower()} and the config bf16: "
+                         f"{str(cfg.bf16).lower()}: make them agree (or write \"auto\" in the file)")
+    for key, ours, name in (("train_micro_batch_size_per_gpu", cfg.micro_batch_size, "micro_batch_size"),
+                            ("gradient_accumulation_steps", cfg.gradient_accumulation_steps, "gradient_accumulation_steps"),
+                            ("gradient_clipping", cfg.max_grad_norm or 0.0, "max_grad_norm")):
+        value = config.get(key, "auto")
+        if value != "auto" and value != ours:
+            raise ValueError(f"deepspeed: {path} sets {key}: {value} and the config {name}: {ours}: make them agree (or "
+                             "write \"auto\" in the file: rlft fills it from the config)")
+    if "train_batch_size" in config and config["train_batch_size"] != "auto":
+        raise ValueError(f"deepspeed: {path}: train_batch_size must be \"auto\": rlft sets it to micro_batch_size x "
+                         "gradient_accumulation_steps x processes")
+    kwargs = cfg.gradient_checkpointing_kwargs or {}
+    if stage == 3 and cfg.gradient_checkpointing and kwargs.get("use_reentrant", True) is False:
+        raise ValueError("gradient_checkpointing_kwargs.use_reentrant: false with DeepSpeed ZeRO-3: the re-computed forward "
+                         "sees parameters ZeRO-3 has released again, so set use_reentrant: true (as Axolotl's ZeRO-3 "
+                         "example does)")
+    return DeepSpeedSettings(path=path, config=config, stage=stage, offload=bool(offload))
+
+
+def partitioned(cfg, processes: int) -> bool:
+    """Whether the weights are split over the `processes` (FSDP2 or ZeRO-3), so that a whole copy must be gathered."""
+    if processes < 2:
+        return False
+    if fsdp_settings(cfg) is not None:
+        return True
+    settings = deepspeed_settings(cfg)
+    return settings is not None and settings.stage == 3

@@ -12,7 +12,7 @@ from pydantic import AliasChoices, field_validator, model_validator
 
 from rlft.config import axolotl_keys
 from rlft.config.base import Section, field, planned
-from rlft.config.parallel import fsdp_settings
+from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.config.trackers import TrackerFields
 from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
@@ -255,7 +255,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         None, "FSDP settings: fsdp_transformer_layer_cls_to_wrap, fsdp_reshard_after_forward, fsdp_offload_params, "
               "fsdp_activation_checkpointing, fsdp_version (rlft always runs FSDP2).")
     ddp_timeout: int = field(1800, "Seconds a collective may wait for a rank before the run stops (a rank that hangs).", gt=0)
-    deepspeed: Optional[str] = planned(None, "DeepSpeed JSON config path.", issue="#11")
+    deepspeed: Optional[str] = field(None, "DeepSpeed JSON file (ZeRO-1/2/3): a path, or one rlft ships by name "
+                                     "(deepspeed_configs/zero3_bf16.json); \"auto\" values come from the config.")
     context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="#11", ge=1)
 
     @field_validator("chat_template")
@@ -371,10 +372,11 @@ def combination_problems(cfg: RlftConfig):
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
     yield from _nemo_gym_problems(cfg)
-    try:
-        fsdp_settings(cfg)
-    except ValueError as exc:
-        yield str(exc)
+    for settings in (fsdp_settings, deepspeed_settings):
+        try:
+            settings(cfg)
+        except ValueError as exc:
+            yield str(exc)
     if cfg.deepspeed and (cfg.fsdp or cfg.fsdp_config):
         yield "deepspeed and fsdp are both set: choose one way to shard the model"
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):

@@ -4,7 +4,9 @@ A checkpoint `output_dir/checkpoint-N/` holds:
   model/              save_pretrained output (only the adapter for LoRA) + tokenizer: loadable as is; the full
                       weights even when they were sharded over processes (gathered for the save)
   optimizer/          optimizer state, torch.distributed.checkpoint: each process writes its own shard, and a
-                      load re-shards it for any number of processes (or one)
+                      load re-shards it for any number of processes (or one); under DeepSpeed, each trained
+                      parameter's state whole (zero.json, zero-R.safetensors: train/zero.py), which loads on
+                      any number of processes too
   scheduler.json      learning-rate schedule state
   rng-R.pt            python, numpy and torch RNG states of process R (tensors and numbers)
   trainer_state.json  step, data position (epoch, batch), process count, metrics; written last
@@ -32,6 +34,7 @@ import torch
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
+from rlft.train import zero
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
                                     restore_rng, rng_state, save_scheduler, scheduler_state)
 
@@ -152,6 +155,8 @@ def save_optimizer(model, optimizer, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    if zero.is_deepspeed(model):
+        return zero.save_optimizer(model, folder)
     with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", which it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}, checkpoint_id=str(folder))
@@ -162,6 +167,14 @@ def load_optimizer(model, optimizer, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+    written_by_deepspeed = (folder / zero.INDEX).is_file()
+    if written_by_deepspeed != zero.is_deepspeed(model):
+        raise CheckpointError(f"{folder.parent} was written {'with' if written_by_deepspeed else 'without'} DeepSpeed and "
+                              f"this run is {'not ' if written_by_deepspeed else ''}under DeepSpeed: their optimizer states "
+                              "differ in form. Resume with the deepspeed: setting it was written with (its weights load "
+                              "either way: point base_model at its model/ folder to start afresh from them)")
+    if written_by_deepspeed:
+        return zero.load_optimizer(model, folder)
     target = {"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}  # initialised: the tensors to load into
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -217,7 +230,8 @@ def checkpoint_problem(folder: Path) -> str | None:
 def _state_files_problem(folder: Path) -> str | None:
     """Why the optimizer, schedule or RNG state of `folder` cannot be read, or None."""
     if (folder / "optimizer").is_dir():
-        problem = optimizer_files_problem(folder / "optimizer")
+        zero_state = (folder / "optimizer" / zero.INDEX).is_file()
+        problem = (zero.optimizer_files_problem if zero_state else optimizer_files_problem)(folder / "optimizer")
         if problem:
             return problem + (" (rlft never runs code from a checkpoint)" if "running code" in problem else "")
     checks: list[tuple[str, Callable[[], Any]]] = [(SCHEDULER_FILE if (folder / SCHEDULER_FILE).exists() else "scheduler.pt",

@@ -18,13 +18,14 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from rlft.config.parallel import fsdp_settings
+from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
-from rlft.train.parallel import gradient_sync, max_across, mean_metrics, shard_model, sum_across
+from rlft.train import zero
+from rlft.train.parallel import gradient_sync, max_across, mean_metrics, shard_model, sum_across, trains_in_bf16
 from rlft.train.recipe import Recipe
 from rlft.train.watch import RunGuards, StopRequest
 
@@ -67,7 +68,11 @@ def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def wrap(cfg, model, accelerator, console: Console):
-    """The model as the processes train it (as it is, DDP, or sharded with FSDP2) and its optimizer."""
+    """The model as the processes train it (as it is, DDP, sharded with FSDP2, or a DeepSpeed engine) and its
+    optimizer."""
+    ds = deepspeed_settings(cfg)
+    if ds is not None:  # also on one process: the same engine, so that runs compare across process counts
+        return zero.initialize(ds, cfg, model, build_optimizer(cfg, model), accelerator.num_processes, trains_in_bf16(cfg))
     settings = fsdp_settings(cfg)
     if settings is not None and accelerator.is_main_process:
         for note in settings.notes if accelerator.num_processes > 1 else ("fsdp with one process: nothing to shard",):
@@ -95,7 +100,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         load_weights(accelerator.unwrap_model(model), resume_from / "model")
     recipe.before_wrap(model)
     model, optimizer = wrap(cfg, model, accelerator, console)
-    scheduler = build_scheduler(cfg, optimizer, total_steps)
+    deepspeed = zero.is_deepspeed(model)
+    scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else optimizer, total_steps)
     unwrapped = accelerator.unwrap_model(model)
 
     state = TrainState(total_steps=total_steps, world_size=world)
@@ -124,8 +130,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
         log.truncate_after(state.global_step)
     timer = PhaseTimer()
-    total_params = sum(p.numel() for p in unwrapped.parameters())
-    trainable_params = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
+    total_params = sum(getattr(p, "ds_numel", p.numel()) for p in unwrapped.parameters())  # ZeRO-3: numel() is 0
+    trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in unwrapped.parameters() if p.requires_grad)
     precision = "bf16" if accelerator.mixed_precision == "bf16" else ("fp16" if accelerator.mixed_precision == "fp16" else "fp32")
     peak = peak_flops(accelerator.device, precision, cfg.mfu_peak_flops) * accelerator.num_processes
     params = [p for p in model.parameters() if p.requires_grad]
@@ -150,8 +156,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
 
     def save() -> Path | None:
         nonlocal last_saved, save_time
-        if sum_across([float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in params))],
-                      accelerator.device)[0]:
+        local = [p.to_local() if hasattr(p, "to_local") else zero.local_values(p) for p in params]
+        if sum_across([float(any(not torch.isfinite(values).all() for values in local))], accelerator.device)[0]:
             raise TrainingDiverged(f"the weights hold NaN or inf after step {state.global_step}{last_good()}. Lower "
                                    "learning_rate and keep max_grad_norm set")
         state.recipe_state = recipe.state_dict()
@@ -214,7 +220,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         # backward at the size of a mean (the first micro-batch's units, the largest over ranks: every
                         # rank must scale alike), not of a sum: fp16 scalers stay in range
                         scale = scale or max_across(max(float(out.units), 1.0), accelerator.device)
-                        accelerator.backward(out.loss_sum * (weight / scale))
+                        if deepspeed:
+                            zero.backward(model, out.loss_sum * (weight / scale), last=index == len(batches) - 1)
+                        else:
+                            accelerator.backward(out.loss_sum * (weight / scale))
                     if not weight:
                         continue
                     units += out.units
@@ -241,17 +250,22 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         # sum over the window (and ranks) -> mean per loss unit; DDP and FSDP average the gradients
                         # over ranks, so multiply by the rank count: every rank steps with one large batch's gradient
                         factor = scale * accelerator.num_processes / max(units, 1.0)
-                        for param in params:
-                            if param.grad is not None:
-                                param.grad.mul_(factor)
-                        max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
-                        norm = accelerator.clip_grad_norm_(params, max_norm)
-                        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
+                        if deepspeed:  # DeepSpeed scales, clips and updates in one call
+                            grad_norm = zero.step(model, factor)
+                        else:
+                            for param in params:
+                                if param.grad is not None:
+                                    param.grad.mul_(factor)
+                            max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
+                            norm = accelerator.clip_grad_norm_(params, max_norm)
+                            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
                         if not math.isfinite(grad_norm) and accelerator.mixed_precision != "fp16":  # fp16: the scaler skips
-                            raise TrainingDiverged(f"the gradient norm is {grad_norm} at step {state.global_step + 1} (the "
-                                                   f"step was not applied){last_good()}. Lower learning_rate, keep "
-                                                   "max_grad_norm set, or check the data")
-                        optimizer.step()
+                            applied = "DeepSpeed applied the step" if deepspeed else "the step was not applied"
+                            raise TrainingDiverged(f"the gradient norm is {grad_norm} at step {state.global_step + 1} "
+                                                   f"({applied}){last_good()}. Lower learning_rate, keep max_grad_norm "
+                                                   "set, or check the data")
+                        if not deepspeed:
+                            optimizer.step()
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
                         grad_norm = 0.0
                     scheduler.step()

@@ -8,7 +8,8 @@ accelerate starts the process group (NCCL on CUDA, gloo on CPU). Strategies:
 * data parallel (DDP), the default with N > 1: a full copy per process, gradients all-reduced;
 * FSDP2 (`fsdp` / `fsdp_config`): parameters, gradients and optimizer state sharded over the processes with
   `torch.distributed.fsdp.fully_shard`, one unit per decoder layer. rlft calls it directly, the call
-  accelerate makes on GPUs, so the same code runs on CPU (gloo), where accelerate has no FSDP.
+  accelerate makes on GPUs, so the same code runs on CPU (gloo), where accelerate has no FSDP;
+* DeepSpeed ZeRO-1/2/3 (`deepspeed: file.json`): `deepspeed.initialize`, also called directly (train/zero.py).
 
 Every collective runs on the main thread, in the same order on every rank.
 """
@@ -23,8 +24,10 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from rlft.config.parallel import launched
+from rlft.config.parallel import deepspeed_settings, launched
 from rlft.errors import ConfigError
+from rlft.train.zero import gathered_state_dict as zero_gathered_state_dict
+from rlft.train.zero import is_deepspeed, zero3_parameters
 
 
 def make_accelerator(cfg):
@@ -39,13 +42,40 @@ def make_accelerator(cfg):
         from rlft.train.launch import check_devices
 
         check_devices(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
-    bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and cuda and torch.cuda.is_bf16_supported())
+    bf16 = trains_in_bf16(cfg)
     if cfg.tf32 and cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # a rank that hangs (not one that dies: the launcher stops the others at once) fails the others after ddp_timeout
     timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
-    return Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda, kwargs_handlers=timeout)
+    bf16 = bf16 and not cfg.deepspeed  # DeepSpeed keeps bf16 weights itself (fp32 in the optimizer): no autocast on top
+    accelerator = Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda,
+                              kwargs_handlers=timeout)
+    if cfg.deepspeed and processes == 1:  # DeepSpeed needs a process group, also of one
+        _single_process_group()
+    return accelerator
+
+
+def trains_in_bf16(cfg) -> bool:
+    """bf16: true, or `auto` on a GPU that has it; a DeepSpeed file's explicit bf16.enabled wins over `auto`."""
+    settings = deepspeed_settings(cfg)
+    written = (settings.config.get("bf16") or {}).get("enabled") if settings else None
+    if cfg.bf16 == "auto" and isinstance(written, bool):
+        return written
+    return cfg.bf16 is True or (cfg.bf16 == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def _single_process_group() -> None:
+    if dist.is_initialized():
+        return
+    import socket
+
+    with socket.socket() as probe:  # a free port on this machine only
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1)
+    os.environ.setdefault("LOCAL_RANK", "0")  # what a launcher would have set: DeepSpeed reads it
 
 
 def is_sharded(model) -> bool:
@@ -107,8 +137,9 @@ def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
 
 @contextmanager
 def gradient_sync(model, sync: bool) -> Iterator[None]:
-    """Reduce gradients in this backward only when `sync` (the last micro-batch of a step)."""
-    if sync:
+    """Reduce gradients in this backward only when `sync` (the last micro-batch of a step). DeepSpeed is told in its
+    own backward (zero.backward)."""
+    if sync or is_deepspeed(model):
         yield
     elif is_sharded(model):
         model.set_requires_gradient_sync(False)
@@ -124,10 +155,13 @@ def gradient_sync(model, sync: bool) -> Iterator[None]:
 
 
 def gathered_state_dict(model) -> dict[str, torch.Tensor] | None:
-    """A sharded (FSDP2) model's whole state dict, on the CPU of rank 0 (empty elsewhere): a collective, every rank
-    calls it. None for a model that is whole on every rank already (one process, DDP)."""
+    """A sharded (FSDP2, ZeRO-3) model's whole state dict, on the CPU of rank 0 (empty elsewhere): a collective, every
+    rank calls it. None for a model that is whole on every rank already (one process, DDP, ZeRO-1/2)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    module = getattr(model, "module", model) if is_deepspeed(model) else model
+    if zero3_parameters(module):
+        return zero_gathered_state_dict(module)
     if not is_sharded(model):
         return None
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

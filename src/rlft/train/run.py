@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rlft.config import planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
-from rlft.config.parallel import fsdp_settings, launched
+from rlft.config.parallel import launched, partitioned
 from rlft.config.trackers import missing_tracker_packages
 from rlft.config.schema import AXOLOTL_OPTIMIZERS, nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
@@ -44,11 +44,9 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "on every device; set flex_attention: false")
     processes = processes or launched()[1]
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
-    if resets and processes > 1 and fsdp_settings(cfg) is not None:
-        raise NotImplementedYet(f"trl.{resets[0]} with fsdp: moving a reference copy towards sharded weights is not built "
-                                "yet; use plain data parallelism (leave fsdp unset) or drop the key")
-    if cfg.deepspeed:
-        raise NotImplementedYet(deepspeed_refusal(cfg.deepspeed))
+    if resets and partitioned(cfg, processes):
+        raise NotImplementedYet(f"trl.{resets[0]} with fsdp or DeepSpeed ZeRO-3: moving a reference copy towards sharded "
+                                "weights is not built yet; use plain data parallelism or ZeRO-1/2, or drop the key")
     if cfg.context_parallel_size > 1:
         device = "CUDA GPUs" if torch.cuda.is_available() else "CUDA GPUs (this machine has none)"
         raise NotImplementedYet(f"context_parallel_size: {cfg.context_parallel_size}: context parallelism splits each sequence "
@@ -71,28 +69,6 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
         raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
-
-
-def deepspeed_refusal(path: str) -> str:
-    """Why `deepspeed:` does not run, and the FSDP2 settings that shard the way its ZeRO stage does (ZeRO-3 when the
-    file cannot be read, which is also said)."""
-    import json
-
-    file, zero, problem = Path(path).expanduser(), {}, ""
-    if not file.is_file():
-        problem = f"; besides, {file} does not exist (relative paths start in the working directory {Path.cwd()})"
-    else:
-        try:
-            zero = json.loads(file.read_text()).get("zero_optimization", {})
-        except (json.JSONDecodeError, AttributeError) as exc:
-            problem = f"; besides, {file} is not a JSON object ({exc})"
-    zero = zero if isinstance(zero, dict) else {}
-    stage = zero.get("stage", 3)
-    offload = any(isinstance(zero.get(k), dict) and zero[k].get("device") in ("cpu", "nvme")
-                  for k in ("offload_optimizer", "offload_param"))
-    options = ["full_shard" if stage == 3 else "shard_grad_op", "auto_wrap"] + (["offload"] if offload else [])
-    return (f"deepspeed: DeepSpeed ZeRO is not built yet (issue #11). FSDP2 shards the way ZeRO-{stage} does: remove "
-            f"deepspeed and set fsdp: [{', '.join(options)}] (docs/distributed.md){problem}")
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlft.config.parallel import fsdp_settings
+from rlft.config.parallel import partitioned
 from rlft.config.rl import GENERATION_KWARGS, rl_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
@@ -111,7 +111,7 @@ class GRPORecipe(Recipe):
         self.model = None  # the trained module (unwrapped), for weight pushes at checkpoints and evaluation
         self.step = 0
         self.queue: list[list[TrainingRow]] = []  # each optimizer step's rows (all processes'), still to train on
-        self.twin = None  # rank 0's full copy of a sharded (FSDP2) policy, which the engine and weight sync read
+        self.twin = None  # rank 0's full copy of a sharded (FSDP2, ZeRO-3) policy, which the engine and weight sync read
         self.batch_metrics: dict[str, float] = {}  # describe the generation batch being trained on
         self.fresh: dict[str, float] = {}  # this step's own (phase times, skips)
         self.pending: list[str] = []  # warnings for the loop to print
@@ -122,7 +122,7 @@ class GRPORecipe(Recipe):
 
     # ------------------------------------------------------------------ lifecycle
     def before_wrap(self, model) -> None:
-        if self.world > 1 and self.rank == 0 and fsdp_settings(self.cfg) is not None:
+        if self.rank == 0 and partitioned(self.cfg, self.world):
             self.twin = copy.deepcopy(model)  # taken before sharding: a plain model, refreshed by `whole`
 
     def whole(self, model):
