@@ -1,8 +1,8 @@
 """Several training processes on CPU (gloo), through the real launcher: `rlft train CONFIG --num-processes 2`.
 
 The same global batch on 1 and on 2 processes (micro_batch_size x accumulation x processes) must give the
-same losses, for plain data parallelism (DDP) and FSDP2; checkpoints written by 2 processes resume on 1; a
-run whose rank dies stops whole and resumes exactly; two "nodes" on localhost train like one.
+same losses, for plain data parallelism (DDP), FSDP2 and DeepSpeed ZeRO-2/3; checkpoints written by 2 processes
+resume on 1; a run whose rank dies stops whole and resumes exactly; two "nodes" on localhost train like one.
 """
 
 import json
@@ -21,6 +21,9 @@ from rlft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 FSDP = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+# the files rlft ships, by the path Axolotl's configs use (zero2.json also moves the optimizer state to the CPU)
+STRATEGIES = {"ddp": {}, "fsdp": FSDP, "zero2": {"deepspeed": "deepspeed_configs/zero2.json"},
+              "zero3": {"deepspeed": "deepspeed_configs/zero3.json"}}
 
 
 def free_port() -> int:
@@ -94,10 +97,10 @@ def sft(tmp_path_factory, tiny_model_dir, addition_files):
     return config, losses(folder / "one"), folder
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_sft_two_processes_equal_one(sft, strategy):
     config, expected, folder = sft
-    out = train(config(strategy, 2, save_steps=5, **(FSDP if strategy == "fsdp" else {})))
+    out = train(config(strategy, 2, save_steps=5, **STRATEGIES[strategy]))
     assert "8 micro x 2 accumulation x 2 process(es)" in out
     got = losses(folder / strategy)
     assert got.keys() == expected.keys() == set(range(1, 11))
@@ -105,47 +108,59 @@ def test_sft_two_processes_equal_one(sft, strategy):
     assert_same_evals(evals(folder / strategy), evals(folder / "one"))
     checkpoint = folder / strategy / "checkpoint-10"
     assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
-    assert len(list((checkpoint / "optimizer").glob("*.distcp"))) == 2  # each process wrote its shard
+    shards = "zero-*.safetensors" if strategy.startswith("zero") else "*.distcp"
+    assert len(list((checkpoint / "optimizer").glob(shards))) == 2  # each process wrote its part
     assert json.loads((checkpoint / "trainer_state.json").read_text())["world_size"] == 2
-    if strategy == "fsdp":  # the sharded weights were gathered: the final model loads whole, with the trained values
+    if strategy in ("fsdp", "zero3"):  # the sharded weights were gathered: the final model loads whole, with the trained values
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(folder / strategy)
         assert sum(p.numel() for p in model.parameters()) > 100_000
 
 
-def test_lora_under_fsdp_equals_one_process(sft):
-    """Only the adapter trains; FSDP2 shards frozen and trained weights alike; the saved adapter is gathered whole."""
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_lora_under_sharding_equals_one_process(sft, strategy):
+    """Only the adapter trains; FSDP2 and ZeRO-3 shard frozen and trained weights alike; the saved adapter is gathered
+    whole."""
     from safetensors.torch import load_file
 
     config, _, folder = sft
     lora = {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_linear": True, "max_steps": 6}
-    train(config("lora-one", 4, **lora), processes=1)
-    train(config("lora-fsdp", 2, **lora, **FSDP))
-    got, expected = losses(folder / "lora-fsdp"), losses(folder / "lora-one")
+    if not (folder / "lora-one" / "adapter_model.safetensors").exists():
+        train(config("lora-one", 4, **lora), processes=1)
+    train(config(f"lora-{strategy}", 2, **lora, **STRATEGIES[strategy]))
+    got, expected = losses(folder / f"lora-{strategy}"), losses(folder / "lora-one")
     assert got.keys() == expected.keys() == set(range(1, 7))
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
-    one, two = (load_file(folder / name / "adapter_model.safetensors") for name in ("lora-one", "lora-fsdp"))
+    one, two = (load_file(folder / name / "adapter_model.safetensors") for name in ("lora-one", f"lora-{strategy}"))
     assert sorted(one) == sorted(two) and all("lora_" in name for name in one)
     assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-5
 
 
-def test_fsdp_checkpoint_resumes_on_one_process(sft):
-    """Written by 2 FSDP processes at step 5, continued by 1 process (twice the accumulation): the same steps 6-10."""
+@pytest.mark.parametrize("strategy, then", [("fsdp", "ddp"), ("zero3", "zero2")])
+def test_sharded_checkpoint_resumes_on_one_process(sft, strategy, then):
+    """Written by 2 FSDP (ZeRO-3) processes at step 5, continued by 1 process (twice the accumulation), the DeepSpeed
+    one under ZeRO-2: the same steps 6-10. A DeepSpeed checkpoint does not resume without DeepSpeed, and says why."""
     import shutil
 
     config, expected, folder = sft
-    source = folder / "fsdp" / "checkpoint-5"
+    source = folder / strategy / "checkpoint-5"
     if not source.exists():
-        train(config("fsdp", 2, save_steps=5, **FSDP))
-    shutil.rmtree(folder / "resumed", ignore_errors=True)
-    (folder / "resumed").mkdir()
-    shutil.copytree(source, folder / "resumed" / "checkpoint-5")
-    out = train(config("resumed", 4, resume_from_checkpoint="auto"), processes=1)
+        train(config(strategy, 2, save_steps=5, **STRATEGIES[strategy]))
+    resumed = f"resumed-{strategy}"
+    shutil.rmtree(folder / resumed, ignore_errors=True)
+    (folder / resumed).mkdir()
+    shutil.copytree(source, folder / resumed / "checkpoint-5")
+    out = train(config(resumed, 4, resume_from_checkpoint="auto", **STRATEGIES[then]), processes=1)
     assert "written by 2 processes, continued by 1" in " ".join(out.split())
-    got = losses(folder / "resumed")
+    got = losses(folder / resumed)
     assert set(got) == {6, 7, 8, 9, 10}
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    if strategy == "zero3":
+        refused = start(config("plain", 4, resume_from_checkpoint=str(source)), processes=1)
+        output, _ = refused.communicate(timeout=120)
+        assert refused.returncode == 1 and "Traceback" not in output, output[-3000:]
+        assert "was written with DeepSpeed and this run is not under DeepSpeed" in " ".join(output.split())
 
 
 def test_two_nodes_on_localhost(sft):
@@ -259,11 +274,11 @@ def grpo(tmp_path_factory, warm_model):
     return config, losses(folder / "one"), folder
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
 def test_grpo_two_processes_equal_one(grpo, strategy):
     """Rank 0 samples and scores all 16 completions of a step and broadcasts them; each process trains 8."""
     config, expected, folder = grpo
-    train(config(strategy, 1, **(FSDP if strategy == "fsdp" else {})))
+    train(config(strategy, 1, **STRATEGIES[strategy]))
     got = losses(folder / strategy)
     assert got.keys() == expected.keys() == set(range(1, 11))
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
@@ -302,7 +317,7 @@ def test_async_grpo_on_two_ranks_learns(warm_model, tmp_path, repo_root):
     assert [m["step"] for m in read_metrics(out / "metrics.jsonl") if "eval/reward" in m] == [0, 50]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
 def test_dpo_two_processes_equal_one(tmp_path, warm_model, strategy):
     # 128 pairs: 32 micro-batches an epoch, which divide by the 2 processes (otherwise an epoch's last step differs: one
     # process has a padding micro-batch where a single process would take the next epoch's first)
@@ -320,7 +335,7 @@ def test_dpo_two_processes_equal_one(tmp_path, warm_model, strategy):
             "eval_steps": 6, **extra})
 
     train(config("one", 4), processes=1)
-    train(config(strategy, 2, **(FSDP if strategy == "fsdp" else {})))
+    train(config(strategy, 2, **STRATEGIES[strategy]))
     got, expected = losses(tmp_path / strategy), losses(tmp_path / "one")
     assert got.keys() == expected.keys() == set(range(1, 13))  # steps 9-12 are the second epoch
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
@@ -348,7 +363,7 @@ def ebft(tmp_path_factory, warm_model, repo_root):
 LORA = {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"]}
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
 def test_strided_ebft_two_processes_equal_one(ebft, strategy):
     """Each micro-batch samples its blocks from a generator seeded by its place in the global order, so 2 processes
     draw what 1 process draws: the same losses, rewards and held-out evaluations. With LoRA the feature network is the
@@ -359,7 +374,7 @@ def test_strided_ebft_two_processes_equal_one(ebft, strategy):
     if not (folder / "strided-one" / "metrics.jsonl").exists():
         train(config("strided", "strided-one", 2, held_out, micro_batch_size=4, **LORA), processes=1)
     output = train(config("strided", f"strided-{strategy}", 1, held_out, micro_batch_size=4, **LORA,
-                          **(FSDP if strategy == "fsdp" else {})))
+                          **STRATEGIES[strategy]))
     assert "4 micro x 1 accumulation x 2 process(es)" in output
     got, expected = losses(folder / f"strided-{strategy}"), losses(folder / "strided-one")
     assert got.keys() == expected.keys() == set(range(1, 5))

@@ -175,11 +175,6 @@ def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
     if "train_batch_size" in config and config["train_batch_size"] != "auto":
         raise ValueError(f"deepspeed: {path}: train_batch_size must be \"auto\": rlft sets it to micro_batch_size x "
                          "gradient_accumulation_steps x processes")
-    kwargs = cfg.gradient_checkpointing_kwargs or {}
-    if stage == 3 and cfg.gradient_checkpointing and kwargs.get("use_reentrant", True) is False:
-        raise ValueError("gradient_checkpointing_kwargs.use_reentrant: false with DeepSpeed ZeRO-3: the re-computed forward "
-                         "sees parameters ZeRO-3 has released again, so set use_reentrant: true (as Axolotl's ZeRO-3 "
-                         "example does)")
     return DeepSpeedSettings(path=path, config=config, stage=stage, offload=bool(offload))
 
 

@@ -13,8 +13,12 @@ code. DeepSpeed's own checkpoint files would need `torch.load(weights_only=False
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +64,17 @@ def engine_config(settings: DeepSpeedSettings, cfg, processes: int, bf16: bool, 
 
 def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimizer, processes: int, bf16: bool):
     """`deepspeed.initialize` on the model and rlft's optimizer: (engine, ZeRO optimizer)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")  # said, not guessed with a warning
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    # DeepSpeed calls torch.distributed functions that torch has renamed: not the user's concern
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     config = engine_config(settings, cfg, processes, bf16, hidden)
-    engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
-                                                        dist_init_required=False)
+    with contextlib.redirect_stdout(io.StringIO()):  # "... op built successfully" lines from its compiled CPU collectives
+        engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                                            dist_init_required=False)
     return engine, zero_optimizer
 
 
@@ -182,9 +190,10 @@ def _prime(engine) -> None:
         for other in inner.param_groups:
             other["params"], other["lr"] = [], 0.0
         group["params"] = [flat]
-        flat.grad = torch.zeros_like(flat)
+        kept = flat.grad  # offloaded optimizer state: ZeRO's own gradient buffer, kept (zeroed) between steps
+        flat.grad = torch.zeros_like(flat) if kept is None else kept.zero_()
         inner.step()
-        flat.grad = None
+        flat.grad = kept
     for group, (params, lr) in zip(inner.param_groups, saved):
         group["params"], group["lr"] = params, lr
     _link(engine)
