@@ -160,24 +160,63 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
         check_devices(3)
 
 
-def test_deepspeed_is_refused_with_the_fsdp_settings_that_shard_alike(config, tmp_path):
+def test_axolotls_deepspeed_paths_find_the_shipped_files(config, tmp_path, monkeypatch):
+    """`deepspeed: deepspeed_configs/zero3_bf16.json` (seed config 21) runs from any folder; a file of that path in the
+    working directory wins."""
     import json
 
-    from rlft.errors import NotImplementedYet
-    from rlft.train.run import refuse_unbuilt
+    from rlft.config.parallel import SHIPPED_DEEPSPEED, deepspeed_settings
 
-    missing = tmp_path / "zero3_bf16.json"
-    with pytest.raises(NotImplementedYet, match=r"set fsdp: \[full_shard, auto_wrap\] .*zero3_bf16.json does not exist"):
-        refuse_unbuilt(config(deepspeed=str(missing)))
-    missing.write_text("{not json")
-    with pytest.raises(NotImplementedYet, match="is not a JSON object"):
-        refuse_unbuilt(config(deepspeed=str(missing)))
-    missing.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
-    with pytest.raises(NotImplementedYet, match=r"ZeRO-2 does: remove deepspeed and set fsdp: \[shard_grad_op, auto_wrap\]"):
-        refuse_unbuilt(config(deepspeed=str(missing)))
-    missing.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
-    with pytest.raises(NotImplementedYet, match=r"ZeRO-3 does: remove deepspeed and set fsdp: \[full_shard, auto_wrap, offload\]"):
-        refuse_unbuilt(config(deepspeed=str(missing)))
+    monkeypatch.chdir(tmp_path)
+    settings = deepspeed_settings(config(deepspeed="deepspeed_configs/zero3_bf16.json"))
+    assert settings.path == SHIPPED_DEEPSPEED / "zero3_bf16.json" and settings.stage == 3 and not settings.offload
+    assert settings.config["bf16"] == {"enabled": True}
+    assert deepspeed_settings(config(deepspeed="deepspeed_configs/zero2.json")).offload  # Axolotl's zero2 offloads
+    (tmp_path / "deepspeed_configs").mkdir()
+    (tmp_path / "deepspeed_configs" / "zero3_bf16.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert deepspeed_settings(config(deepspeed="deepspeed_configs/zero3_bf16.json")).stage == 1
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, r"does not exist .*rlft ships zero1.json, zero2.json, zero3.json, zero3_bf16.json"),
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "holds a list, expected a JSON object"),
+    ({"zero_optimization": {"stage": 0}}, "stage 0 is plain data parallelism: leave deepspeed unset"),
+    ({"zero_optimization": {"stage": 4}}, "stage must be 1, 2 or 3, got 4"),
+    ({"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}, "'optimizer' section, which rlft does not read"),
+    ({"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}}, "builds the learning-rate schedule from lr_scheduler"),
+    ({"zero_optimization": {"stage": 1}, "compile": {"disable": False}}, "compile section .* is not built"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "offload to nvme is not built"),
+    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, "fp16 with DeepSpeed is not built"),
+    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": False}}, "bf16.enabled: false and the config bf16: true"),
+    ({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 3}, "train_micro_batch_size_per_gpu: 3 and the config micro_batch_size: 2"),
+    ({"zero_optimization": {"stage": 2}, "gradient_clipping": 5.0}, "gradient_clipping: 5.0 and the config max_grad_norm: 1.0"),
+    ({"zero_optimization": {"stage": 2}, "train_batch_size": 64}, "train_batch_size must be \"auto\""),
+])
+def test_bad_deepspeed_files_are_refused_at_validation(config, tmp_path, content, words):
+    import json
+
+    path = tmp_path / "ds.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ConfigError, match=words):
+        config(deepspeed=str(path), bf16=True, micro_batch_size=2, max_grad_norm=1.0)
+
+
+def test_deepspeeds_auto_values_come_from_the_config(config):
+    from rlft.config.parallel import deepspeed_settings
+    from rlft.train.zero import engine_config
+
+    cfg = config(deepspeed="deepspeed_configs/zero3.json", micro_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5)
+    filled = engine_config(deepspeed_settings(cfg), cfg, processes=2, bf16=False, hidden_size=64)
+    assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"], filled["train_batch_size"]) == (4, 2, 16)
+    assert filled["gradient_clipping"] == 0.5 and filled["bf16"]["enabled"] is False and filled["fp16"]["enabled"] is False
+    zero = filled["zero_optimization"]
+    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) == (4096, 3686, 640)
+    assert "zero_force_ds_cpu_optimizer" not in filled  # no offload: DeepSpeed's own rule stands
+    cfg = config(deepspeed="deepspeed_configs/zero2.json", max_grad_norm=None)
+    filled = engine_config(deepspeed_settings(cfg), cfg, processes=1, bf16=True, hidden_size=None)
+    assert filled["zero_force_ds_cpu_optimizer"] is False and filled["gradient_clipping"] == 0.0 and filled["bf16"]["enabled"]
 
 
 def test_a_peers_failure_is_told_apart(monkeypatch):

@@ -162,7 +162,7 @@ def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
         raise ValueError(f"deepspeed: fp16 with DeepSpeed is not built in rlft (its dynamic loss scale would fight rlft's "
                          f"gradient accumulation); use bf16 (in {path} and in the config)")
     bf16 = config.get("bf16", {}).get("enabled") if isinstance(config.get("bf16"), dict) else None
-    if isinstance(bf16, bool) and isinstance(cfg.bf16, bool) and bf16 != cfg.bf16:
+    if isinstance(bf16, bool) and isinstance(cfg.bf16, bool) and "bf16" in cfg.model_fields_set and bf16 != cfg.bf16:
         raise ValueError(f"deepspeed: {path} sets bf16.enabled: {str(bf16).lower()} and the config bf16: "
                          f"{str(cfg.bf16).lower()}: make them agree (or write \"auto\" in the file)")
     for key, ours, name in (("train_micro_batch_size_per_gpu", cfg.micro_batch_size, "micro_batch_size"),

@@ -25,7 +25,8 @@ from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, lo
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
 from rlft.train import zero
-from rlft.train.parallel import gradient_sync, max_across, mean_metrics, shard_model, sum_across, trains_in_bf16
+from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
+                                 trains_in_bf16)
 from rlft.train.recipe import Recipe
 from rlft.train.watch import RunGuards, StopRequest
 
@@ -72,6 +73,9 @@ def wrap(cfg, model, accelerator, console: Console):
     optimizer."""
     ds = deepspeed_settings(cfg)
     if ds is not None:  # also on one process: the same engine, so that runs compare across process counts
+        if accelerator.is_main_process and zero.compiles_collectives():
+            console.print("note: DeepSpeed compiles its CPU collectives on first use on this machine (about a minute, once)",
+                          markup=False)
         return zero.initialize(ds, cfg, model, build_optimizer(cfg, model), accelerator.num_processes, trains_in_bf16(cfg))
     settings = fsdp_settings(cfg)
     if settings is not None and accelerator.is_main_process:
@@ -132,8 +136,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     timer = PhaseTimer()
     total_params = sum(getattr(p, "ds_numel", p.numel()) for p in unwrapped.parameters())  # ZeRO-3: numel() is 0
     trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in unwrapped.parameters() if p.requires_grad)
-    precision = "bf16" if accelerator.mixed_precision == "bf16" else ("fp16" if accelerator.mixed_precision == "fp16" else "fp32")
-    peak = peak_flops(accelerator.device, precision, cfg.mfu_peak_flops) * accelerator.num_processes
+    peak = peak_flops(accelerator.device, precision(cfg, accelerator), cfg.mfu_peak_flops) * accelerator.num_processes
     params = [p for p in model.parameters() if p.requires_grad]
     ga = cfg.gradient_accumulation_steps
     history: list[dict[str, Any]] = []

@@ -57,12 +57,31 @@ def make_accelerator(cfg):
 
 
 def trains_in_bf16(cfg) -> bool:
-    """bf16: true, or `auto` on a GPU that has it; a DeepSpeed file's explicit bf16.enabled wins over `auto`."""
+    """bf16: true, or `auto` on a GPU that has it; a DeepSpeed file's explicit bf16.enabled wins over `auto` or unset."""
     settings = deepspeed_settings(cfg)
     written = (settings.config.get("bf16") or {}).get("enabled") if settings else None
-    if cfg.bf16 == "auto" and isinstance(written, bool):
+    if (cfg.bf16 == "auto" or "bf16" not in cfg.model_fields_set) and isinstance(written, bool):
         return written
     return cfg.bf16 is True or (cfg.bf16 == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def precision(cfg, accelerator) -> str:
+    """What the matmuls run in: bf16, fp16 or fp32."""
+    if cfg.deepspeed:
+        return "bf16" if trains_in_bf16(cfg) else "fp32"
+    return accelerator.mixed_precision if accelerator.mixed_precision in ("bf16", "fp16") else "fp32"
+
+
+def strategy(cfg, processes: int) -> str | None:
+    """How the processes share the model, for the plan; None for one process as it is."""
+    settings = deepspeed_settings(cfg)
+    if settings is not None:
+        return f"DeepSpeed ZeRO-{settings.stage} ({settings.path.name}{', offloaded to the CPU' if settings.offload else ''})"
+    if processes == 1:
+        return None
+    from rlft.config.parallel import fsdp_settings
+
+    return "FSDP2 (parameters, gradients and optimizer state sharded)" if fsdp_settings(cfg) else "data parallel (DDP)"
 
 
 def _single_process_group() -> None:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.train.loop import LoopResult, total_steps_for
+from rlft.train.parallel import precision, strategy
 
 
 def _key_value_table(title: str) -> Table:
@@ -34,7 +35,12 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
     effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
     table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
-    table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    if cfg.deepspeed:  # DeepSpeed holds the weights in bf16 and an fp32 copy in the optimizer
+        table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
+    else:
+        table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    if shared := strategy(cfg, accelerator.num_processes):
+        table.add_row("processes", f"{accelerator.num_processes}: {shared}")
     table.add_row("output", str(Path(cfg.output_dir).resolve()))
     console.print(table)
 

@@ -78,6 +78,17 @@ def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimiz
     return engine, zero_optimizer
 
 
+def compiles_collectives() -> bool:
+    """Whether DeepSpeed will compile its shared-memory CPU collectives now (once per machine, about a minute)."""
+    if torch.cuda.is_available():
+        return False
+    import sys
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / "deepspeed_shm_comm"
+    return not any(folder.glob("*.so"))
+
+
 def backward(engine, loss: torch.Tensor, last: bool) -> None:
     """One micro-batch's backward; `last` marks the step's accumulation boundary (gradients reduced there)."""
     if engine.optimizer.loss_scale != 1.0:
