@@ -86,3 +86,35 @@ def test_stop_strings_end_a_sequence(engine):
     stop = text[1:3]
     out = eng.generate(prompt, SamplingParams(max_new_tokens=6, temperature=0.0, stop_strings=[stop]))
     assert stop in tok.decode(out.completion_ids[0]) and len(out.completion_ids[0]) < 6 and out.truncated == [False]
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_samples_what_the_eager_one_samples(engine):
+    """torch_compile: the static-cache, compiled decode step draws the same tokens at the same seed, with the same
+    log-probs (to float32 rounding), for greedy and filtered sampling alike; weights loaded later are the ones it
+    decodes with (the compiled graph reads the parameters, it does not bake them in)."""
+    import copy
+
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, "inductor"))
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"], tok("7+7=")["input_ids"]]
+    settings = [SamplingParams(max_new_tokens=12, temperature=0.0),
+                SamplingParams(max_new_tokens=12, temperature=0.8, top_k=20, repetition_penalty=1.2),
+                SamplingParams(max_new_tokens=70, temperature=1.0)]  # 70 new tokens: a longer cache than the first two
+    for params in settings:
+        a = eager.decode(prompts * 2, params, top_logprobs=2, generator=torch.Generator().manual_seed(3))
+        b = fast.decode(prompts * 2, params, top_logprobs=2, generator=torch.Generator().manual_seed(3))
+        assert a.completion_ids == b.completion_ids and a.truncated == b.truncated
+        for row_a, row_b in zip(a.logprobs, b.logprobs):
+            assert row_b == pytest.approx(row_a, abs=1e-5)
+        assert [[[i for i, _ in step] for step in row] for row in a.top_logprobs] == \
+               [[[i for i, _ in step] for step in row] for row in b.top_logprobs]
+    moved = {name: p + 0.05 * torch.randn_like(p) for name, p in eager.model.named_parameters()}
+    other = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok)
+    other.load_weights(moved, version=1)
+    fast.load_weights(moved, version=1)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    a, b = other.decode(prompts, params), fast.decode(prompts, params)
+    assert a.completion_ids == b.completion_ids != eager.decode(prompts, params).completion_ids
+    for row_a, row_b in zip(a.logprobs, b.logprobs):
+        assert row_b == pytest.approx(row_a, abs=1e-5)

@@ -43,9 +43,11 @@ class LocalEngine:
     `from_policy` makes it from the policy being trained: a copy of the weights that train, sharing
     the frozen ones (a LoRA run copies only its adapter; a full fine-tune copies every weight).
     The trained module is never read while sampling: new weights arrive through `load_weights`.
+    `compiled` (mode, backend) decodes with a static KV cache and a compiled one-token forward (rollout/compiled.py).
     """
 
-    def __init__(self, model, pad_id: int, tokenizer=None, max_batch: int = 256, version: int = 0):
+    def __init__(self, model, pad_id: int, tokenizer=None, max_batch: int = 256, version: int = 0,
+                 compiled: tuple[str | None, str] | None = None):
         self.model = model.eval()
         self.pad_id = pad_id
         self.tokenizer = tokenizer  # only needed for stop strings
@@ -53,12 +55,19 @@ class LocalEngine:
         self._version = version
         self._params = dict(model.named_parameters())
         self.lock = threading.Lock()  # one decode or weight load at a time (async prefetch samples on another thread)
+        self.compiled = compiled
+        self.decoder = None
+        if compiled is not None:
+            from rlft.rollout.compiled import CompiledDecoder
+
+            self.decoder = CompiledDecoder(self.model, _cache_keyword(self.model), *compiled)
 
     @classmethod
-    def from_policy(cls, policy, pad_id: int, tokenizer=None, version: int = 0) -> "LocalEngine":
+    def from_policy(cls, policy, pad_id: int, tokenizer=None, version: int = 0,
+                    compiled: tuple[str | None, str] | None = None) -> "LocalEngine":
         shared = {id(p): p for p in policy.parameters() if not p.requires_grad}  # frozen weights never change: share them
         own = copy.deepcopy(policy, memo=shared).requires_grad_(False)
-        return cls(own, pad_id, tokenizer, version=version)
+        return cls(own, pad_id, tokenizer, version=version, compiled=compiled)
 
     @property
     def version(self) -> int:
@@ -116,8 +125,11 @@ class LocalEngine:
             seen = torch.zeros((count, vocab), dtype=torch.long, device=device).scatter_add_(1, input_ids, attention) > 0
         stop = torch.tensor(params.stop_token_ids or [-1], device=device)
         cache = {_cache_keyword(self.model): DynamicCache()}
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            use_cache=True, **cache).logits[:, -1]
+        if self.decoder is not None:
+            logits = self.decoder.prefill(input_ids, attention, positions, params.max_new_tokens)
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                                use_cache=True, **cache).logits[:, -1]
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
         end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
@@ -143,8 +155,11 @@ class LocalEngine:
             finished = finished | just_finished
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
-            attention = torch.cat([attention, torch.ones((count, 1), dtype=attention.dtype, device=device)], dim=1)
             next_position = next_position + 1
+            if self.decoder is not None:
+                logits = self.decoder.step(chosen, next_position)
+                continue
+            attention = torch.cat([attention, torch.ones((count, 1), dtype=attention.dtype, device=device)], dim=1)
             logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position[:, None],
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()

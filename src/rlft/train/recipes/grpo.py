@@ -30,6 +30,7 @@ from rlft.models.logprobs import (completion_batch, completion_logits, completio
                                   sampled_logps)
 from rlft.models.weights import merged_weights
 from rlft.rollout.engine import RolloutEngine
+from rlft.rollout.compiled import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer
@@ -94,7 +95,7 @@ class GRPORecipe(Recipe):
             s.needs_sampling_correction or s.off_policy_mask_threshold is not None)
         self.sampling_for = sampling_for
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
-            policy, tokenizer.pad_token_id, tokenizer, version=version))
+            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(cfg)))
         self.rollout_func = load_rollout_func(s.rollout_func, s) if s.rollout_func else None
         self.environment = environment
         identity = lambda rows: {"prompts": rows}  # noqa: E731

@@ -12,6 +12,7 @@ import torch
 
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
+from rlft.rollout.compiled import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
@@ -31,7 +32,8 @@ def served_dtype(setting: str | None, model_dtype: torch.dtype | None, device_ty
 class TransformersBackend(ThreadedBackend):
     name = "transformers"
 
-    def __init__(self, model, tokenizer, *, model_name: str, dtype: torch.dtype, max_model_len: int, max_lora_rank: int):
+    def __init__(self, model, tokenizer, *, model_name: str, dtype: torch.dtype, max_model_len: int, max_lora_rank: int,
+                 compiled: tuple[str | None, str] | None = None):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.dtype = self.lora_dtype = dtype
@@ -42,7 +44,8 @@ class TransformersBackend(ThreadedBackend):
         self.base_updated = False  # True once full weights were loaded: the base is no longer base_model's own
         self.lora: dict[str, int] | None = None
         self._lora_config: dict | None = None
-        self._engine = LocalEngine(model.to(dtype).requires_grad_(False), tokenizer.pad_token_id, tokenizer)
+        self.compiled = compiled  # torch_compile: a static KV cache and a compiled decode step
+        self._engine = LocalEngine(model.to(dtype).requires_grad_(False), tokenizer.pad_token_id, tokenizer, compiled=compiled)
         plain = plain_state_dict(model)
         self.architecture = architecture_digest(plain)
         self._shapes = {name: (tuple(t.shape), t.dtype) for name, t in plain.items()}
@@ -65,7 +68,7 @@ class TransformersBackend(ThreadedBackend):
             raise ConfigError(f"vllm.max_model_len={max_model_len} is above the model's max_position_embeddings={positions}: lower it")
         max_lora_rank = cfg.vllm.max_lora_rank or cfg.lora_r or 64
         return cls(model.to(device_type), tokenizer, model_name=str(cfg.base_model), dtype=dtype,
-                   max_model_len=max_model_len, max_lora_rank=max_lora_rank)
+                   max_model_len=max_model_len, max_lora_rank=max_lora_rank, compiled=compile_options(cfg))
 
     async def reset_prefix_cache(self) -> None:
         return None  # each batch builds its own KV cache: nothing is kept between batches
@@ -154,12 +157,14 @@ class TransformersBackend(ThreadedBackend):
         known.update(inference_mode=True)
         model = get_peft_model(self._engine.model, LoraConfig(**known), autocast_adapter_dtype=False)
         model.to(self.dtype).requires_grad_(False).eval()
-        self._engine = LocalEngine(model, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version)
+        self._engine = LocalEngine(model, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version,
+                                   compiled=self.compiled)
         self._lora_config = config
 
     def _unwrap(self) -> None:
         base = self._engine.model.unload()  # removes the LoRA layers; base weights untouched
-        self._engine = LocalEngine(base, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version)
+        self._engine = LocalEngine(base, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version,
+                                   compiled=self.compiled)
         self._lora_config, self.lora = None, None
 
     def _set_adapter_tensors(self, adapter: AdapterFiles) -> dict[str, torch.Tensor]:
