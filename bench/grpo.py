@@ -132,6 +132,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
         "datasets": [{"path": str(train_file)}],
         "sequence_len": 64,  # prompt (<= 7 tokens) + 32 completion tokens fit
         "micro_batch_size": COMPLETIONS_PER_STEP,
+        "torch_compile": args.compile,  # static KV cache + compiled decode step (compiled in the run's first step)
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
@@ -319,7 +320,7 @@ def print_report(res: dict) -> None:
           f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
     print(f"GRPO {res['size']} ({res['params']:,} params), {res['steps']} steps, {COMPLETIONS_PER_STEP} completions/step "
           f"({COMPLETIONS_PER_STEP // GROUP} prompts x G={GROUP}), max completion {MAX_COMPLETION}, force length "
-          f"{res['force_length']}, {res['threads']} threads; torch {res['versions']['torch']}, transformers "
+          f"{res['force_length']}, rlft torch_compile {res['rlft_torch_compile']}, {res['threads']} threads; torch {res['versions']['torch']}, transformers "
           f"{res['versions']['transformers']}, trl {res['versions']['trl']}")
     rows = [
         ("wall time of the training call (s)", r["wall_s"], t["wall_s"], "{:.2f}"),
@@ -370,7 +371,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: decoding B=8 one token at a time is latency-bound, and on a shared "
                              "2-core VM two OpenMP threads stall 3-10x whenever another process runs; 0 = torch's choice)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/grpo-<size>.json)")
+    parser.add_argument("--compile", action="store_true",
+                        help="rlft with torch_compile: true (static KV cache, compiled decode step; the compile falls in "
+                             "each run's first step, so compare median steps)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (default bench/results/grpo-<size>.json, grpo-<size>-compiled.json with --compile)")
     args = parser.parse_args()
     quiet()
     if args.threads:
@@ -418,6 +423,7 @@ def main() -> None:
         "completions_per_step": COMPLETIONS_PER_STEP,
         "max_completion_length": MAX_COMPLETION,
         "force_length": args.force_length,
+        "rlft_torch_compile": args.compile,
         "beta": BETA,
         "loss_type": LOSS_TYPE,
         "learning_rate": LR,
@@ -443,7 +449,7 @@ def main() -> None:
         "all_runs": runs,
     }
     print_report(report)
-    out = args.out or RESULTS / f"grpo-{args.size}.json"
+    out = args.out or RESULTS / f"grpo-{args.size}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -141,7 +141,7 @@ class LocalEngine:
                 chosen = torch.multinomial(distribution.exp(), 1, generator=generator).squeeze(-1)
             else:
                 chosen = scores.argmax(-1)
-            chosen = torch.where(finished, torch.full_like(chosen, self.pad_id), chosen)
+            chosen = chosen.masked_fill_(finished, self.pad_id)  # in place: decoding is overhead-bound
             tokens.append(chosen)
             logps.append(distribution.gather(-1, chosen.clamp_min(0)[:, None]).squeeze(-1))
             if top_logprobs > 0:
@@ -151,8 +151,8 @@ class LocalEngine:
             just_finished = ~finished & torch.isin(chosen, stop)
             if params.stop_strings and self.tokenizer is not None:
                 just_finished |= self._stop_string_hit(torch.stack(tokens, 1), finished | just_finished, params.stop_strings)
-            end_step = torch.where(just_finished, torch.full_like(end_step, step), end_step)
-            finished = finished | just_finished
+            end_step.masked_fill_(just_finished, step)
+            finished |= just_finished
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
             next_position = next_position + 1
