@@ -128,8 +128,8 @@ def test_train_refuses_before_loading_anything(config):
     from rlft.errors import NotImplementedYet
     from rlft.train.run import refuse_unbuilt
 
-    with pytest.raises(NotImplementedYet, match=r"(?s)do not run in rlft.*- torch_compile: .*GPU kernel"):
-        refuse_unbuilt(config(torch_compile=True))
+    with pytest.raises(NotImplementedYet, match=r"(?s)do not run in rlft.*- torch_compile_options: .*GPU kernel"):
+        refuse_unbuilt(config(torch_compile_options={"max_autotune": True}))
 
 
 @pytest.mark.parametrize("overrides, key", [
