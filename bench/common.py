@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import warnings
 from pathlib import Path
@@ -19,6 +20,8 @@ def quiet() -> None:
     import datasets
     import transformers
 
+    if not torch.cuda.is_available():  # DeepSpeed, imported by transformers when installed, would warn
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()

@@ -267,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+
+    if not torch.cuda.is_available():  # said, so that DeepSpeed (imported by transformers when installed) does not warn
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import logging
 
     logging.getLogger("rlft.rewards").propagate = False  # the recipe prints reward failures on the run's console

@@ -1,0 +1,142 @@
+"""Decode speed alone: rlft's rollout engine, eager and compiled (`torch_compile`), against transformers' `generate`.
+
+    .venv/bin/python bench/decode.py                  # size S, 8 rows x 32 new tokens, 1 torch thread
+    .venv/bin/python bench/decode.py --size M --rows 64 --new-tokens 128
+
+The same seeded tiny Llama and the same left-padded "a+b=" prompts for every engine; every row samples
+exactly `--new-tokens` tokens at temperature 1 (no stop token), so tokens/s compare like with like. The compiled
+engine is compiled in a warm-up call (its time is reported). Then the engines alternate `--repeat` times and
+each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
+steps, and the sampling ops and Python around them. vLLM is measured by the server tests
+(`make test-vllm`), not here. Results go to bench/results/decode-<size>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, make_model, quiet  # noqa: E402
+
+from rlft.rollout.local import LocalEngine  # noqa: E402
+from rlft.rollout.types import SamplingParams  # noqa: E402
+from rlft.tasks.addition import split_rows  # noqa: E402
+
+
+def prompts_for(tokenizer, rows: int) -> list[list[int]]:
+    return [tokenizer(row["prompt"])["input_ids"] for row in split_rows()[0][:rows]]
+
+
+def time_engine(engine: LocalEngine, prompts, params, seed: int) -> float:
+    began = time.perf_counter()
+    decoded = engine.decode(prompts, params, generator=torch.Generator().manual_seed(seed))
+    assert all(len(row) == params.max_new_tokens for row in decoded.completion_ids)
+    return time.perf_counter() - began
+
+
+def time_generate(model, prompts, pad_id: int, new_tokens: int, seed: int) -> float:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    torch.manual_seed(seed)
+    began = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                         max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
+    assert out.shape[1] == width + new_tokens
+    return time.perf_counter() - began
+
+
+def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -> dict[str, float]:
+    """The compiled engine's decode without sampling: prefill alone, then prefill + greedy compiled steps."""
+    decoder = engine.decoder
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts])
+    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    positions = (attention.cumsum(-1) - 1).clamp_min(0)
+    prefill, steps = [], []
+    with torch.no_grad():
+        for _ in range(repeat):
+            began = time.perf_counter()
+            logits = decoder.prefill(ids, attention, positions, new_tokens)
+            prefill.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            position = positions[:, -1]
+            for _ in range(new_tokens - 1):
+                position = position + 1
+                logits = decoder.step(logits.argmax(-1), position)
+            steps.append(time.perf_counter() - began)
+    return {"prefill_s": statistics.median(prefill), "compiled_steps_s": statistics.median(steps)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="S")
+    parser.add_argument("--rows", type=int, default=8, help="sequences decoded together (prompts x samples)")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    quiet()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="rlft-decode-") as tmp:
+        folder = make_model(Path(tmp) / "model", args.size, args.seed)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    prompts = prompts_for(tokenizer, args.rows)
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=())
+    eager = LocalEngine(model, tokenizer.pad_token_id)
+    compiled = LocalEngine(model, tokenizer.pad_token_id, compiled=(None, "inductor"))
+    compile_s = time_engine(compiled, prompts, params, args.seed)  # the first call compiles
+    time_engine(eager, prompts, params, args.seed)
+    with torch.no_grad():
+        time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens, args.seed)
+    load_before = os.getloadavg()
+    times: dict[str, list[float]] = {"rlft eager": [], "rlft compiled": [], "transformers generate": []}
+    for index in range(args.repeat):
+        times["rlft eager"].append(time_engine(eager, prompts, params, args.seed + index))
+        times["rlft compiled"].append(time_engine(compiled, prompts, params, args.seed + index))
+        with torch.no_grad():
+            times["transformers generate"].append(time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens,
+                                                                args.seed + index))
+    split = split_compiled(compiled, prompts, args.new_tokens, args.repeat)
+    load_after = os.getloadavg()
+    tokens = args.rows * args.new_tokens
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    split["sampling_and_python_s"] = medians["rlft compiled"] - split["prefill_s"] - split["compiled_steps_s"]
+    report = {
+        "benchmark": "decode", "date": datetime.datetime.now().isoformat(timespec="seconds"), "size": args.size,
+        "params": sum(p.numel() for p in model.parameters()), "rows": args.rows, "new_tokens": args.new_tokens,
+        "repeat": args.repeat, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(), "load_average_1m_before_after": [load_before[0], load_after[0]],
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "first_compiled_call_s": compile_s, "median_s": medians,
+        "tokens_per_s": {name: tokens / value for name, value in medians.items()}, "compiled_split_s": split, "all_s": times,
+    }
+    print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows x {args.new_tokens} new tokens, "
+          f"{report['threads']} threads, load {load_before[0]:.2f}/{load_after[0]:.2f}; first compiled call {compile_s:.1f} s")
+    for name, value in medians.items():
+        print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
+    print("  compiled decode split: " + ", ".join(f"{key[:-2]} {value * 1e3:.1f} ms" for key, value in split.items()))
+    out = args.out or RESULTS / f"decode-{args.size}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
