@@ -103,6 +103,18 @@ def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys):
+    """Axolotl's `torch_compile: true`: the forward is compiled (its first step pays for it), and the run trains
+    what the eager run trains."""
+    runs = {}
+    for flag in (False, True):
+        out = tmp_path / f"compile-{flag}"
+        assert cli("train", make_config(output_dir=str(out), torch_compile=flag, max_steps=6, eval_steps=None)) == 0
+        runs[flag] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+    assert "note: torch_compile: the training forward is compiled; the first steps" in " ".join(capsys.readouterr().out.split())
+    assert [m["loss"] for m in runs[True]] == pytest.approx([m["loss"] for m in runs[False]], abs=1e-4)
+
+
 def test_quickstart_runs_from_another_directory(cli, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not the repository root: the clone's quickstart files are found all the same
     assert cli("quickstart", "--max_steps=20", "--eval_steps=20", "--save_steps=20", "--logging_steps=10") == 0

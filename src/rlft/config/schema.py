@@ -145,9 +145,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     flash_attention: bool = field(False, "Use flash_attention_2 (needs the flash-attn package and a CUDA GPU).")
     flex_attention: bool = field(False, "Use PyTorch flex_attention (GPU only for training).")
     torch_compile: Union[bool, Literal["auto"]] = field(
-        False, "Compile the rollout engine's decode step with a static KV cache (online RL with the in-process engine or "
-               "the server's transformers backend): about 2x faster sampling after a compile of seconds per batch shape. "
-               "`auto`: on CUDA GPUs only. The training forward is not compiled.")
+        False, "torch.compile the trained model's forward (every method), and for online RL the rollout engine's decode "
+               "step with a static KV cache (in-process, or the server's transformers backend): faster steps after a "
+               "compile of seconds to a minute. `auto`: on CUDA GPUs only.")
     torch_compile_backend: Optional[str] = field(None, "torch.compile backend for torch_compile (default inductor).")
     torch_compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = field(
         None, "torch.compile mode for torch_compile (default: reduce-overhead, CUDA graphs, on a GPU; default on a CPU).")

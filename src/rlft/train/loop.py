@@ -24,6 +24,7 @@ from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
+from rlft.rollout.compiled import compile_options
 from rlft.train import zero
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
                                  trains_in_bf16)
@@ -87,6 +88,17 @@ def wrap(cfg, model, accelerator, console: Console):
     return model, accelerator.prepare(build_optimizer(cfg, model))
 
 
+def compiled_forward(cfg, model):
+    """`torch_compile`: the trained model behind `torch.compile` (inductor; shapes that vary between batches make it
+    compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
+    pushes keep using the model."""
+    options = compile_options(cfg)
+    if options is None:
+        return model
+    mode, backend = options
+    return torch.compile(model, backend=backend, mode=mode)
+
+
 def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Console) -> LoopResult:
     output_dir = Path(cfg.output_dir)
     main = accelerator.is_main_process
@@ -107,6 +119,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     deepspeed = zero.is_deepspeed(model)
     scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else optimizer, total_steps)
     unwrapped = accelerator.unwrap_model(model)
+    runs = compiled_forward(cfg, model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
 
     state = TrainState(total_steps=total_steps, world_size=world)
     if resume_from is not None:
@@ -148,7 +161,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
 
     def next_batches() -> list[dict[str, Any]]:
         began = time.perf_counter()
-        batches = recipe.prepare_step(model)
+        batches = recipe.prepare_step(runs)
         if batches is not None:  # the recipe built the step (online RL: generate, score, log-probs)
             timer.totals["prepare"] = timer.totals.get("prepare", 0.0) + time.perf_counter() - began
         else:
@@ -188,7 +201,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             return {}
         model.eval()
         with torch.no_grad(), accelerator.autocast():
-            result = recipe.evaluate(model, [_to_device(b, accelerator.device) for b in recipe.eval_batches])
+            result = recipe.evaluate(runs, [_to_device(b, accelerator.device) for b in recipe.eval_batches])
         model.train()
         if main:
             log.write(state.global_step, result)
@@ -219,7 +232,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     weight = 0.0 if batch.get("padding") else 1.0  # a padding batch keeps collectives in step, adds nothing
                     with timer("forward_backward"), gradient_sync(model, index == len(batches) - 1):
                         with accelerator.autocast():
-                            out = recipe.loss(model, batch)
+                            out = recipe.loss(runs, batch)
                         # backward at the size of a mean (the first micro-batch's units, the largest over ranks: every
                         # rank must scale alike), not of a sum: fp16 scalers stay in range
                         scale = scale or max_across(max(float(out.units), 1.0), accelerator.device)

@@ -43,16 +43,6 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
         raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
                                 "on every device; set flex_attention: false")
-    if compile_options(cfg) is not None:
-        online = cfg.method in ("grpo", "gdpo") or (cfg.method == "ebft" and cfg.ebft.mode != "strided")
-        if not online:
-            raise NotImplementedYet(f"torch_compile: rlft compiles the rollout decode step of online RL (grpo, gdpo, structured "
-                                    f"ebft); compiling the training forward of {cfg.method}"
-                                    f"{' (strided)' if cfg.method == 'ebft' else ''} is not built yet (issue #13). Remove "
-                                    "torch_compile or set it false")
-        if cfg.trl.use_vllm and cfg.trl.vllm_mode == "colocate":
-            raise NotImplementedYet("torch_compile with trl.vllm_mode: colocate: vLLM compiles its own decode step (CUDA "
-                                    "graphs unless vllm.enforce_eager); remove torch_compile")
     processes = processes or launched()[1]
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
     if resets and partitioned(cfg, processes):
@@ -162,9 +152,12 @@ def _train(cfg, console: Console) -> LoopResult:
 
     if accelerator.is_main_process:
         print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step)
-        if compile_options(cfg) is not None and not cfg.trl.use_vllm:
-            console.print("note: torch_compile: the rollout engine decodes with a static KV cache and a compiled step; each new "
-                          "batch shape compiles once (seconds)", markup=False)
+        if compile_options(cfg) is not None:
+            engine = cfg.method in ("grpo", "gdpo") or (cfg.method == "ebft" and cfg.ebft.mode != "strided")
+            decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
+                      cfg.trl.use_vllm else "")
+            console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
+                          "to a minute), then run faster", markup=False)
     try:
         result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
     finally:
