@@ -100,6 +100,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "datasets": [{"path": str(train_file)}],
         "sequence_len": MAX_LENGTH,
         "micro_batch_size": args.micro_batch,
+        "torch_compile": args.compile,  # the compiled forward: compiled in each run's first steps
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
@@ -352,7 +353,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="run the four settings this many times, alternating, and report each one's fastest run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/preference-<size>.json)")
+    parser.add_argument("--compile", action="store_true",
+                        help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (default bench/results/preference-<size>.json, ...-compiled.json with --compile)")
     args = parser.parse_args()
     quiet()
     if args.threads:
@@ -410,6 +414,7 @@ def main() -> None:
         "benchmark": "preference",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
+        "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
         "micro_batch": args.micro_batch,
@@ -438,7 +443,7 @@ def main() -> None:
         "all_runs": runs,
     }
     print_report(report)
-    out = args.out or RESULTS / f"preference-{args.size}.json"
+    out = args.out or RESULTS / f"preference-{args.size}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -88,6 +88,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
         "sequence_len": 32,
         "sample_packing": False,
         "micro_batch_size": args.micro_batch,
+        "torch_compile": args.compile,  # the compiled forward: compiled in each run's first steps
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
@@ -251,7 +252,10 @@ def main() -> None:
                         help="alternate the tools this many times and report each tool's fastest run (a shared "
                              "2-core machine is noisy; every run is kept in the JSON)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/sft_vs_trl-<size>.json)")
+    parser.add_argument("--compile", action="store_true",
+                        help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (default bench/results/sft_vs_trl-<size>.json, ...-compiled.json with --compile)")
     args = parser.parse_args()
     quiet()
     if args.threads:
@@ -282,6 +286,7 @@ def main() -> None:
         "benchmark": "sft_vs_trl",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
+        "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
         "micro_batch": args.micro_batch,
@@ -304,7 +309,7 @@ def main() -> None:
         },
     }
     print_report(report)
-    out = args.out or RESULTS / f"sft_vs_trl-{args.size}.json"
+    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
