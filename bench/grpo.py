@@ -130,7 +130,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
             "generation_kwargs": {"ignore_eos": True} if args.force_length else None,
         },
         "datasets": [{"path": str(train_file)}],
-        "sequence_len": 64,  # prompt (<= 7 tokens) + 32 completion tokens fit
+        "sequence_len": 32 + MAX_COMPLETION,  # prompt (<= 7 tokens) + the completion fit
         "micro_batch_size": COMPLETIONS_PER_STEP,
         "torch_compile": args.compile,  # static KV cache + compiled decode step (compiled in the run's first step)
     }, source="bench")
@@ -359,6 +359,7 @@ def print_report(res: dict) -> None:
 
 
 def main() -> None:
+    global MAX_COMPLETION
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="S")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (5-20 is plenty)")
@@ -371,12 +372,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: decoding B=8 one token at a time is latency-bound, and on a shared "
                              "2-core VM two OpenMP threads stall 3-10x whenever another process runs; 0 = torch's choice)")
+    parser.add_argument("--max-completion", type=int, default=32,
+                        help="tokens per completion (default 32; 512 for the long-sequence case)")
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (static KV cache, compiled decode step; the compile falls in "
                              "each run's first step, so compare median steps)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default bench/results/grpo-<size>.json, grpo-<size>-compiled.json with --compile)")
     args = parser.parse_args()
+    MAX_COMPLETION = args.max_completion
     quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -449,7 +453,8 @@ def main() -> None:
         "all_runs": runs,
     }
     print_report(report)
-    out = args.out or RESULTS / f"grpo-{args.size}{'-compiled' if args.compile else ''}.json"
+    length = f"-c{MAX_COMPLETION}" if MAX_COMPLETION != 32 else ""
+    out = args.out or RESULTS / f"grpo-{args.size}{length}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
