@@ -172,6 +172,8 @@ def test_axolotls_deepspeed_paths_find_the_shipped_files(config, tmp_path, monke
     assert settings.path == SHIPPED_DEEPSPEED / "zero3_bf16.json" and settings.stage == 3 and not settings.offload
     assert settings.config["bf16"] == {"enabled": True}
     assert deepspeed_settings(config(deepspeed="deepspeed_configs/zero2.json")).offload  # Axolotl's zero2 offloads
+    (tmp_path / "none.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}))
+    assert not deepspeed_settings(config(deepspeed=str(tmp_path / "none.json"))).offload  # DeepSpeed's "none": no offload
     (tmp_path / "deepspeed_configs").mkdir()
     (tmp_path / "deepspeed_configs" / "zero3_bf16.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
     assert deepspeed_settings(config(deepspeed="deepspeed_configs/zero3_bf16.json")).stage == 1

@@ -107,8 +107,8 @@ DEEPSPEED_REFUSED = {
 class DeepSpeedSettings:
     path: Path  # the file read
     config: dict  # its JSON; "auto" values are filled at train time (train/zero.py)
-    stage: int  # ZeRO stage, 0-3
-    offload: bool  # optimizer or parameters live on the CPU
+    stage: int  # ZeRO stage, 1-3
+    offload: bool  # optimizer state or parameters live on the CPU
 
 
 def deepspeed_file(setting: str) -> Path:
@@ -153,8 +153,8 @@ def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
     if isinstance(compile_, dict) and compile_.get("disable", True) is False:
         raise ValueError(f"deepspeed: {path}: its compile section (DeepSpeed's torch.compile) is not built in rlft; remove it "
                          "(or use Axolotl's zero1.json / zero2.json / zero3.json without _torch_compile)")
-    offload = {key: zero[key].get("device") for key in ("offload_optimizer", "offload_param") if isinstance(zero.get(key), dict)}
-    if "nvme" in offload.values():
+    devices = {zero[key].get("device") for key in ("offload_optimizer", "offload_param") if isinstance(zero.get(key), dict)}
+    if "nvme" in devices:
         raise ValueError(f"deepspeed: {path}: offload to nvme is not built in rlft (checkpoints read the optimizer state in "
                          "memory); offload to cpu, or remove the offload section")
     fp16 = config.get("fp16", {}).get("enabled") if isinstance(config.get("fp16"), dict) else None
@@ -175,7 +175,7 @@ def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
     if "train_batch_size" in config and config["train_batch_size"] != "auto":
         raise ValueError(f"deepspeed: {path}: train_batch_size must be \"auto\": rlft sets it to micro_batch_size x "
                          "gradient_accumulation_steps x processes")
-    return DeepSpeedSettings(path=path, config=config, stage=stage, offload=bool(offload))
+    return DeepSpeedSettings(path=path, config=config, stage=stage, offload="cpu" in devices)  # "none": no offload
 
 
 def partitioned(cfg, processes: int) -> bool:
