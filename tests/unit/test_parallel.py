@@ -233,3 +233,28 @@ def test_a_peers_failure_is_told_apart(monkeypatch):
 def test_fewer_batches_than_processes_pad_every_process():
     plan = BatchPlan(list(range(2)), 2, seed=0, pad_id=0, shard=(1, 2), collate=lambda rows: {"rows": rows})
     assert len(plan) == 1 and plan.is_padding(0) and plan.epoch_order(0) == [plan.epoch_order(0)[0]]
+
+
+def test_deepspeed_and_torch_compile_say_what_the_machine_lacks(config, monkeypatch):
+    """Before the model loads: DeepSpeed not installed names the pip extra; on a CPU without a C++ compiler,
+    torch_compile and DeepSpeed (which compile kernels / collectives) say so instead of failing mid-run."""
+    import importlib.util
+    import shutil
+
+    import torch
+
+    from rlft.errors import ConfigError
+    from rlft.train.run import missing_build_tools, refuse_unbuilt
+
+    assert missing_build_tools(config(torch_compile=True, deepspeed="deepspeed_configs/zero2.json")) == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a))
+    problems = missing_build_tools(config(deepspeed="deepspeed_configs/zero2.json"))
+    assert "DeepSpeed, which is not installed: pip install -c constraints.txt 'rlft[deepspeed]'" in problems[0]
+    assert problems[1].startswith("deepspeed: on a CPU it compiles C++ code, and no C++ compiler was found")
+    with pytest.raises(ConfigError, match="torch_compile: on a CPU it compiles C\\+\\+ code"):
+        refuse_unbuilt(config(torch_compile=True))
+    assert missing_build_tools(config(torch_compile=False)) == []

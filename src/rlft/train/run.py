@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
     if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
-    missing = missing_tracker_packages(cfg)
+    missing = missing_tracker_packages(cfg) + missing_build_tools(cfg)
     if missing:
         raise ConfigError("\n".join(missing))
     refused, _ = unsupported_settings(cfg)
@@ -70,6 +71,24 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if unbuilt:
         listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
         raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
+
+
+def missing_build_tools(cfg) -> list[str]:
+    """What `deepspeed:` and `torch_compile` need that this machine lacks: the DeepSpeed package, and on a CPU a C++
+    compiler (inductor compiles its kernels, DeepSpeed its collectives), one sentence each."""
+    import importlib.util
+    import shutil
+
+    problems = []
+    if cfg.deepspeed and importlib.util.find_spec("deepspeed") is None:
+        problems.append(f"deepspeed: {cfg.deepspeed} asks for DeepSpeed, which is not installed: pip install -c "
+                        "constraints.txt 'rlft[deepspeed]'")
+    compiles = [key for key, on in (("torch_compile", compile_options(cfg) is not None), ("deepspeed", bool(cfg.deepspeed))) if on]
+    if compiles and not torch.cuda.is_available() and not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+                                                           or shutil.which("clang++")):
+        problems.append(f"{compiles[0]}: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or $CXX): "
+                        "install one (e.g. apt install g++) or remove the key")
+    return problems
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:
