@@ -124,10 +124,10 @@ class LocalEngine:
             # counted, not scattered as booleans: a padding column must not clear a token the prompt does hold
             seen = torch.zeros((count, vocab), dtype=torch.long, device=device).scatter_add_(1, input_ids, attention) > 0
         stop = torch.tensor(params.stop_token_ids or [-1], device=device)
-        cache = {_cache_keyword(self.model): DynamicCache()}
         if self.decoder is not None:
             logits = self.decoder.prefill(input_ids, attention, positions, params.max_new_tokens)
         else:
+            cache = {_cache_keyword(self.model): DynamicCache()}
             logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps, tops = [], [], []

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from rlft.config.parallel import deepspeed_settings, launched
+from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.errors import ConfigError
 from rlft.train.zero import gathered_state_dict as zero_gathered_state_dict
 from rlft.train.zero import is_deepspeed, zero3_parameters
@@ -42,13 +42,12 @@ def make_accelerator(cfg):
         from rlft.train.launch import check_devices
 
         check_devices(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
-    bf16 = trains_in_bf16(cfg)
+    bf16 = trains_in_bf16(cfg) and not cfg.deepspeed  # DeepSpeed keeps bf16 weights itself: no autocast on top
     if cfg.tf32 and cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # a rank that hangs (not one that dies: the launcher stops the others at once) fails the others after ddp_timeout
     timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
-    bf16 = bf16 and not cfg.deepspeed  # DeepSpeed keeps bf16 weights itself (fp32 in the optimizer): no autocast on top
     accelerator = Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda,
                               kwargs_handlers=timeout)
     if cfg.deepspeed and processes == 1:  # DeepSpeed needs a process group, also of one
@@ -79,8 +78,6 @@ def strategy(cfg, processes: int) -> str | None:
         return f"DeepSpeed ZeRO-{settings.stage} ({settings.path.name}{', offloaded to the CPU' if settings.offload else ''})"
     if processes == 1:
         return None
-    from rlft.config.parallel import fsdp_settings
-
     return "FSDP2 (parameters, gradients and optimizer state sharded)" if fsdp_settings(cfg) else "data parallel (DDP)"
 
 
@@ -122,7 +119,6 @@ def check_layer_classes(cfg) -> None:
     from its config, no weights read)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlft.config.parallel import fsdp_settings
     from rlft.models.loading import resolve_source
 
     settings = fsdp_settings(cfg)

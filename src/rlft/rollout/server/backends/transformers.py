@@ -44,7 +44,6 @@ class TransformersBackend(ThreadedBackend):
         self.base_updated = False  # True once full weights were loaded: the base is no longer base_model's own
         self.lora: dict[str, int] | None = None
         self._lora_config: dict | None = None
-        self.compiled = compiled  # torch_compile: a static KV cache and a compiled decode step
         self._engine = LocalEngine(model.to(dtype).requires_grad_(False), tokenizer.pad_token_id, tokenizer, compiled=compiled)
         plain = plain_state_dict(model)
         self.architecture = architecture_digest(plain)
@@ -158,13 +157,13 @@ class TransformersBackend(ThreadedBackend):
         model = get_peft_model(self._engine.model, LoraConfig(**known), autocast_adapter_dtype=False)
         model.to(self.dtype).requires_grad_(False).eval()
         self._engine = LocalEngine(model, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version,
-                                   compiled=self.compiled)
+                                   compiled=self._engine.compiled)
         self._lora_config = config
 
     def _unwrap(self) -> None:
         base = self._engine.model.unload()  # removes the LoRA layers; base weights untouched
         self._engine = LocalEngine(base, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version,
-                                   compiled=self.compiled)
+                                   compiled=self._engine.compiled)
         self._lora_config, self.lora = None, None
 
     def _set_adapter_tensors(self, adapter: AdapterFiles) -> dict[str, torch.Tensor]:
