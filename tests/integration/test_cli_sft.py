@@ -106,11 +106,16 @@ def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path
 def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys):
     """Axolotl's `torch_compile: true`: the forward is compiled (its first step pays for it), and the run trains
     what the eager run trains."""
-    runs = {}
+    from torch._dynamo.utils import counters
+
+    runs, graphs = {}, {}
     for flag in (False, True):
         out = tmp_path / f"compile-{flag}"
+        counters.clear()
         assert cli("train", make_config(output_dir=str(out), torch_compile=flag, max_steps=6, eval_steps=None)) == 0
         runs[flag] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+        graphs[flag] = counters["stats"]["unique_graphs"]
+    assert graphs[False] == 0 and graphs[True] > 0, graphs  # the compiled run did go through dynamo
     assert "note: torch_compile: the training forward is compiled; the first steps" in " ".join(capsys.readouterr().out.split())
     assert [m["loss"] for m in runs[True]] == pytest.approx([m["loss"] for m in runs[False]], abs=1e-4)
 
