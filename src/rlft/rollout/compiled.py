@@ -8,8 +8,7 @@ inductor with its C++ wrapper on a CPU, CUDA graphs (`reduce-overhead`) on a GPU
 same cache. Sampling stays outside, unchanged, so every token's log-prob still comes from the distribution it was
 drawn from.
 
-Compiling costs seconds per new batch shape (about 20 s for the tiny models of the tests on a 2-core CPU), once
-per process; it pays off over runs of hundreds of steps, where decoding is most of a GRPO step.
+Compiling costs seconds per new batch shape, once per process; it pays off over runs of hundreds of steps, where decoding is most of a GRPO step.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimiz
 
 
 def compiles_collectives() -> bool:
-    """Whether DeepSpeed will compile its shared-memory CPU collectives now (once per machine, about a minute)."""
+    """Whether DeepSpeed will compile its shared-memory CPU collectives now (once per machine)."""
     if torch.cuda.is_available():
         return False
     import sys
