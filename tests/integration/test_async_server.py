@@ -18,7 +18,7 @@ from rlft.train.metrics import read_metrics
 from server_utils import free_port, kill_group, run_cli, server_env, wait_for_health
 
 pytestmark = pytest.mark.slow
-SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds" / "configs"
+SEEDS = Path(__file__).resolve().parents[1] / "data" / "seed_configs"  # the seed guide's YAML examples, verbatim
 TOKEN = "s3cret"
 REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
 
@@ -88,8 +88,6 @@ SEED_ASYNC = ["11-async-grpo", "12-vllm-lora-sync", "13-streaming-partial-batch"
 def test_seed_async_configs_run_against_the_server(seed, served, cli, tmp_path, monkeypatch):
     """Each fragment of the seed guide, merged onto a local GRPO config that samples from the running server (as the
     guide's two-terminal workflow), with the guide's model, data and reward swapped for local ones."""
-    if not SEEDS.exists():
-        pytest.skip(f"the seed configs are not beside this checkout ({SEEDS})")
     monkeypatch.chdir(served["root"])
     fragment = yaml.safe_load((SEEDS / f"{seed}.yaml").read_text())
     for key in ("base_model", "datasets"):

@@ -38,7 +38,7 @@ from rlft.train.metrics import read_metrics
 from server_utils import REPO, free_port, kill_group, kill_session, run_cli, server_env, wait_for_health
 
 pytestmark = [pytest.mark.slow, needs_gym]
-SEEDS = REPO.parent / "shared" / "seeds" / "configs"
+SEEDS = REPO / "tests" / "data" / "seed_configs"  # the seed guide's YAML examples, verbatim
 ARITHMETIC = "resources_servers/reasoning_gym/data/train_basic_arithmetic.jsonl"  # where the guide's config reads it
 WEATHER = "resources_servers/example_single_tool_call/data/example.jsonl"
 CONFIGS = ["resources_servers/reasoning_gym/configs/resources_only.yaml",
@@ -222,7 +222,7 @@ def test_one_episode_with_a_tool_call_is_stitched_with_env_mask_and_sampling_log
 def test_seed_config_29_trains_on_multi_turn_episodes(gym, cli, tmp_path, monkeypatch, mode):
     """The guide's multi-turn config (seed 29) on the tool model: LoRA synced to the server, rewards from /run."""
     monkeypatch.chdir(tmp_path)
-    seed = yaml.safe_load((REPO.parent / "shared" / "seeds" / "configs" / "29-multi-turn-with-async-grpo-recommended.yaml").read_text())
+    seed = yaml.safe_load((SEEDS / "29-multi-turn-with-async-grpo-recommended.yaml").read_text())
     seed.update({"base_model": str(gym["model"]), "nemo_gym_dir": str(gym_site()), "nemo_gym_head_port": gym["head"],
                  "nemo_gym_datasets": [{"path": WEATHER, "server_name": "example_single_tool_call", "max_samples": 8}],
                  "lora_target_modules": ["q_proj", "v_proj"], "sequence_len": 1024, "micro_batch_size": 8, "max_steps": 3,
