@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import warnings
 from pathlib import Path
 
@@ -28,16 +29,69 @@ def quiet() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+class PeakMemory:
+    """Peak resident memory of this process above its level at entry, in MiB, sampled every millisecond.
+
+    Benchmarks run both tools in one process, so `ru_maxrss` (a lifetime high-water mark) cannot tell
+    them apart; a sampler started at the beginning of a run can. Torch's CPU allocator returns large
+    blocks to the OS when freed, so resident memory follows live tensors. A sampler costs a little CPU:
+    the benches measure memory in a separate run of each tool, after the timed ones.
+    """
+
+    PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def __init__(self) -> None:
+        self.start = self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _resident(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.PAGE_MIB
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, self._resident())
+
+    def __enter__(self) -> "PeakMemory":
+        self.start = self.peak = self._resident()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._resident())
+
+    @property
+    def above_start_mib(self) -> float:
+        return self.peak - self.start
+
+
+def peak_memory(run, *args, **kwargs) -> float:
+    """MiB of resident memory a call (one tool's training run) adds at its peak over what the process held."""
+    with PeakMemory() as sampler:
+        run(*args, **kwargs)
+    return round(sampler.above_start_mib, 1)
+
+
 def median(values) -> float:
     values = list(values)
     return statistics.median(values) if values else 0.0
 
 
-def make_model(folder: Path, size: str, seed: int) -> Path:
-    """Config + byte tokenizer from rlft.models.tiny, seeded random weights, saved once for every run."""
+def make_model(folder: Path, size: str, seed: int, vocab: int | None = None) -> Path:
+    """Config + byte tokenizer from rlft.models.tiny, seeded random weights, saved once for every run.
+
+    `vocab` widens the embeddings and the output layer to a real tokenizer's size (e.g. 32768, Mistral's): the text
+    still uses the byte tokenizer's ids, but every position's logits span the whole vocabulary, as in a real model."""
     write_tiny_model(folder, size)
+    config = AutoConfig.from_pretrained(folder)
+    if vocab:
+        config.vocab_size = vocab
+        config.save_pretrained(folder)
     torch.manual_seed(seed)
-    LlamaForCausalLM(AutoConfig.from_pretrained(folder)).save_pretrained(folder, safe_serialization=True)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     return folder
 
 

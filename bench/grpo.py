@@ -84,7 +84,7 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
-from common import RESULTS, make_model, median, quiet, rlft_keys, trl_keys
+from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys, trl_keys
 from sft_vs_trl import warm_up
 
 GROUP = 4
@@ -340,6 +340,7 @@ def print_report(res: dict) -> None:
         ("generated tokens per step (median)", median(r["generated_tokens_per_step"]), median(t["generated_tokens_per_step"]), "{:.0f}"),
         ("generated tokens/s (over generate)", r["generate_tokens_per_s"], t["generate_tokens_per_s"], "{:,.0f}"),
         ("mean reward", statistics.fmean(r["rewards"]), statistics.fmean(t["rewards"]), "{:.4f}"),
+        ("peak memory above start (MiB)", res["peak_memory_mib"]["rlft"], res["peak_memory_mib"]["trl"], "{:.1f}"),
     ]
     print(f"{'':40s} {'rlft':>10s} {'TRL':>10s}")
     for name, a, b, fmt in rows:
@@ -409,6 +410,9 @@ def main() -> None:
                       f"{run['median_step_s'] * 1e3:.1f} ms, generated tokens/step {median(run['generated_tokens_per_step']):.0f}",
                       flush=True)
         load_after = os.getloadavg()
+        # Peak memory in a run of its own per tool (the sampler thread would perturb the timed runs).
+        memory = {"rlft": peak_memory(run_rlft, model_dir, train_file, tmp / "mem-rlft", args.steps, args),
+                  "trl": peak_memory(run_trl, model_dir, prompts, tmp / "mem-trl", args.steps, args)}
     best = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items()}
 
     def across(tool: str, key: str) -> float:  # the median over repeats: less sensitive to one lucky run
@@ -450,6 +454,7 @@ def main() -> None:
             "median_step_pooled": pooled("trl") / pooled("rlft"),
         },
         "median_step_pooled_s": {tool: pooled(tool) for tool in runs},
+        "peak_memory_mib": memory,
         "all_runs": runs,
     }
     print_report(report)

@@ -73,7 +73,7 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
-from common import RESULTS, make_model, quiet, rlft_keys, trl_keys
+from common import RESULTS, make_model, peak_memory, quiet, rlft_keys, trl_keys
 from sft_vs_trl import StepTimer, warm_up
 
 LR = 5e-4
@@ -338,6 +338,7 @@ def print_report(res: dict) -> None:
         print(f"  {key}: step-2 loss {c['loss_step2'][0]:.6f} vs {c['loss_step2'][1]:.6f}, margin "
               f"{c['margin_step2'][0]:.5f} vs {c['margin_step2'][1]:.5f}; max |loss diff| over all steps "
               f"{c['max_abs_loss_diff']:.2e}")
+    print("peak memory above start (MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in res["peak_memory_mib"].items()))
     for key, ratio in res["ratio_trl_over_rlft"].items():
         print(f"TRL/rlft {key}: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: "
               f"wall {ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x  (>1: rlft is faster)")
@@ -395,6 +396,11 @@ def main() -> None:
                 print(f"run {index + 1}/{args.repeat} {run['setting']:16s}: wall {run['wall_s']:.2f} s, "
                       f"median step {run['median_step_s'] * 1e3:.1f} ms, step-1 loss {run['losses'][0]:.6f}", flush=True)
         load_after = os.getloadavg()
+        # Peak memory in a run of its own per setting (the sampler thread would perturb the timed runs).
+        memory = {label(tool, precompute): peak_memory(run_rlft, model_dir, train_file, tmp / f"mem-{tool}-{precompute}",
+                                                       args.steps, precompute, args) if tool == "rlft" else
+                  peak_memory(run_trl, model_dir, ordered, tmp / f"mem-{tool}-{precompute}", args.steps, precompute, args)
+                  for tool, precompute in SETTINGS}
     best = {name: min(setting_runs, key=lambda run: run["wall_s"]) for name, setting_runs in runs.items()}
     check = curve_check(best)
     bad = [(run["setting"], run["losses"][0]) for setting_runs in runs.values() for run in setting_runs
@@ -438,6 +444,7 @@ def main() -> None:
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
         "best": best,
         "curve_check": check,
+        "peak_memory_mib": memory,
         "ratio_trl_over_rlft": {"reference_every_step": ratio("rlft-copy", "trl-model"),
                                 "precomputed": ratio("rlft-precompute", "trl-precompute")},
         "all_runs": runs,

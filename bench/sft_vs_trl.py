@@ -22,7 +22,9 @@ because a shared 2-core machine is noisy (OpenMP threads stall badly when anothe
 
 Usage (from the repository root):
   .venv/bin/python bench/sft_vs_trl.py --size S --steps 100
-Results: a table on stdout and bench/results/sft_vs_trl-<size>.json.
+  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --vocab 32768   # a real tokenizer's output layer
+Results: a table on stdout and bench/results/sft_vs_trl-<size>[-v<vocab>].json. Peak memory (resident memory a
+run adds at its peak) is measured in one more run of each tool, after the timed ones.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
-from common import RESULTS, make_model, quiet, rlft_keys, trl_keys
+from common import RESULTS, make_model, peak_memory, quiet, rlft_keys, trl_keys
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
@@ -223,6 +225,7 @@ def print_report(res: dict) -> None:
         ("final loss (last step)", r["final_loss"], t["final_loss"], "{:.4f}"),
         ("loss, mean of last 10 steps", r["loss_last10_mean"], t["loss_last10_mean"], "{:.4f}"),
         ("loss, mean of all steps", r["loss_mean"], t["loss_mean"], "{:.4f}"),
+        ("peak memory above start (MiB)", res["peak_memory_mib"]["rlft"], res["peak_memory_mib"]["trl"], "{:.1f}"),
     ]
     print(f"\nbest of {res['repeat']} runs per tool; 1-min load average before/after: "
           f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
@@ -247,6 +250,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="output-layer width (default: the byte tokenizer's; 32768 for a real tokenizer's logits)")
     parser.add_argument("--order", choices=["rlft,trl", "trl,rlft"], default="rlft,trl", help="which tool runs first")
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternate the tools this many times and report each tool's fastest run (a shared "
@@ -264,7 +269,7 @@ def main() -> None:
     train_rows, _ = split_rows()
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
-        model_dir = make_model(tmp / "model", args.size, args.seed)
+        model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
         train_file = tmp / "train.jsonl"
         write_jsonl(train_rows, train_file)
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
@@ -280,12 +285,16 @@ def main() -> None:
                 print(f"run {index + 1}/{args.repeat} {tool}: wall {runs[tool][-1]['wall_s']:.2f} s, "
                       f"median step {runs[tool][-1]['median_step_s'] * 1e3:.1f} ms", flush=True)
         load_after = os.getloadavg()
+        # Peak memory in a run of its own per tool (the sampler thread would perturb the timed runs).
+        memory = {"rlft": peak_memory(run_rlft, model_dir, train_file, tmp / "mem-rlft", args),
+                  "trl": peak_memory(run_trl, model_dir, train_rows, tmp / "mem-trl", args)}
         results = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items()}
 
     report = {
         "benchmark": "sft_vs_trl",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
+        "vocab": args.vocab,
         "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
@@ -302,6 +311,7 @@ def main() -> None:
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
         **results,
+        "peak_memory_mib": memory,
         "all_runs": runs,
         "ratio_trl_over_rlft": {
             "wall": results["trl"]["wall_s"] / results["rlft"]["wall_s"],
@@ -309,7 +319,8 @@ def main() -> None:
         },
     }
     print_report(report)
-    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{'-compiled' if args.compile else ''}.json"
+    vocab = f"-v{args.vocab}" if args.vocab else ""
+    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{vocab}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -146,3 +146,33 @@ def test_evaluate_gives_the_final_eval_of_the_trained_model_and_trains_nothing(m
 def test_evaluate_without_eval_data_says_so(make_config, cli, capsys):
     assert cli("evaluate", make_config()) == 1
     assert "nothing to evaluate: give eval data with val_set_size or test_datasets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [{}, {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True,
+                                    "learning_rate": 0.02},
+                                   {"torch_compile": True}], ids=["full", "lora", "compiled"])
+def test_a_real_size_vocabulary_trains_through_the_output_layer_in_the_loss(extra, make_config, cli, tmp_path, monkeypatch):
+    """With an output layer of a real tokenizer's size the SFT loss applies it to the target positions itself
+    (rlft.losses.linear_ce); the run trains what the model's own (B, T, V) logits train, and learns."""
+    import json
+
+    from rlft.models import head
+    from rlft.models.tiny import write_tiny_model
+    from rlft.train.recipes import sft
+
+    model = write_tiny_model(tmp_path / "wide", "XS", max_positions=128)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 8192}))
+    calls = []
+    monkeypatch.setattr(sft, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(head, "MIN_VOCAB", 4096 if fused else 10**9)
+        out = tmp_path / f"fused-{fused}"
+        assert cli("train", make_config(base_model=str(model), output_dir=str(out), max_steps=8, eval_steps=None,
+                                        **extra)) == 0
+        runs[fused] = [m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+        assert bool(calls) is fused
+        calls.clear()
+    assert runs[True] == pytest.approx(runs[False], abs=1e-4)
+    assert runs[True][-1] < runs[True][0] - 0.5  # it learns (from about log 8192 = 9.0)

@@ -7,8 +7,10 @@ from typing import Any
 import torch
 
 from rlft.data.prepare import PreparedData
-from rlft.losses.sft import sft_loss_sum
 from rlft.data.batches import BatchPlan
+from rlft.losses.linear_ce import linear_cross_entropy_sum
+from rlft.losses.sft import IGNORE, sft_loss_sum
+from rlft.models.head import final_hidden, output_layer
 from rlft.train.parallel import eval_share, sum_across
 from rlft.train.recipe import LossOutput, Recipe
 
@@ -27,6 +29,7 @@ class SFTRecipe(Recipe):
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
                               cfg.sequence_len if packed_eval else None, width=width)
         self._eval_batches = eval_plan.sequential() if data.eval else []
+        self.fused_head = True  # until a model's logits turn out not to be its output layer's (final_hidden)
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -37,17 +40,29 @@ class SFTRecipe(Recipe):
         """Target tokens (the first position is never a target)."""
         return int((batch["labels"][:, 1:] != -100).sum())
 
+    def _loss_sum(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """Sum of the target tokens' NLL. The output layer is applied to the target positions only, in chunks
+        (rlft.losses.linear_ce), unless the model's logits are not plain `lm_head(hidden)` or its weights are
+        sharded: then the model's own (B, T, V) logits."""
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        head = output_layer(model) if self.fused_head else None
+        if head is not None:
+            hidden = final_hidden(model, inputs, head)
+            if hidden is not None:
+                targets = batch["labels"][:, 1:]
+                keep = targets != IGNORE
+                return linear_cross_entropy_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])
+            self.fused_head = False
+        logits = model(**inputs, use_cache=False).logits
+        return sft_loss_sum(logits, batch["labels"])[0]
+
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> LossOutput:
-        logits = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}, use_cache=False).logits
-        loss_sum, _ = sft_loss_sum(logits, batch["labels"])
-        return LossOutput(loss_sum, self._units(batch))
+        return LossOutput(self._loss_sum(model, batch), self._units(batch))
 
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         total, count = 0.0, 0.0
         for batch, weight in eval_share(batches, *self.shard):  # every world-th batch here; the sums are gathered
-            logits = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}, use_cache=False).logits
-            loss_sum, n = sft_loss_sum(logits, batch["labels"])
-            total, count = total + float(loss_sum) * weight, count + n * weight
+            total, count = total + float(self._loss_sum(model, batch)) * weight, count + self._units(batch) * weight
         total, count = sum_across([total, count], batches[0]["labels"].device)
         loss = total / max(count, 1)
         return {"eval/loss": round(loss, 6), "eval/perplexity": round(float(torch.exp(torch.tensor(min(loss, 50.0)))), 4)}

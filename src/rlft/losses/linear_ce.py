@@ -1,0 +1,83 @@
+"""Cross-entropy of the output layer's logits, chunked and fused, without a (B, T, V) logits tensor.
+
+    loss = sum_i [ logsumexp(W h_i + b) - (W h_i + b)[y_i] ]            over the N target positions i
+
+A language model's forward builds float logits for every position, (B, T, V): at a 128k vocabulary and 8 x 2048
+tokens that is 8 GiB before the loss even starts. Here only the N target positions are projected, `chunk` rows
+at a time, and each chunk's gradient is computed in the forward (d loss / d logits = softmax - onehot), so no
+chunk's logits are kept for the backward. The backward only scales the stored gradients by the incoming one.
+This is the fused linear cross-entropy of Liger Kernel and Apple's Cut Cross-Entropy (Wijmans et al. 2024,
+arXiv:2411.09009), in plain torch: every device, every dtype (logits in float32, as the plain path computes them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LOGIT_BYTES = 2**28  # float32 logits per chunk: 256 MiB (512 positions at a 128k vocabulary)
+
+
+def chunk_rows(vocab: int) -> int:
+    return max(1, LOGIT_BYTES // (4 * vocab))
+
+
+def _chunk(hidden, weight, bias, targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float logits of one chunk, their logsumexp and each row's NLL."""
+    logits = F.linear(hidden, weight, bias).float()
+    lse = logits.logsumexp(-1)
+    return logits, lse, lse - logits.gather(-1, targets[:, None]).squeeze(-1)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk):
+        need_h, need_w = hidden.requires_grad, weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        for start in range(0, hidden.size(0), chunk):
+            h, t = hidden[start:start + chunk], targets[start:start + chunk]
+            logits, lse, nll = _chunk(h, weight, bias, t)
+            total += nll.sum()
+            if need_h or need_w or need_b:
+                grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
+                grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
+                if need_b:
+                    grad_b += grad.sum(0)
+                grad = grad.to(hidden.dtype)
+                if need_h:
+                    grad_h[start:start + chunk] = grad @ weight
+                if need_w:
+                    grad_w += (grad.t() @ h).float()
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        return (None if grad_h is None else grad_h * grad_out.to(grad_h.dtype),
+                None if grad_w is None else (grad_w * grad_out).to(weight_dtype),
+                None if grad_b is None else (grad_b * grad_out).to(bias_dtype), None, None)
+
+
+def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             targets: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """Sum over rows of -log softmax(hidden @ weight.T + bias)[target]: hidden (N, H), weight (V, H), targets (N,).
+
+    Equal to `F.cross_entropy(F.linear(hidden, weight, bias).float(), targets, reduction="sum")`, with the same
+    gradients for hidden, weight and bias, but at most `chunk` rows of logits exist at once. Without grad mode
+    (evaluation) nothing is kept for a backward.
+    """
+    chunk = chunk or chunk_rows(weight.size(0))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.size(0), chunk):
+        total += _chunk(hidden[start:start + chunk], weight, bias, targets[start:start + chunk])[2].sum()
+    return total
