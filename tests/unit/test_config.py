@@ -571,3 +571,20 @@ def test_nemo_gym_multi_turn_with_the_rollout_server_and_auto_start_with_configs
 def test_nemo_gym_refuses_evaluation_keys_it_would_ignore(config_problems):
     problems = config_problems(**{**NEMO, "val_set_size": 0.1})
     assert any(what.startswith("val_set_size with NeMo Gym: evaluation on Gym tasks is not built yet") for _, what in problems)
+
+
+def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, config_problems):
+    """Axolotl's Qwen 3.5 EBFT examples pass vLLM's stop_token_ids; the in-process engine stops on them as on EOS."""
+    from rlft.config.rl import rl_settings
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.train.recipes.grpo import sampling_params
+
+    tok = byte_tokenizer()
+    s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7, 9], "stop": "###"}}))
+    assert s.stop_token_ids == (7, 9) and s.stop_strings == ("###",)
+    assert sampling_params(s, tok).stop_token_ids == (tok.eos_token_id, 7, 9)
+    s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7], "ignore_eos": True}}))
+    assert sampling_params(s, tok).stop_token_ids == (7,)  # ignore_eos ignores EOS only, as in vLLM
+    for bad, words in (({"stop_token_ids": "7"}, "list of token ids"), ({"stop_token_ids": [-1]}, "list of token ids"),
+                       ({"stop": [""]}, "non-empty strings"), ({"ignore_eos": "yes"}, "true or false")):
+        assert words in messages(config_problems(**GRPO, trl={"generation_kwargs": bad}))

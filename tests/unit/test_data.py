@@ -652,3 +652,27 @@ def test_a_chat_template_that_rejects_a_row_names_the_line(tmp_path, data_config
             tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
     finally:
         tok.chat_template = original
+
+
+def test_dataset_exact_deduplication_keeps_the_first_of_identical_examples(tmp_path, data_config):
+    """Axolotl's dataset_exact_deduplication: identical prepared examples once per split, and no eval example that is
+    also a training example; without the key nothing is dropped."""
+    from rlft.data.prepare import prepare_sft_data
+    from rlft.models.tokenizer import byte_tokenizer
+
+    rows = [{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": "4"},
+            {"prompt": "1+1=", "completion": "2"}, {"prompt": "3+3=", "completion": "6"}]
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held.write_text("".join(json.dumps(r) + "\n" for r in [rows[1], {"prompt": "5+5=", "completion": "10"}] * 2))
+    tok = byte_tokenizer()
+    for dedup, sizes in ((True, (3, 1)), (False, (4, 4))):
+        cfg = data_config({"path": str(train)}, test_datasets=[{"path": str(held)}], dataset_exact_deduplication=dedup,
+                          shuffle_merged_datasets=False)
+        data = prepare_sft_data(cfg, tok)
+        assert (len(data.train), len(data.eval)) == sizes
+    assert len({json.dumps(e, sort_keys=True) for e in data.train}) == 3
+    dedup_cfg = data_config({"path": str(train)}, test_datasets=[{"path": str(held)}], dataset_exact_deduplication=True)
+    report = prepare_sft_data(dedup_cfg, tok).reports[0]
+    assert "1 duplicates of earlier training rows" in report.dropped_text()
+    assert "3 eval rows repeating an earlier eval row or a training row" in report.dropped_text()

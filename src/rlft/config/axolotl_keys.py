@@ -91,7 +91,6 @@ TOP_LEVEL = {
     'dataloader_num_workers': ('dataloader', None),
     'dataloader_pin_memory': ('dataloader', None),
     'dataloader_prefetch_factor': ('dataloader', None),
-    'dataset_exact_deduplication': ('other', None),
     'dataset_keep_in_memory': ('other', None),
     'dataset_processes': ('other', None),
     'dataset_shard_idx': ('other', None),
@@ -487,10 +486,11 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
                 refused.append((prefix + key, refusal(key, category)))
     from rlft.config.schema import ATTENTION, NEMO_GYM_PLUGIN
 
+    SWANLAB_PLUGIN = "axolotl.integrations.swanlab.SwanLabPlugin"  # rlft logs to SwanLab through accelerate (use_swanlab)
     for plugin in cfg.plugins or []:
-        if plugin != NEMO_GYM_PLUGIN:
-            refused.append((f"plugins: {plugin}", "Axolotl's plugin classes do not run in rlft (the NeMo Gym plugin is the one "
-                                                  "it implements); its switches are refused one by one above where set"))
+        if plugin not in (NEMO_GYM_PLUGIN, SWANLAB_PLUGIN):
+            refused.append((f"plugins: {plugin}", "Axolotl's plugin classes do not run in rlft (it implements the NeMo Gym "
+                                                  "and SwanLab ones); its switches are refused one by one above where set"))
     if cfg.attn_implementation and cfg.attn_implementation not in ATTENTION:
         refused.append((f"attn_implementation: {cfg.attn_implementation}", f"not built in rlft: use one of {', '.join(ATTENTION)}"))
     from rlft.models.chat_templates import NOT_SHIPPED

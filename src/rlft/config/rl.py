@@ -37,7 +37,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 # generation_kwargs the in-process engine understands (vLLM's names)
-GENERATION_KWARGS = ("stop", "ignore_eos")
+GENERATION_KWARGS = ("stop", "stop_token_ids", "ignore_eos")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class RLSettings:
     min_p: float
     repetition_penalty: float
     stop_strings: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]  # ids that end a completion besides EOS (e.g. Qwen's <|im_end|>), kept in it as EOS is
     ignore_eos: bool
     chat_template_kwargs: dict | None
     rollout_func: str | None
@@ -176,7 +177,8 @@ def rl_settings(cfg) -> RLSettings:
     return RLSettings(
         num_generations=group, max_completion_length=maximum, temperature=options["temperature"], top_p=options["top_p"],
         top_k=options["top_k"] or 0, min_p=options["min_p"], repetition_penalty=options["repetition_penalty"],
-        stop_strings=tuple(kwargs.get("stop") or ()), ignore_eos=bool(kwargs.get("ignore_eos", False)),
+        stop_strings=tuple(kwargs.get("stop") or ()), stop_token_ids=tuple(kwargs.get("stop_token_ids") or ()),
+        ignore_eos=bool(kwargs.get("ignore_eos", False)),
         chat_template_kwargs=options["chat_template_kwargs"], rollout_func=options["rollout_func"],
         mask_truncated_completions=options["mask_truncated_completions"], log_completions=bool(options["log_completions"]),
         num_completions_to_print=options["num_completions_to_print"],

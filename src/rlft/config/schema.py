@@ -184,6 +184,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                                        "tokenizer and rlft are unchanged (docs/sft.md).")
     dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).", ge=1)
     shuffle_merged_datasets: bool = field(True, "Shuffle the merged training rows once (seeded).")
+    dataset_exact_deduplication: bool = field(
+        False, "Drop prepared examples identical to an earlier one (training and eval data each), and eval examples "
+        "identical to a training one, as Axolotl does.")
     sequence_len: int = field(512, "Maximum tokens per training sequence.")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = field(
         "drop", "What to do with rows longer than sequence_len."
@@ -410,6 +413,9 @@ def _nemo_gym_problems(cfg: RlftConfig):
         return
     if cfg.rl not in ("grpo", "gdpo"):
         yield f"NeMo Gym environments score online-RL rollouts: set rl: grpo (or gdpo), not {cfg.rl or 'sft'}"
+    if cfg.dataset_exact_deduplication:
+        yield ("dataset_exact_deduplication applies to datasets:, not to NeMo Gym's task files (nemo_gym_datasets): "
+               "remove it, or deduplicate the JSONL tasks")
     evaluation = [key for key in ("test_datasets", "val_set_size") if getattr(cfg, key)]
     if evaluation:
         yield (f"{' and '.join(evaluation)} with NeMo Gym: evaluation on Gym tasks is not built yet (the task files "

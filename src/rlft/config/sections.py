@@ -121,7 +121,8 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     )
     generation_kwargs: Optional[dict] = field(
         None,
-        "Extra sampling parameters for the engine: stop (strings), ignore_eos (vLLM names).",
+        "Extra sampling parameters for the engine (vLLM names): stop (strings), stop_token_ids (ids that end a "
+        "completion besides EOS), ignore_eos.",
     )
     chat_template_kwargs: Optional[dict] = field(
         None,
@@ -409,6 +410,24 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
         1,
         "Most re-rolled prompt groups injected per batch.", ge=0,
     )
+
+    @field_validator("generation_kwargs")
+    @classmethod
+    def _generation_kwargs_types(cls, value: Optional[dict]) -> Optional[dict]:
+        if not value:
+            return value
+        ids = value.get("stop_token_ids")
+        if ids is not None and not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+        stop = value.get("stop")
+        if isinstance(stop, str):  # vLLM takes one string or a list
+            value = {**value, "stop": [stop]}
+            stop = value["stop"]
+        if stop is not None and not (isinstance(stop, list) and all(isinstance(t, str) and t for t in stop)):
+            raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
+        if "ignore_eos" in value and type(value["ignore_eos"]) is not bool:
+            raise ValueError(f"ignore_eos must be true or false, got {value['ignore_eos']!r}")
+        return value
 
     @field_validator("vllm_importance_sampling_cap")
     @classmethod

@@ -214,7 +214,34 @@ def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
         if size >= len(train):
             raise DataError(f"val_set_size={cfg.val_set_size} leaves no training rows out of {len(train)}")
         evaluation, train = train[:size], train[size:]
+    if cfg.dataset_exact_deduplication:
+        train, evaluation = deduplicate(train, evaluation, reports)
     return PreparedData(train=train, eval=evaluation, reports=reports)
+
+
+def deduplicate(train: list[dict[str, Any]], evaluation: list[dict[str, Any]],
+                reports: list[LengthReport]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`dataset_exact_deduplication`: the first of identical prepared examples (same tokens, labels and values) in
+    each split, and no eval example that is also a training one. The counts go into the first report."""
+    seen: set[str] = set()
+
+    def unique(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        kept = []
+        for example in examples:
+            key = json.dumps(example, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                kept.append(example)
+        return kept
+
+    kept_train = unique(train)
+    train_keys = set(seen)
+    seen.clear()
+    kept_eval = [e for e in unique(evaluation) if json.dumps(e, sort_keys=True) not in train_keys]
+    for split, before, after in (("duplicate", train, kept_train), ("duplicate_eval", evaluation, kept_eval)):
+        if len(after) < len(before):
+            reports[0].dropped[split] = len(before) - len(after)
+    return kept_train, kept_eval
 
 
 def prepare_sft_data(cfg, tokenizer) -> PreparedData:

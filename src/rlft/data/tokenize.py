@@ -26,7 +26,9 @@ IGNORE = -100
 
 
 DROP_REASONS = {"too_long": "too long", "no_target": "without trained tokens", "identical": "chosen == rejected",
-                "too_short": "shorter than one EBFT block"}
+                "too_short": "shorter than one EBFT block",
+                "duplicate": "duplicates of earlier training rows, all datasets (dataset_exact_deduplication)",
+                "duplicate_eval": "eval rows repeating an earlier eval row or a training row (dataset_exact_deduplication)"}
 
 
 @dataclass

@@ -50,7 +50,8 @@ def sampling_params(settings, tokenizer) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=settings.max_completion_length, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-        stop_token_ids=() if settings.ignore_eos else (tokenizer.eos_token_id,), stop_strings=settings.stop_strings,
+        stop_token_ids=(() if settings.ignore_eos else (tokenizer.eos_token_id,)) + settings.stop_token_ids,
+        stop_strings=settings.stop_strings,
     )
 
 
