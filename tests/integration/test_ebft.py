@@ -107,6 +107,21 @@ def test_strided_example_lowers_held_out_ce(warm_model, cli, tmp_path, monkeypat
     assert all(s["ebft/num_blocks"] > 0 for s in steps)
 
 
+def test_strided_flex_attention_on_a_cpu_trains_what_sdpa_trains(warm_model, cli, tmp_path, monkeypatch, repo_root, capsys):
+    """Seed config 27 sets flex_attention: true. flex_attention has no backward on a CPU, so the run goes on with SDPA
+    and the identical dense block mask, and says so once."""
+    monkeypatch.chdir(repo_root)
+    losses = {}
+    for flex in (True, False):
+        out = tmp_path / f"flex-{flex}"
+        assert cli("train", "examples/ebft-strided.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+                   "--max_steps=3", "--eval_steps=3", "--logging_steps=1", f"--flex_attention={str(flex).lower()}") == 0
+        losses[flex] = [m["loss"] for m in _metrics(out) if "loss" in m]
+        said = " ".join(capsys.readouterr().out.split())
+        assert ("note: flex_attention: strided EBFT on a CPU runs with SDPA and the identical dense block mask" in said) is flex
+    assert losses[True] == losses[False] and len(losses[True]) == 3
+
+
 def test_strided_documents_shorter_than_one_block(warm_model, cli, tmp_path, capsys):
     rows = [{"text": "1+1=2"}] * 4
     config = _config(tmp_path, warm_model, rows, ebft={"mode": "strided", "feature_layers": [0.5, 1.0], "context_length": 8,

@@ -331,9 +331,19 @@ def test_plain_sft_config_has_no_planned_settings(config):
 def test_refuse_unbuilt_method_names_issue(config):
     from rlft.train.run import refuse_unbuilt
 
-    with pytest.raises(NotImplementedYet, match=r"flex_attention is not wired into strided EBFT"):
-        refuse_unbuilt(config(rl="ebft", ebft={"mode": "strided"}, flex_attention=True))
     refuse_unbuilt(config(rl="dpo"))  # built: no refusal
+
+
+def test_strided_flex_attention_runs_on_sdpa_on_a_cpu_and_is_refused_on_a_gpu(config, monkeypatch):
+    import torch
+
+    from rlft.train.run import refuse_unbuilt
+
+    strided = config(rl="ebft", ebft={"mode": "strided"}, flex_attention=True)
+    refuse_unbuilt(strided)  # a CPU: train() runs it on SDPA with the dense mask (tests/integration/test_ebft.py)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(NotImplementedYet, match=r"flex_attention with strided EBFT on a GPU is not built yet"):
+        refuse_unbuilt(strided)
 
 
 def test_refuse_unbuilt_setting_on_sft(config):

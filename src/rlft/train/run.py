@@ -41,9 +41,10 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if cfg.method == "ebft" and cfg.trl.reward_funcs:
         raise NotImplementedYet("trl.reward_funcs with rl: ebft: the feature-matching reward replaces reward functions, and "
                                 "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
-    if cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention":
-        raise NotImplementedYet("flex_attention is not wired into strided EBFT yet: it runs on SDPA with explicit block masks "
-                                "on every device; set flex_attention: false")
+    if strided_flex(cfg) and torch.cuda.is_available():
+        raise NotImplementedYet("flex_attention with strided EBFT on a GPU is not built yet: its BlockMask builder exists "
+                                "(rlft.rollout.strided.flex_block_mask, tested against the dense mask) but no GPU was at hand "
+                                "to verify the training path; set flex_attention: false (SDPA with the same dense mask)")
     processes = processes or launched()[1]
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
     if resets and partitioned(cfg, processes):
@@ -91,9 +92,18 @@ def missing_build_tools(cfg) -> list[str]:
     return problems
 
 
+def strided_flex(cfg) -> bool:
+    return cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention"
+
+
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
     refuse_unbuilt(cfg)
+    if strided_flex(cfg):  # only on a CPU (refuse_unbuilt): flex_attention has no backward there
+        cfg = cfg.model_copy(update={"flex_attention": False, "attn_implementation": "sdpa"})
+        if launched()[0] == 0:
+            console.print("note: flex_attention: strided EBFT on a CPU runs with SDPA and the identical dense block mask "
+                          "(PyTorch has no flex_attention backward on a CPU)", markup=False, highlight=False)
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
