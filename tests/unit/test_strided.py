@@ -254,3 +254,21 @@ def test_document_nll_excludes_pads_and_matches_a_causal_forward(model, rollout,
         causal = torch.log_softmax(model(input_ids=doc_ids[:1]).logits[0, :-1], -1)
     expected = -causal.gather(-1, doc_ids[0, 1:, None]).squeeze(-1)
     torch.testing.assert_close(nll[0], expected, atol=1e-4, rtol=0)
+
+
+def test_axolotl_strided_transforms_by_name(config):
+    """Axolotl's strided examples name their transforms: ebft_pretrain.transform reads `question`, else `text`;
+    ebft_strided_structured.transform reads a prompt and a completion; anything else is refused by name."""
+    from rlft.data.ebft_formats import resolve_strided
+    from rlft.errors import DataError
+
+    cfg = config(rl="ebft", ebft={"mode": "strided"}, datasets=[{"path": "x.jsonl", "type": "ebft_pretrain.transform"}])
+    pretrain = resolve_strided(cfg.datasets[0], cfg, 0, "datasets[0]", None)
+    assert pretrain({"question": "def f(): pass", "text": "other"}) == {"text": "def f(): pass"}
+    assert pretrain({"text": "x = 1"}) == {"text": "x = 1"}
+    cfg = config(rl="ebft", ebft={"mode": "strided"}, datasets=[{"path": "x.jsonl", "type": "ebft_strided_structured.transform"}])
+    structured = resolve_strided(cfg.datasets[0], cfg, 0, "datasets[0]", None)
+    assert structured({"input": "q", "output": "a"}) == {"prompt": "q", "completion": "a"}
+    cfg = config(rl="ebft", ebft={"mode": "strided"}, datasets=[{"path": "x.jsonl", "type": "alpaca"}])
+    with pytest.raises(DataError, match="ebft_pretrain.transform"):
+        resolve_strided(cfg.datasets[0], cfg, 0, "datasets[0]", None)

@@ -9,6 +9,8 @@ No `type`: the row's `prompt` and `ground_truth` (or `completion`) columns.
 
 Strided mode: rows -> a document of token ids, right-padded later.
   ebft_strided_structured.transform                     prompt + completion; anchors start after the prompt
+  ebft_pretrain.transform                               raw text in `question`, else `text` (Axolotl's transform
+                                                        tokenises it padded to sequence_len; rlft pads per batch)
   no type / `completion`                                raw text in `field` (default `text`)
 """
 
@@ -98,12 +100,14 @@ def resolve_strided(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dic
     """Row -> {"text"} (unstructured) or {"prompt", "completion"} (anchors start after the prompt)."""
     if ds.type in ("ebft_strided_structured.transform", "ebft_strided_structured"):
         return lambda row: {"prompt": _first(row, PROMPT_FIELDS, "prompt"), "completion": _first(row, ANSWER_FIELDS, "completion")}
+    if ds.type in ("ebft_pretrain.transform", "ebft_pretrain"):
+        return lambda row: {"text": _first(row, ("question", "text"), "text")}
     if ds.type in (None, "completion", "completion.default"):
         return lambda row: {"text": text_field(row, ds.field)}
     from rlft.errors import DataError
 
     raise DataError(f"{where}: type {ds.type!r} is not a strided EBFT format: use ebft_strided_structured.transform, "
-                    "completion (raw text in `field`), or no type")
+                    "ebft_pretrain.transform, completion (raw text in `field`), or no type")
 
 
 def tokenize_strided(record: dict[str, Any], tokenizer) -> dict[str, Any]:
