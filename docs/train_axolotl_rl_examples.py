@@ -12,7 +12,7 @@ GRPO/GDPO docs) is written with the functions the config names.
 Each config is run twice:
   as written  -> trains, or is refused by `rlft train` with its reason (e.g. bitsandbytes on a CPU);
   on a CPU    -> the same, with what a CPU cannot run switched off (4/8-bit loading, bitsandbytes
-                 optimizers, vLLM, hosted trackers, bf16) so that the rest of the config is exercised.
+                 optimizers, vLLM, flash-attention, hosted trackers, bf16) so that the rest of the config is exercised.
 A traceback in either run is a failure of rlft. Prints one line per config and run; exits 1 on a traceback.
 """
 
@@ -92,8 +92,10 @@ def cpu_only(cfg: dict) -> dict:
         cfg["trl"] = dict(cfg["trl"], use_vllm=False)
         cfg["trl"].pop("async_prefetch", None)
     cfg["use_wandb"] = False
-    for key in ("use_vllm", "vllm", "fsdp_config", "fsdp_version", "deepspeed", "flash_attention", "attn_implementation"):
+    for key in ("use_vllm", "vllm", "fsdp_config", "fsdp_version", "deepspeed", "flash_attention"):
         cfg.pop(key, None)
+    if str(cfg.get("attn_implementation", "")).startswith("flash"):
+        cfg.pop("attn_implementation")
     return cfg
 
 
