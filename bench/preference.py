@@ -33,6 +33,7 @@ average (a shared 2-core machine is noisy).
 
 Usage (from the repository root):
   .venv/bin/python bench/preference.py --size S --steps 40
+  .venv/bin/python bench/preference.py --size S --steps 40 --vocab 32768   # a real tokenizer's output layer
 Results: a table on stdout and bench/results/preference-<size>.json.
 """
 
@@ -351,6 +352,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8, help="pairs per step")
     parser.add_argument("--rows", type=int, default=1000, help="training pairs (the precompute pass covers all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="output-layer width (default: the byte tokenizer's; 32768 for a real tokenizer's logits)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="run the four settings this many times, alternating, and report each one's fastest run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -366,7 +369,7 @@ def main() -> None:
     rows = preference_rows(split_rows()[0][: args.rows])
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
-        model_dir = make_model(tmp / "model", args.size, args.seed)
+        model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
         train_file = tmp / "pairs.jsonl"
         write_jsonl(rows, train_file)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -420,6 +423,7 @@ def main() -> None:
         "benchmark": "preference",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
+        "vocab": args.vocab,
         "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
@@ -450,7 +454,8 @@ def main() -> None:
         "all_runs": runs,
     }
     print_report(report)
-    out = args.out or RESULTS / f"preference-{args.size}{'-compiled' if args.compile else ''}.json"
+    vocab = f"-v{args.vocab}" if args.vocab else ""
+    out = args.out or RESULTS / f"preference-{args.size}{vocab}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -104,10 +104,11 @@ def test_a_model_whose_logits_are_not_its_output_layer_is_detected():
 
     model.forward = scaled.__get__(model)
     assert final_hidden(model, {"input_ids": torch.randint(0, VOCAB, (2, 6))}, output_layer(model)) is None
+    assert output_layer(model) is None  # remembered: later steps do not pay for a second forward
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_the_sft_loss_through_the_output_layer_equals_the_models_logits(packed):
+def test_the_sft_loss_through_the_output_layer_equals_the_models_logits(packed, monkeypatch):
     """SFT's loss sum and gradients: fused head (target positions only, chunked) == the model's (B, T, V) logits."""
     from rlft.train.recipes.sft import SFTRecipe
 
@@ -119,13 +120,18 @@ def test_the_sft_loss_through_the_output_layer_equals_the_models_logits(packed):
     if packed:
         batch["position_ids"] = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]] * 3)
     values, grads = [], []
+    from rlft.models import head
+    from rlft.train.recipes import sft
+
+    calls = []
+    monkeypatch.setattr(sft, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
     for fused in (True, False):
+        monkeypatch.setattr(head, "MIN_VOCAB", VOCAB if fused else 10**9)
         model = tiny_model()
-        recipe = SFTRecipe.__new__(SFTRecipe)
-        recipe.fused_head = fused
-        loss = recipe._loss_sum(model, batch)
+        loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
         loss.backward()
-        assert recipe.fused_head is fused
+        assert bool(calls) is fused
+        calls.clear()
         values.append(loss.detach())
         grads.append({n: p.grad for n, p in model.named_parameters()})
     torch.testing.assert_close(values[0], values[1], rtol=1e-6, atol=1e-5)
@@ -140,3 +146,53 @@ def test_a_small_vocabulary_keeps_the_models_logits():
     assert output_layer(small) is None
     model = tiny_model()
     assert output_layer(model) is model.lm_head
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 100])
+def test_per_row_nll_and_its_gradients_equal_the_plain_ones(chunk):
+    from rlft.losses.linear_ce import linear_token_nll
+
+    h1, w1, b1, t = tensors()
+    h2, w2, b2 = (x.detach().clone().requires_grad_() for x in tensors()[:3])
+    fused = linear_token_nll(h1, w1, b1, t, chunk)
+    reference = F.cross_entropy(F.linear(h2, w2, b2).float(), t, reduction="none")
+    torch.testing.assert_close(fused, reference, rtol=1e-6, atol=1e-5)
+    row_weights = torch.linspace(-2.0, 3.0, t.numel())  # a loss that weighs rows differently
+    (fused * row_weights).sum().backward()
+    (reference * row_weights).sum().backward()
+    for a, b in ((h1, h2), (w1, w2), (b1, b2)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_preference_sequence_logps_through_the_output_layer_equal_the_models_logits(monkeypatch):
+    """Pairs' completion log-prob sums, per-token log-probs, the mean-logit metric and the gradients: fused (completion
+    positions only, chunked) == the model's (B, T, V) logits."""
+    from rlft.models import head
+    from rlft.train.recipes import preference
+    from rlft.train.recipes.preference import sequence_logps
+
+    calls = []
+    monkeypatch.setattr(preference, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+
+    ids = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(2))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    labels[3, 6:] = -100
+    attention = torch.ones_like(ids)
+    attention[3, 6:] = 0
+    batch = {"input_ids": ids, "attention_mask": attention, "labels": labels}
+    results = []
+    for min_vocab in (VOCAB, 10**9):
+        monkeypatch.setattr(head, "MIN_VOCAB", min_vocab)
+        model = tiny_model()
+        out = sequence_logps(model, batch)
+        (out.logps * torch.tensor([1.0, -2.0, 0.5, 3.0])).sum().backward()
+        results.append((out, {n: p.grad for n, p in model.named_parameters()}))
+        assert bool(calls) is (min_vocab == VOCAB)  # the first run went through the output layer, the second did not
+        calls.clear()
+    (fused, fused_grads), (plain, plain_grads) = results
+    for name in ("logps", "token_logps", "mean_logits"):
+        torch.testing.assert_close(getattr(fused, name), getattr(plain, name), rtol=1e-5, atol=1e-5, msg=name)
+    assert torch.equal(fused.lengths, plain.lengths) and torch.equal(fused.mask, plain.mask)
+    for name in plain_grads:
+        torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)

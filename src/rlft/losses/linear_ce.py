@@ -81,3 +81,46 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: t
     for start in range(0, hidden.size(0), chunk):
         total += _chunk(hidden[start:start + chunk], weight, bias, targets[start:start + chunk])[2].sum()
     return total
+
+
+class _LinearTokenNLL(torch.autograd.Function):
+    """Per-row NLL; the backward recomputes each chunk's logits (the incoming gradient differs per row, so the
+    forward cannot fold it in as `_LinearCrossEntropy` does)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk):
+        out = torch.cat([_chunk(hidden[s:s + chunk], weight, bias, targets[s:s + chunk])[2]
+                         for s in range(0, hidden.size(0), chunk)]) if hidden.size(0) else hidden.new_zeros(0).float()
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        for start in range(0, hidden.size(0), ctx.chunk):
+            h, t = hidden[start:start + ctx.chunk], targets[start:start + ctx.chunk]
+            logits, lse, _ = _chunk(h, weight, bias, t)
+            grad = logits.sub_(lse[:, None]).exp_()
+            grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
+            grad.mul_(grad_out[start:start + ctx.chunk, None].float())
+            if need_b:
+                grad_b += grad.sum(0)
+            grad = grad.to(hidden.dtype)
+            if need_h:
+                grad_h[start:start + ctx.chunk] = grad @ weight
+            if need_w:
+                grad_w += (grad.t() @ h).float()
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None)
+
+
+def linear_token_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                     chunk: int | None = None) -> torch.Tensor:
+    """(N,) float32 -log softmax(hidden @ weight.T + bias)[target] per row, at most `chunk` rows of logits at once
+    (forward and backward). For losses that weigh rows differently (sequence log-prob sums of preference pairs)."""
+    return _LinearTokenNLL.apply(hidden, weight, bias, targets, chunk or chunk_rows(weight.size(0)))

@@ -4,16 +4,18 @@
 the last hidden state; the loss then applies the output layer to the target positions itself
 (`rlft.losses.linear_ce`). That is only right when the model's logits are exactly `lm_head(hidden)`, so every call
 also compares the one kept position's logits with `lm_head(hidden)` there: a model that soft-caps or scales its
-logits (Gemma 2, Cohere, Granite) fails the comparison and the caller falls back to the model's own logits.
+logits (Gemma 2, Cohere, Granite) fails the comparison once, and from then on uses the model's own logits.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
 
+_NOT_PLAIN: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose logits failed the check once
 MIN_VOCAB = 4096  # below this the (B, T, V) logits are small, and the model's own forward is a little faster
 
 
@@ -26,8 +28,9 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
     """
     from torch.distributed.tensor import DTensor
 
-    network = getattr(model, "_orig_mod", model)  # torch.compile
-    network = getattr(network, "module", network)  # DDP
+    network = _network(model)
+    if network in _NOT_PLAIN:
+        return None
     get = getattr(network, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if type(head) is not torch.nn.Linear or head.out_features < MIN_VOCAB:
@@ -36,6 +39,11 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
     if isinstance(weight, DTensor) or weight.numel() == 0 or hasattr(weight, "ds_id"):
         return None
     return head
+
+
+def _network(model: torch.nn.Module) -> torch.nn.Module:
+    network = getattr(model, "_orig_mod", model)  # torch.compile
+    return getattr(network, "module", network)  # DDP
 
 
 def final_hidden(model: torch.nn.Module, inputs: dict[str, Any], head: torch.nn.Linear) -> torch.Tensor | None:
@@ -48,5 +56,6 @@ def final_hidden(model: torch.nn.Module, inputs: dict[str, Any], head: torch.nn.
     with torch.no_grad():
         expected = outputs.logits[:, -1].float()
         if not torch.allclose(head(hidden[:, -1]).float(), expected, rtol=1e-3, atol=1e-3 * (1 + float(expected.abs().max()))):
+            _NOT_PLAIN.add(_network(model))  # output_layer() says None from now on: one wasted forward, not one per step
             return None
     return hidden

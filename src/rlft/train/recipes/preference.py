@@ -18,7 +18,9 @@ import torch
 
 from rlft.data.preference import example_length, kto_batch, pair_batch
 from rlft.losses import preference as L
-from rlft.losses.sft import token_nll
+from rlft.losses.linear_ce import linear_token_nll
+from rlft.losses.sft import IGNORE, token_nll
+from rlft.models.head import final_hidden, output_layer
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
@@ -41,8 +43,33 @@ class SequenceLogps:
     sequence_lengths: torch.Tensor | None = None  # (rows,) those tokens
 
 
+def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> SequenceLogps | None:
+    """Completion-token log-probs with the output layer applied to the completion positions only, in chunks
+    (`rlft.losses.linear_ce`, see `rlft.models.head`), or None where the model's own logits must be used."""
+    head = output_layer(model)
+    hidden = final_hidden(model, {k: batch[prefix + k] for k in INPUTS}, head) if head is not None else None
+    if hidden is None:
+        return None
+    targets = batch[prefix + "labels"][:, 1:]
+    mask = targets != IGNORE
+    picked = hidden[:, :-1][mask]
+    nll = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(
+        mask, linear_token_nll(picked, head.weight, head.bias, targets[mask]))
+    lengths = mask.sum(-1)
+    with torch.no_grad():  # the mean logit over the vocabulary is h . mean(W) (+ mean(b)): no logits needed
+        mean_row = head.weight.float().mean(0)
+        per_token = picked.float() @ mean_row + (head.bias.float().mean() if head.bias is not None else 0.0)
+        per_position = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(mask, per_token)
+        mean_logits = per_position.sum(-1) / lengths.clamp_min(1)
+    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits)
+
+
 def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False, whole_rows: int = 0) -> SequenceLogps:
     """`whole_rows`: also the log-prob of the whole text (prompt and answer) of the first `whole_rows` rows."""
+    if not wpo and not whole_rows:  # both need every position's distribution
+        fused = _through_output_layer(model, batch, prefix)
+        if fused is not None:
+            return fused
     logits = model(**{k: batch[prefix + k] for k in INPUTS}, use_cache=False).logits
     nll, mask = token_nll(logits, batch[prefix + "labels"])
     lengths = mask.sum(-1)

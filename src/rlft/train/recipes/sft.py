@@ -29,7 +29,6 @@ class SFTRecipe(Recipe):
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
                               cfg.sequence_len if packed_eval else None, width=width)
         self._eval_batches = eval_plan.sequential() if data.eval else []
-        self.fused_head = True  # until a model's logits turn out not to be its output layer's (final_hidden)
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -45,14 +44,12 @@ class SFTRecipe(Recipe):
         (rlft.losses.linear_ce), unless the model's logits are not plain `lm_head(hidden)` or its weights are
         sharded: then the model's own (B, T, V) logits."""
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-        head = output_layer(model) if self.fused_head else None
-        if head is not None:
-            hidden = final_hidden(model, inputs, head)
-            if hidden is not None:
-                targets = batch["labels"][:, 1:]
-                keep = targets != IGNORE
-                return linear_cross_entropy_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])
-            self.fused_head = False
+        head = output_layer(model)
+        hidden = final_hidden(model, inputs, head) if head is not None else None
+        if hidden is not None:
+            targets = batch["labels"][:, 1:]
+            keep = targets != IGNORE
+            return linear_cross_entropy_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])
         logits = model(**inputs, use_cache=False).logits
         return sft_loss_sum(logits, batch["labels"])[0]
 
