@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from typing import Any
 
 from rlft.errors import ConfigError, RlftError
 
@@ -56,17 +57,22 @@ def run_launched(command: list[str]) -> int:
     and stops, and this waits for them. The launcher's own traceback (a child failed) is left out of stderr; its
     table of which rank failed, and every process's messages, are not."""
     env = dict(os.environ, ACCELERATE_LOG_LEVEL=os.environ.get("ACCELERATE_LOG_LEVEL", "error"))
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
-    relay = threading.Thread(target=relay_stderr, args=(process.stderr, sys.stderr), daemon=True)
-    relay.start()
-    interrupted = False
-    while True:
-        try:
-            code = process.wait()
-            break
-        except KeyboardInterrupt:
-            interrupted = True  # the processes got the same Ctrl-C: wait for their checkpoint
-    relay.join(timeout=5)
+    interrupted = []
+
+    def note(*_: Any) -> None:  # the processes got the same Ctrl-C: wait for their checkpoint
+        interrupted.append(True)
+
+    # A flag, not a KeyboardInterrupt: an exception can surface after wait() has returned (the kernel may hand the
+    # signal to the relay thread, and Python runs the handler later), and then the run was reported as failed.
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        relay = threading.Thread(target=relay_stderr, args=(process.stderr, sys.stderr), daemon=True)
+        relay.start()
+        code = process.wait()
+        relay.join(timeout=5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if code == 0:
         return 0
     if interrupted or code == 130:  # rank 0 said where the checkpoint is
