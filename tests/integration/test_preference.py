@@ -229,3 +229,45 @@ def test_pad_to_sequence_len_pads_pair_batches_without_changing_the_loss(warm_mo
                "label": True}
     assert pair_batch([example], 0, 32)["input_ids"].shape == (2, 32)
     assert kto_batch([example], 0, 32)["kl_input_ids"].shape == (1, 32)
+
+
+@pytest.mark.parametrize("example", ["dpo", "dpo-lora", "kto"])
+def test_a_real_size_vocabulary_trains_through_the_output_layer(example, tiny_model_dir, clear_preferences, cli, tmp_path,
+                                                                 monkeypatch, repo_root):
+    """With an output layer of a real tokenizer's size, sequence log-probs (policy and reference) come from the output
+    layer applied to the completion positions (rlft.losses.linear_ce); the run trains what the model's own (B, T, V)
+    logits train, metrics included."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from rlft.models import head
+    from rlft.train.recipes import preference
+
+    monkeypatch.chdir(repo_root)
+    model = tmp_path / "wide"
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.vocab_size = 8192
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(model)
+    for file in tiny_model_dir.iterdir():  # the byte tokenizer
+        if file.name != "config.json":
+            (model / file.name).write_bytes(file.read_bytes())
+    calls = []
+    monkeypatch.setattr(preference, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    kind = "kto" if example == "kto" else "pairs"
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(head, "MIN_VOCAB", 4096 if fused else 10**9)
+        out = tmp_path / f"{example}-{fused}"
+        assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={model}", f"--output_dir={out}",
+                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8",
+                   *_data_overrides(clear_preferences, kind)) == 0
+        runs[fused] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
+        assert bool(calls) is fused
+        calls.clear()
+    assert len(runs[True]) == len(runs[False]) > 6
+    for got, expected in zip(runs[True], runs[False]):
+        shared = {k for k in expected if isinstance(expected[k], float) and not k.startswith(("time/", "perf/"))
+                  and "tokens_per_s" not in k and "mfu" not in k and "memory" not in k and k != "step_time_s"}
+        assert got.keys() == expected.keys()
+        for key in shared:
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-4), (key, got[key], expected[key])
