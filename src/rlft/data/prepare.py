@@ -223,9 +223,8 @@ def deduplicate(train: list[dict[str, Any]], evaluation: list[dict[str, Any]],
                 reports: list[LengthReport]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """`dataset_exact_deduplication`: the first of identical prepared examples (same tokens, labels and values) in
     each split, and no eval example that is also a training one. The counts go into the first report."""
-    seen: set[str] = set()
 
-    def unique(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def unique(examples: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
         kept = []
         for example in examples:
             key = json.dumps(example, sort_keys=True)
@@ -234,10 +233,9 @@ def deduplicate(train: list[dict[str, Any]], evaluation: list[dict[str, Any]],
                 kept.append(example)
         return kept
 
-    kept_train = unique(train)
-    train_keys = set(seen)
-    seen.clear()
-    kept_eval = [e for e in unique(evaluation) if json.dumps(e, sort_keys=True) not in train_keys]
+    seen: set[str] = set()
+    kept_train = unique(train, seen)
+    kept_eval = unique(evaluation, seen)  # a training example counts as seen
     for split, before, after in (("duplicate", train, kept_train), ("duplicate_eval", evaluation, kept_eval)):
         if len(after) < len(before):
             reports[0].dropped[split] = len(before) - len(after)
