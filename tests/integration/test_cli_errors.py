@@ -103,3 +103,33 @@ def test_the_command_ignores_a_ctrl_c_after_main_has_returned(monkeypatch):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_during_set_up_that_a_library_swallows_still_stops_the_run(make_config, cli, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C before the training loop raises KeyboardInterrupt at once; when something on the way swallows it (a
+    bare `except:`, a `__del__` that was running), the loop raises it again before its first step instead of
+    training on: exit code 130, no step trained, and Python's Ctrl-C handler back afterwards."""
+    import os
+    import signal
+    import time
+
+    from rlft.train import run
+
+    setup = run._setup
+
+    def swallowing_setup(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs in this thread before os.kill returns to Python code
+            time.sleep(0.1)
+        except BaseException:  # noqa: BLE001 - what a careless library does
+            pass
+        return setup(*args, **kwargs)
+
+    monkeypatch.setattr(run, "_setup", swallowing_setup)
+    previous = signal.getsignal(signal.SIGINT)
+    assert cli("train", make_config(max_steps=3)) == 130
+    assert signal.getsignal(signal.SIGINT) is previous
+    assert not (tmp_path / "out" / "metrics.jsonl").exists() or \
+        not [line for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    monkeypatch.setattr(run, "_setup", setup)
+    assert cli("train", make_config(max_steps=1)) == 0  # the next run in the same process is not stopped by the old one

@@ -19,6 +19,7 @@ from rlft.models.frozen import FrozenPolicy
 from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.optim import optimizer_class
+from rlft.train.watch import SetupInterrupts
 from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.report import print_plan, print_summary
 
@@ -107,7 +108,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
-    with nemo_gym_servers(cfg, console):  # started for this run (auto start) and stopped after it, whatever happens
+    with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
         return _train(cfg, console)
 
 

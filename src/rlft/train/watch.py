@@ -13,6 +13,29 @@ import signal
 from typing import Any
 
 
+class SetupInterrupts:
+    """`with SetupInterrupts():` around a run. A Ctrl-C before the training loop raises KeyboardInterrupt at once, as
+    Python's own handler does, and is also remembered: one swallowed on the way (a bare `except:` in a library's
+    import-time probe, a `__del__` that was running when it arrived) would otherwise let the run go on to train as if
+    nothing had been pressed. The loop raises a remembered one again before its first step (StopRequest)."""
+
+    current: SetupInterrupts | None = None
+
+    def __enter__(self) -> SetupInterrupts:
+        self.pressed = False
+        self._previous = signal.signal(signal.SIGINT, self._note)
+        SetupInterrupts.current = self
+        return self
+
+    def _note(self, *_: Any) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+        SetupInterrupts.current = None
+
+
 class StopRequest:
     """Ctrl-C during training. A step stopped half-way cannot be saved (its batch is drawn, its update half-made),
     so the first Ctrl-C is only noted: the loop finishes the step it is in and saves the state after it, which a
@@ -21,6 +44,8 @@ class StopRequest:
     (the last checkpoint stays); with several, the launcher kills them 30 s after the first."""
 
     def __init__(self, world: int, announce: bool):
+        if SetupInterrupts.current is not None and SetupInterrupts.current.pressed:
+            raise KeyboardInterrupt  # a Ctrl-C during set-up that something swallowed
         self.requested = False
         self.world, self.announce = world, announce
         self._previous = signal.signal(signal.SIGINT, self._note)
