@@ -42,7 +42,9 @@ with 1 thread vs 180-430 ms with 2 while another process ran), which drowns the 
 
 Usage (from the repository root):
   .venv/bin/python bench/grpo.py --size S --steps 10
-Results: a table on stdout and bench/results/grpo-<size>.json.
+  .venv/bin/python bench/grpo.py --size S --vocab 32768   # a real tokenizer's output layer (sampled ids past the
+                                                          # byte range decode to nothing in both tools)
+Results: a table on stdout and bench/results/grpo-<size>[-c<length>][-v<vocab>][-compiled].json.
 """
 
 from __future__ import annotations
@@ -375,6 +377,8 @@ def main() -> None:
                              "2-core VM two OpenMP threads stall 3-10x whenever another process runs; 0 = torch's choice)")
     parser.add_argument("--max-completion", type=int, default=32,
                         help="tokens per completion (default 32; 512 for the long-sequence case)")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="widen the model's embeddings and output layer to this many entries (e.g. 32768)")
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (static KV cache, compiled decode step; the compile falls in "
                              "each run's first step, so compare median steps)")
@@ -389,7 +393,7 @@ def main() -> None:
     prompts = [{"prompt": row["prompt"]} for row in split_rows()[0]]
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
-        model_dir = make_model(tmp / "model", args.size, args.seed)
+        model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
         train_file = tmp / "prompts.jsonl"
         write_jsonl(prompts, train_file)
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
@@ -430,6 +434,7 @@ def main() -> None:
         "num_generations": GROUP,
         "completions_per_step": COMPLETIONS_PER_STEP,
         "max_completion_length": MAX_COMPLETION,
+        "vocab": args.vocab,
         "force_length": args.force_length,
         "rlft_torch_compile": args.compile,
         "beta": BETA,
@@ -459,7 +464,8 @@ def main() -> None:
     }
     print_report(report)
     length = f"-c{MAX_COMPLETION}" if MAX_COMPLETION != 32 else ""
-    out = args.out or RESULTS / f"grpo-{args.size}{length}{'-compiled' if args.compile else ''}.json"
+    vocab = f"-v{args.vocab}" if args.vocab else ""
+    out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -176,3 +176,26 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer_in_the_loss(extr
         calls.clear()
     assert runs[True] == pytest.approx(runs[False], abs=1e-4)
     assert runs[True][-1] < runs[True][0] - 0.5  # it learns (from about log 8192 = 9.0)
+
+
+def test_batch_flattening_trains_what_padded_batches_train(make_config, cli, tmp_path, monkeypatch):
+    """`batch_flattening: true` (no sample_packing): each micro-batch's rows run as one sequence without padding, each
+    attending to itself; the losses and evaluations are the padded batches' (same rows, same order), and it learns."""
+    from rlft.train.recipes import sft
+
+    flattened = []
+    monkeypatch.setattr(sft, "packed_batch", lambda packs, *a, _f=sft.packed_batch: flattened.append(len(packs)) or _f(packs, *a))
+    runs = {}
+    for flat in (False, True):
+        out = tmp_path / f"flat-{flat}"
+        assert cli("train", make_config(output_dir=str(out), max_steps=8, eval_steps=8, val_set_size=0.05,
+                                        batch_flattening=flat)) == 0
+        runs[flat] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
+    assert [sorted(m) for m in runs[True]] == [sorted(m) for m in runs[False]]
+    for got, expected in zip(runs[True], runs[False]):
+        for key in ("loss", "eval/loss", "grad_norm"):
+            if key in expected:
+                assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (key, got[key], expected[key])
+    assert flattened and set(flattened) == {1}  # the flat run's batches were one row each; the padded run made none
+    losses = [m["loss"] for m in runs[True] if "loss" in m]
+    assert losses[-1] < losses[0] - 0.5

@@ -439,3 +439,64 @@ def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, mo
     assert [m["reward"] for m in runs["compiled"]] == [m["reward"] for m in runs["eager"]]
     assert [m["completions/mean_length"] for m in runs["compiled"]] == [m["completions/mean_length"] for m in runs["eager"]]
     assert [m["loss"] for m in runs["compiled"]] == pytest.approx([m["loss"] for m in runs["eager"]], abs=1e-5)
+
+
+def test_a_real_size_vocabulary_trains_through_the_output_layer(cli, tmp_path, monkeypatch):
+    """With an output layer of a real tokenizer's size, the policy-gradient loss (entropy bonus included), the cached
+    old and reference log-probs and the top-p distribution of the off-policy mask come from the output layer applied
+    to the completion positions only, in chunks (rlft.models.logprobs.CompletionScores): the run samples and trains
+    what the model's own (B, C, V) logits give."""
+    from rlft.models import head, logprobs
+    from rlft.models.tiny import write_tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    model = write_tiny_model(tmp_path / "wide", "XS", max_positions=128)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 8192}))
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    calls = []
+    monkeypatch.setattr(logprobs, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(head, "MIN_VOCAB", 4096 if fused else 10**9)
+        path = _grpo_config(tmp_path, model, source, ["myrewards.r"], output_dir=str(tmp_path / f"fused-{fused}"),
+                            random_init=True, max_steps=4, logging_steps=1, seed=3, learning_rate=1e-3,
+                            trl={"temperature": 1.0, "top_p": 0.9, "num_iterations": 2, "off_policy_mask_threshold": 0.5,
+                                 "beta": 0.04, "entropy_coeff": 0.01})
+        assert cli("train", path) == 0
+        runs[fused] = [m for m in _metrics(tmp_path / f"fused-{fused}") if "loss" in m]
+        assert bool(calls) is fused
+        calls.clear()
+    assert len(runs[True]) == len(runs[False]) == 4
+    assert any("entropy" in m and "kl" in m and m["loss"] != 0.0 for m in runs[False])  # a step that trained
+    for got, expected in zip(runs[True], runs[False]):
+        assert got.keys() == expected.keys()
+        assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
+        for key, value in expected.items():
+            if isinstance(value, float) and not key.startswith(("time/", "perf/")) and "tokens_per_s" not in key \
+                    and "mfu" not in key and "memory" not in key and key != "step_time_s":
+                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (key, got[key], value)
+
+
+def test_batch_flattening_trains_what_padded_rollouts_train(warm_model, cli, tmp_path, monkeypatch):
+    """`batch_flattening: true` on a CPU: each micro-batch of rollouts runs as one sequence without padding (SDPA with
+    a block-diagonal mask); the run samples and trains what padded micro-batches give."""
+    from rlft.train.recipes import grpo
+
+    monkeypatch.chdir(tmp_path)
+    flattened = []
+    monkeypatch.setattr(grpo, "flatten_rows", lambda *a, _f=grpo.flatten_rows: flattened.append(1) or _f(*a))
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    runs = {}
+    for flat in (False, True):
+        path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / f"flat-{flat}"),
+                            batch_flattening=flat, max_steps=4, logging_steps=1, seed=5, learning_rate=1e-3,
+                            trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04})
+        assert cli("train", path) == 0
+        runs[flat] = [m for m in _metrics(tmp_path / f"flat-{flat}") if "loss" in m]
+        assert bool(flattened) is flat
+    assert len(runs[True]) == len(runs[False]) == 4
+    for got, expected in zip(runs[True], runs[False]):
+        assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
+        for key in ("loss", "entropy", "kl", "grad_norm"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (key, got[key], expected[key])

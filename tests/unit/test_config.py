@@ -350,8 +350,8 @@ def test_refuse_unbuilt_setting_on_sft(config):
     from rlft.train.run import refuse_unbuilt
 
     with pytest.raises(NotImplementedYet) as caught:
-        refuse_unbuilt(config(batch_flattening=True))
-    assert "  - batch_flattening (padding-free batches, issue #13)" in str(caught.value)
+        refuse_unbuilt(config(trl={"vllm_group_port": 1234}))
+    assert "  - trl.vllm_group_port (NCCL weight transfer, a later issue)" in str(caught.value)
 
 
 def test_refuse_unbuilt_accepts_plain_sft(config):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,5 +196,131 @@ def test_preference_sequence_logps_through_the_output_layer_equal_the_models_log
     for name in ("logps", "token_logps", "mean_logits"):
         torch.testing.assert_close(getattr(fused, name), getattr(plain, name), rtol=1e-5, atol=1e-5, msg=name)
     assert torch.equal(fused.lengths, plain.lengths) and torch.equal(fused.mask, plain.mask)
+    for name in plain_grads:
+        torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def plain_logps(hidden, weight, bias, targets, temperature):
+    logp = torch.log_softmax(F.linear(hidden, weight, bias).float() / temperature, dim=-1)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 100])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("grad_entropy", [False, True])
+def test_token_logps_entropy_and_their_gradients_equal_the_plain_ones(chunk, temperature, grad_entropy):
+    from rlft.losses.linear_ce import linear_token_logps
+
+    h1, w1, b1, t = tensors()
+    h2, w2, b2 = (x.detach().clone().requires_grad_() for x in tensors()[:3])
+    logps, entropy = linear_token_logps(h1, w1, b1, t, temperature, True, grad_entropy, chunk)
+    ref_logps, ref_entropy = plain_logps(h2, w2, b2, t, temperature)
+    torch.testing.assert_close(logps, ref_logps, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-6, atol=1e-5)
+    assert entropy.requires_grad is grad_entropy
+    # a policy-gradient-like loss: per-token weights on the log-probs, minus an entropy bonus
+    row_weights = torch.linspace(-2.0, 3.0, t.numel())
+    loss = (logps * row_weights).sum() - (0.3 * entropy.sum() if grad_entropy else 0.0)
+    ref_loss = (ref_logps * row_weights).sum() - (0.3 * ref_entropy.sum() if grad_entropy else 0.0)
+    loss.backward()
+    ref_loss.backward()
+    for a, b in ((h1, h2), (w1, w2), (b1, b2)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_token_logps_by_hand_on_one_token():
+    """z = W h / T; log p_y = z_y - logsumexp(z); H = -sum p log p; d H / d z_j = -p_j (log p_j + H)."""
+    from rlft.losses.linear_ce import linear_token_logps
+
+    hidden = torch.tensor([[2.0, 0.0]], requires_grad=True)
+    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    logps, entropy = linear_token_logps(hidden, weight, None, torch.tensor([1]), temperature=2.0, grad_entropy=True)
+    assert linear_token_logps(hidden, weight, None, torch.tensor([1]), with_entropy=False)[1] is None
+    z = torch.tensor([1.0, 0.0, 1.0])  # [2, 0, 2] / 2
+    lse = math.log(2 * math.e + 1)
+    p = (z - lse).exp()
+    torch.testing.assert_close(logps, torch.tensor([0.0 - lse]))
+    torch.testing.assert_close(entropy, (-(p * (z - lse)).sum())[None])
+    entropy.sum().backward()
+    expected = (-p * ((z - lse) + entropy.detach())) / 2.0 @ weight
+    torch.testing.assert_close(hidden.grad[0], expected)
+
+
+def test_token_logps_with_no_rows_and_without_grad():
+    from rlft.losses.linear_ce import linear_token_logps
+
+    h, w, b, t = tensors()
+    logps, entropy = linear_token_logps(h[:0], w, b, t[:0])
+    assert logps.shape == entropy.shape == (0,)
+    (logps.sum() + 1.0).backward()
+    assert float(w.grad.abs().sum()) == 0.0
+    with torch.no_grad():
+        logps, entropy = linear_token_logps(h, w, b, t)
+    assert logps.grad_fn is None
+    torch.testing.assert_close(logps, plain_logps(h, w, b, t, 1.0)[0].detach())
+
+
+def grpo_batch(filters: bool):
+    from rlft.models.logprobs import completion_batch
+
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for prompt, completion, advantage in ((5, 4, 1.0), (3, 2, -0.5), (5, 6, 0.25), (4, 0, -1.0)):
+        ids = torch.randint(0, VOCAB, (prompt + completion,), generator=g).tolist()
+        rows.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion,
+                     "advantage": advantage, "old_logps": [-1.5] * completion,
+                     "sampling_logps": [-1.4] * completion})
+    return completion_batch(rows, pad_id=0, values=("old_logps", "sampling_logps"))
+
+
+@pytest.mark.parametrize("case", ["entropy_bonus", "filters_and_is", "reference"])
+def test_the_grpo_loss_through_the_output_layer_equals_the_models_logits(case, monkeypatch):
+    """The GRPO recipe's loss, metrics and gradients, and the cached log-probs: through the output layer (completion
+    positions only, chunked) == the model's (B, C, V) logits."""
+    from types import SimpleNamespace
+
+    from rlft.models import head, logprobs
+    from rlft.models.logprobs import completion_logps
+    from rlft.rollout.types import SamplingParams
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    filters = case == "filters_and_is"
+    settings = SimpleNamespace(
+        temperature=0.8, entropy_coeff=0.01 if case == "entropy_bonus" else 0.0, off_policy_mask_threshold=0.5 if filters else None,
+        needs_sampling_correction=filters, decoupled_loss=False, is_level="token", is_mode="truncate", is_cap=2.0,
+        loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=None, lower_bound_ratio=None, aipo_rho=None,
+        importance_sampling_level="token", beta=0.0, positive_nll_coef=None, unbiased_loss_max_tokens=None,
+        bias_correction_kl=False)
+    recipe = GRPORecipe.__new__(GRPORecipe)
+    recipe.settings = settings
+    recipe.sampling = SamplingParams(max_new_tokens=8, temperature=0.8, top_k=50 if filters else 0, top_p=0.9 if filters else 1.0)
+    recipe.compares_sampled = filters
+    batch = grpo_batch(filters)
+    calls = []
+    monkeypatch.setattr(logprobs, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(head, "MIN_VOCAB", VOCAB if fused else 10**9)
+        model = tiny_model()
+        if case == "reference":
+            with torch.no_grad():
+                logps, entropy = completion_logps(model, batch, 0.8, with_entropy=True)
+            results.append((logps * batch["completion_mask"], entropy * batch["completion_mask"], {}))
+        else:
+            out = recipe.loss(model, batch)
+            out.loss_sum.backward()
+            results.append((out.loss_sum.detach(), out.metrics, {n: p.grad for n, p in model.named_parameters()}))
+        assert bool(calls) is fused  # the first run went through the output layer, the second did not
+        calls.clear()
+    if filters:
+        assert "sampling/outside_filters_fraction" in results[0][1]
+    (fused_value, fused_extra, fused_grads), (plain_value, plain_extra, plain_grads) = results
+    torch.testing.assert_close(fused_value, plain_value, rtol=1e-5, atol=1e-6)
+    if isinstance(plain_extra, dict):
+        assert fused_extra.keys() == plain_extra.keys()
+        for key, value in plain_extra.items():
+            assert fused_extra[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    else:
+        torch.testing.assert_close(fused_extra, plain_extra, rtol=1e-5, atol=1e-6)
     for name in plain_grads:
         torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -116,7 +116,6 @@ TOP_LEVEL = {
     'dpo_beta': ('deprecated', None),
     'dpo_generate_during_eval': ('deprecated', None),
     'dpo_norm_loss': ('deprecated', None),
-    'dpo_padding_free': ('other', None),
     'dpo_use_liger_kernel': ('kernel', None),
     'dpo_use_logits_to_keep': ('deprecated', None),
     'dsv4_bf16_all': ('kernel', None),

@@ -254,8 +254,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     trl: TRLConfig = field(default_factory=TRLConfig, description="Online-RL (GRPO family) options.")
     ebft: EBFTConfig = field(default_factory=EBFTConfig, description="Energy-based fine-tuning options.")
     vllm: VLLMConfig = field(default_factory=VLLMConfig, description="Rollout server (vLLM) options.")
-    batch_flattening: Union[bool, Literal["auto"]] = planned(
-        False, "GRPO: pack rollouts without padding (https://arxiv.org/abs/2407.09105).", issue="padding-free batches, issue #13"
+    batch_flattening: Union[bool, Literal["auto"]] = field(
+        False, "Each micro-batch as one sequence without padding, rows kept apart (SFT without sample_packing, and the GRPO "
+        "family's rollouts; https://arxiv.org/abs/2407.09105). auto: on with flash_attention and micro_batch_size > 1, as in "
+        "Axolotl; true also works with SDPA/eager attention, through a block-diagonal mask."
     )
 
     # --- several processes (docs/distributed.md) ---
@@ -335,6 +337,18 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         return "reward_model" if self.reward_model else "sft"
 
     @property
+    def flat_batches(self) -> str | None:
+        """How micro-batches are flattened (`batch_flattening`): None (padded rows), "varlen" (flash-attention finds the
+        rows from the position ids) or "mask" (a block-diagonal causal mask, for SDPA and eager attention)."""
+        flash = self.effective_attn_implementation.startswith("flash_attention")
+        if self.method in PREFERENCE_METHODS:  # TRL's and Axolotl's key for the DPO trainer's padding-free batches
+            on = bool(self.dpo_padding_free)
+        else:
+            on = self.batch_flattening is True or (self.batch_flattening == "auto" and flash and not self.sample_packing
+                                                   and self.micro_batch_size > 1)
+        return ("varlen" if flash else "mask") if on else None
+
+    @property
     def effective_attn_implementation(self) -> str:
         if self.attn_implementation:
             return self.attn_implementation
@@ -345,6 +359,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         if self.eager_attention:
             return "eager"
         return "sdpa"
+
+
+PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
 
 
 def combination_problems(cfg: RlftConfig):
@@ -374,6 +391,16 @@ def combination_problems(cfg: RlftConfig):
     for key in ("sample_packing", "eval_sample_packing"):
         if getattr(cfg, key) and cfg.method != "sft":
             yield f"{key} applies to SFT only, not {cfg.method}"
+    if cfg.batch_flattening is True and cfg.sample_packing:
+        yield "batch_flattening and sample_packing both remove padding: keep one (sample_packing also fills rows across batches)"
+    flattened = cfg.method == "sft" or cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided")
+    if cfg.batch_flattening is True and not flattened:
+        instead = "use dpo_padding_free: true" if cfg.method in PREFERENCE_METHODS else "remove it"
+        yield (f"batch_flattening applies to SFT and to the GRPO family's rollouts (and structured EBFT), not {cfg.method}"
+               f"{' in strided mode' if cfg.rl == 'ebft' else ''}: {instead}")
+    if cfg.dpo_padding_free and cfg.method not in PREFERENCE_METHODS:
+        yield (f"dpo_padding_free applies to the preference methods (dpo, ipo, kto, orpo, simpo), not {cfg.method}"
+               f"{': use batch_flattening: true' if flattened else ''}")
     if cfg.pad_to_sequence_len and cfg.method in ("grpo", "gdpo", "ebft"):
         yield f"pad_to_sequence_len applies to SFT, preference and reward-model batches, not {cfg.method}"
     yield from _preference_problems(cfg)

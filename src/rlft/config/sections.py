@@ -725,6 +725,12 @@ class PreferenceFields(Section):
         False,
         "Weight each pair by its policy probability (WPO, https://arxiv.org/abs/2406.11827).",
         )
+    dpo_padding_free: Optional[bool] = field(
+        None,
+        "Each micro-batch of chosen/rejected (KTO: matched/mismatched) rows as one sequence without padding, rows kept "
+        "apart (TRL's DPO padding_free; flash-attention finds the rows from the position ids, SDPA/eager use a "
+        "block-diagonal mask); None -> false.",
+    )
     dpo_ld_alpha: Optional[float] = field(
         None,
         "Weight of tokens beyond the shorter response (LD-DPO, https://arxiv.org/abs/2409.06411); "

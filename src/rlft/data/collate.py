@@ -46,8 +46,9 @@ def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
     return packs
 
 
-def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
-    """Rows of concatenated documents (padded to the longest, or to `width`) with a (B, 1, T, T) block-causal mask."""
+def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_mask: bool = True) -> dict[str, torch.Tensor]:
+    """Rows of concatenated documents (padded to the longest, or to `width`) with a (B, 1, T, T) block-causal mask;
+    without `block_mask`, no mask: flash-attention's variable-length kernels find the documents from the position ids."""
     width = max(width, max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs))
     batch = len(packs)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -68,10 +69,26 @@ def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0) -> dic
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     mask = same_document & causal & (document[:, :, None] >= 0)
     mask |= torch.eye(width, dtype=torch.bool)  # padding rows attend to themselves: no all-masked softmax
-    return {
-        "input_ids": input_ids,
-        "attention_mask": mask[:, None],
-        "labels": labels,
-        "position_ids": positions,
-        "num_tokens": int((document >= 0).sum()),
-    }
+    batch = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "num_tokens": int((document >= 0).sum())}
+    return {**batch, "attention_mask": mask[:, None]} if block_mask else batch
+
+
+def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_mask: bool, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Padded rows (left or right padding) as one sequence without padding (`batch_flattening`, `dpo_padding_free`).
+
+    The rows' real tokens follow one another with position ids restarting at 0 for each row, as flash-attention's
+    variable-length kernels read them (transformers' DataCollatorWithFlattening; Kundu et al. 2024,
+    arXiv:2407.09105). With `block_mask` (SDPA and eager attention) a (1, 1, N, N) block-diagonal causal mask keeps
+    each row to itself; without it the attention kernel finds the rows from the position ids. `flat_index` (R, T) is
+    the flat position of every padded slot (a padding slot points at a real token before it, whose values the
+    padding's mask hides): `outputs[0][flat_index]` puts a flat output back in the padded layout. Keys are prefixed
+    with `prefix`."""
+    real = attention_mask.bool()
+    count, length = real.shape
+    flat = {"flat_input_ids": input_ids[real][None], "flat_position_ids": (real.long().cumsum(-1) - 1)[real][None],
+            "flat_index": (real.reshape(-1).long().cumsum(0) - 1).clamp_min(0).view(count, length)}
+    if block_mask:
+        row = torch.arange(count, device=real.device).repeat_interleave(real.sum(-1))
+        causal = torch.ones(row.numel(), row.numel(), dtype=torch.bool, device=real.device).tril()
+        flat["flat_attention_mask"] = ((row[:, None] == row[None, :]) & causal)[None, None]
+    return {prefix + key: value for key, value in flat.items()}

@@ -124,3 +124,84 @@ def linear_token_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     """(N,) float32 -log softmax(hidden @ weight.T + bias)[target] per row, at most `chunk` rows of logits at once
     (forward and backward). For losses that weigh rows differently (sequence log-prob sums of preference pairs)."""
     return _LinearTokenNLL.apply(hidden, weight, bias, targets, chunk or chunk_rows(weight.size(0)))
+
+
+def _scaled_logits(hidden, weight, bias, temperature):
+    logits = F.linear(hidden, weight, bias).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _LinearTokenLogps(torch.autograd.Function):
+    """Per-row target log-prob and (optionally) entropy at a temperature; the backward recomputes each chunk's logits
+    and takes the log-normaliser saved by the forward.
+
+    With z = (W h + b) / T, lse = logsumexp(z), log p = z - lse and H = -sum_j p_j log p_j = lse - sum_j p_j z_j:
+        d log p_y / d z = onehot(y) - p            d H / d z_j = -p_j (log p_j + H)
+    and d z / d(W h + b) = 1 / T.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, grad_entropy):
+        logps, entropy, lses = [], [], []
+        for start in range(0, hidden.size(0), chunk):
+            logp = _scaled_logits(hidden[start:start + chunk], weight, bias, temperature)
+            lse = logp.logsumexp(-1)
+            logp.sub_(lse[:, None])  # log p, in the logits' memory
+            logps.append(logp.gather(-1, targets[start:start + chunk, None]).squeeze(-1))
+            lses.append(lse)
+            if with_entropy:
+                entropy.append(-torch.linalg.vecdot(logp.exp(), logp))
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        logps, lses = (torch.cat(logps), torch.cat(lses)) if logps else (empty, empty)
+        entropy = torch.cat(entropy) if entropy else empty.new_zeros(logps.shape if with_entropy else (0,))
+        ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
+        ctx.temperature, ctx.chunk, ctx.grad_entropy = temperature, chunk, grad_entropy
+        if not grad_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logps, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy):
+        hidden, weight, bias, targets, lses, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        use_entropy = ctx.grad_entropy and grad_entropy is not None
+        if grad_logps is None:
+            grad_logps = torch.zeros_like(lses)
+        for start in range(0, hidden.size(0), ctx.chunk):
+            end = start + ctx.chunk
+            h, t, g = hidden[start:end], targets[start:end], grad_logps[start:end, None].float()
+            logp = _scaled_logits(h, weight, bias, ctx.temperature).sub_(lses[start:end, None])
+            p = logp.exp()
+            if use_entropy:  # -p (log p + H) g_H - p g, in log p's memory
+                grad = logp.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None].float())
+                grad.sub_(p.mul_(g))
+            else:
+                grad = p.mul_(-g)
+            grad[torch.arange(t.numel(), device=t.device), t] += g[:, 0]
+            if ctx.temperature != 1.0:
+                grad.div_(ctx.temperature)
+            if need_b:
+                grad_b += grad.sum(0)
+            grad = grad.to(hidden.dtype)
+            if need_h:
+                grad_h[start:end] = grad @ weight
+            if need_w:
+                grad_w += (grad.t() @ h).float()
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
+
+
+def linear_token_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                       temperature: float = 1.0, with_entropy: bool = True, grad_entropy: bool = False,
+                       chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N,) float32 log softmax((hidden @ weight.T + bias) / temperature)[target] per row, and (N,) the entropy of
+    that distribution (None unless `with_entropy`; with a gradient only when `grad_entropy`), at most `chunk` rows of
+    logits at once in the forward and the backward. For the policy-gradient losses: per-token log-probs of sampled
+    completions, without a (B, T, V) logits block."""
+    scale = temperature if temperature > 0 else 1.0  # temperature 0 (greedy) scores with the raw logits, as logps_from_logits
+    logps, entropy = _LinearTokenLogps.apply(hidden, weight, bias, targets, float(scale), chunk or chunk_rows(weight.size(0)),
+                                             with_entropy, with_entropy and grad_entropy)
+    return logps, entropy if with_entropy else None

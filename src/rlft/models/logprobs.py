@@ -1,7 +1,10 @@
 """The one home of per-token log-probs and entropy of completions under a model.
 
-Rows are [prompt left-padded | completion right-padded] (`completion_batch`); only the last
-C + 1 positions' logits are computed (`logits_to_keep`), where C is the completion width.
+Rows are [prompt left-padded | completion right-padded] (`completion_batch`). With a real-size vocabulary the
+forward builds no logits block at all: the output layer is applied to the completion tokens' positions only, in
+chunks (`completion_scores`, `rlft.losses.linear_ce.linear_token_logps`). Otherwise (a small vocabulary, a sharded
+or adapted output layer, soft-capped logits) only the last C + 1 positions' logits are computed (`logits_to_keep`),
+where C is the completion width.
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
+
+from rlft.losses.linear_ce import linear_token_logps
+from rlft.models.head import final_hidden, output_layer
 
 
 def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -41,17 +48,80 @@ def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str,
     return batch
 
 
+def model_inputs(batch: dict[str, Any], prefix: str = "", names: tuple[str, ...] = ("input_ids", "attention_mask",
+                                                                                   "position_ids")) -> dict[str, Any]:
+    """The forward's inputs: the flattened rows when the batch has them (`rlft.data.collate.flatten_rows`), else
+    the padded ones."""
+    if prefix + "flat_input_ids" in batch:
+        return {"input_ids": batch[prefix + "flat_input_ids"], "position_ids": batch[prefix + "flat_position_ids"],
+                "attention_mask": batch.get(prefix + "flat_attention_mask")}
+    return {name: batch[prefix + name] for name in names if prefix + name in batch}
+
+
+def padded(outputs: torch.Tensor, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
+    """A forward's (1, N, D) outputs over flattened rows back in the padded (R, T, D) layout; padded outputs as they are."""
+    index = batch.get(prefix + "flat_index")
+    return outputs if index is None else outputs[0][index]
+
+
 def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
     """Raw float logits (B, C, V) at the positions that predict each completion token."""
     width = int(batch["completion_width"])
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
-                   logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
+    if "flat_input_ids" in batch:
+        index = batch["flat_index"][:, -width - 1 : -1]
+        logits = model(**model_inputs(batch), logits_to_keep=index.reshape(-1), use_cache=False).logits
+        return logits.float().view(*index.shape, -1)
+    logits = model(**model_inputs(batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
     return logits.float()
+
+
+class CompletionScores:
+    """What one forward gives for the completion positions: their float logits (B, C, V), or their last hidden states
+    (B, C, H) and the output layer to apply to them (then no (B, C, V) block is ever built)."""
+
+    def __init__(self, batch: dict[str, Any], logits: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                 head: torch.nn.Linear | None = None):
+        self.batch, self.logits, self.hidden, self.head = batch, logits, hidden, head
+
+    @property
+    def vocab(self) -> int:
+        return self.logits.size(-1) if self.logits is not None else self.head.out_features
+
+    def token_logps(self, temperature: float, with_entropy: bool, grad_entropy: bool = False):
+        """Per-token log-probs (B, C) of the completion tokens at `temperature`, and their entropy (or None). Through
+        the output layer, padding positions get 0 (nothing is computed there)."""
+        if self.logits is not None:
+            return logps_from_logits(self.logits, self.batch, temperature, with_entropy, grad_entropy)
+        width = int(self.batch["completion_width"])
+        targets = self.batch["input_ids"][:, -width:]
+        valid = self.batch["attention_mask"][:, -width:].bool()
+        logps, entropy = linear_token_logps(self.hidden[valid], self.head.weight, self.head.bias, targets[valid],
+                                            temperature, with_entropy, grad_entropy)
+        zeros = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+        return zeros.masked_scatter(valid, logps), zeros.masked_scatter(valid, entropy) if with_entropy else None
+
+    def logits_at(self, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """(N, V) float logits at completion positions (rows[i], steps[i])."""
+        if self.logits is not None:
+            return self.logits[rows, steps]
+        return F.linear(self.hidden[rows, steps], self.head.weight, self.head.bias).float()
+
+
+def completion_scores(model, batch: dict[str, Any]) -> CompletionScores:
+    """One forward of `model` over a completion batch, through the output layer where that is exact and worth it
+    (`rlft.models.head`), else with the model's logits at the completion positions."""
+    head = output_layer(model)
+    if head is not None:
+        hidden = final_hidden(model, model_inputs(batch), head)
+        if hidden is not None:
+            width = int(batch["completion_width"])
+            return CompletionScores(batch, hidden=padded(hidden, batch)[:, -width - 1 : -1], head=head)
+    return CompletionScores(batch, logits=completion_logits(model, batch))
 
 
 def completion_logps(model, batch: dict[str, Any], temperature: float, with_entropy: bool, grad_entropy: bool = False):
     """Per-token log-probs (B, C) of the completion tokens at `temperature`, and their entropy (or None)."""
-    return logps_from_logits(completion_logits(model, batch), batch, temperature, with_entropy, grad_entropy)
+    return completion_scores(model, batch).token_logps(temperature, with_entropy, grad_entropy)
 
 
 def logps_from_logits(logits: torch.Tensor, batch: dict[str, Any], temperature: float, with_entropy: bool,
@@ -136,15 +206,17 @@ def tokens_seen(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: in
 
 
 @torch.no_grad()
-def sampled_logps(logits: torch.Tensor, batch: dict[str, Any], params: SamplingFilters,
+def sampled_logps(scores: CompletionScores | torch.Tensor, batch: dict[str, Any], params: SamplingFilters,
                   temperature_logps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, C) log-probs of the completion tokens under the distribution an engine with these weights samples from
     (`process_logits`), without gradient, computed SAMPLED_CHUNK positions at a time; and a (B, C) bool of the
     tokens these weights' filters drop (a boundary token the engine kept: numerics or staleness moved the
     boundary). Those get `temperature_logps` instead of log 0, so one such token does not zero a ratio or
-    dominate a sequence's mean."""
+    dominate a sequence's mean. `scores`: a forward's CompletionScores, or its (B, C, V) completion logits."""
+    if isinstance(scores, torch.Tensor):
+        scores = CompletionScores(batch, logits=scores)
     width = int(batch["completion_width"])
-    count, _, vocab = logits.shape
+    count, vocab = batch["input_ids"].size(0), scores.vocab
     length = batch["input_ids"].size(1)
     targets = batch["input_ids"][:, -width:].reshape(-1)
     first = None
@@ -152,11 +224,11 @@ def sampled_logps(logits: torch.Tensor, batch: dict[str, Any], params: SamplingF
         first = first_positions(batch["input_ids"], batch["attention_mask"], vocab)
     out = []
     for start in range(0, count * width, SAMPLED_CHUNK):
-        index = torch.arange(start, min(start + SAMPLED_CHUNK, count * width), device=logits.device)
+        index = torch.arange(start, min(start + SAMPLED_CHUNK, count * width), device=targets.device)
         rows, steps = index // width, index % width
         seen = first[rows] < (length - width + steps)[:, None] if first is not None else None
-        scores = process_logits(logits[rows, steps], seen, params)  # a (chunk, V) copy, never the whole batch
-        out.append(torch.log_softmax(scores, dim=-1).gather(-1, targets[index, None]).squeeze(-1))
+        filtered = process_logits(scores.logits_at(rows, steps), seen, params)  # (chunk, V), never the whole batch
+        out.append(torch.log_softmax(filtered, dim=-1).gather(-1, targets[index, None]).squeeze(-1))
     values = torch.cat(out).reshape(count, width)
     dropped = torch.isinf(values)
     return torch.where(dropped, temperature_logps.detach(), values), dropped

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from rlft.errors import RolloutError
-from rlft.models.logprobs import completion_batch, completion_logits, filters_active, logps_from_logits, sampled_logps
+from rlft.models.logprobs import completion_batch, completion_scores, filters_active, sampled_logps
 from rlft.rollout.types import Rollout, SamplingParams
 from rlft.usercode import UserCodeError, load_user_function
 
@@ -129,10 +129,10 @@ def completions_rollout(fn: Callable, name: str, model, tokenizer, prompts: list
                 for p, c in zip(prompt_ids[start:start + LOGP_ROWS], completions[start:start + LOGP_ROWS])]
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                  for k, v in completion_batch(rows, tokenizer.pad_token_id).items()}
-        logits = completion_logits(model, batch)
-        logps, _ = logps_from_logits(logits, batch, params.temperature, False)
+        scores = completion_scores(model, batch)
+        logps, _ = scores.token_logps(params.temperature, False)
         if filters_active(params):
-            logps, _ = sampled_logps(logits, batch, params, logps)
+            logps, _ = sampled_logps(scores, batch, params, logps)
         logprobs += [logps[row, : len(r["completion_ids"])].tolist() for row, r in enumerate(rows)]
     return Rollout(prompt_ids, completions, logprobs, truncated, weight_versions=[version] * len(expanded))
 

@@ -26,8 +26,8 @@ from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy
-from rlft.models.logprobs import (completion_batch, completion_logits, completion_logps, filters_active, logps_from_logits,
-                                  sampled_logps)
+from rlft.data.collate import flatten_rows
+from rlft.models.logprobs import completion_batch, completion_logps, completion_scores, filters_active, sampled_logps
 from rlft.models.weights import merged_weights
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.compiled import compile_options
@@ -222,16 +222,19 @@ class GRPORecipe(Recipe):
         return [self.micro_batch(rows) for rows in mine] + padding
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
-        return completion_batch([row_inputs(r) for r in rows], self.tokenizer.pad_token_id, LOGP_VALUES)
+        batch = completion_batch([row_inputs(r) for r in rows], self.tokenizer.pad_token_id, LOGP_VALUES)
+        if self.cfg.flat_batches:  # batch_flattening: the rows as one sequence without padding
+            batch.update(flatten_rows(batch["input_ids"], batch["attention_mask"], self.cfg.flat_batches == "mask"))
+        return batch
 
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         s = self.settings  # entropy is logged every step (TRL's `entropy`); with a gradient only when entropy_coeff > 0
-        logits = completion_logits(model, batch)
-        logps, entropy = logps_from_logits(logits, batch, s.temperature, True, grad_entropy=bool(s.entropy_coeff))
+        scores = completion_scores(model, batch)
+        logps, entropy = scores.token_logps(s.temperature, True, grad_entropy=bool(s.entropy_coeff))
         # the current weights' filtered distribution: for the IS weights when old log-probs were not cached, and for OPSM
         wanted = self.compares_sampled and ("old_sampled_logps" not in batch or s.off_policy_mask_threshold is not None)
-        sampled, dropped = sampled_logps(logits, batch, self.sampling, logps) if wanted else (None, None)
-        del logits
+        sampled, dropped = sampled_logps(scores, batch, self.sampling, logps) if wanted else (None, None)
+        del scores
         is_weights, keep, metrics = self.off_policy_terms(logps, batch, sampled)
         if dropped is not None:
             mask = batch["completion_mask"]
@@ -396,9 +399,9 @@ class GRPORecipe(Recipe):
                     with self.reference.view(model) as network:
                         logps, _ = completion_logps(network, batch, self.settings.temperature, False)
                 else:
-                    logits = completion_logits(model, batch)
-                    logps, _ = logps_from_logits(logits, batch, self.settings.temperature, False)
-                    sampled = sampled_logps(logits, batch, self.sampling, logps)[0] if self.compares_sampled else None
+                    scores = completion_scores(model, batch)
+                    logps, _ = scores.token_logps(self.settings.temperature, False)
+                    sampled = sampled_logps(scores, batch, self.sampling, logps)[0] if self.compares_sampled else None
             if start < len(mine):
                 values += [(logps[index, : len(row.completion_ids)].tolist(),
                             sampled[index, : len(row.completion_ids)].tolist() if sampled is not None else None)

@@ -21,8 +21,10 @@ from rlft.losses import preference as L
 from rlft.losses.linear_ce import linear_token_nll
 from rlft.losses.sft import IGNORE, token_nll
 from rlft.models.head import final_hidden, output_layer
+from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
+from rlft.data.collate import flatten_rows
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
 from rlft.train.recipe import LossOutput, Recipe
 
@@ -47,9 +49,10 @@ def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> Sequence
     """Completion-token log-probs with the output layer applied to the completion positions only, in chunks
     (`rlft.losses.linear_ce`, see `rlft.models.head`), or None where the model's own logits must be used."""
     head = output_layer(model)
-    hidden = final_hidden(model, {k: batch[prefix + k] for k in INPUTS}, head) if head is not None else None
+    hidden = final_hidden(model, model_inputs(batch, prefix, INPUTS), head) if head is not None else None
     if hidden is None:
         return None
+    hidden = padded(hidden, batch, prefix)
     targets = batch[prefix + "labels"][:, 1:]
     mask = targets != IGNORE
     picked = hidden[:, :-1][mask]
@@ -70,7 +73,7 @@ def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = F
         fused = _through_output_layer(model, batch, prefix)
         if fused is not None:
             return fused
-    logits = model(**{k: batch[prefix + k] for k in INPUTS}, use_cache=False).logits
+    logits = padded(model(**model_inputs(batch, prefix, INPUTS), use_cache=False).logits, batch, prefix)
     nll, mask = token_nll(logits, batch[prefix + "labels"])
     lengths = mask.sum(-1)
     whole = whole_lengths = None
@@ -101,7 +104,8 @@ class PairRecipe(Recipe):
         self.precompute_time = 0.0  # seconds computing reference log-probs before training (precompute_ref_log_probs)
         self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
         self.bco_mean, self.bco_count = 0.0, 0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg)))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg)),
+                                                           flat=("",))
 
     @property
     def needs_reference(self) -> bool:
@@ -206,7 +210,8 @@ class KTORecipe(Recipe):
         self.cfg = cfg
         self.reference = reference
         self.precompute_time = 0.0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg)))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg)),
+                                                           flat=("", "kl_"))
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -266,8 +271,18 @@ def padded_width(cfg) -> int:
     return cfg.sequence_len if cfg.pad_to_sequence_len else 0
 
 
-def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate) -> tuple[BatchPlan, BatchPlan]:
-    """Length-grouped training batches and sequential eval batches of preference-style examples."""
+def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate, flat: tuple[str, ...] = ()
+                     ) -> tuple[BatchPlan, BatchPlan]:
+    """Length-grouped training batches and sequential eval batches of preference-style examples; with
+    `dpo_padding_free`, the rows under each prefix in `flat` also as one sequence without padding."""
+    if cfg.flat_batches and flat:
+        padded_collate, block_mask = collate, cfg.flat_batches == "mask"
+
+        def collate(rows):
+            batch = padded_collate(rows)
+            for prefix in flat:
+                batch.update(flatten_rows(batch[prefix + "input_ids"], batch[prefix + "attention_mask"], block_mask, prefix))
+            return batch
     lengths = [example_length(e) for e in data.train]
     train = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
     evaluation = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)

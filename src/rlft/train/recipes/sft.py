@@ -8,6 +8,7 @@ import torch
 
 from rlft.data.prepare import PreparedData
 from rlft.data.batches import BatchPlan
+from rlft.data.collate import packed_batch
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
 from rlft.models.head import final_hidden, output_layer
@@ -23,7 +24,11 @@ class SFTRecipe(Recipe):
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
         capacity = cfg.sequence_len if cfg.sample_packing else None
         width = cfg.sequence_len if cfg.pad_to_sequence_len else 0
-        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, width=width)
+        # batch_flattening: each micro-batch's rows as one row, each document attending to itself (rlft.data.collate)
+        mask = cfg.flat_batches == "mask"
+        flat = (lambda rows: packed_batch([rows], pad_id, width, mask)) if cfg.flat_batches and not capacity else None
+        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
+                                    width=width)
         self.shard = shard
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,

@@ -1,0 +1,143 @@
+"""batch_flattening: a micro-batch's rows as one sequence without padding give the padded batch's log-probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlft.config.loading import build_config
+from rlft.data.collate import flatten_rows
+from rlft.models import head
+from rlft.models.logprobs import completion_batch, completion_logps, sampled_logps
+from rlft.rollout.types import SamplingParams
+
+
+def flatten_completion_batch(batch, block_mask):
+    return {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], block_mask)}
+
+
+def rows(vocab: int):
+    g = torch.Generator().manual_seed(4)
+    shapes = ((5, 4), (2, 7), (5, 0), (3, 1))  # prompt, completion lengths: left and right padding, an empty completion
+    out = []
+    for prompt, completion in shapes:
+        ids = torch.randint(1, vocab, (prompt + completion,), generator=g).tolist()
+        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion, "advantage": 1.0})
+    return out
+
+
+def test_the_flat_layout_by_hand():
+    batch = completion_batch([{"prompt_ids": [7, 8], "completion_ids": [9], "mask": [1], "advantage": 0.0},
+                              {"prompt_ids": [5], "completion_ids": [6, 4], "mask": [1, 1], "advantage": 0.0}], pad_id=0)
+    # padded: [7 8 | 9 0] and [0 5 | 6 4]
+    flat = flatten_completion_batch(batch, block_mask=True)
+    assert flat["flat_input_ids"].tolist() == [[7, 8, 9, 5, 6, 4]]
+    assert flat["flat_position_ids"].tolist() == [[0, 1, 2, 0, 1, 2]]
+    # every padded slot's flat position; a padding slot points at the real token before it (row 1's leading one at 9)
+    assert flat["flat_index"].tolist() == [[0, 1, 2, 2], [2, 3, 4, 5]]
+    mask = flat["flat_attention_mask"][0, 0].int().tolist()
+    assert mask == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                    [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
+    assert "flat_attention_mask" not in flatten_completion_batch(batch, block_mask=False)
+    assert torch.equal(flat["input_ids"], batch["input_ids"])  # targets are still read from the padded rows
+
+
+@pytest.mark.parametrize("vocab", [300, 4096], ids=["model-logits", "output-layer"])
+def test_flattened_rows_give_the_padded_log_probs_entropy_and_gradients(vocab, monkeypatch):
+    monkeypatch.setattr(head, "MIN_VOCAB", 4096)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=32, attn_implementation="sdpa"))
+    batch = completion_batch(rows(vocab), pad_id=0)
+    valid = batch["attention_mask"][:, -batch["completion_width"]:].bool()
+    results = []
+    for flat in (False, True):
+        model.zero_grad()
+        inputs = flatten_completion_batch(batch, block_mask=True) if flat else batch
+        logps, entropy = completion_logps(model, inputs, 0.9, True, grad_entropy=True)
+        ((logps + 0.1 * entropy) * valid).sum().backward()
+        sampled, _ = sampled_logps(logits_or_scores(model, inputs), inputs, SamplingParams(max_new_tokens=8, temperature=0.9,
+                                                                                         top_k=20, repetition_penalty=1.2), logps)
+        results.append((logps[valid].detach(), entropy[valid].detach(), sampled[valid], {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (logps, entropy, sampled, grads), (flat_logps, flat_entropy, flat_sampled, flat_grads) = results
+    torch.testing.assert_close(flat_logps, logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flat_entropy, entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flat_sampled, sampled, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(flat_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def logits_or_scores(model, batch):
+    from rlft.models.logprobs import completion_scores
+
+    with torch.no_grad():
+        return completion_scores(model, batch)
+
+
+def config(**keys):
+    return build_config({"base_model": "m", "datasets": [{"path": "d.jsonl"}], "micro_batch_size": 4, **keys})
+
+
+def test_batch_flattening_auto_is_on_with_flash_attention_only_and_true_uses_a_mask_elsewhere():
+    assert config().flat_batches is None
+    assert config(batch_flattening="auto").flat_batches is None  # SDPA: padding costs less than a dense block mask
+    assert config(batch_flattening="auto", flash_attention=True).flat_batches == "varlen"
+    assert config(batch_flattening="auto", flash_attention=True, micro_batch_size=1).flat_batches is None
+    assert config(batch_flattening="auto", flash_attention=True, sample_packing=True).flat_batches is None
+    assert config(batch_flattening=True).flat_batches == "mask"
+    assert config(batch_flattening=True, flash_attention=True).flat_batches == "varlen"
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"batch_flattening": True, "sample_packing": True}, "batch_flattening and sample_packing both remove padding"),
+    ({"batch_flattening": True, "rl": "dpo"}, "batch_flattening applies to SFT and to the GRPO family"),
+])
+def test_batch_flattening_combinations_that_are_refused(keys, message):
+    from rlft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        config(**keys)
+
+
+@pytest.mark.parametrize("vocab", [300, 4096], ids=["model-logits", "output-layer"])
+def test_flattened_preference_rows_give_the_padded_sequence_log_probs_and_gradients(vocab, monkeypatch):
+    """dpo_padding_free: pairs (chosen rows, then rejected rows, right-padded) as one sequence: the same sequence
+    log-probs, per-token log-probs, mean-logit metric and gradients, through the model's logits and the output layer."""
+    from rlft.data.preference import pair_batch
+    from rlft.train.recipes.preference import sequence_logps
+
+    monkeypatch.setattr(head, "MIN_VOCAB", 4096)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=32, attn_implementation="sdpa"))
+    g = torch.Generator().manual_seed(5)
+    ids = lambda n: torch.randint(1, vocab, (n,), generator=g).tolist()  # noqa: E731
+    examples = [{"prompt_ids": ids(4), "chosen_ids": ids(3), "rejected_ids": ids(6)},
+                {"prompt_ids": ids(2), "chosen_ids": ids(5), "rejected_ids": ids(1)}]
+    batch = pair_batch(examples, pad_id=0)
+    results = []
+    for flat in (False, True):
+        model.zero_grad()
+        inputs = {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], True)} if flat else batch
+        out = sequence_logps(model, inputs)
+        (out.logps * torch.tensor([1.0, -2.0, 0.5, 3.0])).sum().backward()
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, grads), (flat, flat_grads) = results
+    torch.testing.assert_close(flat.logps, plain.logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flat.token_logps[plain.mask], plain.token_logps[plain.mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flat.mean_logits, plain.mean_logits, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(flat_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_dpo_padding_free_is_for_preference_methods():
+    from rlft.errors import ConfigError
+
+    assert config(rl="dpo", dpo_padding_free=True).flat_batches == "mask"
+    assert config(rl="kto", dpo_padding_free=True, flash_attention=True).flat_batches == "varlen"
+    assert config(rl="dpo", batch_flattening="auto", flash_attention=True).flat_batches is None
+    with pytest.raises(ConfigError, match="dpo_padding_free applies to the preference methods.*use batch_flattening: true"):
+        config(dpo_padding_free=True)
+    with pytest.raises(ConfigError, match="not dpo: use dpo_padding_free: true"):
+        config(rl="dpo", batch_flattening=True)
