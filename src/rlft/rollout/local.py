@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from rlft.errors import RolloutError
-from rlft.models.logprobs import process_logits
+from rlft.models.logprobs import draw_tokens, process_logits
 from rlft.rollout.types import Rollout, SamplingParams
 
 
@@ -138,7 +138,7 @@ class LocalEngine:
             scores = process_logits(logits, seen, params)
             distribution = torch.log_softmax(scores, dim=-1)
             if params.temperature > 0:
-                chosen = torch.multinomial(distribution.exp(), 1, generator=generator).squeeze(-1)
+                chosen = draw_tokens(distribution, generator)
             else:
                 chosen = scores.argmax(-1)
             chosen = chosen.masked_fill_(finished, self.pad_id)  # in place: decoding is overhead-bound

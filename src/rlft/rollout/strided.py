@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlft.models.logprobs import process_logits
+from rlft.models.logprobs import draw_tokens, process_logits
 from rlft.rollout.types import SamplingParams
 
 
@@ -318,7 +318,7 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
             scores = process_logits(logits.reshape(rows * num_blocks, -1), None, params)
             distribution = torch.log_softmax(scores, -1)
             if temperature > 0:
-                chosen = torch.multinomial(distribution.exp(), 1, generator=generator).squeeze(-1)
+                chosen = draw_tokens(distribution, generator)
             else:
                 chosen = scores.argmax(-1)
             sampled_logps[:, width - seq_len: width - seq_len + num_blocks] = \
