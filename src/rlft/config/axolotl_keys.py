@@ -185,7 +185,6 @@ TOP_LEVEL = {
     'greater_is_better': ('other', None),
     'grokfast_alpha': ('technique', 0.98),
     'grokfast_lamb': ('technique', 2.0),
-    'group_by_length': ('other', None),
     'hatchery': ('technique', None),
     'heads_k_stride': ('parallel', None),
     'hf_mlflow_log_artifacts': ('tracker', None),

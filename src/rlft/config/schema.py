@@ -194,6 +194,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     train_on_inputs: bool = field(False, "SFT: also compute the loss on prompt (non-assistant) tokens.")
     sample_packing: bool = field(False, "SFT: pack several documents per row, with per-document attention.")
     eval_sample_packing: Optional[bool] = field(None, "SFT: pack the eval rows too (default: as sample_packing).")
+    group_by_length: Optional[bool] = field(
+        None, "SFT without sample_packing: rows of similar length share a micro-batch (less padding), the batches in "
+        "random order, as transformers' group_by_length; None -> false. Preference and reward-model batches are "
+        "always grouped so.")
     pad_to_sequence_len: bool = field(False, "SFT, preference and reward-model batches: pad every batch to sequence_len "
                                           "tokens (one shape for every step).")
     remove_unused_columns: bool = field(
@@ -391,6 +395,10 @@ def combination_problems(cfg: RlftConfig):
     for key in ("sample_packing", "eval_sample_packing"):
         if getattr(cfg, key) and cfg.method != "sft":
             yield f"{key} applies to SFT only, not {cfg.method}"
+    if cfg.group_by_length and cfg.sample_packing:
+        yield "group_by_length and sample_packing: packing already fills rows from documents of any length; keep one"
+    if cfg.group_by_length and cfg.method not in ("sft", "reward_model", *PREFERENCE_METHODS):
+        yield f"group_by_length groups SFT, preference and reward-model batches (rollouts are not drawn by length), not {cfg.method}"
     if cfg.batch_flattening is True and cfg.sample_packing:
         yield "batch_flattening and sample_packing both remove padding: keep one (sample_packing also fills rows across batches)"
     flattened = cfg.method == "sft" or cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided")

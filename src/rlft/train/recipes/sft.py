@@ -27,8 +27,9 @@ class SFTRecipe(Recipe):
         # batch_flattening: each micro-batch's rows as one row, each document attending to itself (rlft.data.collate)
         mask = cfg.flat_batches == "mask"
         flat = (lambda rows: packed_batch([rows], pad_id, width, mask)) if cfg.flat_batches and not capacity else None
+        lengths = [len(e["input_ids"]) for e in data.train] if cfg.group_by_length else None  # never with packing
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
-                                    width=width)
+                                    lengths=lengths, width=width)
         self.shard = shard
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
