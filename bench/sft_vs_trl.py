@@ -23,7 +23,9 @@ because a shared 2-core machine is noisy (OpenMP threads stall badly when anothe
 Usage (from the repository root):
   .venv/bin/python bench/sft_vs_trl.py --size S --steps 100
   .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --vocab 32768   # a real tokenizer's output layer
-Results: a table on stdout and bench/results/sft_vs_trl-<size>[-v<vocab>].json. Peak memory (resident memory a
+  .venv/bin/python bench/sft_vs_trl.py --long --vocab 32768 --micro-batch 8 --steps 20 [--group-by-length]
+      # 64-600-character prompts (chains of solved sums before the asked one), sequences up to 640 tokens
+Results: a table on stdout and bench/results/sft_vs_trl-<size>[-long][-grouped][-v<vocab>].json. Peak memory (resident memory a
 run adds at its peak) is measured in one more run of each tool, after the timed ones.
 """
 
@@ -39,6 +41,7 @@ import datetime
 import io
 import json
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -64,6 +67,24 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 
+LONG_LENGTH = 640  # --long: sequence_len / max_length
+
+
+def long_rows(count: int, seed: int) -> list[dict]:
+    """Rows of very different lengths: a prompt of 64-600 characters of solved sums ("12+34=46; ...") before the asked
+    one, whose answer is the completion (the only loss tokens). Random batches of these are mostly padding."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        target, parts = rng.randint(64, 600), []
+        while sum(len(part) for part in parts) < target:
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            parts.append(f"{a}+{b}={a + b}; ")
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        rows.append({"prompt": "".join(parts) + f"{a}+{b}=", "completion": str(a + b)})
+    return rows
+
+
 def warm_up(model_dir: Path, micro_batch: int) -> None:
     """A few forward/backward passes so one-time kernel setup is charged to neither tool."""
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -87,8 +108,9 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     cfg = build_config({
         **rlft_keys(model_dir, out_dir, args.steps, args.seed, 3e-3),
         "datasets": [{"path": str(train_file)}],
-        "sequence_len": 32,
+        "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False,
+        "group_by_length": args.group_by_length,
         "micro_batch_size": args.micro_batch,
         "torch_compile": args.compile,  # the compiled forward: compiled in each run's first steps
     }, source="bench")
@@ -170,7 +192,8 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
         learning_rate=3e-3,
-        max_length=32,
+        max_length=LONG_LENGTH if args.long else 32,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",  # transformers 5's name
         packing=False,
         completion_only_loss=True,
     )
@@ -259,6 +282,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--long", action="store_true", help="rows of 64-600 characters (sequences up to 640 tokens)")
+    parser.add_argument("--group-by-length", action="store_true",
+                        help="both tools batch rows of similar length together (group_by_length)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default bench/results/sft_vs_trl-<size>.json, ...-compiled.json with --compile)")
     args = parser.parse_args()
@@ -266,7 +292,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    train_rows, _ = split_rows()
+    train_rows = long_rows(2000, args.seed) if args.long else split_rows()[0]
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
         model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
@@ -295,6 +321,8 @@ def main() -> None:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
         "vocab": args.vocab,
+        "long": args.long,
+        "group_by_length": args.group_by_length,
         "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
@@ -320,7 +348,8 @@ def main() -> None:
     }
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
-    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{vocab}{'-compiled' if args.compile else ''}.json"
+    shape = ("-long" if args.long else "") + ("-grouped" if args.group_by_length else "")
+    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
