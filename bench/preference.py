@@ -34,7 +34,9 @@ average (a shared 2-core machine is noisy).
 Usage (from the repository root):
   .venv/bin/python bench/preference.py --size S --steps 40
   .venv/bin/python bench/preference.py --size S --steps 40 --vocab 32768   # a real tokenizer's output layer
-Results: a table on stdout and bench/results/preference-<size>.json.
+  .venv/bin/python bench/preference.py --long --vocab 32768 --rows 64 --steps 4 --repeat 1
+      # prompts of 64-600 characters (solved sums before the asked one), sequences up to 640 tokens
+Results: a table on stdout and bench/results/preference-<size>[-long][-v<vocab>].json.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
 from common import RESULTS, make_model, peak_memory, quiet, rlft_keys, trl_keys
-from sft_vs_trl import StepTimer, warm_up
+from sft_vs_trl import LONG_LENGTH, StepTimer, long_rows, warm_up
 
 LR = 5e-4
 BETA = 0.1
@@ -359,6 +361,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--long", action="store_true",
+                        help="each prompt led by 64-600 characters of solved sums (sequences up to 640 tokens)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default bench/results/preference-<size>.json, ...-compiled.json with --compile)")
     args = parser.parse_args()
@@ -366,7 +370,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    global MAX_LENGTH
     rows = preference_rows(split_rows()[0][: args.rows])
+    if args.long:  # the same pairs behind long prompts: chosen and rejected answers stay the short sums
+        MAX_LENGTH = LONG_LENGTH
+        rows = [{**row, "prompt": lead["prompt"].rsplit("; ", 1)[0] + "; " + row["prompt"]}
+                for row, lead in zip(rows, long_rows(len(rows), args.seed))]
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
         model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
@@ -432,6 +441,7 @@ def main() -> None:
         "beta": BETA,
         "learning_rate": LR,
         "max_length": MAX_LENGTH,
+        "long": args.long,
         "repeat": args.repeat,
         "run_order": [label(t, p) for t, p in SETTINGS],
         "reported_run": "each setting's run with the smallest wall time",
@@ -455,7 +465,8 @@ def main() -> None:
     }
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
-    out = args.out or RESULTS / f"preference-{args.size}{vocab}{'-compiled' if args.compile else ''}.json"
+    long = "-long" if args.long else ""
+    out = args.out or RESULTS / f"preference-{args.size}{long}{vocab}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
