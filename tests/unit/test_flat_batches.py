@@ -87,6 +87,8 @@ def test_batch_flattening_auto_is_on_with_flash_attention_only_and_true_uses_a_m
     assert config(batch_flattening="auto", flash_attention=True, sample_packing=True).flat_batches is None
     assert config(batch_flattening=True).flat_batches == "mask"
     assert config(batch_flattening=True, flash_attention=True).flat_batches == "varlen"
+    # auto where nothing is flattened (reward models, strided EBFT): off, not reported on
+    assert config(batch_flattening="auto", flash_attention=True, reward_model=True).flat_batches is None
 
 
 @pytest.mark.parametrize("keys, message", [

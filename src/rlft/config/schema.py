@@ -348,8 +348,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         if self.method in PREFERENCE_METHODS:  # TRL's and Axolotl's key for the DPO trainer's padding-free batches
             on = bool(self.dpo_padding_free)
         else:
-            on = self.batch_flattening is True or (self.batch_flattening == "auto" and flash and not self.sample_packing
-                                                   and self.micro_batch_size > 1)
+            on = flattens_batches(self) and (self.batch_flattening is True or (
+                self.batch_flattening == "auto" and flash and not self.sample_packing and self.micro_batch_size > 1))
         return ("varlen" if flash else "mask") if on else None
 
     @property
@@ -366,6 +366,11 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
 
 
 PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
+
+
+def flattens_batches(cfg) -> bool:
+    """Whether the method's micro-batches can be flattened by `batch_flattening` (SFT, the GRPO family, structured EBFT)."""
+    return cfg.method == "sft" or cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided")
 
 
 def combination_problems(cfg: RlftConfig):
@@ -401,7 +406,7 @@ def combination_problems(cfg: RlftConfig):
         yield f"group_by_length groups SFT, preference and reward-model batches (rollouts are not drawn by length), not {cfg.method}"
     if cfg.batch_flattening is True and cfg.sample_packing:
         yield "batch_flattening and sample_packing both remove padding: keep one (sample_packing also fills rows across batches)"
-    flattened = cfg.method == "sft" or cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided")
+    flattened = flattens_batches(cfg)
     if cfg.batch_flattening is True and not flattened:
         instead = "use dpo_padding_free: true" if cfg.method in PREFERENCE_METHODS else "remove it"
         yield (f"batch_flattening applies to SFT and to the GRPO family's rollouts (and structured EBFT), not {cfg.method}"
