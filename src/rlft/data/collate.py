@@ -65,12 +65,17 @@ def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_
             positions[row, offset : offset + n] = torch.arange(n)
             document[row, offset : offset + n] = number
             offset += n
-    same_document = document[:, :, None] == document[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = same_document & causal & (document[:, :, None] >= 0)
-    mask |= torch.eye(width, dtype=torch.bool)  # padding rows attend to themselves: no all-masked softmax
     batch = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "num_tokens": int((document >= 0).sum())}
-    return {**batch, "attention_mask": mask[:, None]} if block_mask else batch
+    return {**batch, "attention_mask": block_causal_mask(document)} if block_mask else batch
+
+
+def block_causal_mask(document: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool: each token attends to the tokens before it in its own document. `document` (B, T) numbers
+    the documents of each row, -1 for padding, which attends only to itself (no all-masked softmax row)."""
+    width = document.size(1)
+    causal = torch.ones(width, width, dtype=torch.bool, device=document.device).tril()
+    mask = (document[:, :, None] == document[:, None, :]) & causal & (document[:, :, None] >= 0)
+    return (mask | torch.eye(width, dtype=torch.bool, device=document.device))[:, None]
 
 
 def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_mask: bool, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -88,7 +93,5 @@ def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_ma
     flat = {"flat_input_ids": input_ids[real][None], "flat_position_ids": (real.long().cumsum(-1) - 1)[real][None],
             "flat_index": (real.reshape(-1).long().cumsum(0) - 1).clamp_min(0).view(count, length)}
     if block_mask:
-        row = torch.arange(count, device=real.device).repeat_interleave(real.sum(-1))
-        causal = torch.ones(row.numel(), row.numel(), dtype=torch.bool, device=real.device).tril()
-        flat["flat_attention_mask"] = ((row[:, None] == row[None, :]) & causal)[None, None]
+        flat["flat_attention_mask"] = block_causal_mask(torch.arange(count, device=real.device).repeat_interleave(real.sum(-1))[None])
     return {prefix + key: value for key, value in flat.items()}
