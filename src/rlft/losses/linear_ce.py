@@ -151,9 +151,9 @@ class _LinearTokenLogps(torch.autograd.Function):
             lses.append(lse)
             if with_entropy:
                 entropy.append(-torch.linalg.vecdot(logp.exp(), logp))
-        empty = hidden.new_zeros(0, dtype=torch.float32)
+        empty = hidden.new_zeros(0, dtype=torch.float32)  # no rows, or no entropy asked for
         logps, lses = (torch.cat(logps), torch.cat(lses)) if logps else (empty, empty)
-        entropy = torch.cat(entropy) if entropy else empty.new_zeros(logps.shape if with_entropy else (0,))
+        entropy = torch.cat(entropy) if entropy else empty.clone()  # a tensor of its own: outputs must not alias
         ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
         ctx.temperature, ctx.chunk, ctx.grad_entropy = temperature, chunk, grad_entropy
         if not grad_entropy:
