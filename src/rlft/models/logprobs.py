@@ -115,7 +115,9 @@ def completion_scores(model, batch: dict[str, Any]) -> CompletionScores:
         hidden = final_hidden(model, model_inputs(batch), head)
         if hidden is not None:
             width = int(batch["completion_width"])
-            return CompletionScores(batch, hidden=padded(hidden, batch)[:, -width - 1 : -1], head=head)
+            if "flat_index" in batch:  # only the completion positions out of the flat sequence, not every padded slot
+                return CompletionScores(batch, hidden=hidden[0][batch["flat_index"][:, -width - 1 : -1]], head=head)
+            return CompletionScores(batch, hidden=hidden[:, -width - 1 : -1], head=head)
     return CompletionScores(batch, logits=completion_logits(model, batch))
 
 
