@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,8 +65,6 @@ print("RESULT " + json.dumps([run(job["seed"] + i) for i in range(job["repeat"])
 
 def time_vllm(python: Path, folder: Path, prompts, args) -> list[float]:
     """vLLM's CPU build on the saved model, in its own environment: decode times of `--repeat` calls."""
-    import subprocess
-
     job = {"model": str(folder), "prompts": prompts, "new_tokens": args.new_tokens, "repeat": args.repeat, "seed": args.seed}
     threads = str(torch.get_num_threads())
     env = dict(os.environ, OMP_NUM_THREADS=threads, VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1")
