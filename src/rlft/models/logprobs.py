@@ -196,8 +196,8 @@ INVERSE_CDF_VOCAB = 4096  # from this many entries on, draw_tokens samples by in
 def draw_tokens(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of (N, V) normalised log-probs, drawn exactly from exp(log_probs).
 
-    torch.multinomial draws V exponentials per row (the Gumbel-max trick): at a real vocabulary that is most of a small
-    model's decode (44 % of it at 32,768 entries on a CPU, profiled). From INVERSE_CDF_VOCAB entries on, one uniform
+    torch.multinomial draws V exponentials per row (the Gumbel-max trick): about 10x the time of the inverse CDF at
+    32,768 entries on a CPU (`bench/decode.py --vocab 32768`). From INVERSE_CDF_VOCAB entries on, one uniform
     u per row picks instead the first token whose cumulative probability (float64) exceeds u times the total, the
     inverse CDF: the same distribution from one random number per row. Smaller vocabularies keep multinomial: there
     it costs nothing, and the random streams of existing seeded runs stay what they were. Tokens of probability 0
