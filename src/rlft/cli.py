@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -12,7 +14,7 @@ from rich.table import Table
 
 from rlft import __version__
 from rlft.config.parallel import launched
-from rlft.errors import ConfigError, RlftError, TrainingInterrupted
+from rlft.errors import ConfigError, RlftError, Terminated, TrainingInterrupted
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines: easy to read and grep
@@ -38,8 +40,33 @@ def _train(args: argparse.Namespace) -> int:
                               "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
         return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
                                            args.main_ip, args.main_port, args.debug))
-    train(cfg, console if launched()[0] == 0 else Console(quiet=True))  # rank 0 reports for all; every rank's errors reach stderr
+    with stop_on_sigterm():
+        train(cfg, console if launched()[0] == 0 else Console(quiet=True))  # rank 0 reports for all; every rank's errors reach stderr
     return 0
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within: SIGTERM raises Terminated, so that the run stops through its `finally` blocks (the servers and
+    environments it started are stopped) and says why in one line. Python's default would end the process without a
+    word, and a launched process would or would not print its own error depending on whether it saw its peer's death
+    before the launcher's SIGTERM. Outside the main thread (where no handler can be set) nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # said once
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -299,6 +326,14 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(f"error{where}:", style="bold red", end=" ")
         err_console.print(str(exc), markup=False, highlight=False)  # messages quote YAML like [ipo]: no markup
         return 130 if isinstance(exc, TrainingInterrupted) else 1
+    except Terminated:
+        rank, processes = launched()
+        where = f" (rank {rank} of {processes})" if processes > 1 else ""
+        cause = ("the launcher stops every process when one fails, and that process's error is above; a scheduler does "
+                 "when it cancels the job") if processes > 1 else "a scheduler cancelling the job, or `kill`"
+        err_console.print(f"error{where}: stopped by SIGTERM ({cause}). Checkpoints are written whole or not at all: "
+                          "resume with --resume_from_checkpoint=auto", markup=False, highlight=False)
+        return 143
     except KeyboardInterrupt:  # outside the training steps (loading, final export, summary): the loop saves its own
         err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
                           "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
@@ -308,10 +343,15 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.debug or not peer_failure(exc):
             raise
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM, a moment later: this line is enough
         rank, processes = launched()
+        import re
+
+        detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0]).split(". ")[0][:160]  # gloo: "[file:line] what. advice"
         err_console.print(f"error (rank {rank} of {processes}): another training process stopped first, so this one cannot go on "
-                          f"({str(exc).splitlines()[0][-120:]}); that process's own error is above", markup=False,
-                          highlight=False)
+                          f"({detail}); that process's own error is above", markup=False, highlight=False)
         return 1
 
 

@@ -41,3 +41,9 @@ class TrainingInterrupted(RlftError):
 
 class TrainingDiverged(RlftError):
     """The loss became NaN or infinite."""
+
+
+class Terminated(BaseException):
+    """SIGTERM reached a training process (a launcher stopping every process when one failed, or a scheduler
+    cancelling the job). A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it and every
+    `finally` (servers, environments) still runs."""

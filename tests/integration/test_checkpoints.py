@@ -1,5 +1,6 @@
 """Checkpoint safety: partial or corrupt checkpoints never break `auto`; named ones are refused clearly; Ctrl-C saves."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -62,6 +63,27 @@ def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert "checkpoint saved to" in err and "resume_from_checkpoint=auto" in err
+    assert resolve_resume("auto", tmp_path / "out") is not None
+
+
+def test_sigterm_stops_the_run_in_one_line_and_keeps_the_checkpoints(make_config, tmp_path):
+    """A scheduler's SIGTERM: the run ends through its clean-up (not Python's silent default), says so in one line with
+    the way to resume, exits 143, and the checkpoints written before it are whole."""
+    config = make_config(max_steps=100000, logging_steps=1, save_steps=2, micro_batch_size=8)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "out" / "checkpoint-2").exists():
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 143, err[-3000:]
+    assert "error: stopped by SIGTERM" in err and "resume_from_checkpoint=auto" in err and "Traceback" not in err, err[-3000:]
     assert resolve_resume("auto", tmp_path / "out") is not None
 
 

@@ -241,9 +241,11 @@ def test_seed_config_29_trains_on_multi_turn_episodes(gym, cli, tmp_path, monkey
     assert all("sampling/importance_sampling_ratio/mean" in m for m in steps)
 
 
-def test_ctrl_c_while_rlft_starts_the_servers_leaves_nothing_running(warm_model, tmp_path):
-    """`rlft train` with auto start, interrupted while ng_run brings its servers up: every process of ng_run's session
-    is stopped (the end of a run, normal or not, is the module fixture's teardown check)."""
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_while_rlft_starts_the_servers_leaves_nothing_running(warm_model, tmp_path, stop, code):
+    """`rlft train` with auto start, interrupted (Ctrl-C, or a scheduler's SIGTERM) while ng_run brings its servers up:
+    every process of ng_run's session is stopped (the end of a run, normal or not, is the module fixture's teardown
+    check)."""
     _install_examples(gym_site())
     log = tmp_path / "train.log"
     with open(log, "wb") as handle:
@@ -258,8 +260,8 @@ def test_ctrl_c_while_rlft_starts_the_servers_leaves_nothing_running(warm_model,
             assert train.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             gym_session = gym_session or _child_session(train.pid, "ng_run")
             time.sleep(0.5)
-        train.send_signal(signal.SIGINT)
-        assert train.wait(timeout=60) == 130, log.read_text()[-3000:]
+        train.send_signal(stop)
+        assert train.wait(timeout=60) == code, log.read_text()[-3000:]
         assert session_members(gym_session) == []
     finally:
         kill_session(train)

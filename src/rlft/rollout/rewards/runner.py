@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlft.errors import ConfigError, RolloutError
+from rlft.errors import ConfigError, RolloutError, Terminated
 from rlft.rollout.rewards.calling import (
     EXCLUDED_COLUMNS,
     BadReturn,
@@ -233,7 +233,7 @@ class RewardRunner:
             outcome = ("error", f"TimeoutError: no result after {self.timeout:g}s (trl.reward_timeout)")
         except BadReturn as exc:
             outcome = ("error", f"BadReturn: {exc}")
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):  # the user's or the launcher's stop, not the function's failure
             raise
         except BaseException as exc:  # noqa: BLE001 - a reward function must not end the run
             outcome = ("error", describe_exception(exc))
