@@ -68,12 +68,12 @@ def evals(out: Path) -> dict[int, dict[str, float]]:
             if any(k.startswith("eval/") for k in m)}
 
 
-def assert_same_evals(got: dict, expected: dict) -> None:
+def assert_same_evals(got: dict, expected: dict, rel: float = 1e-5) -> None:
     """Evaluation is split over the processes and gathered: the same numbers as one process's (relative 1e-5: after
     some steps the weights differ in the last float32 bits, and log-prob sums are tens in size)."""
     assert got.keys() == expected.keys() and got, (got, expected)
     for step in got:
-        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-5), (step, got[step], expected[step])
+        assert got[step] == pytest.approx(expected[step], rel=rel, abs=1e-5), (step, got[step], expected[step])
 
 
 def write(path: Path, config: dict) -> Path:
@@ -381,10 +381,17 @@ def test_strided_ebft_two_processes_equal_one(ebft, strategy):
     assert "4 micro x 1 accumulation x 2 process(es)" in output
     got, expected = losses(folder / f"strided-{strategy}"), losses(folder / "strided-one")
     assert got.keys() == expected.keys() == set(range(1, 5))
-    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
-    rewards = lambda out: [m["ebft/reward"] for m in read_metrics(out / "metrics.jsonl") if "ebft/reward" in m]  # noqa: E731
-    assert rewards(folder / f"strided-{strategy}") == pytest.approx(rewards(folder / "strided-one"), abs=1e-5)
-    assert_same_evals(evals(folder / f"strided-{strategy}"), evals(folder / "strided-one"))
+    # ZeRO-3 computes the features through its gathered parameters, which differ from one process's in the last float
+    # bits on some CPUs (AVX-512); whitening (an ill-conditioned covariance of 4 samples) makes that 6e-6 in a reward
+    # and the policy loss, a sum of advantages x log-probs, 2e-4 (held-out CE 1.3e-5 relative two steps later). Other
+    # draws would move the losses by 1e-2 or more.
+    assert max(abs(got[s] - expected[s]) for s in got) < (5e-4 if strategy == "zero3" else 1e-5), (got, expected)
+    steps = lambda out, key: [m[key] for m in read_metrics(out / "metrics.jsonl") if key in m]  # noqa: E731
+    for key in ("ebft/num_blocks", "ebft/generated_tokens"):  # the same blocks drawn, step by step
+        assert steps(folder / f"strided-{strategy}", key) == steps(folder / "strided-one", key)
+    assert steps(folder / f"strided-{strategy}", "ebft/reward") == pytest.approx(steps(folder / "strided-one", "ebft/reward"),
+                                                                                  abs=1e-5)
+    assert_same_evals(evals(folder / f"strided-{strategy}"), evals(folder / "strided-one"), 1e-4 if strategy == "zero3" else 1e-5)
 
 
 def test_structured_ebft_with_lora_under_fsdp_equals_one_process(ebft):
