@@ -17,16 +17,13 @@ Example = dict[str, list[int]]
 
 def pad_batch(examples: list[Example], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
     """Right-pad to the longest row (or to `width`): input_ids, attention_mask, labels (-100 on padding)."""
-    width = max(width, max(len(e["input_ids"]) for e in examples))
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, example in enumerate(examples):
-        n = len(example["input_ids"])
-        input_ids[row, :n] = torch.tensor(example["input_ids"])
-        labels[row, :n] = torch.tensor(example["labels"])
-        attention[row, :n] = 1
-    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, "num_tokens": int(attention.sum())}
+    lengths = [len(e["input_ids"]) for e in examples]
+    width = max(width, max(lengths))
+    # padded as lists, one tensor each: a tensor per row and a copy into the batch cost ~10x more for short rows
+    input_ids = torch.tensor([list(e["input_ids"]) + [pad_id] * (width - n) for e, n in zip(examples, lengths)], dtype=torch.long)
+    labels = torch.tensor([list(e["labels"]) + [IGNORE] * (width - n) for e, n in zip(examples, lengths)], dtype=torch.long)
+    attention = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, "num_tokens": sum(lengths)}
 
 
 def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:

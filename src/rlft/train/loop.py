@@ -310,7 +310,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     info = f"loss {loss_value:.4f} | lr {lr:.2e} | {record['tokens_per_s']:.0f} tok/s"
                     progress.update(task, info=info)
                     if not console.is_terminal:
-                        console.print(f"step {state.global_step}/{total_steps} | {info} | grad_norm {grad_norm:.3f}")
+                        console.print(f"step {state.global_step}/{total_steps} | {info} | grad_norm {grad_norm:.3f}", markup=False,
+                                      highlight=False)
                 progress.update(task, completed=state.global_step)
                 show_messages()
                 if eval_every and state.global_step % eval_every == 0 and state.global_step < total_steps:
