@@ -103,15 +103,14 @@ def kto_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0) -> di
 
 
 def _right_pad(sequences: list[list[int]], prompt_lengths: list[int], pad_id: int, width: int = 0) -> dict[str, Any]:
-    width = max(width, max(len(s) for s in sequences))
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(sequences), width), IGNORE, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, (sequence, prompt) in enumerate(zip(sequences, prompt_lengths)):
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-        labels[row, prompt : len(sequence)] = torch.tensor(sequence[prompt:])
-        attention[row, : len(sequence)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, "num_tokens": int(attention.sum())}
+    lengths = [len(s) for s in sequences]
+    width = max(width, max(lengths))
+    # padded as lists, one tensor each (as rlft.data.collate.pad_batch): a tensor per row costs ~10x more for short rows
+    input_ids = torch.tensor([list(s) + [pad_id] * (width - n) for s, n in zip(sequences, lengths)], dtype=torch.long)
+    labels = torch.tensor([[IGNORE] * p + list(s[p:]) + [IGNORE] * (width - n) for s, p, n in zip(sequences, prompt_lengths, lengths)],
+                          dtype=torch.long)
+    attention = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, "num_tokens": sum(lengths)}
 
 
 def example_length(example: dict[str, Any]) -> int:
