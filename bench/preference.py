@@ -37,6 +37,10 @@ Usage (from the repository root):
   .venv/bin/python bench/preference.py --long --vocab 32768 --rows 64 --steps 4 --repeat 1
       # prompts of 64-600 characters (solved sums before the asked one), sequences up to 640 tokens
 Results: a table on stdout and bench/results/preference-<size>[-long][-v<vocab>].json.
+
+Each round also times a plain PyTorch loop on rlft's batches, reference every step (run_plain_loop: the two forwards,
+the sigmoid loss, backward, clip, AdamW; nothing else), what a hand-written script does. Each tool's median step over
+it says how much the tool adds to (or saves on) the model's own arithmetic.
 """
 
 from __future__ import annotations
@@ -276,6 +280,46 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
     }
 
 
+# --------------------------------------------------------------------------- a plain PyTorch loop (what a hand-written script does)
+
+
+def run_plain_loop(model_dir: Path, recipe, steps: int) -> dict:
+    """A hand-written DPO step, reference every step, on rlft's batches (built before the clock starts): a no-grad
+    reference forward, the policy forward, each sequence's summed log-probs of its completion (log_softmax over the
+    whole vocabulary), the sigmoid loss, backward, clip, AdamW (transformers' adamw_torch); nothing else."""
+    from rlft.data.batches import PlanCursor
+
+    cursor = PlanCursor(recipe.train_plan)
+    batches = [cursor.next() for _ in range(steps)]
+    model = LlamaForCausalLM.from_pretrained(model_dir)
+    model.train()
+    reference = LlamaForCausalLM.from_pretrained(model_dir).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+
+    def sequence_logps(network, batch) -> torch.Tensor:
+        logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        targets = batch["labels"][:, 1:]
+        per_token = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
+        return (per_token * (targets != -100)).sum(-1)
+
+    times, losses = [], []
+    for batch in batches:
+        start = time.perf_counter()
+        with torch.no_grad():
+            ref = sequence_logps(reference, batch)
+        policy = sequence_logps(model, batch)
+        pairs = policy.size(0) // 2  # chosen rows first, then rejected (rlft.data.preference.pair_batch)
+        margin = (policy[:pairs] - ref[:pairs]) - (policy[pairs:] - ref[pairs:])
+        loss = -torch.nn.functional.logsigmoid(BETA * margin).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss))
+    return {"median_step_s": statistics.median(times), "first_step_s": times[0], "losses": losses}
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -345,6 +389,10 @@ def print_report(res: dict) -> None:
     for key, ratio in res["ratio_trl_over_rlft"].items():
         print(f"TRL/rlft {key}: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: "
               f"wall {ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x  (>1: rlft is faster)")
+    plain, over = res["plain_loop"], res["over_plain_loop"]
+    print(f"plain PyTorch loop on rlft's batches (reference every step): median step {plain['median_step_s'] * 1e3:.1f} ms; "
+          f"rlft-copy {over['rlft-copy']:.2f}x it, trl-model {over['trl-model']:.2f}x it; its losses vs rlft-copy's: max |diff| "
+          f"{res['plain_loop_max_abs_loss_diff_vs_rlft_copy']:.2e}")
 
 
 def main() -> None:
@@ -393,6 +441,7 @@ def main() -> None:
         run_trl(model_dir, ordered, tmp / "warm-trl", 3, False, args)
 
         load_before = os.getloadavg()
+        plain_runs: list[dict] = []
         runs: dict[str, list[dict]] = {label(t, p): [] for t, p in SETTINGS}
         first_batch_identical = True
         for index in range(args.repeat):
@@ -407,6 +456,9 @@ def main() -> None:
                 runs[run["setting"]].append(run)
                 print(f"run {index + 1}/{args.repeat} {run['setting']:16s}: wall {run['wall_s']:.2f} s, "
                       f"median step {run['median_step_s'] * 1e3:.1f} ms, step-1 loss {run['losses'][0]:.6f}", flush=True)
+            plain_runs.append(run_plain_loop(model_dir, recipe, args.steps))
+            print(f"run {index + 1}/{args.repeat} plain PyTorch loop: median step {plain_runs[-1]['median_step_s'] * 1e3:.1f} ms, "
+                  f"step-1 loss {plain_runs[-1]['losses'][0]:.6f}", flush=True)
         load_after = os.getloadavg()
         # Peak memory in a run of its own per setting (the sampler thread would perturb the timed runs).
         memory = {label(tool, precompute): peak_memory(run_rlft, model_dir, train_file, tmp / f"mem-{tool}-{precompute}",
@@ -414,6 +466,7 @@ def main() -> None:
                   peak_memory(run_trl, model_dir, ordered, tmp / f"mem-{tool}-{precompute}", args.steps, precompute, args)
                   for tool, precompute in SETTINGS}
     best = {name: min(setting_runs, key=lambda run: run["wall_s"]) for name, setting_runs in runs.items()}
+    plain = min(plain_runs, key=lambda run: run["median_step_s"])
     check = curve_check(best)
     bad = [(run["setting"], run["losses"][0]) for setting_runs in runs.values() for run in setting_runs
            if abs(run["losses"][0] - LOG2) > 1e-4]
@@ -461,6 +514,9 @@ def main() -> None:
         "peak_memory_mib": memory,
         "ratio_trl_over_rlft": {"reference_every_step": ratio("rlft-copy", "trl-model"),
                                 "precomputed": ratio("rlft-precompute", "trl-precompute")},
+        "plain_loop": plain,  # a plain PyTorch loop on rlft's batches, reference every step (run_plain_loop): its fastest run
+        "over_plain_loop": {name: best[name]["median_step_s"] / plain["median_step_s"] for name in ("rlft-copy", "trl-model")},
+        "plain_loop_max_abs_loss_diff_vs_rlft_copy": max(abs(a - b) for a, b in zip(plain["losses"], best["rlft-copy"]["losses"])),
         "all_runs": runs,
     }
     print_report(report)

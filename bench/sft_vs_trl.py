@@ -28,9 +28,9 @@ Usage (from the repository root):
 Results: a table on stdout and bench/results/sft_vs_trl-<size>[-long][-grouped][-v<vocab>].json. Peak memory (resident memory a
 run adds at its peak) is measured in one more run of each tool, after the timed ones.
 
-Each round also times a bare PyTorch loop on the batches rlft trains on (run_floor: the model's logits, cross-entropy,
-backward, clip, AdamW; nothing else). TRL's median step over the floor's is the most TRL/rlft can be for a tool that
-runs the same model eagerly (with a real vocabulary rlft goes below the floor: it never computes every position's logits).
+Each round also times a plain PyTorch loop on the batches rlft trains on (run_plain_loop: the model's logits,
+cross-entropy, backward, clip, AdamW; nothing else), what a hand-written script does. Each tool's median step over it
+says how much the tool adds, or saves (with a real vocabulary rlft never computes every position's logits).
 """
 
 from __future__ import annotations
@@ -157,19 +157,19 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     }
 
 
-# --------------------------------------------------------------------------- a bare PyTorch loop (the floor)
+# --------------------------------------------------------------------------- a plain PyTorch loop (what a hand-written script does)
 
 
-def run_floor(model_dir: Path, train_file: Path, args) -> dict:
-    """The least any tool can do per step with this model in eager PyTorch: rlft's own batches (tokenised and padded
-    before the clock starts), the model's logits, cross-entropy on the targets, backward, clip, AdamW (transformers'
-    adamw_torch), zero_grad; no scheduler, metrics, logging or checkpoints. A tool's median step over this one's says
-    how much of its step is its own work; TRL's median step over it bounds the TRL/rlft ratio any eager tool can reach."""
+def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
+    """A hand-written training step on rlft's own batches (tokenised and padded before the clock starts): the model's
+    logits, cross-entropy on the targets, backward, clip, AdamW (transformers' adamw_torch), zero_grad; no scheduler,
+    metrics, logging or checkpoints. A tool's median step over this one's says how much the tool adds to (or saves on)
+    the model's own arithmetic."""
     from rlft.data.batches import BatchPlan, PlanCursor
     from rlft.data.prepare import prepare_data
 
     cfg = build_config({
-        **rlft_keys(model_dir, Path(tempfile.gettempdir()) / "rlft-floor-unused", args.steps, args.seed, 3e-3),
+        **rlft_keys(model_dir, Path(tempfile.gettempdir()) / "rlft-plain-loop-unused", args.steps, args.seed, 3e-3),
         "datasets": [{"path": str(train_file)}], "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False, "micro_batch_size": args.micro_batch,
     }, source="bench")
@@ -309,10 +309,9 @@ def print_report(res: dict) -> None:
           f"train() outside steps {t['train_other_s']:.3f} s, logged mean loss {t['trl_logged_mean_loss']}")
     ratio = res["ratio_trl_over_rlft"]
     print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x  (>1: rlft is faster)")
-    floor, over = res["floor"], res["over_floor"]
-    print(f"bare PyTorch loop on rlft's batches (model logits, cross-entropy, backward, clip, AdamW): median step "
-          f"{floor['median_step_s'] * 1e3:.1f} ms; rlft {over['rlft']:.2f}x it, TRL {over['trl']:.2f}x it (TRL's figure is "
-          "the most TRL/rlft can reach without changing the model's arithmetic)")
+    plain, over = res["plain_loop"], res["over_plain_loop"]
+    print(f"plain PyTorch loop on rlft's batches (model logits, cross-entropy, backward, clip, AdamW): median step "
+          f"{plain['median_step_s'] * 1e3:.1f} ms; rlft {over['rlft']:.2f}x it, TRL {over['trl']:.2f}x it")
 
 
 def main() -> None:
@@ -349,23 +348,23 @@ def main() -> None:
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
         warm_up(model_dir, args.micro_batch)
         load_before = os.getloadavg()
-        runs: dict[str, list[dict]] = {"rlft": [], "trl": [], "floor": []}
+        runs: dict[str, list[dict]] = {"rlft": [], "trl": [], "plain loop": []}
         for index in range(args.repeat):
-            for tool in [*args.order.split(","), "floor"]:
+            for tool in [*args.order.split(","), "plain loop"]:
                 if tool == "rlft":
                     runs["rlft"].append(run_rlft(model_dir, train_file, tmp / f"rlft-out-{index}", args))
                 elif tool == "trl":
                     runs["trl"].append(run_trl(model_dir, train_rows, tmp / f"trl-out-{index}", args))
                 else:
-                    runs["floor"].append(run_floor(model_dir, train_file, args))
+                    runs["plain loop"].append(run_plain_loop(model_dir, train_file, args))
                 print(f"run {index + 1}/{args.repeat} {tool}: wall {runs[tool][-1]['wall_s']:.2f} s, "
                       f"median step {runs[tool][-1]['median_step_s'] * 1e3:.1f} ms", flush=True)
         load_after = os.getloadavg()
         # Peak memory in a run of its own per tool (the sampler thread would perturb the timed runs).
         memory = {"rlft": peak_memory(run_rlft, model_dir, train_file, tmp / "mem-rlft", args),
                   "trl": peak_memory(run_trl, model_dir, train_rows, tmp / "mem-trl", args)}
-        results = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items() if tool != "floor"}
-        floor = min(runs["floor"], key=lambda run: run["median_step_s"])
+        results = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items() if tool != "plain loop"}
+        plain = min(runs["plain loop"], key=lambda run: run["median_step_s"])
 
     report = {
         "benchmark": "sft_vs_trl",
@@ -390,14 +389,14 @@ def main() -> None:
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
         **results,
-        "floor": floor,  # a bare PyTorch loop on the same batches (run_floor): its fastest run
+        "plain_loop": plain,  # a plain PyTorch loop on the same batches (run_plain_loop): its fastest run
         "peak_memory_mib": memory,
         "all_runs": runs,
         "ratio_trl_over_rlft": {
             "wall": results["trl"]["wall_s"] / results["rlft"]["wall_s"],
             "median_step": results["trl"]["median_step_s"] / results["rlft"]["median_step_s"],
         },
-        "over_floor": {tool: results[tool]["median_step_s"] / floor["median_step_s"] for tool in ("rlft", "trl")},
+        "over_plain_loop": {tool: results[tool]["median_step_s"] / plain["median_step_s"] for tool in ("rlft", "trl")},
     }
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
