@@ -268,9 +268,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                         if deepspeed:  # DeepSpeed scales, clips and updates in one call
                             grad_norm = zero.step(model, factor)
                         else:
-                            for param in params:
-                                if param.grad is not None:
-                                    param.grad.mul_(factor)
+                            if factor != 1.0:  # one micro-batch on one process: the sum is already the mean's scale
+                                for param in params:
+                                    if param.grad is not None:
+                                        param.grad.mul_(factor)
                             max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
                             norm = accelerator.clip_grad_norm_(params, max_norm)
                             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
