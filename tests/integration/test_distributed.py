@@ -221,6 +221,31 @@ def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
         assert abs(first[step] - second[step]) < 1e-5, (step, first[step], second[step])
 
 
+def test_sigterm_to_the_command_alone_stops_every_process(sft):
+    """`kill PID` of `rlft train --num-processes 2` (not its process group): the launcher gets the SIGTERM and stops
+    both ranks, each says so in one line, the command exits 143, and no process of the run is left."""
+    import psutil
+
+    config, _, folder = sft
+    process = start(config("sigterm", 2, max_steps=100000))
+    metrics = folder / "sigterm" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            time.sleep(0.2)
+        ranks = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+    finally:
+        stop(process)
+    assert process.returncode == 143, output[-3000:]
+    assert not alive, alive
+    for rank in (0, 1):
+        assert output.count(f"error (rank {rank} of 2): stopped by SIGTERM") == 1, output[-3000:]
+    assert "error: stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
+
+
 def test_ctrl_c_stops_every_process_after_the_same_step_with_a_checkpoint(sft):
     """Ctrl-C reaches the launcher and every process; they agree on the step to stop after and save together."""
     from rlft.train.checkpoint import checkpoint_problem

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from rlft.errors import ConfigError, RlftError
+from rlft.errors import ConfigError, RlftError, Terminated
 
 
 def launch_command(config: str, overrides: list[str], processes: int, nodes: int = 1, node_rank: int = 0,
@@ -54,29 +54,41 @@ def check_devices(per_node: int) -> None:
 
 def run_launched(command: list[str]) -> int:
     """Run the launcher and wait for it. Ctrl-C reaches every process (one process group): each saves a checkpoint
-    and stops, and this waits for them. The launcher's own traceback (a child failed) is left out of stderr; its
-    table of which rank failed, and every process's messages, are not."""
+    and stops, and this waits for them. SIGTERM to this process alone (`kill PID`) is passed to the launcher, which
+    stops every process (each says so), and raises Terminated. The launcher's own traceback (a child failed) is left
+    out of stderr; its table of which rank failed, and every process's messages, are not."""
     env = dict(os.environ, ACCELERATE_LOG_LEVEL=os.environ.get("ACCELERATE_LOG_LEVEL", "error"))
-    interrupted = []
+    interrupted, terminated, launcher = [], [], []
 
     def note(*_: Any) -> None:  # the processes got the same Ctrl-C: wait for their checkpoint
         interrupted.append(True)
 
-    # A flag, not a KeyboardInterrupt: an exception can surface after wait() has returned (the kernel may hand the
-    # signal to the relay thread, and Python runs the handler later), and then the run was reported as failed.
-    previous = signal.signal(signal.SIGINT, note)
+    def terminate(*_: Any) -> None:  # SIGTERM to this process alone (`kill PID`): the launcher stops every process
+        terminated.append(True)
+        if launcher:
+            launcher[0].send_signal(signal.SIGTERM)
+
+    # Flags, not exceptions: an exception can surface after wait() has returned (the kernel may hand the signal to
+    # the relay thread, and Python runs the handler later), and then the run was reported as failed.
+    previous = signal.signal(signal.SIGINT, note), signal.signal(signal.SIGTERM, terminate)
     try:
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        launcher.append(process)
+        if terminated:  # it came while the launcher was starting
+            process.send_signal(signal.SIGTERM)
         relay = threading.Thread(target=relay_stderr, args=(process.stderr, sys.stderr), daemon=True)
         relay.start()
         code = process.wait()
         relay.join(timeout=5)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
     if code == 0:
         return 0
     if interrupted or code == 130:  # rank 0 said where the checkpoint is
         return 130
+    if terminated:  # each process said it was stopped by SIGTERM; the command says it too, and exits with 143
+        raise Terminated
     reason = f"were stopped by {signal.Signals(-code).name}" if code < 0 else f"failed (exit code {code})"
     raise LaunchFailed(f"the training processes {reason}: the first error above names the rank that failed. Checkpoints "
                        "are written whole or not at all: resume with --resume_from_checkpoint=auto")
