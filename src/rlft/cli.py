@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,21 +48,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+SIGTERM_SEEN: list[bool] = []  # set by stop_on_sigterm's handler: whatever error follows is reported as the SIGTERM
+
+
 @contextlib.contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """Within: SIGTERM raises Terminated, so that the run stops through its `finally` blocks (the servers and
     environments it started are stopped) and says why in one line. Python's default would end the process without a
     word, and a launched process would or would not print its own error depending on whether it saw its peer's death
     before the launcher's SIGTERM. Outside the main thread (where no handler can be set) nothing changes."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminate(*_) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # said once
+        SIGTERM_SEEN.append(True)  # a library may turn Terminated into an error of its own (torch's CheckpointException)
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, terminate)
@@ -291,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    SIGTERM_SEEN.clear()  # a run before this one in the same process (tests) is not this one
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -319,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     except RlftError as exc:
         if args.debug:
             raise
+        if SIGTERM_SEEN:
+            return stopped_by_sigterm()
         rank, processes = launched()
         if isinstance(exc, TrainingInterrupted) and rank != 0:
             return 130  # the processes stopped together: rank 0 says where the checkpoint is
@@ -327,13 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(str(exc), markup=False, highlight=False)  # messages quote YAML like [ipo]: no markup
         return 130 if isinstance(exc, TrainingInterrupted) else 1
     except Terminated:
-        rank, processes = launched()
-        where = f" (rank {rank} of {processes})" if processes > 1 else ""
-        cause = ("the launcher stops every process when one fails, and that process's error is above; a scheduler does "
-                 "when it cancels the job") if processes > 1 else "a scheduler cancelling the job, or `kill`"
-        err_console.print(f"error{where}: stopped by SIGTERM ({cause}). Checkpoints are written whole or not at all: "
-                          "resume with --resume_from_checkpoint=auto", markup=False, highlight=False)
-        return 143
+        return stopped_by_sigterm()
     except KeyboardInterrupt:  # outside the training steps (loading, final export, summary): the loop saves its own
         err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
                           "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
@@ -341,26 +342,37 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from rlft.train.parallel import peer_failure
 
+        if SIGTERM_SEEN and not args.debug:
+            return stopped_by_sigterm()
         if args.debug or not peer_failure(exc):
             raise
-        import signal
-
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM, a moment later: this line is enough
         rank, processes = launched()
-        import re
-
         detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0]).split(". ")[0][:160]  # gloo: "[file:line] what. advice"
         err_console.print(f"error (rank {rank} of {processes}): another training process stopped first, so this one cannot go on "
                           f"({detail}); that process's own error is above", markup=False, highlight=False)
         return 1
+    except BaseException:  # torch's CheckpointException is one: it wraps a Terminated raised while a checkpoint is written
+        if SIGTERM_SEEN and not args.debug:
+            return stopped_by_sigterm()
+        raise
+
+
+def stopped_by_sigterm() -> int:
+    """One line for a run that SIGTERM stopped, and its exit status."""
+    rank, processes = launched()
+    where = f" (rank {rank} of {processes})" if processes > 1 else ""
+    cause = ("the launcher stops every process when one fails, and that process's error is above; a scheduler does "
+             "when it cancels the job") if processes > 1 else "a scheduler cancelling the job, or `kill`"
+    err_console.print(f"error{where}: stopped by SIGTERM ({cause}). Checkpoints are written whole or not at all: "
+                      "resume with --resume_from_checkpoint=auto", markup=False, highlight=False)
+    return 143
 
 
 def run_command() -> None:
     """The `rlft` command: main(), then exit with its code. A Ctrl-C that lands after main() has returned (while the
     interpreter shuts down torch's libraries) is ignored: the run is over and its result printed, and Python would
     otherwise print a traceback from an atexit hook."""
-    import signal
-
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)

@@ -133,3 +133,39 @@ def test_a_ctrl_c_during_set_up_that_a_library_swallows_still_stops_the_run(make
         not [line for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     monkeypatch.setattr(run, "_setup", setup)
     assert cli("train", make_config(max_steps=1)) == 0  # the next run in the same process is not stopped by the old one
+
+
+class _LibraryError(BaseException):  # as torch's CheckpointException
+    pass
+
+
+@pytest.mark.parametrize("wrapper", [RuntimeError, _LibraryError], ids=["exception", "base-exception"])
+def test_sigterm_that_a_library_turns_into_its_own_error_is_still_reported_as_sigterm(make_config, cli, monkeypatch, capsys,
+                                                                                       wrapper):
+    """SIGTERM raises Terminated; a library that catches it and raises an error of its own (torch's checkpoint writer
+    turns it into a CheckpointException, a BaseException) must not turn the stop into a traceback: the one SIGTERM
+    line, exit 143, and Python's SIGTERM handling back afterwards."""
+    import os
+    import signal
+    import time
+
+    from rlft.train import run
+
+    setup = run._setup
+
+    def wrapping_setup(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in this thread before os.kill returns to Python code
+            time.sleep(0.1)
+        except BaseException as exc:  # noqa: BLE001 - what such a library does
+            raise wrapper(f"the writer failed: {exc!r}") from None
+        return setup(*args, **kwargs)
+
+    monkeypatch.setattr(run, "_setup", wrapping_setup)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert cli("train", make_config(max_steps=3)) == 143
+    err = capsys.readouterr().err
+    assert "error: stopped by SIGTERM" in err and "Traceback" not in err and "the writer failed" not in err, err
+    assert signal.getsignal(signal.SIGTERM) is previous
+    monkeypatch.setattr(run, "_setup", setup)
+    assert cli("train", make_config(max_steps=1)) == 0  # the next run in the same process is not reported as stopped
