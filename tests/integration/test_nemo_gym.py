@@ -163,13 +163,14 @@ def test_rewards_from_the_example_addition_server_rise(gym, warm_model, cli, tmp
     monkeypatch.chdir(repo_root)
     out = tmp_path / "out"
     assert cli("train", "examples/nemo_gym/addition.yaml", f"--nemo_gym_dir={gym['site']}", "--nemo_gym_auto_start=false",
-               f"--nemo_gym_head_port={gym['head']}", f"--output_dir={out}", "--max_steps=40", "--logging_steps=1",
+               f"--nemo_gym_head_port={gym['head']}", f"--output_dir={out}", "--max_steps=60", "--logging_steps=1",
                f"--base_model={warm_model}") == 0
     steps = [m for m in read_metrics(out / "metrics.jsonl") if "reward" in m]
     assert all(m["rewards/reward_nemo_gym_verify/unscorable"] == 0 for m in steps)
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
-    # the last 20 steps against the first 10: neighbouring 10-step windows differ by up to 0.05 (0.23, then 0.18)
-    assert len(steps) == 40 and mean(steps[-20:]) > mean(steps[:10]) + 0.03, (mean(steps[:10]), mean(steps[-20:]))
+    # the last 20 steps against the first 10: 5-step means move by about 0.03 between neighbours; two seeds rose by
+    # 0.086 and 0.067 at lr 7e-4 (at 1e-3 and 2e-3 the reward could rise, then collapse to 0.04)
+    assert len(steps) == 60 and mean(steps[-20:]) > mean(steps[:10]) + 0.03, (mean(steps[:10]), mean(steps[-20:]))
 
 
 def test_an_unknown_server_name_is_refused_with_the_known_ones(gym, warm_model, cli, tmp_path, monkeypatch, capsys):
