@@ -80,6 +80,16 @@ def median(values) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def plain_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> float:
+    """The update of a hand-written training loop (the benches' plain PyTorch loop): backward, clip at 1.0, step,
+    zero_grad. Returns the loss."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss)
+
+
 def make_model(folder: Path, size: str, seed: int, vocab: int | None = None) -> Path:
     """Config + byte tokenizer from rlft.models.tiny, seeded random weights, saved once for every run.
 

@@ -80,7 +80,7 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
-from common import RESULTS, make_model, peak_memory, quiet, rlft_keys, trl_keys
+from common import RESULTS, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
 from sft_vs_trl import LONG_LENGTH, StepTimer, long_rows, warm_up
 
 LR = 5e-4
@@ -310,13 +310,8 @@ def run_plain_loop(model_dir: Path, recipe, steps: int) -> dict:
         policy = sequence_logps(model, batch)
         pairs = policy.size(0) // 2  # chosen rows first, then rejected (rlft.data.preference.pair_batch)
         margin = (policy[:pairs] - ref[:pairs]) - (policy[pairs:] - ref[pairs:])
-        loss = -torch.nn.functional.logsigmoid(BETA * margin).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        losses.append(plain_update(model, optimizer, -torch.nn.functional.logsigmoid(BETA * margin).mean()))
         times.append(time.perf_counter() - start)
-        losses.append(float(loss))
     return {"median_step_s": statistics.median(times), "first_step_s": times[0], "losses": losses}
 
 

@@ -66,7 +66,7 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
-from common import RESULTS, make_model, peak_memory, quiet, rlft_keys, trl_keys
+from common import RESULTS, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
@@ -187,12 +187,8 @@ def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
         start = time.perf_counter()
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        losses.append(plain_update(model, optimizer, loss))
         times.append(time.perf_counter() - start)
-        losses.append(float(loss))
     return {"steps": len(times), "median_step_s": statistics.median(times), "first_step_s": times[0],
             "final_loss": losses[-1], "loss_last10_mean": last_mean(losses), "wall_s": sum(times)}
 

@@ -41,6 +41,13 @@ def start(config: Path, *flags: str, processes: int = 2, cwd: Path | None = None
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, cwd=cwd or config.parent)
 
 
+def wait_for_lines(path: Path, count: int, timeout: float = 240) -> None:
+    """Until `path` has `count` lines (a run's metrics.jsonl: it has trained that many steps), or `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= count):
+        time.sleep(0.2)
+
+
 def stop(process: subprocess.Popen) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -228,15 +235,12 @@ def test_sigterm_to_the_command_alone_stops_every_process(sft):
 
     config, _, folder = sft
     process = start(config("sigterm", 2, max_steps=100000))
-    metrics = folder / "sigterm" / "metrics.jsonl"
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
-            time.sleep(0.2)
+        wait_for_lines(folder / "sigterm" / "metrics.jsonl", 3)
         ranks = psutil.Process(process.pid).children(recursive=True)
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=120)
-        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        _, alive = psutil.wait_procs(ranks, timeout=30)
     finally:
         stop(process)
     assert process.returncode == 143, output[-3000:]
@@ -252,11 +256,8 @@ def test_ctrl_c_stops_every_process_after_the_same_step_with_a_checkpoint(sft):
 
     config, _, folder = sft
     process = start(config("ctrl-c", 2, max_steps=100000))
-    metrics = folder / "ctrl-c" / "metrics.jsonl"
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
-            time.sleep(0.2)
+        wait_for_lines(folder / "ctrl-c" / "metrics.jsonl", 3)
         os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=120)
     finally:
