@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
                           "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
         return 130
-    except Exception as exc:
+    except BaseException as exc:  # torch's CheckpointException is one: it wraps what failed while a checkpoint was written
         from rlft.train.parallel import peer_failure
 
         if SIGTERM_SEEN and not args.debug:
@@ -348,14 +348,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM, a moment later: this line is enough
         rank, processes = launched()
-        detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0]).split(". ")[0][:160]  # gloo: "[file:line] what. advice"
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        line = next((text for text in lines if "by peer" in text), lines[0])  # DCP's exception: the failure is inside
+        detail = re.sub(r"^\s*\[[^\]]*\]\s*", "", line).split(". ")[0][:160]  # gloo: "[file:line] what. advice"
         err_console.print(f"error (rank {rank} of {processes}): another training process stopped first, so this one cannot go on "
                           f"({detail}); that process's own error is above", markup=False, highlight=False)
         return 1
-    except BaseException:  # torch's CheckpointException is one: it wraps a Terminated raised while a checkpoint is written
-        if SIGTERM_SEEN and not args.debug:
-            return stopped_by_sigterm()
-        raise
 
 
 def stopped_by_sigterm() -> int:

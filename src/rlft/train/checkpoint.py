@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
@@ -66,7 +67,7 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     Refused before anything is written when the disk lacks the room; a write error on the way (a full disk, a
     quota) removes the staging folder and raises CheckpointError naming what failed: earlier checkpoints are
     untouched either way."""
-    from rlft.train.parallel import barrier, gathered_state_dict
+    from rlft.train.parallel import barrier, gathered_state_dict, peer_failure
 
     rank = launched()[0]
     final = output_dir / f"checkpoint-{state.global_step}"
@@ -89,8 +90,11 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
             save_scheduler(scheduler, staging)
             (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
             _fsync_tree(staging)
-    except Exception as exc:  # OSError, or the writers' own wrappers of one (safetensors, torch.save, DCP)
+    except (Exception, CheckpointException) as exc:  # OSError, or the writers' wrappers of one (safetensors, torch.save,
+        # DCP's CheckpointException, a BaseException)
         shutil.rmtree(staging, ignore_errors=True)
+        if peer_failure(exc):  # another process died during the save: the disk is not the problem
+            raise
         raise CheckpointError(_write_failure(exc, final, output_dir)) from None
     if rank == 0:
         if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
