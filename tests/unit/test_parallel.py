@@ -258,3 +258,29 @@ def test_deepspeed_and_torch_compile_say_what_the_machine_lacks(config, monkeypa
     with pytest.raises(ConfigError, match="torch_compile: on a CPU it compiles C\\+\\+ code"):
         refuse_unbuilt(config(torch_compile=True))
     assert missing_build_tools(config(torch_compile=False)) == []
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_launched_rank_ends_its_gloo_group_before_the_interpreter_does(monkeypatch, failed):
+    """Left to the interpreter's shutdown, gloo's threads can abort a run that finished (SIGABRT, exit -6)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from rlft.train.parallel import release_process_group
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        release_process_group(failed)  # one process without a launcher: its group (DeepSpeed's) is the caller's
+        assert dist.is_initialized()
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        release_process_group(failed)
+        assert not dist.is_initialized()
+        release_process_group(failed)  # nothing left to end
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -20,7 +20,7 @@ from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.optim import optimizer_class
 from rlft.train.watch import SetupInterrupts
-from rlft.train.parallel import gathered_state_dict, make_accelerator
+from rlft.train.parallel import gathered_state_dict, make_accelerator, release_process_group
 from rlft.train.report import print_plan, print_summary
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
@@ -108,8 +108,14 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
-    with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
-        return _train(cfg, console)
+    failed = True
+    try:
+        with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
+            result = _train(cfg, console)
+        failed = False
+        return result
+    finally:
+        release_process_group(failed)
 
 
 def nemo_gym_servers(cfg, console: Console):
