@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -25,14 +26,13 @@ err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines:
 
 def _train(args: argparse.Namespace) -> int:
     from rlft.config import load_config
-    from rlft.train.run import train
 
     cfg = load_config(args.config, args.overrides)  # a bad config stops here, before any process starts
 
     if args.num_processes > 1 or args.nnodes > 1:
         from rlft.train.launch import check_devices, launch_command, run_launched
         from rlft.train.parallel import check_layer_classes
-        from rlft.train.run import refuse_unbuilt
+        from rlft.train.unbuilt import refuse_unbuilt
 
         refuse_unbuilt(cfg, args.num_processes)  # said once, before any process starts
         check_devices(args.num_processes // max(1, args.nnodes))
@@ -43,9 +43,25 @@ def _train(args: argparse.Namespace) -> int:
                               "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
         return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
                                            args.main_ip, args.main_port, args.debug))
+    with imports_without_gc():  # not before: the launching command only checks the config (seconds sooner)
+        from rlft.train.run import train
+
     with stop_on_sigterm():
         train(cfg, console if launched()[0] == 0 else Console(quiet=True))  # rank 0 reports for all; every rank's errors reach stderr
     return 0
+
+
+@contextlib.contextmanager
+def imports_without_gc() -> Iterator[None]:
+    """Importing torch and transformers makes about a million objects and no garbage; the collections that they
+    set off would only walk them (a fifth of the import time, measured: 3.3 s against 2.7 s for `rlft.train.run`)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 SIGTERM_SEEN: list[bool] = []  # set by stop_on_sigterm's handler: whatever error follows is reported as the SIGTERM
@@ -299,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import torch
+    with imports_without_gc():
+        import torch
 
     if not torch.cuda.is_available():  # said, so that DeepSpeed (imported by transformers when installed) does not warn
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -308,9 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("rlft.rewards").propagate = False  # the recipe prints reward failures on the run's console
     logging.getLogger("rlft.rewards").addHandler(logging.NullHandler())
     if not sys.stderr.isatty():  # progress bars in logs are only carriage-return noise
-        from datasets.utils.logging import disable_progress_bar
+        if "datasets" in sys.modules:
+            from datasets.utils.logging import disable_progress_bar
 
-        disable_progress_bar()
+            disable_progress_bar()
+        else:  # read when datasets is imported: importing it here would cost a second to commands that never use it
+            os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -373,6 +393,7 @@ def run_command() -> None:
     otherwise print a traceback from an atexit hook."""
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()  # the interpreter's last collections would walk every object left for nothing (0.8 s with torch loaded)
     sys.exit(code)
 
 

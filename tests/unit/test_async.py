@@ -297,7 +297,7 @@ def test_several_training_processes_refuse_only_what_is_not_built(monkeypatch):
     """A rollout server and EBFT with several processes are built (rank 0 samples for all); context parallelism is not."""
     from rlft.config import build_config
     from rlft.errors import NotImplementedYet
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     base = {"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4}
     grpo = build_config({**base, "rl": "grpo", "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True}})

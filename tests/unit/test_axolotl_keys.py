@@ -126,7 +126,7 @@ def test_axolotl_only_keys_validate_and_train_refuses_them_with_reasons(config):
 
 def test_train_refuses_before_loading_anything(config):
     from rlft.errors import NotImplementedYet
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     with pytest.raises(NotImplementedYet, match=r"(?s)do not run in rlft.*- torch_compile_options: .*GPU kernel"):
         refuse_unbuilt(config(torch_compile_options={"max_autotune": True}))

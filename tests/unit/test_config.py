@@ -329,7 +329,7 @@ def test_plain_sft_config_has_no_planned_settings(config):
 
 
 def test_refuse_unbuilt_method_names_issue(config):
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     refuse_unbuilt(config(rl="dpo"))  # built: no refusal
 
@@ -337,7 +337,7 @@ def test_refuse_unbuilt_method_names_issue(config):
 def test_strided_flex_attention_runs_on_sdpa_on_a_cpu_and_is_refused_on_a_gpu(config, monkeypatch):
     import torch
 
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     strided = config(rl="ebft", ebft={"mode": "strided"}, flex_attention=True)
     refuse_unbuilt(strided)  # a CPU: train() runs it on SDPA with the dense mask (tests/integration/test_ebft.py)
@@ -347,7 +347,7 @@ def test_strided_flex_attention_runs_on_sdpa_on_a_cpu_and_is_refused_on_a_gpu(co
 
 
 def test_refuse_unbuilt_setting_on_sft(config):
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     with pytest.raises(NotImplementedYet) as caught:
         refuse_unbuilt(config(trl={"vllm_group_port": 1234}))
@@ -355,7 +355,7 @@ def test_refuse_unbuilt_setting_on_sft(config):
 
 
 def test_refuse_unbuilt_accepts_plain_sft(config):
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     assert refuse_unbuilt(config()) is None
 
@@ -378,7 +378,7 @@ GRPO = {"rl": "grpo", "micro_batch_size": 8}
 
 
 def test_rollout_and_is_keys_are_built_not_planned(config):
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     trl = {
         "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "10.0.0.2", "vllm_server_port": 8001,

@@ -155,7 +155,7 @@ def test_unknown_optimizer_suggests_a_name(config_problems):
 
 def test_axolotl_optimizers_validate_but_train_names_an_alternative(config):
     from rlft.errors import NotImplementedYet
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     with pytest.raises(NotImplementedYet, match="optimizer: muon is one of Axolotl's own optimizers"):
         refuse_unbuilt(config(optimizer="muon"))
@@ -170,3 +170,21 @@ def test_adam_hyperparameters_from_config(config, tiny_model):
 def test_fused_flag_only_for_fused_adamw(config, tiny_model):
     assert build_optimizer(config(optimizer="adamw_torch_fused"), tiny_model).defaults["fused"] is True
     assert not build_optimizer(config(optimizer="adamw_torch"), tiny_model).defaults["fused"]
+
+
+@pytest.mark.parametrize("name", ["adamw_torch", "adamw_torch_fused", "adamw"])
+def test_torchs_adamw_is_what_transformers_gives(config, name):
+    """rlft answers these names itself (importing transformers' Trainer costs seconds of start-up): the same class
+    and keyword arguments as the HF Trainer's."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from transformers import Trainer, TrainingArguments
+
+    from rlft.train.optim import ALIASES, optimizer_class
+
+    cfg = config(optimizer=name, learning_rate=2e-4, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}
+    args = SimpleNamespace(**{**defaults, "optim": ALIASES.get(name, name), "learning_rate": 2e-4, "adam_beta1": 0.8,
+                              "adam_beta2": 0.95, "adam_epsilon": 1e-6, "weight_decay": 0.1})
+    assert optimizer_class(cfg) == Trainer.get_optimizer_cls_and_kwargs(args)

@@ -244,7 +244,7 @@ def test_deepspeed_and_torch_compile_say_what_the_machine_lacks(config, monkeypa
     import torch
 
     from rlft.errors import ConfigError
-    from rlft.train.run import missing_build_tools, refuse_unbuilt
+    from rlft.train.unbuilt import missing_build_tools, refuse_unbuilt
 
     assert missing_build_tools(config(torch_compile=True, deepspeed="deepspeed_configs/zero2.json")) == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -284,3 +284,25 @@ def test_a_launched_rank_ends_its_gloo_group_before_the_interpreter_does(monkeyp
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_the_launching_command_starts_the_processes_without_loading_transformers_models(tmp_path, make_config):
+    """`rlft train --num-processes N` checks the config and starts the launcher; the model code (seconds of imports)
+    is for the training processes. The launcher is replaced by a stand-in that records what was imported."""
+    import subprocess
+    import sys
+
+    config = make_config(output_dir=str(tmp_path / "out"))
+    probe = ("import subprocess, sys\n"
+             "class Stop(BaseException): pass\n"
+             "def start(*args, **kwargs):\n"
+             "    print(sorted(m for m in sys.modules if m.startswith(('transformers.models', 'datasets', 'rlft.train.run'))))\n"
+             "    raise Stop\n"
+             "subprocess.Popen = start\n"
+             "from rlft.cli import main\n"
+             "try:\n"
+             f"    main(['train', {str(config)!r}, '--num-processes', '2'])\n"
+             "except Stop:\n"
+             "    pass\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -31,7 +31,7 @@ def test_axolotl_tracker_keys_turn_trackers_on(config):
 ])
 def test_a_tracker_without_its_package_is_refused_before_anything_loads(config, overrides, package):
     from rlft.errors import ConfigError
-    from rlft.train.run import refuse_unbuilt
+    from rlft.train.unbuilt import refuse_unbuilt
 
     if not missing_tracker_packages(config(**overrides)):
         pytest.skip(f"{package} is installed here")

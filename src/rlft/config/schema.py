@@ -301,8 +301,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @field_validator("optimizer")
     @classmethod
     def _optimizer_known(cls, value: str) -> str:
-        from rlft.train.optim import optimizer_names
+        from rlft.train.optim import ALIASES, TORCH_ADAMW, optimizer_names
 
+        if value in TORCH_ADAMW or value in ALIASES or value == "adam":  # no need to import transformers' list
+            return value
         names = optimizer_names()
         if value in names or value in AXOLOTL_OPTIMIZERS:
             return value

@@ -7,8 +7,10 @@ files, no training): the tokenizer of the tiny models used by tests and the offl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+if TYPE_CHECKING:  # the templates below are read before anything loads (config checks): transformers is imported on use
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlft.errors import ConfigError, ModelError
 
@@ -53,6 +55,7 @@ LLAMA3_TEMPLATE = (
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: ids 0-255 are bytes, 256-259 are `BYTE_SPECIALS`; ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_to_char = bytes_to_unicode()

@@ -18,6 +18,9 @@ from rlft.errors import ConfigError
 NO_DECAY = ("bias", "norm", "layernorm", "ln_")
 # names rlft adds to transformers' list
 ALIASES = {"adamw": "adamw_torch"}
+# what transformers' Trainer.get_optimizer_cls_and_kwargs gives these names (torch.optim.AdamW), without importing its
+# Trainer: seconds of every run's start-up. tests/unit/test_optim.py checks that the two agree.
+TORCH_ADAMW = {"adamw_torch": {}, "adamw_torch_fused": {"fused": True}}
 
 def optimizer_names() -> list[str]:
     from transformers.training_args import OptimizerNames
@@ -28,8 +31,11 @@ def optimizer_names() -> list[str]:
 def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, dict]:
     """The optimizer class and keyword arguments transformers gives `cfg.optimizer` (checked before the model loads)."""
     name = ALIASES.get(cfg.optimizer, cfg.optimizer)
+    adam = {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon}
     if name == "adam":  # not one of transformers' names
-        return torch.optim.Adam, {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon}
+        return torch.optim.Adam, adam
+    if name in TORCH_ADAMW:
+        return torch.optim.AdamW, {**adam, **TORCH_ADAMW[name]}
     import dataclasses
     from types import SimpleNamespace
 

@@ -131,13 +131,13 @@ def layer_classes(model: torch.nn.Module, settings) -> set[str]:
 def check_layer_classes(cfg) -> None:
     """Before any process starts: the layer classes `fsdp_config` names exist in the model (built on the meta device
     from its config, no weights read)."""
+    settings = fsdp_settings(cfg)
+    if settings is None or not settings.wrap_layers:
+        return
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlft.models.loading import resolve_source
 
-    settings = fsdp_settings(cfg)
-    if settings is None or not settings.wrap_layers:
-        return
     source = resolve_source(cfg.base_model_config or cfg.base_model, "base_model")
     config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
     with torch.device("meta"):

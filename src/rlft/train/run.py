@@ -3,99 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
-from rlft.config import planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
-from rlft.config.parallel import launched, partitioned
-from rlft.config.trackers import missing_tracker_packages
-from rlft.config.schema import AXOLOTL_OPTIMIZERS, nemo_gym_enabled
+from rlft.config.parallel import launched
+from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.frozen import FrozenPolicy
 from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
-from rlft.train.optim import optimizer_class
 from rlft.train.watch import SetupInterrupts
 from rlft.train.parallel import gathered_state_dict, make_accelerator, release_process_group
 from rlft.train.report import print_plan, print_summary
-
-BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
-UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
-METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "#3", "reward_model": "#3",
-                 "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
-
-
-def refuse_unbuilt(cfg, processes: int | None = None) -> None:
-    """Stop before loading anything when the config asks for something not built yet (`processes`: the training
-    processes, by default those the launcher started)."""
-    if cfg.method not in BUILT_METHODS:
-        raise NotImplementedYet(
-            f"{cfg.method!r} training is not implemented yet (planned in issue {METHOD_ISSUES[cfg.method]}); "
-            "`rlft validate` accepts the config, `rlft train` does not run it yet"
-        )
-    if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
-        raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
-    if cfg.method == "ebft" and cfg.trl.reward_funcs:
-        raise NotImplementedYet("trl.reward_funcs with rl: ebft: the feature-matching reward replaces reward functions, and "
-                                "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
-    if strided_flex(cfg) and torch.cuda.is_available():
-        raise NotImplementedYet("flex_attention with strided EBFT on a GPU is not built yet: its BlockMask builder exists "
-                                "(rlft.rollout.strided.flex_block_mask, tested against the dense mask) but no GPU was at hand "
-                                "to verify the training path; set flex_attention: false (SDPA with the same dense mask)")
-    processes = processes or launched()[1]
-    resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
-    if resets and partitioned(cfg, processes):
-        raise NotImplementedYet(f"trl.{resets[0]} with fsdp or DeepSpeed ZeRO-3: moving a reference copy towards sharded "
-                                "weights is not built yet; use plain data parallelism or ZeRO-1/2, or drop the key")
-    if cfg.context_parallel_size > 1:
-        device = "CUDA GPUs" if torch.cuda.is_available() else "CUDA GPUs (this machine has none)"
-        raise NotImplementedYet(f"context_parallel_size: {cfg.context_parallel_size}: context parallelism splits each sequence "
-                                f"over processes with ring attention on CUDA SDPA kernels and FSDP2, so it needs {device}; "
-                                "rlft has not built it yet (issue #11). Remove the key; for long rows use "
-                                "gradient_checkpointing and a smaller micro_batch_size")
-    if cfg.optimizer in AXOLOTL_OPTIMIZERS:
-        raise NotImplementedYet(f"optimizer: {cfg.optimizer} is one of Axolotl's own optimizers, not built into rlft: use one of "
-                                "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
-    if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
-        optimizer_class(cfg)  # a missing package is said now, before the model loads
-    missing = missing_tracker_packages(cfg) + missing_build_tools(cfg)
-    if missing:
-        raise ConfigError("\n".join(missing))
-    refused, _ = unsupported_settings(cfg)
-    if refused:
-        listed = "\n".join(f"  - {key}: {why}" for key, why in refused)
-        raise NotImplementedYet(f"these Axolotl settings do not run in rlft; remove them (or set them to their default):\n{listed}")
-    unbuilt = planned_settings(cfg)
-    if unbuilt:
-        listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
-        raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
-
-
-def missing_build_tools(cfg) -> list[str]:
-    """What `deepspeed:` and `torch_compile` need that this machine lacks: the DeepSpeed package, and on a CPU a C++
-    compiler (inductor compiles its kernels, DeepSpeed its collectives), one sentence each."""
-    import importlib.util
-    import shutil
-
-    problems = []
-    if cfg.deepspeed and importlib.util.find_spec("deepspeed") is None:
-        problems.append(f"deepspeed: {cfg.deepspeed} asks for DeepSpeed, which is not installed: pip install -c "
-                        "constraints.txt 'rlft[deepspeed]'")
-    compiles = [key for key, on in (("torch_compile", compile_options(cfg) is not None), ("deepspeed", bool(cfg.deepspeed))) if on]
-    if compiles and not torch.cuda.is_available() and not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-                                                           or shutil.which("clang++")):
-        problems.append(f"{compiles[0]}: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or $CXX): "
-                        "install one (e.g. apt install g++) or remove the key")
-    return problems
-
-
-def strided_flex(cfg) -> bool:
-    return cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention"
-
+from rlft.train.unbuilt import refuse_unbuilt, strided_flex
 
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
