@@ -12,6 +12,7 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
+from rlft.heap import collector_paused, settled_heap
 from rlft.models.frozen import FrozenPolicy
 from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
@@ -101,9 +102,10 @@ def _setup(cfg, console: Console):
 
 
 def _train(cfg, console: Console) -> LoopResult:
-    from rlft.models.loading import resolve_source
+    with collector_paused():  # imports and the model: no garbage to find (rlft/heap.py)
+        from rlft.models.loading import resolve_source
 
-    accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
+        accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
@@ -118,7 +120,8 @@ def _train(cfg, console: Console) -> LoopResult:
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
                           "to a minute), then run faster", markup=False)
     try:
-        result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
+        with settled_heap():
+            result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
     finally:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():
