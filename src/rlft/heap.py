@@ -1,11 +1,11 @@
-"""The garbage collector around a run's start-up and its steps.
+"""The garbage collector during a command's start-up.
 
-Importing torch and transformers and building a model make about a million long-lived objects and almost no
-garbage, and every full collection set off meanwhile walks all of them: a fifth of a run's start-up
-(`bench/startup.py` measures it). `collector_paused()` holds collections off while that happens and restores the
-collector as it found it. `settled_heap()` then moves everything alive out of the collector's view while the steps
-run (the way vLLM settles its heap after start-up), so that a collection during training walks only what training
-made; leaving it gives everything back to the collector.
+Importing torch and transformers and building a model make about a million objects that live to the end and almost
+no garbage. Every full collection set off meanwhile walks all of them, and so does the first young collection after
+a pause (they are all still young): a fifth of a run's start-up (`bench/startup.py` measures it). Within
+`collector_paused()` nothing is collected; at its end what is alive leaves the collector's view (`gc.freeze`, the
+way vLLM settles its heap after start-up), so that later collections walk only what was made after.
+`release_heap()` gives it all back to the collector, for a command that ran inside a longer-lived process (tests).
 """
 
 from __future__ import annotations
@@ -22,14 +22,10 @@ def collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        gc.freeze()
         if enabled:
             gc.enable()
 
 
-@contextmanager
-def settled_heap() -> Iterator[None]:
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+def release_heap() -> None:
+    gc.unfreeze()

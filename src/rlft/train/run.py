@@ -12,7 +12,7 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
-from rlft.heap import collector_paused, settled_heap
+from rlft.heap import collector_paused, release_heap
 from rlft.models.frozen import FrozenPolicy
 from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
@@ -39,6 +39,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         failed = False
         return result
     finally:
+        release_heap()
         release_process_group(failed)
 
 
@@ -120,8 +121,7 @@ def _train(cfg, console: Console) -> LoopResult:
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
                           "to a minute), then run faster", markup=False)
     try:
-        with settled_heap():
-            result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
+        result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
     finally:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():
