@@ -1,7 +1,7 @@
 """What a short `rlft train` costs around its steps: start-up to the plan, the steps, and the exit after the summary.
 
     .venv/bin/python bench/startup.py                      # 1 and 2 processes, 3 runs each
-    .venv/bin/python bench/startup.py --against 12d6d21    # also the same runs with rlft at that commit, alternating
+    .venv/bin/python bench/startup.py --against 12d6d21    # and the same runs of rlft at that commit, in turns
 
 Each run is the real command (`rlft train CONFIG [--num-processes 2]`) on an XS model for 3 SFT steps, its output
 read line by line as it comes: `plan` is when the plan's title line appears, `steps` the time from there to
@@ -78,7 +78,9 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     model = make_model(folder / "model-XS", "XS", seed=0)
     write_jsonl(split_rows()[0][:256], folder / "train.jsonl")
-    trees = {"this tree": REPO / "src"}
+    head = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    trees = {head: REPO / "src"}
     if args.against:
         worktree = folder / f"rlft-{args.against}"
         if not worktree.exists():
