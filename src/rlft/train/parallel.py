@@ -17,7 +17,7 @@ Every collective runs on the main thread, in the same order on every rank.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator
 
@@ -53,20 +53,6 @@ def make_accelerator(cfg):
     if cfg.deepspeed and processes == 1:  # DeepSpeed needs a process group, also of one
         _single_process_group()
     return accelerator
-
-
-def release_process_group(failed: bool) -> None:
-    """End a launched rank's process group before the interpreter shuts down. Left to finalisation, gloo's worker
-    threads can still hold tensors then, and the process dies of SIGABRT ("terminate called without an active
-    exception") after a run that finished. After a failure, NCCL's group is left alone (its shutdown may wait for a
-    peer that is gone); gloo's ends at once either way."""
-    if launched()[1] == 1 or not dist.is_initialized():
-        return
-    if not failed:
-        dist.destroy_process_group()
-    elif dist.get_backend() != "nccl":
-        with suppress(Exception):  # the run's own error is the one to report
-            dist.destroy_process_group()
 
 
 def trains_in_bf16(cfg) -> bool:

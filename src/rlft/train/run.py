@@ -17,7 +17,7 @@ from rlft.models.frozen import FrozenPolicy
 from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.watch import SetupInterrupts
-from rlft.train.parallel import gathered_state_dict, make_accelerator, release_process_group
+from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.report import print_plan, print_summary
 from rlft.train.unbuilt import refuse_unbuilt, strided_flex
 
@@ -32,15 +32,11 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
-    failed = True
     try:
         with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
-            result = _train(cfg, console)
-        failed = False
-        return result
+            return _train(cfg, console)
     finally:
         release_heap()
-        release_process_group(failed)
 
 
 def nemo_gym_servers(cfg, console: Console):

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from rlft.errors import ConfigError, RlftError
+from rlft.heap import collector_paused
 
 
 # `vllm:` keys that only vLLM reads (the transformers backend decodes on one device, adapters in the served dtype)
@@ -62,7 +63,7 @@ def serve(cfg, console, *, backend_name: str) -> int:
         token, generated = resolve_token(settings.api_key, host)
         console.print(f"loading {cfg.base_model} (backend {backend_name}) ...", highlight=False, markup=False, soft_wrap=True)
         began = time.monotonic()
-        with console.status("loading the model", spinner="dots"):  # vLLM's start-up can take minutes
+        with console.status("loading the model", spinner="dots"), collector_paused():  # minutes for vLLM; rlft/heap.py
             backend = load_backend(cfg, backend_name)
         console.print(f"loaded in {time.monotonic() - began:.1f} s", highlight=False, markup=False)
     except BaseException:
