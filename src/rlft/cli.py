@@ -11,8 +11,8 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import NoReturn
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +20,7 @@ from rich.table import Table
 from rlft import __version__
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, RlftError, Terminated, TrainingInterrupted
-from rlft.heap import collector_paused
+from rlft.heap import collector_paused, release_heap
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines: easy to read and grep
@@ -363,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(f"error (rank {rank} of {processes}): another training process stopped first, so this one cannot go on "
                           f"({detail}); that process's own error is above", markup=False, highlight=False)
         return 1
+    finally:
+        release_heap()  # for a caller that goes on (tests); the command itself exits next
 
 
 def stopped_by_sigterm() -> int:

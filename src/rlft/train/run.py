@@ -21,6 +21,7 @@ from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.report import print_plan, print_summary
 from rlft.train.unbuilt import refuse_unbuilt, strided_flex
 
+
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
     refuse_unbuilt(cfg)
