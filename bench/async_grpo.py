@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,15 +34,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import RESULTS, make_model, median  # noqa: E402
+from common import RESULTS, free_port, make_model, median  # noqa: E402
 
 PYTHON = sys.executable
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def env(threads: int) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import threading
 import warnings
@@ -73,6 +74,13 @@ def peak_memory(run, *args, **kwargs) -> float:
     with PeakMemory() as sampler:
         run(*args, **kwargs)
     return round(sampler.above_start_mib, 1)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (a rendezvous or a rollout server)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def median(values) -> float:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,18 +25,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import RESULTS, make_model, median  # noqa: E402
+from common import RESULTS, free_port, make_model, median  # noqa: E402
 
 from rlft.tasks.addition import split_rows, write_jsonl  # noqa: E402
 from rlft.train.metrics import read_metrics  # noqa: E402
 
 FSDP = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run(folder: Path, model: Path, data: Path, name: str, processes: int, steps: int, micro: int, extra: dict) -> dict:

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,17 +24,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import RESULTS, make_model, median  # noqa: E402
+from common import RESULTS, free_port, make_model, median  # noqa: E402
 
 import yaml  # noqa: E402
 
 from rlft.tasks.addition import split_rows, write_jsonl  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def timed_run(config: Path, processes: int, src: Path) -> dict:
