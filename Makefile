@@ -32,8 +32,10 @@ $(TOKENIZER_FILES): tests/assets/fetch_tokenizers.py | $(STAMP)
 	$(VENV)/bin/python tests/assets/fetch_tokenizers.py
 	touch $(TOKENIZER_FILES)
 
+# Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures run once): the suite's
+# processes wait on servers and start-ups about a third of the time, which the other process fills.
 test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
-	@set -o pipefail; $(VENV)/bin/python -m pytest 2>&1 | tee .ci/last-pytest.log; status=$$?; \
+	@set -o pipefail; $(VENV)/bin/python -m pytest -n 2 --dist loadfile 2>&1 | tee .ci/last-pytest.log; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
 
 # Optional: the CPU build of vLLM in its own environment (it pins transformers<5.20), for the vLLM backend of

@@ -13,6 +13,10 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two test processes on the machine's cores: one torch thread in each, and in every process a test
+    # starts (they inherit it), or OpenMP's spinning threads of one stall the other's
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -186,8 +186,8 @@ def test_a_crafted_pickle_in_a_state_file_never_runs(target, make_config, cli, t
     assert cli("train", make_config(max_steps=3, resume_from_checkpoint=str(out / "checkpoint-2"))) == 1
     assert "never runs code" in capsys.readouterr().err
     assert cli("train", make_config(max_steps=3, resume_from_checkpoint="auto")) == 0
-    printed = " ".join(capsys.readouterr().out.split())
-    assert "auto skips" in printed and "checkpoint-1 at step 1" in printed
+    printed = "".join(capsys.readouterr().out.split())  # without the console's line breaks, which may cut a long path
+    assert "autoskips" in printed and "checkpoint-1atstep1" in printed
     assert not marker.exists()
 
 
