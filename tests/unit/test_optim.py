@@ -167,6 +167,17 @@ def test_adam_hyperparameters_from_config(config, tiny_model):
     assert optimizer.defaults["eps"] == 1e-6
 
 
+def test_the_default_optimizer_is_axolotls_and_transformers(config, tiny_model):
+    """A config without `optimizer:` trains with the fused AdamW kernel, as in Axolotl and the HF Trainer."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "optim")
+    assert config().optimizer == "adamw_torch_fused" == default
+    assert build_optimizer(config(), tiny_model).defaults["fused"] is True
+
+
 def test_fused_flag_only_for_fused_adamw(config, tiny_model):
     assert build_optimizer(config(optimizer="adamw_torch_fused"), tiny_model).defaults["fused"] is True
     assert not build_optimizer(config(optimizer="adamw_torch"), tiny_model).defaults["fused"]

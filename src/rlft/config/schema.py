@@ -211,7 +211,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     gradient_accumulation_steps: int = field(1, "Micro-batches per optimizer step.")
     num_epochs: float = field(1.0, "Passes over the training data (max_steps wins when set).", gt=0.0)
     max_steps: Optional[int] = field(None, "Stop after this many optimizer steps.", ge=1)
-    optimizer: str = field("adamw_torch", "transformers' optimizer name (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, "
+    optimizer: str = field("adamw_torch_fused", "transformers' optimizer name (adamw_torch_fused, adamw_torch, adafactor, adamw_bnb_8bit, "
                            "paged_adamw_8bit, lion_32bit, schedule_free_adamw, ...), or adamw / adam.")
     learning_rate: float = field(2e-5, "Peak learning rate.", gt=0.0, le=10.0)
     adam_beta1: float = field(0.9, "Adam beta1.", ge=0.0, lt=1.0)
