@@ -124,7 +124,7 @@ def rlft_keys(model_dir: Path, out_dir: Path, steps: int, seed: int, learning_ra
         "lr_scheduler": "constant",
         "warmup_steps": 0,
         "weight_decay": 0.0,
-        "optimizer": "adamw_torch",
+        "optimizer": "adamw_torch_fused",  # the default of both tools (and Axolotl's)
         "max_grad_norm": 1.0,
         "bf16": False,
         "logging_steps": 1,  # per-step times and losses
@@ -140,7 +140,7 @@ def trl_keys(steps: int, seed: int) -> dict:
         "lr_scheduler_type": "constant",
         "warmup_steps": 0,
         "weight_decay": 0.0,
-        "optim": "adamw_torch",  # TRL defaults to adamw_torch_fused
+        "optim": "adamw_torch_fused",  # TRL's default, and rlft's
         "max_grad_norm": 1.0,
         "bf16": False,  # TRL defaults to bf16=True
         "fp16": False,
