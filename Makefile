@@ -33,9 +33,11 @@ $(TOKENIZER_FILES): tests/assets/fetch_tokenizers.py | $(STAMP)
 	touch $(TOKENIZER_FILES)
 
 # Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures run once): the suite's
-# processes wait on servers and start-ups about a third of the time, which the other process fills.
+# processes wait on servers and start-ups about a third of the time, which the other process fills. Files go out in
+# collection order, the long integration files first and the many short unit files last to even out the end
+# (xdist's default sends the files with the most tests first, which left test_distributed and NeMo Gym for the end).
 test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
-	@set -o pipefail; $(VENV)/bin/python -m pytest -n 2 --dist loadfile 2>&1 | tee .ci/last-pytest.log; status=$$?; \
+	@set -o pipefail; $(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder 2>&1 | tee .ci/last-pytest.log; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
 
 # Optional: the CPU build of vLLM in its own environment (it pins transformers<5.20), for the vLLM backend of
