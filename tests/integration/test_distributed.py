@@ -346,29 +346,37 @@ def test_async_grpo_on_two_ranks_learns(warm_model, tmp_path, repo_root):
     assert [m["step"] for m in read_metrics(out / "metrics.jsonl") if "eval/reward" in m] == [0, 50]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
-def test_dpo_two_processes_equal_one(tmp_path, warm_model, strategy):
+@pytest.fixture(scope="module")
+def dpo(tmp_path_factory, warm_model):
+    """A DPO config maker and the 1-process run with 4 micro-batches of 4 pairs per step: the reference."""
+    folder = tmp_path_factory.mktemp("dpo")
     # 128 pairs: 32 micro-batches an epoch, which divide by the 2 processes (otherwise an epoch's last step differs: one
     # process has a padding micro-batch where a single process would take the next epoch's first)
     rows = [(f"{a}+{b}=", str(a + b)) for a in range(0, 40, 3) for b in range(0, 40, 4)]
-    data, held_out = tmp_path / "pairs.jsonl", tmp_path / "held_out.jsonl"
+    data, held_out = folder / "pairs.jsonl", folder / "held_out.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows[:128]))
     # 12 pairs: 3 eval batches, 2 on one process and 1 (with a padding batch) on the other
     held_out.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": "no idea"}) + "\n" for p, c in rows[128:]))
 
     def config(name: str, accumulation: int, **extra) -> Path:
-        return write(tmp_path / f"{name}.yaml", {
+        return write(folder / f"{name}.yaml", {
             "base_model": str(warm_model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
             "micro_batch_size": 4, "gradient_accumulation_steps": accumulation, "max_steps": 12, "learning_rate": 1e-3,
-            "logging_steps": 1, "output_dir": str(tmp_path / name), "test_datasets": [{"path": str(held_out)}],
+            "logging_steps": 1, "output_dir": str(folder / name), "test_datasets": [{"path": str(held_out)}],
             "eval_steps": 6, **extra})
 
     train(config("one", 4), processes=1)
+    return config, folder
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
+def test_dpo_two_processes_equal_one(dpo, strategy):
+    config, folder = dpo
     train(config(strategy, 2, **STRATEGIES[strategy]))
-    got, expected = losses(tmp_path / strategy), losses(tmp_path / "one")
+    got, expected = losses(folder / strategy), losses(folder / "one")
     assert got.keys() == expected.keys() == set(range(1, 13))  # steps 9-12 are the second epoch
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
-    assert_same_evals(evals(tmp_path / strategy), evals(tmp_path / "one"))
+    assert_same_evals(evals(folder / strategy), evals(folder / "one"))
 
 
 @pytest.fixture(scope="module")
