@@ -39,7 +39,6 @@ from common import RESULTS, free_port, make_model, median  # noqa: E402
 PYTHON = sys.executable
 
 
-
 def env(threads: int) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
                 TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))

@@ -33,7 +33,6 @@ from rlft.train.metrics import read_metrics  # noqa: E402
 FSDP = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
 
 
-
 def run(folder: Path, model: Path, data: Path, name: str, processes: int, steps: int, micro: int, extra: dict) -> dict:
     out = folder / name
     config = folder / f"{name}.yaml"

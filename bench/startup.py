@@ -31,7 +31,6 @@ import yaml  # noqa: E402
 from rlft.tasks.addition import split_rows, write_jsonl  # noqa: E402
 
 
-
 def timed_run(config: Path, processes: int, src: Path) -> dict:
     command = [sys.executable, "-m", "rlft.cli", "train", str(config)]
     if processes > 1:

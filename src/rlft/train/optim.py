@@ -49,7 +49,7 @@ def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, di
         return Trainer.get_optimizer_cls_and_kwargs(args, model)
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"optimizer: {cfg.optimizer} cannot be built here: {str(exc).splitlines()[0]} "
-                          "(adamw_torch needs nothing extra)") from None
+                          "(adamw_torch_fused, the default, needs nothing extra)") from None
 
 
 def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
