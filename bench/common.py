@@ -70,10 +70,24 @@ class PeakMemory:
 
 
 def peak_memory(run, *args, **kwargs) -> float:
-    """MiB of resident memory a call (one tool's training run) adds at its peak over what the process held."""
+    """MiB of memory a call (one tool's training run) adds at its peak over what the process held: resident memory on a
+    CPU, allocated GPU memory (torch.cuda.max_memory_allocated) on a GPU."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        run(*args, **kwargs)
+        return round((torch.cuda.max_memory_allocated() - start) / 2**20, 1)
     with PeakMemory() as sampler:
         run(*args, **kwargs)
     return round(sampler.above_start_mib, 1)
+
+
+def device_name() -> str:
+    """The GPU's name, or the CPU's."""
+    import platform
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or platform.machine())
 
 
 def free_port() -> int:
@@ -113,8 +127,9 @@ def make_model(folder: Path, size: str, seed: int, vocab: int | None = None) -> 
     return folder
 
 
-def rlft_keys(model_dir: Path, out_dir: Path, steps: int, seed: int, learning_rate: float) -> dict:
-    """rlft settings every benchmark shares: fp32, constant lr, AdamW, clip 1.0, one metrics line per step."""
+def rlft_keys(model_dir: Path, out_dir: Path, steps: int, seed: int, learning_rate: float, bf16: bool = False) -> dict:
+    """rlft settings every benchmark shares: fp32 (or bf16 autocast over fp32 weights), constant lr, AdamW, clip 1.0,
+    one metrics line per step."""
     return {
         "base_model": str(model_dir),
         "random_init": False,
@@ -126,14 +141,14 @@ def rlft_keys(model_dir: Path, out_dir: Path, steps: int, seed: int, learning_ra
         "weight_decay": 0.0,
         "optimizer": "adamw_torch_fused",  # the default of both tools (and Axolotl's)
         "max_grad_norm": 1.0,
-        "bf16": False,
+        "bf16": bf16,
         "logging_steps": 1,  # per-step times and losses
         "seed": seed,
         "output_dir": str(out_dir),
     }
 
 
-def trl_keys(steps: int, seed: int) -> dict:
+def trl_keys(steps: int, seed: int, bf16: bool = False) -> dict:
     """The same settings for TRL, plus what TRL turns on by default and rlft does not (bf16, checkpointing)."""
     return {
         "max_steps": steps,
@@ -142,10 +157,10 @@ def trl_keys(steps: int, seed: int) -> dict:
         "weight_decay": 0.0,
         "optim": "adamw_torch_fused",  # TRL's default, and rlft's
         "max_grad_norm": 1.0,
-        "bf16": False,  # TRL defaults to bf16=True
+        "bf16": bf16,  # TRL defaults to bf16=True
         "fp16": False,
         "gradient_checkpointing": False,  # TRL defaults to True
-        "use_cpu": True,
+        "use_cpu": not torch.cuda.is_available(),
         "report_to": "none",
         "save_strategy": "no",
         "eval_strategy": "no",

@@ -66,12 +66,20 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
-from common import RESULTS, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
+from common import RESULTS, device_name, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 
 LONG_LENGTH = 640  # --long: sequence_len / max_length
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # both tools train on the GPU when there is one
+
+
+def synchronized() -> float:
+    """time.perf_counter() once the GPU has finished its queued work (a step's time is its kernels' time)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def long_rows(count: int, seed: int) -> list[dict]:
@@ -89,13 +97,15 @@ def long_rows(count: int, seed: int) -> list[dict]:
     return rows
 
 
-def warm_up(model_dir: Path, micro_batch: int) -> None:
+def warm_up(model_dir: Path, micro_batch: int, bf16: bool = False) -> None:
     """A few forward/backward passes so one-time kernel setup is charged to neither tool."""
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    ids = torch.randint(0, 256, (micro_batch, 9))
+    ids = torch.randint(0, 256, (micro_batch, 9), device=DEVICE)
     for _ in range(3):
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        with torch.autocast(DEVICE.type, torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -110,7 +120,7 @@ def last_mean(values: list[float], n: int = 10) -> float:
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     cfg = build_config({
-        **rlft_keys(model_dir, out_dir, args.steps, args.seed, 3e-3),
+        **rlft_keys(model_dir, out_dir, args.steps, args.seed, 3e-3, args.bf16),
         "datasets": [{"path": str(train_file)}],
         "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False,
@@ -179,16 +189,18 @@ def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
                                   lengths=[len(e["input_ids"]) for e in data.train] if args.group_by_length else None))
     batches = [cursor.next() for _ in range(args.steps)]  # the batches rlft trains on, in its order
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM.from_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir).to(DEVICE)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, fused=True)  # rlft's and TRL's default (adamw_torch_fused)
     times, losses = [], []
     for batch in batches:
-        start = time.perf_counter()
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+        batch = {key: value.to(DEVICE) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+        start = synchronized()
+        with torch.autocast(DEVICE.type, torch.bfloat16, enabled=args.bf16):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten())
         losses.append(plain_update(model, optimizer, loss))
-        times.append(time.perf_counter() - start)
+        times.append(synchronized() - start)
     return {"steps": len(times), "median_step_s": statistics.median(times), "first_step_s": times[0],
             "final_loss": losses[-1], "loss_last10_mean": last_mean(losses), "wall_s": sum(times)}
 
@@ -206,10 +218,10 @@ class StepTimer(TrainerCallback):
         self.train_begin = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.begin = time.perf_counter()
+        self.begin = synchronized()
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
+        now = synchronized()
         self.durations.append(now - self.begin)
         self.ends.append(now)
 
@@ -228,7 +240,7 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
     dataset = datasets.Dataset.from_list(rows)  # row generation, not timed (rlft's jsonl is written untimed too)
     config = SFTConfig(
         output_dir=str(out_dir),
-        **trl_keys(args.steps, args.seed),
+        **trl_keys(args.steps, args.seed, args.bf16),
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
         learning_rate=3e-3,
@@ -293,7 +305,7 @@ def print_report(res: dict) -> None:
     print(f"\nbest of {res['repeat']} runs per tool; 1-min load average before/after: "
           f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
     print(f"SFT {res['size']} ({res['params']:,} params), {res['steps']} steps, micro batch {res['micro_batch']}, "
-          f"{res['threads']} threads; torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, "
+          f"{res['machine']}{', bf16' if res['bf16'] else ''}, {res['threads']} threads; torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, "
           f"trl {res['versions']['trl']}")
     print(f"{'':38s} {'rlft':>10s} {'TRL':>10s}")
     for name, a, b, fmt in rows:
@@ -328,6 +340,7 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="rows of 64-600 characters (sequences up to 640 tokens)")
     parser.add_argument("--group-by-length", action="store_true",
                         help="both tools batch rows of similar length together (group_by_length)")
+    parser.add_argument("--bf16", action="store_true", help="both tools in bf16 mixed precision (autocast over fp32 weights)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default bench/results/sft_vs_trl-<size>.json, ...-compiled.json with --compile)")
     args = parser.parse_args()
@@ -342,7 +355,7 @@ def main() -> None:
         train_file = tmp / "train.jsonl"
         write_jsonl(train_rows, train_file)
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
-        warm_up(model_dir, args.micro_batch)
+        warm_up(model_dir, args.micro_batch, args.bf16)
         load_before = os.getloadavg()
         runs: dict[str, list[dict]] = {"rlft": [], "trl": [], "plain loop": []}
         for index in range(args.repeat):
@@ -380,7 +393,9 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "load_average_1m_before_after": [load_before[0], load_after[0]],
         "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": device_name(),
+        "device": DEVICE.type,
+        "bf16": args.bf16,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
@@ -397,7 +412,8 @@ def main() -> None:
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
     shape = ("-long" if args.long else "") + ("-grouped" if args.group_by_length else "")
-    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{'-compiled' if args.compile else ''}.json"
+    device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
+    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{'-compiled' if args.compile else ''}{device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -68,6 +68,7 @@ def test_everything_dropped(cli, capsys, make_config):
     ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"]}}, "trl.vllm_group_port (NCCL weight transfer"),
     ({"deepspeed": "ds.json"}, "ds.json does not exist"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
+    ({"liger_rope": True, "liger_rms_norm": True}, "liger_rope, liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"),
     ({"fp16": True}, "fp16: true needs a CUDA GPU"),
     ({"adapter": "qlora", "load_in_4bit": True}, "need a CUDA GPU and the bitsandbytes package"),
 ])

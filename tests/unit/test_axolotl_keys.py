@@ -113,14 +113,14 @@ def test_every_dataset_trl_and_vllm_axolotl_key_is_known():
 def test_axolotl_only_keys_validate_and_train_refuses_them_with_reasons(config):
     from rlft.config.axolotl_keys import unsupported_settings
 
-    cfg = config(liger_rms_norm=True, hub_model_id="me/model", strict=False, fsdp_version=2, wandb_watch=None,
+    cfg = config(liger_rms_norm_gated=True, hub_model_id="me/model", strict=False, fsdp_version=2, wandb_watch=None,
                  dataloader_num_workers=0, capabilities={"bf16": True}, datasets=[{"path": "train.jsonl", "field_thinking": "x"}],
-                 plugins=["axolotl.integrations.liger.LigerPlugin"])
+                 plugins=["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"])
     refused, derived = unsupported_settings(cfg)
     reasons = dict(refused)
-    assert set(reasons) == {"liger_rms_norm", "hub_model_id", "datasets[0].field_thinking",
-                            "plugins: axolotl.integrations.liger.LigerPlugin"}
-    assert "GPU kernel" in reasons["liger_rms_norm"] and "never uploads" in reasons["hub_model_id"]
+    assert set(reasons) == {"liger_rms_norm_gated", "hub_model_id", "datasets[0].field_thinking",
+                            "plugins: axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"}
+    assert "GPU kernel" in reasons["liger_rms_norm_gated"] and "never uploads" in reasons["hub_model_id"]
     assert derived == ["capabilities"]
 
 

@@ -334,7 +334,7 @@ def test_refuse_unbuilt_method_names_issue(config):
     refuse_unbuilt(config(rl="dpo"))  # built: no refusal
 
 
-def test_strided_flex_attention_runs_on_sdpa_on_a_cpu_and_is_refused_on_a_gpu(config, monkeypatch):
+def test_strided_flex_attention_is_accepted_on_a_cpu_and_on_a_gpu(config, monkeypatch):
     import torch
 
     from rlft.train.unbuilt import refuse_unbuilt
@@ -342,8 +342,7 @@ def test_strided_flex_attention_runs_on_sdpa_on_a_cpu_and_is_refused_on_a_gpu(co
     strided = config(rl="ebft", ebft={"mode": "strided"}, flex_attention=True)
     refuse_unbuilt(strided)  # a CPU: train() runs it on SDPA with the dense mask (tests/integration/test_ebft.py)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(NotImplementedYet, match=r"flex_attention with strided EBFT on a GPU is not built yet"):
-        refuse_unbuilt(strided)
+    refuse_unbuilt(strided)  # a GPU: flex_attention with the strided BlockMask (tests/unit/test_strided.py)
 
 
 def test_refuse_unbuilt_setting_on_sft(config):

@@ -244,6 +244,27 @@ def test_greedy_and_eager_attention_agree_with_sdpa(model, batch):
     torch.testing.assert_close(first.sampled_logps, second.sampled_logps, atol=1e-4, rtol=0)
 
 
+def test_flex_attention_block_mask_samples_and_scores_what_sdpa_does(model, rollout, batch):
+    """A flex_attention model reads the strided rule as a BlockMask (every generation step's prefix, the full
+    sequence, the frozen network's features) and gives SDPA's tokens, log-probs, logits and features. Forward only:
+    a CPU has no flex_attention backward (a GPU run trains through it, bench/gpu_check.py)."""
+    from rlft.models.features import hidden_features
+
+    doc_ids, doc_attention, layout = batch
+    flex = _tiny_llama("flex_attention")
+    out = generate_blocks(flex, doc_ids, doc_attention, layout, num_samples=2, temperature=TEMPERATURE,
+                          generator=torch.Generator().manual_seed(2))
+    assert type(out.attention).__name__ == "BlockMask" and out.attention.shape == (4, 1, 42, 42)
+    assert torch.equal(out.sequences, rollout.sequences)
+    torch.testing.assert_close(out.sampled_logps, rollout.sampled_logps, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        logits = flex(input_ids=out.sequences, attention_mask=out.attention, position_ids=out.position_ids).logits
+    torch.testing.assert_close(logits, _forward(model, rollout), atol=1e-4, rtol=0)
+    features = [hidden_features(network, rollout.sequences, None, [1, 2], position_ids=rollout.position_ids,
+                                attention_4d=attention) for network, attention in ((flex, out.attention), (model, rollout.mask))]
+    torch.testing.assert_close(features[0], features[1], atol=1e-4, rtol=0)
+
+
 def test_document_nll_excludes_pads_and_matches_a_causal_forward(model, rollout, batch):
     doc_ids, doc_attention, _ = batch
     logits = _forward(model, rollout)

@@ -217,14 +217,7 @@ TOP_LEVEL = {
     'kd_trainer': ('technique', None),
     'large_head_attention': ('kernel', None),
     'layer_offloading': ('other', False),
-    'liger_cross_entropy': ('kernel', None),
-    'liger_fused_linear_cross_entropy': ('kernel', None),
-    'liger_glu_activation': ('kernel', None),
-    'liger_layer_norm': ('kernel', None),
-    'liger_rms_norm': ('kernel', None),
     'liger_rms_norm_gated': ('kernel', None),
-    'liger_rope': ('kernel', None),
-    'liger_swiglu': ('kernel', None),
     'liger_use_token_scaling': ('kernel', None),
     'lisa_layers_attribute': ('technique', 'model.layers'),
     'lisa_n_layers': ('technique', None),
@@ -482,13 +475,13 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
                 derived.append(prefix + key)
             elif not is_off(value, default) and not SAME_AS_RLFT.get(key, lambda _: False)(value):
                 refused.append((prefix + key, refusal(key, category)))
-    from rlft.config.schema import ATTENTION, NEMO_GYM_PLUGIN
+    from rlft.config.schema import ATTENTION, LIGER_PLUGIN, NEMO_GYM_PLUGIN
 
     SWANLAB_PLUGIN = "axolotl.integrations.swanlab.SwanLabPlugin"  # rlft logs to SwanLab through accelerate (use_swanlab)
     for plugin in cfg.plugins or []:
-        if plugin not in (NEMO_GYM_PLUGIN, SWANLAB_PLUGIN):
-            refused.append((f"plugins: {plugin}", "Axolotl's plugin classes do not run in rlft (it implements the NeMo Gym "
-                                                  "and SwanLab ones); its switches are refused one by one above where set"))
+        if plugin not in (NEMO_GYM_PLUGIN, SWANLAB_PLUGIN, LIGER_PLUGIN):
+            refused.append((f"plugins: {plugin}", "Axolotl's plugin classes do not run in rlft (it implements the NeMo Gym, "
+                                                  "SwanLab and Liger ones); its switches are refused one by one above where set"))
     if cfg.attn_implementation and cfg.attn_implementation not in ATTENTION:
         refused.append((f"attn_implementation: {cfg.attn_implementation}", f"not built in rlft: use one of {', '.join(ATTENTION)}"))
     from rlft.models.chat_templates import NOT_SHIPPED

@@ -151,6 +151,17 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     torch_compile_backend: Optional[str] = field(None, "torch.compile backend for torch_compile (default inductor).")
     torch_compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = field(
         None, "torch.compile mode for torch_compile (default: reduce-overhead, CUDA graphs, on a GPU; default on a CPU).")
+    liger_rope: bool = field(False, "Liger Kernel's RoPE kernel (CUDA GPU and the liger-kernel package: pip install "
+                                    "'rlft[liger]'; docs/training.md#liger-kernel).")
+    liger_rms_norm: bool = field(False, "Liger Kernel's RMSNorm (CUDA GPU, liger-kernel).")
+    liger_layer_norm: bool = field(False, "Liger Kernel's LayerNorm, for models that have LayerNorm layers (CUDA GPU, liger-kernel).")
+    liger_glu_activation: bool = field(False, "Liger Kernel's gated MLP, SwiGLU (GeGLU for Gemma) (CUDA GPU, liger-kernel).")
+    liger_swiglu: bool = field(False, "Axolotl's older name of liger_glu_activation.")
+    liger_fused_linear_cross_entropy: bool = field(
+        False, "SFT's loss through Liger Kernel's fused linear cross-entropy kernel instead of rlft's chunked torch one "
+               "(neither builds the full logits; CUDA GPU, liger-kernel).")
+    liger_cross_entropy: bool = field(False, "As liger_fused_linear_cross_entropy: rlft never builds the logits that a plain "
+                                             "cross-entropy kernel would read.")
     sdp_attention: bool = field(False, "Use PyTorch scaled_dot_product_attention (the default).")
     eager_attention: bool = field(False, "Use the plain eager attention implementation.")
     gradient_checkpointing: Union[bool, Literal["offload", "offload_disk"]] = field(
@@ -387,6 +398,10 @@ def combination_problems(cfg: RlftConfig):
     attention_flags = [k for k in ("flash_attention", "flex_attention", "sdp_attention", "eager_attention") if getattr(cfg, k)]
     if len(attention_flags) > 1:
         yield f"{' and '.join(attention_flags)} are all set: choose one attention implementation"
+    if "liger_swiglu" in set_keys and "liger_glu_activation" in set_keys:
+        yield "liger_swiglu and liger_glu_activation are both set: liger_swiglu is the older name, keep liger_glu_activation"
+    if cfg.liger_cross_entropy and cfg.liger_fused_linear_cross_entropy:
+        yield "liger_cross_entropy and liger_fused_linear_cross_entropy are both true: keep liger_fused_linear_cross_entropy"
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         yield "warmup_steps and warmup_ratio are both set: keep one"
     for steps, per_epoch in (("eval_steps", "evals_per_epoch"), ("save_steps", "saves_per_epoch")):
@@ -436,6 +451,7 @@ def combination_problems(cfg: RlftConfig):
 
 
 NEMO_GYM_PLUGIN = "axolotl.integrations.nemo_gym.NemoGymPlugin"
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"  # its liger_* keys are fields of RlftConfig
 
 
 def nemo_gym_enabled(cfg) -> bool:

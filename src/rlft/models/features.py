@@ -88,7 +88,8 @@ def hidden_features(
 
     attention_mask: the usual (B, S) padding mask. With left padding pass position_ids = cumsum(mask) - 1 (clamped at
     0) so every row's real tokens sit at positions 0.. as they would unpadded. attention_4d: a (B, 1 or heads, S, S)
-    mask that replaces the 2-D one (strided mode's block mask; boolean True = may attend, or already additive float);
+    mask that replaces the 2-D one (strided mode's block mask; boolean True = may attend, already additive float, or
+    a flex_attention BlockMask for a model that runs flex_attention);
     attention_mask is then ignored and position_ids should be given. The features come back in the model's dtype.
     Raises ValueError for an empty `layers` or an index outside 0..num_hidden_layers.
     """
@@ -97,7 +98,9 @@ def hidden_features(
     network = _unwrap(model)
     backbone = _backbone(network)
     kwargs: dict[str, torch.Tensor] = {}
-    if attention_4d is not None:
+    if type(attention_4d).__name__ == "BlockMask":  # flex_attention's block mask (strided mode): the model reads it as is
+        kwargs["attention_mask"] = attention_4d
+    elif attention_4d is not None:
         if attention_4d.dim() != 4:
             raise ValueError(f"attention_4d must be (B, 1 or heads, S, S), got {tuple(attention_4d.shape)}")
         dtype = next(backbone.parameters()).dtype

@@ -16,6 +16,8 @@ SIZES = {
     "XS": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256),
     "S": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512),
     "M": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1024),
+    # for GPU benchmarks (bench/): about 100M parameters before the output layer
+    "L": dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, intermediate_size=2816),
 }
 
 

@@ -25,8 +25,11 @@ of an unrelated token (axolotl bug, spec §6.1; §6.3 for the temperature). Bloc
 Documents are RIGHT-padded in this mode: anchors are shared columns, so every row's document
 must start at column 0. Anchors in a row's padding are flagged invalid (`block_valid`, §6.4).
 
-Attention runs through SDPA / eager with explicit dense masks on every device (flex_attention
-has no backward on CPU, `platform.md` §4); `flex_block_mask` is an opt-in for CUDA only.
+The mask reaches the model in the form its attention implementation reads (`model_attention`):
+a boolean (B, 1, T, T) tensor for SDPA, an additive float one for eager, and a flex_attention
+BlockMask built from the same rule (`flex_block_mask`) for flex_attention. Training with
+flex_attention needs a GPU (PyTorch has no flex_attention backward on a CPU, `platform.md` §4):
+on a CPU `rlft train` runs SDPA with the identical dense mask.
 """
 
 from __future__ import annotations
@@ -242,20 +245,38 @@ def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tupl
     return torch.where(mask, -logps, torch.zeros_like(logps)), mask
 
 
+def _implementation(model) -> str:
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+
+
 def model_attention_mask(model, mask: Tensor) -> Tensor:
-    """The 4-D mask in the form the model's attention implementation reads.
+    """The dense 4-D mask in the form the model's attention implementation reads.
 
     transformers passes a 4-D mask through untouched: SDPA reads booleans (True = attend), eager
     *adds* the mask to the scores, so it needs an additive float mask (0 / dtype min).
     """
-    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    implementation = _implementation(model)
     if implementation == "sdpa":
         return mask
     if "flash" in implementation:
         raise ValueError(f"strided attention needs an explicit mask; attn_implementation={implementation!r} has none "
-                         "(use sdpa, eager, or flex_attention with flex_block_mask)")
+                         "(use sdpa, eager or flex_attention)")
     dtype = next(model.parameters()).dtype
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int,
+                    length: int | None = None):
+    """The strided mask over the first `length` columns (default all T) of B·n rows, as the model reads it.
+
+    flex_attention: a BlockMask from `strided_mask_mod` (`doc_attention`: the B documents' (B, L) mask), so whole
+    blocks of the T×T grid that no query may see are skipped. Otherwise the dense `mask` (B·n, 1, T, T), cut to
+    `length` and put in the implementation's form (`model_attention_mask`).
+    """
+    if _implementation(model) == "flex_attention":
+        return flex_block_mask(layout, doc_attention, num_samples, length=length)
+    full = model_attention_mask(model, mask)
+    return full if length is None else full[:, :, :length, :length]
 
 
 @dataclass
@@ -265,6 +286,7 @@ class StridedRollout:
     sequences: Tensor  # (B·n, T) document then generated tokens, step-major
     position_ids: Tensor  # (B·n, T)
     mask: Tensor  # (B·n, 1, T, T) bool, True = attend
+    attention: object  # the same mask as the model's attention implementation reads it (`model_attention`)
     generated: Tensor  # (B·n, K, G) token ids, [b, k, t]
     sampled_logps: Tensor  # (B·n, K, G) log-prob under the distribution sampled from
     block_valid: Tensor  # (B·n, K) bool; invalid blocks were sampled but must be masked by the caller
@@ -301,7 +323,6 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
                            doc_ids.new_zeros((rows, num_blocks * gen_len))], dim=1)
     sampled_logps = torch.zeros((rows, num_blocks * gen_len), dtype=torch.float32, device=device)
     params = SamplingParams(max_new_tokens=gen_len, temperature=temperature, top_p=top_p)
-    model_mask = model_attention_mask(model, mask)
     read = layout.read_positions().to(device)  # (K, G)
     keep_logits = _accepts_logits_to_keep(model)
     was_training = model.training
@@ -311,7 +332,8 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
             width = seq_len + step * num_blocks
             columns = read[:, step]
             extra = {"logits_to_keep": columns} if keep_logits else {}
-            logits = model(input_ids=sequences[:, :width], attention_mask=model_mask[:, :, :width, :width],
+            attention = model_attention(model, layout, doc_attention, mask, num_samples, length=width)
+            logits = model(input_ids=sequences[:, :width], attention_mask=attention,
                            position_ids=positions[:, :width], use_cache=False, **extra).logits
             if not keep_logits:
                 logits = logits[:, columns]
@@ -327,24 +349,24 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
     finally:
         model.train(was_training)
     return StridedRollout(sequences=sequences, position_ids=positions, mask=mask,
+                          attention=model_attention(model, layout, doc_attention, mask, num_samples),
                           generated=generated_targets(sequences, layout),
                           sampled_logps=sampled_logps.view(rows, gen_len, num_blocks).transpose(1, 2),
                           block_valid=layout.block_valid.repeat_interleave(num_samples, 0).to(device),
                           doc_attention=doc_attention.repeat_interleave(num_samples, 0), layout=layout)
 
 
-def flex_block_mask(layout: StridedLayout, doc_attention: Tensor, num_samples: int = 1):
-    """flex_attention BlockMask with the same rule as `strided_attention`, for B·n rows. CUDA opt-in only.
+def flex_block_mask(layout: StridedLayout, doc_attention: Tensor, num_samples: int = 1, length: int | None = None):
+    """flex_attention BlockMask with the same rule as `strided_attention`, for B·n rows and the first `length` columns.
 
-    flex_attention has no backward on CPU (platform.md §4), so CPU runs always use the dense
-    mask. Imported lazily. The rule is `strided_mask_mod`, shared with the dense path.
+    `doc_attention`: the B documents' (B, L) mask. The rule is `strided_mask_mod`, shared with the dense path; the
+    mask_mod is index arithmetic, so any prefix of the sequence (generation's growing widths) uses the same rule.
+    Imported lazily. Any device, but only a GPU trains with it: PyTorch has no flex_attention backward on a CPU.
     """
-    if doc_attention.device.type != "cuda":
-        raise ValueError("flex_block_mask is the CUDA fast path; use strided_attention (dense SDPA mask) elsewhere")
     from torch.nn.attention.flex_attention import create_block_mask
 
     _check_right_padded(doc_attention)
-    total = layout.total_len
+    total = layout.total_len if length is None else length
     layout = StridedLayout(layout.anchors.to(doc_attention.device), layout.block_valid, layout.seq_len,
                            layout.generate_max_len, layout.stride, layout.first_anchor)
     return create_block_mask(strided_mask_mod(layout, doc_attention, num_samples), B=doc_attention.size(0) * num_samples,

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rlft.models.liger import liger_keys, liger_summary
 from rlft.train.loop import LoopResult, total_steps_for
 from rlft.train.parallel import precision, strategy
 
@@ -39,6 +40,8 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    if liger_keys(cfg):
+        table.add_row("kernels", liger_summary(cfg, model.config.model_type))
     if shared := strategy(cfg, accelerator.num_processes):
         table.add_row("processes", f"{accelerator.num_processes}: {shared}")
     table.add_row("output", str(Path(cfg.output_dir).resolve()))

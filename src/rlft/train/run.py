@@ -19,13 +19,14 @@ from rlft.train.loop import LoopResult, run_loop
 from rlft.train.watch import SetupInterrupts
 from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.report import print_plan, print_summary
-from rlft.train.unbuilt import refuse_unbuilt, strided_flex
+from rlft.train.unbuilt import refuse_unbuilt
 
 
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
     refuse_unbuilt(cfg)
-    if strided_flex(cfg):  # only on a CPU (refuse_unbuilt): flex_attention has no backward there
+    strided_flex = cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention"
+    if strided_flex and not torch.cuda.is_available():  # flex_attention has no backward on a CPU
         cfg = cfg.model_copy(update={"flex_attention": False, "attn_implementation": "sdpa"})
         if launched()[0] == 0:
             console.print("note: flex_attention: strided EBFT on a CPU runs with SDPA and the identical dense block mask "

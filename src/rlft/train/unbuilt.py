@@ -14,6 +14,7 @@ from rlft.config.parallel import launched, partitioned
 from rlft.config.schema import AXOLOTL_OPTIMIZERS
 from rlft.config.trackers import missing_tracker_packages
 from rlft.errors import ConfigError, NotImplementedYet
+from rlft.models.liger import liger_problems
 from rlft.rollout.compiled import compile_options
 from rlft.train.optim import optimizer_class
 
@@ -36,10 +37,6 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if cfg.method == "ebft" and cfg.trl.reward_funcs:
         raise NotImplementedYet("trl.reward_funcs with rl: ebft: the feature-matching reward replaces reward functions, and "
                                 "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
-    if strided_flex(cfg) and torch.cuda.is_available():
-        raise NotImplementedYet("flex_attention with strided EBFT on a GPU is not built yet: its BlockMask builder exists "
-                                "(rlft.rollout.strided.flex_block_mask, tested against the dense mask) but no GPU was at hand "
-                                "to verify the training path; set flex_attention: false (SDPA with the same dense mask)")
     processes = processes or launched()[1]
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
     if resets and partitioned(cfg, processes):
@@ -56,7 +53,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
     if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
-    missing = missing_tracker_packages(cfg) + missing_build_tools(cfg)
+    missing = missing_tracker_packages(cfg) + missing_build_tools(cfg) + liger_problems(cfg, torch.cuda.is_available())
     if missing:
         raise ConfigError("\n".join(missing))
     refused, _ = unsupported_settings(cfg)
@@ -85,7 +82,3 @@ def missing_build_tools(cfg) -> list[str]:
         problems.append(f"{compiles[0]}: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or $CXX): "
                         "install one (e.g. apt install g++) or remove the key")
     return problems
-
-
-def strided_flex(cfg) -> bool:
-    return cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention"

@@ -184,13 +184,15 @@ class EBFTStridedRecipe(Recipe):
         from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards
         from rlft.models.features import feature_layer_indices, hidden_features
         from rlft.rollout.feature_reward import layer_slices
+        from rlft.rollout.strided import model_attention
 
         e, n = self.ebft, self.ebft.n_samples_per_prompt
         base = getattr(model, "module", model)
         layers = feature_layer_indices(base.config.num_hidden_layers, list(e.feature_layers))
         with torch.no_grad(), self.frozen.view(model) as network:
+            attention = model_attention(getattr(network, "module", network), layout, rollout.doc_attention[::n], rollout.mask, n)
             hidden = hidden_features(network, rollout.sequences, None, layers, position_ids=rollout.position_ids,
-                                     attention_4d=rollout.mask)
+                                     attention_4d=attention)
         rows, num_blocks, gen_len = hidden.size(0), layout.num_blocks, layout.generate_max_len
         truth_columns = layout.anchors[:, None].to(hidden.device) + torch.arange(gen_len, device=hidden.device)
         truth = hidden[::n][:, truth_columns.reshape(-1)].view(rows // n, num_blocks, gen_len, -1)
@@ -218,7 +220,7 @@ class EBFTStridedRecipe(Recipe):
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         """The loss is already a mean over this micro-batch: one unit."""
         from rlft.losses.ebft import strided_ebft_loss
-        from rlft.rollout.strided import document_nll, gather_generated_logps, generate_blocks, model_attention_mask
+        from rlft.rollout.strided import document_nll, gather_generated_logps, generate_blocks
 
         e = self.ebft
         layout = self._layout(batch)
@@ -232,8 +234,8 @@ class EBFTStridedRecipe(Recipe):
         generated = time.perf_counter()
         advantages, metrics = self._rewards(model, rollout, layout)
         rewarded = time.perf_counter()
-        logits = model(input_ids=rollout.sequences, attention_mask=model_attention_mask(getattr(model, "module", model), rollout.mask),
-                       position_ids=rollout.position_ids, use_cache=False).logits
+        logits = model(input_ids=rollout.sequences, attention_mask=rollout.attention, position_ids=rollout.position_ids,
+                       use_cache=False).logits
         gen_logps = gather_generated_logps(logits, rollout.sequences, layout, e.temperature, top_p=e.top_p)
         gen_mask = rollout.block_valid[..., None].expand_as(gen_logps).float()
         doc_nll = doc_mask = None

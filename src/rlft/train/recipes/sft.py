@@ -12,6 +12,7 @@ from rlft.data.collate import packed_batch
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
 from rlft.models.head import final_hidden, output_layer
+from rlft.models.liger import liger_linear_cross_entropy_sum, liger_loss
 from rlft.train.parallel import eval_share, sum_across
 from rlft.train.recipe import LossOutput, Recipe
 
@@ -20,6 +21,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 class SFTRecipe(Recipe):
     name = "sft"
+    liger = False  # Liger's Triton kernel for the fused linear cross-entropy (CUDA; rlft.models.liger)
 
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
         capacity = cfg.sequence_len if cfg.sample_packing else None
@@ -31,6 +33,7 @@ class SFTRecipe(Recipe):
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
                                     lengths=lengths, width=width)
         self.shard = shard
+        self.liger = liger_loss(cfg)
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
                               cfg.sequence_len if packed_eval else None, width=width)
@@ -55,7 +58,8 @@ class SFTRecipe(Recipe):
         if hidden is not None:
             targets = batch["labels"][:, 1:]
             keep = targets != IGNORE
-            return linear_cross_entropy_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])
+            loss_sum = liger_linear_cross_entropy_sum if self.liger else linear_cross_entropy_sum
+            return loss_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])
         logits = model(**inputs, use_cache=False).logits
         return sft_loss_sum(logits, batch["labels"])[0]
 
