@@ -2,6 +2,9 @@
 
   strided  strided EBFT with flex_attention (the strided rule as a BlockMask) against SDPA with the identical dense
            mask: the same losses in fp32, then median step time, generation time and peak GPU memory in bf16.
+  shapes   what a batch width never seen before costs (cuDNN attention plans, allocator growth), and what rounding
+           widths up to a multiple of 64 saves (pad_to_multiple_of).
+  flex_generation  where strided generation's time goes under flex_attention: BlockMask creation and the forward.
   liger    SFT with Liger Kernel's RoPE, RMSNorm, SwiGLU and fused linear cross-entropy against rlft's own layers and
            chunked loss: the same losses in fp32, then median step time, tokens/s and peak GPU memory in bf16.
 
@@ -140,11 +143,99 @@ def liger_check(tmp: Path, args) -> dict:
     return report
 
 
+def timed(function, *args) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    function(*args)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def shapes_check(tmp: Path, args) -> dict:
+    """What a batch width never seen before costs on a GPU: bf16 SFT steps (micro batch 8, 32768 vocabulary, padded
+    rows) over 24 distinct widths, with cuDNN's SDPA backend off and on, the same widths again, and new widths rounded
+    up to a multiple of 64 (pad_to_multiple_of). Runs first, on a fresh allocator."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(make_model(tmp / "model-shapes", args.size, args.seed, vocab=32768)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    rng = random.Random(args.seed)
+
+    def step(width: int) -> None:
+        ids = torch.randint(0, 256, (8, width), device="cuda")
+        lengths = torch.tensor([width] + [rng.randint(width // 2, width) for _ in range(7)], device="cuda")
+        mask = (torch.arange(width, device="cuda")[None] < lengths[:, None]).long()
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    pool = rng.sample(range(64, 641), 72)
+    report = {"cudnn_sdp_enabled_by_default": torch.backends.cuda.cudnn_sdp_enabled()}
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    report["new_widths_cudnn_off_ms"] = [round(timed(step, w) * 1e3, 1) for w in pool[:24]]
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    report["new_widths_cudnn_on_ms"] = [round(timed(step, w) * 1e3, 1) for w in pool[24:48]]
+    report["same_widths_again_ms"] = [round(timed(step, w) * 1e3, 1) for w in pool[24:48]]
+    report["new_widths_rounded_to_64_ms"] = [round(timed(step, -(-w // 64) * 64) * 1e3, 1) for w in pool[48:]]
+    for key in [k for k in report if k.endswith("_ms")]:
+        report[key.replace("_ms", "_median_ms")] = round(statistics.median(report[key]), 1)
+        print(f"shapes {key}: median {report[key.replace('_ms', '_median_ms')]} ms, {report[key][:8]}", flush=True)
+    return report
+
+
+def flex_generation_check(tmp: Path, args) -> dict:
+    """Where strided generation's time goes with flex_attention: the BlockMask's creation (eager, and compiled) and
+    the model's forward over all T columns, against SDPA with the dense mask (bf16, no grad)."""
+    from transformers import LlamaForCausalLM
+
+    from rlft.rollout.strided import flex_block_mask, generate_blocks, strided_attention, strided_layout
+
+    folder = make_model(tmp / "model-flexgen", args.size, args.seed)
+    models = {name: LlamaForCausalLM.from_pretrained(folder, attn_implementation=name).cuda().eval()
+              for name in ("sdpa", "flex_attention")}
+    docs, length = 4, SEQUENCE_LEN
+    doc_ids = torch.randint(3, 256, (docs, length), device="cuda")
+    doc_attention = torch.ones(docs, length, dtype=torch.long, device="cuda")
+    layout = strided_layout(doc_attention.sum(-1), length, stride=8, context_length=8, generate_max_len=8)
+    dense, positions = strided_attention(layout, doc_attention)
+    dense, positions = dense.repeat_interleave(4, 0), positions.repeat_interleave(4, 0)
+    ids = torch.randint(3, 256, (docs * 4, layout.total_len), device="cuda")
+    report = {"columns": layout.total_len, "rows": docs * 4}
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from rlft.rollout.strided import strided_mask_mod
+
+    def block_mask_compiled():
+        return create_block_mask(strided_mask_mod(layout, doc_attention, 4), B=docs * 4, H=None, Q_LEN=layout.total_len,
+                                 KV_LEN=layout.total_len, device="cuda", _compile=True)
+
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        for name, function in (("block_mask_eager_ms", lambda: flex_block_mask(layout, doc_attention, 4)),
+                               ("block_mask_compiled_ms", block_mask_compiled)):
+            function()
+            report[name] = round(statistics.median(timed(function) for _ in range(5)) * 1e3, 2)
+        mask = flex_block_mask(layout, doc_attention, 4)
+        forwards = {"forward_sdpa_ms": lambda: models["sdpa"](input_ids=ids, attention_mask=dense, position_ids=positions),
+                    "forward_flex_ms": lambda: models["flex_attention"](input_ids=ids, attention_mask=mask, position_ids=positions)}
+        for name, function in forwards.items():
+            function()
+            function()
+            report[name] = round(statistics.median(timed(function) for _ in range(5)) * 1e3, 2)
+        for name, model in models.items():
+            generate = lambda: generate_blocks(model, doc_ids, doc_attention, layout, num_samples=4, temperature=0.6)  # noqa: E731
+            generate()
+            report[f"generate_{name}_ms"] = round(statistics.median(timed(generate) for _ in range(3)) * 1e3, 1)
+    print(f"flex generation: {report}", flush=True)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="bf16 steps per run (the first two are not timed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=["strided", "liger"], default=None)
+    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger"], default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     args = parser.parse_args()
@@ -155,8 +246,9 @@ def main() -> None:
               "machine": device_name(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                                                      "cuda": torch.version.cuda}}
     with tempfile.TemporaryDirectory(prefix="rlft-gpu-") as tmp:
-        for name, check in (("strided", strided_check), ("liger", liger_check)):
-            if args.only and name != args.only:
+        for name, check in (("shapes", shapes_check), ("flex_generation", flex_generation_check), ("strided", strided_check),
+                            ("liger", liger_check)):
+            if args.only and name not in args.only:
                 continue
             started = time.perf_counter()
             try:

@@ -68,11 +68,13 @@ import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
 from common import RESULTS, device_name, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
 from rlft.config import build_config
+from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 
 LONG_LENGTH = 640  # --long: sequence_len / max_length
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # both tools train on the GPU when there is one
+BENCH_CONFIG = argparse.Namespace(pad_to_multiple_of=None)  # rlft's default padding multiple, for TRL's pad_to_multiple_of
 
 
 def synchronized() -> float:
@@ -248,6 +250,7 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",  # transformers 5's name
         packing=False,
         completion_only_loss=True,
+        pad_to_multiple_of=pad_multiple(BENCH_CONFIG) if DEVICE.type == "cuda" else "auto",  # rlft's: 64 on a GPU
     )
     timer = StepTimer()
     start = time.perf_counter()

@@ -276,7 +276,6 @@ TOP_LEVEL = {
     'otel_metrics_port': ('tracker', 8000),
     'overrides_of_model_config': ('other', None),
     'overrides_of_model_kwargs': ('other', None),
-    'pad_to_multiple_of': ('other', None),
     'peft': ('other', None),
     'peft_autocast_adapter_dtype': ('other', None),
     'peft_ensure_weight_tying': ('other', None),

@@ -211,6 +211,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         "always grouped so.")
     pad_to_sequence_len: bool = field(False, "SFT, preference and reward-model batches: pad every batch to sequence_len "
                                           "tokens (one shape for every step).")
+    pad_to_multiple_of: Optional[int] = field(
+        None, "SFT, preference and reward-model batches: round each batch's width up to a multiple of this. Unset: 64 on a "
+              "CUDA GPU (as Axolotl; a few batch shapes, so per-shape kernel and allocator costs are paid a few times), "
+              "1 on a CPU (every padding token costs compute there).", ge=1)
     remove_unused_columns: bool = field(
         False, "Axolotl key: rlft never drops dataset columns (reward functions read them), so only false is valid."
     )

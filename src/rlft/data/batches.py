@@ -19,10 +19,11 @@ class BatchPlan:
 
     def __init__(self, examples: list[Any], micro_batch_size: int, seed: int, pad_id: int, pack_capacity: int | None = None,
                  shard: tuple[int, int] = (0, 1), collate: Callable[[list[Any]], dict[str, Any]] | None = None,
-                 lengths: list[int] | None = None, width: int = 0, seed_batches: bool = False):
+                 lengths: list[int] | None = None, width: int = 0, seed_batches: bool = False, multiple: int = 1):
         """`lengths` turns on length grouping: within windows of 64 micro-batches of the shuffled order,
         rows of similar length share a batch (less padding), and the batches are shuffled again.
-        `width` pads every batch to at least that many tokens (pad_to_sequence_len: one shape).
+        `width` pads every batch to at least that many tokens (pad_to_sequence_len: one shape), `multiple` rounds
+        each batch's width up to a multiple of it (pad_to_multiple_of).
         `seed_batches` gives each drawn batch a `sample_seed` of its own (`batch_seed`), the same whichever process
         draws it: a recipe that samples inside its loss draws the same samples on 1 or N processes, and after a resume."""
         self.seed_batches = seed_batches
@@ -32,10 +33,10 @@ class BatchPlan:
         self.rank, self.world = shard
         if pack_capacity:
             self.items = [[examples[i] for i in pack] for pack in pack_examples(examples, pack_capacity)]
-            self.collate = collate or (lambda rows: packed_batch(rows, pad_id, width))
+            self.collate = collate or (lambda rows: packed_batch(rows, pad_id, width, multiple=multiple))
         else:
             self.items = list(examples)
-            self.collate = collate or (lambda rows: pad_batch(rows, pad_id, width))
+            self.collate = collate or (lambda rows: pad_batch(rows, pad_id, width, multiple))
 
     def __len__(self) -> int:
         """Micro-batches per epoch on this process."""

@@ -15,10 +15,23 @@ from rlft.data.tokenize import IGNORE
 Example = dict[str, list[int]]
 
 
-def pad_batch(examples: list[Example], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest row (or to `width`): input_ids, attention_mask, labels (-100 on padding)."""
+def padded_to(longest: int, width: int = 0, multiple: int = 1) -> int:
+    """The width a batch is padded to: its longest row, at least `width`, rounded up to a multiple of `multiple`."""
+    return -(-max(width, longest) // multiple) * multiple
+
+
+def pad_multiple(cfg) -> int:
+    """`pad_to_multiple_of`, or when unset 64 on a CUDA GPU, as Axolotl pads: a few batch shapes instead of one per
+    length, so the GPU's per-shape costs (attention kernel plans, allocator growth) are paid a few times, not every
+    step (bench/results/gpu_check-H200.json). 1 on a CPU, where every padding token costs compute."""
+    return cfg.pad_to_multiple_of or (64 if torch.cuda.is_available() else 1)
+
+
+def pad_batch(examples: list[Example], pad_id: int, width: int = 0, multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest row (at least `width`, rounded up to `multiple`): input_ids, attention_mask, labels
+    (-100 on padding)."""
     lengths = [len(e["input_ids"]) for e in examples]
-    width = max(width, max(lengths))
+    width = padded_to(max(lengths), width, multiple)
     # padded as lists, one tensor each: a tensor per row and a copy into the batch cost ~10x more for short rows
     input_ids = torch.tensor([list(e["input_ids"]) + [pad_id] * (width - n) for e, n in zip(examples, lengths)], dtype=torch.long)
     labels = torch.tensor([list(e["labels"]) + [IGNORE] * (width - n) for e, n in zip(examples, lengths)], dtype=torch.long)
@@ -43,10 +56,11 @@ def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
     return packs
 
 
-def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_mask: bool = True) -> dict[str, torch.Tensor]:
+def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_mask: bool = True,
+                 multiple: int = 1) -> dict[str, torch.Tensor]:
     """Rows of concatenated documents (padded to the longest, or to `width`) with a (B, 1, T, T) block-causal mask;
     without `block_mask`, no mask: flash-attention's variable-length kernels find the documents from the position ids."""
-    width = max(width, max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs))
+    width = padded_to(max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs), width, multiple)
     batch = len(packs)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     labels = torch.full((batch, width), IGNORE, dtype=torch.long)

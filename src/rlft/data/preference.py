@@ -63,12 +63,12 @@ def fit_completions(example: dict[str, Any], keys: tuple[str, ...], sequence_len
     return {**example, **{key: example[key][:room] for key in keys}}, "truncated"
 
 
-def pair_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0) -> dict[str, Any]:
-    """Chosen rows first, then rejected rows, right-padded (to at least `width` tokens): one forward computes both
-    halves."""
+def pair_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0, multiple: int = 1) -> dict[str, Any]:
+    """Chosen rows first, then rejected rows, right-padded (to at least `width` tokens, a multiple of `multiple`): one
+    forward computes both halves."""
     sequences = [e["prompt_ids"] + e["chosen_ids"] for e in examples] + [e["prompt_ids"] + e["rejected_ids"] for e in examples]
     prompt_lengths = [len(e["prompt_ids"]) for e in examples] * 2
-    batch = _right_pad(sequences, prompt_lengths, pad_id, width)
+    batch = _right_pad(sequences, prompt_lengths, pad_id, width, multiple)
     if any("margin" in e for e in examples):  # rows without a margin column get margin 0
         batch["margin"] = torch.tensor([e.get("margin", 0.0) for e in examples], dtype=torch.float32)
     for side in ("chosen", "rejected"):  # carried along so reference log-probs can be precomputed once
@@ -88,12 +88,12 @@ def assign_kl_completions(examples: list[dict[str, Any]]) -> None:
         example["kl_completion_ids"] = examples[(index + 1) % len(examples)]["completion_ids"]
 
 
-def kto_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0) -> dict[str, Any]:
+def kto_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0, multiple: int = 1) -> dict[str, Any]:
     """Matched rows (trained) and, under `kl_*`, the mismatched rows for the KL reference point (right-padded to at
     least `width` tokens)."""
     prompts = [len(e["prompt_ids"]) for e in examples]
-    batch = _right_pad([e["prompt_ids"] + e["completion_ids"] for e in examples], prompts, pad_id, width)
-    mismatched = _right_pad([e["prompt_ids"] + e["kl_completion_ids"] for e in examples], prompts, pad_id, width)
+    batch = _right_pad([e["prompt_ids"] + e["completion_ids"] for e in examples], prompts, pad_id, width, multiple)
+    mismatched = _right_pad([e["prompt_ids"] + e["kl_completion_ids"] for e in examples], prompts, pad_id, width, multiple)
     batch.update({f"kl_{key}": value for key, value in mismatched.items() if key != "num_tokens"})
     batch["num_tokens"] += mismatched["num_tokens"]
     batch["desirable"] = torch.tensor([e["label"] for e in examples], dtype=torch.bool)
@@ -103,10 +103,11 @@ def kto_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0) -> di
     return batch
 
 
-def _right_pad(sequences: list[list[int]], prompt_lengths: list[int], pad_id: int, width: int = 0) -> dict[str, Any]:
+def _right_pad(sequences: list[list[int]], prompt_lengths: list[int], pad_id: int, width: int = 0,
+               multiple: int = 1) -> dict[str, Any]:
     """pad_batch's right-padded rows, with the prompt's tokens out of the labels."""
     return pad_batch([{"input_ids": s, "labels": [IGNORE] * p + list(s[p:])} for s, p in zip(sequences, prompt_lengths)],
-                     pad_id, width)
+                     pad_id, width, multiple)
 
 
 def example_length(example: dict[str, Any]) -> int:

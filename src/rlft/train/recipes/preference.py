@@ -24,7 +24,7 @@ from rlft.models.head import final_hidden, output_layer
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
-from rlft.data.collate import flatten_rows
+from rlft.data.collate import flatten_rows, pad_multiple
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
 from rlft.train.recipe import LossOutput, Recipe
 
@@ -104,7 +104,7 @@ class PairRecipe(Recipe):
         self.precompute_time = 0.0  # seconds computing reference log-probs before training (precompute_ref_log_probs)
         self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
         self.bco_mean, self.bco_count = 0.0, 0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg)),
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)),
                                                            flat=("",))
 
     @property
@@ -210,7 +210,7 @@ class KTORecipe(Recipe):
         self.cfg = cfg
         self.reference = reference
         self.precompute_time = 0.0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg)),
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)),
                                                            flat=("", "kl_"))
 
     @property

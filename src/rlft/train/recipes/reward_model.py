@@ -10,6 +10,7 @@ from rlft.data.preference import pair_batch
 from rlft.losses.preference import bradley_terry_loss
 from rlft.train.parallel import eval_share, gather_objects
 from rlft.train.recipe import LossOutput, Recipe
+from rlft.data.collate import pad_multiple
 from rlft.train.recipes.preference import _weighted_eval, padded_width, preference_plans
 
 
@@ -19,7 +20,7 @@ class RewardModelRecipe(Recipe):
 
     def __init__(self, cfg, data, pad_id: int, shard: tuple[int, int] = (0, 1)):
         self.cfg = cfg
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg)))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)))
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ import torch
 
 from rlft.data.prepare import PreparedData
 from rlft.data.batches import BatchPlan
-from rlft.data.collate import packed_batch
+from rlft.data.collate import pad_multiple, packed_batch
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
 from rlft.models.head import final_hidden, output_layer
@@ -28,15 +28,16 @@ class SFTRecipe(Recipe):
         width = cfg.sequence_len if cfg.pad_to_sequence_len else 0
         # batch_flattening: each micro-batch's rows as one row, each document attending to itself (rlft.data.collate)
         mask = cfg.flat_batches == "mask"
-        flat = (lambda rows: packed_batch([rows], pad_id, width, mask)) if cfg.flat_batches and not capacity else None
+        multiple = pad_multiple(cfg)
+        flat = (lambda rows: packed_batch([rows], pad_id, width, mask, multiple)) if cfg.flat_batches and not capacity else None
         lengths = [len(e["input_ids"]) for e in data.train] if cfg.group_by_length else None  # never with packing
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
-                                    lengths=lengths, width=width)
+                                    lengths=lengths, width=width, multiple=multiple)
         self.shard = shard
         self.liger = liger_loss(cfg)
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
-                              cfg.sequence_len if packed_eval else None, width=width)
+                              cfg.sequence_len if packed_eval else None, width=width, multiple=multiple)
         self._eval_batches = eval_plan.sequential() if data.eval else []
 
     @property
