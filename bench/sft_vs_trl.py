@@ -132,6 +132,8 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    if DEVICE.type == "cuda":  # metrics.jsonl's peak_memory_mb is then this run's
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
@@ -160,6 +162,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
         "median_step_s": statistics.median(step_times),
         "first_step_s": step_times[0],
         "phase_medians": phases,
+        "steps_peak_memory_mb": max(r.get("peak_memory_mb", 0.0) for r in steps),  # GPU: allocated at the peak of the steps
         "tokens": tokens,
         "tokens_per_s": tokens / in_steps,
         "final_loss": losses[-1],
@@ -316,6 +319,9 @@ def print_report(res: dict) -> None:
     print(f"rlft extra: checkpoint save {r['checkpoint_save_s']:.3f} s, final model save {r['final_model_save_s']:.3f} s, "
           f"other loop {r['loop_other_s']:.3f} s; phase medians (ms): "
           + ", ".join(f"{k.removesuffix('_median_s')} {v * 1e3:.1f}" for k, v in r["phase_medians"].items()))
+    if res["device"] == "cuda":
+        print(f"rlft's peak GPU memory during its steps alone (metrics.jsonl, the checkpoint save excluded): "
+              f"{r['steps_peak_memory_mb']:.1f} MiB")
     print(f"TRL extra: median step interval incl. batch fetch {t['median_step_interval_s'] * 1e3:.1f} ms, "
           f"train() outside steps {t['train_other_s']:.3f} s, logged mean loss {t['trl_logged_mean_loss']}")
     ratio = res["ratio_trl_over_rlft"]
