@@ -14,7 +14,8 @@ Each run is an `rlft train` process of its own: precision is set per process (ac
 classes of the process it runs in.
 
 Usage (a CUDA GPU; from the repository root):
-  python bench/gpu_check.py [--steps 12] [--out bench/results/gpu_check.json]
+  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger] [--out PATH]
+Results: bench/results/gpu_check-<GPU>.json (bench/results/gpu_check-H200.json: two invocations, named in it).
 """
 
 from __future__ import annotations
@@ -237,11 +238,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger"], default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
-    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check-<GPU>.json)")
     args = parser.parse_args()
     if not torch.cuda.is_available() and args.size != "XS":
         raise SystemExit("bench/gpu_check.py needs a CUDA GPU (--size XS rehearses it on a CPU)")
     quiet()
+    args.out = args.out or RESULTS / f"gpu_check-{device_name().split()[-1]}.json"
     report = {"benchmark": "gpu_check", "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": device_name(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                                                      "cuda": torch.version.cuda}}

@@ -2,7 +2,7 @@
 
 Both tools load identical weights (one seeded random init, saved once with save_pretrained), train on
 the addition task (prompt "12+34=", completion "46", loss on the completion + EOS only) with micro
-batch 32, no accumulation, AdamW lr 3e-3 constant, no warm-up, no weight decay, grad clip 1.0, fp32,
+batch 32, no accumulation, AdamW lr 3e-3 (--lr) constant, no warm-up, no weight decay, grad clip 1.0, fp32,
 sequence length 32, no packing, no eval and no periodic checkpoints. Data order differs (each tool
 shuffles with its own sampler), so losses agree only roughly.
 
@@ -122,7 +122,7 @@ def last_mean(values: list[float], n: int = 10) -> float:
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     cfg = build_config({
-        **rlft_keys(model_dir, out_dir, args.steps, args.seed, 3e-3, args.bf16),
+        **rlft_keys(model_dir, out_dir, args.steps, args.seed, args.lr, args.bf16),
         "datasets": [{"path": str(train_file)}],
         "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False,
@@ -184,7 +184,7 @@ def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
     from rlft.data.prepare import prepare_data
 
     cfg = build_config({
-        **rlft_keys(model_dir, Path(tempfile.gettempdir()) / "rlft-plain-loop-unused", args.steps, args.seed, 3e-3),
+        **rlft_keys(model_dir, Path(tempfile.gettempdir()) / "rlft-plain-loop-unused", args.steps, args.seed, args.lr),
         "datasets": [{"path": str(train_file)}], "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False, "micro_batch_size": args.micro_batch,
     }, source="bench")
@@ -196,7 +196,7 @@ def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM.from_pretrained(model_dir).to(DEVICE)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, fused=True)  # rlft's and TRL's default (adamw_torch_fused)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # rlft's and TRL's default (adamw_torch_fused)
     times, losses = [], []
     for batch in batches:
         batch = {key: value.to(DEVICE) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
@@ -248,7 +248,7 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
         **trl_keys(args.steps, args.seed, args.bf16),
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
-        learning_rate=3e-3,
+        learning_rate=args.lr,
         max_length=LONG_LENGTH if args.long else 32,
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",  # transformers 5's name
         packing=False,
@@ -349,6 +349,8 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="rows of 64-600 characters (sequences up to 640 tokens)")
     parser.add_argument("--group-by-length", action="store_true",
                         help="both tools batch rows of similar length together (group_by_length)")
+    parser.add_argument("--lr", type=float, default=3e-3,
+                        help="learning rate of both tools (3e-3 suits the tiny sizes; size L in bf16 diverged at it once)")
     parser.add_argument("--bf16", action="store_true", help="both tools in bf16 mixed precision (autocast over fp32 weights)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default bench/results/sft_vs_trl-<size>.json, ...-compiled.json with --compile)")
@@ -394,6 +396,7 @@ def main() -> None:
         "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
+        "learning_rate": args.lr,
         "micro_batch": args.micro_batch,
         "train_rows": len(train_rows),
         "order": args.order,

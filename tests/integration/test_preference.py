@@ -212,20 +212,21 @@ def test_orpo_sequence_span_takes_the_nll_over_the_prompt_too(warm_model, cli, t
 
 @pytest.mark.parametrize("rl", ["dpo", "reward_model", "kto"])
 def test_pad_to_sequence_len_pads_pair_batches_without_changing_the_loss(warm_model, cli, tmp_path, rl):
-    """Axolotl's reward-model example sets pad_to_sequence_len: every batch is sequence_len wide, the losses are the same."""
+    """Axolotl's reward-model example sets pad_to_sequence_len: every batch is sequence_len wide, the losses are the same;
+    and so with widths rounded up to a multiple (pad_to_multiple_of, 64 by default on a GPU)."""
     from rlft.data.preference import kto_batch, pair_batch
 
     rows = _pairs(16) if rl != "kto" else [{"prompt": p["prompt"], "completion": p["chosen"], "label": i % 2 == 0}
                                            for i, p in enumerate(_pairs(16))]
     losses = []
-    for padded in (False, True):
-        out = tmp_path / f"{rl}-{padded}"
+    for index, padding in enumerate(({}, {"pad_to_sequence_len": True}, {"pad_to_multiple_of": 48})):
+        out = tmp_path / f"{rl}-{index}"
         extra = {"num_labels": 1, "model_type": "AutoModelForSequenceClassification"} if rl == "reward_model" else {}
         config = _pair_config(tmp_path, warm_model, rows, rl=None if rl == "reward_model" else rl, reward_model=rl == "reward_model",
-                              pad_to_sequence_len=padded, output_dir=str(out), max_steps=2, **extra)
+                              output_dir=str(out), max_steps=2, **padding, **extra)
         assert cli("train", config) == 0
         losses.append([m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m])
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6) and losses[2] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
     example = {"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4, 5], "completion_ids": [3], "kl_completion_ids": [4],
                "label": True}
     assert pair_batch([example], 0, 32)["input_ids"].shape == (2, 32)

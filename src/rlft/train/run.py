@@ -31,6 +31,11 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         if launched()[0] == 0:
             console.print("note: flex_attention: strided EBFT on a CPU runs with SDPA and the identical dense block mask "
                           "(PyTorch has no flex_attention backward on a CPU)", markup=False, highlight=False)
+    elif strided_flex and launched()[0] == 0:
+        console.print("note: flex_attention: strided EBFT runs flex_attention with the strided rule as a BlockMask. On an "
+                      "H200 it was 2.5x slower per step than SDPA with the identical dense mask (1,016 columns; "
+                      "bench/results/gpu_check-H200.json): flex_attention: false is faster and trains the same",
+                      markup=False, highlight=False)
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
