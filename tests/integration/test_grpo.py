@@ -479,23 +479,29 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer(cli, tmp_path, m
 
 def test_batch_flattening_trains_what_padded_rollouts_train(warm_model, cli, tmp_path, monkeypatch):
     """`batch_flattening: true` on a CPU: each micro-batch of rollouts runs as one sequence without padding (SDPA with
-    a block-diagonal mask); the run samples and trains what padded micro-batches give."""
+    a block-diagonal mask); the run samples and trains what padded micro-batches give. So do micro-batches padded to a
+    multiple of 16 columns (pad_to_multiple_of; 64 by default on a GPU)."""
     from rlft.train.recipes import grpo
 
     monkeypatch.chdir(tmp_path)
-    flattened = []
+    flattened, widths = [], []
     monkeypatch.setattr(grpo, "flatten_rows", lambda *a, _f=grpo.flatten_rows: flattened.append(1) or _f(*a))
+    monkeypatch.setattr(grpo, "completion_batch", lambda *a, _f=grpo.completion_batch: widths.append(_f(*a)["input_ids"].shape[1])
+                        or _f(*a))
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
     runs = {}
-    for flat in (False, True):
-        path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / f"flat-{flat}"),
-                            batch_flattening=flat, max_steps=4, logging_steps=1, seed=5, learning_rate=1e-3,
-                            trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04})
+    for name, settings in (("padded", {}), ("flat", {"batch_flattening": True}), ("multiple", {"pad_to_multiple_of": 16})):
+        widths.clear()
+        path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name), max_steps=4,
+                            logging_steps=1, seed=5, learning_rate=1e-3, trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04},
+                            **settings)
         assert cli("train", path) == 0
-        runs[flat] = [m for m in _metrics(tmp_path / f"flat-{flat}") if "loss" in m]
-        assert bool(flattened) is flat
-    assert len(runs[True]) == len(runs[False]) == 4
-    for got, expected in zip(runs[True], runs[False]):
-        assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
-        for key in ("loss", "entropy", "kl", "grad_norm"):
-            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (key, got[key], expected[key])
+        runs[name] = [m for m in _metrics(tmp_path / name) if "loss" in m]
+        assert bool(flattened) is (name != "padded")
+        assert widths and all(width % 16 == 0 for width in widths) is (name == "multiple"), widths
+    for variant in ("flat", "multiple"):
+        assert len(runs[variant]) == len(runs["padded"]) == 4
+        for got, expected in zip(runs[variant], runs["padded"]):
+            assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
+            for key in ("loss", "entropy", "kl", "grad_norm"):
+                assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (variant, key, got[key], expected[key])

@@ -212,7 +212,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     pad_to_sequence_len: bool = field(False, "SFT, preference and reward-model batches: pad every batch to sequence_len "
                                           "tokens (one shape for every step).")
     pad_to_multiple_of: Optional[int] = field(
-        None, "SFT, preference and reward-model batches: round each batch's width up to a multiple of this. Unset: 64 on a "
+        None, "Round each batch's width up to a multiple of this (SFT, preference, reward-model and online-RL micro-batches; "
+              "not strided EBFT's documents). Unset: 64 on a "
               "CUDA GPU (as Axolotl; a few batch shapes, so per-shape kernel and allocator costs are paid a few times), "
               "1 on a CPU (every padding token costs compute there).", ge=1)
     remove_unused_columns: bool = field(

@@ -14,15 +14,18 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from rlft.data.collate import padded_to
 from rlft.losses.linear_ce import linear_token_logps
 from rlft.models.head import final_hidden, output_layer
 
 
-def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = ()) -> dict[str, Any]:
+def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
     """Model inputs for rows of {prompt_ids, completion_ids, mask, advantage}, and the per-token lists named in
-    `values` (e.g. old_logps) as (B, C) tensors when every row has them."""
+    `values` (e.g. old_logps) as (B, C) tensors when every row has them. Prompts are left-padded, completions
+    right-padded; `multiple` (pad_to_multiple_of) widens the completion part so the whole width is a multiple of it."""
     prompt_width = max(len(r["prompt_ids"]) for r in rows)
     completion_width = max(1, max(len(r["completion_ids"]) for r in rows))
+    completion_width = padded_to(prompt_width + completion_width, 0, multiple) - prompt_width
     count = len(rows)
     input_ids = torch.full((count, prompt_width + completion_width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)

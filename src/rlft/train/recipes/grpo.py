@@ -26,7 +26,7 @@ from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy
-from rlft.data.collate import flatten_rows
+from rlft.data.collate import flatten_rows, pad_multiple
 from rlft.models.logprobs import completion_batch, completion_logps, completion_scores, filters_active, sampled_logps
 from rlft.models.weights import merged_weights
 from rlft.rollout.engine import RolloutEngine
@@ -222,7 +222,7 @@ class GRPORecipe(Recipe):
         return [self.micro_batch(rows) for rows in mine] + padding
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
-        batch = completion_batch([row_inputs(r) for r in rows], self.tokenizer.pad_token_id, LOGP_VALUES)
+        batch = completion_batch([row_inputs(r) for r in rows], self.tokenizer.pad_token_id, LOGP_VALUES, pad_multiple(self.cfg))
         if self.cfg.flat_batches:  # batch_flattening: the rows as one sequence without padding
             batch.update(flatten_rows(batch["input_ids"], batch["attention_mask"], self.cfg.flat_batches == "mask"))
         return batch
