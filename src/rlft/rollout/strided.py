@@ -265,18 +265,13 @@ def model_attention_mask(model, mask: Tensor) -> Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int,
-                    length: int | None = None):
-    """The strided mask over the first `length` columns (default all T) of B·n rows, as the model reads it.
-
-    flex_attention: a BlockMask from `strided_mask_mod` (`doc_attention`: the B documents' (B, L) mask), so whole
-    blocks of the T×T grid that no query may see are skipped. Otherwise the dense `mask` (B·n, 1, T, T), cut to
-    `length` and put in the implementation's form (`model_attention_mask`).
-    """
+def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int):
+    """The strided mask of B·n rows as the model reads it: for flex_attention a BlockMask from `strided_mask_mod`
+    (`doc_attention`: the B documents' (B, L) mask), so tiles of the T×T grid that no query may see are skipped;
+    otherwise the dense `mask` (B·n, 1, T, T) in the implementation's form (`model_attention_mask`)."""
     if _implementation(model) == "flex_attention":
-        return flex_block_mask(layout, doc_attention, num_samples, length=length)
-    full = model_attention_mask(model, mask)
-    return full if length is None else full[:, :, :length, :length]
+        return flex_block_mask(layout, doc_attention, num_samples)
+    return model_attention_mask(model, mask)
 
 
 @dataclass
@@ -323,6 +318,8 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
                            doc_ids.new_zeros((rows, num_blocks * gen_len))], dim=1)
     sampled_logps = torch.zeros((rows, num_blocks * gen_len), dtype=torch.float32, device=device)
     params = SamplingParams(max_new_tokens=gen_len, temperature=temperature, top_p=top_p)
+    flex = _implementation(model) == "flex_attention"
+    dense = None if flex else model_attention_mask(model, mask)  # in the model's form once; cut to each step's width
     read = layout.read_positions().to(device)  # (K, G)
     keep_logits = _accepts_logits_to_keep(model)
     was_training = model.training
@@ -332,7 +329,7 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
             width = seq_len + step * num_blocks
             columns = read[:, step]
             extra = {"logits_to_keep": columns} if keep_logits else {}
-            attention = model_attention(model, layout, doc_attention, mask, num_samples, length=width)
+            attention = flex_block_mask(layout, doc_attention, num_samples, width) if flex else dense[:, :, :width, :width]
             logits = model(input_ids=sequences[:, :width], attention_mask=attention,
                            position_ids=positions[:, :width], use_cache=False, **extra).logits
             if not keep_logits:
@@ -349,7 +346,7 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
     finally:
         model.train(was_training)
     return StridedRollout(sequences=sequences, position_ids=positions, mask=mask,
-                          attention=model_attention(model, layout, doc_attention, mask, num_samples),
+                          attention=flex_block_mask(layout, doc_attention, num_samples) if flex else dense,
                           generated=generated_targets(sequences, layout),
                           sampled_logps=sampled_logps.view(rows, gen_len, num_blocks).transpose(1, 2),
                           block_valid=layout.block_valid.repeat_interleave(num_samples, 0).to(device),
