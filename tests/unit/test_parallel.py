@@ -303,3 +303,23 @@ def test_a_training_process_under_a_launcher_ends_without_the_interpreters_shutd
     assert done.returncode == 0, done.stderr
     assert "OK" in done.stdout and "atexit ran" in done.stdout
     assert ("finalised at shutdown" in done.stdout) == (processes == "1"), done.stdout
+
+
+def test_a_cuda_training_process_keeps_masked_attention_off_cudnn(config, monkeypatch):
+    """cuDNN's SDPA backend plans every new batch shape and its backward has returned NaN gradients with attention
+    masks on Hopper GPUs: a training process on CUDA turns it off (TF32 only when asked)."""
+    import torch
+
+    from rlft.train.parallel import cuda_settings
+
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: calls.append(on))
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        cuda_settings(config())
+        assert calls == [False] and torch.backends.cuda.matmul.allow_tf32 is False
+        cuda_settings(config(tf32=True))
+        assert calls == [False, False] and torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

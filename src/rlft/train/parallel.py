@@ -43,9 +43,8 @@ def make_accelerator(cfg):
 
         check_devices(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     bf16 = trains_in_bf16(cfg) and not cfg.deepspeed  # DeepSpeed keeps bf16 weights itself: no autocast on top
-    if cfg.tf32 and cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    if cuda:
+        cuda_settings(cfg)
     # a rank that hangs (not one that dies: the launcher stops the others at once) fails the others after ddp_timeout
     timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
     accelerator = Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda,
@@ -53,6 +52,17 @@ def make_accelerator(cfg):
     if cfg.deepspeed and processes == 1:  # DeepSpeed needs a process group, also of one
         _single_process_group()
     return accelerator
+
+
+def cuda_settings(cfg) -> None:
+    """The training process's CUDA switches: TF32 matmuls with `tf32: true`, and masked attention (SDPA with a mask)
+    on PyTorch's memory-efficient kernel instead of cuDNN's. cuDNN's builds a plan for every new batch shape, and its
+    backward has returned NaN gradients with attention masks on Hopper GPUs (pytorch/pytorch#196678,
+    huggingface/trl#7181); rlft's GRPO on an H200 got one at its first step (docs/training.md#attention)."""
+    if cfg.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def trains_in_bf16(cfg) -> bool:
