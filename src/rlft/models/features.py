@@ -7,8 +7,9 @@ over positions (`ebft.embed_method`). Everything here runs without gradient.
 
 from __future__ import annotations
 
-
 import torch
+
+from rlft.models.masks import safe_attention
 
 EMBED_METHODS = ("last_token", "mean_pooling", "completion_mean", "concat")
 
@@ -106,7 +107,7 @@ def hidden_features(
         dtype = next(backbone.parameters()).dtype
         kwargs["attention_mask"] = _additive_mask(attention_4d, dtype if dtype.is_floating_point else torch.float32)
     elif attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask
+        kwargs["attention_mask"] = safe_attention(backbone, attention_mask)  # left padding (rlft.models.masks)
     if position_ids is not None:
         kwargs["position_ids"] = position_ids
     if _sharded(network):  # FSDP2 gathers the root's weights (embeddings, final norm) only around the root's forward

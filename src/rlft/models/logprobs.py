@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from rlft.data.collate import padded_to
 from rlft.losses.linear_ce import linear_token_logps
 from rlft.models.head import final_hidden, output_layer
+from rlft.models.masks import safe_attention
 
 
 def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
@@ -74,8 +75,17 @@ def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
         index = batch["flat_index"][:, -width - 1 : -1]
         logits = model(**model_inputs(batch), logits_to_keep=index.reshape(-1), use_cache=False).logits
         return logits.float().view(*index.shape, -1)
-    logits = model(**model_inputs(batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
+    logits = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
     return logits.float()
+
+
+def left_padded_inputs(model, batch: dict[str, Any]) -> dict[str, Any]:
+    """`model_inputs` of a completion batch (prompts left-padded), with a mask no attention kernel turns into NaN
+    (rlft.models.masks)."""
+    inputs = model_inputs(batch)
+    if "attention_mask" in inputs:
+        inputs["attention_mask"] = safe_attention(model, inputs["attention_mask"])
+    return inputs
 
 
 class CompletionScores:
@@ -115,7 +125,7 @@ def completion_scores(model, batch: dict[str, Any]) -> CompletionScores:
     (`rlft.models.head`), else with the model's logits at the completion positions."""
     head = output_layer(model)
     if head is not None:
-        hidden = final_hidden(model, model_inputs(batch), head)
+        hidden = final_hidden(model, left_padded_inputs(model, batch), head)
         if hidden is not None:
             width = int(batch["completion_width"])
             if "flat_index" in batch:  # only the completion positions out of the flat sequence, not every padded slot

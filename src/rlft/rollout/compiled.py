@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rlft.models.masks import safe_attention
+
 LENGTH_BUCKET = 64  # cache lengths are multiples of this: one compiled graph serves many prompt widths
 
 
@@ -67,7 +69,8 @@ class CompiledDecoder:
         self.attention[:, :width] = attention
         self.column = width
         cache_position = torch.arange(width, device=input_ids.device)
-        return self._forward(input_ids, self.attention[:, :width], positions, cache_position, self.cache)
+        mask = safe_attention(self.model, self.attention[:, :width], kv_length=length)  # left padding (rlft.models.masks)
+        return self._forward(input_ids, mask, positions, cache_position, self.cache)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (at its row's next position); the logits of the next one."""

@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from rlft.errors import RolloutError
 from rlft.models.logprobs import draw_tokens, process_logits
+from rlft.models.masks import safe_attention
 from rlft.rollout.types import Rollout, SamplingParams
 
 
@@ -128,7 +129,7 @@ class LocalEngine:
             logits = self.decoder.prefill(input_ids, attention, positions, params.max_new_tokens)
         else:
             cache = {_cache_keyword(self.model): DynamicCache()}
-            logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            logits = self.model(input_ids=input_ids, attention_mask=safe_attention(self.model, attention), position_ids=positions,
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)

@@ -1,0 +1,48 @@
+"""Attention masks for left-padded rows that no attention kernel turns into NaN.
+
+Under the causal and padding masks, a left padding position attends to no key at all. CUDA attention kernels have
+returned NaN for such a row, in the forward (memory-efficient SDPA: pytorch/pytorch#110213, unslothai/unsloth#9848)
+or in the backward (cuDNN SDPA: rlft's GRPO on an H200, docs/training.md#attention). 0 x NaN then carries it into
+the real rows and into every gradient. transformers used to let such rows attend to every key and no longer does.
+So for SDPA on a CUDA device, a 2-D mask with left padding becomes the 4-D boolean mask in which each padding query
+attends to itself: the real positions' attention is unchanged, and no real position reads a padding position's
+output. Other implementations get the 2-D mask as before (eager adds a finite minimum, flash-attention drops the
+padding, CPU kernels return zeros for an empty row).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _implementation(model) -> str:
+    model = getattr(model, "module", model)
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+
+
+def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:
+    """A 2-D mask on a CUDA device, read by SDPA, whose rows start with padding."""
+    return (attention_mask is not None and attention_mask.dim() == 2 and attention_mask.device.type == "cuda"
+            and _implementation(model) == "sdpa" and not bool(attention_mask[:, 0].all()))
+
+
+def guarded_mask(attention_mask: torch.Tensor, kv_length: int | None = None) -> torch.Tensor:
+    """(B, T) key validity -> (B, 1, T, K) boolean SDPA mask (True = attend; K = `kv_length`, default T, the length
+    of a static KV cache the prompt is written into from position 0): query i attends to the valid keys j <= i, and a
+    padding query attends to itself alone."""
+    valid = attention_mask.bool()
+    rows, width = valid.shape
+    length = kv_length or width
+    device = valid.device
+    keys = torch.zeros((rows, length), dtype=torch.bool, device=device)
+    keys[:, :width] = valid
+    causal = torch.ones((width, length), dtype=torch.bool, device=device).tril()
+    itself = torch.zeros((width, length), dtype=torch.bool, device=device)
+    itself[:, :width] = torch.eye(width, dtype=torch.bool, device=device)
+    mask = (causal[None] & keys[:, None, :]) | (itself[None] & ~valid[:, :, None])
+    return mask[:, None]
+
+
+def safe_attention(model, attention_mask: torch.Tensor | None, kv_length: int | None = None):
+    """The mask to pass `model` for a forward over these rows (see the module docstring)."""
+    return guarded_mask(attention_mask, kv_length) if needs_guard(model, attention_mask) else attention_mask
