@@ -72,3 +72,14 @@ def test_the_liger_plugin_is_accepted_and_its_unwired_switches_are_still_refused
     assert unsupported_settings(config(plugins=plugin, liger_rope=True))[0] == []
     refused = unsupported_settings(config(plugins=plugin, liger_rms_norm_gated=True, liger_use_token_scaling=True))[0]
     assert [key for key, _ in refused] == ["liger_rms_norm_gated", "liger_use_token_scaling"]
+
+
+def test_loading_a_model_checks_the_keys_first_and_nothing_is_patched_without_them(config):
+    """`rlft serve` and the reward-model loader reach the check too, not only `rlft train`."""
+    from rlft.errors import ModelError
+    from rlft.models.liger import apply_liger, check_liger
+
+    check_liger(config(), "cpu")
+    with pytest.raises(ModelError, match=r"liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"):
+        check_liger(config(liger_rms_norm=True), "cpu")
+    apply_liger(None, config())  # no liger_* key: returns before looking at the model (or importing liger)

@@ -20,6 +20,12 @@ def padded_to(longest: int, width: int = 0, multiple: int = 1) -> int:
     return -(-max(width, longest) // multiple) * multiple
 
 
+def padded_width(cfg) -> int:
+    """The width every SFT, preference or reward-model batch is padded to at least: sequence_len with
+    pad_to_sequence_len (one shape every step), else 0 (the longest row of the batch). Padded positions are masked."""
+    return cfg.sequence_len if cfg.pad_to_sequence_len else 0
+
+
 def pad_multiple(cfg) -> int:
     """`pad_to_multiple_of`, or when unset 64 on a CUDA GPU, as Axolotl pads: a few batch shapes instead of one per
     length, so the GPU's per-shape costs (attention kernel plans, allocator growth) are paid a few times, not every

@@ -77,8 +77,17 @@ def _apply_function(model_type: str):
     return function
 
 
+def check_liger(cfg, device_type: str) -> None:
+    """Raise ModelError when the `liger_*` keys cannot run on this device (before a model loads)."""
+    problems = liger_problems(cfg, cuda=device_type == "cuda")
+    if problems:
+        raise ModelError(problems[0])
+
+
 def apply_liger(model: torch.nn.Module, cfg) -> None:
-    """Replace the model's layers in place with Liger's kernels."""
+    """Replace the model's layers in place with Liger's kernels (nothing without `liger_*` keys)."""
+    if not liger_keys(cfg):
+        return
     function = _apply_function(model.config.model_type)
     switches, _ = liger_switches(cfg, inspect.signature(function).parameters)
     if any(switches.values()):

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, ModelError
-from rlft.models.liger import apply_liger, liger_keys, liger_problems
+from rlft.models.liger import apply_liger, check_liger
 from rlft.models.tokenizer import apply_chat_template_setting
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -128,8 +128,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     """
     attention = cfg.effective_attn_implementation
     check_attention(attention, training=True, device_type=device_type)
-    for problem in liger_problems(cfg, cuda=device_type == "cuda"):
-        raise ModelError(problem)
+    check_liger(cfg, device_type)
     if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
     source = resolve_source(cfg.base_model, "base_model")
@@ -162,8 +161,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
             ) from None
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
-    if liger_keys(cfg):
-        apply_liger(model, cfg)
+    apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
         model.config.use_cache = False

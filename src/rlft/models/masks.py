@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 
-def _implementation(model) -> str:
+def attention_implementation(model) -> str:
+    """The attention implementation a (possibly DDP-wrapped) transformers model runs: sdpa, eager, flex_attention, ..."""
     model = getattr(model, "module", model)
     return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
 
@@ -23,7 +24,7 @@ def _implementation(model) -> str:
 def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:
     """A 2-D mask on a CUDA device, read by SDPA, whose rows start with padding."""
     return (attention_mask is not None and attention_mask.dim() == 2 and attention_mask.device.type == "cuda"
-            and _implementation(model) == "sdpa" and not bool(attention_mask[:, 0].all()))
+            and attention_implementation(model) == "sdpa" and not bool(attention_mask[:, 0].all()))
 
 
 def guarded_mask(attention_mask: torch.Tensor, kv_length: int | None = None) -> torch.Tensor:

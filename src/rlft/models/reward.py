@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlft.errors import ModelError
-from rlft.models.liger import apply_liger, liger_keys, liger_problems
+from rlft.models.liger import apply_liger, check_liger
 from rlft.models.loading import check_attention, resolve_source
 
 
@@ -18,8 +18,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
 
     attention = cfg.effective_attn_implementation
     check_attention(attention, training=True, device_type=device_type)
-    for problem in liger_problems(cfg, cuda=device_type == "cuda"):
-        raise ModelError(problem)
+    check_liger(cfg, device_type)
     source = resolve_source(cfg.base_model, "base_model")
     kwargs = {"num_labels": 1, "attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
@@ -39,8 +38,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
-    if liger_keys(cfg):
-        apply_liger(model, cfg)
+    apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
     if cfg.adapter:

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from rlft.models.logprobs import draw_tokens, process_logits
+from rlft.models.masks import attention_implementation
 from rlft.rollout.types import SamplingParams
 
 
@@ -245,17 +246,13 @@ def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tupl
     return torch.where(mask, -logps, torch.zeros_like(logps)), mask
 
 
-def _implementation(model) -> str:
-    return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-
-
 def model_attention_mask(model, mask: Tensor) -> Tensor:
     """The dense 4-D mask in the form the model's attention implementation reads.
 
     transformers passes a 4-D mask through untouched: SDPA reads booleans (True = attend), eager
     *adds* the mask to the scores, so it needs an additive float mask (0 / dtype min).
     """
-    implementation = _implementation(model)
+    implementation = attention_implementation(model)
     if implementation == "sdpa":
         return mask
     if "flash" in implementation:
@@ -269,7 +266,7 @@ def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: T
     """The strided mask of B·n rows as the model reads it: for flex_attention a BlockMask from `strided_mask_mod`
     (`doc_attention`: the B documents' (B, L) mask), so tiles of the T×T grid that no query may see are skipped;
     otherwise the dense `mask` (B·n, 1, T, T) in the implementation's form (`model_attention_mask`)."""
-    if _implementation(model) == "flex_attention":
+    if attention_implementation(model) == "flex_attention":
         return flex_block_mask(layout, doc_attention, num_samples)
     return model_attention_mask(model, mask)
 
@@ -318,7 +315,7 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
                            doc_ids.new_zeros((rows, num_blocks * gen_len))], dim=1)
     sampled_logps = torch.zeros((rows, num_blocks * gen_len), dtype=torch.float32, device=device)
     params = SamplingParams(max_new_tokens=gen_len, temperature=temperature, top_p=top_p)
-    flex = _implementation(model) == "flex_attention"
+    flex = attention_implementation(model) == "flex_attention"
     dense = None if flex else model_attention_mask(model, mask)  # in the model's form once; cut to each step's width
     read = layout.read_positions().to(device)  # (K, G)
     keep_logits = _accepts_logits_to_keep(model)

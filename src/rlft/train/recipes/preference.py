@@ -24,7 +24,7 @@ from rlft.models.head import final_hidden, output_layer
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
-from rlft.data.collate import flatten_rows, pad_multiple
+from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
 from rlft.train.recipe import LossOutput, Recipe
 
@@ -263,12 +263,6 @@ def _store_reference(recipe, policy, examples, collate, keys: tuple[str, str], d
         first, second = recipe.reference_logps(policy, batch)
         for example, a, b in zip(rows, first.tolist(), second.tolist()):
             example[keys[0]], example[keys[1]] = a, b
-
-
-def padded_width(cfg) -> int:
-    """The width every batch is padded to: sequence_len with pad_to_sequence_len (one shape every step), else 0 (the
-    longest row of the batch). Padding changes no loss: padded positions are masked."""
-    return cfg.sequence_len if cfg.pad_to_sequence_len else 0
 
 
 def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate, flat: tuple[str, ...] = ()

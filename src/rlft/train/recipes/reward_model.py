@@ -10,8 +10,8 @@ from rlft.data.preference import pair_batch
 from rlft.losses.preference import bradley_terry_loss
 from rlft.train.parallel import eval_share, gather_objects
 from rlft.train.recipe import LossOutput, Recipe
-from rlft.data.collate import pad_multiple
-from rlft.train.recipes.preference import _weighted_eval, padded_width, preference_plans
+from rlft.data.collate import pad_multiple, padded_width
+from rlft.train.recipes.preference import _weighted_eval, preference_plans
 
 
 class RewardModelRecipe(Recipe):

@@ -8,7 +8,7 @@ import torch
 
 from rlft.data.prepare import PreparedData
 from rlft.data.batches import BatchPlan
-from rlft.data.collate import pad_multiple, packed_batch
+from rlft.data.collate import pad_multiple, packed_batch, padded_width
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
 from rlft.models.head import final_hidden, output_layer
@@ -25,7 +25,7 @@ class SFTRecipe(Recipe):
 
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
         capacity = cfg.sequence_len if cfg.sample_packing else None
-        width = cfg.sequence_len if cfg.pad_to_sequence_len else 0
+        width = padded_width(cfg)
         # batch_flattening: each micro-batch's rows as one row, each document attending to itself (rlft.data.collate)
         mask = cfg.flat_batches == "mask"
         multiple = pad_multiple(cfg)
