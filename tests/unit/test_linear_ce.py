@@ -324,3 +324,38 @@ def test_the_grpo_loss_through_the_output_layer_equals_the_models_logits(case, m
         torch.testing.assert_close(fused_extra, plain_extra, rtol=1e-5, atol=1e-6)
     for name in plain_grads:
         torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("function", ["cross_entropy_sum", "token_nll", "token_logps"])
+@pytest.mark.parametrize("chunk", [7, 100])
+def test_under_bf16_autocast_the_gradients_are_the_plain_paths(function, chunk):
+    """A bf16 training step (autocast over float32 weights) with logits of a trained model's scale (std ~16): the
+    fused functions give autograd's own bf16 gradients. Their backward runs outside the loop's autocast block; before
+    it re-entered the forward's autocast state, token_logps met the bf16 forward's log-normaliser with float32 logits
+    (a softmax that did not sum to one) and its gradients were 10% off."""
+    from rlft.losses.linear_ce import linear_token_logps, linear_token_nll
+
+    g = torch.Generator().manual_seed(3)
+    hidden0, weight0 = torch.randn(24, 64, generator=g), torch.randn(4096, 64, generator=g) * 2.0
+    targets, row_weights = torch.randint(0, 4096, (24,), generator=g), torch.randn(24, generator=g)
+    fused = {"cross_entropy_sum": lambda h, w: linear_cross_entropy_sum(h, w, None, targets, chunk),
+             "token_nll": lambda h, w: (linear_token_nll(h, w, None, targets, chunk) * row_weights).sum(),
+             "token_logps": lambda h, w: (linear_token_logps(h, w, None, targets, with_entropy=False, chunk=chunk)[0]
+                                          * row_weights).sum()}[function]
+
+    def plain(h, w):
+        logp = F.linear(h, w).float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        return {"cross_entropy_sum": -logp.sum(), "token_nll": (-logp * row_weights).sum(),
+                "token_logps": (logp * row_weights).sum()}[function]
+
+    grads = []
+    for loss_of in (fused, plain):
+        h, w = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = loss_of(h, w)
+        (0.5 * loss).backward()  # outside autocast, as the training loop does
+        grads.append((loss.detach(), h.grad, w.grad))
+    (value, grad_h, grad_w), (ref_value, ref_h, ref_w) = grads
+    torch.testing.assert_close(value, ref_value, rtol=1e-5, atol=1e-4)
+    for got, want in ((grad_h, ref_h), (grad_w, ref_w)):
+        assert float((got - want).norm() / want.norm()) < 1e-3

@@ -8,6 +8,13 @@ at a time, and each chunk's gradient is computed in the forward (d loss / d logi
 chunk's logits are kept for the backward. The backward only scales the stored gradients by the incoming one.
 This is the fused linear cross-entropy of Liger Kernel and Apple's Cut Cross-Entropy (Wijmans et al. 2024,
 arXiv:2411.09009), in plain torch: every device, every dtype (logits in float32, as the plain path computes them).
+
+Mixed precision: the products run in the dtype autocast gives them, in the forward and, for the functions that
+recompute a chunk's logits in their backward, in the backward too (the backward re-enters the forward's autocast
+state, as `torch.amp.custom_bwd` does). Without that a bf16 forward's log-normaliser would meet float32 logits in the
+backward, and the softmax built from them would not sum to one. A chunk's gradient is cast once to that dtype and
+feeds both products; the weight's gradient is kept in the product's dtype while there is one chunk (no float32
+zeros of the weight's size, no float32 copy per chunk) and summed in float32 from the second chunk on.
 """
 
 from __future__ import annotations
@@ -20,6 +27,27 @@ LOGIT_BYTES = 2**28  # float32 logits per chunk: 256 MiB (512 positions at a 128
 
 def chunk_rows(vocab: int) -> int:
     return max(1, LOGIT_BYTES // (4 * vocab))
+
+
+def _autocast_state(device: torch.device) -> tuple[str, bool, torch.dtype]:
+    return device.type, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
+def _product_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype F.linear / @ give the (rows, V) x (V, H) products here: autocast's, else the hidden state's."""
+    kind = hidden.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
+
+
+def _add_weight_grad(total: torch.Tensor | None, grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """total + grad.T @ h: the first chunk's product as it comes, later ones summed in float32."""
+    part = grad.t() @ h
+    return part if total is None else total.float().add_(part)
+
+
+def _scaled_float(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """grad * scale in float32; a lower-precision grad's float32 copy is scaled in place (one weight-sized tensor)."""
+    return grad * scale if grad.dtype == torch.float32 else grad.float().mul_(scale)
 
 
 def _chunk(hidden, weight, bias, targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,7 +64,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         need_b = bias is not None and bias.requires_grad
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_w = None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
         for start in range(0, hidden.size(0), chunk):
             h, t = hidden[start:start + chunk], targets[start:start + chunk]
@@ -44,14 +72,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total += nll.sum()
             if need_h or need_w or need_b:
                 grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
+                del logits  # the float32 chunk goes once grad is cast
                 grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
                 if need_b:
                     grad_b += grad.sum(0)
-                grad = grad.to(hidden.dtype)
+                grad = grad.to(_product_dtype(hidden))
                 if need_h:
                     grad_h[start:start + chunk] = grad @ weight
                 if need_w:
-                    grad_w += (grad.t() @ h).float()
+                    grad_w = _add_weight_grad(grad_w, grad, h)
+        if need_w and grad_w is None:  # no rows
+            grad_w = torch.zeros_like(weight, dtype=torch.float32)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return total
@@ -61,7 +92,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         weight_dtype, bias_dtype = ctx.dtypes
         return (None if grad_h is None else grad_h * grad_out.to(grad_h.dtype),
-                None if grad_w is None else (grad_w * grad_out).to(weight_dtype),
+                None if grad_w is None else _scaled_float(grad_w, grad_out).to(weight_dtype),
                 None if grad_b is None else (grad_b * grad_out).to(bias_dtype), None, None)
 
 
@@ -92,29 +123,38 @@ class _LinearTokenNLL(torch.autograd.Function):
         out = torch.cat([_chunk(hidden[s:s + chunk], weight, bias, targets[s:s + chunk])[2]
                          for s in range(0, hidden.size(0), chunk)]) if hidden.size(0) else hidden.new_zeros(0).float()
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.autocast = chunk, _autocast_state(hidden.device)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
+        kind, enabled, dtype = ctx.autocast
+        with torch.autocast(kind, dtype, enabled=enabled):  # the forward's products: the same logits
+            return _LinearTokenNLL._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         hidden, weight, bias, targets = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_w = None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
         for start in range(0, hidden.size(0), ctx.chunk):
             h, t = hidden[start:start + ctx.chunk], targets[start:start + ctx.chunk]
             logits, lse, _ = _chunk(h, weight, bias, t)
             grad = logits.sub_(lse[:, None]).exp_()
+            del logits  # the float32 chunk goes once grad is cast
             grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
             grad.mul_(grad_out[start:start + ctx.chunk, None].float())
             if need_b:
                 grad_b += grad.sum(0)
-            grad = grad.to(hidden.dtype)
+            grad = grad.to(_product_dtype(hidden))
             if need_h:
                 grad_h[start:start + ctx.chunk] = grad @ weight
             if need_w:
-                grad_w += (grad.t() @ h).float()
+                grad_w = _add_weight_grad(grad_w, grad, h)
+        if need_w and grad_w is None:
+            grad_w = torch.zeros_like(weight)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None)
 
@@ -156,16 +196,23 @@ class _LinearTokenLogps(torch.autograd.Function):
         entropy = torch.cat(entropy) if entropy else empty.clone()  # a tensor of its own: outputs must not alias
         ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
         ctx.temperature, ctx.chunk, ctx.grad_entropy = temperature, chunk, grad_entropy
+        ctx.autocast = _autocast_state(hidden.device)
         if not grad_entropy:
             ctx.mark_non_differentiable(entropy)
         return logps, entropy
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy):
+        kind, enabled, dtype = ctx.autocast
+        with torch.autocast(kind, dtype, enabled=enabled):  # the forward's logits, which the saved lses normalise
+            return _LinearTokenLogps._backward(ctx, grad_logps, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_logps, grad_entropy):
         hidden, weight, bias, targets, lses, entropy = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_w = None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
         use_entropy = ctx.grad_entropy and grad_entropy is not None
         if grad_logps is None:
@@ -174,22 +221,26 @@ class _LinearTokenLogps(torch.autograd.Function):
             end = start + ctx.chunk
             h, t, g = hidden[start:end], targets[start:end], grad_logps[start:end, None].float()
             logp = _scaled_logits(h, weight, bias, ctx.temperature).sub_(lses[start:end, None])
-            p = logp.exp()
             if use_entropy:  # -p (log p + H) g_H - p g, in log p's memory
+                p = logp.exp()
                 grad = logp.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None].float())
                 grad.sub_(p.mul_(g))
+                del p
             else:
-                grad = p.mul_(-g)
+                grad = logp.exp_().mul_(-g)  # -p g
+            del logp  # the float32 chunk goes once grad is cast
             grad[torch.arange(t.numel(), device=t.device), t] += g[:, 0]
             if ctx.temperature != 1.0:
                 grad.div_(ctx.temperature)
             if need_b:
                 grad_b += grad.sum(0)
-            grad = grad.to(hidden.dtype)
+            grad = grad.to(_product_dtype(hidden))
             if need_h:
                 grad_h[start:end] = grad @ weight
             if need_w:
-                grad_w += (grad.t() @ h).float()
+                grad_w = _add_weight_grad(grad_w, grad, h)
+        if need_w and grad_w is None:
+            grad_w = torch.zeros_like(weight)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
 
