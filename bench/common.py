@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import statistics
@@ -71,8 +72,14 @@ class PeakMemory:
 
 def peak_memory(run, *args, **kwargs) -> float:
     """MiB of memory a call (one tool's training run) adds at its peak over what the process held: resident memory on a
-    CPU, allocated GPU memory (torch.cuda.max_memory_allocated) on a GPU."""
+    CPU, allocated GPU memory (torch.cuda.max_memory_allocated) on a GPU.
+
+    Garbage is collected first: an earlier run can leave its model in reference cycles (TRL's trainer does), and a
+    run that frees it on the way (transformers' `train()` calls `gc.collect()` as it starts) would otherwise
+    report its peak above a start that still held the other run's model."""
+    gc.collect()
     if torch.cuda.is_available():
+        torch.cuda.empty_cache()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()

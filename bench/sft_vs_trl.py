@@ -42,6 +42,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 import argparse
 import datetime
+import gc
 import io
 import json
 import platform
@@ -132,7 +133,9 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
-    if DEVICE.type == "cuda":  # metrics.jsonl's peak_memory_mb is then this run's
+    if DEVICE.type == "cuda":  # metrics.jsonl's peak_memory_mb is then this run's (an earlier run's garbage collected)
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     result = rlft.train.run.train(cfg, console)
