@@ -36,3 +36,27 @@ def test_truncate_after_keeps_the_checkpoint_step_and_drops_later_and_cut_lines(
     assert [(m["step"], m["loss"]) for m in read_metrics(log.path)][-2:] == [(3, 3.0), (4, 4.5)]
     log.truncate_after(10)  # nothing after: the file is left as it is
     assert len(read_metrics(log.path)) == 5
+
+
+def test_phase_times_wait_for_the_gpu_once_cuda_is_in_use(monkeypatch):
+    """CUDA kernels run asynchronously: a phase's clock reads wait for the queued work (torch.cuda.synchronize) at its
+    start and end, so its GPU time is its own; on a CPU, or before CUDA is initialised, nothing waits."""
+    import time
+
+    import torch
+
+    from rlft.train import metrics
+
+    waits = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waits.append(time.perf_counter()))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    timer = metrics.PhaseTimer()
+    with timer("forward_backward"):
+        pass
+    assert waits == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with timer("forward_backward"):
+        time.sleep(0.01)
+    assert len(waits) == 2 and waits[1] - waits[0] >= 0.01
+    assert timer.pop()["time/forward_backward"] >= 0.01

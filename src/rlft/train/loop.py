@@ -22,7 +22,7 @@ from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
-from rlft.train.metrics import MetricsLog, PhaseTimer, flops_per_token, peak_flops, peak_memory_mb
+from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
 from rlft.rollout.compiled import compile_options
 from rlft.train import zero
@@ -159,10 +159,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     recipe.start(unwrapped)
 
     def next_batches() -> list[dict[str, Any]]:
-        began = time.perf_counter()
+        began = clock()
         batches = recipe.prepare_step(runs)
         if batches is not None:  # the recipe built the step (online RL: generate, score, log-probs)
-            timer.totals["prepare"] = timer.totals.get("prepare", 0.0) + time.perf_counter() - began
+            timer.totals["prepare"] = timer.totals.get("prepare", 0.0) + clock() - began
         else:
             with timer("data"):
                 batches = [cursor.next() for _ in range(ga)]

@@ -52,8 +52,17 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
+def clock() -> float:
+    """time.perf_counter() once this process's GPU has finished the work queued on it. CUDA kernels run
+    asynchronously: without the wait a phase's time would be the time to queue its kernels, and its GPU time would
+    land on whichever phase waits next. On a CPU (or before CUDA is used) it is just the clock."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class PhaseTimer:
-    """Accumulates wall time per phase (`with timer("forward_backward"): ...`)."""
+    """Accumulates wall time per phase (`with timer("forward_backward"): ...`), GPU work included (`clock`)."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = {}
@@ -71,10 +80,10 @@ class _Phase:
         self.timer, self.phase = timer, phase
 
     def __enter__(self) -> None:
-        self.start = time.perf_counter()
+        self.start = clock()
 
     def __exit__(self, *exc: Any) -> None:
-        self.timer.totals[self.phase] = self.timer.totals.get(self.phase, 0.0) + time.perf_counter() - self.start
+        self.timer.totals[self.phase] = self.timer.totals.get(self.phase, 0.0) + clock() - self.start
 
 
 class MetricsLog:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +35,7 @@ from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import load_rollout_func
+from rlft.train.metrics import clock
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.completion_log import append_records, completion_records, console_lines
 from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across
@@ -163,12 +163,12 @@ class GRPORecipe(Recipe):
             sync.reset(policy, version)
 
     def after_optimizer_step(self, model, step: int) -> None:
-        started = time.perf_counter()
+        started = clock()
         self.step = step
         policy = self.whole(model) if sync_due(step, self.settings.sync_interval) else model
         main_thread = self.feed.after_optimizer_step(policy, step) if self.feed else 0.0
         self._update_reference(model, step)
-        self.fresh["time/weight_sync"] = round(time.perf_counter() - started if not (self.feed and self.feed.depth) else main_thread, 4)
+        self.fresh["time/weight_sync"] = round(clock() - started if not (self.feed and self.feed.depth) else main_thread, 4)
         if self.feed and self.feed.depth and self.feed.weight_sync.seconds:
             self.fresh["async/weight_load_s"] = round(self.feed.weight_sync.seconds, 4)
 
@@ -332,7 +332,7 @@ class GRPORecipe(Recipe):
         windows = [[] for _ in range(s.steps_per_generation)] if scored.skip or not rows else self._windows(rows)
         self.queue = [window for _ in range(s.num_iterations) for window in windows]
         trained = [row for window in windows for row in window]
-        started = time.perf_counter()
+        started = clock()
         recorded = [row for row in trained if row.replayed and not s.replay_recompute_logps]
         # Old log-probs are cached when the policy moves before these rows are used up (several optimizer steps:
         # num_iterations, steps_per_generation, a generation_batch_size above one step's rows), or when replayed rows
@@ -344,7 +344,7 @@ class GRPORecipe(Recipe):
             self._attach_logps(model, [row for row in trained if row.old_logps is None], "old_logps", reference=False)
         if s.beta:
             self._attach_logps(model, trained, "ref_logps", reference=True)
-        self.fresh["time/logprobs"] = round(time.perf_counter() - started, 4)
+        self.fresh["time/logprobs"] = round(clock() - started, 4)
         self.fresh["time/rollout_total"] = round(self.fresh["time/rollout_total"] + self.fresh["time/logprobs"], 4)
 
     def _within_staleness(self, rows: list[TrainingRow]) -> list[TrainingRow]:

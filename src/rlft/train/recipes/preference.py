@@ -26,6 +26,7 @@ from rlft.models.frozen import FrozenPolicy
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
+from rlft.train.metrics import clock
 from rlft.train.recipe import LossOutput, Recipe
 
 INPUTS = ("input_ids", "attention_mask")
@@ -141,9 +142,9 @@ class PairRecipe(Recipe):
                       L.chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average))
         if self.method in ("dpo", "ipo"):
             chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
-            started = time.perf_counter()
+            started = clock()
             ref_chosen, ref_rejected = self.reference_logps(model, batch)
-            reference_time = None if "ref_chosen" in batch else time.perf_counter() - started
+            reference_time = None if "ref_chosen" in batch else clock() - started
             weights = None
             if cfg.dpo_use_weighting:  # the paper's calibrated weight (log sum p^2 per position), as TRL
                 weights = L.wpo_weights(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:],
@@ -231,9 +232,9 @@ class KTORecipe(Recipe):
         out = sequence_logps(model, batch)
         with torch.no_grad():
             kl_policy = sequence_logps(model, batch, "kl_").logps
-        started = time.perf_counter()
+        started = clock()
         ref, ref_kl = self.reference_logps(model, batch)
-        reference_time = None if "ref_logps" in batch else time.perf_counter() - started
+        reference_time = None if "ref_logps" in batch else clock() - started
         result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
                             desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
         desirable = batch["desirable"]
