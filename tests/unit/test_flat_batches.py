@@ -166,3 +166,22 @@ def test_group_by_length_puts_rows_of_similar_length_together_and_keeps_every_ro
         config(group_by_length=True, sample_packing=True)
     with pytest.raises(ConfigError, match="not grpo"):
         config(rl="grpo", group_by_length=True, micro_batch_size=8)
+
+
+def test_evaluation_batches_go_shortest_first_when_lengths_are_known():
+    """Eval losses are sums over every row, so their batches can hold rows of similar lengths: every row once,
+    far less padding than data order. Without lengths (packed eval, online RL prompts, KTO) the order is the data's."""
+    from rlft.data.batches import BatchPlan
+
+    g = torch.Generator().manual_seed(1)
+    examples = [{"input_ids": [1] * int(n), "labels": [1] * int(n)} for n in torch.randint(4, 200, (100,), generator=g)]
+    lengths = [len(e["input_ids"]) for e in examples]
+    sorted_batches = BatchPlan(examples, 8, 0, 0, lengths=lengths).sequential()
+    plain_batches = BatchPlan(examples, 8, 0, 0).sequential()
+
+    def padding(batches):
+        return sum(int((b["attention_mask"] == 0).sum()) for b in batches) / sum(lengths)
+
+    assert sorted(int(b["attention_mask"][r].sum()) for b in sorted_batches for r in range(len(b["input_ids"]))) == sorted(lengths)
+    assert [int(b["attention_mask"][r].sum()) for b in plain_batches for r in range(len(b["input_ids"]))] == lengths
+    assert padding(sorted_batches) < 0.1 < 0.5 < padding(plain_batches)

@@ -72,9 +72,12 @@ class BatchPlan:
         return self.collate([self.items[i] for i in indices])
 
     def sequential(self) -> list[dict[str, Any]]:
-        """All items in order, for evaluation."""
-        return [self.batch(list(range(i, min(i + self.micro_batch_size, len(self.items)))))
-                for i in range(0, len(self.items), self.micro_batch_size)]
+        """All items, for evaluation: in order, or shortest first when `lengths` are known (rows of similar lengths
+        share a batch: little padding)."""
+        order = list(range(len(self.items)))
+        if self.lengths is not None:
+            order.sort(key=lambda i: self.lengths[i])
+        return [self.batch(order[i : i + self.micro_batch_size]) for i in range(0, len(order), self.micro_batch_size)]
 
 
 class PlanCursor:

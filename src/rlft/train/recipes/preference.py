@@ -211,8 +211,10 @@ class KTORecipe(Recipe):
         self.cfg = cfg
         self.reference = reference
         self.precompute_time = 0.0
+        # eval in data order: each batch's KL rows pair its rows with each other's completions, so an order sorted by
+        # length would change what the eval measures, not only its padding
         self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)),
-                                                           flat=("", "kl_"))
+                                                           flat=("", "kl_"), eval_by_length=False)
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -266,10 +268,11 @@ def _store_reference(recipe, policy, examples, collate, keys: tuple[str, str], d
             example[keys[0]], example[keys[1]] = a, b
 
 
-def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate, flat: tuple[str, ...] = ()
-                     ) -> tuple[BatchPlan, BatchPlan]:
-    """Length-grouped training batches and sequential eval batches of preference-style examples; with
-    `dpo_padding_free`, the rows under each prefix in `flat` also as one sequence without padding."""
+def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate, flat: tuple[str, ...] = (),
+                     eval_by_length: bool = True) -> tuple[BatchPlan, BatchPlan]:
+    """Length-grouped training batches and eval batches of preference-style examples (shortest first when
+    `eval_by_length`); with `dpo_padding_free`, the rows under each prefix in `flat` also as one sequence without
+    padding."""
     if cfg.flat_batches and flat:
         padded_collate, block_mask = collate, cfg.flat_batches == "mask"
 
@@ -280,7 +283,8 @@ def preference_plans(cfg, data, pad_id: int, shard: tuple[int, int], collate, fl
             return batch
     lengths = [example_length(e) for e in data.train]
     train = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, shard=shard, collate=collate, lengths=lengths)
-    evaluation = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate)
+    evaluation = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id, collate=collate,
+                           lengths=[example_length(e) for e in data.eval] if eval_by_length else None)
     return train, evaluation
 
 

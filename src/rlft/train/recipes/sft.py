@@ -37,7 +37,8 @@ class SFTRecipe(Recipe):
         self.liger = liger_loss(cfg)
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
-                              cfg.sequence_len if packed_eval else None, width=width, multiple=multiple)
+                              cfg.sequence_len if packed_eval else None, width=width, multiple=multiple,
+                              lengths=None if packed_eval else [len(e["input_ids"]) for e in data.eval])  # shortest first
         self._eval_batches = eval_plan.sequential() if data.eval else []
 
     @property
