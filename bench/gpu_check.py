@@ -7,6 +7,9 @@
   flex_generation  where strided generation's time goes under flex_attention: BlockMask creation and the forward.
   liger    SFT with Liger Kernel's RoPE, RMSNorm, SwiGLU and fused linear cross-entropy against rlft's own layers and
            chunked loss: the same losses in fp32, then median step time, tokens/s and peak GPU memory in bf16.
+  examples the shipped GRPO and structured-EBFT examples, 4 steps each in bf16 (their micro-batches hold left-padded
+           prompts; on an H200 they once stopped at step 1 with a NaN gradient norm): whether every step's loss and
+           gradient norm are finite. Needs the quickstart's checkpoint (outputs/quickstart/checkpoint-600/model).
 
 Models are built from a config (rlft.models.tiny size L: hidden 1024, 8 layers; the byte tokenizer, with a 32768-entry
 output layer for the SFT runs as a real tokenizer has), seeded, saved once; data is made here (sums, "12+34=46").
@@ -232,11 +235,36 @@ def flex_generation_check(tmp: Path, args) -> dict:
     return report
 
 
+EXAMPLES = {"grpo": "examples/grpo-arithmetic.yaml", "ebft_structured": "examples/ebft-structured.yaml"}
+
+
+def examples_check(tmp: Path, args) -> dict:
+    """Each example through `rlft train` from the repository root, 4 steps (bf16 on a GPU: the default `bf16: auto`);
+    a run that fails is reported, not raised, with the end of its output."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "outputs/quickstart/checkpoint-600/model").is_dir():
+        raise RuntimeError("the examples start from the quickstart's checkpoint: run `rlft quickstart` first")
+    report = {}
+    for name, path in EXAMPLES.items():
+        out = tmp / f"example-{name}"
+        command = [sys.executable, "-c", "from rlft.cli import run_command; run_command()", "train", path, "--max_steps=4", "--logging_steps=1",
+                   f"--output_dir={out}"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=root)
+        metrics = out / "metrics.jsonl"
+        steps = [json.loads(line) for line in metrics.read_text().splitlines() if "step_time_s" in line] if metrics.exists() else []
+        values = [(s.get("loss"), s.get("grad_norm")) for s in steps]
+        report[name] = {"exit_code": done.returncode, "steps": len(steps), "loss_grad_norm": values,
+                        "all_finite": bool(steps) and all(v is not None and v == v and abs(v) != float("inf") for pair in values for v in pair),
+                        "output_tail": None if done.returncode == 0 else (done.stdout + done.stderr)[-1500:]}
+        print(f"example {name}: exit {done.returncode}, {len(steps)} steps, (loss, grad norm) {values}", flush=True)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="bf16 steps per run (the first two are not timed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger"], default=None)
+    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "examples"], default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check-<GPU>.json)")
     args = parser.parse_args()
@@ -249,7 +277,7 @@ def main() -> None:
                                                      "cuda": torch.version.cuda}}
     with tempfile.TemporaryDirectory(prefix="rlft-gpu-") as tmp:
         for name, check in (("shapes", shapes_check), ("flex_generation", flex_generation_check), ("strided", strided_check),
-                            ("liger", liger_check)):
+                            ("liger", liger_check), ("examples", examples_check)):
             if args.only and name not in args.only:
                 continue
             started = time.perf_counter()

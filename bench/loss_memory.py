@@ -16,6 +16,8 @@ git show 003f654:src/rlft/losses/linear_ce.py > /tmp/linear_ce_003f654.py
   reference being autograd through the logits in float64. "bf16" runs the forward under CPU bf16 autocast over
   float32 tensors, and the backward outside it, as the training loop does.
 * **time**: median of `--repeat` forward+backward passes without the counter.
+* `--device cuda` runs the same on a GPU (autocast on CUDA, times after `torch.cuda.synchronize()`), and adds
+  `torch.cuda.max_memory_allocated` over the pass (`cuda_peak_mib`) next to the counted peak.
 * Each loss is weighted per row (random weights), as the preference and policy-gradient losses are: `ce_sum` is
   SFT's summed cross-entropy, `token_nll` the preference methods' per-row NLL, `token_logps` the policy-gradient
   log-probs, `token_logps+entropy` with an entropy bonus (`entropy_coeff`).
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from common import RESULTS
+from common import RESULTS, device_name
 
 
 class LiveTensors(TorchDispatchMode):
@@ -112,7 +114,7 @@ def leaves(hidden, weight):
 
 
 def pass_once(loss_of, h, w, bf16: bool):
-    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+    with torch.autocast(h.device.type, torch.bfloat16, enabled=bf16):
         loss = loss_of(h, w)
     loss.backward()  # outside autocast, as the training loop does
     return h.grad, w.grad
@@ -131,16 +133,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--impl", type=Path, default=None, help="a linear_ce.py to measure instead of rlft's")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     impl = load_impl(args.impl)
     g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(args.rows, args.hidden, generator=g)
-    weight = torch.randn(args.vocab, args.hidden, generator=g) * (args.logit_scale / args.hidden ** 0.5)
-    targets = torch.randint(0, args.vocab, (args.rows,), generator=g)
-    weights = torch.randn(args.rows, generator=g)
+    device = torch.device(args.device)
+    hidden = torch.randn(args.rows, args.hidden, generator=g).to(device)
+    weight = (torch.randn(args.vocab, args.hidden, generator=g) * (args.logit_scale / args.hidden ** 0.5)).to(device)
+    targets = torch.randint(0, args.vocab, (args.rows,), generator=g).to(device)
+    weights = torch.randn(args.rows, generator=g).to(device)
+    cuda = device.type == "cuda"
+
+    def synchronized() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     rows = []
     for kind, (fused, plain) in cases(impl, targets, weights).items():
@@ -149,26 +159,32 @@ def main() -> None:
             for label, loss_of in (("rlft", fused), ("logits", plain)):
                 bf16 = precision == "bf16"
                 counter, inputs = LiveTensors(), leaves(hidden, weight)
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    start_bytes = torch.cuda.memory_allocated()
                 with counter:
                     grads = pass_once(loss_of, *inputs, bf16)
+                cuda_peak = round((torch.cuda.max_memory_allocated() - start_bytes) / 2**20, 1) if cuda else None
                 errors = [relative(got, want) for got, want in zip(grads, exact)]
                 del grads, inputs
                 times = []
                 for _ in range(args.repeat):
                     inputs = leaves(hidden, weight)
-                    start = time.perf_counter()
+                    start = synchronized()
                     pass_once(loss_of, *inputs, bf16)
-                    times.append(time.perf_counter() - start)
+                    times.append(synchronized() - start)
                 rows.append({"loss": kind, "precision": precision, "path": label, "peak_mib": round(counter.peak / 2**20, 1),
+                             "cuda_peak_mib": cuda_peak,
                              "median_s": statistics.median(times), "grad_hidden_error": errors[0], "grad_weight_error": errors[1]})
                 r = rows[-1]
                 print(f"{kind:20s} {precision} {label:7s} peak {r['peak_mib']:8.1f} MiB  {r['median_s'] * 1e3:8.1f} ms  "
                       f"error hidden {errors[0]:.2e} weight {errors[1]:.2e}", flush=True)
 
     shape = f"{args.rows}x{args.hidden}x{args.vocab}"
-    out = args.out or RESULTS / f"loss_memory-{shape}{'-' + args.impl.stem if args.impl else ''}.json"
+    out = args.out or RESULTS / f"loss_memory-{shape}{'-cuda' if cuda else ''}{'-' + args.impl.stem if args.impl else ''}.json"
     out.write_text(json.dumps({
-        "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+        "date": datetime.date.today().isoformat(), "machine": device_name() if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "impl": str(args.impl or "rlft.losses.linear_ce"),
         "rows": args.rows, "hidden": args.hidden, "vocab": args.vocab, "logit_scale": args.logit_scale,
         "weight_mib_fp32": args.vocab * args.hidden * 4 / 2**20, "results": rows,
