@@ -211,8 +211,8 @@ class KTORecipe(Recipe):
         self.cfg = cfg
         self.reference = reference
         self.precompute_time = 0.0
-        # eval in data order: each batch's KL rows pair its rows with each other's completions, so an order sorted by
-        # length would change what the eval measures, not only its padding
+        # eval in data order: the KL reference point z0 is a mean over each batch's mismatched rows, so batches sorted
+        # by length would change what the eval measures, not only its padding
         self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: kto_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)),
                                                            flat=("", "kl_"), eval_by_length=False)
 
