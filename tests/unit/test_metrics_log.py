@@ -60,3 +60,25 @@ def test_phase_times_wait_for_the_gpu_once_cuda_is_in_use(monkeypatch):
         time.sleep(0.01)
     assert len(waits) == 2 and waits[1] - waits[0] >= 0.01
     assert timer.pop()["time/forward_backward"] >= 0.01
+
+
+def test_mfu_counts_an_input_embedding_only_when_the_output_layer_uses_it():
+    """N for MFU: an input embedding is a lookup (no FLOPs), so an untied one is left out; a tied one is the output
+    layer's weight and counts once. N_trainable follows requires_grad."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.train.metrics import flop_parameters
+
+    def model(tied: bool):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                            num_key_value_heads=1, intermediate_size=32, tie_word_embeddings=tied))
+
+    tied, untied = model(True), model(False)
+    everything = sum(p.numel() for p in untied.parameters())
+    assert flop_parameters(untied) == (everything - 100 * 16, everything - 100 * 16)
+    assert flop_parameters(tied) == (sum(p.numel() for p in tied.parameters()),) * 2 == (everything - 100 * 16,) * 2
+    untied.model.layers.requires_grad_(False)
+    frozen = sum(p.numel() for p in untied.model.layers.parameters())
+    assert flop_parameters(untied) == (everything - 1600, everything - 1600 - frozen)

@@ -22,7 +22,7 @@ from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
-from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flops_per_token, peak_flops, peak_memory_mb
+from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler
 from rlft.rollout.compiled import compile_options
 from rlft.train import zero
@@ -146,8 +146,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
         log.truncate_after(state.global_step)
     timer = PhaseTimer()
-    total_params = sum(getattr(p, "ds_numel", p.numel()) for p in unwrapped.parameters())  # ZeRO-3: numel() is 0
-    trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in unwrapped.parameters() if p.requires_grad)
+    total_params, trainable_params = flop_parameters(unwrapped)
     peak = peak_flops(accelerator.device, precision(cfg, accelerator), cfg.mfu_peak_flops) * accelerator.num_processes
     params = [p for p in model.parameters() if p.requires_grad]
     ga = cfg.gradient_accumulation_steps

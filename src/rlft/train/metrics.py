@@ -1,8 +1,8 @@
 """Run observability: metrics.jsonl (always), TensorBoard / W&B (when configured), progress with ETA, MFU.
 
 MFU = achieved model FLOP/s / peak FLOP/s of the device. Achieved FLOPs per token are
-2N (forward) + 2N (activation gradients) + 2N_trainable (weight gradients), N = parameter count;
-attention FLOPs are ignored. Peak figures: `mfu_peak_flops`, else the table below.
+2N (forward) + 2N (activation gradients) + 2N_trainable (weight gradients), N = parameter count without an input
+embedding that is not tied to the output layer (a lookup); attention FLOPs are ignored. Peak figures: `mfu_peak_flops`, else the table below.
 """
 
 from __future__ import annotations
@@ -43,6 +43,20 @@ def peak_flops(device: torch.device, precision: str, override: float | None) -> 
 
 def flops_per_token(total_params: int, trainable_params: int) -> float:
     return 4.0 * total_params + 2.0 * trainable_params
+
+
+def flop_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(N, N_trainable) for MFU: the parameters that take part in a product for every token. An input embedding is a
+    lookup, so it counts only when it is also the output layer (tied embeddings: the output product uses it)."""
+    get_input, get_output = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    embedding = get_input() if callable(get_input) else None
+    output = get_output() if callable(get_output) else None
+    lookup = set()
+    if embedding is not None and getattr(embedding, "weight", None) is not getattr(output, "weight", None):
+        lookup = {id(p) for p in embedding.parameters()}
+    counted = [p for p in model.parameters() if id(p) not in lookup]
+    size = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731  (ZeRO-3: numel() is 0)
+    return sum(size(p) for p in counted), sum(size(p) for p in counted if p.requires_grad)
 
 
 def peak_memory_mb(device: torch.device) -> float:
