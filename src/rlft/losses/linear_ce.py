@@ -19,6 +19,8 @@ zeros of the weight's size, no float32 copy per chunk) and summed in float32 fro
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -35,8 +37,19 @@ def _autocast_state(device: torch.device) -> tuple[str, bool, torch.dtype]:
 
 def _product_dtype(hidden: torch.Tensor) -> torch.dtype:
     """The dtype F.linear / @ give the (rows, V) x (V, H) products here: autocast's, else the hidden state's."""
-    kind = hidden.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
+    _, enabled, dtype = _autocast_state(hidden.device)
+    return dtype if enabled else hidden.dtype
+
+
+def _in_forward_autocast(backward):
+    """A Function's backward run under the autocast state its forward saved in `ctx.autocast` (the loop calls
+    backward() outside its autocast block), so a recomputed chunk's logits are the forward's."""
+    @functools.wraps(backward)
+    def wrapped(ctx, *grads):
+        kind, enabled, dtype = ctx.autocast
+        with torch.autocast(kind, dtype, enabled=enabled):
+            return backward(ctx, *grads)
+    return wrapped
 
 
 def _add_weight_grad(total: torch.Tensor | None, grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -127,13 +140,8 @@ class _LinearTokenNLL(torch.autograd.Function):
         return out
 
     @staticmethod
+    @_in_forward_autocast
     def backward(ctx, grad_out):
-        kind, enabled, dtype = ctx.autocast
-        with torch.autocast(kind, dtype, enabled=enabled):  # the forward's products: the same logits
-            return _LinearTokenNLL._backward(ctx, grad_out)
-
-    @staticmethod
-    def _backward(ctx, grad_out):
         hidden, weight, bias, targets = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
@@ -202,13 +210,8 @@ class _LinearTokenLogps(torch.autograd.Function):
         return logps, entropy
 
     @staticmethod
+    @_in_forward_autocast  # the forward's logits, which the saved lses normalise
     def backward(ctx, grad_logps, grad_entropy):
-        kind, enabled, dtype = ctx.autocast
-        with torch.autocast(kind, dtype, enabled=enabled):  # the forward's logits, which the saved lses normalise
-            return _LinearTokenLogps._backward(ctx, grad_logps, grad_entropy)
-
-    @staticmethod
-    def _backward(ctx, grad_logps, grad_entropy):
         hidden, weight, bias, targets, lses, entropy = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
