@@ -70,6 +70,15 @@ class PeakMemory:
         return self.peak - self.start
 
 
+def fresh_memory_peak() -> None:
+    """Collect garbage (an earlier run's model in reference cycles) and, on a GPU, start a new peak of allocated memory."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def peak_memory(run, *args, **kwargs) -> float:
     """MiB of memory a call (one tool's training run) adds at its peak over what the process held: resident memory on a
     CPU, allocated GPU memory (torch.cuda.max_memory_allocated) on a GPU.
@@ -77,11 +86,8 @@ def peak_memory(run, *args, **kwargs) -> float:
     Garbage is collected first: an earlier run can leave its model in reference cycles (TRL's trainer does), and a
     run that frees it on the way (transformers' `train()` calls `gc.collect()` as it starts) would otherwise
     report its peak above a start that still held the other run's model."""
-    gc.collect()
+    fresh_memory_peak()
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
         run(*args, **kwargs)
         return round((torch.cuda.max_memory_allocated() - start) / 2**20, 1)

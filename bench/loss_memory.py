@@ -33,7 +33,6 @@ import importlib.util
 import json
 import platform
 import statistics
-import time
 import weakref
 from pathlib import Path
 
@@ -42,7 +41,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from common import RESULTS, device_name
+from common import RESULTS, device_name, fresh_memory_peak
+from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
 
 
 class LiveTensors(TorchDispatchMode):
@@ -147,11 +147,6 @@ def main() -> None:
     weights = torch.randn(args.rows, generator=g).to(device)
     cuda = device.type == "cuda"
 
-    def synchronized() -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
     rows = []
     for kind, (fused, plain) in cases(impl, targets, weights).items():
         exact = pass_once(plain, *leaves(hidden.double(), weight.double()), bf16=False)
@@ -160,8 +155,7 @@ def main() -> None:
                 bf16 = precision == "bf16"
                 counter, inputs = LiveTensors(), leaves(hidden, weight)
                 if cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
+                    fresh_memory_peak()
                     start_bytes = torch.cuda.memory_allocated()
                 with counter:
                     grads = pass_once(loss_of, *inputs, bf16)
@@ -171,9 +165,9 @@ def main() -> None:
                 times = []
                 for _ in range(args.repeat):
                     inputs = leaves(hidden, weight)
-                    start = synchronized()
+                    start = clock()
                     pass_once(loss_of, *inputs, bf16)
-                    times.append(synchronized() - start)
+                    times.append(clock() - start)
                 rows.append({"loss": kind, "precision": precision, "path": label, "peak_mib": round(counter.peak / 2**20, 1),
                              "cuda_peak_mib": cuda_peak,
                              "median_s": statistics.median(times), "grad_hidden_error": errors[0], "grad_weight_error": errors[1]})

@@ -42,7 +42,6 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 import argparse
 import datetime
-import gc
 import io
 import json
 import platform
@@ -67,7 +66,8 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
-from common import RESULTS, device_name, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
+from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
+from common import RESULTS, device_name, fresh_memory_peak, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
 from rlft.config import build_config
 from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
@@ -76,13 +76,6 @@ from rlft.tasks.addition import split_rows, write_jsonl
 LONG_LENGTH = 640  # --long: sequence_len / max_length
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # both tools train on the GPU when there is one
 BENCH_CONFIG = argparse.Namespace(pad_to_multiple_of=None)  # rlft's default padding multiple, for TRL's pad_to_multiple_of
-
-
-def synchronized() -> float:
-    """time.perf_counter() once the GPU has finished its queued work (a step's time is its kernels' time)."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def long_rows(count: int, seed: int) -> list[dict]:
@@ -133,10 +126,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
-    if DEVICE.type == "cuda":  # metrics.jsonl's peak_memory_mb is then this run's (an earlier run's garbage collected)
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    fresh_memory_peak()  # on a GPU metrics.jsonl's peak_memory_mb is then this run's
     start = time.perf_counter()
     result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
@@ -203,12 +193,12 @@ def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
     times, losses = [], []
     for batch in batches:
         batch = {key: value.to(DEVICE) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
-        start = synchronized()
+        start = clock()
         with torch.autocast(DEVICE.type, torch.bfloat16, enabled=args.bf16):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten())
         losses.append(plain_update(model, optimizer, loss))
-        times.append(synchronized() - start)
+        times.append(clock() - start)
     return {"steps": len(times), "median_step_s": statistics.median(times), "first_step_s": times[0],
             "final_loss": losses[-1], "loss_last10_mean": last_mean(losses), "wall_s": sum(times)}
 
@@ -226,10 +216,10 @@ class StepTimer(TrainerCallback):
         self.train_begin = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.begin = synchronized()
+        self.begin = clock()
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = synchronized()
+        now = clock()
         self.durations.append(now - self.begin)
         self.ends.append(now)
 
