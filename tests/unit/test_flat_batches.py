@@ -43,12 +43,14 @@ def test_the_flat_layout_by_hand():
     assert torch.equal(flat["input_ids"], batch["input_ids"])  # targets are still read from the padded rows
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("vocab", [300, 4096], ids=["model-logits", "output-layer"])
-def test_flattened_rows_give_the_padded_log_probs_entropy_and_gradients(vocab, monkeypatch):
+def test_flattened_rows_give_the_padded_log_probs_entropy_and_gradients(vocab, attention, monkeypatch):
+    """Eager attention adds a 4-D mask to the scores: the block mask must reach it as 0 / -inf, not as booleans."""
     monkeypatch.setattr(head, "MIN_VOCAB", 4096)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                         num_key_value_heads=1, intermediate_size=32, attn_implementation="sdpa"))
+                                         num_key_value_heads=1, intermediate_size=32, attn_implementation=attention))
     batch = completion_batch(rows(vocab), pad_id=0)
     valid = batch["attention_mask"][:, -batch["completion_width"]:].bool()
     results = []
@@ -102,17 +104,19 @@ def test_batch_flattening_combinations_that_are_refused(keys, message):
         config(**keys)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("vocab", [300, 4096], ids=["model-logits", "output-layer"])
-def test_flattened_preference_rows_give_the_padded_sequence_log_probs_and_gradients(vocab, monkeypatch):
+def test_flattened_preference_rows_give_the_padded_sequence_log_probs_and_gradients(vocab, attention, monkeypatch):
     """dpo_padding_free: pairs (chosen rows, then rejected rows, right-padded) as one sequence: the same sequence
-    log-probs, per-token log-probs, mean-logit metric and gradients, through the model's logits and the output layer."""
+    log-probs, per-token log-probs, mean-logit metric and gradients, through the model's logits and the output layer,
+    with SDPA and with eager attention."""
     from rlft.data.preference import pair_batch
     from rlft.train.recipes.preference import sequence_logps
 
     monkeypatch.setattr(head, "MIN_VOCAB", 4096)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                         num_key_value_heads=1, intermediate_size=32, attn_implementation="sdpa"))
+                                         num_key_value_heads=1, intermediate_size=32, attn_implementation=attention))
     g = torch.Generator().manual_seed(5)
     ids = lambda n: torch.randint(1, vocab, (n,), generator=g).tolist()  # noqa: E731
     examples = [{"prompt_ids": ids(4), "chosen_ids": ids(3), "rejected_ids": ids(6)},
@@ -185,3 +189,30 @@ def test_evaluation_batches_go_shortest_first_when_lengths_are_known():
     assert sorted(int(b["attention_mask"][r].sum()) for b in sorted_batches for r in range(len(b["input_ids"]))) == sorted(lengths)
     assert [int(b["attention_mask"][r].sum()) for b in plain_batches for r in range(len(b["input_ids"]))] == lengths
     assert padding(sorted_batches) < 0.1 < 0.5 < padding(plain_batches)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_sft_rows_give_each_documents_own_loss(attention):
+    """sample_packing: documents packed into one row under the block-diagonal mask have the summed NLL and gradients
+    of the same documents in padded rows, with SDPA and with eager attention (which adds the mask to its scores)."""
+    from rlft.data.collate import pad_batch, packed_batch
+    from rlft.train.recipes.sft import SFTRecipe
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=32, attn_implementation=attention))
+    g = torch.Generator().manual_seed(6)
+    documents = []
+    for length in (5, 8, 3):
+        ids = torch.randint(1, 300, (length,), generator=g).tolist()
+        documents.append({"input_ids": ids, "labels": [-100] + ids[1:]})
+    results = []
+    for batch in (pad_batch(documents, pad_id=0), packed_batch([documents], pad_id=0)):
+        model.zero_grad()
+        loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (padded_loss, grads), (packed_loss, packed_grads) = results
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(packed_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)

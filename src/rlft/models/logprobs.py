@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from rlft.data.collate import padded_to
 from rlft.losses.linear_ce import linear_token_logps
 from rlft.models.head import final_hidden, output_layer
-from rlft.models.masks import safe_attention
+from rlft.models.masks import safe_attention, with_model_mask
 
 
 def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
@@ -63,9 +63,10 @@ def model_inputs(batch: dict[str, Any], prefix: str = "", names: tuple[str, ...]
 
 
 def padded(outputs: torch.Tensor, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
-    """A forward's (1, N, D) outputs over flattened rows back in the padded (R, T, D) layout; padded outputs as they are."""
+    """A forward's (S, N, D) outputs over flattened rows (or pairs sharing their prompt, `share_prompts`) back in the
+    padded (R, T, D) layout; padded outputs as they are."""
     index = batch.get(prefix + "flat_index")
-    return outputs if index is None else outputs[0][index]
+    return outputs if index is None else outputs.flatten(0, 1)[index]
 
 
 def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
@@ -73,7 +74,7 @@ def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
     width = int(batch["completion_width"])
     if "flat_input_ids" in batch:
         index = batch["flat_index"][:, -width - 1 : -1]
-        logits = model(**model_inputs(batch), logits_to_keep=index.reshape(-1), use_cache=False).logits
+        logits = model(**with_model_mask(model, model_inputs(batch)), logits_to_keep=index.reshape(-1), use_cache=False).logits
         return logits.float().view(*index.shape, -1)
     logits = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
     return logits.float()
@@ -82,7 +83,7 @@ def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
 def left_padded_inputs(model, batch: dict[str, Any]) -> dict[str, Any]:
     """`model_inputs` of a completion batch (prompts left-padded), with a mask no attention kernel turns into NaN
     (rlft.models.masks)."""
-    inputs = model_inputs(batch)
+    inputs = with_model_mask(model, model_inputs(batch))  # a flattened batch's 4-D mask, for eager attention
     if "attention_mask" in inputs:
         inputs["attention_mask"] = safe_attention(model, inputs["attention_mask"])
     return inputs

@@ -21,6 +21,32 @@ def attention_implementation(model) -> str:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
 
 
+def model_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """A boolean 4-D mask (True = attend) in the form `model`'s attention implementation reads.
+
+    transformers passes a 4-D mask through untouched: SDPA reads booleans, but eager attention and flex_attention *add*
+    the mask to the scores, so they need an additive float mask (0 / dtype min); a boolean one would add 1 or 0 and
+    mask nothing. Flash-attention reads no mask at all."""
+    implementation = attention_implementation(model)
+    if implementation == "sdpa" or mask.dtype != torch.bool:
+        return mask
+    if "flash" in implementation:
+        raise ValueError(f"this batch needs an explicit attention mask; attn_implementation={implementation!r} reads none "
+                         "(use sdpa, eager or flex_attention)")
+    dtype = next(model.parameters()).dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def with_model_mask(model, inputs: dict) -> dict:
+    """Forward inputs whose 4-D attention mask (a packed, flattened or prompt-sharing batch's) is in the form `model`
+    reads (`model_attention_mask`); other inputs as they are."""
+    mask = inputs.get("attention_mask")
+    if mask is None or mask.dim() != 4:
+        return inputs
+    return {**inputs, "attention_mask": model_attention_mask(model, mask)}
+
+
 def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:
     """A 2-D mask on a CUDA device, read by SDPA, whose rows start with padding."""
     return (attention_mask is not None and attention_mask.dim() == 2 and attention_mask.device.type == "cuda"

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from rlft.models.logprobs import draw_tokens, process_logits
-from rlft.models.masks import attention_implementation
+from rlft.models.masks import attention_implementation, model_attention_mask
 from rlft.rollout.types import SamplingParams
 
 
@@ -244,22 +244,6 @@ def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tupl
     logps = torch.log_softmax(logits[:, : seq_len - 1].float(), -1).gather(-1, doc_ids[:, 1:, None]).squeeze(-1)
     mask = doc_attention[:, 1:].bool() & doc_attention[:, :-1].bool()
     return torch.where(mask, -logps, torch.zeros_like(logps)), mask
-
-
-def model_attention_mask(model, mask: Tensor) -> Tensor:
-    """The dense 4-D mask in the form the model's attention implementation reads.
-
-    transformers passes a 4-D mask through untouched: SDPA reads booleans (True = attend), eager
-    *adds* the mask to the scores, so it needs an additive float mask (0 / dtype min).
-    """
-    implementation = attention_implementation(model)
-    if implementation == "sdpa":
-        return mask
-    if "flash" in implementation:
-        raise ValueError(f"strided attention needs an explicit mask; attn_implementation={implementation!r} has none "
-                         "(use sdpa, eager or flex_attention)")
-    dtype = next(model.parameters()).dtype
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int):

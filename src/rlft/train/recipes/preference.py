@@ -23,6 +23,7 @@ from rlft.losses.sft import IGNORE, token_nll
 from rlft.models.head import final_hidden, output_layer
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
+from rlft.models.masks import with_model_mask
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
@@ -50,7 +51,7 @@ def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> Sequence
     """Completion-token log-probs with the output layer applied to the completion positions only, in chunks
     (`rlft.losses.linear_ce`, see `rlft.models.head`), or None where the model's own logits must be used."""
     head = output_layer(model)
-    hidden = final_hidden(model, model_inputs(batch, prefix, INPUTS), head) if head is not None else None
+    hidden = final_hidden(model, with_model_mask(model, model_inputs(batch, prefix, INPUTS)), head) if head is not None else None
     if hidden is None:
         return None
     hidden = padded(hidden, batch, prefix)
@@ -74,7 +75,7 @@ def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = F
         fused = _through_output_layer(model, batch, prefix)
         if fused is not None:
             return fused
-    logits = padded(model(**model_inputs(batch, prefix, INPUTS), use_cache=False).logits, batch, prefix)
+    logits = padded(model(**with_model_mask(model, model_inputs(batch, prefix, INPUTS)), use_cache=False).logits, batch, prefix)
     nll, mask = token_nll(logits, batch[prefix + "labels"])
     lengths = mask.sum(-1)
     whole = whole_lengths = None

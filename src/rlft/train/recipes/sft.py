@@ -13,6 +13,7 @@ from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
 from rlft.models.head import final_hidden, output_layer
 from rlft.models.liger import liger_linear_cross_entropy_sum, liger_loss
+from rlft.models.masks import with_model_mask
 from rlft.train.parallel import eval_share, sum_across
 from rlft.train.recipe import LossOutput, Recipe
 
@@ -54,7 +55,7 @@ class SFTRecipe(Recipe):
         """Sum of the target tokens' NLL. The output layer is applied to the target positions only, in chunks
         (rlft.losses.linear_ce), unless the model's logits are not plain `lm_head(hidden)` or its weights are
         sharded: then the model's own (B, T, V) logits."""
-        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        inputs = with_model_mask(model, {k: batch[k] for k in MODEL_INPUTS if k in batch})  # packed rows' mask for eager
         head = output_layer(model)
         hidden = final_hidden(model, inputs, head) if head is not None else None
         if hidden is not None:
