@@ -289,7 +289,8 @@ def test_dpo_padding_free_trains_what_padded_pairs_train(example, warm_model, cl
         out = tmp_path / f"{example}-{flat}"
         assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
                    "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8",
-                   f"--dpo_padding_free={str(flat).lower()}", *_data_overrides(clear_preferences, kind)) == 0
+                   f"--dpo_padding_free={str(flat).lower()}", *_data_overrides(clear_preferences, kind),
+                   *([] if example == "kto" else ["--dpo_share_prompt=false"])) == 0  # shared prompts: the next test
         runs[flat] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
     assert set(flattened) == ({"", "kl_"} if example == "kto" else {""})
     assert len(runs[True]) == len(runs[False]) > 6
@@ -302,3 +303,37 @@ def test_dpo_padding_free_trains_what_padded_pairs_train(example, warm_model, cl
             assert got[key] == pytest.approx(expected[key], rel=tolerance, abs=1e-4), (key, got[key], expected[key])
     evals = [m["eval/loss"] for m in runs[True] if "eval/loss" in m]
     assert evals[-1] < evals[0] - 0.01  # it learns
+
+
+@pytest.mark.parametrize("example", ["dpo", "orpo"])
+def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear_preferences, cli, tmp_path, monkeypatch,
+                                                      repo_root, capsys):
+    """`dpo_share_prompt` (on by default for a Llama with SDPA): each pair's prompt once and both answers after it, one
+    sequence per pair or, with dpo_padding_free, every pair of the micro-batch in one sequence. Every logged metric and
+    evaluation is the run's with the prompt twice (dpo_share_prompt: false), the plan says which, and it learns."""
+    from rlft.train.recipes import preference
+
+    monkeypatch.chdir(repo_root)
+    shared = []
+    monkeypatch.setattr(preference, "share_prompts", lambda *a, _f=preference.share_prompts: shared.append(a[3]) or _f(*a))
+    runs, plans = {}, {}
+    for name, keys in (("twice", ["--dpo_share_prompt=false"]), ("once", []), ("once-flat", ["--dpo_padding_free=true"])):
+        out = tmp_path / f"{example}-{name}"
+        assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", *keys,
+                   *_data_overrides(clear_preferences, "pairs")) == 0
+        runs[name] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
+        plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
+        assert bool(shared) is (name != "twice") and (True in shared) is (name == "once-flat")  # True: in one sequence
+        shared.clear()
+    assert "twice per pair (dpo_share_prompt: false)" in plans["twice"]
+    assert "once per pair, both answers after it" in plans["once"]
+    for name in ("once", "once-flat"):
+        assert len(runs[name]) == len(runs["twice"]) > 6
+        for got, expected in zip(runs[name], runs["twice"]):
+            assert got.keys() == expected.keys()
+            for key in trained_values(expected):
+                tolerance = 1e-3 if key == "grad_norm" else 1e-4  # float32 sums in another order, as above
+                assert got[key] == pytest.approx(expected[key], rel=tolerance, abs=1e-4), (name, key, got[key], expected[key])
+    margins = [m["eval/rewards/margins"] for m in runs["once"] if "eval/rewards/margins" in m]
+    assert margins[-1] > margins[0] + 0.01  # it learns

@@ -384,6 +384,20 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
 
 
 PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
+PAIR_METHODS = ("dpo", "ipo", "orpo", "simpo")  # trained on (prompt, chosen, rejected)
+
+
+def prompt_sharing_problem(cfg) -> str | None:
+    """Why this config's pairs cannot share their prompt (`dpo_share_prompt`), or None (the model may still say no:
+    `rlft.models.masks.shared_prompt_problem`)."""
+    if cfg.method not in PAIR_METHODS:
+        return f"it applies to the pair methods ({', '.join(PAIR_METHODS)}), not {cfg.method}"
+    attention = cfg.effective_attn_implementation
+    if attention not in ("sdpa", "eager"):
+        return f"it needs SDPA or eager attention (a mask per pair), not {attention}"
+    if cfg.pad_to_sequence_len:
+        return "pad_to_sequence_len pads every row to sequence_len, and a pair with its prompt shared is up to twice that"
+    return None
 
 
 def flattens_batches(cfg) -> bool:
@@ -527,6 +541,8 @@ def _preference_problems(cfg: RlftConfig):
     for key in ("precompute_ref_log_probs", "ref_model"):
         if getattr(cfg, key) and cfg.method in ("orpo", "simpo", "reward_model"):
             yield f"{key}: {cfg.method} uses no reference model; remove the key"
+    if cfg.dpo_share_prompt and (problem := prompt_sharing_problem(cfg)):
+        yield f"dpo_share_prompt: {problem}; remove the key (or set it to false)"
 
 
 def _ebft_problems(cfg: RlftConfig):

@@ -86,12 +86,16 @@ def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_
     return {**batch, "attention_mask": block_causal_mask(document)} if block_mask else batch
 
 
-def block_causal_mask(document: torch.Tensor) -> torch.Tensor:
+def block_causal_mask(document: torch.Tensor, branch: torch.Tensor | None = None) -> torch.Tensor:
     """(B, 1, T, T) bool: each token attends to the tokens before it in its own document. `document` (B, T) numbers
-    the documents of each row, -1 for padding, which attends only to itself (no all-masked softmax row)."""
+    the documents of each row, -1 for padding, which attends only to itself (no all-masked softmax row). `branch`
+    (B, T), for documents that hold one prompt and several answers after it: 0 on the prompt, k on answer k; a token
+    then attends to its document's prompt and to its own answer, not to the other answers."""
     width = document.size(1)
     causal = torch.ones(width, width, dtype=torch.bool, device=document.device).tril()
     mask = (document[:, :, None] == document[:, None, :]) & causal & (document[:, :, None] >= 0)
+    if branch is not None:
+        mask &= (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
     return (mask | torch.eye(width, dtype=torch.bool, device=document.device))[:, None]
 
 

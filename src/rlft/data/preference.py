@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlft.data.collate import pad_batch
+from rlft.data.collate import block_causal_mask, pad_batch, padded_to
 from rlft.data.formats import RowError, text
 from rlft.data.tokenize import IGNORE, split_answers
 
@@ -78,6 +78,52 @@ def pair_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0, mult
     return batch
 
 
+def share_prompts(examples: list[dict[str, Any]], padded_width: int, pad_id: int, one_sequence: bool = False,
+                  multiple: int = 1) -> dict[str, torch.Tensor]:
+    """`pair_batch`'s pairs with each prompt computed once (prefix sharing, Wang and Hegde 2024, arXiv:2410.20305).
+
+    Pair i becomes one sequence [prompt | chosen | rejected]: position ids 0..p-1 on the prompt, then p, p+1, ... on
+    the chosen answer and p, p+1, ... again on the rejected one, and a mask (`block_causal_mask` with branches) that
+    lets each answer attend to the prompt and to itself, never to the other answer. Every token sees what it sees in
+    its own padded row, so the log-probs are the padded rows' (to float rounding), and the prompt goes through the
+    model once instead of twice. One sequence per pair, right-padded to the longest (rounded up to `multiple`), or
+    with `one_sequence` (`dpo_padding_free` with a mask) every pair in one sequence without padding.
+
+    Returned as the `flat_*` keys that `rlft.models.logprobs.model_inputs` and `padded` read. `flat_index`
+    (2 x pairs, `padded_width`) gives, for each slot of `pair_batch`'s layout (chosen rows, then rejected rows), the
+    position in the forward's outputs flattened over (sequences x width) that holds its values; a padding slot points
+    at its row's last token (the labels mask it).
+    """
+    count = len(examples)
+    parts = [[len(e[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")] for e in examples]
+    lengths = [sum(part) for part in parts]
+    groups = [list(range(count))] if one_sequence else [[i] for i in range(count)]
+    width = sum(lengths) if one_sequence else padded_to(max(lengths), 0, multiple)
+    input_ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
+    positions = torch.zeros_like(input_ids)
+    document = torch.full_like(input_ids, -1)
+    branch = torch.zeros_like(input_ids)
+    start = [0] * count  # position of each pair's first token in the flattened outputs
+    for row, group in enumerate(groups):
+        offset = 0
+        for i in group:
+            (p, c, r), n, e = parts[i], lengths[i], examples[i]
+            span = slice(offset, offset + n)
+            input_ids[row, span] = torch.tensor(e["prompt_ids"] + e["chosen_ids"] + e["rejected_ids"], dtype=torch.long)
+            positions[row, span] = torch.cat([torch.arange(p + c), torch.arange(p, p + r)])
+            document[row, span] = i
+            branch[row, span] = torch.tensor([0] * p + [1] * c + [2] * r)
+            start[i] = row * width + offset
+            offset += n
+    slots = torch.arange(padded_width)
+    index = torch.empty((2 * count, padded_width), dtype=torch.long)
+    for i, (p, c, r) in enumerate(parts):
+        index[i] = start[i] + slots.clamp(max=p + c - 1)
+        index[count + i] = start[i] + torch.where(slots < p, slots, p + c + (slots - p).clamp(max=r - 1))
+    return {"flat_input_ids": input_ids, "flat_position_ids": positions, "flat_index": index,
+            "flat_attention_mask": block_causal_mask(document, branch)}
+
+
 def assign_kl_completions(examples: list[dict[str, Any]]) -> None:
     """Give example i the completion of example i+1 as its mismatched pair (KTO's KL reference point).
 
@@ -108,6 +154,11 @@ def _right_pad(sequences: list[list[int]], prompt_lengths: list[int], pad_id: in
     """pad_batch's right-padded rows, with the prompt's tokens out of the labels."""
     return pad_batch([{"input_ids": s, "labels": [IGNORE] * p + list(s[p:])} for s, p in zip(sequences, prompt_lengths)],
                      pad_id, width, multiple)
+
+
+def shared_length(example: dict[str, Any]) -> int:
+    """Tokens of a pair's sequence with its prompt shared (`share_prompts`)."""
+    return len(example["prompt_ids"]) + len(example["chosen_ids"]) + len(example["rejected_ids"])
 
 
 def example_length(example: dict[str, Any]) -> int:

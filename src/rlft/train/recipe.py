@@ -33,6 +33,7 @@ class Recipe:
     name: str = "recipe"
     train_plan: BatchPlan
     draws_per_step: int | None = None  # plan batches per optimizer step; None = gradient_accumulation_steps
+    plan_rows: tuple[tuple[str, str], ...] = ()  # (name, value) lines the run's plan shows
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:

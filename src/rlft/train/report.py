@@ -20,7 +20,8 @@ def _key_value_table(title: str) -> Table:
     return table
 
 
-def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step: int | None = None) -> None:
+def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step: int | None = None,
+               rows: tuple[tuple[str, str], ...] = ()) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     steps = total_steps_for(cfg, micro_batches, draws_per_step)
@@ -44,6 +45,8 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("kernels", liger_summary(cfg, model.config.model_type))
     if shared := strategy(cfg, accelerator.num_processes):
         table.add_row("processes", f"{accelerator.num_processes}: {shared}")
+    for name, value in rows:
+        table.add_row(name, value)
     table.add_row("output", str(Path(cfg.output_dir).resolve()))
     console.print(table)
 

@@ -116,7 +116,7 @@ def _train(cfg, console: Console) -> LoopResult:
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step)
+        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows)
         if compile_options(cfg) is not None:
             engine = cfg.method in ("grpo", "gdpo") or (cfg.method == "ebft" and cfg.ebft.mode != "strided")
             decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
@@ -172,7 +172,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     from rlft.errors import DataError
     from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
     from rlft.models.loading import attach_adapter, disable_dropout, load_model
-    from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
+    from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load, prompt_sharing
 
     method = cfg.method
     data = prepare_data(cfg, tokenizer, preference_steps(method))
@@ -215,8 +215,11 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     if reference is not None:
         reference.to(accelerator.device)
     shard = (accelerator.process_index, accelerator.num_processes)
-    recipe_class = KTORecipe if method == "kto" else PairRecipe
-    recipe = recipe_class(cfg, data, tokenizer.pad_token_id, reference, shard)
+    if method == "kto":
+        recipe = KTORecipe(cfg, data, tokenizer.pad_token_id, reference, shard)
+    else:
+        sharing = prompt_sharing(cfg, [model, reference.model if reference else None], data.train + data.eval)
+        recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing)
     if cfg.precompute_ref_log_probs:
         model.to(accelerator.device)
         identity = [cfg.base_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir, cfg.rl_adapter_ref_model,

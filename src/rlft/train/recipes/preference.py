@@ -16,14 +16,16 @@ from typing import Any
 
 import torch
 
-from rlft.data.preference import example_length, kto_batch, pair_batch
+from rlft.config.schema import prompt_sharing_problem
+from rlft.data.preference import example_length, kto_batch, pair_batch, share_prompts, shared_length
+from rlft.errors import ConfigError
 from rlft.losses import preference as L
 from rlft.losses.linear_ce import linear_token_nll
 from rlft.losses.sft import IGNORE, token_nll
 from rlft.models.head import final_hidden, output_layer
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
-from rlft.models.masks import with_model_mask
+from rlft.models.masks import shared_prompt_problem, with_model_mask
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
@@ -95,10 +97,36 @@ def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], pref
         return sequence_logps(network, batch, prefix)
 
 
+def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether pairs share their prompt (`dpo_share_prompt`, `share_prompts`) with these models (policy, reference;
+    None entries skipped), and the plan's line saying so. Asked for explicitly but impossible: ConfigError."""
+    if cfg.dpo_share_prompt is False:
+        return False, "twice per pair (dpo_share_prompt: false)"
+    longest = max((shared_length(e) for e in examples), default=0)
+    problem = prompt_sharing_problem(cfg) or next(
+        (problem for model in models if model is not None and (problem := shared_prompt_problem(model, longest))), None)
+    if problem and cfg.dpo_share_prompt:
+        raise ConfigError(f"dpo_share_prompt: {problem}; remove the key (or set it to false)")
+    if problem:
+        return False, f"twice per pair: {problem}"
+    return True, "once per pair, both answers after it (dpo_share_prompt)"
+
+
+def pair_collate(pad_id: int, share: bool, one_sequence: bool = False, width: int = 0, multiple: int = 1):
+    """Rows -> `pair_batch`, with each prompt shared by its two answers when `share` (`share_prompts`)."""
+    def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = pair_batch(rows, pad_id, width, multiple)
+        if share:
+            batch.update(share_prompts(rows, batch["input_ids"].shape[1], pad_id, one_sequence, multiple))
+        return batch
+    return collate
+
+
 class PairRecipe(Recipe):
     """DPO (every loss type) / IPO, ORPO and SimPO-CPO on (prompt, chosen, rejected) pairs."""
 
-    def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
+                 sharing: tuple[bool, str] = (False, "twice per pair")):
         self.cfg = cfg
         self.method = cfg.method
         self.name = self.method
@@ -106,8 +134,12 @@ class PairRecipe(Recipe):
         self.precompute_time = 0.0  # seconds computing reference log-probs before training (precompute_ref_log_probs)
         self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
         self.bco_mean, self.bco_count = 0.0, 0
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)),
-                                                           flat=("",))
+        self.share_prompt = sharing[0]
+        self.plan_rows = (("prompts", sharing[1]),)
+        # dpo_padding_free with a mask and shared prompts: every pair of the micro-batch in one sequence
+        collate = pair_collate(pad_id, self.share_prompt, cfg.flat_batches == "mask", padded_width(cfg), pad_multiple(cfg))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, collate,
+                                                           flat=() if self.share_prompt else ("",))
 
     @property
     def needs_reference(self) -> bool:
@@ -199,7 +231,7 @@ class PairRecipe(Recipe):
         return _weighted_eval(self, model, batches)
 
     def precompute_reference(self, policy, examples: list[dict[str, Any]], pad_id: int, device, batch_size: int) -> None:
-        _store_reference(self, policy, examples, lambda rows: pair_batch(rows, pad_id), ("ref_chosen", "ref_rejected"), device, batch_size)
+        _store_reference(self, policy, examples, pair_collate(pad_id, self.share_prompt), ("ref_chosen", "ref_rejected"), device, batch_size)
 
 
 class KTORecipe(Recipe):
@@ -240,12 +272,12 @@ class KTORecipe(Recipe):
         reference_time = None if "ref_logps" in batch else clock() - started
         result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
                             desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
-        desirable = batch["desirable"]
+        desirable, logps = batch["desirable"], out.logps.detach()
         metrics = {"kl": float(result.kl.detach())}
         if desirable.any():
-            metrics.update({"rewards/chosen": float(result.chosen_rewards.mean()), "logps/chosen": float(out.logps[desirable].mean())})
+            metrics.update({"rewards/chosen": float(result.chosen_rewards.mean()), "logps/chosen": float(logps[desirable].mean())})
         if (~desirable).any():
-            metrics.update({"rewards/rejected": float(result.rejected_rewards.mean()), "logps/rejected": float(out.logps[~desirable].mean())})
+            metrics.update({"rewards/rejected": float(result.rejected_rewards.mean()), "logps/rejected": float(logps[~desirable].mean())})
         if desirable.any() and (~desirable).any():
             metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
         if reference_time is not None:

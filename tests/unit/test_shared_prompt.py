@@ -1,0 +1,159 @@
+"""dpo_share_prompt: each pair's prompt once, both answers after it, gives the log-probs of the padded pairs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from rlft.config.loading import build_config
+from rlft.data.preference import pair_batch, share_prompts
+from rlft.errors import ConfigError
+from rlft.models import head
+from rlft.models.masks import SHARED_PROMPT_MODELS, shared_prompt_problem
+from rlft.train.recipes.preference import pair_collate, prompt_sharing, sequence_logps
+
+
+EAGER_ONLY = ("gemma2", "gpt_oss")  # transformers gives these no SDPA
+
+
+def pairs(vocab: int, shapes=((6, 3, 5), (2, 5, 1), (4, 2, 2))):
+    g = torch.Generator().manual_seed(5)
+    ids = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    return [{"prompt_ids": ids(p), "chosen_ids": ids(c), "rejected_ids": ids(r)} for p, c, r in shapes]
+
+
+def tiny(vocab: int = 128, attention: str = "sdpa", **keys) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32, attn_implementation=attention, **keys))
+
+
+def test_the_shared_layout_by_hand():
+    """Prompt a b, chosen c, rejected d e: one sequence a b c d e, positions 0 1 2 2 3; d sees a b and itself, not c."""
+    example = {"prompt_ids": [11, 12], "chosen_ids": [13], "rejected_ids": [14, 15]}
+    batch = pair_batch([example], pad_id=0)  # rows: a b c (padded to 4), a b d e
+    shared = share_prompts([example], batch["input_ids"].shape[1], pad_id=0)
+    assert shared["flat_input_ids"].tolist() == [[11, 12, 13, 14, 15]]
+    assert shared["flat_position_ids"].tolist() == [[0, 1, 2, 2, 3]]
+    assert shared["flat_attention_mask"][0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 0, 1, 1]]
+    # chosen row a b c pad -> 0 1 2 2 (padding points at the last token); rejected row a b d e -> 0 1 3 4
+    assert shared["flat_index"].tolist() == [[0, 1, 2, 2], [0, 1, 3, 4]]
+
+
+def test_pairs_in_one_sequence_and_padded_pairs():
+    examples = pairs(50, ((2, 1, 1), (1, 2, 1)))
+    width = pair_batch(examples, pad_id=0)["input_ids"].shape[1]
+    padded = share_prompts(examples, width, pad_id=0, multiple=8)
+    assert padded["flat_input_ids"].shape == (2, 8)  # 4 tokens each, rounded up to 8
+    assert padded["flat_position_ids"][1].tolist() == [0, 1, 2, 1, 0, 0, 0, 0]
+    mask = padded["flat_attention_mask"][1, 0]
+    assert mask[4:].int().tolist() == torch.eye(8, dtype=torch.int)[4:].tolist()  # padding attends to itself alone
+    flat = share_prompts(examples, width, pad_id=0, one_sequence=True)
+    assert flat["flat_input_ids"].shape == (1, 8)
+    # pair 0 = p p c r at 0-3, pair 1 = p c c r at 4-7; rows are 3 wide: chosen rows, then rejected rows
+    assert flat["flat_index"].tolist() == [[0, 1, 2], [4, 5, 6], [0, 1, 3], [4, 7, 7]]
+    assert not flat["flat_attention_mask"][0, 0, 4:, :4].any()  # the second pair does not see the first
+
+
+def _sequence_results(model, batch, weights):
+    model.zero_grad()
+    out = sequence_logps(model, batch)
+    (out.logps * weights).sum().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("vocab", [300, 4096], ids=["model-logits", "output-layer"])
+@pytest.mark.parametrize("one_sequence", [False, True], ids=["sequence-per-pair", "padding-free"])
+def test_shared_prompts_give_the_padded_pairs_log_probs_and_gradients(vocab, attention, one_sequence, monkeypatch):
+    monkeypatch.setattr(head, "MIN_VOCAB", 4096)
+    model = tiny(vocab, attention)
+    examples = pairs(vocab)
+    weights = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.25, -1.0])
+    plain, grads = _sequence_results(model, pair_collate(0, False, multiple=4)(examples), weights)
+    shared, shared_grads = _sequence_results(model, pair_collate(0, True, one_sequence, multiple=4)(examples), weights)
+    torch.testing.assert_close(shared.logps, plain.logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared.token_logps[plain.mask], plain.token_logps[plain.mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared.mean_logits, plain.mean_logits, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(shared_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_whole_sequence_and_per_position_terms_too():
+    """ORPO's sequence span (prompt included) and WPO's per-position term read the model's logits of every slot."""
+    model = tiny()
+    examples = pairs(128)
+    with torch.no_grad():
+        plain = sequence_logps(model, pair_collate(0, False)(examples), wpo=True, whole_rows=3)
+        shared = sequence_logps(model, pair_collate(0, True)(examples), wpo=True, whole_rows=3)
+    torch.testing.assert_close(shared.sequence_logps, plain.sequence_logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared.log_sum_sq_probs[plain.mask], plain.log_sum_sq_probs[plain.mask], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", SHARED_PROMPT_MODELS)
+def test_every_model_type_on_the_list_gives_its_own_rows_log_probs(kind):
+    """The list in rlft.models.masks is what this test has checked: a tiny random model of each type."""
+    config = AutoConfig.for_model(kind, vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=64, head_dim=8)
+    for key, value in dict(moe_intermediate_size=16, num_experts=4, num_local_experts=4, num_experts_per_tok=2).items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    config.pad_token_id = config.bos_token_id = config.eos_token_id = None
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager" if kind in EAGER_ONLY else "sdpa").eval()
+    examples = pairs(128)
+    assert shared_prompt_problem(model, 20) is None
+    with torch.no_grad():
+        plain = sequence_logps(model, pair_collate(0, False)(examples)).logps
+        shared = sequence_logps(model, pair_collate(0, True)(examples)).logps
+    torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_models_that_cannot_share_say_why():
+    assert shared_prompt_problem(tiny(), 10**6) is None  # llama: no window
+    mistral = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "mistral", vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, sliding_window=8, pad_token_id=None, bos_token_id=None, eos_token_id=None), attn_implementation="sdpa")
+    assert shared_prompt_problem(mistral, 8) is None
+    assert "sliding window (8 tokens) is shorter than the longest pair with its prompt shared (9 tokens)" in shared_prompt_problem(mistral, 9)
+    holder = torch.nn.Module()
+    holder.config = AutoConfig.for_model("qwen3_next")  # linear-attention layers: the rejected answer would read the chosen
+    assert "model type qwen3_next is not one rlft has checked" in shared_prompt_problem(holder, 1)
+
+
+def config(**keys):
+    return build_config({"base_model": "m", "datasets": [{"path": "d.jsonl"}], "micro_batch_size": 4, "rl": "dpo", **keys})
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"rl": "kto"}, "dpo_share_prompt: it applies to the pair methods \\(dpo, ipo, orpo, simpo\\), not kto"),
+    ({"flash_attention": True}, "dpo_share_prompt: it needs SDPA or eager attention \\(a mask per pair\\), not flash_attention_2"),
+    ({"pad_to_sequence_len": True}, "pad_to_sequence_len pads every row to sequence_len"),
+])
+def test_asking_for_shared_prompts_where_they_cannot_be_is_refused(keys, message):
+    with pytest.raises(ConfigError, match=message):
+        config(dpo_share_prompt=True, **keys)
+
+
+def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
+    examples = pairs(128)
+    assert prompt_sharing(config(), [tiny(), None], examples) == (True, "once per pair, both answers after it (dpo_share_prompt)")
+    assert prompt_sharing(config(dpo_share_prompt=False), [tiny()], examples) == (False, "twice per pair (dpo_share_prompt: false)")
+    on, line = prompt_sharing(config(flash_attention=True), [tiny()], examples)
+    assert not on and line == "twice per pair: it needs SDPA or eager attention (a mask per pair), not flash_attention_2"
+    narrow = tiny(sliding_window=4)
+    narrow.config.model_type = "mistral"
+    on, line = prompt_sharing(config(), [tiny(), narrow], examples)  # the reference model's window decides too
+    assert not on and "sliding window (4 tokens)" in line
+    with pytest.raises(ConfigError, match="dpo_share_prompt: its sliding window \\(4 tokens\\) .* set it to false"):
+        prompt_sharing(config(dpo_share_prompt=True), [narrow], examples)
