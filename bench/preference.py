@@ -13,11 +13,13 @@ same 8 pairs, padded to the same width; the first batch's token ids are compared
 at step 1 the step-1 loss must be log 2 in every run (asserted); the loss curves are then compared step by
 step (they should agree to float noise, since the weights, data and optimizer are the same).
 
-Four settings, each tool run alternately --repeat times after a short warm-up of each:
+Five settings, each tool run alternately --repeat times after a short warm-up of each:
   rlft  ref=copy        the frozen reference copy runs a forward every step (rlft's default)
   rlft  ref=precompute  `precompute_ref_log_probs: true`: reference log-probs computed once before training
   TRL   ref=model       TRL's default: a reference model (loaded from the saved path) runs every step
   TRL   ref=precompute  `precompute_ref_log_probs=True` (same precompute batch size, 8, as rlft)
+  rlft  ref=copy, twice `dpo_share_prompt: false`: each prompt computed twice, in 2B padded rows, as TRL does
+rlft's other two settings share each pair's prompt (its default, docs/preference.md): one sequence per pair.
 
 Measured per run:
   wall      the training call: rlft `train(cfg, console)` (tokenizer + data preparation + model and reference
@@ -87,23 +89,26 @@ LR = 5e-4
 BETA = 0.1
 MAX_LENGTH = 32
 LOG2 = math.log(2)
-SETTINGS = [("rlft", False), ("trl", False), ("rlft", True), ("trl", True)]  # (tool, precompute): the run order
+# (tool, precompute, rlft's dpo_share_prompt): the run order. rlft shares each pair's prompt by default; "-twice" is
+# rlft with dpo_share_prompt: false, the 2B padded rows TRL computes too
+SETTINGS = [("rlft", False, True), ("trl", False, None), ("rlft", True, True), ("trl", True, None), ("rlft", False, False)]
 
 
-def label(tool: str, precompute: bool) -> str:
-    return f"{tool}-{'precompute' if precompute else ('copy' if tool == 'rlft' else 'model')}"
+def label(tool: str, precompute: bool, share: bool | None = None) -> str:
+    return f"{tool}-{'precompute' if precompute else ('copy' if tool == 'rlft' else 'model')}{'-twice' if share is False else ''}"
 
 
 # --------------------------------------------------------------------------- rlft
 
 
-def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args) -> dict:
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args, share: bool = True) -> dict:
     cfg = build_config({
         **rlft_keys(model_dir, out_dir, steps, args.seed, LR),
         "rl": "dpo",
         "rl_beta": BETA,
         "dpo_loss_type": ["sigmoid"],
         "precompute_ref_log_probs": precompute,
+        "dpo_share_prompt": share,
         "datasets": [{"path": str(train_file)}],
         "sequence_len": MAX_LENGTH,
         "micro_batch_size": args.micro_batch,
@@ -129,7 +134,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
     loop_total = result.ended_at - result.started_at
     checkpoint = result.save_time
     return {
-        "setting": label("rlft", precompute),
+        "setting": label("rlft", precompute, share),
         "wall_s": wall,
         "setup_s": result.started_at - start,  # tokenizer, data, model + reference, precompute, plan table
         "precompute_s": result.recipe.precompute_time,
@@ -324,7 +329,8 @@ def curve_check(runs: dict[str, dict]) -> dict:
     bad = {name: loss for name, loss in step1.items() if abs(loss - LOG2) > 1e-4}
     assert not bad, f"step-1 loss is not log(2) = {LOG2:.6f}: {bad}"
     pairs = {"copy_vs_model": ("rlft-copy", "trl-model"), "precompute_vs_precompute": ("rlft-precompute", "trl-precompute"),
-             "rlft_copy_vs_rlft_precompute": ("rlft-copy", "rlft-precompute")}
+             "rlft_copy_vs_rlft_precompute": ("rlft-copy", "rlft-precompute"),
+             "rlft_prompt_once_vs_twice": ("rlft-copy", "rlft-copy-twice")}
     compared = {}
     for key, (a, b) in pairs.items():
         la, lb = runs[a]["losses"], runs[b]["losses"]
@@ -341,7 +347,7 @@ def curve_check(runs: dict[str, dict]) -> dict:
 
 def print_report(res: dict) -> None:
     r = res["best"]
-    names = ["rlft-copy", "trl-model", "rlft-precompute", "trl-precompute"]
+    names = ["rlft-copy", "trl-model", "rlft-precompute", "trl-precompute", "rlft-copy-twice"]
     print(f"\nbest of {res['repeat']} runs per setting; 1-min load average before/after: "
           f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
     print(f"DPO {res['size']} ({res['params']:,} params), {res['steps']} steps, {res['micro_batch']} pairs/step, "
@@ -361,7 +367,7 @@ def print_report(res: dict) -> None:
         print(f"{title:36s}" + "".join(f"{fmt.format(r[n][key] * scale):>16s}" for n in names))
     for title, index in (("loss at step 1", 0), ("loss at step 2", 1), ("loss at the last step", -1)):
         print(f"{title:36s}" + "".join(f"{r[n]['losses'][index]:>16.6f}" for n in names))
-    for n in ("rlft-copy", "rlft-precompute"):
+    for n in ("rlft-copy", "rlft-precompute", "rlft-copy-twice"):
         p = r[n]["phase_medians"]
         print(f"{n} phase medians (ms): data {p['data_median_s'] * 1e3:.1f}, forward+backward "
               f"{p['forward_backward_median_s'] * 1e3:.1f} (reference forward {p['reference_forward_median_s'] * 1e3:.1f}), "
@@ -386,7 +392,8 @@ def print_report(res: dict) -> None:
               f"wall {ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x  (>1: rlft is faster)")
     plain, over = res["plain_loop"], res["over_plain_loop"]
     print(f"plain PyTorch loop on rlft's batches (reference every step): median step {plain['median_step_s'] * 1e3:.1f} ms; "
-          f"rlft-copy {over['rlft-copy']:.2f}x it, trl-model {over['trl-model']:.2f}x it; its losses vs rlft-copy's: max |diff| "
+          f"rlft-copy {over['rlft-copy']:.2f}x it, rlft-copy-twice {over['rlft-copy-twice']:.2f}x it, trl-model "
+          f"{over['trl-model']:.2f}x it; its losses vs rlft-copy's: max |diff| "
           f"{res['plain_loop_max_abs_loss_diff_vs_rlft_copy']:.2e}")
 
 
@@ -400,7 +407,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None,
                         help="output-layer width (default: the byte tokenizer's; 32768 for a real tokenizer's logits)")
     parser.add_argument("--repeat", type=int, default=3,
-                        help="run the four settings this many times, alternating, and report each one's fastest run")
+                        help="run the five settings this many times, alternating, and report each one's fastest run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (its first steps compile; compare median steps)")
@@ -437,13 +444,13 @@ def main() -> None:
 
         load_before = os.getloadavg()
         plain_runs: list[dict] = []
-        runs: dict[str, list[dict]] = {label(t, p): [] for t, p in SETTINGS}
+        runs: dict[str, list[dict]] = {label(*setting): [] for setting in SETTINGS}
         first_batch_identical = True
         for index in range(args.repeat):
-            for tool, precompute in SETTINGS:
-                out = tmp / f"{label(tool, precompute)}-{index}"
+            for tool, precompute, share in SETTINGS:
+                out = tmp / f"{label(tool, precompute, share)}-{index}"
                 if tool == "rlft":
-                    run = run_rlft(model_dir, train_file, out, args.steps, precompute, args)
+                    run = run_rlft(model_dir, train_file, out, args.steps, precompute, args, share)
                     run.pop("_recipe")
                 else:
                     run = run_trl(model_dir, ordered, out, args.steps, precompute, args)
@@ -456,10 +463,10 @@ def main() -> None:
                   f"step-1 loss {plain_runs[-1]['losses'][0]:.6f}", flush=True)
         load_after = os.getloadavg()
         # Peak memory in a run of its own per setting (the sampler thread would perturb the timed runs).
-        memory = {label(tool, precompute): peak_memory(run_rlft, model_dir, train_file, tmp / f"mem-{tool}-{precompute}",
-                                                       args.steps, precompute, args) if tool == "rlft" else
+        memory = {label(tool, precompute, share): peak_memory(run_rlft, model_dir, train_file, tmp / f"mem-{tool}-{precompute}-{share}",
+                                                              args.steps, precompute, args, share) if tool == "rlft" else
                   peak_memory(run_trl, model_dir, ordered, tmp / f"mem-{tool}-{precompute}", args.steps, precompute, args)
-                  for tool, precompute in SETTINGS}
+                  for tool, precompute, share in SETTINGS}
     best = {name: min(setting_runs, key=lambda run: run["wall_s"]) for name, setting_runs in runs.items()}
     plain = min(plain_runs, key=lambda run: run["median_step_s"])
     check = curve_check(best)
@@ -491,7 +498,7 @@ def main() -> None:
         "max_length": MAX_LENGTH,
         "long": args.long,
         "repeat": args.repeat,
-        "run_order": [label(t, p) for t, p in SETTINGS],
+        "run_order": [label(*setting) for setting in SETTINGS],
         "reported_run": "each setting's run with the smallest wall time",
         "data_order": "TRL fed rlft's first-epoch batch order with sequential sampling",
         "first_batch_identical": first_batch_identical,
@@ -508,9 +515,10 @@ def main() -> None:
         "curve_check": check,
         "peak_memory_mib": memory,
         "ratio_trl_over_rlft": {"reference_every_step": ratio("rlft-copy", "trl-model"),
-                                "precomputed": ratio("rlft-precompute", "trl-precompute")},
+                                "precomputed": ratio("rlft-precompute", "trl-precompute"),
+                                "reference_every_step_prompt_twice": ratio("rlft-copy-twice", "trl-model")},
         "plain_loop": plain,  # a plain PyTorch loop on rlft's batches, reference every step (run_plain_loop): its fastest run
-        "over_plain_loop": {name: best[name]["median_step_s"] / plain["median_step_s"] for name in ("rlft-copy", "trl-model")},
+        "over_plain_loop": {name: best[name]["median_step_s"] / plain["median_step_s"] for name in ("rlft-copy", "rlft-copy-twice", "trl-model")},
         "plain_loop_max_abs_loss_diff_vs_rlft_copy": max(abs(a - b) for a, b in zip(plain["losses"], best["rlft-copy"]["losses"])),
         "all_runs": runs,
     }

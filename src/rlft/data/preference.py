@@ -97,31 +97,25 @@ def share_prompts(examples: list[dict[str, Any]], padded_width: int, pad_id: int
     count = len(examples)
     parts = [[len(e[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")] for e in examples]
     lengths = [sum(part) for part in parts]
-    groups = [list(range(count))] if one_sequence else [[i] for i in range(count)]
-    width = sum(lengths) if one_sequence else padded_to(max(lengths), 0, multiple)
-    input_ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
-    positions = torch.zeros_like(input_ids)
-    document = torch.full_like(input_ids, -1)
-    branch = torch.zeros_like(input_ids)
-    start = [0] * count  # position of each pair's first token in the flattened outputs
-    for row, group in enumerate(groups):
-        offset = 0
-        for i in group:
-            (p, c, r), n, e = parts[i], lengths[i], examples[i]
-            span = slice(offset, offset + n)
-            input_ids[row, span] = torch.tensor(e["prompt_ids"] + e["chosen_ids"] + e["rejected_ids"], dtype=torch.long)
-            positions[row, span] = torch.cat([torch.arange(p + c), torch.arange(p, p + r)])
-            document[row, span] = i
-            branch[row, span] = torch.tensor([0] * p + [1] * c + [2] * r)
-            start[i] = row * width + offset
-            offset += n
-    slots = torch.arange(padded_width)
-    index = torch.empty((2 * count, padded_width), dtype=torch.long)
-    for i, (p, c, r) in enumerate(parts):
-        index[i] = start[i] + slots.clamp(max=p + c - 1)
-        index[count + i] = start[i] + torch.where(slots < p, slots, p + c + (slots - p).clamp(max=r - 1))
-    return {"flat_input_ids": input_ids, "flat_position_ids": positions, "flat_index": index,
-            "flat_attention_mask": block_causal_mask(document, branch)}
+    rows, width = (1, sum(lengths)) if one_sequence else (count, padded_to(max(lengths), 0, multiple))
+    ids, positions, document, branch = [pad_id] * (rows * width), [0] * (rows * width), [-1] * (rows * width), [0] * (rows * width)
+    starts, offset = [], 0  # each pair's first token in the flattened (rows x width) layout
+    for i, ((p, c, r), n, e) in enumerate(zip(parts, lengths, examples)):
+        offset = offset if one_sequence else i * width
+        ids[offset : offset + n] = e["prompt_ids"] + e["chosen_ids"] + e["rejected_ids"]
+        positions[offset : offset + n] = [*range(p + c), *range(p, p + r)]
+        document[offset : offset + n] = [i] * n
+        branch[offset : offset + n] = [0] * p + [1] * c + [2] * r
+        starts.append(offset)
+        offset += n
+    p, c, r, start = torch.tensor([[*part, first] for part, first in zip(parts, starts)]).T[:, :, None]
+    slots = torch.arange(padded_width)[None]
+    chosen = start + torch.minimum(slots, p + c - 1)
+    rejected = start + torch.where(slots < p, slots, p + c + torch.minimum(slots - p, r - 1))
+    shape = (rows, width)
+    return {"flat_input_ids": torch.tensor(ids).view(shape), "flat_position_ids": torch.tensor(positions).view(shape),
+            "flat_index": torch.cat([chosen, rejected]),
+            "flat_attention_mask": block_causal_mask(torch.tensor(document).view(shape), torch.tensor(branch).view(shape))}
 
 
 def assign_kl_completions(examples: list[dict[str, Any]]) -> None:
