@@ -13,7 +13,7 @@ from rlft.data.preference import pair_batch, share_prompts
 from rlft.errors import ConfigError
 from rlft.models import head
 from rlft.models.masks import SHARED_PROMPT_MODELS, shared_prompt_problem
-from rlft.train.recipes.preference import pair_collate, prompt_sharing, sequence_logps
+from rlft.train.recipes.preference import pair_collate, prompt_sharing, sequence_logps, sharing_flops
 
 
 EAGER_ONLY = ("gemma2", "gpt_oss")  # transformers gives these no SDPA
@@ -145,9 +145,30 @@ def test_asking_for_shared_prompts_where_they_cannot_be_is_refused(keys, message
         config(dpo_share_prompt=True, **keys)
 
 
+def test_the_flops_estimate_by_hand():
+    """Llama, hidden 16, 2 layers of (q 16x16, k and v 16x8, o 16x16, MLP 3 x 16x32, 2 norms of 16), a final norm:
+    4,688 weights outside the embeddings and the output layer, 2 FLOPs each per token; attention 2 heads x 8 wide:
+    4 x 16 x 2 layers = 128 FLOPs per (query, key) pair."""
+    example = {"prompt_ids": [1] * 6, "chosen_ids": [2] * 3, "rejected_ids": [3] * 5}
+    once, twice = sharing_flops(tiny(), [example])
+    assert once == 14 * 9376 + 14**2 * 128  # prompt + both answers: 14 tokens
+    assert twice == 2 * (11 * 9376 + 11**2 * 128)  # two rows of prompt + the longer answer
+
+
+def test_for_a_7b_llama_the_weights_dominate():
+    """The figure in docs/preference.md: Llama-2-7B's shapes (on the meta device, no weights), a 150-token prompt and
+    two 300-token answers: 16 % fewer forward FLOPs with the prompt once."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                             num_key_value_heads=32, intermediate_size=11008, vocab_size=32000))
+    once, twice = sharing_flops(model, [{"prompt_ids": [1] * 150, "chosen_ids": [2] * 300, "rejected_ids": [3] * 300}])
+    assert round(1 - once / twice, 2) == 0.16
+
+
 def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
     examples = pairs(128)
-    assert prompt_sharing(config(), [tiny(), None], examples) == (True, "once per pair, both answers after it (dpo_share_prompt)")
+    assert prompt_sharing(config(), [tiny(), None], examples) == (
+        True, "once per pair, both answers after it (dpo_share_prompt; 36% fewer forward FLOPs than twice)")
     assert prompt_sharing(config(dpo_share_prompt=False), [tiny()], examples) == (False, "twice per pair (dpo_share_prompt: false)")
     on, line = prompt_sharing(config(flash_attention=True), [tiny()], examples)
     assert not on and line == "twice per pair: it needs SDPA or eager attention (a mask per pair), not flash_attention_2"
@@ -157,3 +178,13 @@ def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
     assert not on and "sliding window (4 tokens)" in line
     with pytest.raises(ConfigError, match="dpo_share_prompt: its sliding window \\(4 tokens\\) .* set it to false"):
         prompt_sharing(config(dpo_share_prompt=True), [narrow], examples)
+
+
+def test_unset_it_stays_off_where_one_sequence_per_pair_would_cost_more():
+    """A one-token prompt before two 200-token answers: the pair's 401-token sequence has 4x the attention pairs of a
+    201-token row, and the small model's weights do not make up for it."""
+    long_answers = [{"prompt_ids": [1], "chosen_ids": [2] * 200, "rejected_ids": [3] * 200}]
+    on, line = prompt_sharing(config(), [tiny()], long_answers)
+    assert not on and line.startswith("twice per pair: once would take 72% more forward FLOPs (the answers are long")
+    assert prompt_sharing(config(dpo_share_prompt=True), [tiny()], long_answers) == (
+        True, "once per pair, both answers after it (dpo_share_prompt; 72% more forward FLOPs than twice)")

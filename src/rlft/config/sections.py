@@ -736,7 +736,7 @@ class PreferenceFields(Section):
         "Each pair as one sequence, its prompt once and both answers after it, a mask keeping each answer from the "
         "other (prefix sharing, https://arxiv.org/abs/2410.20305): the prompt runs through the model once per pair, "
         "not twice, for the same log-probs. dpo, ipo, orpo and simpo with SDPA or eager attention; None -> on where "
-        "rlft has checked the model type (the plan says which).",
+        "rlft has checked the model type and it saves forward FLOPs (the plan says which, docs/preference.md).",
     )
     dpo_ld_alpha: Optional[float] = field(
         None,

@@ -98,8 +98,9 @@ def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], pref
 
 
 def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
-    """Whether pairs share their prompt (`dpo_share_prompt`, `share_prompts`) with these models (policy, reference;
-    None entries skipped), and the plan's line saying so. Asked for explicitly but impossible: ConfigError."""
+    """Whether pairs share their prompt (`dpo_share_prompt`, `share_prompts`) with these models (policy first, then
+    the reference; None entries skipped), and the plan's line saying so. Asked for explicitly but impossible:
+    ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs (`sharing_flops`)."""
     if cfg.dpo_share_prompt is False:
         return False, "twice per pair (dpo_share_prompt: false)"
     longest = max((shared_length(e) for e in examples), default=0)
@@ -109,7 +110,34 @@ def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[b
         raise ConfigError(f"dpo_share_prompt: {problem}; remove the key (or set it to false)")
     if problem:
         return False, f"twice per pair: {problem}"
-    return True, "once per pair, both answers after it (dpo_share_prompt)"
+    once, twice = sharing_flops(models[0], examples)
+    change = f"{abs(1 - once / twice):.0%} {'fewer' if once <= twice else 'more'} forward FLOPs"
+    if once > twice and cfg.dpo_share_prompt is None:
+        return False, (f"twice per pair: once would take {change} (the answers are long next to their prompts, and a "
+                       "sequence's attention grows with the square of its length); dpo_share_prompt: true forces it")
+    return True, f"once per pair, both answers after it (dpo_share_prompt; {change} than twice)"
+
+
+def sharing_flops(model, examples: list[dict[str, Any]]) -> tuple[float, float]:
+    """Estimated forward FLOPs of the model's body over `examples` with each prompt once and twice: 2 per weight per
+    token (every weight but the embeddings and the output layer, which sees the same answer positions either way), and
+    4 x attention width x layers per (query, key) pair of each sequence's whole square (SDPA with a mask computes every
+    pair)."""
+    network = getattr(model, "module", model)
+    config = network.config
+    outside = {id(p) for layer in (network.get_input_embeddings(), network.get_output_embeddings()) if layer is not None
+               for p in layer.parameters()}
+    per_token = 2 * sum(p.numel() for p in network.parameters() if id(p) not in outside)
+    heads, head_dim = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
+    width = heads * head_dim if heads and head_dim else config.hidden_size
+    per_key = 4 * width * config.num_hidden_layers
+    once = twice = 0.0
+    for e in examples:
+        prompt, chosen, rejected = len(e["prompt_ids"]), len(e["chosen_ids"]), len(e["rejected_ids"])
+        shared, row = prompt + chosen + rejected, prompt + max(chosen, rejected)
+        once += shared * per_token + shared**2 * per_key
+        twice += 2 * (row * per_token + row**2 * per_key)
+    return once, twice
 
 
 def pair_collate(pad_id: int, share: bool, one_sequence: bool = False, width: int = 0, multiple: int = 1):
