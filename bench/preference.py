@@ -18,7 +18,7 @@ Five settings, each tool run alternately --repeat times after a short warm-up of
   rlft  ref=precompute  `precompute_ref_log_probs: true`: reference log-probs computed once before training
   TRL   ref=model       TRL's default: a reference model (loaded from the saved path) runs every step
   TRL   ref=precompute  `precompute_ref_log_probs=True` (same precompute batch size, 8, as rlft)
-  rlft  ref=copy, twice `dpo_share_prompt: false`: each prompt computed twice, in 2B padded rows, as TRL does
+  rlft  ref=copy, twice `share_prompts: false`: each prompt computed twice, in 2B padded rows, as TRL does
 rlft's other two settings share each pair's prompt (its default, docs/preference.md): one sequence per pair.
 
 Measured per run:
@@ -89,8 +89,8 @@ LR = 5e-4
 BETA = 0.1
 MAX_LENGTH = 32
 LOG2 = math.log(2)
-# (tool, precompute, rlft's dpo_share_prompt): the run order. rlft shares each pair's prompt by default; "-twice" is
-# rlft with dpo_share_prompt: false, the 2B padded rows TRL computes too
+# (tool, precompute, rlft's share_prompts): the run order. rlft shares each pair's prompt by default; "-twice" is
+# rlft with share_prompts: false, the 2B padded rows TRL computes too
 SETTINGS = [("rlft", False, True), ("trl", False, None), ("rlft", True, True), ("trl", True, None), ("rlft", False, False)]
 
 
@@ -108,7 +108,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "rl_beta": BETA,
         "dpo_loss_type": ["sigmoid"],
         "precompute_ref_log_probs": precompute,
-        "dpo_share_prompt": share,
+        "share_prompts": share,
         "datasets": [{"path": str(train_file)}],
         "sequence_len": MAX_LENGTH,
         "micro_batch_size": args.micro_batch,

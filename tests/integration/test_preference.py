@@ -290,7 +290,7 @@ def test_dpo_padding_free_trains_what_padded_pairs_train(example, warm_model, cl
         assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
                    "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8",
                    f"--dpo_padding_free={str(flat).lower()}", *_data_overrides(clear_preferences, kind),
-                   *([] if example == "kto" else ["--dpo_share_prompt=false"])) == 0  # shared prompts: the next test
+                   *([] if example == "kto" else ["--share_prompts=false"])) == 0  # shared prompts: the next test
         runs[flat] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
     assert set(flattened) == ({"", "kl_"} if example == "kto" else {""})
     assert len(runs[True]) == len(runs[False]) > 6
@@ -308,16 +308,16 @@ def test_dpo_padding_free_trains_what_padded_pairs_train(example, warm_model, cl
 @pytest.mark.parametrize("example", ["dpo", "orpo"])
 def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear_preferences, cli, tmp_path, monkeypatch,
                                                       repo_root, capsys):
-    """`dpo_share_prompt` (on by default for a Llama with SDPA): each pair's prompt once and both answers after it, one
+    """`share_prompts` (on by default for a Llama with SDPA): each pair's prompt once and both answers after it, one
     sequence per pair or, with dpo_padding_free, every pair of the micro-batch in one sequence. Every logged metric and
-    evaluation is the run's with the prompt twice (dpo_share_prompt: false), the plan says which, and it learns."""
+    evaluation is the run's with the prompt twice (share_prompts: false), the plan says which, and it learns."""
     from rlft.train.recipes import preference
 
     monkeypatch.chdir(repo_root)
     shared = []
-    monkeypatch.setattr(preference, "share_prompts", lambda *a, _f=preference.share_prompts: shared.append(a[3]) or _f(*a))
+    monkeypatch.setattr(preference, "shared_pair_inputs", lambda *a, _f=preference.shared_pair_inputs: shared.append(a[3]) or _f(*a))
     runs, plans = {}, {}
-    for name, keys in (("twice", ["--dpo_share_prompt=false"]), ("once", []), ("once-flat", ["--dpo_padding_free=true"])):
+    for name, keys in (("twice", ["--share_prompts=false"]), ("once", []), ("once-flat", ["--dpo_padding_free=true"])):
         out = tmp_path / f"{example}-{name}"
         assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
                    "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", *keys,
@@ -326,7 +326,7 @@ def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear
         plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
         assert bool(shared) is (name != "twice") and (True in shared) is (name == "once-flat")  # True: in one sequence
         shared.clear()
-    assert "twice per pair (dpo_share_prompt: false)" in plans["twice"]
+    assert "twice per pair (share_prompts: false)" in plans["twice"]
     assert "once per pair, both answers after it" in plans["once"]
     for name in ("once", "once-flat"):
         assert len(runs[name]) == len(runs["twice"]) > 6

@@ -1,4 +1,4 @@
-"""dpo_share_prompt: each pair's prompt once, both answers after it, gives the log-probs of the padded pairs."""
+"""share_prompts: each pair's prompt once, both answers after it, gives the log-probs of the padded pairs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from rlft.config.loading import build_config
-from rlft.data.preference import pair_batch, share_prompts
+from rlft.data.preference import pair_batch, shared_pair_inputs
 from rlft.errors import ConfigError
 from rlft.models import head
-from rlft.models.masks import SHARED_PROMPT_MODELS, shared_prompt_problem
+from rlft.models.shared_prompts import SHARED_PROMPT_MODELS, shared_prompt_problem
 from rlft.train.recipes.preference import pair_collate, prompt_sharing, sequence_logps, sharing_flops
 
 
@@ -35,7 +35,7 @@ def test_the_shared_layout_by_hand():
     """Prompt a b, chosen c, rejected d e: one sequence a b c d e, positions 0 1 2 2 3; d sees a b and itself, not c."""
     example = {"prompt_ids": [11, 12], "chosen_ids": [13], "rejected_ids": [14, 15]}
     batch = pair_batch([example], pad_id=0)  # rows: a b c (padded to 4), a b d e
-    shared = share_prompts([example], batch["input_ids"].shape[1], pad_id=0)
+    shared = shared_pair_inputs([example], batch["input_ids"].shape[1], pad_id=0)
     assert shared["flat_input_ids"].tolist() == [[11, 12, 13, 14, 15]]
     assert shared["flat_position_ids"].tolist() == [[0, 1, 2, 2, 3]]
     assert shared["flat_attention_mask"][0, 0].int().tolist() == [
@@ -51,12 +51,12 @@ def test_the_shared_layout_by_hand():
 def test_pairs_in_one_sequence_and_padded_pairs():
     examples = pairs(50, ((2, 1, 1), (1, 2, 1)))
     width = pair_batch(examples, pad_id=0)["input_ids"].shape[1]
-    padded = share_prompts(examples, width, pad_id=0, multiple=8)
+    padded = shared_pair_inputs(examples, width, pad_id=0, multiple=8)
     assert padded["flat_input_ids"].shape == (2, 8)  # 4 tokens each, rounded up to 8
     assert padded["flat_position_ids"][1].tolist() == [0, 1, 2, 1, 0, 0, 0, 0]
     mask = padded["flat_attention_mask"][1, 0]
     assert mask[4:].int().tolist() == torch.eye(8, dtype=torch.int)[4:].tolist()  # padding attends to itself alone
-    flat = share_prompts(examples, width, pad_id=0, one_sequence=True)
+    flat = shared_pair_inputs(examples, width, pad_id=0, one_sequence=True)
     assert flat["flat_input_ids"].shape == (1, 8)
     # pair 0 = p p c r at 0-3, pair 1 = p c c r at 4-7; rows are 3 wide: chosen rows, then rejected rows
     assert flat["flat_index"].tolist() == [[0, 1, 2], [4, 5, 6], [0, 1, 3], [4, 7, 7]]
@@ -125,7 +125,7 @@ def test_models_that_cannot_share_say_why():
         "mistral", vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=32, sliding_window=8, pad_token_id=None, bos_token_id=None, eos_token_id=None), attn_implementation="sdpa")
     assert shared_prompt_problem(mistral, 8) is None
-    assert "sliding window (8 tokens) is shorter than the longest pair with its prompt shared (9 tokens)" in shared_prompt_problem(mistral, 9)
+    assert "sliding window (8 tokens) is shorter than the longest prompt with its answers (9 tokens)" in shared_prompt_problem(mistral, 9)
     holder = torch.nn.Module()
     holder.config = AutoConfig.for_model("qwen3_next")  # linear-attention layers: the rejected answer would read the chosen
     assert "model type qwen3_next is not one rlft has checked" in shared_prompt_problem(holder, 1)
@@ -136,13 +136,13 @@ def config(**keys):
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"rl": "kto"}, "dpo_share_prompt: it applies to the pair methods \\(dpo, ipo, orpo, simpo\\), not kto"),
-    ({"flash_attention": True}, "dpo_share_prompt: it needs SDPA or eager attention \\(a mask per pair\\), not flash_attention_2"),
+    ({"rl": "kto"}, "share_prompts: it applies to the pair methods \\(dpo, ipo, orpo, simpo\\), not kto"),
+    ({"flash_attention": True}, "share_prompts: it needs SDPA or eager attention \\(a mask per pair\\), not flash_attention_2"),
     ({"pad_to_sequence_len": True}, "pad_to_sequence_len pads every row to sequence_len"),
 ])
 def test_asking_for_shared_prompts_where_they_cannot_be_is_refused(keys, message):
     with pytest.raises(ConfigError, match=message):
-        config(dpo_share_prompt=True, **keys)
+        config(share_prompts=True, **keys)
 
 
 def test_the_flops_estimate_by_hand():
@@ -168,16 +168,16 @@ def test_for_a_7b_llama_the_weights_dominate():
 def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
     examples = pairs(128)
     assert prompt_sharing(config(), [tiny(), None], examples) == (
-        True, "once per pair, both answers after it (dpo_share_prompt; 36% fewer forward FLOPs than twice)")
-    assert prompt_sharing(config(dpo_share_prompt=False), [tiny()], examples) == (False, "twice per pair (dpo_share_prompt: false)")
+        True, "once per pair, both answers after it (share_prompts; 36% fewer forward FLOPs than twice)")
+    assert prompt_sharing(config(share_prompts=False), [tiny()], examples) == (False, "twice per pair (share_prompts: false)")
     on, line = prompt_sharing(config(flash_attention=True), [tiny()], examples)
     assert not on and line == "twice per pair: it needs SDPA or eager attention (a mask per pair), not flash_attention_2"
     narrow = tiny(sliding_window=4)
     narrow.config.model_type = "mistral"
     on, line = prompt_sharing(config(), [tiny(), narrow], examples)  # the reference model's window decides too
     assert not on and "sliding window (4 tokens)" in line
-    with pytest.raises(ConfigError, match="dpo_share_prompt: its sliding window \\(4 tokens\\) .* set it to false"):
-        prompt_sharing(config(dpo_share_prompt=True), [narrow], examples)
+    with pytest.raises(ConfigError, match="share_prompts: its sliding window \\(4 tokens\\) .* set it to false"):
+        prompt_sharing(config(share_prompts=True), [narrow], examples)
 
 
 def test_unset_it_stays_off_where_one_sequence_per_pair_would_cost_more():
@@ -186,5 +186,5 @@ def test_unset_it_stays_off_where_one_sequence_per_pair_would_cost_more():
     long_answers = [{"prompt_ids": [1], "chosen_ids": [2] * 200, "rejected_ids": [3] * 200}]
     on, line = prompt_sharing(config(), [tiny()], long_answers)
     assert not on and line.startswith("twice per pair: once would take 72% more forward FLOPs (the answers are long")
-    assert prompt_sharing(config(dpo_share_prompt=True), [tiny()], long_answers) == (
-        True, "once per pair, both answers after it (dpo_share_prompt; 72% more forward FLOPs than twice)")
+    assert prompt_sharing(config(share_prompts=True), [tiny()], long_answers) == (
+        True, "once per pair, both answers after it (share_prompts; 72% more forward FLOPs than twice)")

@@ -279,6 +279,13 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         "family's rollouts; https://arxiv.org/abs/2407.09105). auto: on with flash_attention and micro_batch_size > 1, as in "
         "Axolotl; true also works with SDPA/eager attention, through a block-diagonal mask."
     )
+    share_prompts: Optional[bool] = field(
+        None, "Answers to one prompt in one sequence, the prompt once and every answer after it, a mask keeping each "
+        "answer from the others (prefix sharing, https://arxiv.org/abs/2410.20305): each pair's prompt (dpo, ipo, orpo, "
+        "simpo) or each group's prompt (grpo, gdpo) runs through the model once, for the same log-probs. SDPA or eager "
+        "attention. None -> on where rlft has checked the model type and it saves forward FLOPs (the plan says; GRPO "
+        "decides per micro-batch); docs/preference.md, docs/grpo.md."
+    )
 
     # --- several processes (docs/distributed.md) ---
     fsdp: Optional[list[str]] = field(None, "Shard the model over the processes (FSDP2): [full_shard, auto_wrap]; shard_grad_op "
@@ -388,7 +395,7 @@ PAIR_METHODS = ("dpo", "ipo", "orpo", "simpo")  # trained on (prompt, chosen, re
 
 
 def prompt_sharing_problem(cfg) -> str | None:
-    """Why this config's pairs cannot share their prompt (`dpo_share_prompt`), or None (the model may still say no:
+    """Why this config's pairs cannot share their prompt (`share_prompts`), or None (the model may still say no:
     `rlft.models.masks.shared_prompt_problem`)."""
     if cfg.method not in PAIR_METHODS:
         return f"it applies to the pair methods ({', '.join(PAIR_METHODS)}), not {cfg.method}"
@@ -541,8 +548,8 @@ def _preference_problems(cfg: RlftConfig):
     for key in ("precompute_ref_log_probs", "ref_model"):
         if getattr(cfg, key) and cfg.method in ("orpo", "simpo", "reward_model"):
             yield f"{key}: {cfg.method} uses no reference model; remove the key"
-    if cfg.dpo_share_prompt and (problem := prompt_sharing_problem(cfg)):
-        yield f"dpo_share_prompt: {problem}; remove the key (or set it to false)"
+    if cfg.share_prompts and (problem := prompt_sharing_problem(cfg)):
+        yield f"share_prompts: {problem}; remove the key (or set it to false)"
 
 
 def _ebft_problems(cfg: RlftConfig):

@@ -731,13 +731,6 @@ class PreferenceFields(Section):
         "apart (TRL's DPO padding_free; flash-attention finds the rows from the position ids, SDPA/eager use a "
         "block-diagonal mask); None -> false.",
     )
-    dpo_share_prompt: Optional[bool] = field(
-        None,
-        "Each pair as one sequence, its prompt once and both answers after it, a mask keeping each answer from the "
-        "other (prefix sharing, https://arxiv.org/abs/2410.20305): the prompt runs through the model once per pair, "
-        "not twice, for the same log-probs. dpo, ipo, orpo and simpo with SDPA or eager attention; None -> on where "
-        "rlft has checked the model type and it saves forward FLOPs (the plan says which, docs/preference.md).",
-    )
     dpo_ld_alpha: Optional[float] = field(
         None,
         "Weight of tokens beyond the shorter response (LD-DPO, https://arxiv.org/abs/2409.06411); "

@@ -99,6 +99,40 @@ def block_causal_mask(document: torch.Tensor, branch: torch.Tensor | None = None
     return (mask | torch.eye(width, dtype=torch.bool, device=document.device))[:, None]
 
 
+def shared_prompt_rows(groups: list[tuple[list[int], list[list[int]]]], pad_id: int, one_sequence: bool = False,
+                       multiple: int = 1) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+    """Groups (prompt, answers) as sequences [prompt | answer 1 | answer 2 | ...] that compute each prompt once
+    (`rlft.models.shared_prompts`).
+
+    Position ids run 0..p-1 on the prompt and restart at p on every answer; the mask (`block_causal_mask` with branches)
+    lets each answer attend to its prompt and to itself, never to another answer. Every token thus sees what it sees in
+    its own row [prompt | answer], at the same positions. One sequence per group, right-padded to the longest (rounded
+    up to `multiple`), or with `one_sequence` every group in one sequence without padding. Returns the `flat_*` model
+    inputs (`rlft.models.logprobs.model_inputs`) and, per group, where its prompt and each answer start in the
+    forward's outputs flattened over (sequences x width)."""
+    lengths = [len(prompt) + sum(map(len, answers)) for prompt, answers in groups]
+    rows, width = (1, sum(lengths)) if one_sequence else (len(groups), padded_to(max(lengths), 0, multiple))
+    size = rows * width
+    ids, positions, document, branch = [pad_id] * size, [0] * size, [-1] * size, [0] * size
+    starts, offset = [], 0
+    for number, ((prompt, answers), n) in enumerate(zip(groups, lengths)):
+        offset = offset if one_sequence else number * width
+        p = len(prompt)
+        ids[offset : offset + n] = [token for part in (prompt, *answers) for token in part]
+        positions[offset : offset + n] = [*range(p), *(q for answer in answers for q in range(p, p + len(answer)))]
+        document[offset : offset + n] = [number] * n
+        branch[offset : offset + n] = [0] * p + [k for k, answer in enumerate(answers, 1) for _ in answer]
+        group = [offset]
+        for part in (prompt, *answers[:-1]):
+            group.append(group[-1] + len(part))
+        starts.append(group)
+        offset += n
+    shape = (rows, width)
+    return ({"flat_input_ids": torch.tensor(ids).view(shape), "flat_position_ids": torch.tensor(positions).view(shape),
+             "flat_attention_mask": block_causal_mask(torch.tensor(document).view(shape), torch.tensor(branch).view(shape))},
+            starts)
+
+
 def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_mask: bool, prefix: str = "") -> dict[str, torch.Tensor]:
     """Padded rows (left or right padding) as one sequence without padding (`batch_flattening`, `dpo_padding_free`).
 

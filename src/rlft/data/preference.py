@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlft.data.collate import block_causal_mask, pad_batch, padded_to
+from rlft.data.collate import pad_batch, shared_prompt_rows
 from rlft.data.formats import RowError, text
 from rlft.data.tokenize import IGNORE, split_answers
 
@@ -78,44 +78,24 @@ def pair_batch(examples: list[dict[str, Any]], pad_id: int, width: int = 0, mult
     return batch
 
 
-def share_prompts(examples: list[dict[str, Any]], padded_width: int, pad_id: int, one_sequence: bool = False,
-                  multiple: int = 1) -> dict[str, torch.Tensor]:
-    """`pair_batch`'s pairs with each prompt computed once (prefix sharing, Wang and Hegde 2024, arXiv:2410.20305).
-
-    Pair i becomes one sequence [prompt | chosen | rejected]: position ids 0..p-1 on the prompt, then p, p+1, ... on
-    the chosen answer and p, p+1, ... again on the rejected one, and a mask (`block_causal_mask` with branches) that
-    lets each answer attend to the prompt and to itself, never to the other answer. Every token sees what it sees in
-    its own padded row, so the log-probs are the padded rows' (to float rounding), and the prompt goes through the
-    model once instead of twice. One sequence per pair, right-padded to the longest (rounded up to `multiple`), or
-    with `one_sequence` (`dpo_padding_free` with a mask) every pair in one sequence without padding.
+def shared_pair_inputs(examples: list[dict[str, Any]], padded_width: int, pad_id: int, one_sequence: bool = False,
+                       multiple: int = 1) -> dict[str, torch.Tensor]:
+    """`pair_batch`'s pairs with each prompt computed once: pair i as one sequence [prompt | chosen | rejected]
+    (`shared_prompt_rows`), whose log-probs are the padded rows' to float rounding.
 
     Returned as the `flat_*` keys that `rlft.models.logprobs.model_inputs` and `padded` read. `flat_index`
     (2 x pairs, `padded_width`) gives, for each slot of `pair_batch`'s layout (chosen rows, then rejected rows), the
-    position in the forward's outputs flattened over (sequences x width) that holds its values; a padding slot points
-    at its row's last token (the labels mask it).
-    """
-    count = len(examples)
+    position in the forward's flattened outputs that holds its values; a padding slot points at its row's last token
+    (the labels mask it)."""
+    flat, starts = shared_prompt_rows([(e["prompt_ids"], [e["chosen_ids"], e["rejected_ids"]]) for e in examples],
+                                      pad_id, one_sequence, multiple)
     parts = [[len(e[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")] for e in examples]
-    lengths = [sum(part) for part in parts]
-    rows, width = (1, sum(lengths)) if one_sequence else (count, padded_to(max(lengths), 0, multiple))
-    ids, positions, document, branch = [pad_id] * (rows * width), [0] * (rows * width), [-1] * (rows * width), [0] * (rows * width)
-    starts, offset = [], 0  # each pair's first token in the flattened (rows x width) layout
-    for i, ((p, c, r), n, e) in enumerate(zip(parts, lengths, examples)):
-        offset = offset if one_sequence else i * width
-        ids[offset : offset + n] = e["prompt_ids"] + e["chosen_ids"] + e["rejected_ids"]
-        positions[offset : offset + n] = [*range(p + c), *range(p, p + r)]
-        document[offset : offset + n] = [i] * n
-        branch[offset : offset + n] = [0] * p + [1] * c + [2] * r
-        starts.append(offset)
-        offset += n
-    p, c, r, start = torch.tensor([[*part, first] for part, first in zip(parts, starts)]).T[:, :, None]
+    p, c, r = torch.tensor(parts).T[:, :, None]
+    prompt, chosen, rejected = torch.tensor(starts).T[:, :, None]
     slots = torch.arange(padded_width)[None]
-    chosen = start + torch.minimum(slots, p + c - 1)
-    rejected = start + torch.where(slots < p, slots, p + c + torch.minimum(slots - p, r - 1))
-    shape = (rows, width)
-    return {"flat_input_ids": torch.tensor(ids).view(shape), "flat_position_ids": torch.tensor(positions).view(shape),
-            "flat_index": torch.cat([chosen, rejected]),
-            "flat_attention_mask": block_causal_mask(torch.tensor(document).view(shape), torch.tensor(branch).view(shape))}
+    flat["flat_index"] = torch.cat([torch.where(slots < p, prompt + slots, chosen + torch.minimum(slots - p, c - 1)),
+                                    torch.where(slots < p, prompt + slots, rejected + torch.minimum(slots - p, r - 1))])
+    return flat
 
 
 def assign_kl_completions(examples: list[dict[str, Any]]) -> None:
@@ -151,7 +131,7 @@ def _right_pad(sequences: list[list[int]], prompt_lengths: list[int], pad_id: in
 
 
 def shared_length(example: dict[str, Any]) -> int:
-    """Tokens of a pair's sequence with its prompt shared (`share_prompts`)."""
+    """Tokens of a pair's sequence with its prompt shared (`shared_pair_inputs`)."""
     return len(example["prompt_ids"]) + len(example["chosen_ids"]) + len(example["rejected_ids"])
 
 

@@ -47,35 +47,6 @@ def with_model_mask(model, inputs: dict) -> dict:
     return {**inputs, "attention_mask": model_attention_mask(model, mask)}
 
 
-# Decoders whose attention takes a 4-D mask as given and whose positions come from the position ids alone, checked
-# with a tiny model each in tests/unit/test_shared_prompt.py: for these, two answers after one shared prompt
-# (`rlft.data.preference.share_prompts`) get the log-probs of their own rows. Not here, among others: recurrent or
-# convolutional layers (qwen3_next, lfm2, mamba hybrids), where the second answer would read the first through the
-# layer's state, and ALiBi (bloom, mpt).
-SHARED_PROMPT_MODELS = ("apertus", "arcee", "cohere", "ernie4_5", "exaone4", "gemma", "gemma2", "gemma3_text", "glm4",
-                        "gpt2", "gpt_oss", "granite", "granitemoe", "helium", "llama", "ministral", "mistral", "mixtral",
-                        "olmo", "olmo2", "olmo3", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss",
-                        "smollm3", "stablelm", "starcoder2")
-
-
-def shared_prompt_problem(model, longest: int) -> str | None:
-    """Why `model` cannot run pairs that share their prompt (sequences up to `longest` tokens) exactly, or None."""
-    config = getattr(getattr(model, "module", model), "config", None)
-    kind = getattr(config, "model_type", None)
-    if kind not in SHARED_PROMPT_MODELS:
-        return f"model type {kind} is not one rlft has checked for it (SHARED_PROMPT_MODELS in rlft/models/masks.py)"
-    implementation = attention_implementation(model)
-    if implementation not in ("sdpa", "eager"):
-        return f"the model runs {implementation} attention, which reads no mask per pair (use sdpa or eager)"
-    window = getattr(config, "sliding_window", None)
-    layers = getattr(config, "layer_types", None) or ()
-    windowed = getattr(config, "use_sliding_window", True) is not False and (not layers or "sliding_attention" in layers)
-    if window and windowed and longest > window:
-        return (f"its sliding window ({window} tokens) is shorter than the longest pair with its prompt shared "
-                f"({longest} tokens): the rejected answer would lose sight of the prompt's start")
-    return None
-
-
 def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:
     """A 2-D mask on a CUDA device, read by SDPA, whose rows start with padding."""
     return (attention_mask is not None and attention_mask.dim() == 2 and attention_mask.device.type == "cuda"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from rlft.config.schema import prompt_sharing_problem
-from rlft.data.preference import example_length, kto_batch, pair_batch, share_prompts, shared_length
+from rlft.data.preference import example_length, kto_batch, pair_batch, shared_length, shared_pair_inputs
 from rlft.errors import ConfigError
 from rlft.losses import preference as L
 from rlft.losses.linear_ce import linear_token_nll
@@ -25,7 +25,8 @@ from rlft.losses.sft import IGNORE, token_nll
 from rlft.models.head import final_hidden, output_layer
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
-from rlft.models.masks import shared_prompt_problem, with_model_mask
+from rlft.models.masks import with_model_mask
+from rlft.models.shared_prompts import forward_costs, sequences_flops, shared_prompt_problem
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
@@ -98,54 +99,41 @@ def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], pref
 
 
 def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
-    """Whether pairs share their prompt (`dpo_share_prompt`, `share_prompts`) with these models (policy first, then
+    """Whether pairs share their prompt (`share_prompts`, `shared_pair_inputs`) with these models (policy first, then
     the reference; None entries skipped), and the plan's line saying so. Asked for explicitly but impossible:
     ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs (`sharing_flops`)."""
-    if cfg.dpo_share_prompt is False:
-        return False, "twice per pair (dpo_share_prompt: false)"
+    if cfg.share_prompts is False:
+        return False, "twice per pair (share_prompts: false)"
     longest = max((shared_length(e) for e in examples), default=0)
     problem = prompt_sharing_problem(cfg) or next(
         (problem for model in models if model is not None and (problem := shared_prompt_problem(model, longest))), None)
-    if problem and cfg.dpo_share_prompt:
-        raise ConfigError(f"dpo_share_prompt: {problem}; remove the key (or set it to false)")
+    if problem and cfg.share_prompts:
+        raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
     if problem:
         return False, f"twice per pair: {problem}"
     once, twice = sharing_flops(models[0], examples)
     change = f"{abs(1 - once / twice):.0%} {'fewer' if once <= twice else 'more'} forward FLOPs"
-    if once > twice and cfg.dpo_share_prompt is None:
+    if once > twice and cfg.share_prompts is None:
         return False, (f"twice per pair: once would take {change} (the answers are long next to their prompts, and a "
-                       "sequence's attention grows with the square of its length); dpo_share_prompt: true forces it")
-    return True, f"once per pair, both answers after it (dpo_share_prompt; {change} than twice)"
+                       "sequence's attention grows with the square of its length); share_prompts: true forces it")
+    return True, f"once per pair, both answers after it (share_prompts; {change} than twice)"
 
 
 def sharing_flops(model, examples: list[dict[str, Any]]) -> tuple[float, float]:
-    """Estimated forward FLOPs of the model's body over `examples` with each prompt once and twice: 2 per weight per
-    token (every weight but the embeddings and the output layer, which sees the same answer positions either way), and
-    4 x attention width x layers per (query, key) pair of each sequence's whole square (SDPA with a mask computes every
-    pair)."""
-    network = getattr(model, "module", model)
-    config = network.config
-    outside = {id(p) for layer in (network.get_input_embeddings(), network.get_output_embeddings()) if layer is not None
-               for p in layer.parameters()}
-    per_token = 2 * sum(p.numel() for p in network.parameters() if id(p) not in outside)
-    heads, head_dim = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
-    width = heads * head_dim if heads and head_dim else config.hidden_size
-    per_key = 4 * width * config.num_hidden_layers
-    once = twice = 0.0
-    for e in examples:
-        prompt, chosen, rejected = len(e["prompt_ids"]), len(e["chosen_ids"]), len(e["rejected_ids"])
-        shared, row = prompt + chosen + rejected, prompt + max(chosen, rejected)
-        once += shared * per_token + shared**2 * per_key
-        twice += 2 * (row * per_token + row**2 * per_key)
+    """Estimated forward FLOPs of `model` over `examples` with each prompt once (one sequence per pair) and twice (two
+    rows of prompt + the longer answer): `rlft.models.shared_prompts.sequences_flops`."""
+    costs = forward_costs(model)
+    once = sequences_flops([shared_length(e) for e in examples], costs)
+    twice = sequences_flops([example_length(e) for e in examples for _ in range(2)], costs)
     return once, twice
 
 
 def pair_collate(pad_id: int, share: bool, one_sequence: bool = False, width: int = 0, multiple: int = 1):
-    """Rows -> `pair_batch`, with each prompt shared by its two answers when `share` (`share_prompts`)."""
+    """Rows -> `pair_batch`, with each prompt shared by its two answers when `share` (`shared_pair_inputs`)."""
     def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         batch = pair_batch(rows, pad_id, width, multiple)
         if share:
-            batch.update(share_prompts(rows, batch["input_ids"].shape[1], pad_id, one_sequence, multiple))
+            batch.update(shared_pair_inputs(rows, batch["input_ids"].shape[1], pad_id, one_sequence, multiple))
         return batch
     return collate
 
