@@ -494,7 +494,7 @@ def test_batch_flattening_trains_what_padded_rollouts_train(warm_model, cli, tmp
         widths.clear()
         path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name), max_steps=4,
                             logging_steps=1, seed=5, learning_rate=1e-3, trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04},
-                            **settings)
+                            share_prompts=False, **settings)  # shared prompts: the next test
         assert cli("train", path) == 0
         runs[name] = [m for m in _metrics(tmp_path / name) if "loss" in m]
         assert bool(flattened) is (name != "padded")
@@ -502,6 +502,41 @@ def test_batch_flattening_trains_what_padded_rollouts_train(warm_model, cli, tmp
     for variant in ("flat", "multiple"):
         assert len(runs[variant]) == len(runs["padded"]) == 4
         for got, expected in zip(runs[variant], runs["padded"]):
+            assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
+            for key in ("loss", "entropy", "kl", "grad_norm"):
+                assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (variant, key, got[key], expected[key])
+
+
+def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_path, monkeypatch, capsys):
+    """`share_prompts`: each group's prompt once in its micro-batch, its completions after it (one sequence per group,
+    or with batch_flattening every group in one sequence). Unset, rlft shares where its FLOPs estimate says so (here,
+    four completions of up to 4 tokens after each prompt: every micro-batch); the old-policy, reference and trained
+    log-probs, hence every metric, are those of rows of their own, and the plan says which layout runs."""
+    from rlft.train.recipes import grpo
+
+    monkeypatch.chdir(tmp_path)
+    shared = []
+    monkeypatch.setattr(grpo, "shared_completion_inputs",
+                        lambda *a, _f=grpo.shared_completion_inputs: shared.append(_f(*a)) or shared[-1])
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    runs, plans = {}, {}
+    for name, settings in (("twice", {"share_prompts": False}), ("auto", {}), ("forced", {"share_prompts": True}),
+                           ("flat", {"share_prompts": True, "batch_flattening": True})):
+        shared.clear()
+        path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name), max_steps=4,
+                            logging_steps=1, seed=5, learning_rate=1e-3, trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04},
+                            **settings)
+        assert cli("train", path) == 0
+        runs[name] = [m for m in _metrics(tmp_path / name) if "loss" in m]
+        plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
+        assert (shared and all(batch is not None for batch in shared)) if name != "twice" else not shared, name
+        if name == "flat":
+            assert all(batch["flat_input_ids"].shape[0] == 1 for batch in shared)
+    assert "once per completion (share_prompts: false)" in plans["twice"]
+    assert "once per group where that saves forward FLOPs" in plans["auto"]  # the table wraps the rest
+    for variant in ("auto", "forced", "flat"):
+        assert len(runs[variant]) == len(runs["twice"]) == 4
+        for got, expected in zip(runs[variant], runs["twice"]):
             assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
             for key in ("loss", "entropy", "kl", "grad_norm"):
                 assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (variant, key, got[key], expected[key])

@@ -6,7 +6,7 @@ from rlft.config.parallel import fsdp_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import ConfigError
 from rlft.train.launch import launch_command
-from rlft.train.recipes.grpo import my_micro_batches
+from rlft.train.parallel import my_micro_batches
 
 
 def test_the_guides_fsdp_block(config):

@@ -13,7 +13,8 @@ from rlft.data.preference import pair_batch, shared_pair_inputs
 from rlft.errors import ConfigError
 from rlft.models import head
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS, shared_prompt_problem
-from rlft.train.recipes.preference import pair_collate, prompt_sharing, sequence_logps, sharing_flops
+from rlft.models.shared_prompts import prompt_sharing, sharing_flops
+from rlft.train.recipes.preference import pair_collate, sequence_logps
 
 
 EAGER_ONLY = ("gemma2", "gpt_oss")  # transformers gives these no SDPA
@@ -136,7 +137,7 @@ def config(**keys):
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"rl": "kto"}, "share_prompts: it applies to the pair methods \\(dpo, ipo, orpo, simpo\\), not kto"),
+    ({"rl": "kto"}, "share_prompts: it applies to dpo, ipo, orpo, simpo, grpo and gdpo, not kto"),
     ({"flash_attention": True}, "share_prompts: it needs SDPA or eager attention \\(a mask per pair\\), not flash_attention_2"),
     ({"pad_to_sequence_len": True}, "pad_to_sequence_len pads every row to sequence_len"),
 ])
@@ -188,3 +189,91 @@ def test_unset_it_stays_off_where_one_sequence_per_pair_would_cost_more():
     assert not on and line.startswith("twice per pair: once would take 72% more forward FLOPs (the answers are long")
     assert prompt_sharing(config(share_prompts=True), [tiny()], long_answers) == (
         True, "once per pair, both answers after it (share_prompts; 72% more forward FLOPs than twice)")
+
+
+def group_rows(vocab: int):
+    """Two GRPO groups of three completions (prompts of 5 and 2 tokens: left padding) and a row alone; one completion
+    is empty."""
+    g = torch.Generator().manual_seed(7)
+    ids = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    first, second = ids(5), ids(2)
+    out = [{"prompt_ids": prompt, "completion_ids": ids(n), "advantage": 1.0}
+           for prompt, n in ((first, 4), (second, 6), (first, 1), (second, 0), (first, 7), (second, 3), (ids(3), 2))]
+    return [{**row, "mask": [1] * len(row["completion_ids"])} for row in out]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("vocab", [300, 4096], ids=["model-logits", "output-layer"])
+@pytest.mark.parametrize("one_sequence", [False, True], ids=["sequence-per-group", "one-sequence"])
+def test_shared_group_prompts_give_each_completions_own_log_probs_and_gradients(vocab, attention, one_sequence, monkeypatch):
+    """GRPO: the completions of one prompt after one copy of it give the padded rows' log-probs, entropies, sampling
+    log-probs under top-k and repetition penalty, and gradients."""
+    from rlft.models.logprobs import completion_batch, completion_logps, completion_scores, sampled_logps, shared_completion_inputs
+    from rlft.rollout.types import SamplingParams
+
+    monkeypatch.setattr(head, "MIN_VOCAB", 4096)
+    model = tiny(vocab, attention)
+    rows = group_rows(vocab)
+    batch = completion_batch(rows, pad_id=0, multiple=4)
+    shared = {**batch, **shared_completion_inputs(rows, batch, 0, one_sequence, multiple=4)}
+    assert shared["flat_input_ids"].shape[0] == (1 if one_sequence else 3)  # two groups and the row alone
+    valid = batch["completion_mask"].bool()
+    sampling = SamplingParams(max_new_tokens=8, temperature=0.9, top_k=20, repetition_penalty=1.2)
+    results = []
+    for inputs in (batch, shared):
+        model.zero_grad()
+        logps, entropy = completion_logps(model, inputs, 0.9, True, grad_entropy=True)
+        ((logps + 0.1 * entropy) * valid).sum().backward()
+        with torch.no_grad():
+            sampled, _ = sampled_logps(completion_scores(model, inputs), inputs, sampling, logps)
+        results.append((logps[valid].detach(), entropy[valid].detach(), sampled[valid], {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (logps, entropy, sampled, grads), (shared_logps, shared_entropy, shared_sampled, shared_grads) = results
+    torch.testing.assert_close(shared_logps, logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared_entropy, entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared_sampled, sampled, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(shared_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rows_without_a_shared_prompt_keep_their_layout():
+    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+
+    rows = group_rows(50)
+    alone = [rows[0], rows[1], rows[-1]]  # three different prompts
+    assert shared_completion_inputs(alone, completion_batch(alone, 0), 0) is None
+    empty = [{**row, "prompt_ids": []} for row in rows[:2]]
+    assert shared_completion_inputs(empty, completion_batch(empty, 0), 0) is None
+
+
+def test_a_micro_batch_shares_only_where_that_takes_fewer_flops():
+    """Per micro-batch, against the rows as they are: four 2-token completions after a 40-token prompt share it; four
+    60-token completions after a 2-token prompt would make a 242-token sequence whose attention outweighs the 6
+    prompt tokens saved, and stay rows of their own."""
+    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+    from rlft.models.shared_prompts import forward_costs
+
+    costs = forward_costs(tiny())
+
+    def group(prompt: int, completion: int):
+        rows = [{"prompt_ids": [5] * prompt, "completion_ids": [6] * completion, "mask": [1] * completion, "advantage": 0.0}] * 4
+        return rows, completion_batch(rows, 0)
+
+    assert shared_completion_inputs(*group(40, 2), 0, costs=costs) is not None
+    assert shared_completion_inputs(*group(2, 60), 0, costs=costs) is None
+    assert shared_completion_inputs(*group(2, 60), 0) is not None  # share_prompts: true
+
+
+def test_grpo_plan_lines_and_refusals():
+    from rlft.models.shared_prompts import group_sharing
+
+    grpo = lambda **keys: config(rl="grpo", trl={"reward_funcs": ["m.f"], "num_generations": 4}, **keys)  # noqa: E731
+    assert group_sharing(grpo(), [tiny(), None], 40) == (True, "once per group where that saves forward FLOPs (share_prompts)")
+    assert group_sharing(grpo(share_prompts=True), [tiny()], 40) == (True, "once per group (share_prompts: true)")
+    assert group_sharing(grpo(share_prompts=False), [tiny()], 40) == (False, "once per completion (share_prompts: false)")
+    narrow = tiny(sliding_window=16)
+    narrow.config.model_type = "mistral"
+    assert group_sharing(grpo(), [narrow], 40) == (False, "once per completion: its sliding window (16 tokens) is shorter "
+                                                          "than the longest prompt with its answers (40 tokens): a later "
+                                                          "answer would lose sight of the prompt's start")
+    with pytest.raises(ConfigError, match="share_prompts: its sliding window"):
+        group_sharing(grpo(share_prompts=True), [narrow], 40)

@@ -392,13 +392,14 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
 
 PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
 PAIR_METHODS = ("dpo", "ipo", "orpo", "simpo")  # trained on (prompt, chosen, rejected)
+SHARING_METHODS = (*PAIR_METHODS, "grpo", "gdpo")  # several answers to one prompt in a micro-batch
 
 
 def prompt_sharing_problem(cfg) -> str | None:
-    """Why this config's pairs cannot share their prompt (`share_prompts`), or None (the model may still say no:
-    `rlft.models.masks.shared_prompt_problem`)."""
-    if cfg.method not in PAIR_METHODS:
-        return f"it applies to the pair methods ({', '.join(PAIR_METHODS)}), not {cfg.method}"
+    """Why this config's answers cannot share their prompt (`share_prompts`), or None (the model may still say no:
+    `rlft.models.shared_prompts.shared_prompt_problem`)."""
+    if cfg.method not in SHARING_METHODS:
+        return f"it applies to {', '.join(SHARING_METHODS[:-1])} and {SHARING_METHODS[-1]}, not {cfg.method}"
     attention = cfg.effective_attn_implementation
     if attention not in ("sdpa", "eager"):
         return f"it needs SDPA or eager attention (a mask per pair), not {attention}"

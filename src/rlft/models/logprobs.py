@@ -14,10 +14,11 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from rlft.data.collate import padded_to
+from rlft.data.collate import padded_to, shared_prompt_rows
 from rlft.losses.linear_ce import linear_token_logps
 from rlft.models.head import final_hidden, output_layer
 from rlft.models.masks import safe_attention, with_model_mask
+from rlft.models.shared_prompts import sequences_flops
 
 
 def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
@@ -52,6 +53,47 @@ def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str,
     return batch
 
 
+def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], pad_id: int, one_sequence: bool = False,
+                             multiple: int = 1, costs: tuple[int, int] | None = None) -> dict[str, torch.Tensor] | None:
+    """A completion batch's rows with each prompt computed once for all its completions: the rows with the same prompt
+    (a GRPO group) as one sequence [prompt | completion 1 | completion 2 | ...] (`shared_prompt_rows`), whose log-probs
+    are the rows' own to float rounding. None when no two rows share a prompt, or a prompt is empty, or (given the
+    model's `costs`, `rlft.models.shared_prompts.forward_costs`) it would take no fewer forward FLOPs than the rows as
+    they are (padded, or with `one_sequence` flattened into one sequence).
+
+    Returned as the `flat_*` keys that `model_inputs` and `completion_scores` read; `flat_index` (B, width) gives each
+    slot of `completion_batch`'s layout the position in the forward's flattened outputs that holds its values: left
+    padding points at the prompt's first token, right padding at the completion's last (an empty completion's at the
+    prompt's last), and the completion mask hides them."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault(tuple(row["prompt_ids"]), []).append(index)
+    if len(groups) == len(rows) or not all(groups):
+        return None
+    members = list(groups.values())
+    flat, starts = shared_prompt_rows([(rows[group[0]]["prompt_ids"], [rows[i]["completion_ids"] for i in group])
+                                       for group in members], pad_id, one_sequence, multiple)
+    if costs is not None:
+        real = batch["attention_mask"]
+        now = [int(real.sum())] if one_sequence else [real.size(1)] * real.size(0)
+        count, width = flat["flat_input_ids"].shape
+        if sequences_flops([width] * count, costs) >= sequences_flops(now, costs):
+            return None
+    prompt_start, answer_start = [0] * len(rows), [0] * len(rows)
+    for group, group_starts in zip(members, starts):
+        for k, i in enumerate(group):
+            prompt_start[i], answer_start[i] = group_starts[0], group_starts[k + 1]
+    prompt_width, width = batch["input_ids"].shape[1] - int(batch["completion_width"]), batch["input_ids"].shape[1]
+    p = torch.tensor([len(row["prompt_ids"]) for row in rows])[:, None]
+    c = torch.tensor([len(row["completion_ids"]) for row in rows])[:, None]
+    prompt, answer = torch.tensor(prompt_start)[:, None], torch.tensor(answer_start)[:, None]
+    slots = torch.arange(width)[None]
+    in_prompt = prompt + (slots - (prompt_width - p)).clamp_min(0)
+    in_answer = torch.where(c > 0, answer + torch.minimum(slots - prompt_width, c - 1), prompt + p - 1)
+    flat["flat_index"] = torch.where(slots < prompt_width, in_prompt, in_answer)
+    return flat
+
+
 def model_inputs(batch: dict[str, Any], prefix: str = "", names: tuple[str, ...] = ("input_ids", "attention_mask",
                                                                                    "position_ids")) -> dict[str, Any]:
     """The forward's inputs: the flattened rows when the batch has them (`rlft.data.collate.flatten_rows`), else
@@ -73,9 +115,13 @@ def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
     """Raw float logits (B, C, V) at the positions that predict each completion token."""
     width = int(batch["completion_width"])
     if "flat_input_ids" in batch:
-        index = batch["flat_index"][:, -width - 1 : -1]
-        logits = model(**with_model_mask(model, model_inputs(batch)), logits_to_keep=index.reshape(-1), use_cache=False).logits
-        return logits.float().view(*index.shape, -1)
+        index = batch["flat_index"][:, -width - 1 : -1].reshape(-1)
+        inputs = with_model_mask(model, model_inputs(batch))
+        if batch["flat_input_ids"].size(0) == 1:  # one sequence: only the wanted positions through the output layer
+            logits = model(**inputs, logits_to_keep=index, use_cache=False).logits[0]
+        else:  # one sequence per group (shared prompts): logits_to_keep would pick the same positions in each
+            logits = model(**inputs, use_cache=False).logits.flatten(0, 1)[index]
+        return logits.float().view(-1, width, logits.size(-1))
     logits = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
     return logits.float()
 
@@ -129,8 +175,8 @@ def completion_scores(model, batch: dict[str, Any]) -> CompletionScores:
         hidden = final_hidden(model, left_padded_inputs(model, batch), head)
         if hidden is not None:
             width = int(batch["completion_width"])
-            if "flat_index" in batch:  # only the completion positions out of the flat sequence, not every padded slot
-                return CompletionScores(batch, hidden=hidden[0][batch["flat_index"][:, -width - 1 : -1]], head=head)
+            if "flat_index" in batch:  # only the completion positions out of the flat sequence(s), not every padded slot
+                return CompletionScores(batch, hidden=hidden.flatten(0, 1)[batch["flat_index"][:, -width - 1 : -1]], head=head)
             return CompletionScores(batch, hidden=hidden[:, -width - 1 : -1], head=head)
     return CompletionScores(batch, logits=completion_logits(model, batch))
 

@@ -9,6 +9,11 @@ while the longer sequences' attention does not outgrow the prompt tokens it save
 
 from __future__ import annotations
 
+from typing import Any
+
+from rlft.config.schema import prompt_sharing_problem
+from rlft.data.preference import example_length, shared_length
+from rlft.errors import ConfigError
 from rlft.models.masks import attention_implementation
 
 # Decoders whose attention takes a 4-D mask as given and whose positions come from the position ids alone, checked
@@ -58,3 +63,54 @@ def sequences_flops(lengths, costs: tuple[int, int]) -> float:
     each sequence's square (SDPA with a mask computes them all, masked or not)."""
     per_token, per_key = costs
     return float(sum(n * per_token + n * n * per_key for n in lengths))
+
+
+def sharing_problem(cfg, models: list, longest: int) -> str | None:
+    """Why answers cannot share their prompt with this config and these models (None entries skipped), sequences up to
+    `longest` tokens; with `share_prompts: true` that is a ConfigError."""
+    problem = prompt_sharing_problem(cfg) or next(
+        (problem for model in models if model is not None and (problem := shared_prompt_problem(model, longest))), None)
+    if problem and cfg.share_prompts:
+        raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
+    return problem
+
+
+def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether pairs share their prompt (`share_prompts`, `shared_pair_inputs`) with these models (policy first, then
+    the reference; None entries skipped), and the plan's line saying so. Asked for explicitly but impossible:
+    ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs
+    (`sharing_flops`)."""
+    if cfg.share_prompts is False:
+        return False, "twice per pair (share_prompts: false)"
+    problem = sharing_problem(cfg, models, max((shared_length(e) for e in examples), default=0))
+    if problem:
+        return False, f"twice per pair: {problem}"
+    once, twice = sharing_flops(models[0], examples)
+    change = f"{abs(1 - once / twice):.0%} {'fewer' if once <= twice else 'more'} forward FLOPs"
+    if once > twice and cfg.share_prompts is None:
+        return False, (f"twice per pair: once would take {change} (the answers are long next to their prompts, and a "
+                       "sequence's attention grows with the square of its length); share_prompts: true forces it")
+    return True, f"once per pair, both answers after it (share_prompts; {change} than twice)"
+
+
+def group_sharing(cfg, models: list, longest: int) -> tuple[bool, str]:
+    """Whether the GRPO family's completions of one prompt share it in their micro-batch (`share_prompts`,
+    `rlft.models.logprobs.shared_completion_inputs`), and the plan's line. Unset, each micro-batch takes the layout
+    with fewer estimated forward FLOPs; `true` shares wherever two rows have the same prompt."""
+    if cfg.share_prompts is False:
+        return False, "once per completion (share_prompts: false)"
+    problem = sharing_problem(cfg, models, longest)
+    if problem:
+        return False, f"once per completion: {problem}"
+    if cfg.share_prompts:
+        return True, "once per group (share_prompts: true)"
+    return True, "once per group where that saves forward FLOPs (share_prompts)"
+
+
+def sharing_flops(model, examples: list[dict[str, Any]]) -> tuple[float, float]:
+    """Estimated forward FLOPs of `model` over `examples` with each prompt once (one sequence per pair) and twice (two
+    rows of prompt + the longer answer): `rlft.models.shared_prompts.sequences_flops`."""
+    costs = forward_costs(model)
+    once = sequences_flops([shared_length(e) for e in examples], costs)
+    twice = sequences_flops([example_length(e) for e in examples for _ in range(2)], costs)
+    return once, twice

@@ -172,7 +172,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     from rlft.errors import DataError
     from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
     from rlft.models.loading import attach_adapter, disable_dropout, load_model
-    from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load, prompt_sharing
+    from rlft.models.shared_prompts import prompt_sharing
+    from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
 
     method = cfg.method
     data = prepare_data(cfg, tokenizer, preference_steps(method))
@@ -259,6 +260,7 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
     from rlft.config.rl import rl_settings
     from rlft.data.prepare import prepare_data, prompt_steps
+    from rlft.models.shared_prompts import forward_costs, group_sharing
     from rlft.rollout.rewards import RewardRunner, load_reward_functions
     from rlft.rollout.scoring import FunctionScorer
     from rlft.train.engines import engine_factory
@@ -286,6 +288,13 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     shard = (accelerator.process_index, accelerator.num_processes)
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
                         remote_engine=remote, environment=environment)
+    # a group's prompt and its completions in one micro-batch are at most this long (the sliding-window check)
+    settings = rl_settings(cfg)
+    longest = (max((len(e["prompt_ids"]) for e in data.train + data.eval), default=0)
+               + min(settings.num_generations, cfg.micro_batch_size) * settings.max_completion_length)
+    recipe.share_prompts, sharing = group_sharing(cfg, [model, reference.model if reference else None], longest)
+    recipe.share_costs = forward_costs(model) if recipe.share_prompts and cfg.share_prompts is None else None
+    recipe.plan_rows = (("prompts", sharing),)
     return model, recipe, data
 
 

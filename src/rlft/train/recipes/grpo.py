@@ -26,7 +26,8 @@ from rlft.losses.importance import decoupled_weights, importance_weights, off_po
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy
 from rlft.data.collate import flatten_rows, pad_multiple
-from rlft.models.logprobs import completion_batch, completion_logps, completion_scores, filters_active, sampled_logps
+from rlft.models.logprobs import (completion_batch, completion_logps, completion_scores, filters_active, sampled_logps,
+                                 shared_completion_inputs)
 from rlft.models.weights import merged_weights
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.compiled import compile_options
@@ -38,7 +39,7 @@ from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.metrics import clock
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.completion_log import append_records, completion_records, console_lines
-from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across
+from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across, my_micro_batches
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync, sync_due
 
@@ -76,6 +77,9 @@ def row_inputs(row: TrainingRow) -> dict[str, Any]:
 
 
 class GRPORecipe(Recipe):
+    share_prompts = False  # each group's prompt once in a micro-batch (`share_prompts`; set by `rlft train`)
+    share_costs: tuple[int, int] | None = None  # the model's forward costs: share where that takes fewer FLOPs
+
     def __init__(self, cfg, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
                  make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False,
@@ -222,8 +226,13 @@ class GRPORecipe(Recipe):
         return [self.micro_batch(rows) for rows in mine] + padding
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
-        batch = completion_batch([row_inputs(r) for r in rows], self.tokenizer.pad_token_id, LOGP_VALUES, pad_multiple(self.cfg))
-        if self.cfg.flat_batches:  # batch_flattening: the rows as one sequence without padding
+        inputs, pad, multiple = [row_inputs(r) for r in rows], self.tokenizer.pad_token_id, pad_multiple(self.cfg)
+        batch = completion_batch(inputs, pad, LOGP_VALUES, multiple)
+        shared = shared_completion_inputs(inputs, batch, pad, self.cfg.flat_batches == "mask", multiple,
+                                          self.share_costs) if self.share_prompts else None
+        if shared is not None:  # share_prompts: each group's prompt once, its completions after it
+            batch.update(shared)
+        elif self.cfg.flat_batches:  # batch_flattening: the rows as one sequence without padding
             batch.update(flatten_rows(batch["input_ids"], batch["attention_mask"], self.cfg.flat_batches == "mask"))
         return batch
 
@@ -431,16 +440,6 @@ class GRPORecipe(Recipe):
         if self.settings.log_completions:
             append_records(self.cfg.output_dir, records)
         self.shown += console_lines(records, self.settings.num_completions_to_print or 0, self.producer.generations)
-
-
-def my_micro_batches(window: list[TrainingRow], rank: int, world: int, size: int, accumulation: int):
-    """This process's micro-batches of one optimizer step's rows (its contiguous share of micro_batch_size x
-    accumulation rows, as one process would have split them), and how many padding micro-batches it must add to
-    run as many as rank 0."""
-    share = window[rank * size * accumulation : (rank + 1) * size * accumulation]
-    mine = [share[i : i + size] for i in range(0, len(share), size)]
-    most = -(-min(len(window), size * accumulation) // size)
-    return mine, most - len(mine)
 
 
 def _flat(window: list) -> list:

@@ -16,9 +16,7 @@ from typing import Any
 
 import torch
 
-from rlft.config.schema import prompt_sharing_problem
-from rlft.data.preference import example_length, kto_batch, pair_batch, shared_length, shared_pair_inputs
-from rlft.errors import ConfigError
+from rlft.data.preference import example_length, kto_batch, pair_batch, shared_pair_inputs
 from rlft.losses import preference as L
 from rlft.losses.linear_ce import linear_token_nll
 from rlft.losses.sft import IGNORE, token_nll
@@ -26,7 +24,6 @@ from rlft.models.head import final_hidden, output_layer
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.masks import with_model_mask
-from rlft.models.shared_prompts import forward_costs, sequences_flops, shared_prompt_problem
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
@@ -96,36 +93,6 @@ def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = F
 def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], prefix: str = "") -> SequenceLogps:
     with torch.no_grad(), reference.view(policy) as network:
         return sequence_logps(network, batch, prefix)
-
-
-def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
-    """Whether pairs share their prompt (`share_prompts`, `shared_pair_inputs`) with these models (policy first, then
-    the reference; None entries skipped), and the plan's line saying so. Asked for explicitly but impossible:
-    ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs (`sharing_flops`)."""
-    if cfg.share_prompts is False:
-        return False, "twice per pair (share_prompts: false)"
-    longest = max((shared_length(e) for e in examples), default=0)
-    problem = prompt_sharing_problem(cfg) or next(
-        (problem for model in models if model is not None and (problem := shared_prompt_problem(model, longest))), None)
-    if problem and cfg.share_prompts:
-        raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
-    if problem:
-        return False, f"twice per pair: {problem}"
-    once, twice = sharing_flops(models[0], examples)
-    change = f"{abs(1 - once / twice):.0%} {'fewer' if once <= twice else 'more'} forward FLOPs"
-    if once > twice and cfg.share_prompts is None:
-        return False, (f"twice per pair: once would take {change} (the answers are long next to their prompts, and a "
-                       "sequence's attention grows with the square of its length); share_prompts: true forces it")
-    return True, f"once per pair, both answers after it (share_prompts; {change} than twice)"
-
-
-def sharing_flops(model, examples: list[dict[str, Any]]) -> tuple[float, float]:
-    """Estimated forward FLOPs of `model` over `examples` with each prompt once (one sequence per pair) and twice (two
-    rows of prompt + the longer answer): `rlft.models.shared_prompts.sequences_flops`."""
-    costs = forward_costs(model)
-    once = sequences_flops([shared_length(e) for e in examples], costs)
-    twice = sequences_flops([example_length(e) for e in examples for _ in range(2)], costs)
-    return once, twice
 
 
 def pair_collate(pad_id: int, share: bool, one_sequence: bool = False, width: int = 0, multiple: int = 1):
