@@ -40,8 +40,14 @@ machine is noisy). Both tools run with one torch thread by default (--threads): 
 2-core VM any other busy process makes OpenMP spin-waits stall every small op (measured: generate 44 ms
 with 1 thread vs 180-430 ms with 2 while another process ran), which drowns the comparison.
 
+rlft shares each group's prompt by default (`share_prompts`, docs/grpo.md): where its FLOPs estimate says so, a
+micro-batch runs each prompt once with its G completions after it. --compare-sharing adds a third tool to the
+alternation, "rlft-separate": rlft with `share_prompts: false` (every completion in a row of its own, as TRL runs them).
+--long leads each prompt with 64-600 characters of solved sums, as preference.py --long (prompts up to about 220 tokens).
+
 Usage (from the repository root):
   .venv/bin/python bench/grpo.py --size S --steps 10
+  .venv/bin/python bench/grpo.py --long --compare-sharing --steps 5 --repeat 2
   .venv/bin/python bench/grpo.py --size S --vocab 32768   # a real tokenizer's output layer (sampled ids past the
                                                           # byte range decode to nothing in both tools)
 Results: a table on stdout and bench/results/grpo-<size>[-c<length>][-v<vocab>][-compiled].json.
@@ -87,7 +93,7 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys, trl_keys
-from sft_vs_trl import warm_up
+from sft_vs_trl import LONG_LENGTH, long_rows, warm_up
 
 GROUP = 4
 COMPLETIONS_PER_STEP = 8
@@ -111,7 +117,7 @@ sys.modules[REWARD_MODULE].count_a_reward = count_a_reward
 # --------------------------------------------------------------------------- rlft
 
 
-def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args) -> dict:
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args, share: bool | None = None) -> dict:
     cfg = build_config({
         **rlft_keys(model_dir, out_dir, steps, args.seed, LR),
         "rl": "grpo",
@@ -132,7 +138,8 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
             "generation_kwargs": {"ignore_eos": True} if args.force_length else None,
         },
         "datasets": [{"path": str(train_file)}],
-        "sequence_len": 32 + MAX_COMPLETION,  # prompt (<= 7 tokens) + the completion fit
+        "sequence_len": (LONG_LENGTH if args.long else 32) + MAX_COMPLETION,  # the prompt + the completion fit
+        "share_prompts": share,  # None: rlft's default
         "micro_batch_size": COMPLETIONS_PER_STEP,
         "torch_compile": args.compile,  # static KV cache + compiled decode step (compiled in the run's first step)
     }, source="bench")
@@ -176,6 +183,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args)
         "rewards": [r["reward"] for r in steps_],
         "losses": [r["loss"] for r in steps_],
         "global_step": result.state.global_step,
+        "share_prompts": share,
     }
 
 
@@ -353,12 +361,18 @@ def print_report(res: dict) -> None:
     print(f"TRL extra: forward (compute_loss) {t['phase_medians']['forward_median_s'] * 1e3:.1f} ms, backward "
           f"{t['phase_medians']['backward_median_s'] * 1e3:.1f} ms, median step interval incl. prompt fetch "
           f"{t['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {t['train_other_s']:.3f} s, prompt lengths "
-          f"{t['prompt_lengths']}")
+          f"{min(t['prompt_lengths'])}-{max(t['prompt_lengths'])}")
     ratio = res["ratio_trl_over_rlft"]
     print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: wall "
           f"{ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x; all steps pooled: "
           f"{res['median_step_pooled_s']['rlft'] * 1e3:.1f} vs {res['median_step_pooled_s']['trl'] * 1e3:.1f} ms, "
           f"{ratio['median_step_pooled']:.2f}x  (>1: rlft is faster)")
+    if "rlft-separate" in res:
+        separate = res["rlft-separate"]
+        print(f"rlft-separate (share_prompts: false): median step {separate['median_step_s'] * 1e3:.1f} ms, forward+backward "
+              f"{separate['phase_medians']['forward_backward_median_s'] * 1e3:.1f} ms; all steps pooled "
+              f"{res['median_step_pooled_s']['rlft-separate'] * 1e3:.1f} ms: separate/shared {ratio['separate_over_shared_pooled']:.2f}x, "
+              f"TRL/rlft-separate {ratio['median_step_pooled_separate']:.2f}x; max |loss diff| vs rlft {res['max_abs_loss_diff_separate']:.2e}")
 
 
 def main() -> None:
@@ -382,8 +396,11 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (static KV cache, compiled decode step; the compile falls in "
                              "each run's first step, so compare median steps)")
+    parser.add_argument("--long", action="store_true", help="prompts led by 64-600 characters of solved sums")
+    parser.add_argument("--compare-sharing", action="store_true",
+                        help="also run rlft with share_prompts: false (a third tool in the alternation)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default bench/results/grpo-<size>.json, grpo-<size>-compiled.json with --compile)")
+                        help="JSON path (default bench/results/grpo-<size>[-long][-c<length>][-v<vocab>][-compiled].json)")
     args = parser.parse_args()
     MAX_COMPLETION = args.max_completion
     quiet()
@@ -391,6 +408,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     prompts = [{"prompt": row["prompt"]} for row in split_rows()[0]]
+    if args.long:  # the same sums behind long leads of solved ones
+        prompts = [{"prompt": lead["prompt"].rsplit("; ", 1)[0] + "; " + row["prompt"]}
+                   for row, lead in zip(prompts, long_rows(len(prompts), args.seed))]
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
         model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
@@ -403,12 +423,13 @@ def main() -> None:
         run_trl(model_dir, prompts, tmp / "warm-trl", 2, args)
 
         load_before = os.getloadavg()
-        runs: dict[str, list[dict]] = {"rlft": [], "trl": []}
+        tools = ("rlft", "trl", "rlft-separate") if args.compare_sharing else ("rlft", "trl")
+        runs: dict[str, list[dict]] = {tool: [] for tool in tools}
         for index in range(args.repeat):
-            for tool in ("rlft", "trl"):
+            for tool in tools:
                 out = tmp / f"{tool}-out-{index}"
-                run = run_rlft(model_dir, train_file, out, args.steps, args) if tool == "rlft" else \
-                    run_trl(model_dir, prompts, out, args.steps, args)
+                run = run_trl(model_dir, prompts, out, args.steps, args) if tool == "trl" else \
+                    run_rlft(model_dir, train_file, out, args.steps, args, False if tool == "rlft-separate" else None)
                 runs[tool].append(run)
                 print(f"run {index + 1}/{args.repeat} {tool}: wall {run['wall_s']:.2f} s, median step "
                       f"{run['median_step_s'] * 1e3:.1f} ms, generated tokens/step {median(run['generated_tokens_per_step']):.0f}",
@@ -459,11 +480,16 @@ def main() -> None:
             "median_step_pooled": pooled("trl") / pooled("rlft"),
         },
         "median_step_pooled_s": {tool: pooled(tool) for tool in runs},
+        "long_prompts": args.long,
         "peak_memory_mib": memory,
         "all_runs": runs,
     }
+    if args.compare_sharing:
+        report["ratio_trl_over_rlft"].update(separate_over_shared_pooled=pooled("rlft-separate") / pooled("rlft"),
+                                             median_step_pooled_separate=pooled("trl") / pooled("rlft-separate"))
+        report["max_abs_loss_diff_separate"] = max(abs(a - b) for a, b in zip(best["rlft"]["losses"], best["rlft-separate"]["losses"]))
     print_report(report)
-    length = f"-c{MAX_COMPLETION}" if MAX_COMPLETION != 32 else ""
+    length = ("-long" if args.long else "") + (f"-c{MAX_COMPLETION}" if MAX_COMPLETION != 32 else "")
     vocab = f"-v{args.vocab}" if args.vocab else ""
     out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
