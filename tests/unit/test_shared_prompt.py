@@ -138,7 +138,7 @@ def config(**keys):
 
 @pytest.mark.parametrize("keys, message", [
     ({"rl": "kto"}, "share_prompts: it applies to dpo, ipo, orpo, simpo, grpo and gdpo, not kto"),
-    ({"flash_attention": True}, "share_prompts: it needs SDPA or eager attention \\(a mask per pair\\), not flash_attention_2"),
+    ({"flash_attention": True}, "share_prompts: it needs SDPA or eager attention \\(they read the mask that keeps the answers apart\\), not flash_attention_2"),
     ({"pad_to_sequence_len": True}, "pad_to_sequence_len pads every row to sequence_len"),
 ])
 def test_asking_for_shared_prompts_where_they_cannot_be_is_refused(keys, message):
@@ -172,7 +172,7 @@ def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
         True, "once per pair, both answers after it (share_prompts; 36% fewer forward FLOPs than twice)")
     assert prompt_sharing(config(share_prompts=False), [tiny()], examples) == (False, "twice per pair (share_prompts: false)")
     on, line = prompt_sharing(config(flash_attention=True), [tiny()], examples)
-    assert not on and line == "twice per pair: it needs SDPA or eager attention (a mask per pair), not flash_attention_2"
+    assert not on and line == "twice per pair: it needs SDPA or eager attention (they read the mask that keeps the answers apart), not flash_attention_2"
     narrow = tiny(sliding_window=4)
     narrow.config.model_type = "mistral"
     on, line = prompt_sharing(config(), [tiny(), narrow], examples)  # the reference model's window decides too

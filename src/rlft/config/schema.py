@@ -402,7 +402,7 @@ def prompt_sharing_problem(cfg) -> str | None:
         return f"it applies to {', '.join(SHARING_METHODS[:-1])} and {SHARING_METHODS[-1]}, not {cfg.method}"
     attention = cfg.effective_attn_implementation
     if attention not in ("sdpa", "eager"):
-        return f"it needs SDPA or eager attention (a mask per pair), not {attention}"
+        return f"it needs SDPA or eager attention (they read the mask that keeps the answers apart), not {attention}"
     if cfg.pad_to_sequence_len:
         return "pad_to_sequence_len pads every row to sequence_len, and a pair with its prompt shared is up to twice that"
     return None

@@ -78,8 +78,7 @@ def sharing_problem(cfg, models: list, longest: int) -> str | None:
 def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
     """Whether pairs share their prompt (`share_prompts`, `shared_pair_inputs`) with these models (policy first, then
     the reference; None entries skipped), and the plan's line saying so. Asked for explicitly but impossible:
-    ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs
-    (`sharing_flops`)."""
+    ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs (`sharing_flops`)."""
     if cfg.share_prompts is False:
         return False, "twice per pair (share_prompts: false)"
     problem = sharing_problem(cfg, models, max((shared_length(e) for e in examples), default=0))
