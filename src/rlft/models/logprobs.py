@@ -117,10 +117,12 @@ def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
     if "flat_input_ids" in batch:
         index = batch["flat_index"][:, -width - 1 : -1].reshape(-1)
         inputs = with_model_mask(model, model_inputs(batch))
-        if batch["flat_input_ids"].size(0) == 1:  # one sequence: only the wanted positions through the output layer
-            logits = model(**inputs, logits_to_keep=index, use_cache=False).logits[0]
-        else:  # one sequence per group (shared prompts): logits_to_keep would pick the same positions in each
-            logits = model(**inputs, use_cache=False).logits.flatten(0, 1)[index]
+        # logits_to_keep picks the same positions in every sequence: those any sequence needs (with one sequence per
+        # group, the completion positions of all groups), then each slot's own out of them
+        length = batch["flat_input_ids"].size(1)
+        keep = torch.unique(index % length)
+        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
+        logits = logits.flatten(0, 1)[index // length * keep.numel() + torch.searchsorted(keep, index % length)]
         return logits.float().view(-1, width, logits.size(-1))
     logits = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
     return logits.float()
