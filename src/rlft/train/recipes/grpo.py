@@ -392,11 +392,13 @@ class GRPORecipe(Recipe):
         return [rows[start : start + per_step] for start in range(0, len(rows), per_step)]
 
     def _attach_logps(self, model, rows: list[TrainingRow], field: str, reference: bool) -> None:
-        """Each process computes every world-th row's log-probs (the same number of forward passes on each, for FSDP's
-        collectives), and all processes get all of them."""
+        """Each process computes the log-probs of a contiguous share of the rows (a group's rows stay together, so they
+        can share their prompt; the same number of forward passes on each, for FSDP's collectives), and all processes
+        get all of them."""
         size = self.cfg.micro_batch_size
         device = next(model.parameters()).device
-        mine = rows[self.rank :: self.world]
+        bounds = [len(rows) * rank // self.world for rank in range(self.world + 1)]
+        mine = rows[bounds[self.rank] : bounds[self.rank + 1]]
         passes = int(max_across(-(-len(mine) // size), device))
         values: list[tuple[list[float], list[float] | None]] = []
         for start in range(0, passes * size, size):
@@ -415,9 +417,8 @@ class GRPORecipe(Recipe):
                 values += [(logps[index, : len(row.completion_ids)].tolist(),
                             sampled[index, : len(row.completion_ids)].tolist() if sampled is not None else None)
                            for index, row in enumerate(chunk)]
-        shared = gather_objects(values)  # rank order: rank r's are rows[r::world]
-        order = [index for rank in range(self.world) for index in range(rank, len(rows), self.world)]
-        for index, (logps, sampled) in zip(order, shared):
+        shared = gather_objects(values)  # rank order: rank r's are rows[bounds[r]:bounds[r + 1]], so all rows in order
+        for index, (logps, sampled) in enumerate(shared):
             setattr(rows[index], field, logps)
             if sampled is not None:
                 rows[index].old_sampled_logps = sampled
