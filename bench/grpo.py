@@ -93,7 +93,8 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys, trl_keys
-from sft_vs_trl import LONG_LENGTH, long_rows, warm_up
+from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, warm_up
+from rlft.train.metrics import clock
 
 GROUP = 4
 COMPLETIONS_PER_STEP = 8
@@ -119,7 +120,7 @@ sys.modules[REWARD_MODULE].count_a_reward = count_a_reward
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args, share: bool | None = None) -> dict:
     cfg = build_config({
-        **rlft_keys(model_dir, out_dir, steps, args.seed, LR),
+        **rlft_keys(model_dir, out_dir, steps, args.seed, LR, args.bf16),
         "rl": "grpo",
         "trl": {
             "num_generations": GROUP,
@@ -216,10 +217,10 @@ class GRPOStepTimer(TrainerCallback):
         self.train_begin = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.begin = time.perf_counter()
+        self.begin = clock()  # waits for the GPU once CUDA is in use
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
+        now = clock()
         self.durations.append(now - self.begin)
         self.ends.append(now)
         self.optimizer.append(now - self.training_step_end)
@@ -229,9 +230,9 @@ class RecordingGRPOTrainer(GRPOTrainer):
     """Records each step's training_step time, generated tokens, loss and reward."""
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        start = time.perf_counter()
+        start = clock()
         loss = super().training_step(model, inputs, num_items_in_batch)
-        end = time.perf_counter()
+        end = clock()
         self.bench["training_step"].append(end - start)
         self.bench_timer.training_step_end = end
         self.bench["losses"].append(float(loss))
@@ -249,7 +250,7 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
     dataset = datasets.Dataset.from_list(prompts)  # row generation, not timed (rlft's jsonl is written untimed too)
     config = GRPOConfig(
         output_dir=str(out_dir),
-        **trl_keys(steps, args.seed),
+        **trl_keys(steps, args.seed, args.bf16),
         per_device_train_batch_size=COMPLETIONS_PER_STEP,
         gradient_accumulation_steps=1,
         num_generations=GROUP,
@@ -397,6 +398,7 @@ def main() -> None:
                         help="rlft with torch_compile: true (static KV cache, compiled decode step; the compile falls in "
                              "each run's first step, so compare median steps)")
     parser.add_argument("--long", action="store_true", help="prompts led by 64-600 characters of solved sums")
+    parser.add_argument("--bf16", action="store_true", help="both tools in bf16 autocast over fp32 weights")
     parser.add_argument("--compare-sharing", action="store_true",
                         help="also run rlft with share_prompts: false (a third tool in the alternation)")
     parser.add_argument("--out", type=Path, default=None,
@@ -458,6 +460,9 @@ def main() -> None:
         "vocab": args.vocab,
         "force_length": args.force_length,
         "rlft_torch_compile": args.compile,
+        "device": DEVICE.type,
+        "device_name": torch.cuda.get_device_name() if DEVICE.type == "cuda" else None,
+        "bf16": args.bf16,
         "beta": BETA,
         "loss_type": LOSS_TYPE,
         "learning_rate": LR,
@@ -491,7 +496,8 @@ def main() -> None:
     print_report(report)
     length = ("-long" if args.long else "") + (f"-c{MAX_COMPLETION}" if MAX_COMPLETION != 32 else "")
     vocab = f"-v{args.vocab}" if args.vocab else ""
-    out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{'-compiled' if args.compile else ''}.json"
+    device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
+    out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{device}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -83,7 +83,8 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
 from common import RESULTS, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
-from sft_vs_trl import LONG_LENGTH, StepTimer, long_rows, warm_up
+from rlft.train.metrics import clock
+from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, warm_up
 
 LR = 5e-4
 BETA = 0.1
@@ -103,7 +104,7 @@ def label(tool: str, precompute: bool, share: bool | None = None) -> str:
 
 def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args, share: bool = True) -> dict:
     cfg = build_config({
-        **rlft_keys(model_dir, out_dir, steps, args.seed, LR),
+        **rlft_keys(model_dir, out_dir, steps, args.seed, LR, args.bf16),
         "rl": "dpo",
         "rl_beta": BETA,
         "dpo_loss_type": ["sigmoid"],
@@ -233,7 +234,7 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
     dataset = datasets.Dataset.from_list(ordered_rows)  # row generation, not timed (rlft's jsonl is written untimed too)
     config = DPOConfig(
         output_dir=str(out_dir),
-        **trl_keys(steps, args.seed),
+        **trl_keys(steps, args.seed, args.bf16),
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
         learning_rate=LR,
@@ -288,35 +289,36 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
 # --------------------------------------------------------------------------- a plain PyTorch loop (what a hand-written script does)
 
 
-def run_plain_loop(model_dir: Path, recipe, steps: int) -> dict:
+def run_plain_loop(model_dir: Path, recipe, steps: int, bf16: bool = False) -> dict:
     """A hand-written DPO step, reference every step, on rlft's batches (built before the clock starts): a no-grad
     reference forward, the policy forward, each sequence's summed log-probs of its completion (log_softmax over the
     whole vocabulary), the sigmoid loss, backward, clip, AdamW (transformers' adamw_torch); nothing else."""
     from rlft.data.batches import PlanCursor
 
     cursor = PlanCursor(recipe.train_plan)
-    batches = [cursor.next() for _ in range(steps)]
-    model = LlamaForCausalLM.from_pretrained(model_dir)
+    batches = [{k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in cursor.next().items()} for _ in range(steps)]
+    model = LlamaForCausalLM.from_pretrained(model_dir).to(DEVICE)
     model.train()
-    reference = LlamaForCausalLM.from_pretrained(model_dir).eval().requires_grad_(False)
+    reference = LlamaForCausalLM.from_pretrained(model_dir).to(DEVICE).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)  # rlft's and TRL's default (adamw_torch_fused)
 
     def sequence_logps(network, batch) -> torch.Tensor:
-        logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        with torch.autocast(DEVICE.type, torch.bfloat16, enabled=bf16):
+            logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         targets = batch["labels"][:, 1:]
         per_token = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
         return (per_token * (targets != -100)).sum(-1)
 
     times, losses = [], []
     for batch in batches:
-        start = time.perf_counter()
+        start = clock()  # waits for the GPU once CUDA is in use
         with torch.no_grad():
             ref = sequence_logps(reference, batch)
         policy = sequence_logps(model, batch)
         pairs = policy.size(0) // 2  # chosen rows first, then rejected (rlft.data.preference.pair_batch)
         margin = (policy[:pairs] - ref[:pairs]) - (policy[pairs:] - ref[pairs:])
         losses.append(plain_update(model, optimizer, -torch.nn.functional.logsigmoid(BETA * margin).mean()))
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return {"median_step_s": statistics.median(times), "first_step_s": times[0], "losses": losses}
 
 
@@ -411,6 +413,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--bf16", action="store_true", help="both tools (and the plain loop) in bf16 autocast over fp32 weights")
     parser.add_argument("--long", action="store_true",
                         help="each prompt led by 64-600 characters of solved sums (sequences up to 640 tokens)")
     parser.add_argument("--out", type=Path, default=None,
@@ -458,7 +461,7 @@ def main() -> None:
                 runs[run["setting"]].append(run)
                 print(f"run {index + 1}/{args.repeat} {run['setting']:16s}: wall {run['wall_s']:.2f} s, "
                       f"median step {run['median_step_s'] * 1e3:.1f} ms, step-1 loss {run['losses'][0]:.6f}", flush=True)
-            plain_runs.append(run_plain_loop(model_dir, recipe, args.steps))
+            plain_runs.append(run_plain_loop(model_dir, recipe, args.steps, args.bf16))
             print(f"run {index + 1}/{args.repeat} plain PyTorch loop: median step {plain_runs[-1]['median_step_s'] * 1e3:.1f} ms, "
                   f"step-1 loss {plain_runs[-1]['losses'][0]:.6f}", flush=True)
         load_after = os.getloadavg()
@@ -489,6 +492,9 @@ def main() -> None:
         "size": args.size,
         "vocab": args.vocab,
         "rlft_torch_compile": args.compile,
+        "device": DEVICE.type,
+        "device_name": torch.cuda.get_device_name() if DEVICE.type == "cuda" else None,
+        "bf16": args.bf16,
         "params": params,
         "steps": args.steps,
         "micro_batch": args.micro_batch,
@@ -525,7 +531,8 @@ def main() -> None:
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
     long = "-long" if args.long else ""
-    out = args.out or RESULTS / f"preference-{args.size}{long}{vocab}{'-compiled' if args.compile else ''}.json"
+    device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
+    out = args.out or RESULTS / f"preference-{args.size}{long}{vocab}{device}{'-compiled' if args.compile else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
