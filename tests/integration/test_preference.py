@@ -337,3 +337,25 @@ def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear
                 assert got[key] == pytest.approx(expected[key], rel=tolerance, abs=1e-4), (name, key, got[key], expected[key])
     margins = [m["eval/rewards/margins"] for m in runs["once"] if "eval/rewards/margins" in m]
     assert margins[-1] > margins[0] + 0.01  # it learns
+
+
+def test_a_reward_model_with_shared_prompts_trains_what_padded_pairs_train(warm_model, clear_preferences, cli, tmp_path,
+                                                                           monkeypatch, repo_root, capsys):
+    """`share_prompts` for a Bradley-Terry reward model: each pair's prompt once, both answers' scores read at their
+    last tokens; every logged metric and evaluation (accuracy, margins, score extremes) is the prompt-twice run's."""
+    monkeypatch.chdir(repo_root)
+    runs, plans = {}, {}
+    for name, keys in (("twice", ["--share_prompts=false"]), ("once", [])):
+        out = tmp_path / name
+        assert cli("train", f"{REPO_EXAMPLES}/reward-model.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", *keys,
+                   *_data_overrides(clear_preferences, "pairs")) == 0
+        runs[name] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
+        plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
+    assert "once per pair, both answers after it" in plans["once"] and "twice per pair" in plans["twice"]
+    assert len(runs["once"]) == len(runs["twice"]) > 6
+    for got, expected in zip(runs["once"], runs["twice"]):
+        assert got.keys() == expected.keys()
+        for key in trained_values(expected):
+            tolerance = 1e-3 if key == "grad_norm" else 1e-4
+            assert got[key] == pytest.approx(expected[key], rel=tolerance, abs=1e-4), (key, got[key], expected[key])

@@ -137,7 +137,7 @@ def config(**keys):
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"rl": "kto"}, "share_prompts: it applies to dpo, ipo, orpo, simpo, grpo and gdpo, not kto"),
+    ({"rl": "kto"}, "share_prompts: it applies to dpo, ipo, orpo, simpo, reward_model, grpo and gdpo, not kto"),
     ({"flash_attention": True}, "share_prompts: it needs SDPA or eager attention \\(they read the mask that keeps the answers apart\\), not flash_attention_2"),
     ({"pad_to_sequence_len": True}, "pad_to_sequence_len pads every row to sequence_len"),
 ])
@@ -277,3 +277,47 @@ def test_grpo_plan_lines_and_refusals():
                                                           "answer would lose sight of the prompt's start")
     with pytest.raises(ConfigError, match="share_prompts: its sliding window"):
         group_sharing(grpo(share_prompts=True), [narrow], 40)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("pad_id", [0, 9], ids=["pad", "pad-is-eos"])
+def test_reward_scores_with_shared_prompts_are_each_rows_own(attention, pad_id):
+    """Reward models: each answer's score at its last token that is not padding, as transformers pools it, and the
+    gradients, with the prompt shared. With pad == EOS (answers end with 9 here) the score sits before the trailing
+    EOS tokens in both layouts."""
+    from transformers import LlamaForSequenceClassification
+
+    from rlft.models.reward import pair_scores
+
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+        num_labels=1, pad_token_id=pad_id, attn_implementation=attention))
+    examples = [{**e, "chosen_ids": e["chosen_ids"] + [9], "rejected_ids": e["rejected_ids"] + [9]} for e in pairs(64)]
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        scores = pair_scores(model, pair_collate(pad_id, share)(examples), pad_id)
+        (scores * torch.tensor([1.0, -2.0, 0.5, 3.0, 0.25, -1.0])).sum().backward()
+        results.append((scores.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, grads), (shared, shared_grads) = results
+    torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(shared_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_reward_models_share_unless_compiled():
+    from transformers import LlamaForSequenceClassification
+
+    from rlft.models.shared_prompts import reward_sharing
+
+    model = LlamaForSequenceClassification(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                       num_key_value_heads=1, intermediate_size=32, num_labels=1))
+    rm = lambda **keys: build_config({"base_model": "m", "datasets": [{"path": "d.jsonl"}], "reward_model": True, **keys})  # noqa: E731
+    on, line = reward_sharing(rm(), model, pairs(64), compiled=False)
+    assert on and line.startswith("once per pair, both answers after it (share_prompts;")
+    assert reward_sharing(rm(), model, pairs(64), compiled=True) == (
+        False, "twice per pair: torch_compile: the scores are read from the score head during the forward, which a "
+               "compiled forward would retrace every step")
+    with pytest.raises(ConfigError, match="share_prompts: torch_compile"):
+        reward_sharing(rm(share_prompts=True), model, pairs(64), compiled=True)

@@ -282,7 +282,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     share_prompts: Optional[bool] = field(
         None, "Answers to one prompt in one sequence, the prompt once and every answer after it, a mask keeping each "
         "answer from the others (prefix sharing, https://arxiv.org/abs/2410.20305): each pair's prompt (dpo, ipo, orpo, "
-        "simpo) or each group's prompt (grpo, gdpo) runs through the model once, for the same log-probs. SDPA or eager "
+        "simpo, reward models) or each group's prompt (grpo, gdpo) runs through the model once, for the same results. SDPA or eager "
         "attention. None -> on where rlft has checked the model type and it saves forward FLOPs (the plan says; GRPO "
         "decides per micro-batch); docs/preference.md, docs/grpo.md."
     )
@@ -392,7 +392,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
 
 PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
 PAIR_METHODS = ("dpo", "ipo", "orpo", "simpo")  # trained on (prompt, chosen, rejected)
-SHARING_METHODS = (*PAIR_METHODS, "grpo", "gdpo")  # several answers to one prompt in a micro-batch
+SHARING_METHODS = (*PAIR_METHODS, "reward_model", "grpo", "gdpo")  # several answers to one prompt in a micro-batch
 
 
 def prompt_sharing_problem(cfg) -> str | None:

@@ -46,6 +46,36 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
     return model
 
 
+def score_head(model) -> torch.nn.Module | None:
+    """The layer that turns the last hidden states into scores (`score`, under DDP or PEFT too), or None."""
+    network = getattr(model, "module", model)
+    if hasattr(network, "get_base_model"):
+        network = network.get_base_model()
+    head = getattr(network, "score", None)
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+def pair_scores(model, batch: dict, pad_id: int) -> torch.Tensor:
+    """(2B,) float scores of `pair_batch`'s rows (chosen, then rejected), each at its last token that is not padding,
+    as transformers' sequence classification pools them. With each prompt shared (`shared_pair_inputs`) one sequence
+    holds both answers, so the model's own pooling would see only the rejected one: the scores of every position are
+    read from the score head as the forward computes them, and each row's is taken at the same token."""
+    if "flat_input_ids" not in batch:
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, 0].float()
+    from rlft.models.logprobs import model_inputs
+    from rlft.models.masks import with_model_mask
+
+    seen: list[torch.Tensor] = []
+    handle = score_head(model).register_forward_hook(lambda _module, _inputs, output: seen.append(output))
+    try:
+        model(**with_model_mask(model, model_inputs(batch)), use_cache=False)
+    finally:
+        handle.remove()
+    ids = batch["input_ids"]
+    last = (torch.arange(ids.size(1), device=ids.device) * (ids != pad_id)).argmax(-1)
+    return seen[-1][..., 0].flatten()[batch["flat_index"].gather(1, last[:, None])[:, 0]].float()
+
+
 def load_reward_for_scoring(path: str, device: str = "cpu"):
     """A trained reward model folder (full or LoRA) and its tokenizer, ready to score."""
     import json

@@ -92,6 +92,23 @@ def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[b
     return True, f"once per pair, both answers after it (share_prompts; {change} than twice)"
 
 
+def reward_sharing(cfg, model, examples: list[dict[str, Any]], compiled: bool) -> tuple[bool, str]:
+    """`prompt_sharing` for a reward model, which also needs its scores read from its `score` head during the forward
+    (`rlft.models.reward.pair_scores`): not under torch_compile, whose compiled forward would have to be retraced for
+    the hook every step."""
+    from rlft.models.reward import score_head
+
+    if cfg.share_prompts is not False:
+        problem = ("torch_compile: the scores are read from the score head during the forward, which a compiled forward "
+                   "would retrace every step" if compiled else
+                   None if score_head(model) is not None else "the model has no `score` layer to read each answer's score from")
+        if problem and cfg.share_prompts:
+            raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
+        if problem:
+            return False, f"twice per pair: {problem}"
+    return prompt_sharing(cfg, [model], examples)
+
+
 def group_sharing(cfg, models: list, longest: int) -> tuple[bool, str]:
     """Whether the GRPO family's completions of one prompt share it in their micro-batch (`share_prompts`,
     `rlft.models.logprobs.shared_completion_inputs`), and the plan's line. Unset, each micro-batch takes the layout

@@ -95,7 +95,10 @@ def _setup(cfg, console: Console):
             from rlft.models.loading import disable_dropout
 
             disable_dropout(model)
-        recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard)
+        from rlft.models.shared_prompts import reward_sharing
+
+        sharing = reward_sharing(cfg, model, data.train + data.eval, compile_options(cfg) is not None)
+        recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard, sharing)
     elif cfg.method in ("grpo", "gdpo"):
         model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
     elif cfg.method == "ebft":

@@ -6,21 +6,23 @@ from typing import Any
 
 import torch
 
-from rlft.data.preference import pair_batch
 from rlft.losses.preference import bradley_terry_loss
+from rlft.models.reward import pair_scores
 from rlft.train.parallel import eval_share, gather_objects
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.data.collate import pad_multiple, padded_width
-from rlft.train.recipes.preference import _weighted_eval, preference_plans
+from rlft.train.recipes.preference import _weighted_eval, pair_collate, preference_plans
 
 
 class RewardModelRecipe(Recipe):
     name = "reward_model"
     needs_reference = False
 
-    def __init__(self, cfg, data, pad_id: int, shard: tuple[int, int] = (0, 1)):
-        self.cfg = cfg
-        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, lambda rows: pair_batch(rows, pad_id, padded_width(cfg), pad_multiple(cfg)))
+    def __init__(self, cfg, data, pad_id: int, shard: tuple[int, int] = (0, 1), sharing: tuple[bool, str] = (False, "twice per pair")):
+        self.cfg, self.pad_id = cfg, pad_id
+        self.plan_rows = (("prompts", sharing[1]),)
+        collate = pair_collate(pad_id, sharing[0], width=padded_width(cfg), multiple=pad_multiple(cfg))
+        self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, collate)
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -33,7 +35,7 @@ class RewardModelRecipe(Recipe):
 
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         pairs = batch["input_ids"].shape[0] // 2
-        scores = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, 0].float()
+        scores = pair_scores(model, batch, self.pad_id)
         chosen, rejected = scores[:pairs], scores[pairs:]
         losses, correct = bradley_terry_loss(chosen, rejected, batch.get("margin"), self.cfg.center_rewards_coefficient)
         detached = scores.detach()
@@ -49,8 +51,7 @@ class RewardModelRecipe(Recipe):
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         result = _weighted_eval(self, model, batches)
-        scores = torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, 0].float()
-                            for b, _ in eval_share(batches, self.train_plan.rank, self.train_plan.world)])
+        scores = torch.cat([pair_scores(model, b, self.pad_id) for b, _ in eval_share(batches, self.train_plan.rank, self.train_plan.world)])
         # extremes over the whole eval set, not averages of per-batch extremes (padding batches repeat real ones)
         extremes = gather_objects([(float(scores.min()), float(scores.max()))])
         result.update({"eval/rewards/min": round(min(low for low, _ in extremes), 6),
