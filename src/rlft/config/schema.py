@@ -282,9 +282,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     share_prompts: Optional[bool] = field(
         None, "Answers to one prompt in one sequence, the prompt once and every answer after it, a mask keeping each "
         "answer from the others (prefix sharing, https://arxiv.org/abs/2410.20305): each pair's prompt (dpo, ipo, orpo, "
-        "simpo, reward models) or each group's prompt (grpo, gdpo) runs through the model once, for the same results. SDPA or eager "
-        "attention. None -> on where rlft has checked the model type and it saves forward FLOPs (the plan says; GRPO "
-        "decides per micro-batch); docs/preference.md, docs/grpo.md."
+        "simpo, reward models) or each group's prompt (grpo, gdpo) runs through the model once, for the same results. "
+        "SDPA or eager attention. None -> on where rlft has checked the model type and it saves forward FLOPs (the plan "
+        "says; GRPO decides per micro-batch); docs/preference.md, docs/grpo.md."
     )
 
     # --- several processes (docs/distributed.md) ---
