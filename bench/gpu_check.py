@@ -7,6 +7,9 @@
   flex_generation  where strided generation's time goes under flex_attention: BlockMask creation and the forward.
   liger    SFT with Liger Kernel's RoPE, RMSNorm, SwiGLU and fused linear cross-entropy against rlft's own layers and
            chunked loss: the same losses in fp32, then median step time, tokens/s and peak GPU memory in bf16.
+  sharing  share_prompts on a GPU (SDPA with a mask runs the memory-efficient kernel): DPO pairs with long prompts and a
+           32768-entry output layer, each prompt once against twice: the same losses in fp32, then median step time and
+           peak GPU memory in bf16.
   examples the shipped GRPO and structured-EBFT examples, 4 steps each in bf16 (their micro-batches hold left-padded
            prompts; on an H200 they once stopped at step 1 with a NaN gradient norm): whether every step's loss and
            gradient norm are finite. Needs the quickstart's checkpoint (outputs/quickstart/checkpoint-600/model).
@@ -17,7 +20,7 @@ Each run is an `rlft train` process of its own: precision is set per process (ac
 classes of the process it runs in.
 
 Usage (a CUDA GPU; from the repository root):
-  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger] [--out PATH]
+  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing examples] [--out PATH]
 Results: bench/results/gpu_check-<GPU>.json (bench/results/gpu_check-H200.json: two invocations, named in it).
 """
 
@@ -237,6 +240,30 @@ def flex_generation_check(tmp: Path, args) -> dict:
 EXAMPLES = {"grpo": "examples/grpo-arithmetic.yaml", "ebft_structured": "examples/ebft-structured.yaml"}
 
 
+def sharing_check(tmp: Path, args) -> dict:
+    from rlft.tasks.addition import preference_rows, split_rows
+    from sft_vs_trl import long_rows
+
+    model = make_model(tmp / "model-sharing", args.size, args.seed, vocab=32768)
+    rows = [{**row, "prompt": lead["prompt"].rsplit("; ", 1)[0] + "; " + row["prompt"]}  # bench/preference.py --long
+            for row, lead in zip(preference_rows(split_rows()[0][:512]), long_rows(512, args.seed))]
+    data = write_rows(rows, tmp / "pairs.jsonl")
+    base = {"base_model": str(model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 1024,
+            "micro_batch_size": 8, "learning_rate": 1e-5, "lr_scheduler": "constant", "logging_steps": 1, "seed": args.seed,
+            "save_steps": 10_000}
+    report = {}
+    for precision, steps in (("fp32", 3), ("bf16", args.steps)):
+        for share in (True, False):
+            settings = {**base, "max_steps": steps, "bf16": precision == "bf16", "share_prompts": share}
+            result = summary(run(settings, tmp / f"sharing-{precision}-{share}"), skip=2)
+            report[f"{precision}_{'once' if share else 'twice'}"] = result
+            print(f"dpo {precision} prompt {'once' if share else 'twice'}: median step {result['median_step_s'] * 1e3:.1f} ms, "
+                  f"peak {result['peak_memory_mb']:.0f} MiB, losses {result['losses'][:3]}", flush=True)
+    report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report["fp32_once"]["losses"], report["fp32_twice"]["losses"]))
+    report["bf16_speedup_once_over_twice"] = round(report["bf16_twice"]["median_step_s"] / report["bf16_once"]["median_step_s"], 3)
+    return report
+
+
 def examples_check(tmp: Path, args) -> dict:
     """Each example through `rlft train` from the repository root, 4 steps (bf16 on a GPU: the default `bf16: auto`);
     a run that fails is reported, not raised, with the end of its output."""
@@ -263,7 +290,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="bf16 steps per run (the first two are not timed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "examples"], default=None)
+    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "examples"],
+                        default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check-<GPU>.json)")
     args = parser.parse_args()
@@ -276,7 +304,7 @@ def main() -> None:
                                                      "cuda": torch.version.cuda}}
     with tempfile.TemporaryDirectory(prefix="rlft-gpu-") as tmp:
         for name, check in (("shapes", shapes_check), ("flex_generation", flex_generation_check), ("strided", strided_check),
-                            ("liger", liger_check), ("examples", examples_check)):
+                            ("liger", liger_check), ("sharing", sharing_check), ("examples", examples_check)):
             if args.only and name not in args.only:
                 continue
             started = time.perf_counter()

@@ -321,3 +321,19 @@ def test_reward_models_share_unless_compiled():
                "compiled forward would retrace every step")
     with pytest.raises(ConfigError, match="share_prompts: torch_compile"):
         reward_sharing(rm(share_prompts=True), model, pairs(64), compiled=True)
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["prompt-twice", "prompt-once"])
+def test_sequence_log_probs_through_the_output_layer_under_bf16_autocast(share, monkeypatch):
+    """bf16 autocast with a real-size output layer (the DPO family's path on a GPU): the mean-logit metric's product
+    stays float32 (it once came out bf16 and stopped every bf16 DPO run at its first step), and the values are
+    fp32's to bf16 rounding."""
+    monkeypatch.setattr(head, "MIN_VOCAB", 4096)
+    model = tiny(4096)
+    batch = pair_collate(0, share)(pairs(4096))
+    plain = sequence_logps(model, batch)
+    with torch.autocast("cpu", torch.bfloat16):
+        low = sequence_logps(model, batch)
+    assert low.mean_logits.dtype == torch.float32
+    torch.testing.assert_close(low.logps, plain.logps, rtol=0.05, atol=0.3)
+    torch.testing.assert_close(low.mean_logits, plain.mean_logits, rtol=0.05, atol=0.05)

@@ -61,7 +61,8 @@ def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> Sequence
     nll = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(
         mask, linear_token_nll(picked, head.weight, head.bias, targets[mask]))
     lengths = mask.sum(-1)
-    with torch.no_grad():  # the mean logit over the vocabulary is h . mean(W) (+ mean(b)): no logits needed
+    # the mean logit over the vocabulary is h . mean(W) (+ mean(b)): no logits needed; in float32 under bf16 autocast too
+    with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
         mean_row = head.weight.mean(0, dtype=torch.float32)  # no float32 copy of the (V, H) weight
         per_token = picked.float() @ mean_row + (head.bias.float().mean() if head.bias is not None else 0.0)
         per_position = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(mask, per_token)
