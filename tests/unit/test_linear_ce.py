@@ -359,3 +359,32 @@ def test_under_bf16_autocast_the_gradients_are_the_plain_paths(function, chunk):
     torch.testing.assert_close(value, ref_value, rtol=1e-5, atol=1e-4)
     for got, want in ((grad_h, ref_h), (grad_w, ref_w)):
         assert float((got - want).norm() / want.norm()) < 1e-3
+
+
+@pytest.mark.parametrize("grad_entropy", [False, True])
+def test_under_bf16_autocast_the_entropy_is_summed_in_float32(grad_entropy):
+    """The entropy of each row, -sum_v p_v log p_v over a 4096-entry vocabulary, under bf16 autocast: a float32 tensor
+    (it came out bf16, from vecdot's autocast, and stopped structured EBFT's bf16 runs when written into float32
+    metrics) equal to autograd's float32 entropy of the same bf16 logits, with the same entropy gradient."""
+    from rlft.losses.linear_ce import linear_token_logps
+
+    g = torch.Generator().manual_seed(4)
+    hidden0, weight0 = torch.randn(24, 64, generator=g), torch.randn(4096, 64, generator=g) * 2.0
+    targets = torch.randint(0, 4096, (24,), generator=g)
+    results = []
+    for fused in (True, False):
+        h = hidden0.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16):
+            if fused:
+                entropy = linear_token_logps(h, weight0, None, targets, with_entropy=True, grad_entropy=grad_entropy, chunk=7)[1]
+            else:
+                logp = F.linear(h, weight0).float().log_softmax(-1)
+                entropy = -(logp.exp() * logp).sum(-1)
+        assert entropy.dtype == torch.float32
+        if grad_entropy:
+            entropy.sum().backward()
+        results.append((entropy.detach(), h.grad))
+    (fused_entropy, fused_grad), (plain_entropy, plain_grad) = results
+    torch.testing.assert_close(fused_entropy, plain_entropy, rtol=1e-5, atol=1e-5)
+    if grad_entropy:
+        assert float((fused_grad - plain_grad).norm() / plain_grad.norm()) < 1e-3

@@ -197,8 +197,9 @@ class _LinearTokenLogps(torch.autograd.Function):
             logp.sub_(lse[:, None])  # log p, in the logits' memory
             logps.append(logp.gather(-1, targets[start:start + chunk, None]).squeeze(-1))
             lses.append(lse)
-            if with_entropy:
-                entropy.append(-torch.linalg.vecdot(logp.exp(), logp))
+            if with_entropy:  # in float32: under autocast vecdot would sum V products in bf16
+                with torch.autocast(logp.device.type, enabled=False):
+                    entropy.append(-torch.linalg.vecdot(logp.exp(), logp))
         empty = hidden.new_zeros(0, dtype=torch.float32)  # no rows, or no entropy asked for
         logps, lses = (torch.cat(logps), torch.cat(lses)) if logps else (empty, empty)
         entropy = torch.cat(entropy) if entropy else empty.clone()  # a tensor of its own: outputs must not alias
