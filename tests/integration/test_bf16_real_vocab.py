@@ -18,6 +18,16 @@ EXAMPLES = ["quickstart/sft", "preference/dpo", "preference/kto", "preference/or
             "grpo-arithmetic", "ebft-structured", "ebft-strided"]
 
 
+@pytest.fixture(autouse=True)
+def fp32_after():
+    """accelerate keeps one mixed-precision setting per process: the runs after these (in the same test worker) start
+    from a fresh one, as a new `rlft train` process would."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+
+
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory):
     """An XS Llama with an 8,192-entry output layer (a real tokenizer's order of size; the text uses the byte ids)."""
