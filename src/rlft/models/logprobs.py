@@ -71,14 +71,15 @@ def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], 
     if len(groups) == len(rows) or not all(groups):
         return None
     members = list(groups.values())
-    flat, starts = shared_prompt_rows([(rows[group[0]]["prompt_ids"], [rows[i]["completion_ids"] for i in group])
-                                       for group in members], pad_id, one_sequence, multiple)
-    if costs is not None:
+    if costs is not None:  # decided from the lengths, before any layout is built
         real = batch["attention_mask"]
         now = [int(real.sum())] if one_sequence else [real.size(1)] * real.size(0)
-        count, width = flat["flat_input_ids"].shape
-        if sequences_flops([width] * count, costs) >= sequences_flops(now, costs):
+        lengths = [len(prompt) + sum(len(rows[i]["completion_ids"]) for i in group) for prompt, group in groups.items()]
+        shared = [sum(lengths)] if one_sequence else [padded_to(max(lengths), 0, multiple)] * len(lengths)
+        if sequences_flops(shared, costs) >= sequences_flops(now, costs):
             return None
+    flat, starts = shared_prompt_rows([(rows[group[0]]["prompt_ids"], [rows[i]["completion_ids"] for i in group])
+                                       for group in members], pad_id, one_sequence, multiple)
     prompt_start, answer_start = [0] * len(rows), [0] * len(rows)
     for group, group_starts in zip(members, starts):
         for k, i in enumerate(group):
