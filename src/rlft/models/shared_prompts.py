@@ -65,23 +65,24 @@ def sequences_flops(lengths, costs: tuple[int, int]) -> float:
     return float(sum(n * per_token + n * n * per_key for n in lengths))
 
 
-def sharing_problem(cfg, models: list, longest: int) -> str | None:
+def sharing_problem(cfg, models: list, longest: int, problem: str | None = None) -> str | None:
     """Why answers cannot share their prompt with this config and these models (None entries skipped), sequences up to
-    `longest` tokens; with `share_prompts: true` that is a ConfigError."""
-    problem = prompt_sharing_problem(cfg) or next(
+    `longest` tokens, or the method's own `problem`; with `share_prompts: true` that is a ConfigError."""
+    problem = problem or prompt_sharing_problem(cfg) or next(
         (problem for model in models if model is not None and (problem := shared_prompt_problem(model, longest))), None)
     if problem and cfg.share_prompts:
         raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
     return problem
 
 
-def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]]) -> tuple[bool, str]:
+def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]], problem: str | None = None) -> tuple[bool, str]:
     """Whether pairs share their prompt (`share_prompts`, `shared_pair_inputs`) with these models (policy first, then
-    the reference; None entries skipped), and the plan's line saying so. Asked for explicitly but impossible:
-    ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs (`sharing_flops`)."""
+    the reference; None entries skipped), and the plan's line saying so; `problem`: the method's own reason not to.
+    Asked for explicitly but impossible: ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs
+    (`sharing_flops`)."""
     if cfg.share_prompts is False:
         return False, "twice per pair (share_prompts: false)"
-    problem = sharing_problem(cfg, models, max((shared_length(e) for e in examples), default=0))
+    problem = sharing_problem(cfg, models, max((shared_length(e) for e in examples), default=0), problem)
     if problem:
         return False, f"twice per pair: {problem}"
     once, twice = sharing_flops(models[0], examples)
@@ -98,15 +99,10 @@ def reward_sharing(cfg, model, examples: list[dict[str, Any]], compiled: bool) -
     the hook every step."""
     from rlft.models.reward import score_head
 
-    if cfg.share_prompts is not False:
-        problem = ("torch_compile: the scores are read from the score head during the forward, which a compiled forward "
-                   "would retrace every step" if compiled else
-                   None if score_head(model) is not None else "the model has no `score` layer to read each answer's score from")
-        if problem and cfg.share_prompts:
-            raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
-        if problem:
-            return False, f"twice per pair: {problem}"
-    return prompt_sharing(cfg, [model], examples)
+    problem = ("torch_compile: the scores are read from the score head during the forward, which a compiled forward "
+               "would retrace every step" if compiled else
+               None if score_head(model) is not None else "the model has no `score` layer to read each answer's score from")
+    return prompt_sharing(cfg, [model], examples, problem)
 
 
 def group_sharing(cfg, models: list, longest: int) -> tuple[bool, str]:
