@@ -9,8 +9,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlft.config.loading import build_config
 from rlft.data.collate import flatten_rows
 from rlft.models import head
-from rlft.models.logprobs import completion_batch, completion_logps, sampled_logps
-from rlft.rollout.types import SamplingParams
+from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
+                           parameter_grads)
+from rlft.models.logprobs import completion_batch
 
 
 def flatten_completion_batch(batch, block_mask):
@@ -53,28 +54,8 @@ def test_flattened_rows_give_the_padded_log_probs_entropy_and_gradients(vocab, a
                                          num_key_value_heads=1, intermediate_size=32, attn_implementation=attention))
     batch = completion_batch(rows(vocab), pad_id=0)
     valid = batch["attention_mask"][:, -batch["completion_width"]:].bool()
-    results = []
-    for flat in (False, True):
-        model.zero_grad()
-        inputs = flatten_completion_batch(batch, block_mask=True) if flat else batch
-        logps, entropy = completion_logps(model, inputs, 0.9, True, grad_entropy=True)
-        ((logps + 0.1 * entropy) * valid).sum().backward()
-        sampled, _ = sampled_logps(logits_or_scores(model, inputs), inputs, SamplingParams(max_new_tokens=8, temperature=0.9,
-                                                                                         top_k=20, repetition_penalty=1.2), logps)
-        results.append((logps[valid].detach(), entropy[valid].detach(), sampled[valid], {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (logps, entropy, sampled, grads), (flat_logps, flat_entropy, flat_sampled, flat_grads) = results
-    torch.testing.assert_close(flat_logps, logps, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(flat_entropy, entropy, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(flat_sampled, sampled, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(flat_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def logits_or_scores(model, batch):
-    from rlft.models.logprobs import completion_scores
-
-    with torch.no_grad():
-        return completion_scores(model, batch)
+    assert_same_completion_results(completion_results(model, flatten_completion_batch(batch, block_mask=True), valid),
+                                   completion_results(model, batch, valid))
 
 
 def config(**keys):
@@ -128,13 +109,10 @@ def test_flattened_preference_rows_give_the_padded_sequence_log_probs_and_gradie
         inputs = {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], True)} if flat else batch
         out = sequence_logps(model, inputs)
         (out.logps * torch.tensor([1.0, -2.0, 0.5, 3.0])).sum().backward()
-        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters()}))
+        results.append((out, parameter_grads(model)))
     (plain, grads), (flat, flat_grads) = results
-    torch.testing.assert_close(flat.logps, plain.logps, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(flat.token_logps[plain.mask], plain.token_logps[plain.mask], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(flat.mean_logits, plain.mean_logits, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(flat_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_sequence_logps(flat, plain)
+    assert_same_grads(flat_grads, grads)
 
 
 def test_dpo_padding_free_is_for_preference_methods():
@@ -211,8 +189,7 @@ def test_packed_sft_rows_give_each_documents_own_loss(attention):
         model.zero_grad()
         loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
         loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        results.append((loss.detach(), parameter_grads(model)))
     (padded_loss, grads), (packed_loss, packed_grads) = results
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(packed_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_grads(packed_grads, grads)

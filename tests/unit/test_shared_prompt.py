@@ -8,12 +8,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
+                           parameter_grads)
 from rlft.config.loading import build_config
 from rlft.data.preference import pair_batch, shared_pair_inputs
 from rlft.errors import ConfigError
 from rlft.models import head
-from rlft.models.shared_prompts import SHARED_PROMPT_MODELS, shared_prompt_problem
-from rlft.models.shared_prompts import prompt_sharing, sharing_flops
+from rlft.models.shared_prompts import SHARED_PROMPT_MODELS, prompt_sharing, shared_prompt_problem, sharing_flops
 from rlft.train.recipes.preference import pair_collate, sequence_logps
 
 
@@ -68,7 +69,7 @@ def _sequence_results(model, batch, weights):
     model.zero_grad()
     out = sequence_logps(model, batch)
     (out.logps * weights).sum().backward()
-    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out, parameter_grads(model)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -81,11 +82,8 @@ def test_shared_prompts_give_the_padded_pairs_log_probs_and_gradients(vocab, att
     weights = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.25, -1.0])
     plain, grads = _sequence_results(model, pair_collate(0, False, multiple=4)(examples), weights)
     shared, shared_grads = _sequence_results(model, pair_collate(0, True, one_sequence, multiple=4)(examples), weights)
-    torch.testing.assert_close(shared.logps, plain.logps, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shared.token_logps[plain.mask], plain.token_logps[plain.mask], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shared.mean_logits, plain.mean_logits, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(shared_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_sequence_logps(shared, plain)
+    assert_same_grads(shared_grads, grads)
 
 
 def test_the_whole_sequence_and_per_position_terms_too():
@@ -208,8 +206,7 @@ def group_rows(vocab: int):
 def test_shared_group_prompts_give_each_completions_own_log_probs_and_gradients(vocab, attention, one_sequence, monkeypatch):
     """GRPO: the completions of one prompt after one copy of it give the padded rows' log-probs, entropies, sampling
     log-probs under top-k and repetition penalty, and gradients."""
-    from rlft.models.logprobs import completion_batch, completion_logps, completion_scores, sampled_logps, shared_completion_inputs
-    from rlft.rollout.types import SamplingParams
+    from rlft.models.logprobs import completion_batch, shared_completion_inputs
 
     monkeypatch.setattr(head, "MIN_VOCAB", 4096)
     model = tiny(vocab, attention)
@@ -218,21 +215,7 @@ def test_shared_group_prompts_give_each_completions_own_log_probs_and_gradients(
     shared = {**batch, **shared_completion_inputs(rows, batch, 0, one_sequence, multiple=4)}
     assert shared["flat_input_ids"].shape[0] == (1 if one_sequence else 3)  # two groups and the row alone
     valid = batch["completion_mask"].bool()
-    sampling = SamplingParams(max_new_tokens=8, temperature=0.9, top_k=20, repetition_penalty=1.2)
-    results = []
-    for inputs in (batch, shared):
-        model.zero_grad()
-        logps, entropy = completion_logps(model, inputs, 0.9, True, grad_entropy=True)
-        ((logps + 0.1 * entropy) * valid).sum().backward()
-        with torch.no_grad():
-            sampled, _ = sampled_logps(completion_scores(model, inputs), inputs, sampling, logps)
-        results.append((logps[valid].detach(), entropy[valid].detach(), sampled[valid], {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (logps, entropy, sampled, grads), (shared_logps, shared_entropy, shared_sampled, shared_grads) = results
-    torch.testing.assert_close(shared_logps, logps, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shared_entropy, entropy, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shared_sampled, sampled, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(shared_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_completion_results(completion_results(model, shared, valid), completion_results(model, batch, valid))
 
 
 def test_rows_without_a_shared_prompt_keep_their_layout():
@@ -299,11 +282,10 @@ def test_reward_scores_with_shared_prompts_are_each_rows_own(attention, pad_id):
         model.zero_grad()
         scores = pair_scores(model, pair_collate(pad_id, share)(examples), pad_id)
         (scores * torch.tensor([1.0, -2.0, 0.5, 3.0, 0.25, -1.0])).sum().backward()
-        results.append((scores.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        results.append((scores.detach(), parameter_grads(model)))
     (plain, grads), (shared, shared_grads) = results
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(shared_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_grads(shared_grads, grads)
 
 
 def test_reward_models_share_unless_compiled():
