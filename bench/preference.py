@@ -92,7 +92,7 @@ MAX_LENGTH = 32
 LOG2 = math.log(2)
 # (tool, precompute, rlft's share_prompts): the run order. rlft shares each pair's prompt by default; "-twice" is
 # rlft with share_prompts: false, the 2B padded rows TRL computes too
-SETTINGS = [("rlft", False, True), ("trl", False, None), ("rlft", True, True), ("trl", True, None), ("rlft", False, False)]
+SETTINGS = [("rlft", False, None), ("trl", False, None), ("rlft", True, None), ("trl", True, None), ("rlft", False, False)]
 
 
 def label(tool: str, precompute: bool, share: bool | None = None) -> str:
@@ -102,14 +102,14 @@ def label(tool: str, precompute: bool, share: bool | None = None) -> str:
 # --------------------------------------------------------------------------- rlft
 
 
-def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args, share: bool = True) -> dict:
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args, share: bool | None = None) -> dict:
     cfg = build_config({
         **rlft_keys(model_dir, out_dir, steps, args.seed, LR, args.bf16),
         "rl": "dpo",
         "rl_beta": BETA,
         "dpo_loss_type": ["sigmoid"],
         "precompute_ref_log_probs": precompute,
-        "share_prompts": share,
+        "share_prompts": share,  # None: rlft's default, which shares these pairs' prompts (its plan says so)
         "datasets": [{"path": str(train_file)}],
         "sequence_len": MAX_LENGTH,
         "micro_batch_size": args.micro_batch,
