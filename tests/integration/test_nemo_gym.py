@@ -195,6 +195,9 @@ def test_one_episode_with_a_tool_call_is_stitched_with_env_mask_and_sampling_log
     (name, (url, resources)), = agents.items()
     assert resources == "example_single_tool_call"
     task = _weather_tasks()[0]
+    # Gym's model server forwards metadata.extra_body into its chat request: a seed makes the sampled turns reproducible
+    # (unseeded, a turn at temperature 0.3 strayed from the taught call about once in eight runs)
+    task["responses_create_params"]["metadata"] = {"extra_body": json.dumps({"seed": 0})}
     prompt = {"prompt_ids": [1, 2, 3], "columns": {VERIFY_ROW: task, AGENT_URL: url, AGENT_NAME: name}}
     sampling = SamplingParams(max_new_tokens=96, temperature=0.3)
     rollout, extra = NemoGymAgents(eos_token_id=259, run_timeout=120, max_turns=None, max_completion_length=512).rollout(
