@@ -10,9 +10,9 @@ def parameter_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def assert_same_grads(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+def assert_same_grads(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=atol, msg=name)
 
 
 def assert_same_sequence_logps(got, expected) -> None:
@@ -42,3 +42,33 @@ def assert_same_completion_results(got: tuple, expected: tuple) -> None:
     for values, wanted in zip(got[:3], expected[:3]):
         torch.testing.assert_close(values, wanted, rtol=1e-5, atol=1e-5)
     assert_same_grads(got[3], expected[3])
+
+
+EAGER_ONLY = ("gemma2", "gpt_oss")  # transformers gives these no SDPA
+
+
+def tiny_of_type(kind: str, vocab: int = 128, window: int | None = None):
+    """A tiny random decoder of transformers' model type `kind` (2 layers, hidden 32), eval mode. With `window`, its
+    sliding window is `window` tokens, on both layers, or on the first only where the type mixes windowed and full
+    layers (`layer_types`)."""
+    import warnings
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(kind, vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=64, head_dim=8)
+    for key, value in dict(moe_intermediate_size=16, num_experts=4, num_local_experts=4, num_experts_per_tok=2).items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    config.pad_token_id = config.bos_token_id = config.eos_token_id = None
+    if window is not None:
+        config.sliding_window = window
+        for key, value in (("use_sliding_window", True), ("max_window_layers", 0)):
+            if hasattr(config, key):
+                setattr(config, key, value)
+        if getattr(config, "layer_types", None):
+            config.layer_types = ["sliding_attention", "full_attention"]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(config, attn_implementation="eager" if kind in EAGER_ONLY else "sdpa").eval()

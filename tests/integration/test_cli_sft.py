@@ -178,18 +178,37 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer_in_the_loss(extr
     assert runs[True][-1] < runs[True][0] - 0.5  # it learns (from about log 8192 = 9.0)
 
 
-def test_batch_flattening_trains_what_padded_batches_train(make_config, cli, tmp_path, monkeypatch):
+def _windowed_model(folder):
+    """A tiny Gemma 3 (a 4-token sliding window on its first layer, full attention on its second) with the byte
+    tokenizer: the addition rows (8-11 tokens) are longer than its window."""
+    from transformers import Gemma3TextConfig
+
+    from rlft.models.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention"], pad_token_id=tokenizer.pad_token_id,
+                     eos_token_id=tokenizer.eos_token_id, bos_token_id=None).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3-window-4"])
+def test_batch_flattening_trains_what_padded_batches_train(make_config, cli, tmp_path, monkeypatch, model):
     """`batch_flattening: true` (no sample_packing): each micro-batch's rows run as one sequence without padding, each
-    attending to itself; the losses and evaluations are the padded batches' (same rows, same order), and it learns."""
+    attending to itself (within its sliding window, on a model with one); the losses and evaluations are the padded
+    batches' (same rows, same order), and it learns."""
     from rlft.train.recipes import sft
 
     flattened = []
     monkeypatch.setattr(sft, "packed_batch", lambda packs, *a, _f=sft.packed_batch: flattened.append(len(packs)) or _f(packs, *a))
+    base = {} if model == "llama" else {"base_model": str(_windowed_model(tmp_path / "gemma3"))}
     runs = {}
     for flat in (False, True):
         out = tmp_path / f"flat-{flat}"
         assert cli("train", make_config(output_dir=str(out), max_steps=8, eval_steps=8, val_set_size=0.05,
-                                        batch_flattening=flat)) == 0
+                                        batch_flattening=flat, **base)) == 0
         runs[flat] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
     assert [sorted(m) for m in runs[True]] == [sorted(m) for m in runs[False]]
     for got, expected in zip(runs[True], runs[False]):

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
-                           parameter_grads)
+                           parameter_grads, tiny_of_type)
 from rlft.config.loading import build_config
 from rlft.data.preference import pair_batch, shared_pair_inputs
 from rlft.errors import ConfigError
 from rlft.models import head
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS, prompt_sharing, shared_prompt_problem, sharing_flops
 from rlft.train.recipes.preference import pair_collate, sequence_logps
-
-
-EAGER_ONLY = ("gemma2", "gpt_oss")  # transformers gives these no SDPA
 
 
 def pairs(vocab: int, shapes=((6, 3, 5), (2, 5, 1), (4, 2, 2))):
@@ -100,18 +95,9 @@ def test_the_whole_sequence_and_per_position_terms_too():
 @pytest.mark.parametrize("kind", SHARED_PROMPT_MODELS)
 def test_every_model_type_on_the_list_gives_its_own_rows_log_probs(kind):
     """The list in rlft.models.masks is what this test has checked: a tiny random model of each type."""
-    config = AutoConfig.for_model(kind, vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, intermediate_size=64, head_dim=8)
-    for key, value in dict(moe_intermediate_size=16, num_experts=4, num_local_experts=4, num_experts_per_tok=2).items():
-        if hasattr(config, key):
-            setattr(config, key, value)
-    config.pad_token_id = config.bos_token_id = config.eos_token_id = None
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager" if kind in EAGER_ONLY else "sdpa").eval()
+    model = tiny_of_type(kind)
     examples = pairs(128)
-    assert shared_prompt_problem(model, 20) is None
+    assert shared_prompt_problem(model) is None
     with torch.no_grad():
         plain = sequence_logps(model, pair_collate(0, False)(examples)).logps
         shared = sequence_logps(model, pair_collate(0, True)(examples)).logps
@@ -119,15 +105,11 @@ def test_every_model_type_on_the_list_gives_its_own_rows_log_probs(kind):
 
 
 def test_models_that_cannot_share_say_why():
-    assert shared_prompt_problem(tiny(), 10**6) is None  # llama: no window
-    mistral = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "mistral", vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=32, sliding_window=8, pad_token_id=None, bos_token_id=None, eos_token_id=None), attn_implementation="sdpa")
-    assert shared_prompt_problem(mistral, 8) is None
-    assert "sliding window (8 tokens) is shorter than the longest prompt with its answers (9 tokens)" in shared_prompt_problem(mistral, 9)
+    assert shared_prompt_problem(tiny()) is None
+    assert shared_prompt_problem(tiny_of_type("mistral", window=8)) is None  # windows are kept: test_sliding_windows.py
     holder = torch.nn.Module()
     holder.config = AutoConfig.for_model("qwen3_next")  # linear-attention layers: the rejected answer would read the chosen
-    assert "model type qwen3_next is not one rlft has checked" in shared_prompt_problem(holder, 1)
+    assert "model type qwen3_next is not one rlft has checked" in shared_prompt_problem(holder)
 
 
 def config(**keys):
@@ -171,12 +153,12 @@ def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
     assert prompt_sharing(config(share_prompts=False), [tiny()], examples) == (False, "twice per pair (share_prompts: false)")
     on, line = prompt_sharing(config(flash_attention=True), [tiny()], examples)
     assert not on and line == "twice per pair: it needs SDPA or eager attention (they read the mask that keeps the answers apart), not flash_attention_2"
-    narrow = tiny(sliding_window=4)
-    narrow.config.model_type = "mistral"
-    on, line = prompt_sharing(config(), [tiny(), narrow], examples)  # the reference model's window decides too
-    assert not on and "sliding window (4 tokens)" in line
-    with pytest.raises(ConfigError, match="share_prompts: its sliding window \\(4 tokens\\) .* set it to false"):
-        prompt_sharing(config(share_prompts=True), [narrow], examples)
+    unchecked = tiny()
+    unchecked.config.model_type = "qwen3_next"
+    on, line = prompt_sharing(config(), [tiny(), unchecked], examples)  # the reference model decides too
+    assert not on and "model type qwen3_next is not one rlft has checked" in line
+    with pytest.raises(ConfigError, match="share_prompts: model type qwen3_next .* set it to false"):
+        prompt_sharing(config(share_prompts=True), [unchecked], examples)
 
 
 def test_unset_it_stays_off_where_one_sequence_per_pair_would_cost_more():
@@ -250,16 +232,15 @@ def test_grpo_plan_lines_and_refusals():
     from rlft.models.shared_prompts import group_sharing
 
     grpo = lambda **keys: config(rl="grpo", trl={"reward_funcs": ["m.f"], "num_generations": 4}, **keys)  # noqa: E731
-    assert group_sharing(grpo(), [tiny(), None], 40) == (True, "once per group where that saves forward FLOPs (share_prompts)")
-    assert group_sharing(grpo(share_prompts=True), [tiny()], 40) == (True, "once per group (share_prompts: true)")
-    assert group_sharing(grpo(share_prompts=False), [tiny()], 40) == (False, "once per completion (share_prompts: false)")
-    narrow = tiny(sliding_window=16)
-    narrow.config.model_type = "mistral"
-    assert group_sharing(grpo(), [narrow], 40) == (False, "once per completion: its sliding window (16 tokens) is shorter "
-                                                          "than the longest prompt with its answers (40 tokens): a later "
-                                                          "answer would lose sight of the prompt's start")
-    with pytest.raises(ConfigError, match="share_prompts: its sliding window"):
-        group_sharing(grpo(share_prompts=True), [narrow], 40)
+    assert group_sharing(grpo(), [tiny(), None]) == (True, "once per group where that saves forward FLOPs (share_prompts)")
+    assert group_sharing(grpo(share_prompts=True), [tiny()]) == (True, "once per group (share_prompts: true)")
+    assert group_sharing(grpo(share_prompts=False), [tiny()]) == (False, "once per completion (share_prompts: false)")
+    unchecked = tiny()
+    unchecked.config.model_type = "qwen3_next"
+    assert group_sharing(grpo(), [unchecked]) == (False, "once per completion: model type qwen3_next is not one rlft has "
+                                                         "checked for it (SHARED_PROMPT_MODELS in rlft/models/shared_prompts.py)")
+    with pytest.raises(ConfigError, match="share_prompts: model type qwen3_next"):
+        group_sharing(grpo(share_prompts=True), [unchecked])
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

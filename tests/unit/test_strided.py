@@ -17,6 +17,7 @@ from rlft.rollout.strided import (
     generate_blocks,
     generated_targets,
     interleave,
+    model_attention,
     model_attention_mask,
     strided_attention,
     strided_layout,
@@ -293,3 +294,36 @@ def test_axolotl_strided_transforms_by_name(config):
     cfg = config(rl="ebft", ebft={"mode": "strided"}, datasets=[{"path": "x.jsonl", "type": "alpaca"}])
     with pytest.raises(DataError, match="ebft_pretrain.transform"):
         resolve_strided(cfg.datasets[0], cfg, 0, "datasets[0]", None)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma3_text"])  # every layer windowed; windowed and full layers mixed
+def test_c_with_a_sliding_window_parallel_blocks_equal_each_block_alone(batch, kind):
+    """A sliding-window model: the strided mask is limited to each layer's window (counted in position ids), so the
+    parallel blocks still give what each block's own causal forward gives, which transformers windows itself; the
+    flex_attention BlockMasks per layer type give the same logits."""
+    from layout_checks import tiny_of_type
+
+    doc_ids, doc_attention, layout = batch
+    model = tiny_of_type(kind, vocab=260, window=5)
+    out = generate_blocks(model, doc_ids, doc_attention, layout, num_samples=1, temperature=TEMPERATURE,
+                          generator=torch.Generator().manual_seed(2))
+    assert isinstance(out.attention, dict) == (kind == "gemma3_text")
+    with torch.no_grad():
+        logits = model(input_ids=out.sequences, attention_mask=out.attention, position_ids=out.position_ids).logits
+    read = layout.read_positions()
+    parallel = torch.log_softmax(logits[:, read.reshape(-1)] / TEMPERATURE, -1).view(2, 6, 3, -1)
+    for row in range(2):
+        for k, anchor in enumerate(layout.anchors.tolist()):
+            if out.block_valid[row, k]:
+                alone = torch.cat([doc_ids[row, :anchor], out.generated[row, k]])[None]
+                with torch.no_grad():
+                    causal = torch.log_softmax(model(input_ids=alone).logits[0] / TEMPERATURE, -1)
+                torch.testing.assert_close(parallel[row, k], causal[anchor - 1: anchor + 2], atol=1e-4, rtol=0)
+                torch.testing.assert_close(out.sampled_logps[row, k], causal[anchor - 1: anchor + 2].gather(
+                    -1, out.generated[row, k, :, None])[:, 0], atol=1e-4, rtol=0)
+    flex = tiny_of_type(kind, vocab=260, window=5)
+    flex.set_attn_implementation("flex_attention")
+    attention = model_attention(flex, layout, doc_attention, out.mask, 1)
+    with torch.no_grad():
+        flex_logits = flex(input_ids=out.sequences, attention_mask=attention, position_ids=out.position_ids).logits
+    torch.testing.assert_close(flex_logits, logits, atol=1e-4, rtol=0)

@@ -62,6 +62,15 @@ def _backbone(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _model_mask(mask, dtype: torch.dtype):
+    """One layer type's mask as the model reads it: a flex_attention BlockMask as it is, a 4-D one additive."""
+    if type(mask).__name__ == "BlockMask":
+        return mask
+    if mask.dim() != 4:
+        raise ValueError(f"attention_4d must be (B, 1 or heads, S, S), got {tuple(mask.shape)}")
+    return _additive_mask(mask, dtype)
+
+
 def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean 4-D mask (True = may attend) as the additive float mask every attention implementation accepts.
 
@@ -79,7 +88,7 @@ def hidden_features(
     attention_mask: torch.Tensor | None,
     layers: list[int],
     position_ids: torch.Tensor | None = None,
-    attention_4d: torch.Tensor | None = None,
+    attention_4d: torch.Tensor | dict | None = None,
 ) -> torch.Tensor:
     """Hidden states at `layers` concatenated along the feature axis: (B, S) ids -> (B, S, len(layers) * H).
 
@@ -90,7 +99,8 @@ def hidden_features(
     attention_mask: the usual (B, S) padding mask. With left padding pass position_ids = cumsum(mask) - 1 (clamped at
     0) so every row's real tokens sit at positions 0.. as they would unpadded. attention_4d: a (B, 1 or heads, S, S)
     mask that replaces the 2-D one (strided mode's block mask; boolean True = may attend, already additive float, or
-    a flex_attention BlockMask for a model that runs flex_attention);
+    a flex_attention BlockMask for a model that runs flex_attention), or a dict of them per layer type (a model with
+    sliding-window layers: rlft.models.masks.per_layer_type);
     attention_mask is then ignored and position_ids should be given. The features come back in the model's dtype.
     Raises ValueError for an empty `layers` or an index outside 0..num_hidden_layers.
     """
@@ -99,13 +109,12 @@ def hidden_features(
     network = _unwrap(model)
     backbone = _backbone(network)
     kwargs: dict[str, torch.Tensor] = {}
-    if type(attention_4d).__name__ == "BlockMask":  # flex_attention's block mask (strided mode): the model reads it as is
-        kwargs["attention_mask"] = attention_4d
-    elif attention_4d is not None:
-        if attention_4d.dim() != 4:
-            raise ValueError(f"attention_4d must be (B, 1 or heads, S, S), got {tuple(attention_4d.shape)}")
+    if attention_4d is not None:
         dtype = next(backbone.parameters()).dtype
-        kwargs["attention_mask"] = _additive_mask(attention_4d, dtype if dtype.is_floating_point else torch.float32)
+        dtype = dtype if dtype.is_floating_point else torch.float32
+        masks = attention_4d.items() if isinstance(attention_4d, dict) else [(None, attention_4d)]
+        masks = {kind: _model_mask(mask, dtype) for kind, mask in masks}
+        kwargs["attention_mask"] = masks if isinstance(attention_4d, dict) else masks[None]
     elif attention_mask is not None:
         kwargs["attention_mask"] = safe_attention(backbone, attention_mask)  # left padding (rlft.models.masks)
     if position_ids is not None:

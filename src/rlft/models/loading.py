@@ -161,6 +161,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
             ) from None
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
+    check_own_masks(cfg, model)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
@@ -168,6 +169,20 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     if cfg.adapter and with_adapter:
         model = attach_adapter(model, cfg)
     return model
+
+
+def check_own_masks(cfg, model) -> None:
+    """Packed, flattened and strided batches run through masks that rlft builds (rlft.models.masks.per_layer_type):
+    a model with attention layers other than full and sliding-window ones cannot take them (ModelError)."""
+    from rlft.models.masks import sliding_window
+
+    flash = cfg.effective_attn_implementation.startswith("flash_attention")
+    strided = cfg.rl == "ebft" and cfg.ebft.mode == "strided"
+    if strided or (not flash and (cfg.sample_packing or cfg.flat_batches)):
+        try:
+            sliding_window(model)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

@@ -38,13 +38,57 @@ def model_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def sliding_window(model) -> tuple[int | None, bool]:
+    """(window, every layer): the sliding window of `model`'s windowed attention layers (None if it has none), and
+    whether all its layers are windowed (else it mixes windowed and full layers through `config.layer_types`)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    layers = getattr(config, "layer_types", None) or ()
+    unknown = sorted(set(layers) - {"full_attention", "sliding_attention"})
+    if unknown:  # chunked attention (Llama 4), recurrent or convolutional layers (Qwen3-Next, LFM2, ...)
+        raise ValueError(f"model type {config.model_type} has {', '.join(unknown)} layers: rlft builds the attention masks "
+                         "of packed, flattened and strided batches itself and knows only full and sliding-window layers; "
+                         "train this model on padded rows (sample_packing, batch_flattening and dpo_padding_free off)")
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False or (layers and "sliding_attention" not in layers):
+        return None, False
+    return window, all(kind == "sliding_attention" for kind in layers)
+
+
+def per_layer_type(model, build):
+    """The masks of `model`'s attention layers from `build(window)`, the mask of a layer with that sliding window (None:
+    full attention): one mask if all layers are alike, else {"full_attention": ..., "sliding_attention": ...}, which a
+    transformers model that mixes the two (Gemma 2 and 3, gpt-oss, ...) takes per layer type.
+
+    transformers applies a 4-D mask (or a BlockMask) as given, so the sliding window (Mistral, Gemma 2 and 3, gpt-oss,
+    ...) that it adds to the masks it builds itself is rlft's to add to the packed, flattened, prompt-sharing and
+    strided masks it builds."""
+    window, everywhere = sliding_window(model)
+    if window is None:
+        return build(None)
+    return build(window) if everywhere else {"full_attention": build(None), "sliding_attention": build(window)}
+
+
+def within_window(mask: torch.Tensor, position_ids: torch.Tensor, window: int | None) -> torch.Tensor:
+    """A (B, 1, T, T) boolean mask limited to keys fewer than `window` positions before the query (None: as it is).
+    Distances are counted in position ids: every rlft layout keeps each token's position from its own row, so a token
+    keeps the keys it has there."""
+    if window is None:
+        return mask
+    return mask & ((position_ids[:, :, None] - position_ids[:, None, :]) < window)[:, None]
+
+
 def with_model_mask(model, inputs: dict) -> dict:
-    """Forward inputs whose 4-D attention mask (a packed, flattened or prompt-sharing batch's) is in the form `model`
-    reads (`model_attention_mask`); other inputs as they are."""
+    """Forward inputs whose 4-D attention mask (a packed, flattened or prompt-sharing batch's, boolean) is limited to
+    each layer's sliding window (`per_layer_type`) and in the form `model` reads (`model_attention_mask`); other
+    inputs as they are."""
     mask = inputs.get("attention_mask")
     if mask is None or mask.dim() != 4:
         return inputs
-    return {**inputs, "attention_mask": model_attention_mask(model, mask)}
+    positions = inputs.get("position_ids")
+    if positions is None and sliding_window(model)[0] is not None:
+        raise ValueError("a sliding-window model's packed or flattened batch needs its position ids")
+    return {**inputs, "attention_mask": per_layer_type(
+        model, lambda window: model_attention_mask(model, within_window(mask, positions, window)))}
 
 
 def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:

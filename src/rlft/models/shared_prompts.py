@@ -26,8 +26,9 @@ SHARED_PROMPT_MODELS = ("apertus", "arcee", "cohere", "ernie4_5", "exaone4", "ge
                         "smollm3", "stablelm", "starcoder2")
 
 
-def shared_prompt_problem(model, longest: int) -> str | None:
-    """Why `model` cannot run answers that share their prompt (sequences up to `longest` tokens) exactly, or None."""
+def shared_prompt_problem(model) -> str | None:
+    """Why `model` cannot run answers that share their prompt exactly, or None. (Sliding windows are applied to the
+    shared layout's mask: `rlft.models.masks.per_layer_type`.)"""
     config = getattr(getattr(model, "module", model), "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in SHARED_PROMPT_MODELS:
@@ -35,12 +36,6 @@ def shared_prompt_problem(model, longest: int) -> str | None:
     implementation = attention_implementation(model)
     if implementation not in ("sdpa", "eager"):
         return f"the model runs {implementation} attention, which reads no mask (use sdpa or eager)"
-    window = getattr(config, "sliding_window", None)
-    layers = getattr(config, "layer_types", None) or ()
-    windowed = getattr(config, "use_sliding_window", True) is not False and (not layers or "sliding_attention" in layers)
-    if window and windowed and longest > window:
-        return (f"its sliding window ({window} tokens) is shorter than the longest prompt with its answers "
-                f"({longest} tokens): a later answer would lose sight of the prompt's start")
     return None
 
 
@@ -65,11 +60,11 @@ def sequences_flops(lengths, costs: tuple[int, int]) -> float:
     return float(sum(n * per_token + n * n * per_key for n in lengths))
 
 
-def sharing_problem(cfg, models: list, longest: int, problem: str | None = None) -> str | None:
-    """Why answers cannot share their prompt with this config and these models (None entries skipped), sequences up to
-    `longest` tokens, or the method's own `problem`; with `share_prompts: true` that is a ConfigError."""
+def sharing_problem(cfg, models: list, problem: str | None = None) -> str | None:
+    """Why answers cannot share their prompt with this config and these models (None entries skipped), or the method's
+    own `problem`; with `share_prompts: true` that is a ConfigError."""
     problem = problem or prompt_sharing_problem(cfg) or next(
-        (problem for model in models if model is not None and (problem := shared_prompt_problem(model, longest))), None)
+        (problem for model in models if model is not None and (problem := shared_prompt_problem(model))), None)
     if problem and cfg.share_prompts:
         raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
     return problem
@@ -82,7 +77,7 @@ def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]], problem: s
     (`sharing_flops`)."""
     if cfg.share_prompts is False:
         return False, "twice per pair (share_prompts: false)"
-    problem = sharing_problem(cfg, models, max((shared_length(e) for e in examples), default=0), problem)
+    problem = sharing_problem(cfg, models, problem)
     if problem:
         return False, f"twice per pair: {problem}"
     once, twice = sharing_flops(models[0], examples)
@@ -105,13 +100,13 @@ def reward_sharing(cfg, model, examples: list[dict[str, Any]], compiled: bool) -
     return prompt_sharing(cfg, [model], examples, problem)
 
 
-def group_sharing(cfg, models: list, longest: int) -> tuple[bool, str]:
+def group_sharing(cfg, models: list) -> tuple[bool, str]:
     """Whether the GRPO family's completions of one prompt share it in their micro-batch (`share_prompts`,
     `rlft.models.logprobs.shared_completion_inputs`), and the plan's line. Unset, each micro-batch takes the layout
     with fewer estimated forward FLOPs; `true` shares wherever two rows have the same prompt."""
     if cfg.share_prompts is False:
         return False, "once per completion (share_prompts: false)"
-    problem = sharing_problem(cfg, models, longest)
+    problem = sharing_problem(cfg, models)
     if problem:
         return False, f"once per completion: {problem}"
     if cfg.share_prompts:

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from rlft.models.logprobs import draw_tokens, process_logits
-from rlft.models.masks import attention_implementation, model_attention_mask
+from rlft.models.masks import attention_implementation, model_attention_mask, per_layer_type, within_window
 from rlft.rollout.types import SamplingParams
 
 
@@ -128,8 +128,9 @@ def _check_right_padded(doc_attention: Tensor) -> None:
         raise ValueError("strided mode needs right-padded documents (attention 1…1 0…0): anchors are shared columns")
 
 
-def strided_mask_mod(layout: StridedLayout, doc_attention: Tensor, num_samples: int = 1):
-    """The attention rule as a flex-style `mask_mod(b, h, q, j) -> bool`, vectorised with tensor ops.
+def strided_mask_mod(layout: StridedLayout, doc_attention: Tensor, num_samples: int = 1, window: int | None = None):
+    """The attention rule as a flex-style `mask_mod(b, h, q, j) -> bool`, vectorised with tensor ops; with a sliding
+    `window`, limited to keys fewer than `window` positions (position ids) before the query.
 
     Row b of the (B·n)-row batch belongs to document b // n. Works on broadcast index tensors
     (the dense path) and under flex_attention's vmap (the block-mask path), so both paths share
@@ -145,6 +146,7 @@ def strided_mask_mod(layout: StridedLayout, doc_attention: Tensor, num_samples: 
                                                                                                 device=doc_attention.device)
     bound = bound.to(doc_attention.device)
     doc_keys = doc_attention.bool()
+    position = strided_positions(layout, doc_attention.device)
 
     def mask_mod(b, h, q, j):
         doc_q, doc_j = q < seq_len, j < seq_len
@@ -155,7 +157,10 @@ def strided_mask_mod(layout: StridedLayout, doc_attention: Tensor, num_samples: 
         rule_a = doc_q & doc_j & (j <= q)
         rule_b = ~doc_q & doc_j & (j < bound[block_q])
         rule_d = ~doc_q & ~doc_j & (block_q == block_j) & (step_j < step_q)
-        return ((rule_a | rule_b | rule_d) & key_ok) | (q == j)  # (c)
+        allowed = (rule_a | rule_b | rule_d) & key_ok
+        if window is not None:
+            allowed = allowed & (position[q] - position[j] < window)
+        return allowed | (q == j)  # (c)
 
     return mask_mod
 
@@ -176,11 +181,16 @@ def strided_attention(layout: StridedLayout, doc_attention: Tensor) -> tuple[Ten
     index = torch.arange(total, device=device)
     rows = torch.arange(batch, device=device)[:, None, None]
     mask = strided_mask_mod(layout, doc_attention)(rows, None, index[None, :, None], index[None, None, :])
-    positions = torch.arange(seq_len, device=device)
+    return mask[:, None], strided_positions(layout, device)[None, :].expand(batch, total).clone()
+
+
+def strided_positions(layout: StridedLayout, device) -> Tensor:
+    """(T,) position ids of the strided sequence: the document's, then each generated token's (step-major)."""
+    positions = torch.arange(layout.seq_len, device=device)
     if layout.num_blocks:
         generated = layout.token_positions().to(device).transpose(0, 1).reshape(-1)  # step-major: [t, k]
         positions = torch.cat([positions, generated])
-    return mask[:, None], positions[None, :].expand(batch, total).clone()
+    return positions
 
 
 def deinterleave(values: Tensor, num_blocks: int) -> Tensor:
@@ -246,13 +256,23 @@ def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tupl
     return torch.where(mask, -logps, torch.zeros_like(logps)), mask
 
 
-def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int):
+def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int,
+                    length: int | None = None):
     """The strided mask of B·n rows as the model reads it: for flex_attention a BlockMask from `strided_mask_mod`
-    (`doc_attention`: the B documents' (B, L) mask), so tiles of the T×T grid that no query may see are skipped;
-    otherwise the dense `mask` (B·n, 1, T, T) in the implementation's form (`model_attention_mask`)."""
+    (`doc_attention`: the B documents' (B, L) mask; the first `length` columns), so tiles of the T×T grid that no
+    query may see are skipped; otherwise the dense `mask` (B·n, 1, T, T) in the implementation's form
+    (`model_attention_mask`). Each limited to the sliding window of the layers that have one (`per_layer_type`)."""
     if attention_implementation(model) == "flex_attention":
-        return flex_block_mask(layout, doc_attention, num_samples)
-    return model_attention_mask(model, mask)
+        return per_layer_type(model, lambda window: flex_block_mask(layout, doc_attention, num_samples, length, window))
+    positions = strided_positions(layout, mask.device)[None]
+    return per_layer_type(model, lambda window: model_attention_mask(model, within_window(mask, positions, window)))
+
+
+def _columns(attention, width: int):
+    """The first `width` queries and keys of a dense mask, or of each layer type's."""
+    if isinstance(attention, dict):
+        return {kind: mask[:, :, :width, :width] for kind, mask in attention.items()}
+    return attention[:, :, :width, :width]
 
 
 @dataclass
@@ -300,7 +320,7 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
     sampled_logps = torch.zeros((rows, num_blocks * gen_len), dtype=torch.float32, device=device)
     params = SamplingParams(max_new_tokens=gen_len, temperature=temperature, top_p=top_p)
     flex = attention_implementation(model) == "flex_attention"
-    dense = None if flex else model_attention_mask(model, mask)  # in the model's form once; cut to each step's width
+    dense = None if flex else model_attention(model, layout, doc_attention, mask, num_samples)  # cut to each step's width
     read = layout.read_positions().to(device)  # (K, G)
     keep_logits = _accepts_logits_to_keep(model)
     was_training = model.training
@@ -310,7 +330,7 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
             width = seq_len + step * num_blocks
             columns = read[:, step]
             extra = {"logits_to_keep": columns} if keep_logits else {}
-            attention = flex_block_mask(layout, doc_attention, num_samples, width) if flex else dense[:, :, :width, :width]
+            attention = model_attention(model, layout, doc_attention, mask, num_samples, width) if flex else _columns(dense, width)
             logits = model(input_ids=sequences[:, :width], attention_mask=attention,
                            position_ids=positions[:, :width], use_cache=False, **extra).logits
             if not keep_logits:
@@ -327,14 +347,15 @@ def generate_blocks(model, doc_ids: Tensor, doc_attention: Tensor, layout: Strid
     finally:
         model.train(was_training)
     return StridedRollout(sequences=sequences, position_ids=positions, mask=mask,
-                          attention=flex_block_mask(layout, doc_attention, num_samples) if flex else dense,
+                          attention=model_attention(model, layout, doc_attention, mask, num_samples) if flex else dense,
                           generated=generated_targets(sequences, layout),
                           sampled_logps=sampled_logps.view(rows, gen_len, num_blocks).transpose(1, 2),
                           block_valid=layout.block_valid.repeat_interleave(num_samples, 0).to(device),
                           doc_attention=doc_attention.repeat_interleave(num_samples, 0), layout=layout)
 
 
-def flex_block_mask(layout: StridedLayout, doc_attention: Tensor, num_samples: int = 1, length: int | None = None):
+def flex_block_mask(layout: StridedLayout, doc_attention: Tensor, num_samples: int = 1, length: int | None = None,
+                    window: int | None = None):
     """flex_attention BlockMask with the same rule as `strided_attention`, for B·n rows and the first `length` columns.
 
     `doc_attention`: the B documents' (B, L) mask. The rule is `strided_mask_mod`, shared with the dense path; the
@@ -347,5 +368,5 @@ def flex_block_mask(layout: StridedLayout, doc_attention: Tensor, num_samples: i
     total = layout.total_len if length is None else length
     layout = StridedLayout(layout.anchors.to(doc_attention.device), layout.block_valid, layout.seq_len,
                            layout.generate_max_len, layout.stride, layout.first_anchor)
-    return create_block_mask(strided_mask_mod(layout, doc_attention, num_samples), B=doc_attention.size(0) * num_samples,
+    return create_block_mask(strided_mask_mod(layout, doc_attention, num_samples, window), B=doc_attention.size(0) * num_samples,
                              H=None, Q_LEN=total, KV_LEN=total, device=doc_attention.device)

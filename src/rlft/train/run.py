@@ -291,11 +291,7 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     shard = (accelerator.process_index, accelerator.num_processes)
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
                         remote_engine=remote, environment=environment)
-    # a group's prompt and its completions in one micro-batch are at most this long (the sliding-window check)
-    settings = rl_settings(cfg)
-    longest = (max((len(e["prompt_ids"]) for e in data.train + data.eval), default=0)
-               + min(settings.num_generations, cfg.micro_batch_size) * settings.max_completion_length)
-    recipe.share_prompts, sharing = group_sharing(cfg, [model, reference.model if reference else None], longest)
+    recipe.share_prompts, sharing = group_sharing(cfg, [model, reference.model if reference else None])
     recipe.share_costs = forward_costs(model) if recipe.share_prompts and cfg.share_prompts is None else None
     recipe.plan_rows = (("prompts", sharing),)
     return model, recipe, data
