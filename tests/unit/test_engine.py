@@ -118,3 +118,26 @@ def test_the_compiled_decode_samples_what_the_eager_one_samples(engine):
     assert a.completion_ids == b.completion_ids != eager.decode(prompts, params).completion_ids
     for row_a, row_b in zip(a.logprobs, b.logprobs):
         assert row_b == pytest.approx(row_a, abs=1e-5)
+
+
+def test_the_compiled_decode_of_a_sliding_window_model_samples_what_the_eager_one_samples_once_compiled():
+    """Gemma 3 with a 3-token window on its first layer: the same tokens and log-probs as the eager engine, from one
+    compiled graph. (transformers' sliding cache layer counts tokens in a Python int, which recompiled the step at
+    every token until dynamo gave up and ran it eagerly: the decoder keeps every position in those layers too.)"""
+    import copy
+
+    from layout_checks import tiny_of_type
+
+    tok = byte_tokenizer()
+    model = tiny_of_type("gemma3_text", vocab=len(tok), window=3)
+    eager = LocalEngine(model, tok.pad_token_id, tok)
+    fast = LocalEngine(copy.deepcopy(model), tok.pad_token_id, tok, compiled=(None, "inductor"))
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):  # one graph for every token of both runs
+        for params in (SamplingParams(max_new_tokens=12, temperature=0.0), SamplingParams(max_new_tokens=12, temperature=0.8)):
+            a = eager.decode(prompts, params, generator=torch.Generator().manual_seed(3))
+            b = fast.decode(prompts, params, generator=torch.Generator().manual_seed(3))
+            assert a.completion_ids == b.completion_ids
+            for row_a, row_b in zip(a.logprobs, b.logprobs):
+                assert row_b == pytest.approx(row_a, abs=1e-5)

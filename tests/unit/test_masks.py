@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import rlft.models.masks as masks
+from layout_checks import tiny_of_type
 from rlft.models.masks import guarded_mask, needs_guard
 
 
@@ -35,7 +36,8 @@ def test_a_padding_query_attends_to_itself_and_real_queries_keep_their_keys():
     assert not needs_guard(_model(), None)
 
 
-def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, monkeypatch):
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])  # Gemma 3: a 3-token window on its first layer
+def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, monkeypatch, kind):
     from rlft.models.features import hidden_features
     from rlft.models.logprobs import completion_batch, completion_logps
     from rlft.rollout.compiled import CompiledDecoder
@@ -45,11 +47,12 @@ def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, mo
     calls = []
     real_guard = masks.guarded_mask
     monkeypatch.setattr(masks, "guarded_mask", lambda *a, **k: calls.append(1) or real_guard(*a, **k))
-    model = _model()
+    model = _model() if kind == "llama" else tiny_of_type(kind, vocab=260, window=3)
     rows = [{"prompt_ids": [5, 6, 7, 8], "completion_ids": [9, 10], "mask": [1, 1], "advantage": 1.0},
             {"prompt_ids": [11], "completion_ids": [12, 13, 14], "mask": [1, 1, 1], "advantage": -1.0}]
     batch = completion_batch(rows, pad_id=0)
-    assert masks.safe_attention(model, batch["attention_mask"]).dim() == 4  # the guard is on
+    guard = masks.safe_attention(model, batch["attention_mask"])  # on: 4-D, one per layer type for Gemma 3
+    assert (guard["sliding_attention"] if kind == "gemma3_text" else guard).dim() == 4
     with torch.no_grad():
         guarded, _ = completion_logps(model, batch, 0.7, False)
         plain_mask = batch["attention_mask"]
@@ -63,7 +66,7 @@ def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, mo
     with torch.no_grad():
         guarded_prefill = decoder.prefill(ids, attention, positions, 3)
     monkeypatch.setattr(masks, "guarded_mask", real_guard)
-    assert len(calls) == 5  # the check above, the log-probs, the features, the engine's prefill, the static-cache prefill
+    assert len(calls) == (5 if kind == "llama" else 10)  # (per layer type) the check above, the log-probs, the features, the engine's prefill, the static-cache prefill
     monkeypatch.setattr(masks, "needs_guard", lambda model, mask: False)  # now the plain 2-D mask
     with torch.no_grad():
         plain, _ = completion_logps(model, batch, 0.7, False)

@@ -97,10 +97,10 @@ def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:
             and attention_implementation(model) == "sdpa" and not bool(attention_mask[:, 0].all()))
 
 
-def guarded_mask(attention_mask: torch.Tensor, kv_length: int | None = None) -> torch.Tensor:
+def guarded_mask(attention_mask: torch.Tensor, kv_length: int | None = None, window: int | None = None) -> torch.Tensor:
     """(B, T) key validity -> (B, 1, T, K) boolean SDPA mask (True = attend; K = `kv_length`, default T, the length
-    of a static KV cache the prompt is written into from position 0): query i attends to the valid keys j <= i, and a
-    padding query attends to itself alone."""
+    of a static KV cache the prompt is written into from position 0): query i attends to the valid keys j <= i (and
+    j > i - `window` with a sliding window), and a padding query attends to itself alone."""
     valid = attention_mask.bool()
     rows, width = valid.shape
     length = kv_length or width
@@ -108,6 +108,8 @@ def guarded_mask(attention_mask: torch.Tensor, kv_length: int | None = None) -> 
     keys = torch.zeros((rows, length), dtype=torch.bool, device=device)
     keys[:, :width] = valid
     causal = torch.ones((width, length), dtype=torch.bool, device=device).tril()
+    if window is not None:
+        causal = causal.triu(1 - window)
     itself = torch.zeros((width, length), dtype=torch.bool, device=device)
     itself[:, :width] = torch.eye(width, dtype=torch.bool, device=device)
     mask = (causal[None] & keys[:, None, :]) | (itself[None] & ~valid[:, :, None])
@@ -115,5 +117,8 @@ def guarded_mask(attention_mask: torch.Tensor, kv_length: int | None = None) -> 
 
 
 def safe_attention(model, attention_mask: torch.Tensor | None, kv_length: int | None = None):
-    """The mask to pass `model` for a forward over these rows (see the module docstring)."""
-    return guarded_mask(attention_mask, kv_length) if needs_guard(model, attention_mask) else attention_mask
+    """The mask to pass `model` for a forward over these rows (see the module docstring): guarded, it is limited to
+    each layer's sliding window (`per_layer_type`)."""
+    if not needs_guard(model, attention_mask):
+        return attention_mask
+    return per_layer_type(model, lambda window: guarded_mask(attention_mask, kv_length, window))

@@ -51,11 +51,17 @@ class CompiledDecoder:
 
     def _cache_for(self, batch: int, length: int):
         from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
 
         key = (batch, length)
         if key not in self._caches:
             base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            self._caches[key] = StaticCache(config=base.config, max_cache_len=length)
+            cache = StaticCache(config=base.config, max_cache_len=length)
+            # sliding-window layers keep every position too: transformers' sliding cache layer counts its tokens in a
+            # Python int, which would recompile the step at every token; the model's mask still applies the window
+            cache.layers = [StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer
+                            for layer in cache.layers]
+            self._caches[key] = cache
         cache = self._caches[key]
         cache.reset()
         return cache
