@@ -121,6 +121,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
         "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False,
         "group_by_length": args.group_by_length,
+        "batch_flattening": args.flatten,  # rows without padding, attention per row (rlft.models.varlen on SDPA)
         "micro_batch_size": args.micro_batch,
         "torch_compile": args.compile,  # the compiled forward: compiled in each run's first steps
     }, source="bench")
@@ -340,6 +341,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="rlft with torch_compile: true (its first steps compile; compare median steps)")
     parser.add_argument("--long", action="store_true", help="rows of 64-600 characters (sequences up to 640 tokens)")
+    parser.add_argument("--flatten", action="store_true",
+                        help="rlft with batch_flattening: true (each micro-batch as one sequence without padding)")
     parser.add_argument("--group-by-length", action="store_true",
                         help="both tools batch rows of similar length together (group_by_length)")
     parser.add_argument("--lr", type=float, default=3e-3,
@@ -386,6 +389,7 @@ def main() -> None:
         "vocab": args.vocab,
         "long": args.long,
         "group_by_length": args.group_by_length,
+        "rlft_batch_flattening": args.flatten,
         "rlft_torch_compile": args.compile,
         "params": params,
         "steps": args.steps,
@@ -416,7 +420,7 @@ def main() -> None:
     }
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
-    shape = ("-long" if args.long else "") + ("-grouped" if args.group_by_length else "")
+    shape = ("-long" if args.long else "") + ("-grouped" if args.group_by_length else "") + ("-flat" if args.flatten else "")
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
     out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{'-compiled' if args.compile else ''}{device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

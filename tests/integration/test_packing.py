@@ -4,6 +4,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.data.collate import pack_examples, packed_batch, pad_batch
+from rlft.models.masks import with_model_mask
 from rlft.losses.sft import token_nll
 
 
@@ -32,8 +33,8 @@ def _per_document_losses_unpacked(model, examples, pad_id):
 def _per_document_losses_packed(model, examples, pad_id, capacity):
     packs = pack_examples(examples, capacity)
     batch = packed_batch([[examples[i] for i in pack] for pack in packs], pad_id)
-    assert batch["attention_mask"].shape[-1] <= capacity
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    assert batch["input_ids"].shape[-1] <= capacity
+    logits = model(**with_model_mask(model, {k: batch[k] for k in ("input_ids", "position_ids", "documents")})).logits
     nll, mask = token_nll(logits, batch["labels"])
     losses = {}
     for row, pack in enumerate(packs):
@@ -73,7 +74,7 @@ def test_packing_without_document_mask_would_differ(tiny_model_dir):
     packs = pack_examples(examples, 48)
     batch = packed_batch([[examples[i] for i in pack] for pack in packs], 256)
     with torch.no_grad():
-        proper = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+        proper = model(**with_model_mask(model, {k: batch[k] for k in ("input_ids", "position_ids", "documents")})).logits
         leaky = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
     assert not torch.allclose(proper, leaky, atol=1e-3)
 

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.config.loading import build_config
-from rlft.data.collate import flatten_rows
+from rlft.data.collate import documents_mask, flatten_rows
 from rlft.models import head
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
                            parameter_grads)
@@ -37,10 +37,11 @@ def test_the_flat_layout_by_hand():
     assert flat["flat_position_ids"].tolist() == [[0, 1, 2, 0, 1, 2]]
     # every padded slot's flat position; a padding slot points at the real token before it (row 1's leading one at 9)
     assert flat["flat_index"].tolist() == [[0, 1, 2, 2], [2, 3, 4, 5]]
-    mask = flat["flat_attention_mask"][0, 0].int().tolist()
+    assert flat["flat_documents"].tolist() == [0, 3, 6]
+    mask = documents_mask(flat["flat_documents"], 1, 6)[0, 0].int().tolist()
     assert mask == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
                     [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
-    assert "flat_attention_mask" not in flatten_completion_batch(batch, block_mask=False)
+    assert "flat_documents" not in flatten_completion_batch(batch, block_mask=False)
     assert torch.equal(flat["input_ids"], batch["input_ids"])  # targets are still read from the padded rows
 
 

@@ -277,7 +277,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     batch_flattening: Union[bool, Literal["auto"]] = field(
         False, "Each micro-batch as one sequence without padding, rows kept apart (SFT without sample_packing, and the GRPO "
         "family's rollouts; https://arxiv.org/abs/2407.09105). auto: on with flash_attention and micro_batch_size > 1, as in "
-        "Axolotl; true also works with SDPA/eager attention, through a block-diagonal mask."
+        "Axolotl; true also works with SDPA (attention per row, no mask: rlft.models.varlen) and eager attention (a "
+        "block-diagonal mask)."
     )
     share_prompts: Optional[bool] = field(
         None, "Answers to one prompt in one sequence, the prompt once and every answer after it, a mask keeping each "

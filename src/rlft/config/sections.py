@@ -728,8 +728,8 @@ class PreferenceFields(Section):
     dpo_padding_free: Optional[bool] = field(
         None,
         "Each micro-batch of chosen/rejected (KTO: matched/mismatched) rows as one sequence without padding, rows kept "
-        "apart (TRL's DPO padding_free; flash-attention finds the rows from the position ids, SDPA/eager use a "
-        "block-diagonal mask); None -> false.",
+        "apart (TRL's DPO padding_free; flash-attention finds the rows from the position ids, SDPA attends per row, "
+        "eager attention uses a block-diagonal mask); None -> false.",
     )
     dpo_ld_alpha: Optional[float] = field(
         None,

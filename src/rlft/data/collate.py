@@ -4,6 +4,10 @@ A packed row holds several documents. Each document sees only itself: the attent
 block-diagonal and causal, position ids restart at 0 per document, and the first token of each
 document is not a target (it would otherwise be predicted from the previous document). Packed and
 unpacked batches therefore give the same per-token losses.
+
+Packed and flattened batches carry their documents' boundaries (`documents`, `document_bounds`), not
+the (T, T) mask: SDPA attends within each document without one (`rlft.models.varlen`), and the forward
+builds the mask (`documents_mask`) only for an attention that needs it (`rlft.models.masks.with_model_mask`).
 """
 
 from __future__ import annotations
@@ -64,8 +68,9 @@ def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
 
 def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_mask: bool = True,
                  multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Rows of concatenated documents (padded to the longest, or to `width`) with a (B, 1, T, T) block-causal mask;
-    without `block_mask`, no mask: flash-attention's variable-length kernels find the documents from the position ids."""
+    """Rows of concatenated documents (padded to the longest, or to `width`) and their `documents` boundaries, from
+    which the forward attends per document (`documents_mask`); without `block_mask`, neither: flash-attention's
+    variable-length kernels find the documents from the position ids."""
     width = padded_to(max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs), width, multiple)
     batch = len(packs)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -83,7 +88,26 @@ def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_
             document[row, offset : offset + n] = number
             offset += n
     batch = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "num_tokens": int((document >= 0).sum())}
-    return {**batch, "attention_mask": block_causal_mask(document)} if block_mask else batch
+    return {**batch, "documents": document_bounds(document)} if block_mask else batch
+
+
+def document_bounds(document: torch.Tensor) -> torch.Tensor:
+    """(D + 1,) where each of the D documents of (B, T) `document` numbers (-1: padding) starts, over the B x T
+    positions taken row after row, then B x T: a document ends at its row's end or where the number changes (a run of
+    padding is one). SDPA attends within each on its own (`rlft.models.varlen`)."""
+    flat = document.reshape(-1)
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1]
+    starts[:: document.size(1)] = True
+    return torch.cat([starts.nonzero()[:, 0], torch.tensor([flat.numel()], device=flat.device)])
+
+
+def documents_mask(bounds: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """The (B, 1, T, T) block-causal mask of the documents between `bounds` (`document_bounds`) in B rows of T: each
+    token attends to the tokens before it in its own document (a run of padding is a document of its own)."""
+    starts = torch.zeros(rows * width, dtype=torch.long, device=bounds.device)
+    starts[bounds[:-1]] = 1
+    return block_causal_mask((starts.cumsum(0) - 1).view(rows, width))
 
 
 def block_causal_mask(document: torch.Tensor, branch: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,15 +162,16 @@ def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_ma
 
     The rows' real tokens follow one another with position ids restarting at 0 for each row, as flash-attention's
     variable-length kernels read them (transformers' DataCollatorWithFlattening; Kundu et al. 2024,
-    arXiv:2407.09105). With `block_mask` (SDPA and eager attention) a (1, 1, N, N) block-diagonal causal mask keeps
-    each row to itself; without it the attention kernel finds the rows from the position ids. `flat_index` (R, T) is
-    the flat position of every padded slot (a padding slot points at a real token before it, whose values the
-    padding's mask hides): `outputs[0][flat_index]` puts a flat output back in the padded layout. Keys are prefixed
-    with `prefix`."""
+    arXiv:2407.09105). With `block_mask` (SDPA and eager attention) `flat_documents` (`document_bounds`) keeps each
+    row to itself (`documents_mask`); without it the attention kernel finds the rows from the position ids.
+    `flat_index` (R, T) is the flat position of every padded slot (a padding slot points at a real token before it,
+    whose values the padding's mask hides): `outputs[0][flat_index]` puts a flat output back in the padded layout.
+    Keys are prefixed with `prefix`."""
     real = attention_mask.bool()
     count, length = real.shape
     flat = {"flat_input_ids": input_ids[real][None], "flat_position_ids": (real.long().cumsum(-1) - 1)[real][None],
             "flat_index": (real.reshape(-1).long().cumsum(0) - 1).clamp_min(0).view(count, length)}
     if block_mask:
-        flat["flat_attention_mask"] = block_causal_mask(torch.arange(count, device=real.device).repeat_interleave(real.sum(-1))[None])
+        lengths = real.sum(-1)
+        flat["flat_documents"] = torch.cat([lengths.new_zeros(1), lengths[lengths > 0].cumsum(0)])
     return {prefix + key: value for key, value in flat.items()}

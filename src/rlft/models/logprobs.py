@@ -101,7 +101,7 @@ def model_inputs(batch: dict[str, Any], prefix: str = "", names: tuple[str, ...]
     the padded ones."""
     if prefix + "flat_input_ids" in batch:
         return {"input_ids": batch[prefix + "flat_input_ids"], "position_ids": batch[prefix + "flat_position_ids"],
-                "attention_mask": batch.get(prefix + "flat_attention_mask")}
+                "attention_mask": batch.get(prefix + "flat_attention_mask"), "documents": batch.get(prefix + "flat_documents")}
     return {name: batch[prefix + name] for name in names if prefix + name in batch}
 
 

@@ -78,17 +78,31 @@ def within_window(mask: torch.Tensor, position_ids: torch.Tensor, window: int | 
 
 
 def with_model_mask(model, inputs: dict) -> dict:
-    """Forward inputs whose 4-D attention mask (a packed, flattened or prompt-sharing batch's, boolean) is limited to
-    each layer's sliding window (`per_layer_type`) and in the form `model` reads (`model_attention_mask`); other
-    inputs as they are."""
+    """The forward inputs of a batch as `model` takes them. Packed or flattened rows (`documents`) run per document
+    through SDPA where the model allows (`rlft.models.varlen.runs_documents`), with no (T, T) mask; otherwise they
+    get their block-causal mask (`rlft.data.collate.documents_mask`). A 4-D mask (that one, or a prompt-sharing
+    batch's) is limited to each layer's sliding window (`per_layer_type`) and put in the form the model's attention
+    reads (`model_attention_mask`). Other inputs as they are."""
+    from rlft.models.varlen import DOCUMENTS, runs_documents
+
+    inputs = dict(inputs)
+    documents = inputs.pop("documents", None)
+    if documents is not None and inputs.get("attention_mask") is None:
+        ids = inputs["input_ids"]
+        if runs_documents(model):
+            # a 2-D mask with no padding: transformers builds no (T, T) mask for full-attention layers
+            return {**inputs, "attention_mask": torch.ones_like(ids), DOCUMENTS: documents}
+        from rlft.data.collate import documents_mask
+
+        inputs["attention_mask"] = documents_mask(documents, *ids.shape)
     mask = inputs.get("attention_mask")
     if mask is None or mask.dim() != 4:
         return inputs
     positions = inputs.get("position_ids")
     if positions is None and sliding_window(model)[0] is not None:
         raise ValueError("a sliding-window model's packed or flattened batch needs its position ids")
-    return {**inputs, "attention_mask": per_layer_type(
-        model, lambda window: model_attention_mask(model, within_window(mask, positions, window)))}
+    inputs["attention_mask"] = per_layer_type(model, lambda window: model_attention_mask(model, within_window(mask, positions, window)))
+    return inputs
 
 
 def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:

@@ -17,7 +17,7 @@ from rlft.models.masks import with_model_mask
 from rlft.train.parallel import eval_share, sum_across
 from rlft.train.recipe import LossOutput, Recipe
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "documents")
 
 
 class SFTRecipe(Recipe):

@@ -1,0 +1,130 @@
+"""SDPA per document (rlft.models.varlen): packed and flattened batches attend within each document on its own, for
+the results of the padded rows, and only where a forward asks for it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AttentionInterface  # builds the registry with transformers' own SDPA before `calls` patches it
+from transformers.integrations import sdpa_attention
+
+from layout_checks import (EAGER_ONLY, assert_same_completion_results, assert_same_grads, completion_results,
+                           parameter_grads, tiny_of_type)
+from rlft.data.collate import document_bounds, flatten_rows, pad_batch, packed_batch
+from rlft.models.masks import with_model_mask
+from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
+from rlft.models.varlen import DOCUMENTS, KEYWORDS_DROPPED
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The query length of every SDPA call the model makes."""
+    seen = []
+    real = sdpa_attention.sdpa_attention_forward
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda module, query, *a, **k: seen.append(query.shape[2]) or real(module, query, *a, **k))
+    return seen
+
+
+def test_document_bounds_by_hand():
+    document = torch.tensor([[0, 0, 1, 1, 1, -1], [0, 0, 0, 0, 1, 1]])
+    assert document_bounds(document).tolist() == [0, 2, 5, 6, 10, 12]  # a run of padding is one; rows never merge
+    assert document_bounds(torch.tensor([[0, 0, 0], [0, 0, 0]])).tolist() == [0, 3, 6]
+
+
+def _rows(vocab=128):
+    g = torch.Generator().manual_seed(4)
+    out = []
+    for prompt, completion in ((5, 4), (2, 7), (5, 0), (3, 1)):
+        ids = torch.randint(1, vocab, (prompt + completion,), generator=g).tolist()
+        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion, "advantage": 1.0})
+    return out
+
+
+@pytest.mark.parametrize("kind", [kind for kind in SHARED_PROMPT_MODELS if kind not in EAGER_ONLY])
+def test_every_checked_model_type_attends_per_document_and_gets_the_padded_results(kind, calls):
+    """batch_flattening: the flattened rows reach SDPA one document at a time (9, 9, 5, 4 tokens, per layer), with the
+    padded rows' log-probs, entropies, sampling log-probs and gradients."""
+    from rlft.models.logprobs import completion_batch
+
+    model = tiny_of_type(kind)  # eval mode: GPT-2's and Seed-OSS's attention dropout would draw differently
+    batch = completion_batch(_rows(), pad_id=0)
+    valid = batch["attention_mask"][:, -batch["completion_width"]:].bool()
+    padded = completion_results(model, batch, valid)
+    del calls[:]
+    flat = completion_results(model, {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], True)}, valid)
+    if kind in KEYWORDS_DROPPED:  # its layers do not pass the forward's keywords on: the whole sequence, masked
+        assert set(calls) == {27}
+    else:
+        assert sorted(set(calls)) == [4, 5, 9], calls  # never the whole 27-token sequence
+    assert_same_completion_results(flat, padded, grad_atol=1e-5)  # these models' gradients reach about 7
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])  # Gemma 3 with a 3-token window: each document's mask block
+def test_packed_rows_attend_per_document_and_give_the_padded_loss(kind, calls):
+    """sample_packing: rows of several documents, one ending in padding; the summed NLL and gradients of the
+    documents padded one per row."""
+    from rlft.train.recipes.sft import SFTRecipe
+
+    model = tiny_of_type(kind, window=3 if kind == "gemma3_text" else None).train()
+    g = torch.Generator().manual_seed(6)
+    documents = []
+    for length in (5, 8, 3, 6):
+        ids = torch.randint(1, 128, (length,), generator=g).tolist()
+        documents.append({"input_ids": ids, "labels": [-100] + ids[1:]})
+    results = []
+    for batch in (pad_batch(documents, pad_id=0), packed_batch([documents[:3], documents[3:]], pad_id=0)):
+        model.zero_grad()
+        loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
+        loss.backward()
+        results.append((loss.detach(), parameter_grads(model)))
+    assert {5, 8, 3, 6} <= set(calls) and 16 not in calls  # the packed rows are 16 tokens wide
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    assert_same_grads(results[1][1], results[0][1], atol=1e-5)
+
+
+def _flat_inputs():
+    batch = flatten_rows(torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]]), True)
+    return {"input_ids": batch["flat_input_ids"], "position_ids": batch["flat_position_ids"],
+            "documents": batch["flat_documents"]}
+
+
+def test_only_sdpa_uncompiled_checked_models_get_the_documents_and_others_the_block_mask():
+    """SDPA on a checked model type: the boundaries and a 2-D mask without padding, no (T, T) mask. Eager attention,
+    a compiled forward, or a model type whose layers drop the keywords: the block-causal mask, as the model reads it."""
+    from rlft.data.collate import documents_mask
+
+    inputs = with_model_mask(tiny_of_type("llama"), _flat_inputs())
+    assert inputs[DOCUMENTS].tolist() == [0, 3, 5] and inputs["attention_mask"].tolist() == [[1, 1, 1, 1, 1]]
+    block = documents_mask(torch.tensor([0, 3, 5]), 1, 5)
+    eager = tiny_of_type("llama")
+    eager.set_attn_implementation("eager")
+    for model in (eager, torch.compile(tiny_of_type("llama")), tiny_of_type("stablelm")):
+        inputs = with_model_mask(model, _flat_inputs())
+        assert DOCUMENTS not in inputs and "documents" not in inputs
+        assert torch.equal(inputs["attention_mask"] == 0 if model is eager else inputs["attention_mask"], block)
+
+
+def test_forwards_without_documents_get_transformers_sdpa(calls):
+    """With the wrapper installed, padded rows and a KV-cache decode: one SDPA call per layer over the whole rows, as
+    without rlft."""
+    from rlft.models.varlen import install
+
+    assert install()
+    model = tiny_of_type("llama")
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)
+    assert calls == [4, 4, 3, 3, 1, 1]
+
+
+def test_another_librarys_sdpa_is_left_in_place(monkeypatch):
+    """If something else (a kernel library) has replaced transformers' "sdpa" entry, rlft does not wrap it: the batch
+    runs under its block mask."""
+    from rlft.models.varlen import documents_attention
+
+    foreign = lambda *a, **k: None  # noqa: E731
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", foreign)
+    inputs = with_model_mask(tiny_of_type("llama"), _flat_inputs())
+    assert DOCUMENTS not in inputs and inputs["attention_mask"].shape == (1, 1, 5, 5)
+    assert AttentionInterface._global_mapping["sdpa"] is foreign is not documents_attention
