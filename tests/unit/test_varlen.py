@@ -128,3 +128,21 @@ def test_another_librarys_sdpa_is_left_in_place(monkeypatch):
     inputs = with_model_mask(tiny_of_type("llama"), _flat_inputs())
     assert DOCUMENTS not in inputs and inputs["attention_mask"].shape == (1, 1, 5, 5)
     assert AttentionInterface._global_mapping["sdpa"] is foreign is not documents_attention
+
+
+def test_a_lora_model_attends_per_document_too(calls):
+    """rlft's adapters go through PEFT, whose forward must hand the boundaries on: the per-row path is taken and the
+    gradients of the LoRA weights are the padded rows'."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlft.models.logprobs import completion_batch
+
+    model = get_peft_model(tiny_of_type("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                              init_lora_weights=False))
+    batch = completion_batch(_rows(), pad_id=0)
+    valid = batch["attention_mask"][:, -batch["completion_width"]:].bool()
+    padded = completion_results(model, batch, valid)
+    del calls[:]
+    flat = completion_results(model, {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], True)}, valid)
+    assert sorted(set(calls)) == [4, 5, 9], calls
+    assert_same_completion_results(flat, padded, grad_atol=1e-5)
