@@ -10,6 +10,9 @@
   sharing  share_prompts on a GPU (SDPA with a mask runs the memory-efficient kernel): DPO pairs with long prompts and a
            32768-entry output layer, each prompt once against twice: the same losses in fp32, then median step time and
            peak GPU memory in bf16.
+  flatten  batch_flattening on a GPU without flash-attention (SDPA per row, rlft.models.varlen): SFT on rows of 64-640
+           tokens with a 32768-entry output layer, flattened against padded: the same losses in fp32, then median step
+           time and peak GPU memory in bf16.
   examples the shipped GRPO and structured-EBFT examples, 4 steps each in bf16 (their micro-batches hold left-padded
            prompts; on an H200 they once stopped at step 1 with a NaN gradient norm): whether every step's loss and
            gradient norm are finite. Needs the quickstart's checkpoint (outputs/quickstart/checkpoint-600/model).
@@ -20,7 +23,7 @@ Each run is an `rlft train` process of its own: precision is set per process (ac
 classes of the process it runs in.
 
 Usage (a CUDA GPU; from the repository root):
-  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing examples] [--out PATH]
+  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing flatten examples] [--out PATH]
 Results: bench/results/gpu_check-<GPU>.json (bench/results/gpu_check-H200.json: two invocations, named in it).
 """
 
@@ -264,6 +267,26 @@ def sharing_check(tmp: Path, args) -> dict:
     return report
 
 
+def flatten_check(tmp: Path, args) -> dict:
+    from sft_vs_trl import long_rows
+
+    model = make_model(tmp / "model-flatten", args.size, args.seed, vocab=32768)
+    data = write_rows(long_rows(512, args.seed), tmp / "long.jsonl")
+    base = {"base_model": str(model), "datasets": [{"path": str(data)}], "sequence_len": 1024, "micro_batch_size": 8,
+            "learning_rate": 1e-5, "lr_scheduler": "constant", "logging_steps": 1, "seed": args.seed, "save_steps": 10_000}
+    report = {}
+    for precision, steps in (("fp32", 3), ("bf16", args.steps)):
+        for flat in (True, False):
+            settings = {**base, "max_steps": steps, "bf16": precision == "bf16", "batch_flattening": flat}
+            result = summary(run(settings, tmp / f"flatten-{precision}-{flat}"), skip=2)
+            report[f"{precision}_{'flat' if flat else 'padded'}"] = result
+            print(f"sft {precision} {'flattened' if flat else 'padded'}: median step {result['median_step_s'] * 1e3:.1f} ms, "
+                  f"peak {result['peak_memory_mb']:.0f} MiB, losses {result['losses'][:3]}", flush=True)
+    report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report["fp32_flat"]["losses"], report["fp32_padded"]["losses"]))
+    report["bf16_speedup_flat_over_padded"] = round(report["bf16_padded"]["median_step_s"] / report["bf16_flat"]["median_step_s"], 3)
+    return report
+
+
 def examples_check(tmp: Path, args) -> dict:
     """Each example through `rlft train` from the repository root, 4 steps (bf16 on a GPU: the default `bf16: auto`);
     a run that fails is reported, not raised, with the end of its output."""
@@ -290,7 +313,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="bf16 steps per run (the first two are not timed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "examples"],
+    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "flatten", "examples"],
                         default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check-<GPU>.json)")
@@ -304,7 +327,8 @@ def main() -> None:
                                                      "cuda": torch.version.cuda}}
     with tempfile.TemporaryDirectory(prefix="rlft-gpu-") as tmp:
         for name, check in (("shapes", shapes_check), ("flex_generation", flex_generation_check), ("strided", strided_check),
-                            ("liger", liger_check), ("sharing", sharing_check), ("examples", examples_check)):
+                            ("liger", liger_check), ("sharing", sharing_check), ("flatten", flatten_check),
+                            ("examples", examples_check)):
             if args.only and name not in args.only:
                 continue
             started = time.perf_counter()
