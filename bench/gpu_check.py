@@ -254,16 +254,25 @@ def sharing_check(tmp: Path, args) -> dict:
     base = {"base_model": str(model), "rl": "dpo", "datasets": [{"path": str(data)}], "sequence_len": 1024,
             "micro_batch_size": 8, "learning_rate": 1e-5, "lr_scheduler": "constant", "logging_steps": 1, "seed": args.seed,
             "save_steps": 10_000}
+    return paired_runs(tmp, args, base, "share_prompts", {True: "once", False: "twice"}, "dpo prompt")
+
+
+def paired_runs(tmp: Path, args, base: dict, key: str, labels: dict, what: str) -> dict:
+    """`base` with `key` at each of the two values of `labels` (value -> name): 3 fp32 steps (the same losses?), then
+    `args.steps` bf16 steps (median step time, peak memory)."""
     report = {}
     for precision, steps in (("fp32", 3), ("bf16", args.steps)):
-        for share in (True, False):
-            settings = {**base, "max_steps": steps, "bf16": precision == "bf16", "share_prompts": share}
-            result = summary(run(settings, tmp / f"sharing-{precision}-{share}"), skip=2)
-            report[f"{precision}_{'once' if share else 'twice'}"] = result
-            print(f"dpo {precision} prompt {'once' if share else 'twice'}: median step {result['median_step_s'] * 1e3:.1f} ms, "
+        for value, label in labels.items():
+            settings = {**base, "max_steps": steps, "bf16": precision == "bf16", key: value}
+            result = summary(run(settings, tmp / f"{key}-{precision}-{label}"), skip=2)
+            report[f"{precision}_{label}"] = result
+            print(f"{what} {precision} {label}: median step {result['median_step_s'] * 1e3:.1f} ms, "
                   f"peak {result['peak_memory_mb']:.0f} MiB, losses {result['losses'][:3]}", flush=True)
-    report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report["fp32_once"]["losses"], report["fp32_twice"]["losses"]))
-    report["bf16_speedup_once_over_twice"] = round(report["bf16_twice"]["median_step_s"] / report["bf16_once"]["median_step_s"], 3)
+    first, second = labels.values()
+    report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report[f"fp32_{first}"]["losses"],
+                                                                         report[f"fp32_{second}"]["losses"]))
+    report[f"bf16_speedup_{first}_over_{second}"] = round(report[f"bf16_{second}"]["median_step_s"]
+                                                          / report[f"bf16_{first}"]["median_step_s"], 3)
     return report
 
 
@@ -274,17 +283,7 @@ def flatten_check(tmp: Path, args) -> dict:
     data = write_rows(long_rows(512, args.seed), tmp / "long.jsonl")
     base = {"base_model": str(model), "datasets": [{"path": str(data)}], "sequence_len": 1024, "micro_batch_size": 8,
             "learning_rate": 1e-5, "lr_scheduler": "constant", "logging_steps": 1, "seed": args.seed, "save_steps": 10_000}
-    report = {}
-    for precision, steps in (("fp32", 3), ("bf16", args.steps)):
-        for flat in (True, False):
-            settings = {**base, "max_steps": steps, "bf16": precision == "bf16", "batch_flattening": flat}
-            result = summary(run(settings, tmp / f"flatten-{precision}-{flat}"), skip=2)
-            report[f"{precision}_{'flat' if flat else 'padded'}"] = result
-            print(f"sft {precision} {'flattened' if flat else 'padded'}: median step {result['median_step_s'] * 1e3:.1f} ms, "
-                  f"peak {result['peak_memory_mb']:.0f} MiB, losses {result['losses'][:3]}", flush=True)
-    report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report["fp32_flat"]["losses"], report["fp32_padded"]["losses"]))
-    report["bf16_speedup_flat_over_padded"] = round(report["bf16_padded"]["median_step_s"] / report["bf16_flat"]["median_step_s"], 3)
-    return report
+    return paired_runs(tmp, args, base, "batch_flattening", {True: "flat", False: "padded"}, "sft")
 
 
 def examples_check(tmp: Path, args) -> dict:
