@@ -103,6 +103,10 @@ def test_only_sdpa_uncompiled_checked_models_get_the_documents_and_others_the_bl
         inputs = with_model_mask(model, _flat_inputs())
         assert DOCUMENTS not in inputs and "documents" not in inputs
         assert torch.equal(inputs["attention_mask"] == 0 if model is eager else inputs["attention_mask"], block)
+    flash = tiny_of_type("llama")
+    flash.config._attn_implementation = "flash_attention_2"  # (not run: no flash-attn here) packed rows, position ids only
+    inputs = with_model_mask(flash, _flat_inputs())
+    assert sorted(inputs) == ["input_ids", "position_ids"] and inputs["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
 
 
 def test_forwards_without_documents_get_transformers_sdpa(calls):

@@ -79,8 +79,8 @@ def within_window(mask: torch.Tensor, position_ids: torch.Tensor, window: int | 
 
 def with_model_mask(model, inputs: dict) -> dict:
     """The forward inputs of a batch as `model` takes them. Packed or flattened rows (`documents`) run per document
-    through SDPA where the model allows (`rlft.models.varlen.runs_documents`), with no (T, T) mask; otherwise they
-    get their block-causal mask (`rlft.data.collate.documents_mask`). A 4-D mask (that one, or a prompt-sharing
+    through SDPA where the model allows (`rlft.models.varlen.runs_documents`), with no (T, T) mask; flash-attention
+    finds them from the position ids; otherwise they get their block-causal mask (`rlft.data.collate.documents_mask`). A 4-D mask (that one, or a prompt-sharing
     batch's) is limited to each layer's sliding window (`per_layer_type`) and put in the form the model's attention
     reads (`model_attention_mask`). Other inputs as they are."""
     from rlft.models.varlen import DOCUMENTS, runs_documents
@@ -89,6 +89,8 @@ def with_model_mask(model, inputs: dict) -> dict:
     documents = inputs.pop("documents", None)
     if documents is not None and inputs.get("attention_mask") is None:
         ids = inputs["input_ids"]
+        if "flash" in attention_implementation(model):  # its variable-length kernels find the rows from the position ids
+            return inputs
         if runs_documents(model):
             # a 2-D mask with no padding: transformers builds no (T, T) mask for full-attention layers
             return {**inputs, "attention_mask": torch.ones_like(ids), DOCUMENTS: documents}
