@@ -55,9 +55,11 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     bounds = kwargs.pop(DOCUMENTS, None)
-    if bounds is None or query.shape[2] != key.shape[2]:
+    if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if query.shape[2] != key.shape[2]:
+        raise ValueError("packed or flattened rows attend per row only without a KV cache (use_cache=False)")
     window = layer_window(module)
     rows, heads, width, size = query.shape
     tokens = lambda x: x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[3])  # noqa: E731  (B·T, h, d)
