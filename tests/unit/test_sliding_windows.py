@@ -16,7 +16,7 @@ from layout_checks import (assert_same_completion_results, assert_same_grads, as
                            parameter_grads, tiny_of_type)
 from rlft.data.collate import flatten_rows, pad_batch, packed_batch
 from rlft.errors import ModelError
-from rlft.models.masks import sliding_window
+from rlft.models.masks import sliding_window, unmaskable_layers
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 
 # the checked decoders that can have a sliding window: all layers windowed, or windowed and full layers mixed
@@ -140,12 +140,12 @@ def test_layer_types_rlft_cannot_mask_are_refused_before_training():
 
     holder = torch.nn.Module()
     holder.config = AutoConfig.for_model("qwen3_next")
-    with pytest.raises(ValueError, match="model type qwen3_next has linear_attention layers"):
-        sliding_window(holder)
+    assert unmaskable_layers(holder) == ["linear_attention"]
+    assert sliding_window(holder) == (None, False)  # padded rows (the left-padding guard on a GPU) go on as before
     config = lambda **keys: build_config({"base_model": "m", "datasets": [{"path": "d.jsonl"}], **keys})  # noqa: E731
     with pytest.raises(ModelError, match=r"train this model on padded rows \(sample_packing, batch_flattening"):
         check_own_masks(config(sample_packing=True), holder)
-    with pytest.raises(ModelError, match="linear_attention"):
+    with pytest.raises(ModelError, match="model type qwen3_next has linear_attention layers"):
         check_own_masks(config(batch_flattening=True, micro_batch_size=2), holder)
     check_own_masks(config(), holder)  # padded rows: transformers builds the masks
     check_own_masks(config(sample_packing=True), tiny_of_type("gemma3_text", window=WINDOW))

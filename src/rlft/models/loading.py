@@ -174,15 +174,15 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
 def check_own_masks(cfg, model) -> None:
     """Packed, flattened and strided batches run through masks that rlft builds (rlft.models.masks.per_layer_type):
     a model with attention layers other than full and sliding-window ones cannot take them (ModelError)."""
-    from rlft.models.masks import sliding_window
+    from rlft.models.masks import unmaskable_layers
 
     flash = cfg.effective_attn_implementation.startswith("flash_attention")
     strided = cfg.rl == "ebft" and cfg.ebft.mode == "strided"
-    if strided or (not flash and (cfg.sample_packing or cfg.flat_batches)):
-        try:
-            sliding_window(model)
-        except ValueError as exc:
-            raise ModelError(str(exc)) from None
+    if (strided or (not flash and (cfg.sample_packing or cfg.flat_batches))) and (kinds := unmaskable_layers(model)):
+        raise ModelError(f"model type {model.config.model_type} has {', '.join(kinds)} layers: rlft builds the attention "
+                         "masks of packed, flattened and strided batches itself and knows only full and sliding-window "
+                         "layers; train this model on padded rows (sample_packing, batch_flattening and "
+                         "dpo_padding_free off)")
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

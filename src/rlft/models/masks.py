@@ -38,16 +38,18 @@ def model_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def unmaskable_layers(model) -> list[str]:
+    """`model`'s kinds of layers other than full and sliding-window attention (chunked attention in Llama 4; recurrent
+    or convolutional layers in Qwen3-Next, LFM2, ...): a mask rlft builds cannot describe them."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    return sorted(set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
+
+
 def sliding_window(model) -> tuple[int | None, bool]:
     """(window, every layer): the sliding window of `model`'s windowed attention layers (None if it has none), and
     whether all its layers are windowed (else it mixes windowed and full layers through `config.layer_types`)."""
     config = getattr(getattr(model, "module", model), "config", None)
     layers = getattr(config, "layer_types", None) or ()
-    unknown = sorted(set(layers) - {"full_attention", "sliding_attention"})
-    if unknown:  # chunked attention (Llama 4), recurrent or convolutional layers (Qwen3-Next, LFM2, ...)
-        raise ValueError(f"model type {config.model_type} has {', '.join(unknown)} layers: rlft builds the attention masks "
-                         "of packed, flattened and strided batches itself and knows only full and sliding-window layers; "
-                         "train this model on padded rows (sample_packing, batch_flattening and dpo_padding_free off)")
     window = getattr(config, "sliding_window", None)
     if not window or getattr(config, "use_sliding_window", True) is False or (layers and "sliding_attention" not in layers):
         return None, False
