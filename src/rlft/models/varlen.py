@@ -3,7 +3,7 @@
 A packed or flattened batch (`sample_packing`, `batch_flattening`, `dpo_padding_free`) holds several documents per
 row. flash-attention's variable-length kernels attend within each document and compute nothing else. SDPA has no such
 kernel: under the block-diagonal mask it computes every (query, key) pair of the whole row and masks most of them, and
-the (T, T) mask alone took 20 ms to build for 8 rows of 100-560 tokens on a CPU. Here the documents' queries, keys and
+building the (T, T) mask is itself quadratic in the row's length. Here the documents' queries, keys and
 values are cut out of the rows, and the documents of each length run through SDPA as one batch (causal, and limited
 to the layer's sliding window where it has one). Attention then costs the sum of the squares of the documents'
 lengths, in as many SDPA calls as there are distinct lengths, and no (T, T) mask is built.
