@@ -15,6 +15,26 @@ def assert_same_grads(got: dict[str, torch.Tensor], expected: dict[str, torch.Te
         torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=atol, msg=name)
 
 
+def sft_documents(lengths, vocab: int, seed: int = 6) -> list[dict]:
+    """SFT documents of these lengths (random ids, every token but the first a target)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for length in lengths:
+        ids = torch.randint(1, vocab, (length,), generator=g).tolist()
+        out.append({"input_ids": ids, "labels": [-100] + ids[1:]})
+    return out
+
+
+def sft_results(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """An SFT batch's summed target NLL (rlft's SFT loss) and the parameter gradients of that sum."""
+    from rlft.train.recipes.sft import SFTRecipe
+
+    model.zero_grad()
+    loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
+    loss.backward()
+    return loss.detach(), parameter_grads(model)
+
+
 def assert_same_sequence_logps(got, expected) -> None:
     """Two `SequenceLogps`: sequence and per-token log-probs (at the expected completion positions) and mean logits."""
     torch.testing.assert_close(got.logps, expected.logps, rtol=1e-5, atol=1e-5)

@@ -10,7 +10,7 @@ from rlft.config.loading import build_config
 from rlft.data.collate import documents_mask, flatten_rows
 from rlft.models import head
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
-                           parameter_grads)
+                           parameter_grads, sft_documents, sft_results)
 from rlft.models.logprobs import completion_batch
 
 
@@ -175,22 +175,12 @@ def test_packed_sft_rows_give_each_documents_own_loss(attention):
     """sample_packing: documents packed into one row under the block-diagonal mask have the summed NLL and gradients
     of the same documents in padded rows, with SDPA and with eager attention (which adds the mask to its scores)."""
     from rlft.data.collate import pad_batch, packed_batch
-    from rlft.train.recipes.sft import SFTRecipe
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                          num_key_value_heads=1, intermediate_size=32, attn_implementation=attention))
-    g = torch.Generator().manual_seed(6)
-    documents = []
-    for length in (5, 8, 3):
-        ids = torch.randint(1, 300, (length,), generator=g).tolist()
-        documents.append({"input_ids": ids, "labels": [-100] + ids[1:]})
-    results = []
-    for batch in (pad_batch(documents, pad_id=0), packed_batch([documents], pad_id=0)):
-        model.zero_grad()
-        loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
-        loss.backward()
-        results.append((loss.detach(), parameter_grads(model)))
-    (padded_loss, grads), (packed_loss, packed_grads) = results
+    documents = sft_documents((5, 8, 3), 300)
+    (padded_loss, grads), (packed_loss, packed_grads) = [
+        sft_results(model, batch) for batch in (pad_batch(documents, pad_id=0), packed_batch([documents], pad_id=0))]
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-5)
     assert_same_grads(packed_grads, grads)

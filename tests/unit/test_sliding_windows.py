@@ -13,7 +13,7 @@ from transformers import AutoConfig
 
 import rlft.models.masks as masks
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
-                           parameter_grads, tiny_of_type)
+                           parameter_grads, sft_documents, sft_results, tiny_of_type)
 from rlft.data.collate import flatten_rows, pad_batch, packed_batch
 from rlft.errors import ModelError
 from rlft.models.masks import sliding_window, unmaskable_layers
@@ -32,22 +32,8 @@ def no_window(monkeypatch):
     return without
 
 
-def sft_results(model, batch):
-    from rlft.train.recipes.sft import SFTRecipe
-
-    model.zero_grad()
-    loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
-    loss.backward()
-    return loss.detach(), parameter_grads(model)
-
-
-def documents(vocab: int = 128):
-    g = torch.Generator().manual_seed(6)
-    out = []
-    for length in (7, 9, 4):
-        ids = torch.randint(1, vocab, (length,), generator=g).tolist()
-        out.append({"input_ids": ids, "labels": [-100] + ids[1:]})
-    return out
+def documents():
+    return sft_documents((7, 9, 4), 128)
 
 
 def test_the_window_by_model_type():

@@ -9,7 +9,7 @@ from transformers import AttentionInterface  # builds the registry with transfor
 from transformers.integrations import sdpa_attention
 
 from layout_checks import (EAGER_ONLY, assert_same_completion_results, assert_same_grads, completion_results,
-                           parameter_grads, tiny_of_type)
+                           sft_documents, sft_results, tiny_of_type)
 from rlft.data.collate import document_bounds, flatten_rows, pad_batch, packed_batch
 from rlft.models.masks import with_model_mask
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
@@ -64,20 +64,10 @@ def test_every_checked_model_type_attends_per_document_and_gets_the_padded_resul
 def test_packed_rows_attend_per_document_and_give_the_padded_loss(kind, calls):
     """sample_packing: rows of several documents, one ending in padding; the summed NLL and gradients of the
     documents padded one per row."""
-    from rlft.train.recipes.sft import SFTRecipe
-
     model = tiny_of_type(kind, window=3 if kind == "gemma3_text" else None).train()
-    g = torch.Generator().manual_seed(6)
-    documents = []
-    for length in (5, 8, 3, 6):
-        ids = torch.randint(1, 128, (length,), generator=g).tolist()
-        documents.append({"input_ids": ids, "labels": [-100] + ids[1:]})
-    results = []
-    for batch in (pad_batch(documents, pad_id=0), packed_batch([documents[:3], documents[3:]], pad_id=0)):
-        model.zero_grad()
-        loss = SFTRecipe.__new__(SFTRecipe)._loss_sum(model, batch)
-        loss.backward()
-        results.append((loss.detach(), parameter_grads(model)))
+    documents = sft_documents((5, 8, 3, 6), 128)
+    results = [sft_results(model, batch)
+               for batch in (pad_batch(documents, pad_id=0), packed_batch([documents[:3], documents[3:]], pad_id=0))]
     assert {5, 8, 3, 6} <= set(calls) and 16 not in calls  # the packed rows are 16 tokens wide
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
     assert_same_grads(results[1][1], results[0][1], atol=1e-5)
