@@ -30,6 +30,10 @@ EXAMPLES = {
     "ebft-strided-ce0": "examples/ebft-strided.yaml --ebft.ce_coef=0",
     "ebft-strided-ce0-seed1": "examples/ebft-strided.yaml --ebft.ce_coef=0 --seed=1",
     "ebft-strided-rl0": "examples/ebft-strided.yaml --ebft.rl_coef=0",
+    # docs/preference.md: the reward model with each prompt twice, and at its former learning rate
+    "reward-model-unshared": "examples/preference/reward-model.yaml --share_prompts=false",
+    "reward-model-lr1e-3": "examples/preference/reward-model.yaml --learning_rate=1e-3",
+    "reward-model-lr1e-3-unshared": "examples/preference/reward-model.yaml --learning_rate=1e-3 --share_prompts=false",
 }
 
 
