@@ -12,6 +12,7 @@ import torch
 from transformers import AutoConfig
 
 import rlft.models.masks as masks
+import rlft.models.varlen as varlen
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
                            parameter_grads, sft_documents, sft_results, tiny_of_type)
 from rlft.data.collate import flatten_rows, pad_batch, packed_batch
@@ -29,6 +30,7 @@ def no_window(monkeypatch):
     """rlft's masks as they were before 2026-11-26: the window left out."""
     def without():
         monkeypatch.setattr(masks, "sliding_window", lambda model: (None, False))
+        monkeypatch.setattr(varlen, "layer_window", lambda module, kwargs: None)
     return without
 
 

@@ -69,8 +69,10 @@ def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
 def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_mask: bool = True,
                  multiple: int = 1) -> dict[str, torch.Tensor]:
     """Rows of concatenated documents (padded to the longest, or to `width`) and their `documents` boundaries, from
-    which the forward attends per document (`documents_mask`); without `block_mask`, neither: flash-attention's
-    variable-length kernels find the documents from the position ids."""
+    which the forward attends per document (`documents_mask`); without `block_mask`, neither, and the rows follow
+    one another in one row: flash-attention's variable-length kernels find the documents from the position ids, which
+    transformers reads only in a batch of one row (several rows would each attend across their documents). A row's
+    last token never predicts the next row's first one: a document's first token is not a target."""
     width = padded_to(max(sum(len(doc["input_ids"]) for doc in pack) for pack in packs), width, multiple)
     batch = len(packs)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -88,7 +90,9 @@ def packed_batch(packs: list[list[Example]], pad_id: int, width: int = 0, block_
             document[row, offset : offset + n] = number
             offset += n
     batch = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "num_tokens": int((document >= 0).sum())}
-    return {**batch, "documents": document_bounds(document)} if block_mask else batch
+    if block_mask:
+        return {**batch, "documents": document_bounds(document)}
+    return {key: value.reshape(1, -1) if torch.is_tensor(value) else value for key, value in batch.items()}
 
 
 def document_bounds(document: torch.Tensor) -> torch.Tensor:

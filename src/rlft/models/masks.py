@@ -85,17 +85,18 @@ def with_model_mask(model, inputs: dict) -> dict:
     finds them from the position ids; otherwise they get their block-causal mask (`rlft.data.collate.documents_mask`). A 4-D mask (that one, or a prompt-sharing
     batch's) is limited to each layer's sliding window (`per_layer_type`) and put in the form the model's attention
     reads (`model_attention_mask`). Other inputs as they are."""
-    from rlft.models.varlen import DOCUMENTS, runs_documents
+    from rlft.models.varlen import DOCUMENTS, runs_documents, unread_mask
 
     inputs = dict(inputs)
     documents = inputs.pop("documents", None)
     if documents is not None and inputs.get("attention_mask") is None:
         ids = inputs["input_ids"]
         if "flash" in attention_implementation(model):  # its variable-length kernels find the rows from the position ids
+            if ids.shape[0] > 1:  # which transformers reads only in a batch of one row (`packed_batch` makes one)
+                raise ValueError("packed rows under flash-attention must come as one row (packed_batch, block_mask=False)")
             return inputs
         if runs_documents(model):
-            # a 2-D mask with no padding: transformers builds no (T, T) mask for full-attention layers
-            return {**inputs, "attention_mask": torch.ones_like(ids), DOCUMENTS: documents}
+            return {**inputs, "attention_mask": unread_mask(ids), DOCUMENTS: documents}
         from rlft.data.collate import documents_mask
 
         inputs["attention_mask"] = documents_mask(documents, *ids.shape)

@@ -6,13 +6,14 @@ kernel: under the block-diagonal mask it computes every (query, key) pair of the
 building the (T, T) mask is itself quadratic in the row's length. Here the documents' queries, keys and
 values are cut out of the rows, and the documents of each length run through SDPA as one batch (causal, and limited
 to the layer's sliding window where it has one). Attention then costs the sum of the squares of the documents'
-lengths, in as many SDPA calls as there are distinct lengths, and no (T, T) mask is built.
+lengths, in as many SDPA calls as there are distinct lengths, and no (T, T) mask is built (`unread_mask`).
 
 It works through transformers' attention interface: `install` wraps the "sdpa" entry, and the wrapper takes this
 path only when a forward passes `rlft_documents` (the boundaries from `rlft.data.collate.document_bounds`); every
 other forward, in rlft or not, gets transformers' SDPA unchanged. A model whose layers do not pass the forward's
-keywords on to attention would silently attend across documents, so only model types checked to pass them
-(`DOCUMENT_MODELS`, tests/unit/test_varlen.py) run this way; the others get the block mask.
+keywords on to attention would attend across documents, so only model types checked to pass them
+(`runs_documents`, tests/unit/test_varlen.py) run this way, and a layer that gets the batch without its boundaries
+stops the run; the others get the block mask.
 """
 
 from __future__ import annotations
@@ -25,20 +26,27 @@ KEYWORDS_DROPPED = ("stablelm",)  # its decoder layers call attention without th
 
 def runs_documents(model) -> bool:
     """Whether `model`'s forward can attend per document here: SDPA, a model type checked to pass the forward's
-    keywords to its attention, not a compiled forward (which would recompile for every new set of lengths), and
-    transformers' own SDPA in place (`install`)."""
+    keywords to its attention in transformers' own modeling code (not a checkpoint's remote code of the same type),
+    not a compiled forward (which would recompile for every new set of lengths), and transformers' own SDPA in place
+    (`install`)."""
     from rlft.models.masks import attention_implementation
     from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 
-    kind = getattr(getattr(getattr(model, "module", model), "config", None), "model_type", None)
+    network = getattr(model, "module", model)
+    network = network.get_base_model() if hasattr(network, "get_base_model") else network  # PEFT
+    kind = getattr(getattr(network, "config", None), "model_type", None)
     return (attention_implementation(model) == "sdpa" and kind in SHARED_PROMPT_MODELS and kind not in KEYWORDS_DROPPED
-            and not hasattr(model, "_orig_mod") and install())
+            and type(network).__module__.startswith("transformers.models.") and not hasattr(model, "_orig_mod")
+            and install())
 
 
-def layer_window(module) -> int | None:
-    """The sliding window of the attention layer `module` (None: full attention)."""
+def layer_window(module, kwargs: dict) -> int | None:
+    """The sliding window of the attention layer `module` (None: full attention): the one the layer passes its
+    attention function (`kwargs`, what flash-attention gets), else the config's for the layer."""
     from rlft.models.masks import sliding_window
 
+    if "sliding_window" in kwargs:
+        return kwargs["sliding_window"]
     window, everywhere = sliding_window(module)
     if window is None or everywhere:
         return window
@@ -56,19 +64,22 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
 
     bounds = kwargs.pop(DOCUMENTS, None)
     if bounds is None:
+        if is_unread(attention_mask):
+            raise RuntimeError(f"{type(module).__name__} got a packed or flattened batch without its document "
+                               f"boundaries (`{DOCUMENTS}`): its layers do not pass the forward's keywords on to "
+                               "attention. Add its model type to KEYWORDS_DROPPED in rlft/models/varlen.py, or train "
+                               "on padded rows (batch_flattening: false, sample_packing: false)")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     if query.shape[2] != key.shape[2]:
         raise ValueError("packed or flattened rows attend per row only without a KV cache (use_cache=False)")
-    window = layer_window(module)
+    window = layer_window(module, kwargs)
     rows, heads, width, size = query.shape
     tokens = lambda x: x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[3])  # noqa: E731  (B·T, h, d)
     queries, keys, values = tokens(query), tokens(key), tokens(value)
-    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-    outputs, order = [], []
-    for length in lengths.unique().tolist():
-        first = starts[lengths == length]
-        index = first[:, None] + torch.arange(length, device=first.device)  # (n, L) positions of n documents
+    groups, inverse = document_groups(bounds)
+    outputs = []
+    for length, index in groups:
         mask = None
         if window is not None and length > window:  # causal, each query's keys fewer than `window` positions back
             mask = torch.ones(1, 1, length, length, dtype=torch.bool, device=query.device).tril().triu(1 - window)
@@ -76,11 +87,44 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
         out, _ = sdpa_attention_forward(module, pick(queries), pick(keys), pick(values), mask, dropout=dropout,
                                         scaling=scaling, is_causal=mask is None, **kwargs)
         outputs.append(out.reshape(-1, heads, size))
-        order.append(index.reshape(-1))
-    order = torch.cat(order)
+    return torch.cat(outputs)[inverse].view(rows, width, heads, size), None
+
+
+def unread_mask(input_ids: torch.Tensor) -> torch.Tensor:
+    """The attention mask a forward with `rlft_documents` passes: (B, 1, T, T) of True as a view of one element (no
+    memory). transformers passes a 4-D mask on as it is, so it builds no (T, T) mask of its own (it would for
+    sliding-window layers: half of a tiny Gemma 3's forward at 5,000 tokens). No layer reads it: `documents_attention`
+    refuses it in a layer that the boundaries did not reach."""
+    rows, width = input_ids.shape
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=input_ids.device).expand(rows, 1, width, width)
+
+
+def is_unread(mask) -> bool:
+    """Whether `mask` is `unread_mask`'s: (T, T) of stride 0 (a one-token row's needs no telling apart)."""
+    return isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] > 1 and mask.stride()[-2:] == (0, 0)
+
+
+_last_groups: tuple = (None, None)  # (bounds, their groups): every layer of a forward gets the same bounds tensor
+
+
+def document_groups(bounds: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
+    """The documents between `bounds` grouped by length: [(L, (n, L) positions of the n documents of length L)], and
+    the permutation that puts the groups' outputs, taken one after the other, back in the order of the positions.
+    Computed once per forward (reading the lengths waits for the device), not in every layer."""
+    global _last_groups
+    seen, groups = _last_groups
+    if seen is bounds:
+        return groups
+    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
+    grouped = []
+    for length in lengths.unique().tolist():
+        first = starts[lengths == length]
+        grouped.append((length, first[:, None] + torch.arange(length, device=first.device)))
+    order = torch.cat([index.reshape(-1) for _, index in grouped])
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    return torch.cat(outputs)[inverse].view(rows, width, heads, size), None
+    _last_groups = (bounds, (grouped, inverse))
+    return grouped, inverse
 
 
 def install() -> bool:

@@ -31,6 +31,11 @@ class SFTRecipe(Recipe):
         mask = cfg.flat_batches == "mask"
         multiple = pad_multiple(cfg)
         flat = (lambda rows: packed_batch([rows], pad_id, width, mask, multiple)) if cfg.flat_batches and not capacity else None
+        # sample_packing under flash-attention: a micro-batch's packed rows as one row, the documents found from the
+        # position ids (transformers finds them only in a batch of one row)
+        flash = cfg.effective_attn_implementation.startswith("flash_attention")
+        packs = (lambda packs: packed_batch(packs, pad_id, width, False, multiple)) if flash else None
+        flat = flat or (packs if capacity else None)
         lengths = [len(e["input_ids"]) for e in data.train] if cfg.group_by_length else None  # never with packing
         self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
                                     lengths=lengths, width=width, multiple=multiple)
@@ -39,6 +44,7 @@ class SFTRecipe(Recipe):
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
                               cfg.sequence_len if packed_eval else None, width=width, multiple=multiple,
+                              collate=packs if packed_eval else None,
                               lengths=None if packed_eval else [len(e["input_ids"]) for e in data.eval])  # shortest first
         self._eval_batches = eval_plan.sequential() if data.eval else []
 
