@@ -74,8 +74,6 @@ def wrap(cfg, model, accelerator, console: Console):
     optimizer."""
     ds = deepspeed_settings(cfg)
     if ds is not None:  # also on one process: the same engine, so that runs compare across process counts
-        if accelerator.is_main_process and zero.compiles_collectives():
-            console.print("note: DeepSpeed compiles its CPU collectives on first use on this machine (once)", markup=False)
         return zero.initialize(ds, cfg, model, build_optimizer(cfg, model), accelerator.num_processes, trains_in_bf16(cfg))
     settings = fsdp_settings(cfg)
     if settings is not None and accelerator.is_main_process:

@@ -68,7 +68,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
 
 def missing_build_tools(cfg) -> list[str]:
     """What `deepspeed:` and `torch_compile` need that this machine lacks: the DeepSpeed package, and on a CPU a C++
-    compiler (inductor compiles its kernels, DeepSpeed its collectives), one sentence each."""
+    compiler for inductor's kernels, one sentence each. (DeepSpeed compiles nothing here: `rlft.train.zero.initialize`.)"""
     import importlib.util
     import shutil
 
@@ -76,9 +76,8 @@ def missing_build_tools(cfg) -> list[str]:
     if cfg.deepspeed and importlib.util.find_spec("deepspeed") is None:
         problems.append(f"deepspeed: {cfg.deepspeed} asks for DeepSpeed, which is not installed: pip install -c "
                         "constraints.txt 'rlft[deepspeed]'")
-    compiles = [key for key, on in (("torch_compile", compile_options(cfg) is not None), ("deepspeed", bool(cfg.deepspeed))) if on]
-    if compiles and not torch.cuda.is_available() and not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-                                                           or shutil.which("clang++")):
-        problems.append(f"{compiles[0]}: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or $CXX): "
-                        "install one (e.g. apt install g++) or remove the key")
+    if compile_options(cfg) is not None and not torch.cuda.is_available() and not (
+            os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        problems.append("torch_compile: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or "
+                        "$CXX): install one (e.g. apt install g++) or remove the key")
     return problems

@@ -13,8 +13,6 @@ code. DeepSpeed's own checkpoint files would need `torch.load(weights_only=False
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
@@ -66,27 +64,20 @@ def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimiz
     """`deepspeed.initialize` on the model and rlft's optimizer: (engine, ZeRO optimizer)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")  # said, not guessed with a warning
     import deepspeed
+    import deepspeed.ops
 
+    # On a CPU DeepSpeed would compile its shared-memory collectives with g++ on first use (45 s on 2 cores), which only
+    # its inference all-reduce calls; training's collectives go through torch.distributed (gloo). Its table of ops
+    # this machine can build is kept in the module for such edits.
+    if not torch.cuda.is_available():
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     # DeepSpeed calls torch.distributed functions that torch has renamed: not the user's concern
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     config = engine_config(settings, cfg, processes, bf16, hidden)
-    with contextlib.redirect_stdout(io.StringIO()):  # "... op built successfully" lines from its compiled CPU collectives
-        engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
-                                                            dist_init_required=False)
+    engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     return engine, zero_optimizer
-
-
-def compiles_collectives() -> bool:
-    """Whether DeepSpeed will compile its shared-memory CPU collectives now (once per machine)."""
-    if torch.cuda.is_available():
-        return False
-    import sys
-
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / "deepspeed_shm_comm"
-    return not any(folder.glob("*.so"))
 
 
 def backward(engine, loss: torch.Tensor, last: bool) -> None:
