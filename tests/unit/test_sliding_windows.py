@@ -77,10 +77,12 @@ def test_pairs_sharing_their_prompt_keep_the_window(kind, no_window):
         assert (sequence_logps(model, pair_collate(0, True)(examples)).logps - plain.logps).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("vocab", [128, 4096])
 @pytest.mark.parametrize("kind", ["mistral", "gemma3_text", "gpt_oss"])  # all windowed; mixed; mixed under eager
-def test_flattened_and_shared_completions_keep_the_window(kind, no_window):
+def test_flattened_and_shared_completions_keep_the_window(kind, vocab, no_window):
     """batch_flattening and GRPO groups sharing their prompt: the padded rows' log-probs, entropies, sampling log-probs
-    and gradients."""
+    and gradients. At 4,096 entries the log-probs go through the output layer (`completion_scores`), which crashed on
+    the masks of a model mixing windowed and full layers (one per layer type) until 2026-11-26."""
     from rlft.models.logprobs import completion_batch, shared_completion_inputs
 
     g = torch.Generator().manual_seed(7)
@@ -88,7 +90,7 @@ def test_flattened_and_shared_completions_keep_the_window(kind, no_window):
     first, second = ids(5), ids(2)
     rows = [{"prompt_ids": prompt, "completion_ids": ids(n), "advantage": 1.0, "mask": [1] * n}
             for prompt, n in ((first, 4), (second, 6), (first, 7), (second, 3))]
-    model = tiny_of_type(kind, window=WINDOW).train()
+    model = tiny_of_type(kind, vocab=vocab, window=WINDOW).train()
     batch = completion_batch(rows, pad_id=0)
     valid = batch["completion_mask"].bool()
     padded = completion_results(model, batch, valid)

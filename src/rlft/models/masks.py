@@ -111,8 +111,9 @@ def with_model_mask(model, inputs: dict) -> dict:
 
 
 def needs_guard(model, attention_mask: torch.Tensor | None) -> bool:
-    """A 2-D mask on a CUDA device, read by SDPA, whose rows start with padding."""
-    return (attention_mask is not None and attention_mask.dim() == 2 and attention_mask.device.type == "cuda"
+    """A 2-D mask on a CUDA device, read by SDPA, whose rows start with padding. (A 4-D mask, or one per layer type,
+    is rlft's own and needs no guard.)"""
+    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and attention_mask.device.type == "cuda"
             and attention_implementation(model) == "sdpa" and not bool(attention_mask[:, 0].all()))
 
 
