@@ -42,11 +42,14 @@ def _config(folder, path, **vllm):
 
 
 def _local(folder, state=None):
+    """An in-process engine built as every engine is (the server's, `LocalEngine.from_policy`'s): weights without
+    gradients. (torch's matmul takes another kernel for the prefill's last position when the weight requires grad, and
+    the log-probs would differ from the server's in the last float bits.)"""
     model = AutoModelForCausalLM.from_pretrained(folder)
     if state is not None:
         model.load_state_dict(state)
     tokenizer = byte_tokenizer()
-    return LocalEngine(model, tokenizer.pad_token_id, tokenizer)
+    return LocalEngine(model.requires_grad_(False), tokenizer.pad_token_id, tokenizer)
 
 
 @pytest.fixture(scope="module")

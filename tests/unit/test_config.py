@@ -591,9 +591,34 @@ def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, co
     tok = byte_tokenizer()
     s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7, 9], "stop": "###"}}))
     assert s.stop_token_ids == (7, 9) and s.stop_strings == ("###",)
-    assert sampling_params(s, tok).stop_token_ids == (tok.eos_token_id, 7, 9)
+    assert sampling_params(s, (tok.eos_token_id,)).stop_token_ids == (tok.eos_token_id, 7, 9)
     s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7], "ignore_eos": True}}))
-    assert sampling_params(s, tok).stop_token_ids == (7,)  # ignore_eos ignores EOS only, as in vLLM
+    assert sampling_params(s, (tok.eos_token_id, 5)).stop_token_ids == (7,)  # ignore_eos ignores EOS only, as in vLLM
     for bad, words in (({"stop_token_ids": "7"}, "list of token ids"), ({"stop_token_ids": [-1]}, "list of token ids"),
                        ({"stop": [""]}, "non-empty strings"), ({"ignore_eos": "yes"}, "true or false")):
         assert words in messages(config_problems(**GRPO, trl={"generation_kwargs": bad}))
+
+
+def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path):
+    """Gemma's instruct models end a turn with <end_of_turn> (106), which their generation_config.json lists beside
+    the tokenizer's <eos> (1); Qwen's list <|im_end|> and <|endoftext|>. vLLM and transformers' generate stop at all
+    of them, and so does rlft's engine (the run's stop ids); a folder without the file: the tokenizer's EOS."""
+    import json
+
+    from rlft.models.tokenizer import byte_tokenizer, end_ids
+
+    tok = byte_tokenizer()
+    assert end_ids(tmp_path, tok) == (tok.eos_token_id,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [106, tok.eos_token_id, 1]}))
+    assert end_ids(tmp_path, tok) == (tok.eos_token_id, 106, 1)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 106}))
+    assert end_ids(tmp_path, tok) == (tok.eos_token_id, 106)
+    from types import SimpleNamespace
+
+    from rlft.config import build_config
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                        "trl": {"num_generations": 2, "reward_funcs": ["r.f"], "generation_kwargs": {"stop_token_ids": [7]}}})
+    recipe = GRPORecipe(cfg, SimpleNamespace(train=[], eval=[]), tok, None, None)
+    assert recipe.sampling.stop_token_ids == (tok.eos_token_id, 106, 7)

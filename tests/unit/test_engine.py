@@ -141,3 +141,57 @@ def test_the_compiled_decode_of_a_sliding_window_model_samples_what_the_eager_on
             assert a.completion_ids == b.completion_ids
             for row_a, row_b in zip(a.logprobs, b.logprobs):
                 assert row_b == pytest.approx(row_a, abs=1e-5)
+
+
+def test_the_prefill_computes_the_last_positions_logits_only(engine):
+    """No (B, T, V) logits block for a batch of prompts: the output layer sees one position per row, eager and compiled
+    (at a real vocabulary, 256 rows of 512-token prompts would otherwise hold tens of GB of logits)."""
+    import copy
+
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, "inductor"))
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
+    for decoder in (eager, fast):
+        widths = []
+        hook = decoder.model.get_output_embeddings().register_forward_pre_hook(lambda m, args: widths.append(args[0].shape[1]))
+        try:
+            decoder.decode(prompts, SamplingParams(max_new_tokens=3, temperature=0.0))
+        finally:
+            hook.remove()
+        assert widths and set(widths) == {1}, widths
+
+
+def test_the_compiled_decoder_keeps_one_cache_per_batch_size_grown_to_the_longest(engine):
+    """Prompt widths that need other cache lengths reuse the batch size's cache, or grow it (the old one freed): one
+    cache per batch size, not one per length ever seen (a 7B model's cache for 256 rows of 1,536 tokens is ~22 GB).
+    The samples are the eager engine's whatever cache length they ran in."""
+    import copy
+
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, "inductor"))
+    short, long = [tok("1+2=")["input_ids"]] * 2, [tok("12+34=" * 12)["input_ids"]] * 2
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    for prompts in (short, long, short, short[:1]):
+        assert fast.decode(prompts, params).completion_ids == eager.decode(prompts, params).completion_ids
+    caches = fast.decoder._caches
+    assert sorted(caches) == [1, 2] and caches[2][0] == 128 and caches[1][0] == 64  # 72 + 8 tokens needed 128
+
+
+@pytest.mark.parametrize("sampler", ["multinomial", "inverse CDF"])
+def test_a_policy_whose_logits_are_nan_stops_sampling_with_the_fix(engine, sampler, monkeypatch):
+    """torch.multinomial raises on NaN probabilities (a torch error), the inverse CDF would draw some token with a NaN
+    log-prob: both give the engine's error, which names the fix."""
+    import copy
+
+    import rlft.models.logprobs as logprobs
+    from rlft.errors import RolloutError
+
+    if sampler == "inverse CDF":
+        monkeypatch.setattr(logprobs, "INVERSE_CDF_VOCAB", 1)
+    eager, tok = engine
+    broken = copy.deepcopy(eager.model)
+    with torch.no_grad():
+        broken.get_output_embeddings().weight.fill_(float("nan"))
+    with pytest.raises(RolloutError, match="held NaN while sampling.*Lower learning_rate"):
+        LocalEngine(broken, tok.pad_token_id, tok).decode([tok("1+2=")["input_ids"]], SamplingParams(max_new_tokens=3),
+                                                          generator=torch.Generator().manual_seed(0))

@@ -109,6 +109,23 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> Non
         )
 
 
+def end_ids(model_path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """The ids that end an answer: the tokenizer's EOS, then the model's generation_config.json `eos_token_id` (one or
+    a list: Gemma's <end_of_turn> beside <eos>, Qwen's <|im_end|> beside <|endoftext|>), where vLLM and transformers'
+    `generate` stop too. A model folder without that file: the tokenizer's EOS alone."""
+    from transformers import GenerationConfig
+
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    try:
+        extra = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json there
+        extra = None
+    for token in [extra] if isinstance(extra, int) else list(extra or []):
+        if token not in ids:
+            ids.append(int(token))
+    return tuple(ids)
+
+
 def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The string that closes an assistant turn in this tokenizer's template (for train_on_eos)."""
     template = getattr(tokenizer, "chat_template", None) or ""

@@ -18,6 +18,9 @@ from rlft.models.logprobs import draw_tokens, process_logits
 from rlft.models.masks import safe_attention
 from rlft.rollout.types import Rollout, SamplingParams
 
+NOT_FINITE = ("the policy's next-token distribution held NaN while sampling: its weights or logits are not finite (a "
+              "diverged run, or an overflow in bf16/fp16). Lower learning_rate, or resume from an earlier checkpoint")
+
 
 class Decoded(NamedTuple):
     """One sample per prompt: tokens (with the stop token), their sampling log-probs, whether max_new_tokens
@@ -130,7 +133,7 @@ class LocalEngine:
         else:
             cache = {_cache_keyword(self.model): DynamicCache()}
             logits = self.model(input_ids=input_ids, attention_mask=safe_attention(self.model, attention), position_ids=positions,
-                                use_cache=True, **cache).logits[:, -1]
+                                use_cache=True, logits_to_keep=1, **cache).logits[:, -1]  # no (B, T, V) block
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
         end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
@@ -139,7 +142,12 @@ class LocalEngine:
             scores = process_logits(logits, seen, params)
             distribution = torch.log_softmax(scores, dim=-1)
             if params.temperature > 0:
-                chosen = draw_tokens(distribution, generator)
+                try:
+                    chosen = draw_tokens(distribution, generator)
+                except RuntimeError as exc:  # torch.multinomial: "probability tensor contains either `inf`, `nan` ..."
+                    if "probability tensor" in str(exc):
+                        raise RolloutError(NOT_FINITE) from None
+                    raise
             else:
                 chosen = scores.argmax(-1)
             chosen = chosen.masked_fill_(finished, self.pad_id)  # in place: decoding is overhead-bound
@@ -165,6 +173,8 @@ class LocalEngine:
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()
         ends = [end + 1 if end >= 0 else len(tokens[0]) for end in end_step.tolist()]
+        if any(value != value for row, end in zip(logps, ends) for value in row[:end]):  # NaN
+            raise RolloutError(NOT_FINITE)
         top_rows: list[list[list[tuple[int, float]]]] = []
         if tops:
             ids, values = torch.stack([t.indices for t in tops], 1).tolist(), torch.stack([t.values for t in tops], 1).tolist()

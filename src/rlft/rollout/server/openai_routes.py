@@ -4,8 +4,8 @@ Besides the OpenAI fields, every choice carries `prompt_token_ids`, `generation_
 `generation_log_probs` (as Axolotl's server expects), and so does every chat message (where NeMo Gym's
 model server looks first): what a trainer needs to learn from an agent's calls. With `tools` in a chat
 request, Hermes `<tool_call>` blocks in the answer come back as `tool_calls` (rollout/server/tool_calls.py).
-These routes stop at the tokenizer's end-of-sequence token as OpenAI servers do; `/generate` stops only at
-the ids it is sent. The `model` field of a request is not checked.
+These routes stop at the model's end-of-text ids as OpenAI servers do (the tokenizer's EOS and those of the model's
+generation_config.json: `rlft.models.tokenizer.end_ids`); `/generate` stops only at the ids it is sent. The `model` field of a request is not checked.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from rlft.models.tokenizer import end_ids
 from rlft.rollout.server.protocol import Generated, ServerError, ServingBackend
 from rlft.rollout.server.requests import ChatBody, CompletionBody, TokenizeBody, generation_request
 from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
@@ -28,15 +29,14 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) ->
 
     tokenizer = backend.tokenizer
     created = int(time.time())
+    ends = end_ids(model_name, tokenizer)
 
     def token_text(token_id: int, as_ids: bool) -> str:
         return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
 
     def stop_ids(extra: list[int] | None) -> list[int]:
         ids = list(extra or [])
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-            ids.append(tokenizer.eos_token_id)
-        return ids
+        return ids + [token for token in ends if token not in ids]
 
     def text_of(ids: list[int], stops: list[str]) -> str:
         text = tokenizer.decode(ids, skip_special_tokens=True)

@@ -29,6 +29,7 @@ from rlft.data.collate import flatten_rows, pad_multiple
 from rlft.models.logprobs import (completion_batch, completion_logps, completion_scores, filters_active, sampled_logps,
                                  shared_completion_inputs)
 from rlft.models.weights import merged_weights
+from rlft.models.tokenizer import end_ids
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.compiled import compile_options
 from rlft.rollout.local import LocalEngine
@@ -47,11 +48,13 @@ ZERO_SIGNAL_WARN_STEPS = 10
 LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
 
 
-def sampling_params(settings, tokenizer) -> SamplingParams:
+def sampling_params(settings, ends: tuple[int, ...]) -> SamplingParams:
+    """The run's sampling settings; a completion ends at any of `ends` (`rlft.models.tokenizer.end_ids`) unless
+    `ignore_eos`, and at the config's own stop ids and strings."""
     return SamplingParams(
         max_new_tokens=settings.max_completion_length, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-        stop_token_ids=(() if settings.ignore_eos else (tokenizer.eos_token_id,)) + settings.stop_token_ids,
+        stop_token_ids=(() if settings.ignore_eos else tuple(ends)) + settings.stop_token_ids,
         stop_strings=settings.stop_strings,
     )
 
@@ -94,7 +97,7 @@ class GRPORecipe(Recipe):
         if unknown:
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
                                f"{', '.join(GENERATION_KWARGS)})")
-        self.sampling = sampling_params(s, tokenizer)
+        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer))
         # the off-policy terms compare the trainer with the engine: with sampling filters on, on the filtered distribution
         self.compares_sampled = filters_active(self.sampling) and (
             s.needs_sampling_correction or s.off_policy_mask_threshold is not None)
