@@ -162,6 +162,15 @@ def _generate(args: argparse.Namespace) -> int:
     from rlft.models.generation import generate_texts
     from rlft.models.loading import load_for_inference
 
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--num-samples", args.num_samples)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: give at least 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise ConfigError(f"--temperature {args.temperature} --top-p {args.top_p}: the temperature is 0 (greedy) or more, "
+                          "top-p in (0, 1]")
+    if args.num_samples > 1 and args.temperature == 0:
+        raise ConfigError(f"--num-samples {args.num_samples} with --temperature 0 (greedy) would give the same answer "
+                          f"{args.num_samples} times: add --temperature 0.8 (or another value above 0)")
     model, tokenizer = load_for_inference(args.model)
     prompts = args.prompt
     if args.chat:

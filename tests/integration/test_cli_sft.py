@@ -56,6 +56,11 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
     capsys.readouterr()
     assert cli("generate", out, "--prompt", "1+2=", "--max-new-tokens", "3") == 0
     assert "1+2=" in capsys.readouterr().out
+    for flags, words in ((("--num-samples", "2"), "same answer 2 times: add --temperature 0.8"),
+                         (("--max-new-tokens", "0"), "--max-new-tokens 0: give at least 1"),
+                         (("--top-p", "0"), "top-p in (0, 1]")):  # transformers' tracebacks before
+        assert cli("generate", out, "--prompt", "1+2=", *flags) == 1
+        assert words in capsys.readouterr().err
     assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged") == 0
     capsys.readouterr()
     assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged") == 1  # an existing output is not overwritten

@@ -509,7 +509,7 @@ def test_batch_flattening_trains_what_padded_rollouts_train(warm_model, cli, tmp
 
 def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_path, monkeypatch, capsys):
     """`share_prompts`: each group's prompt once in its micro-batch, its completions after it (one sequence per group,
-    or with batch_flattening every group in one sequence). Unset, rlft shares where its FLOPs estimate says so (here,
+    also with batch_flattening on SDPA, or with batch_flattening under eager attention every group in one sequence). Unset, rlft shares where its FLOPs estimate says so (here,
     four completions of up to 4 tokens after each prompt: every micro-batch); the old-policy, reference and trained
     log-probs, hence every metric, are those of rows of their own, and the plan says which layout runs."""
     from rlft.train.recipes import grpo
@@ -521,7 +521,8 @@ def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
     runs, plans = {}, {}
     for name, settings in (("twice", {"share_prompts": False}), ("auto", {}), ("forced", {"share_prompts": True}),
-                           ("flat", {"share_prompts": True, "batch_flattening": True})):
+                           ("flat", {"share_prompts": True, "batch_flattening": True}),
+                           ("flat-eager", {"share_prompts": True, "batch_flattening": True, "eager_attention": True})):
         shared.clear()
         path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name), max_steps=4,
                             logging_steps=1, seed=5, learning_rate=1e-3, trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04},
@@ -530,11 +531,11 @@ def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_
         runs[name] = [m for m in _metrics(tmp_path / name) if "loss" in m]
         plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
         assert (shared and all(batch is not None for batch in shared)) if name != "twice" else not shared, name
-        if name == "flat":
-            assert all(batch["flat_input_ids"].shape[0] == 1 for batch in shared)
+        if name.startswith("flat"):  # one sequence of every group only where flattened rows share one mask (eager)
+            assert {batch["flat_input_ids"].shape[0] > 1 for batch in shared} == {name == "flat"}
     assert "once per completion (share_prompts: false)" in plans["twice"]
     assert "once per group where that saves forward FLOPs" in plans["auto"]  # the table wraps the rest
-    for variant in ("auto", "forced", "flat"):
+    for variant in ("auto", "forced", "flat", "flat-eager"):
         assert len(runs[variant]) == len(runs["twice"]) == 4
         for got, expected in zip(runs[variant], runs["twice"]):
             assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]

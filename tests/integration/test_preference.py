@@ -309,26 +309,28 @@ def test_dpo_padding_free_trains_what_padded_pairs_train(example, warm_model, cl
 def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear_preferences, cli, tmp_path, monkeypatch,
                                                       repo_root, capsys):
     """`share_prompts` (on by default for a Llama with SDPA): each pair's prompt once and both answers after it, one
-    sequence per pair or, with dpo_padding_free, every pair of the micro-batch in one sequence. Every logged metric and
-    evaluation is the run's with the prompt twice (share_prompts: false), the plan says which, and it learns."""
+    sequence per pair (also with dpo_padding_free on SDPA, whose flattened rows need no mask) or, with dpo_padding_free
+    under eager attention, every pair of the micro-batch in one sequence. Every logged metric and evaluation is the
+    run's with the prompt twice (share_prompts: false), the plan says which, and it learns."""
     from rlft.train.recipes import preference
 
     monkeypatch.chdir(repo_root)
     shared = []
     monkeypatch.setattr(preference, "shared_pair_inputs", lambda *a, _f=preference.shared_pair_inputs: shared.append(a[3]) or _f(*a))
     runs, plans = {}, {}
-    for name, keys in (("twice", ["--share_prompts=false"]), ("once", []), ("once-flat", ["--dpo_padding_free=true"])):
+    for name, keys in (("twice", ["--share_prompts=false"]), ("once", []), ("once-flat", ["--dpo_padding_free=true"]),
+                       ("once-flat-eager", ["--dpo_padding_free=true", "--eager_attention=true"])):
         out = tmp_path / f"{example}-{name}"
         assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
                    "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", *keys,
                    *_data_overrides(clear_preferences, "pairs")) == 0
         runs[name] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
         plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
-        assert bool(shared) is (name != "twice") and (True in shared) is (name == "once-flat")  # True: in one sequence
+        assert bool(shared) is (name != "twice") and (True in shared) is (name == "once-flat-eager")  # True: one sequence
         shared.clear()
     assert "twice per pair (share_prompts: false)" in plans["twice"]
     assert "once per pair, both answers after it" in plans["once"]
-    for name in ("once", "once-flat"):
+    for name in ("once", "once-flat", "once-flat-eager"):
         assert len(runs[name]) == len(runs["twice"]) > 6
         for got, expected in zip(runs[name], runs["twice"]):
             assert got.keys() == expected.keys()

@@ -226,6 +226,47 @@ def test_a_micro_batch_shares_only_where_that_takes_fewer_flops():
     assert shared_completion_inputs(*group(40, 2), 0, costs=costs) is not None
     assert shared_completion_inputs(*group(2, 60), 0, costs=costs) is None
     assert shared_completion_inputs(*group(2, 60), 0) is not None  # share_prompts: true
+    # batch_flattening: against one sequence under one mask (eager attention), sharing a 10-token prompt pays; against
+    # rows that attend each on its own (per-row SDPA), it does not
+    assert shared_completion_inputs(*group(10, 60), 0, one_sequence=True, costs=costs) is not None
+    assert shared_completion_inputs(*group(10, 60), 0, costs=costs, rows_apart=True) is None
+    assert shared_completion_inputs(*group(40, 2), 0, costs=costs, rows_apart=True)["flat_input_ids"].shape == (1, 48)
+
+
+def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch_in_one(config):
+    """batch_flattening / dpo_padding_free on per-row SDPA: flattened rows need no mask, so where prompts are shared
+    each group (pair) is a sequence of its own, whose mask covers it alone, not one sequence of the whole micro-batch
+    under one (T, T) mask."""
+    from types import SimpleNamespace
+
+    from rlft.data.prepare import PreparedData
+    from rlft.models.varlen import rows_apart
+    from rlft.train.recipes.preference import PairRecipe
+
+    assert rows_apart(config(), tiny()) and not rows_apart(config(torch_compile=True), tiny())
+    eager = tiny()
+    eager.set_attn_implementation("eager")
+    assert not rows_apart(config(), eager)
+    pairs = [{"prompt_ids": [1] * 9, "chosen_ids": [2], "rejected_ids": [3, 3]}, {"prompt_ids": [4] * 7, "chosen_ids": [5], "rejected_ids": [6]}]
+    cfg = config(rl="dpo", dpo_padding_free=True, micro_batch_size=2, share_prompts=True)
+    for apart, shape in ((True, (2, 12)), (False, (1, 21))):
+        recipe = PairRecipe(cfg, PreparedData(pairs, [], []), 0, None, sharing=(True, "once"), rows_apart=apart)
+        assert recipe.train_plan.batch([0, 1])["flat_input_ids"].shape == shape
+    from rlft.config import build_config
+    from rlft.models.shared_prompts import forward_costs
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.rollout.types import TrainingRow
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 8,
+                        "batch_flattening": True, "trl": {"num_generations": 4, "reward_funcs": ["r.f"]}})
+    grpo = GRPORecipe(cfg, SimpleNamespace(train=[], eval=[]), byte_tokenizer(), None, None)
+    grpo.share_prompts, grpo.share_costs = True, forward_costs(tiny())
+    rows = [TrainingRow(prompt_ids=[first] * 40, completion_ids=[6] * 2, loss_mask=[1, 1], advantage=0.0,
+                        sampling_logps=[0.0] * 2, weight_version=0) for first in (3, 4) for _ in range(4)]
+    for apart, shape in ((True, (2, 48)), (False, (1, 96))):
+        grpo.rows_apart = apart
+        assert grpo.micro_batch(rows)["flat_input_ids"].shape == shape
 
 
 def test_grpo_plan_lines_and_refusals():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from rlft.models.tokenizer import end_ids
+
 
 def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 64, temperature: float = 0.0,
                    top_p: float = 1.0, num_samples: int = 1, batch_size: int = 64, seed: int | None = None,
@@ -15,16 +17,21 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
     """
     if seed is not None:
         torch.manual_seed(seed)
-    tokenizer.padding_side = "left"
     device = next(model.parameters()).device
     outputs: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        encoded = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens).to(device)
+    ends = end_ids(model, tokenizer)  # the tokenizer's EOS and the generation config's, as the rollout engine stops
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        encoded_chunks = [tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
+                                    add_special_tokens=add_special_tokens).to(device)
+                          for start in range(0, len(prompts), batch_size)]
+    finally:
+        tokenizer.padding_side = side  # the caller's tokenizer as it was
+    for encoded in encoded_chunks:
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
             generated = model.generate(**encoded, max_new_tokens=max_new_tokens, num_return_sequences=num_samples,
-                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling)
+                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=list(ends), **sampling)
         new_tokens = generated[:, encoded["input_ids"].shape[1]:]
         outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
     return outputs

@@ -54,12 +54,14 @@ def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str,
 
 
 def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], pad_id: int, one_sequence: bool = False,
-                             multiple: int = 1, costs: tuple[int, int] | None = None) -> dict[str, torch.Tensor] | None:
+                             multiple: int = 1, costs: tuple[int, int] | None = None,
+                             rows_apart: bool = False) -> dict[str, torch.Tensor] | None:
     """A completion batch's rows with each prompt computed once for all its completions: the rows with the same prompt
     (a GRPO group) as one sequence [prompt | completion 1 | completion 2 | ...] (`shared_prompt_rows`), whose log-probs
     are the rows' own to float rounding. None when no two rows share a prompt, or a prompt is empty, or (given the
     model's `costs`, `rlft.models.shared_prompts.forward_costs`) it would take no fewer forward FLOPs than the rows as
-    they are (padded, or with `one_sequence` flattened into one sequence).
+    they are: padded, flattened into one sequence under one mask (`one_sequence`), or flattened with each row
+    attending on its own (`rows_apart`: per-row SDPA, `rlft.models.varlen`, each row costing its own length).
 
     Returned as the `flat_*` keys that `model_inputs` and `completion_scores` read; `flat_index` (B, width) gives each
     slot of `completion_batch`'s layout the position in the forward's flattened outputs that holds its values: left
@@ -73,7 +75,7 @@ def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], 
     members = list(groups.values())
     if costs is not None:  # decided from the lengths, before any layout is built
         real = batch["attention_mask"]
-        now = [int(real.sum())] if one_sequence else [real.size(1)] * real.size(0)
+        now = [int(real.sum())] if one_sequence else real.sum(-1).tolist() if rows_apart else [real.size(1)] * real.size(0)
         lengths = [len(prompt) + sum(len(rows[i]["completion_ids"]) for i in group) for prompt, group in groups.items()]
         shared = [sum(lengths)] if one_sequence else [padded_to(max(lengths), 0, multiple)] * len(lengths)
         if sequences_flops(shared, costs) >= sequences_flops(now, costs):

@@ -109,15 +109,17 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> Non
         )
 
 
-def end_ids(model_path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    """The ids that end an answer: the tokenizer's EOS, then the model's generation_config.json `eos_token_id` (one or
-    a list: Gemma's <end_of_turn> beside <eos>, Qwen's <|im_end|> beside <|endoftext|>), where vLLM and transformers'
-    `generate` stop too. A model folder without that file: the tokenizer's EOS alone."""
+def end_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """The ids that end an answer: the tokenizer's EOS, then the `eos_token_id` of the model's generation config (one
+    or a list: Gemma's <end_of_turn> beside <eos>, Qwen's <|im_end|> beside <|endoftext|>), where vLLM and
+    transformers' `generate` stop too. `model`: a loaded model, or its folder or hub name (read from its
+    generation_config.json; without that file, the tokenizer's EOS alone)."""
     from transformers import GenerationConfig
 
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     try:
-        extra = GenerationConfig.from_pretrained(model_path).eos_token_id
+        config = getattr(model, "generation_config", None) or GenerationConfig.from_pretrained(model)
+        extra = config.eos_token_id
     except (OSError, ValueError):  # no generation_config.json there
         extra = None
     for token in [extra] if isinstance(extra, int) else list(extra or []):

@@ -40,6 +40,14 @@ def runs_documents(model) -> bool:
             and install())
 
 
+def rows_apart(cfg, model) -> bool:
+    """Whether this run's flattened batches attend each row on its own (`runs_documents`, and no compiled training
+    forward, which gets the block mask): what a layout's cost is estimated from (`rlft.models.shared_prompts`)."""
+    from rlft.rollout.compiled import compile_options
+
+    return compile_options(cfg) is None and runs_documents(model)
+
+
 def layer_window(module, kwargs: dict) -> int | None:
     """The sliding window of the attention layer `module` (None: full attention): the one the layer passes its
     attention function (`kwargs`, what flash-attention gets), else the config's for the layer."""

@@ -14,6 +14,7 @@ from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.models.frozen import FrozenPolicy
+from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.watch import SetupInterrupts
@@ -223,7 +224,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
         recipe = KTORecipe(cfg, data, tokenizer.pad_token_id, reference, shard)
     else:
         sharing = prompt_sharing(cfg, [model, reference.model if reference else None], data.train + data.eval)
-        recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing)
+        recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing, rows_apart(cfg, model))
     if cfg.precompute_ref_log_probs:
         model.to(accelerator.device)
         identity = [cfg.base_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir, cfg.rl_adapter_ref_model,
@@ -293,6 +294,7 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
                         remote_engine=remote, environment=environment)
     recipe.share_prompts, sharing = group_sharing(cfg, [model, reference.model if reference else None])
     recipe.share_costs = forward_costs(model) if recipe.share_prompts and cfg.share_prompts is None else None
+    recipe.rows_apart = rows_apart(cfg, model)
     recipe.plan_rows = (("prompts", sharing),)
     return model, recipe, data
 

@@ -82,6 +82,7 @@ def row_inputs(row: TrainingRow) -> dict[str, Any]:
 class GRPORecipe(Recipe):
     share_prompts = False  # each group's prompt once in a micro-batch (`share_prompts`; set by `rlft train`)
     share_costs: tuple[int, int] | None = None  # the model's forward costs: share where that takes fewer FLOPs
+    rows_apart = False  # flattened rows attend each on its own (per-row SDPA): shared groups then one sequence each
 
     def __init__(self, cfg, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
@@ -231,8 +232,9 @@ class GRPORecipe(Recipe):
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
         inputs, pad, multiple = [row_inputs(r) for r in rows], self.tokenizer.pad_token_id, pad_multiple(self.cfg)
         batch = completion_batch(inputs, pad, LOGP_VALUES, multiple)
-        shared = shared_completion_inputs(inputs, batch, pad, self.cfg.flat_batches == "mask", multiple,
-                                          self.share_costs) if self.share_prompts else None
+        apart = self.rows_apart and self.cfg.flat_batches == "mask"
+        shared = shared_completion_inputs(inputs, batch, pad, self.cfg.flat_batches == "mask" and not apart, multiple,
+                                          self.share_costs, apart) if self.share_prompts else None
         if shared is not None:  # share_prompts: each group's prompt once, its completions after it
             batch.update(shared)
         elif self.cfg.flat_batches:  # batch_flattening: the rows as one sequence without padding

@@ -110,7 +110,9 @@ class PairRecipe(Recipe):
     """DPO (every loss type) / IPO, ORPO and SimPO-CPO on (prompt, chosen, rejected) pairs."""
 
     def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
-                 sharing: tuple[bool, str] = (False, "twice per pair")):
+                 sharing: tuple[bool, str] = (False, "twice per pair"), rows_apart: bool = False):
+        """`rows_apart`: flattened rows attend each on its own (per-row SDPA, `rlft.models.varlen`); pairs sharing their
+        prompt are then one sequence each, not the whole micro-batch in one sequence under one mask."""
         self.cfg = cfg
         self.method = cfg.method
         self.name = self.method
@@ -120,8 +122,9 @@ class PairRecipe(Recipe):
         self.bco_mean, self.bco_count = 0.0, 0
         self.share_prompt = sharing[0]
         self.plan_rows = (("prompts", sharing[1]),)
-        # dpo_padding_free with a mask and shared prompts: every pair of the micro-batch in one sequence
-        collate = pair_collate(pad_id, self.share_prompt, cfg.flat_batches == "mask", padded_width(cfg), pad_multiple(cfg))
+        # dpo_padding_free with a mask (eager attention) and shared prompts: every pair of the micro-batch in one sequence
+        collate = pair_collate(pad_id, self.share_prompt, cfg.flat_batches == "mask" and not rows_apart, padded_width(cfg),
+                               pad_multiple(cfg))
         self.train_plan, self.eval_plan = preference_plans(cfg, data, pad_id, shard, collate,
                                                            flat=() if self.share_prompt else ("",))
 
