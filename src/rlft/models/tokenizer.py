@@ -117,11 +117,13 @@ def end_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     from transformers import GenerationConfig
 
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    try:
-        config = getattr(model, "generation_config", None) or GenerationConfig.from_pretrained(model)
-        extra = config.eos_token_id
-    except (OSError, ValueError):  # no generation_config.json there
-        extra = None
+    config = getattr(model, "generation_config", None)
+    if config is None and isinstance(model, (str, Path)):
+        try:
+            config = GenerationConfig.from_pretrained(model)
+        except (OSError, ValueError):  # no generation_config.json there
+            config = None
+    extra = getattr(config, "eos_token_id", None)
     for token in [extra] if isinstance(extra, int) else list(extra or []):
         if token not in ids:
             ids.append(int(token))
