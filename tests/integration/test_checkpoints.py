@@ -121,8 +121,10 @@ def test_early_stopping_ends_training_and_saves_the_model(cli, make_config, caps
     config = make_config(val_set_size=32, eval_steps=1, early_stopping_patience=2, learning_rate=1e-12, max_steps=20)
     assert cli("train", config) == 0
     assert "early stopping at step 3" in capsys.readouterr().out
-    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert max(steps) == 3 and (tmp_path / "out" / "model.safetensors").exists()
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 3 and (tmp_path / "out" / "model.safetensors").exists()
+    evals = [r["step"] for r in records if "eval/loss" in r]
+    assert evals == [0, 1, 2, 3]  # the evaluation that stopped the run is its last, not run and logged again
 
 
 # ------------------------------------------------------------------ never run a stranger's code; fall back past bad state

@@ -9,6 +9,7 @@ accumulation window, so it equals the gradient of one large batch whatever the s
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,14 +45,20 @@ class LoopResult:
     recipe: Any = None  # the recipe that ran (its plan and state), for tools that inspect a finished run
 
 
-def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
-    """Optimizer steps in one epoch of `micro_batches_per_epoch` plan batches, `draws_per_step` per step."""
-    return max(1, math.ceil(micro_batches_per_epoch / (draws_per_step or cfg.gradient_accumulation_steps)))
+def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
+    """Optimizer steps in one epoch of `micro_batches_per_epoch` plan batches, `draws_per_step` per step (default
+    gradient_accumulation_steps; a fraction where one plan batch feeds several steps), rounded up."""
+    return max(1, math.ceil(micro_batches_per_epoch / Fraction(draws_per_step or cfg.gradient_accumulation_steps)))
 
 
-def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: int | None = None) -> int:
-    """Optimizer steps of the run (max_steps wins over num_epochs)."""
-    return cfg.max_steps if cfg.max_steps else max(1, math.ceil(cfg.num_epochs * steps_per_epoch(cfg, micro_batches_per_epoch, draws_per_step)))
+def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
+    """Optimizer steps of the run: max_steps, else num_epochs of plan batches rounded up to a whole step. A step's
+    window of micro-batches runs on into the next epoch's order rather than ending short at an epoch's end, so rounding
+    each epoch up instead would train the first batches of one more epoch per epoch."""
+    if cfg.max_steps:
+        return cfg.max_steps
+    draws = Fraction(draws_per_step or cfg.gradient_accumulation_steps)
+    return max(1, math.ceil(Fraction(str(cfg.num_epochs)) * micro_batches_per_epoch / draws))
 
 
 class _StopAfterStep(Exception):
@@ -149,6 +156,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     params = [p for p in model.parameters() if p.requires_grad]
     ga = cfg.gradient_accumulation_steps
     history: list[dict[str, Any]] = []
+    early: dict[str, float] | None = None  # the evaluation that stopped the run early (early_stopping_patience)
     last_saved: Path | None = None
     started = time.perf_counter()
     save_time = 0.0
@@ -313,16 +321,18 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 progress.update(task, completed=state.global_step)
                 show_messages()
                 if eval_every and state.global_step % eval_every == 0 and state.global_step < total_steps:
-                    if guards.stop_early(evaluate()):
+                    if guards.stop_early(results := evaluate()):
                         if main:
                             console.print(f"early stopping at step {state.global_step}: eval/loss has not improved on "
                                           f"{guards.best:.4f} for {guards.stale} evaluations (early_stopping_patience)")
+                        early = results  # the run's final evaluation: not run (and logged) twice
                         break
                 if save_every and state.global_step % save_every == 0 and state.global_step < total_steps:
                     save()
-                if stopping or (world == 1 and stop.requested):  # with several processes: the same sum on every one
+                # with several processes: the same sum on every one; at the last step the run ends as it would anyway
+                if (stopping or (world == 1 and stop.requested)) and state.global_step < total_steps:
                     raise _StopAfterStep
-        final_eval = evaluate()
+        final_eval = early if early is not None else evaluate()
         state.last_metrics.update(final_eval)
         checkpoint = save()
     except _StopAfterStep:

@@ -12,6 +12,7 @@ for the summary.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ class LossOutput:
 class Recipe:
     name: str = "recipe"
     train_plan: BatchPlan
-    draws_per_step: int | None = None  # plan batches per optimizer step; None = gradient_accumulation_steps
+    draws_per_step: Fraction | int | None = None  # plan batches per optimizer step; None = gradient_accumulation_steps
     plan_rows: tuple[tuple[str, str], ...] = ()  # (name, value) lines the run's plan shows
 
     @property

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from rlft.models.liger import liger_keys, liger_summary
-from rlft.train.loop import LoopResult, total_steps_for
+from rlft.train.loop import LoopResult, steps_per_epoch, total_steps_for
 from rlft.train.parallel import precision, strategy
 
 
@@ -20,12 +19,12 @@ def _key_value_table(title: str) -> Table:
     return table
 
 
-def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step: int | None = None,
+def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step=None,
                rows: tuple[tuple[str, str], ...] = ()) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     steps = total_steps_for(cfg, micro_batches, draws_per_step)
-    per_epoch = max(1, math.ceil(micro_batches / (draws_per_step or cfg.gradient_accumulation_steps)))
+    per_epoch = steps_per_epoch(cfg, micro_batches, draws_per_step)
     table = _key_value_table(f"rlft train: {cfg.method}")
     table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
     table.add_row("parameters", f"{total:,} total, {trainable:,} trainable" + (f" ({cfg.adapter} r={cfg.lora_r})" if cfg.adapter else ""))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
@@ -113,7 +114,11 @@ class GRPORecipe(Recipe):
         self.rank, self.world = shard
         self.train_plan = BatchPlan(data.train, s.prompts_per_step, cfg.seed, tokenizer.pad_token_id, collate=identity)
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
-        self.draws_per_step = 1  # one plan batch (prompts_per_step prompts) per optimizer step
+        # a generation batch (steps_per_generation plan batches) feeds ceil(its rows / one step's rows) steps, each
+        # num_iterations times: the plan batches one optimizer step uses
+        per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * self.world
+        generation = s.steps_per_generation * s.prompts_per_step * s.num_generations
+        self.draws_per_step = Fraction(s.steps_per_generation, s.num_iterations * max(1, -(-generation // per_step)))
         self.prompts = PlanCursor(self.train_plan)
         self.remote_engine = remote_engine
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy

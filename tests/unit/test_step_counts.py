@@ -1,0 +1,46 @@
+"""How many optimizer steps `num_epochs` makes (`rlft.train.loop.total_steps_for`): num_epochs of data, rounded up to
+one step, for the micro-batch recipes and for the GRPO family, whose plan batches each feed several steps."""
+
+from fractions import Fraction
+from types import SimpleNamespace
+
+import pytest
+
+from rlft.data.batches import BatchPlan, PlanCursor
+from rlft.train.loop import steps_per_epoch, total_steps_for
+
+
+def _cfg(**keys):
+    return SimpleNamespace(**{"max_steps": None, "num_epochs": 1.0, "gradient_accumulation_steps": 4, **keys})
+
+
+@pytest.mark.parametrize("epochs, steps", [(1, 3), (3, 8), (0.5, 2), (2.5, 7)])
+def test_num_epochs_of_micro_batches_rounded_up_to_one_step(epochs, steps):
+    """10 micro-batches per epoch, 4 per step: 3 epochs are 30 micro-batches, 8 steps (32), not 3 x 3 = 9 steps (36,
+    3.6 epochs: each epoch rounded up on its own, as before 2026-11-26). The loop's cursor then ends where asked."""
+    cfg = _cfg(num_epochs=epochs)
+    assert total_steps_for(cfg, 10) == steps and steps_per_epoch(cfg, 10) == 3
+    cursor = PlanCursor(BatchPlan(list(range(10)), 1, seed=0, pad_id=0))
+    for _ in range(steps * 4):
+        cursor.next_indices()
+    assert epochs <= cursor.epochs_done < epochs + 0.4  # at most one window (4 of 10 micro-batches) more
+    assert total_steps_for(_cfg(num_epochs=epochs, max_steps=5), 10) == 5  # max_steps wins
+
+
+def test_a_grpo_epoch_counts_the_steps_each_plan_batch_feeds():
+    """A plan batch is one step's prompts; num_iterations reuses each generation batch, and a generation_batch_size
+    of k steps' rows splits into k windows: an epoch of 6 plan batches is 6 x 2 x 2 = 24 steps with both (it was 6)."""
+    from rlft.config import build_config
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    prompts = [{"prompt_ids": [3, 4], "prompt": "p", "columns": {}}] * 12
+    for trl, draws in (({}, Fraction(1)), ({"num_iterations": 2}, Fraction(1, 2)),
+                       ({"num_iterations": 2, "generation_batch_size": 16}, Fraction(1, 4)),
+                       ({"steps_per_generation": 2}, Fraction(1))):
+        cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                            "gradient_accumulation_steps": 2, "num_epochs": 1,
+                            "trl": {"num_generations": 4, "reward_funcs": ["r.f"], **trl}})
+        recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), byte_tokenizer(), None, None)
+        assert recipe.draws_per_step == draws, trl
+        assert total_steps_for(cfg, len(recipe.train_plan), recipe.draws_per_step) == len(recipe.train_plan) / draws
