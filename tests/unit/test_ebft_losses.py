@@ -474,3 +474,22 @@ def test_module_is_pure():
     # losses import nothing of rlft (DESIGN principle 2)
     source = open(ebft.__file__).read()
     assert "import rlft" not in source and "from rlft" not in source
+
+
+def test_a_whitening_fallback_is_said_once_and_depth_comes_from_the_text_config():
+    """A group scored on raw features because its whitening failed is counted (ebft/whitening_fallbacks) and warned
+    about once; the feature layers come from the text config's depth, where a multimodal model (Gemma 3) keeps it."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from rlft.models.features import hidden_layer_count
+    from rlft.train.recipes.ebft import EBFTHealth
+
+    health = EBFTHealth()
+    assert health.check({"ebft/whitening_fallbacks": 0.0}) == []
+    [message] = health.check({"ebft/whitening_fallbacks": 2.0})
+    assert "whitening failed for 2 group(s)" in message and "use_whitening: false" in message
+    assert health.check({"ebft/whitening_fallbacks": 3.0}) == []
+    gemma3 = SimpleNamespace(config=AutoConfig.for_model("gemma3", text_config={"num_hidden_layers": 6}))
+    assert not hasattr(gemma3.config, "num_hidden_layers") and hidden_layer_count(gemma3) == 6

@@ -236,6 +236,23 @@ def test_top_p_logps_are_renormalised(model, batch):
     torch.testing.assert_close(out.sampled_logps, plain - mass.log(), atol=1e-4, rtol=0)
 
 
+def test_a_sampled_token_outside_the_training_forwards_nucleus_gets_its_temperature_log_prob(model, batch):
+    """The training forward's logits differ from sampling's in the last bits (another width, train mode, bf16), so a
+    token sampled at the nucleus' edge can fall outside it there: its log-prob is then the temperature one, finite,
+    and the loss and its gradient stay finite (minus infinity made the loss inf or NaN)."""
+    doc_ids, doc_attention, layout = batch
+    out = generate_blocks(model, doc_ids, doc_attention, layout, num_samples=1, temperature=1.0,
+                          generator=torch.Generator().manual_seed(3))  # sampled from the whole distribution
+    logits = _forward(model, out).detach().requires_grad_(True)
+    plain = gather_generated_logps(logits, out.sequences, layout, 1.0)
+    tiny = gather_generated_logps(logits, out.sequences, layout, 1.0, top_p=1e-6)  # a nucleus of the top token alone
+    outside = tiny != 0  # a token inside a one-token nucleus has log-prob 0
+    assert outside.any() and torch.isfinite(tiny).all()
+    torch.testing.assert_close(tiny[outside], plain[outside])
+    tiny.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
 def test_greedy_and_eager_attention_agree_with_sdpa(model, batch):
     doc_ids, doc_attention, layout = batch
     eager = _tiny_llama("eager")

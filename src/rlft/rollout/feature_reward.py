@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rlft.losses.ebft import cfm_loss, feature_matching_rewards
-from rlft.models.features import feature_layer_indices, hidden_features, pool
+from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count, pool
 from rlft.models.frozen import FrozenPolicy
 from rlft.rollout.scoring import make_scores
 from rlft.rollout.types import Scores
@@ -48,8 +48,7 @@ class FeatureMatchingReward:
     def embed(self, sequences: list[list[int]], completion_starts: list[int]) -> torch.Tensor:
         """Pooled features (N, D) of right-padded prompt+completion sequences, from the frozen network."""
         model = self.policy if self.policy is not None else self.frozen.model
-        config = getattr(getattr(model, "module", model), "config")
-        layers = feature_layer_indices(config.num_hidden_layers, list(self.ebft.feature_layers))
+        layers = feature_layer_indices(hidden_layer_count(model), list(self.ebft.feature_layers))
         device = next(model.parameters()).device
         pad = self.tokenizer.pad_token_id
         out = []
@@ -87,5 +86,7 @@ class FeatureMatchingReward:
             "ebft/cfm_loss": float(cfm_loss(torch.nn.functional.normalize(samples, dim=-1),
                                             torch.nn.functional.normalize(truth, dim=-1)).mean()),
             "ebft/reward": float(result.rewards.mean()),
+            # groups whose whitening failed twice (a singular SVD) and were scored on their raw features
+            "ebft/whitening_fallbacks": float((~result.whitened).sum()),
         }
         return make_scores(result.rewards.reshape(-1, 1).float().cpu(), self.names, self.weights, metrics)

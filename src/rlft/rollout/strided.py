@@ -232,15 +232,20 @@ def gather_generated_logps(logits: Tensor, sequences: Tensor, layout: StridedLay
     log_softmax(logits / temperature) read at `layout.read_positions()`, the columns sampling
     read (spec §6.1), at the sampling temperature (§6.3; REF divides generated-token logits by T).
     temperature ≤ 0 (greedy) reads at T = 1, as sampling records it. With `top_p` < 1 the
-    distribution is the renormalised nucleus, exactly what `generate_blocks` records.
+    distribution is the renormalised nucleus, exactly what `generate_blocks` records; a sampled token
+    that this forward's nucleus leaves out (its logits differ from sampling's in the last bits: another
+    width, train mode, bf16) gets its temperature log-prob rather than minus infinity, which would
+    make the loss infinite (as GRPO's `rlft.models.logprobs.sampled_logps` does).
     """
     batch, num_blocks, gen_len = logits.size(0), layout.num_blocks, layout.generate_max_len
     if num_blocks == 0:
         return logits.new_zeros((batch, 0, gen_len), dtype=torch.float32)
     picked = logits[:, layout.read_positions().to(logits.device).reshape(-1)]  # (B, K·G, V) in [k, t] order
-    scores = process_logits(picked, None, SamplingParams(max_new_tokens=gen_len, temperature=temperature, top_p=top_p))
     targets = generated_targets(sequences, layout).reshape(batch, -1, 1)
-    return torch.log_softmax(scores, -1).gather(-1, targets).view(batch, num_blocks, gen_len)
+    read = lambda p: torch.log_softmax(process_logits(picked, None, SamplingParams(  # noqa: E731
+        max_new_tokens=gen_len, temperature=temperature, top_p=p)), -1).gather(-1, targets).view(batch, num_blocks, gen_len)
+    logps = read(top_p)
+    return torch.where(torch.isinf(logps), read(1.0), logps) if top_p < 1.0 else logps
 
 
 def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tuple[Tensor, Tensor]:

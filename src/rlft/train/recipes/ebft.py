@@ -39,6 +39,12 @@ class EBFTHealth:
             if self.counts[name] == 10 and name not in self.warned:
                 self.warned.add(name)
                 messages.append(text)
+        if metrics.get("ebft/whitening_fallbacks", 0.0) > 0 and "whitening" not in self.warned:
+            self.warned.add("whitening")
+            messages.append(f"ebft: whitening failed for {metrics['ebft/whitening_fallbacks']:.0f} group(s) (a singular SVD, "
+                            "twice) and they were scored on their raw features, whose diversity terms can outweigh the "
+                            "other groups' (ebft/whitening_fallbacks counts them); duplicate samples cause it: raise "
+                            "temperature, or set ebft.use_whitening: false")
         return messages
 
 
@@ -107,7 +113,7 @@ class EBFTStructuredRecipe(GRPORecipe):
         """Held-out ground-truth cross-entropy (teacher forced) and greedy exact match with the ground truth."""
         greedy = dataclasses.replace(self.sampling, temperature=0.0, max_new_tokens=self.settings.max_completion_length)
         nll_total, tokens, hits, count = 0.0, 0, 0, 0
-        eos = self.tokenizer.eos_token_id
+        ends = {self.tokenizer.eos_token_id, *self.sampling.stop_token_ids}  # answers and ground truths, without end tokens
         for batch in batches:
             prompts = batch["prompts"]
             rows = [{"prompt_ids": p["prompt_ids"], "completion_ids": p["ground_truth_ids"], "mask": [1] * len(p["ground_truth_ids"]),
@@ -119,7 +125,7 @@ class EBFTStructuredRecipe(GRPORecipe):
             tokens += int(truth["completion_mask"].sum())
             rollout = self.feed.engine_call(lambda: self.producer.engine.generate([p["prompt_ids"] for p in prompts], greedy, 1))
             for p, completion in zip(prompts, rollout.completion_ids):
-                hits += [t for t in completion if t != eos] == [t for t in p["ground_truth_ids"] if t != eos]
+                hits += [t for t in completion if t not in ends] == [t for t in p["ground_truth_ids"] if t not in ends]
             count += len(prompts)
         return {"eval/ce_loss": round(nll_total / max(1, tokens), 6), "eval/exact_match": round(hits / max(1, count), 6)}
 
@@ -182,14 +188,13 @@ class EBFTStridedRecipe(Recipe):
     def _rewards(self, model, rollout, layout, whiten: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-block advantages (B·n, K) from the frozen network's features (`whiten` overrides use_whitening)."""
         from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards
-        from rlft.models.features import feature_layer_indices, hidden_features
+        from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count
         from rlft.rollout.feature_reward import layer_slices
         from rlft.rollout.strided import model_attention
 
         e, n = self.ebft, self.ebft.n_samples_per_prompt
-        base = getattr(model, "module", model)
-        layers = feature_layer_indices(base.config.num_hidden_layers, list(e.feature_layers))
         with torch.no_grad(), self.frozen.view(model) as network:
+            layers = feature_layer_indices(hidden_layer_count(network), list(e.feature_layers))
             attention = model_attention(getattr(network, "module", network), layout, rollout.doc_attention[::n], rollout.mask, n)
             hidden = hidden_features(network, rollout.sequences, None, layers, position_ids=rollout.position_ids,
                                      attention_4d=attention)
@@ -214,6 +219,7 @@ class EBFTStridedRecipe(Recipe):
         mean = lambda values: float(values[real].mean()) if bool(real.any()) else 0.0  # noqa: E731
         metrics = {"ebft/alignment": mean(fm.alignment), "ebft/diversity": mean(fm.diversity), "ebft/cfm_loss": mean(cfm),
                    "ebft/reward": mean(fm.rewards), "ebft/num_blocks": float(layout.block_valid.sum()),
+                   "ebft/whitening_fallbacks": float((~fm.whitened)[real].sum()),
                    "ebft/advantages_std": float(advantages[valid].std()) if int(valid.sum()) > 1 else 0.0}
         return advantages * valid, metrics
 
