@@ -105,10 +105,23 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         else:
             staging.rename(final)
         if keep:
-            for stale in list_checkpoints(output_dir)[:-keep]:
+            for stale in pruned(list_checkpoints(output_dir), final, state.global_step, keep):
                 shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
+
+
+def pruned(checkpoints: list[Path], saved: Path, step: int, keep: int) -> list[Path]:
+    """The checkpoints `save_total_limit` (`keep`) removes after `saved` (at `step`): never `saved` itself, and first
+    those of steps after it, which a run resumed from an earlier checkpoint left behind (an abandoned continuation
+    that `--resume_from_checkpoint=auto` would otherwise pick up later), then the oldest."""
+    later = [p for p in checkpoints if _step_of(p) > step]
+    earlier = [p for p in checkpoints if _step_of(p) < step]
+    return later + earlier[: max(0, len(earlier) - (keep - 1))]
+
+
+def _step_of(folder: Path) -> int:
+    return int(_NAME.match(folder.name).group(1))
 
 
 def _last_complete(output_dir: Path, besides: Path) -> Path | None:
@@ -328,7 +341,15 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
 
 
 def clean_staging(output_dir: Path) -> None:
-    """Remove `.tmp-checkpoint-*` folders left by a run killed mid-save (rank 0, before any save)."""
+    """Remove `.tmp-checkpoint-*` folders left by a run killed mid-save (rank 0, before any save), and settle a re-save
+    of one step killed between its two renames: the former `checkpoint-N` (moved to `.old-checkpoint-N-<pid>`) goes
+    back in place if no new one took it, else it is removed."""
     if output_dir.is_dir():
         for leftover in output_dir.glob(".tmp-checkpoint-*"):
             shutil.rmtree(leftover, ignore_errors=True)
+        for old in output_dir.glob(".old-checkpoint-*"):
+            final = output_dir / old.name[len(".old-"):].rsplit("-", 1)[0]
+            if final.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.rename(final)
