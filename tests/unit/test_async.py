@@ -174,6 +174,22 @@ def test_async_run_is_reproducible_and_resumes_exactly(tok, tiny_llama, tmp_path
     assert [s["ids"] for s in head + tail] == first
 
 
+def test_closing_the_prefetcher_cancels_the_queued_rollouts():
+    """On an error or Ctrl-C the run ends: the rollout being generated finishes, the ones queued behind it never start
+    (they ran one after the other before, holding shutdown and the engine for their whole length)."""
+    fetch, ran = Prefetcher(depth=2), []
+
+    def job(index):
+        return lambda: (time.sleep(0.4), ran.append(index))
+
+    for index in range(3):
+        fetch.submit_sample(job(index))
+    time.sleep(0.1)  # the worker has taken the first
+    began = time.perf_counter()
+    fetch.close()
+    assert ran == [0] and time.perf_counter() - began < 0.8
+
+
 def test_a_pipeline_staler_than_allowed_outdated_steps_is_refused(tok, tmp_path):
     from rlft.errors import ConfigError
 

@@ -411,8 +411,11 @@ def test_rl_settings_defaults_for_a_sync_run(config):
     assert not s.needs_sampling_correction
 
 
-@pytest.mark.parametrize("trl", [{"use_vllm": True}, {"async_prefetch": True}])
+@pytest.mark.parametrize("trl", [{"use_vllm": True}, {"async_prefetch": True}, {"replay_buffer_size": 4},
+                                 {"vllm_sync_interval": 2}])
 def test_is_correction_defaults_on_with_an_engine_or_async(config, trl):
+    """Wherever rows can be sampled by older weights than the trainer's: a server, prefetching, replayed rows, or an
+    in-process engine synced every few steps."""
     from rlft.config.rl import rl_settings
 
     s = rl_settings(config(**GRPO, trl=trl))
@@ -469,6 +472,9 @@ def test_allowed_outdated_steps_below_prefetch_depth(config_problems, config):
     assert what.startswith("trl.allowed_outdated_steps = 1 is below the age of every prefetched batch: prefetch_depth = 2")
     assert "rollouts up to 2 steps old" in what
     assert config(**GRPO, trl={"async_prefetch": True, "allowed_outdated_steps": 1}).trl.allowed_outdated_steps == 1
+    # a generation batch of two steps' rows (8 x 1 x 1 each) feeds two steps: one batch ahead is 2 steps old
+    [(_, what)] = config_problems(**GRPO, trl={"async_prefetch": True, "allowed_outdated_steps": 1, "generation_batch_size": 16})
+    assert "prefetch_depth = 1 batches of 2 optimizer step(s)" in what and "rollouts up to 2 steps old" in what
 
 
 def test_lora_sync_without_adapter(config_problems, config):

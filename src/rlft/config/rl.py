@@ -161,10 +161,12 @@ def rl_settings(cfg) -> RLSettings:
     metric = options["filter_reward_metric"]
     maximum = options["max_completion_length"]
     is_correction = options["vllm_importance_sampling_correction"]
-    if is_correction is None:  # Axolotl's async trainer defaults it on; a sync in-process run samples on-policy;
-        # the decoupled loss applies the same exp(old - sampling) weight itself
-        engine_or_async = bool(options["use_vllm"] or options["async_prefetch"])
-        is_correction = engine_or_async and not options["use_decoupled_loss"]
+    if is_correction is None:  # Axolotl's async trainer defaults it on; a sync in-process run samples on-policy
+        # unless it replays rows or syncs its engine every few steps; the decoupled loss applies the same
+        # exp(old - sampling) weight itself
+        stale = bool(options["use_vllm"] or options["async_prefetch"] or options["replay_buffer_size"]
+                     or (options["vllm_sync_interval"] or 1) > 1)
+        is_correction = stale and not options["use_decoupled_loss"]
         options["vllm_importance_sampling_correction"] = is_correction
     is_level, is_mode = options["vllm_importance_sampling_mode"].split("_", 1)
     # one config drives `rlft vllm-serve` and `rlft train`: unless trl.vllm_server_* is set, connect where vllm: listens

@@ -12,7 +12,7 @@ from pydantic import AliasChoices, field_validator, model_validator
 
 from rlft.config import axolotl_keys
 from rlft.config.base import Section, field, planned
-from rlft.config.parallel import deepspeed_settings, fsdp_settings
+from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.trackers import TrackerFields
 from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
@@ -610,7 +610,11 @@ def _rollout_problems(cfg: RlftConfig):
         yield (f"trl.prefetch_depth is {depth} with trl.async_prefetch: true: prefetch_depth counts the rollout batches "
                "generated ahead and must be >= 1 (1 is the usual choice), or set async_prefetch: false")
     if trl.async_prefetch and trl.allowed_outdated_steps is not None:
-        per_batch = (trl.steps_per_generation or 1) * (trl.num_iterations or 1)  # optimizer steps per generation batch
+        # optimizer steps per generation batch: its windows of one step's rows (generation_batch_size), each reused
+        # num_iterations times
+        step_rows = cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
+        windows = -(-trl.generation_batch_size // step_rows) if trl.generation_batch_size else 1
+        per_batch = (trl.steps_per_generation or 1) * windows * (trl.num_iterations or 1)
         oldest = depth * per_batch + (trl.vllm_sync_interval or 1) - 1
         if trl.allowed_outdated_steps < oldest:
             yield (f"trl.allowed_outdated_steps = {trl.allowed_outdated_steps} is below the age of every prefetched batch: "

@@ -80,8 +80,17 @@ class Prefetcher:
             self._ready.appendleft(future)
 
     def close(self) -> None:
+        """Stop the worker after the job it is running: jobs still queued are cancelled, not run (the run is ending, on
+        an error or Ctrl-C, and nobody will take their results)."""
         self._closed = True
         if self._thread is not None:
+            while True:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[1].cancel()
             self._work.put(None)
             self._thread.join(timeout=30)
             self._thread = None

@@ -27,6 +27,13 @@ from rlft.rollout.server.transfer import (BucketedTransfer, check_against_model,
                                           verify_checksum)
 
 
+def _json(payload) -> str:
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a log-prob of -inf (a top alternative the filters dropped): JSON has no infinity
+        return json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False)
+
+
 def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], guard=None) -> None:
     """`path` and `path/`, so every client's spelling reaches the same handler.
 
@@ -37,11 +44,8 @@ def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], g
     @functools.wraps(endpoint)  # FastAPI reads the wrapped signature: body models and parameters stay as declared
     async def json_endpoint(*args, **kwargs) -> Response:
         payload = await endpoint(*args, **kwargs)
-        try:
-            body = json.dumps(payload, separators=(",", ":"), allow_nan=False)
-        except ValueError:  # a log-prob of -inf (a top alternative the filters dropped): JSON has no infinity
-            body = json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False)
-        return Response(body, media_type="application/json")
+        # off the event loop: a batch of 512 long completions takes seconds to write, and /health must answer meanwhile
+        return Response(await asyncio.to_thread(_json, payload), media_type="application/json")
 
     for spelling in (path, path + "/"):
         app.add_api_route(spelling, json_endpoint, methods=methods, dependencies=dependencies, response_model=None,
