@@ -365,7 +365,8 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     vllm_importance_sampling_correction: Optional[bool] = field(
         None,
         "Weight the policy term by exp(old - sampling) log-prob ratios (trainer at scoring time vs. the engine that "
-        "sampled); None -> true with use_vllm or async_prefetch (unless use_decoupled_loss), else false.",
+        "sampled); None -> true where rows can be stale: use_vllm, async_prefetch, replay_buffer_size > 0 or "
+        "vllm_sync_interval > 1 (unless use_decoupled_loss), else false.",
     )
     vllm_importance_sampling_mode: Optional[ImportanceSamplingMode] = field(
         None,
