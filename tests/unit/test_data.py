@@ -12,6 +12,7 @@ from rlft.data.formats import resolve_sft_format
 from rlft.data.loading import load_rows, unpack
 from rlft.data.prepare import prepare_sft_data, tokenize_dataset
 from rlft.data.tokenize import IGNORE, tokenize_record
+from rlft.data.formats import RowError
 from rlft.errors import DataError
 
 ROWS = [{"n": i, "text": f"row {i}"} for i in range(10)]
@@ -676,3 +677,68 @@ def test_dataset_exact_deduplication_keeps_the_first_of_identical_examples(tmp_p
     report = prepare_sft_data(dedup_cfg, tok).reports[0]
     assert "1 duplicates of earlier training rows" in report.dropped_text()
     assert "3 eval rows repeating an earlier eval row or a training row" in report.dropped_text()
+
+
+def _trained(template: str, messages: list[dict], train_on_eos: str = "turn") -> str:
+    from rlft.models.tokenizer import apply_chat_template_setting, byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    apply_chat_template_setting(tokenizer, template, None)
+    example = tokenize_record({"messages": messages}, tokenizer, False, ["assistant"], train_on_eos)
+    return "".join(tokenizer.decode([i]) if label != IGNORE else "~" for i, label in zip(example["input_ids"], example["labels"]))
+
+
+def test_chat_content_with_leading_or_trailing_whitespace_is_found_and_ends_with_its_marker():
+    """Templates that render content as written (ChatML): a system prompt led by spaces, an answer led by blank lines
+    (both stopped preparation: "cannot be located"), an answer ending in a newline (its <|im_end|> went untrained, so
+    the model never learnt to stop after code); llama3 trims and is unchanged."""
+    chat = [{"role": "system", "content": "  You are helpful."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "\n\nParis."}]
+    assert _trained("chatml", chat).strip("~") == "\n\nParis.<|im_end|>"
+    newline = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Paris.\n"}]
+    assert _trained("chatml", newline).strip("~") == "Paris.\n<|im_end|>"
+    assert _trained("llama3", [{"role": "user", "content": "  Hi"}, {"role": "assistant", "content": " Paris.\n"}]).strip("~") \
+        == "Paris.<|eot_id|>"
+
+
+def test_chat_reasoning_blocks_in_content_train_as_the_template_renders_them():
+    """Qwen3's template re-renders a <think> block of the last answer and drops it from earlier ones: the last answer
+    trains with its block, an earlier one without it (both stopped preparation)."""
+    think = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>\nr\n</think>\n\nParis."}]
+    assert _trained("qwen3", think).strip("~") == "<think>\nr\n</think>\n\nParis.<|im_end|>"
+    turns = think + [{"role": "user", "content": "More"}, {"role": "assistant", "content": "<think>\ns\n</think>\n\nRome."}]
+    assert [part for part in _trained("qwen3", turns).split("~") if part] == \
+        ["Paris.<|im_end|>", "<think>\ns\n</think>\n\nRome.<|im_end|>"]
+
+
+def test_a_template_that_drops_an_untrained_message_is_fine_and_a_trained_one_it_rewrites_is_an_error():
+    from rlft.models.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] != 'system' %}<{{ m['role'] }}>"
+                               "{{ m['content'] | upper }}</s>{% endif %}{% endfor %}")
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "HELLO"}]
+    example = tokenize_record({"messages": chat}, tokenizer, False, ["assistant"], "turn", ["</s>"])
+    assert "".join(tokenizer.decode([i]) for i, label in zip(example["input_ids"], example["labels"]) if label != IGNORE) \
+        == "HELLO</s>"
+    with pytest.raises(RowError, match=r"message 2 \(assistant\) cannot be located.*roles_to_train"):
+        tokenize_record({"messages": chat[:2] + [{"role": "assistant", "content": "hello"}]}, tokenizer, False,
+                        ["assistant"], "turn", ["</s>"])
+
+
+def test_text_that_already_ends_with_eos_gets_no_second_one(tok):
+    eos = tok.eos_token
+    assert tokenize_record({"text": "abc" + eos}, tok, False, ["assistant"], "turn")["input_ids"].count(tok.eos_token_id) == 1
+    pair = tokenize_record({"prompt": "1+1=", "completion": "2" + eos}, tok, False, ["assistant"], "turn")
+    assert pair["labels"][-2:] != [tok.eos_token_id] * 2 and pair["labels"][-1] == tok.eos_token_id
+
+
+def test_tool_calls_and_reasoning_fields_are_refused_not_dropped(data_config, tok):
+    """Dropping them trained a tool-calling turn as an empty answer; the row's place and the field are named."""
+    cfg = data_config({"path": "x.jsonl", "type": "chat_template"})
+    for field, value in (("tool_calls", [{"type": "function", "function": {"name": "f", "arguments": {}}}]),
+                         ("reasoning_content", "because")):
+        row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, field: value}]}
+        with pytest.raises(RowError, match=rf"messages\[1\]\.{field}: SFT rows keep each message's role and content only"):
+            convert(cfg, tok)(row)
+    convert(cfg, tok)({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": None}]})

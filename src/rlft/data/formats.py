@@ -127,10 +127,18 @@ def chat_template_format(ds) -> RowFormat:
             role = role_names.get(raw_role, raw_role)
             if role == "system" and ds.drop_system_message:
                 continue
+            carried = next((key for key in UNRENDERED_FIELDS if message.get(key)), None)
+            if carried:  # dropping it would train the turn without it (a tool call's turn as an empty answer)
+                raise RowError(f"{where}.{carried}: SFT rows keep each message's role and content only, and this "
+                               f"{role} message's {carried} would be lost; write it into the content as the model "
+                               "should produce it, or leave such rows out")
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
         return {"messages": out}
 
     return convert
+
+
+UNRENDERED_FIELDS = ("tool_calls", "reasoning_content", "function_call")  # message fields that SFT rows do not carry
 
 
 def alpaca_format(ds) -> RowFormat:

@@ -81,21 +81,44 @@ class LengthReport:
 SENTINEL = "\u2063RLFT-CONTENT\u2063"
 
 
-def _content_starts(tokenizer, messages: list[dict[str, str]], text: str) -> list[int]:
-    """Character offset of each message's content in `text`.
+def _content_spans(tokenizer, messages: list[dict[str, str]], text: str) -> list[tuple[int, int] | None]:
+    """Character span of each message's content in `text`, or None where the template does not render it.
 
-    The conversation is rendered again with one message's content replaced by a sentinel; the text
-    before the content is the same in both renderings, so the sentinel's offset is the content's.
+    The conversation is rendered again with one message's content replaced by a sentinel; the text before the content
+    is the same in both renderings, so the sentinel's offset is where the content begins. The content is looked for
+    there as written, then stripped (templates that trim it, or keep leading whitespace). Where a template rewrites
+    it (a reasoning block re-rendered or dropped: Qwen3, DeepSeek-R1), the rendered turn is looked for between the
+    previous content and the next: its visible answer, and the rendered `<think>` block before it.
     """
-    starts = []
+    probes = [render_chat(tokenizer, [dict(m, content=SENTINEL) if i == index else m for i, m in enumerate(messages)])
+              .find(SENTINEL) for index in range(len(messages))]
+    spans: list[tuple[int, int] | None] = []
+    cursor = 0
     for index, message in enumerate(messages):
-        probe = [dict(m, content=SENTINEL) if i == index else m for i, m in enumerate(messages)]
-        start = render_chat(tokenizer, probe).find(SENTINEL)
-        content = message["content"].strip()
-        if start < 0 or not text.startswith(content, start) and not text.startswith(content, start + 1):
-            raise RowError(f"message {index} ({message['role']}) cannot be located in the rendered chat template text")
-        starts.append(start if text.startswith(content, start) else start + 1)
-    return starts
+        start = probes[index]
+        bound = next((p for p in probes[index + 1:] if p >= 0), len(text))
+        span = _locate(text, message["content"], start, cursor, max(bound, start)) if start >= 0 else None
+        spans.append(span)
+        cursor = span[1] if span else cursor
+    return spans
+
+
+def _locate(text: str, raw: str, start: int, cursor: int, bound: int) -> tuple[int, int] | None:
+    stripped = raw.strip()
+    if not stripped:
+        return (start, start)
+    if text.startswith(raw, start):
+        return (start, start + len(raw))
+    found = text.find(stripped, start, bound + len(stripped))
+    if found >= 0:
+        return (found, found + len(stripped))
+    if "</think>" in stripped:  # the reasoning block re-rendered (another spacing) or dropped from an earlier turn
+        answer = stripped.rsplit("</think>", 1)[1].strip()
+        found = text.find(answer, cursor, bound + len(answer)) if answer else -1
+        if found >= 0:
+            think = text.rfind("<think>", cursor, found)
+            return (think if think >= 0 else found, found + len(answer))
+    return None
 
 
 def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str,
@@ -104,14 +127,20 @@ def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_
     markers = [m for m in (eot_tokens or [end_of_turn_token(tokenizer)]) if m]
     marked = [False] * len(text)
     last_index = len(messages) - 1
-    for index, (message, start) in enumerate(zip(messages, _content_starts(tokenizer, messages, text))):
-        end = start + len(message["content"].strip())
+    for index, (message, span) in enumerate(zip(messages, _content_spans(tokenizer, messages, text))):
         trained = message["role"] in roles_to_train
+        if span is None:
+            if trained:  # a template that drops or rewrites an untrained turn (a system message) costs nothing
+                raise RowError(f"message {index} ({message['role']}) cannot be located in the rendered chat template "
+                               "text: the template rewrites its content (leave the role out of roles_to_train, or use "
+                               "another chat_template)")
+            continue
+        start, end = span
         if trained:
             marked[start:end] = [True] * (end - start)
         eos_wanted = {"turn": trained, "all": True, "last": index == last_index, "none": False}[train_on_eos]
         if eos_wanted:
-            gap = len(text[end:]) - len(text[end:].lstrip(" \t"))  # the marker follows the content directly
+            gap = len(text[end:]) - len(text[end:].lstrip())  # the marker follows the content (and any whitespace)
             eot = next((m for m in markers if text.startswith(m, end + gap)), None)
             if eot:
                 marked[end + gap : end + gap + len(eot)] = [True] * len(eot)
@@ -157,11 +186,12 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         labels = [tok if any(marked[start:end]) else IGNORE for tok, (start, end) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ended = lambda ids: ids if ids[-1:] == eos else ids + eos  # noqa: E731  (the text's own EOS, or the tokenizer's)
     if "text" in record:
-        ids = encode_text(tokenizer, text(record["text"], "text"))["input_ids"] + eos
+        ids = ended(list(encode_text(tokenizer, text(record["text"], "text"))["input_ids"]))
         return {"input_ids": ids, "labels": list(ids)}
     prompt, (completion,) = split_answers(tokenizer, text(record["prompt"], "prompt"), [text(record["completion"], "completion")])
-    completion = completion + eos
+    completion = ended(list(completion)) if completion else eos
     prompt_labels = list(prompt) if train_on_inputs else [IGNORE] * len(prompt)
     return {"input_ids": prompt + completion, "labels": prompt_labels + completion}
 
