@@ -592,7 +592,7 @@ def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, co
     """Axolotl's Qwen 3.5 EBFT examples pass vLLM's stop_token_ids; the in-process engine stops on them as on EOS."""
     from rlft.config.rl import rl_settings
     from rlft.models.tokenizer import byte_tokenizer
-    from rlft.train.recipes.grpo import sampling_params
+    from rlft.config.rl import sampling_params
 
     tok = byte_tokenizer()
     s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7, 9], "stop": "###"}}))

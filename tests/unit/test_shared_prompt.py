@@ -341,3 +341,18 @@ def test_sequence_log_probs_through_the_output_layer_under_bf16_autocast(share, 
     assert low.mean_logits.dtype == torch.float32
     torch.testing.assert_close(low.logps, plain.logps, rtol=0.05, atol=0.3)
     torch.testing.assert_close(low.mean_logits, plain.mean_logits, rtol=0.05, atol=0.05)
+
+
+def test_a_mixture_of_experts_costs_the_experts_a_token_is_routed_to():
+    """Mixtral with 4 experts, 2 per token: the expert weights count half in the per-token FLOPs (all of them tilted
+    the estimate towards sharing)."""
+    from layout_checks import tiny_of_type
+
+    from rlft.models.shared_prompts import forward_costs
+
+    model = tiny_of_type("mixtral")
+    assert (model.config.num_local_experts, model.config.num_experts_per_tok) == (4, 2)
+    embeddings = {id(p) for p in model.get_input_embeddings().parameters()} | {id(p) for p in model.get_output_embeddings().parameters()}
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    rest = sum(p.numel() for p in model.parameters() if id(p) not in embeddings) - experts
+    assert experts > 0 and forward_costs(model)[0] == 2 * rest + experts

@@ -41,13 +41,17 @@ def shared_prompt_problem(model) -> str | None:
 
 def forward_costs(model) -> tuple[int, int]:
     """Forward FLOPs of `model`'s body per token and per (query, key) pair: 2 per weight outside the embeddings and the
-    output layer (which sees the same answer positions whether or not prompts are shared), and 4 x attention width x
-    layers (scores and weighted values)."""
+    output layer (which sees the same answer positions whether or not prompts are shared; of a mixture of experts,
+    the share of the experts a token is routed to), and 4 x attention width x layers (scores and weighted values)."""
     network = getattr(model, "module", model)
     config = network.config
     outside = {id(p) for layer in (network.get_input_embeddings(), network.get_output_embeddings()) if layer is not None
                for p in layer.parameters()}
-    per_token = 2 * sum(getattr(p, "ds_numel", p.numel()) for p in network.parameters() if id(p) not in outside)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    routed = getattr(config, "num_experts_per_tok", None)
+    share = routed / experts if experts and routed else 1.0
+    per_token = int(2 * sum(getattr(p, "ds_numel", p.numel()) * (share if ".experts." in f".{name}." else 1.0)
+                            for name, p in network.named_parameters() if id(p) not in outside))
     heads, head_dim = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
     width = heads * head_dim if heads and head_dim else config.hidden_size
     return per_token, 4 * width * config.num_hidden_layers

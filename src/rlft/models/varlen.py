@@ -101,7 +101,7 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
 def unread_mask(input_ids: torch.Tensor) -> torch.Tensor:
     """The attention mask a forward with `rlft_documents` passes: (B, 1, T, T) of True as a view of one element (no
     memory). transformers passes a 4-D mask on as it is, so it builds no (T, T) mask of its own (it would for
-    sliding-window layers: half of a tiny Gemma 3's forward at 5,000 tokens). No layer reads it: `documents_attention`
+    sliding-window layers, quadratic in the micro-batch's length). No layer reads it: `documents_attention`
     refuses it in a layer that the boundaries did not reach."""
     rows, width = input_ids.shape
     return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=input_ids.device).expand(rows, 1, width, width)

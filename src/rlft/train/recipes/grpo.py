@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from rlft.config.parallel import partitioned
-from rlft.config.rl import GENERATION_KWARGS, rl_settings
+from rlft.config.rl import GENERATION_KWARGS, rl_settings, sampling_params
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
@@ -47,17 +47,6 @@ from rlft.train.weight_sync import WeightSync, sync_due
 
 ZERO_SIGNAL_WARN_STEPS = 10
 LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
-
-
-def sampling_params(settings, ends: tuple[int, ...]) -> SamplingParams:
-    """The run's sampling settings; a completion ends at any of `ends` (`rlft.models.tokenizer.end_ids`) unless
-    `ignore_eos`, and at the config's own stop ids and strings."""
-    return SamplingParams(
-        max_new_tokens=settings.max_completion_length, temperature=settings.temperature, top_p=settings.top_p,
-        top_k=settings.top_k, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-        stop_token_ids=(() if settings.ignore_eos else tuple(ends)) + settings.stop_token_ids,
-        stop_strings=settings.stop_strings,
-    )
 
 
 def training_rows(scored: ScoredBatch, mask_truncated: bool) -> list[TrainingRow]:
