@@ -365,6 +365,13 @@ def test_user_defined_mapping_system_prompt(data_config, tok):
     assert convert(cfg, tok)({"q": "hi", "a": "yo"}) == {"prompt": "[SYS] hi ", "completion": "yo"}
 
 
+@pytest.mark.parametrize("fmt", ["Q: {question}\nA: ", "Q: {instruction} {\nA: ", "{0}"])
+def test_a_user_defined_format_that_cannot_be_filled_says_why(data_config, tok, fmt):
+    spec = {"field_instruction": "q", "field_output": "a", "no_input_format": fmt}
+    with pytest.raises(RowError, match=r"cannot be filled .*placeholders are \{instruction\}, \{input\} and \{system\}"):
+        convert(data_config({"path": "x.jsonl", "type": spec}), tok)({"q": "hi", "a": "yo"})
+
+
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
     """Write `name.py` into a cwd of its own; sys.path and sys.modules are restored afterwards."""

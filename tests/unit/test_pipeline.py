@@ -177,6 +177,20 @@ def test_rollout_func_env_mask_survives_dynamic_sampling_and_is_never_trained_on
     assert all(row.loss_mask == [1, 0, 1] and row.sampling_logps == [-0.1, 0.0, -0.2] for row in rows)
 
 
+def test_a_rollout_func_completion_ending_at_any_end_id_is_not_truncated():
+    """The run stops at the tokenizer's EOS (1) and at the generation config's or the config's stop ids (here 6): a
+    completion of a rollout_func that ends at 6 was marked truncated (only EOS counted)."""
+    def rollout_func(prompts, trainer):
+        count = len(prompts)
+        return {"prompt_ids": [[3, 7]] * count, "completion_ids": [[9, end] for end in (1, 6, 8, 8)] * (count // 4),
+                "logprobs": [[-0.1, -0.2]] * count}
+
+    made = producer(rollout_func=rollout_func)
+    made.sampling = SamplingParams(max_new_tokens=4, stop_token_ids=(1, 6))
+    rollout, _ = made._user_rollout([{"prompt_ids": [3, 7], "prompt": "p3", "columns": {}}] * 2)
+    assert rollout.truncated[:4] == [False, False, True, True]
+
+
 def test_rollout_func_with_a_short_env_mask_is_refused():
     def rollout_func(prompts, trainer):
         count = len(prompts)

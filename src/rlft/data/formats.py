@@ -180,9 +180,14 @@ def user_defined_sft_format(spec) -> RowFormat:
             "system": (text(row.get(spec.field_system), spec.field_system, optional=True) if spec.field_system else "")
             or spec.system_prompt or "",
         }
-        prompt = (spec.format if values["input"] else spec.no_input_format).format(**values)
-        if values["system"]:
-            prompt = spec.system_format.format(system=values["system"]) + prompt
+        try:
+            prompt = (spec.format if values["input"] else spec.no_input_format).format(**values)
+            if values["system"]:
+                prompt = spec.system_format.format(system=values["system"]) + prompt
+        except (KeyError, IndexError, ValueError) as exc:  # a placeholder it does not fill, or a lone brace
+            raise RowError(f"the dataset type's format / no_input_format / system_format cannot be filled ({type(exc).__name__}: "
+                           f"{exc}): its placeholders are {{instruction}}, {{input}} and {{system}}; write a literal brace "
+                           "as {{ or }}") from None
         return {"prompt": prompt, "completion": text_field(row, spec.field_output)}
 
     return convert

@@ -225,9 +225,9 @@ class RolloutProducer:
             if bad is not None:
                 raise RolloutError(f"trl.rollout_func {name} returned {key}[{bad}] with {len(result[key][bad])} entries for "
                                    f"{len(result['completion_ids'][bad])} completion tokens: give one per completion token")
-        eos = self.tokenizer.eos_token_id
+        ends = {self.tokenizer.eos_token_id, *self.sampling.stop_token_ids}  # a completion without one was cut off
         rollout = Rollout(result["prompt_ids"], result["completion_ids"], result["logprobs"],
-                          [eos not in ids for ids in result["completion_ids"]],
+                          [not ends.intersection(ids) for ids in result["completion_ids"]],
                           env_mask=[list(mask) for mask in result["env_mask"]] if "env_mask" in result else [],
                           weight_versions=[self.engine.version] * count)
         extra = {k: (v if isinstance(v, list) else [v] * count) for k, v in result.items() if k not in ROLLOUT_KEYS + ("env_mask",)}
