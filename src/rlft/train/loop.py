@@ -9,9 +9,9 @@ accumulation window, so it equals the gradient of one large batch whatever the s
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
