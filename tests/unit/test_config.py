@@ -619,6 +619,10 @@ def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path):
     assert end_ids(tmp_path, tok) == (tok.eos_token_id, 106, 1)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 106}))
     assert end_ids(tmp_path, tok) == (tok.eos_token_id, 106)
+    checkpoint = tmp_path / "checkpoint-300"  # base_model: an rlft checkpoint, whose model is in its model/ folder
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "model" / "generation_config.json").write_text(json.dumps({"eos_token_id": [107]}))
+    assert end_ids(str(checkpoint), tok) == (tok.eos_token_id, 107)
     from types import SimpleNamespace
 
     from rlft.config import build_config

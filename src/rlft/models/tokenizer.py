@@ -119,6 +119,8 @@ def end_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     config = getattr(model, "generation_config", None)
     if config is None and isinstance(model, (str, Path)):
+        if (Path(model).expanduser() / "model" / "generation_config.json").is_file():  # an rlft checkpoint's model
+            model = Path(model).expanduser() / "model"
         try:
             config = GenerationConfig.from_pretrained(model)
         except (OSError, ValueError):  # no generation_config.json there
