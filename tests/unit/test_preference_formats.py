@@ -483,6 +483,16 @@ def test_no_type_chat_rows_are_rendered(chatml_tok, llama3_tok):
     assert resolve(None, "reward_model")({"chosen": "all good", "rejected": "all bad"}) == pair("", "all good", "all bad")
 
 
+def test_no_type_ready_made_strings_beside_a_messages_column_and_a_blank_prompt_beside_conversations(chatml_tok):
+    """A string prompt and string answers are used as they are, whatever other columns the row has (a `messages` column
+    made the prompt a user message and templated it twice); a blank `prompt` column beside whole conversations leaves
+    the conversations' own user turns as the prompt (an empty user turn replaced the question)."""
+    ready = {"prompt": CHATML_PROMPT, "chosen": "good<|im_end|>", "rejected": "bad<|im_end|>", "messages": msgs(("user", "q"))}
+    assert resolve(None, tokenizer=chatml_tok)(ready) == pair(CHATML_PROMPT, "good<|im_end|>", "bad<|im_end|>")
+    blank = {"prompt": " ", "chosen": conv("good"), "rejected": conv("bad")}
+    assert resolve(None, tokenizer=chatml_tok)(blank) == pair(CHATML_PROMPT, "good<|im_end|>", "bad<|im_end|>")
+
+
 # --------------------------------------------------------------------------------- KTO (C7)
 
 KTO_CHATML_SYS = "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"

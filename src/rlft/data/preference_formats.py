@@ -622,7 +622,10 @@ def canonical_pair(ds, tokenizer, method) -> RowFormat:
     def convert(row: dict[str, Any]) -> Record:
         chosen, rejected = row.get("chosen"), row.get("rejected")
         prompt, messages = row.get("prompt"), row.get("messages")
-        if isinstance(chosen, str) and isinstance(rejected, str) and messages is None:
+        if isinstance(prompt, str) and not prompt.strip() and isinstance(chosen, list):
+            prompt = None  # a blank prompt column beside whole conversations: their own user turns are the prompt
+        # ready-made strings (a `messages` column beside a string prompt is not the prompt: it would be templated twice)
+        if isinstance(chosen, str) and isinstance(rejected, str) and (messages is None or isinstance(prompt, str)):
             if prompt is None and method != "reward_model":
                 raise RowError(f"missing field 'prompt' (row has {fields_of(row)})")
             if prompt is None or isinstance(prompt, str):
@@ -631,6 +634,7 @@ def canonical_pair(ds, tokenizer, method) -> RowFormat:
             _check_answer_type(get_field(row, key), key)
         if prompt is not None:
             return _conversation_record(chat(), row, "prompt", "chosen", "rejected")
+        row = {key: value for key, value in row.items() if key != "prompt"}
         if messages is not None:
             return _conversation_record(chat(), row, "messages", "chosen", "rejected")
         if method == "reward_model" and isinstance(chosen, list) and isinstance(rejected, list):
