@@ -171,10 +171,11 @@ class LocalEngine:
             attention = torch.cat([attention, torch.ones((count, 1), dtype=attention.dtype, device=device)], dim=1)
             logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position[:, None],
                                 use_cache=True, **cache).logits[:, -1]
-        tokens, logps = torch.stack(tokens, 1).tolist(), torch.stack(logps, 1).tolist()
-        ends = [end + 1 if end >= 0 else len(tokens[0]) for end in end_step.tolist()]
-        if any(value != value for row, end in zip(logps, ends) for value in row[:end]):  # NaN
+        tokens, logps = torch.stack(tokens, 1), torch.stack(logps, 1)
+        ended = torch.where(end_step >= 0, end_step + 1, tokens.size(1))
+        if bool((logps.isnan() & (torch.arange(tokens.size(1), device=device) < ended[:, None])).any()):
             raise RolloutError(NOT_FINITE)
+        tokens, logps, ends = tokens.tolist(), logps.tolist(), ended.tolist()
         top_rows: list[list[list[tuple[int, float]]]] = []
         if tops:
             ids, values = torch.stack([t.indices for t in tops], 1).tolist(), torch.stack([t.values for t in tops], 1).tolist()

@@ -245,7 +245,8 @@ def gather_generated_logps(logits: Tensor, sequences: Tensor, layout: StridedLay
     read = lambda p: torch.log_softmax(process_logits(picked, None, SamplingParams(  # noqa: E731
         max_new_tokens=gen_len, temperature=temperature, top_p=p)), -1).gather(-1, targets).view(batch, num_blocks, gen_len)
     logps = read(top_p)
-    return torch.where(torch.isinf(logps), read(1.0), logps) if top_p < 1.0 else logps
+    dropped = torch.isinf(logps)
+    return torch.where(dropped, read(1.0), logps) if top_p < 1.0 and bool(dropped.any()) else logps
 
 
 def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tuple[Tensor, Tensor]:
