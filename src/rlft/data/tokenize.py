@@ -191,7 +191,7 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         ids = ended(list(encode_text(tokenizer, text(record["text"], "text"))["input_ids"]))
         return {"input_ids": ids, "labels": list(ids)}
     prompt, (completion,) = split_answers(tokenizer, text(record["prompt"], "prompt"), [text(record["completion"], "completion")])
-    completion = ended(list(completion)) if completion else eos
+    completion = ended(list(completion))
     prompt_labels = list(prompt) if train_on_inputs else [IGNORE] * len(prompt)
     return {"input_ids": prompt + completion, "labels": prompt_labels + completion}
 

@@ -14,14 +14,6 @@ from rlft.models.masks import safe_attention
 EMBED_METHODS = ("last_token", "mean_pooling", "completion_mean", "concat")
 
 
-def hidden_layer_count(model) -> int:
-    """The decoder depth of `model` (DDP, PEFT or compiled wrappers looked through): `num_hidden_layers` of its text
-    config, where a multimodal model (Gemma 3, Qwen2-VL, ...) keeps it, not on its top-level config."""
-    network = getattr(model, "module", model)
-    network = getattr(network, "_orig_mod", network)
-    return network.config.get_text_config().num_hidden_layers
-
-
 def feature_layer_indices(num_layers: int, fractions: list[float]) -> list[int]:
     """Hidden-state indices for fractions of depth: idx = max(1, min(L, floor(frac * L))), L = num_hidden_layers.
 
@@ -48,6 +40,13 @@ def feature_layer_indices(num_layers: int, fractions: list[float]) -> list[int]:
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside a DDP / accelerate wrapper."""
     return getattr(model, "module", model)
+
+
+def hidden_layer_count(model) -> int:
+    """The decoder depth of `model` (DDP, PEFT or compiled wrappers looked through): `num_hidden_layers` of its text
+    config, where a multimodal model (Gemma 3, Qwen2-VL, ...) keeps it, not on its top-level config."""
+    network = _unwrap(model)
+    return getattr(network, "_orig_mod", network).config.get_text_config().num_hidden_layers
 
 
 def _sharded(model: torch.nn.Module) -> bool:

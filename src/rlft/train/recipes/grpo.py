@@ -105,9 +105,8 @@ class GRPORecipe(Recipe):
         self.eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or 64, cfg.seed, tokenizer.pad_token_id, collate=identity)
         # a generation batch (steps_per_generation plan batches) feeds ceil(its rows / one step's rows) steps, each
         # num_iterations times: the plan batches one optimizer step uses
-        per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * self.world
         generation = s.steps_per_generation * s.prompts_per_step * s.num_generations
-        self.draws_per_step = Fraction(s.steps_per_generation, s.num_iterations * max(1, -(-generation // per_step)))
+        self.draws_per_step = Fraction(s.steps_per_generation, s.num_iterations * max(1, -(-generation // self.step_rows)))
         self.prompts = PlanCursor(self.train_plan)
         self.remote_engine = remote_engine
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
@@ -385,10 +384,14 @@ class GRPORecipe(Recipe):
             self.zero_signal_steps = 0
             self.steps_with_signal += 1
 
+    @property
+    def step_rows(self) -> int:
+        """Rows of one optimizer step: micro_batch_size x gradient_accumulation_steps per process."""
+        return self.cfg.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world
+
     def _windows(self, rows: list[TrainingRow]) -> list[list[TrainingRow]]:
-        """Split a generation batch into optimizer steps: micro_batch_size x gradient_accumulation_steps rows per process."""
-        per_step = self.cfg.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world
-        return [rows[start : start + per_step] for start in range(0, len(rows), per_step)]
+        """Split a generation batch into optimizer steps of `step_rows` rows."""
+        return [rows[start : start + self.step_rows] for start in range(0, len(rows), self.step_rows)]
 
     def _attach_logps(self, model, rows: list[TrainingRow], field: str, reference: bool) -> None:
         """Each process computes the log-probs of a contiguous share of the rows (a group's rows stay together, so they
