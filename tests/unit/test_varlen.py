@@ -164,7 +164,9 @@ def test_a_layer_that_drops_the_boundaries_stops_the_forward():
     attention = model.model.layers[1].self_attn
     forward = attention.forward
     attention.forward = lambda *args, **kwargs: forward(*args, **{k: v for k, v in kwargs.items() if k != DOCUMENTS})
-    with pytest.raises(RuntimeError, match="without its document boundaries.*KEYWORDS_DROPPED"), torch.no_grad():
+    from rlft.errors import ModelError
+
+    with pytest.raises(ModelError, match="without its document boundaries.*KEYWORDS_DROPPED"), torch.no_grad():
         model(**with_model_mask(model, _flat_inputs()))
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from rlft.errors import ModelError
+
 DOCUMENTS = "rlft_documents"  # the forward keyword that carries the boundaries down to the attention function
 KEYWORDS_DROPPED = ("stablelm",)  # its decoder layers call attention without the forward's keywords
 
@@ -73,7 +75,7 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
     bounds = kwargs.pop(DOCUMENTS, None)
     if bounds is None:
         if is_unread(attention_mask):
-            raise RuntimeError(f"{type(module).__name__} got a packed or flattened batch without its document "
+            raise ModelError(f"{type(module).__name__} got a packed or flattened batch without its document "
                                f"boundaries (`{DOCUMENTS}`): its layers do not pass the forward's keywords on to "
                                "attention. Add its model type to KEYWORDS_DROPPED in rlft/models/varlen.py, or train "
                                "on padded rows (batch_flattening: false, sample_packing: false)")
