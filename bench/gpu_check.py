@@ -16,6 +16,8 @@
   examples the shipped GRPO and structured-EBFT examples, 4 steps each in bf16 (their micro-batches hold left-padded
            prompts; on an H200 they once stopped at step 1 with a NaN gradient norm): whether every step's loss and
            gradient norm are finite. Needs the quickstart's checkpoint (outputs/quickstart/checkpoint-600/model).
+  varlen   per-document attention (rlft.models.varlen): PyTorch's variable-length flash-attention against the documents
+           grouped by length through SDPA, bf16, outputs and gradients against float32, forward+backward time.
 
 Models are built from a config (rlft.models.tiny size L: hidden 1024, 8 layers; the byte tokenizer, with a 32768-entry
 output layer for the SFT runs as a real tokenizer has), seeded, saved once; data is made here (sums, "12+34=46").
@@ -23,7 +25,7 @@ Each run is an `rlft train` process of its own: precision is set per process (ac
 classes of the process it runs in.
 
 Usage (a CUDA GPU; from the repository root):
-  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing flatten examples] [--out PATH]
+  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing flatten examples varlen] [--out PATH]
 Results: bench/results/gpu_check-<GPU>.json (bench/results/gpu_check-H200.json: two invocations, named in it).
 """
 
@@ -194,6 +196,60 @@ def shapes_check(tmp: Path, args) -> dict:
     return report
 
 
+def varlen_check(tmp: Path, args) -> dict:
+    """rlft.models.varlen's two per-document paths on the same flattened batch (8 documents of 64-640 tokens, 16 query
+    and 8 key/value heads of 64) under bf16 autocast, as training runs them: PyTorch's variable-length flash-attention
+    against the documents grouped by length through SDPA. Outputs and gradients against float32 attention of the same
+    bf16-rounded inputs, and the median forward+backward time, for full attention and a sliding window of 128."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from rlft.models import varlen
+
+    rng = torch.Generator().manual_seed(args.seed)
+    lengths = torch.randint(64, 641, (8,), generator=rng)
+    total, device = int(lengths.sum()), "cuda" if torch.cuda.is_available() else "cpu"  # a CPU rehearses the grouped path
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    base = [torch.randn(1, heads, total, 64, generator=rng).bfloat16().float().to(device) for heads in (16, 8, 8)]
+    bounds = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(device)
+    report = {"document_lengths": lengths.tolist()}
+    for window in (None, 128):
+
+        flash_calls = []  # which path ran: the flash case must take flash-attention (a CPU has none)
+        counted = lambda *a, real=varlen.flash_documents: flash_calls.append(1) or real(*a)  # noqa: E731
+
+        def attend(flash: bool | None):  # None: float32 without autocast, the reference
+            inputs = [x.clone().requires_grad_() for x in base]
+            choose = varlen.flash_dtype if flash else (lambda *a: None)
+            with mock.patch.object(varlen, "flash_dtype", choose), mock.patch.object(varlen, "flash_documents", counted), \
+                    torch.autocast(device, torch.bfloat16, enabled=flash is not None):
+                out, _ = varlen.documents_attention(module, *inputs, None, scaling=0.125, rlft_documents=bounds, sliding_window=window)
+            return out, inputs
+
+        def step(flash: bool) -> None:
+            out, _ = attend(flash)
+            out.float().square().sum().backward()
+
+        reference, reference_inputs = attend(None)
+        reference.square().sum().backward()
+        case = {}
+        for name, flash in (("flash_varlen", True), ("sdpa_grouped", False)):
+            flash_calls.clear()
+            out, inputs = attend(flash)
+            ran = "flash_varlen" if flash_calls else "sdpa_grouped"
+            assert out.dtype == torch.bfloat16
+            out.float().square().sum().backward()
+            errors = [float((a.grad - b.grad).abs().max() / b.grad.abs().max()) for a, b in zip(inputs, reference_inputs)]
+            step(flash)
+            times = [timed(step, flash) for _ in range(20)]
+            case[name] = {"path_taken": ran, "output_error": float((out.detach().float() - reference.detach()).abs().max() / reference.abs().max()),
+                          "gradient_errors_q_k_v": [round(e, 5) for e in errors],
+                          "median_forward_backward_ms": round(statistics.median(times) * 1e3, 3)}
+            print(f"varlen window {window} {name}: {case[name]}", flush=True)
+        report[f"window_{window}"] = case
+    return report
+
+
 def flex_generation_check(tmp: Path, args) -> dict:
     """Where strided generation's time goes with flex_attention: the BlockMask's creation (eager, and compiled) and
     the model's forward over all T columns, against SDPA with the dense mask (bf16, no grad)."""
@@ -312,7 +368,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="bf16 steps per run (the first two are not timed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "flatten", "examples"],
+    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "flatten", "examples", "varlen"],
                         default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check-<GPU>.json)")
@@ -327,7 +383,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlft-gpu-") as tmp:
         for name, check in (("shapes", shapes_check), ("flex_generation", flex_generation_check), ("strided", strided_check),
                             ("liger", liger_check), ("sharing", sharing_check), ("flatten", flatten_check),
-                            ("examples", examples_check)):
+                            ("examples", examples_check), ("varlen", varlen_check)):
             if args.only and name not in args.only:
                 continue
             started = time.perf_counter()

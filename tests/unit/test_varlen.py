@@ -211,3 +211,105 @@ def test_a_lora_model_attends_per_document_too(calls):
     flat = completion_results(model, {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], True)}, valid)
     assert sorted(set(calls)) == [4, 5, 9], calls
     assert_same_completion_results(flat, padded, grad_atol=1e-5)
+
+
+def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                          enable_gqa=False):
+    """torch.nn.attention.varlen.varlen_attn as its documentation states it (the kernel is CUDA-only): documents
+    between the cumulative lengths, each query attends the keys from `window_size[0]` positions before it (-1: all)
+    to `window_size[1]` after it, in its own document; key/value heads shared by groups of query heads (GQA)."""
+    assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
+    assert query.dtype == key.dtype == value.dtype, "the kernel takes one precision"
+    assert max_q == int((cu_seq_q[1:] - cu_seq_q[:-1]).max()) and enable_gqa == (key.shape[1] != query.shape[1])
+    if enable_gqa:
+        key, value = (x.repeat_interleave(query.shape[1] // x.shape[1], dim=1) for x in (key, value))
+    out = torch.empty_like(query)
+    for start, end in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist()):
+        q, k, v = (x[start:end].transpose(0, 1) for x in (query, key, value))  # (h, L, d)
+        offset = torch.arange(end - start)[None, :] - torch.arange(end - start)[:, None]  # key minus query position
+        allowed = (offset <= window_size[1] if window_size[1] >= 0 else True) & (
+            offset >= -window_size[0] if window_size[0] >= 0 else True)
+        scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+        out[start:end] = (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_one_flash_varlen_call_gives_what_the_documents_grouped_through_sdpa_give(monkeypatch, window):
+    """On a CUDA GPU in bf16/fp16 every document runs through one call of PyTorch's variable-length flash-attention
+    (the grouped SDPA calls' gathers cost more than the attention there). Its inputs as rlft passes them (cumulative
+    lengths, longest document, causal window, GQA), to the kernel as documented, give the grouped path's outputs and
+    gradients; the kernel itself is compared with the grouped path on a GPU (bench/gpu_check.py --only varlen)."""
+    import torch.nn.attention.varlen as torch_varlen
+    from types import SimpleNamespace
+
+    from rlft.models import varlen
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", reference_varlen_attn)
+    bounds = torch.tensor([0, 7, 9, 12, 20, 21, 28])  # documents of 7, 2, 3, 8, 1, 7 tokens over 2 rows of 14
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(2, heads, 14, 8, generator=g, dtype=torch.float64) for heads in (4, 2, 2)]
+    results = {}
+    for flash in (True, False):
+        monkeypatch.setattr(varlen, "flash_dtype", lambda *a, flash=flash: torch.float64 if flash else None)
+        inputs = [x.clone().requires_grad_() for x in base]
+        out, _ = varlen.documents_attention(module, *inputs, None, scaling=0.3, rlft_documents=bounds, sliding_window=window)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results[flash] = [out] + [x.grad for x in inputs]
+    assert out.shape == (2, 14, 4, 8)
+    for flash_tensor, grouped in zip(results[True], results[False]):
+        torch.testing.assert_close(flash_tensor, grouped)
+
+
+def test_flash_varlen_gets_queries_keys_and_values_in_one_precision(monkeypatch):
+    """Under autocast the rotary embedding leaves queries and keys in float32 and the values in bf16; the kernel gets
+    all three in the precision flash_dtype chose (here float64, for an exact comparison on a CPU)."""
+    import torch.nn.attention.varlen as torch_varlen
+    from types import SimpleNamespace
+
+    from rlft.models import varlen
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", reference_varlen_attn)
+    monkeypatch.setattr(varlen, "flash_dtype", lambda *a: torch.float64)
+    bounds, module = torch.tensor([0, 5, 12]), SimpleNamespace(num_key_value_groups=1, is_causal=True)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(3))
+    out, _ = varlen.documents_attention(module, q.float(), k.float(), v, None, rlft_documents=bounds, sliding_window=None)
+    expected = reference_varlen_attn(*(x[0].transpose(0, 1) for x in (q.float().double(), k.float().double(), v)),
+                                     bounds.int(), bounds.int(), 7, 7, window_size=(-1, 0))
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out[0], expected)
+
+
+def test_flash_varlen_only_where_its_kernel_applies(monkeypatch):
+    """bf16/fp16 on CUDA with head sizes flash-attention takes, in autocast's precision where autocast is on (the
+    rotary embedding leaves queries and keys in float32 there, values in bf16); float32, CPU tensors, dropout, other
+    head sizes and SDPA's extras (a bias, sinks, soft-capping) stay on the grouped SDPA path."""
+    from rlft.models.varlen import flash_dtype
+
+    class OnCuda(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+    def tensor(size=64, dtype=torch.bfloat16, cuda=True):
+        x = torch.zeros(1, 4, 3, size, dtype=dtype)
+        return x.as_subclass(OnCuda) if cuda else x
+
+    bf16, fp16, fp32 = tensor(), tensor(dtype=torch.float16), tensor(dtype=torch.float32)
+    assert flash_dtype(bf16, bf16, bf16, 0.0, {"sliding_window": 4, "softcap": None}) == torch.bfloat16
+    assert flash_dtype(fp16, fp16, fp16, 0.0, {}) == torch.float16
+    assert flash_dtype(fp32, fp32, fp32, 0.0, {}) is None
+    assert flash_dtype(fp32, fp32, bf16, 0.0, {}) is None  # mixed without autocast: not what SDPA would compute
+    cpu = tensor(cuda=False)
+    assert flash_dtype(cpu, cpu, cpu, 0.0, {}) is None
+    assert flash_dtype(bf16, bf16, bf16, 0.1, {}) is None
+    assert flash_dtype(tensor(512), tensor(512), tensor(512), 0.0, {}) is None
+    assert flash_dtype(bf16, bf16, tensor(32), 0.0, {}) is None
+    for extra in ("position_bias", "s_aux", "sinks", "softcap"):
+        assert flash_dtype(bf16, bf16, bf16, 0.0, {extra: torch.zeros(1)}) is None
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device="cpu": device == "cuda")  # CUDA autocast, as training
+    for dtype in (torch.bfloat16, torch.float16):
+        monkeypatch.setattr(torch, "get_autocast_dtype", lambda device, dtype=dtype: dtype)
+        assert flash_dtype(fp32, fp32, tensor(dtype=dtype), 0.0, {}) == dtype
+        assert flash_dtype(fp32, fp32, fp32, 0.0, {}) == dtype
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.float32)
+    assert flash_dtype(fp32, fp32, fp32, 0.0, {}) is None

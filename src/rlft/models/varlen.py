@@ -6,7 +6,10 @@ kernel: under the block-diagonal mask it computes every (query, key) pair of the
 building the (T, T) mask is itself quadratic in the row's length. Here the documents' queries, keys and
 values are cut out of the rows, and the documents of each length run through SDPA as one batch (causal, and limited
 to the layer's sliding window where it has one). Attention then costs the sum of the squares of the documents'
-lengths, in as many SDPA calls as there are distinct lengths, and no (T, T) mask is built (`unread_mask`).
+lengths, in as many SDPA calls as there are distinct lengths, and no (T, T) mask is built (`unread_mask`). On a
+CUDA GPU in bf16 or fp16 all documents run through one call of PyTorch's variable-length flash-attention instead
+(`torch.nn.attention.varlen`): the grouped SDPA calls cut the documents out and put them back with gathers whose
+backwards cost more than the attention (on an H200, a flattened bf16 SFT step took 3x the padded one).
 
 It works through transformers' attention interface: `install` wraps the "sdpa" entry, and the wrapper takes this
 path only when a forward passes `rlft_documents` (the boundaries from `rlft.data.collate.document_bounds`); every
@@ -87,6 +90,10 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
     rows, heads, width, size = query.shape
     tokens = lambda x: x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[3])  # noqa: E731  (B·T, h, d)
     queries, keys, values = tokens(query), tokens(key), tokens(value)
+    dtype = flash_dtype(query, key, value, dropout, kwargs)
+    if dtype is not None:
+        out = flash_documents(queries.to(dtype), keys.to(dtype), values.to(dtype), bounds, window, scaling)
+        return out.view(rows, width, heads, size), None
     groups, inverse = document_groups(bounds)
     outputs = []
     for length, index in groups:
@@ -98,6 +105,35 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                                         scaling=scaling, is_causal=mask is None, **kwargs)
         outputs.append(out.reshape(-1, heads, size))
     return torch.cat(outputs)[inverse].view(rows, width, heads, size), None
+
+
+def flash_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, kwargs: dict):
+    """The precision PyTorch's variable-length flash-attention computes this layer's attention in, or None where it
+    does not: on a CUDA GPU in bf16 or fp16 (autocast's, as SDPA would run: under autocast the rotary embedding leaves
+    queries and keys in float32), head sizes flash-attention takes, no dropout (it runs without), nothing SDPA would
+    have added (a bias, sinks, soft-capping)."""
+    extras = ("position_bias", "s_aux", "sinks", "softcap")
+    if not query.is_cuda or dropout != 0.0 or any(kwargs.get(name) is not None for name in extras):
+        return None
+    autocast = torch.is_autocast_enabled("cuda")
+    dtype = torch.get_autocast_dtype("cuda") if autocast else query.dtype
+    if dtype not in (torch.bfloat16, torch.float16) or not autocast and not query.dtype == key.dtype == value.dtype:
+        return None
+    return dtype if query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256 and query.shape[-1] % 8 == 0 else None
+
+
+def flash_documents(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bounds: torch.Tensor,
+                    window: int | None, scaling: float | None) -> torch.Tensor:
+    """Causal attention within each document between `bounds`, all documents in one flash-attention call.
+    queries (N, H, d), keys and values (N, H_kv, d) -> (N, H, d). A sliding window of W attends to W keys, the
+    query's own among them, as transformers' masks do (flash-attention counts the W - 1 before it)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    starts, longest = flash_bounds(bounds)
+    starts = starts.to(queries.device)
+    return varlen_attn(queries, keys, values, starts, starts, longest, longest, scale=scaling,
+                       window_size=(-1, 0) if window is None else (window - 1, 0),
+                       enable_gqa=keys.shape[1] != queries.shape[1])
 
 
 def unread_mask(input_ids: torch.Tensor) -> torch.Tensor:
@@ -114,17 +150,27 @@ def is_unread(mask) -> bool:
     return isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] > 1 and mask.stride()[-2:] == (0, 0)
 
 
-_last_groups: tuple = (None, None)  # (bounds, their groups): every layer of a forward gets the same bounds tensor
+_last_bounds: tuple = (None, {})  # (bounds, what was derived from them): every layer of a forward gets the same tensor
 
 
+def per_forward(make):
+    """`make(bounds)` computed once per forward, not in every layer: reading the lengths waits for the device."""
+    def cached(bounds: torch.Tensor):
+        global _last_bounds
+        seen, derived = _last_bounds
+        if seen is not bounds:
+            derived = {}
+            _last_bounds = (bounds, derived)
+        if make not in derived:
+            derived[make] = make(bounds)
+        return derived[make]
+    return cached
+
+
+@per_forward
 def document_groups(bounds: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
     """The documents between `bounds` grouped by length: [(L, (n, L) positions of the n documents of length L)], and
-    the permutation that puts the groups' outputs, taken one after the other, back in the order of the positions.
-    Computed once per forward (reading the lengths waits for the device), not in every layer."""
-    global _last_groups
-    seen, groups = _last_groups
-    if seen is bounds:
-        return groups
+    the permutation that puts the groups' outputs, taken one after the other, back in the order of the positions."""
     starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
     grouped = []
     for length in lengths.unique().tolist():
@@ -133,8 +179,13 @@ def document_groups(bounds: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]
     order = torch.cat([index.reshape(-1) for _, index in grouped])
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    _last_groups = (bounds, (grouped, inverse))
     return grouped, inverse
+
+
+@per_forward
+def flash_bounds(bounds: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """flash-attention's cumulative sequence lengths (int32) and the longest document."""
+    return bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
 
 
 def install() -> bool:
