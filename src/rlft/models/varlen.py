@@ -71,8 +71,9 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                         is_causal: bool | None = None, **kwargs):
     """transformers' SDPA attention, run per document when the forward passed `rlft_documents`: the boundaries
     (D + 1,) of D documents that tile the B x T positions of the batch taken row after row (no document crosses a
-    row). Documents of one length run as one SDPA batch; the 2-D mask the forward was given is not read. query
-    (B, H, T, d) -> (B, T, H, d), as transformers' attention functions return it."""
+    row). All documents run through one flash-attention call where `flash_dtype` allows, else the documents of one
+    length run as one SDPA batch; the mask the forward was given is not read. query (B, H, T, d) -> (B, T, H, d),
+    as transformers' attention functions return it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     bounds = kwargs.pop(DOCUMENTS, None)
