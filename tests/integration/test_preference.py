@@ -322,7 +322,7 @@ def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear
                        ("once-flat-eager", ["--dpo_padding_free=true", "--eager_attention=true"])):
         out = tmp_path / f"{example}-{name}"
         assert cli("train", f"{REPO_EXAMPLES}/{example}.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
-                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", *keys,
+                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", "--mfu_peak_flops=1", *keys,
                    *_data_overrides(clear_preferences, "pairs")) == 0
         runs[name] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
         plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
@@ -339,6 +339,11 @@ def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear
                 assert got[key] == pytest.approx(expected[key], rel=tolerance, abs=1e-4), (name, key, got[key], expected[key])
     margins = [m["eval/rewards/margins"] for m in runs["once"] if "eval/rewards/margins" in m]
     assert margins[-1] > margins[0] + 0.01  # it learns
+    # MFU counts the tokens the forward computed: a shared prompt once (mfu_peak_flops 1: mfu x step time is FLOPs),
+    # while `tokens` counts it in both rows, as in the run with the prompt twice
+    computed = lambda m: m["mfu"] * m["step_time_s"] / m["tokens"]  # noqa: E731  (FLOPs per token, times computed/trained)
+    for once, twice in zip(*(([m for m in runs[name] if "mfu" in m]) for name in ("once", "twice"))):
+        assert once["tokens"] == twice["tokens"] and 0.5 < computed(once) / computed(twice) < 0.9
 
 
 def test_a_reward_model_with_shared_prompts_trains_what_padded_pairs_train(warm_model, clear_preferences, cli, tmp_path,
@@ -350,7 +355,7 @@ def test_a_reward_model_with_shared_prompts_trains_what_padded_pairs_train(warm_
     for name, keys in (("twice", ["--share_prompts=false"]), ("once", [])):
         out = tmp_path / name
         assert cli("train", f"{REPO_EXAMPLES}/reward-model.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
-                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", *keys,
+                   "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", "--mfu_peak_flops=1", *keys,
                    *_data_overrides(clear_preferences, "pairs")) == 0
         runs[name] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
         plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))

@@ -43,6 +43,7 @@ def test_the_shared_layout_by_hand():
         [1, 1, 0, 1, 1]]
     # chosen row a b c pad -> 0 1 2 2 (padding points at the last token); rejected row a b d e -> 0 1 3 4
     assert shared["flat_index"].tolist() == [[0, 1, 2, 2], [0, 1, 3, 4]]
+    assert (batch["num_tokens"], shared["model_tokens"]) == (7, 5)  # trained rows a b c + a b d e; computed a b c d e
 
 
 def test_pairs_in_one_sequence_and_padded_pairs():
@@ -58,6 +59,7 @@ def test_pairs_in_one_sequence_and_padded_pairs():
     # pair 0 = p p c r at 0-3, pair 1 = p c c r at 4-7; rows are 3 wide: chosen rows, then rejected rows
     assert flat["flat_index"].tolist() == [[0, 1, 2], [4, 5, 6], [0, 1, 3], [4, 7, 7]]
     assert not flat["flat_attention_mask"][0, 0, 4:, :4].any()  # the second pair does not see the first
+    assert padded["model_tokens"] == flat["model_tokens"] == 8  # the padding is not counted
 
 
 def _sequence_results(model, batch, weights):

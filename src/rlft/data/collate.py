@@ -136,8 +136,9 @@ def shared_prompt_rows(groups: list[tuple[list[int], list[list[int]]]], pad_id: 
     lets each answer attend to its prompt and to itself, never to another answer. Every token thus sees what it sees in
     its own row [prompt | answer], at the same positions. One sequence per group, right-padded to the longest (rounded
     up to `multiple`), or with `one_sequence` every group in one sequence without padding. Returns the `flat_*` model
-    inputs (`rlft.models.logprobs.model_inputs`) and, per group, where its prompt and each answer start in the
-    forward's outputs flattened over (sequences x width)."""
+    inputs (`rlft.models.logprobs.model_inputs`), `model_tokens` (the tokens the forward computes, each prompt once:
+    what MFU counts) and, per group, where its prompt and each answer start in the forward's outputs flattened over
+    (sequences x width)."""
     lengths = [len(prompt) + sum(map(len, answers)) for prompt, answers in groups]
     rows, width = (1, sum(lengths)) if one_sequence else (len(groups), padded_to(max(lengths), 0, multiple))
     size = rows * width
@@ -157,8 +158,8 @@ def shared_prompt_rows(groups: list[tuple[list[int], list[list[int]]]], pad_id: 
         offset += n
     shape = (rows, width)
     return ({"flat_input_ids": torch.tensor(ids).view(shape), "flat_position_ids": torch.tensor(positions).view(shape),
-             "flat_attention_mask": block_causal_mask(torch.tensor(document).view(shape), torch.tensor(branch).view(shape))},
-            starts)
+             "flat_attention_mask": block_causal_mask(torch.tensor(document).view(shape), torch.tensor(branch).view(shape)),
+             "model_tokens": sum(lengths)}, starts)
 
 
 def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_mask: bool, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -229,7 +229,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     raise _StopAfterStep
                 step_start = time.perf_counter()
                 batches = next_batches()
-                units, loss_total, step_metrics, tokens, scale = 0.0, 0.0, {}, 0, None
+                units, loss_total, step_metrics, tokens, computed, scale = 0.0, 0.0, {}, 0, 0, None
                 lr = scheduler.get_last_lr()[0]
                 counted = [b for b in batches if not b.get("padding")]
                 for index, batch in enumerate(batches):
@@ -249,11 +249,12 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     units += out.units
                     loss_total += float(out.loss_sum.detach())
                     tokens += int(batch["num_tokens"])
+                    computed += int(batch.get("model_tokens", batch["num_tokens"]))  # a shared prompt once (MFU)
                     for key, value in out.metrics.items():  # phase times add up over micro-batches, the rest average
                         share = value if key.startswith("time/") else value / len(counted)
                         step_metrics[key] = step_metrics.get(key, 0.0) + share
-                units, loss_total, tokens, stopping = sum_across([units, loss_total, tokens, float(stop.requested)],
-                                                                 accelerator.device)
+                units, loss_total, tokens, computed, stopping = sum_across(
+                    [units, loss_total, tokens, computed, float(stop.requested)], accelerator.device)
                 tokens = int(tokens)
                 step_metrics = mean_metrics(step_metrics)
                 loss_value = loss_total / max(units, 1)
@@ -303,7 +304,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     "tokens": tokens,
                     "tokens_per_s": round(tokens / step_time, 1),  # trained tokens (for RL: prompt + completion rows)
                     "step_time_s": round(step_time, 4),
-                    "mfu": round(tokens * flops_per_token(total_params, trainable_params) / step_time / peak, 5),
+                    "mfu": round(computed * flops_per_token(total_params, trainable_params) / step_time / peak, 5),
                     "peak_memory_mb": round(peak_memory_mb(accelerator.device), 1),
                     **{k: round(v, 6) for k, v in step_metrics.items()},
                     **recipe.step_metrics(),
