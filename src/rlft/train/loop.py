@@ -24,7 +24,7 @@ from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
-from rlft.train.optim import build_optimizer, build_scheduler
+from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
 from rlft.rollout.compiled import compile_options
 from rlft.train import zero
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
@@ -288,9 +288,11 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                                    "set, or check the data")
                         if not deepspeed:
                             optimizer.step()
+                        skipped = step_was_skipped(optimizer, model if deepspeed else None)
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
-                        grad_norm = 0.0
-                    scheduler.step()
+                        grad_norm, skipped = 0.0, False
+                    if not skipped:  # fp16's scaler skipped an overflowing step: the schedule waits, as in transformers
+                        scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
                 state.global_step += 1
                 state.tokens_seen += tokens

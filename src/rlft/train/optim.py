@@ -80,3 +80,12 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int):
         kwargs.setdefault("min_lr_rate", cfg.cosine_min_lr_ratio)
     return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(cfg, total_steps), num_training_steps=total_steps,
                          scheduler_specific_kwargs=kwargs or None)
+
+
+def step_was_skipped(optimizer, engine=None) -> bool:
+    """Whether the last optimizer step left the weights as they were because fp16's loss scaler found an overflow
+    (accelerate's scaler, or a DeepSpeed `engine`'s). transformers' Trainer then leaves the learning-rate schedule
+    where it is, and so does rlft: the schedule counts applied updates."""
+    if engine is not None:
+        return bool(engine.fp16_enabled() and not engine.was_step_applied())
+    return bool(getattr(optimizer, "step_was_skipped", False))
