@@ -108,6 +108,23 @@ def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+def test_a_step_the_fp16_scaler_skipped_leaves_the_schedule_where_it_was(make_config, cli, tmp_path, monkeypatch):
+    """A step that fp16's loss scaler skipped (overflow) does not advance the learning-rate schedule, as in
+    transformers' Trainer: the next step trains at the same rate. (fp16 needs a GPU; the skip is reported here as
+    accelerate's optimizer reports it, `tests/unit/test_optim.py`.)"""
+    from rlft.train import loop
+
+    rates = {}
+    for skip in (False, True):
+        calls = []
+        monkeypatch.setattr(loop, "step_was_skipped", lambda optimizer: calls.append(1) or (skip and len(calls) == 2))
+        out = tmp_path / f"skip-{skip}"
+        assert cli("train", make_config(output_dir=str(out), max_steps=4, warmup_steps=0, lr_scheduler="linear")) == 0
+        rates[skip] = [m["learning_rate"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+    assert rates[False] == sorted(rates[False], reverse=True) and len(set(rates[False])) == 4  # linear decay
+    assert rates[True] == [rates[False][0], rates[False][1], rates[False][1], rates[False][2]]  # step 2 skipped
+
+
 def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys):
     """Axolotl's `torch_compile: true`: the forward is compiled (its first step pays for it), and the run trains
     what the eager run trains."""

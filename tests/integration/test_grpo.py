@@ -526,7 +526,7 @@ def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_
         shared.clear()
         path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name), max_steps=4,
                             logging_steps=1, seed=5, learning_rate=1e-3, trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04},
-                            **settings)
+                            mfu_peak_flops=1, **settings)
         assert cli("train", path) == 0
         runs[name] = [m for m in _metrics(tmp_path / name) if "loss" in m]
         plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
@@ -541,3 +541,6 @@ def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_
             assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
             for key in ("loss", "entropy", "kl", "grad_norm"):
                 assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (variant, key, got[key], expected[key])
+            # MFU counts a shared prompt once (mfu_peak_flops 1: mfu x step time is FLOPs); `tokens` counts every row's
+            computed = lambda m: m["mfu"] * m["step_time_s"] / m["tokens"]  # noqa: E731
+            assert got["tokens"] == expected["tokens"] and 0.2 < computed(got) / computed(expected) < 0.9, variant

@@ -366,3 +366,6 @@ def test_a_reward_model_with_shared_prompts_trains_what_padded_pairs_train(warm_
         for key in trained_values(expected):
             tolerance = 1e-3 if key == "grad_norm" else 1e-4
             assert got[key] == pytest.approx(expected[key], rel=tolerance, abs=1e-4), (key, got[key], expected[key])
+    computed = lambda m: m["mfu"] * m["step_time_s"] / m["tokens"]  # noqa: E731  (mfu_peak_flops 1: MFU counts a prompt once)
+    for once, twice in zip(*(([m for m in runs[name] if "mfu" in m]) for name in ("once", "twice"))):
+        assert once["tokens"] == twice["tokens"] and 0.5 < computed(once) / computed(twice) < 0.9

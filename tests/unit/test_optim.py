@@ -201,11 +201,9 @@ def test_torchs_adamw_is_what_transformers_gives(config, name):
     assert optimizer_class(cfg) == Trainer.get_optimizer_cls_and_kwargs(args)
 
 
-def test_a_step_the_fp16_scaler_skipped_is_seen_and_a_deepspeed_engines_too():
+def test_a_step_the_fp16_scaler_skipped_is_seen():
     """fp16's loss scaler skips a step whose gradients overflowed; the loop then leaves the learning-rate schedule where
     it is (transformers' Trainer does the same). accelerate's optimizer with a real scaler (CPU's, as CUDA's behaves)."""
-    from types import SimpleNamespace
-
     from accelerate import Accelerator
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.state import AcceleratorState, GradientState
@@ -226,6 +224,3 @@ def test_a_step_the_fp16_scaler_skipped_is_seen_and_a_deepspeed_engines_too():
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
     assert step_was_skipped(torch.optim.SGD([weight], lr=0.1)) is False  # no scaler: never skipped
-    engine = lambda fp16, applied: SimpleNamespace(fp16_enabled=lambda: fp16, was_step_applied=lambda: applied)  # noqa: E731
-    assert step_was_skipped(None, engine(True, False)) and not step_was_skipped(None, engine(True, True))
-    assert not step_was_skipped(None, engine(False, False))  # bf16/fp32 DeepSpeed never skips for overflow

@@ -205,6 +205,17 @@ def test_bad_deepspeed_files_are_refused_at_validation(config, tmp_path, content
         config(deepspeed=str(path), bf16=True, micro_batch_size=2, max_grad_norm=1.0)
 
 
+def test_fp16_with_deepspeed_is_refused_also_when_the_file_says_nothing_of_fp16(config, tmp_path):
+    """rlft runs DeepSpeed without fp16 (no loss scaler there): `fp16: true` with a file that has no fp16 section would
+    have trained fp16 autocast with nothing to catch an overflow."""
+    import json
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    with pytest.raises(ConfigError, match="fp16 with DeepSpeed is not built"):
+        config(deepspeed=str(path), fp16=True, micro_batch_size=2, max_grad_norm=1.0)
+
+
 def test_deepspeeds_auto_values_come_from_the_config(config):
     from rlft.config.parallel import deepspeed_settings
     from rlft.train.zero import engine_config

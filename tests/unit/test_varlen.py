@@ -294,8 +294,14 @@ def test_flash_varlen_only_where_its_kernel_applies(monkeypatch):
         x = torch.zeros(1, 4, 3, size, dtype=dtype)
         return x.as_subclass(OnCuda) if cuda else x
 
+    kernel_runs = []  # PyTorch's own check (GPU generation, ROCm, head sizes): what it was asked, what it says
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention",
+                        lambda params, debug: kernel_runs.append((params.query.dtype, params.key.shape, params.enable_gqa)) or True)
     bf16, fp16, fp32 = tensor(), tensor(dtype=torch.float16), tensor(dtype=torch.float32)
     assert flash_dtype(bf16, bf16, bf16, 0.0, {"sliding_window": 4, "softcap": None}) == torch.bfloat16
+    assert kernel_runs == [(torch.bfloat16, (1, 4, 1, 64), False)]
+    gqa = tensor()[:, :2]
+    assert flash_dtype(bf16, gqa, gqa, 0.0, {}) == torch.bfloat16 and kernel_runs[-1] == (torch.bfloat16, (1, 2, 1, 64), True)
     assert flash_dtype(fp16, fp16, fp16, 0.0, {}) == torch.float16
     assert flash_dtype(fp32, fp32, fp32, 0.0, {}) is None
     assert flash_dtype(fp32, fp32, bf16, 0.0, {}) is None  # mixed without autocast: not what SDPA would compute
@@ -313,3 +319,23 @@ def test_flash_varlen_only_where_its_kernel_applies(monkeypatch):
         assert flash_dtype(fp32, fp32, fp32, 0.0, {}) == dtype
     monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.float32)
     assert flash_dtype(fp32, fp32, fp32, 0.0, {}) is None
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.bfloat16)
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention", lambda params, debug: False)  # e.g. a T4, V100
+    assert flash_dtype(fp32, fp32, fp32, 0.0, {}) is None
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention", lambda params, debug: True)
+    monkeypatch.setattr(torch.version, "hip", "6.4")  # ROCm: not taken
+    assert flash_dtype(fp32, fp32, fp32, 0.0, {}) is None
+
+
+def test_attention_both_ways_is_refused_for_packed_rows():
+    """Packed or flattened rows attend causally within each row; a model whose attention is bidirectional (Gemma 3
+    with use_bidirectional_attention, EmbeddingGemma) would be trained causally without a word: refused."""
+    from types import SimpleNamespace
+
+    from rlft.errors import ModelError
+    from rlft.models.varlen import documents_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    for module, is_causal in ((SimpleNamespace(is_causal=False), None), (SimpleNamespace(is_causal=True), False)):
+        with pytest.raises(ModelError, match="attends both ways"):
+            documents_attention(module, q, q, q, None, is_causal=is_causal, rlft_documents=torch.tensor([0, 4]))

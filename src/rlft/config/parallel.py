@@ -158,7 +158,7 @@ def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
         raise ValueError(f"deepspeed: {path}: offload to nvme is not built in rlft (checkpoints read the optimizer state in "
                          "memory); offload to cpu, or remove the offload section")
     fp16 = config.get("fp16", {}).get("enabled") if isinstance(config.get("fp16"), dict) else None
-    if fp16 is True or (fp16 == "auto" and cfg.fp16):
+    if fp16 is True or cfg.fp16:
         raise ValueError(f"deepspeed: fp16 with DeepSpeed is not built in rlft (its dynamic loss scale would fight rlft's "
                          f"gradient accumulation); use bf16 (in {path} and in the config)")
     bf16 = config.get("bf16", {}).get("enabled") if isinstance(config.get("bf16"), dict) else None

@@ -87,6 +87,9 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                                       is_causal=is_causal, **kwargs)
     if query.shape[2] != key.shape[2]:
         raise ValueError("packed or flattened rows attend per row only without a KV cache (use_cache=False)")
+    if not (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
+        raise ModelError(f"{type(module).__name__} attends both ways (not causally), and packed or flattened rows attend "
+                         "causally within each row: train on padded rows (batch_flattening: false, sample_packing: false)")
     window = layer_window(module, kwargs)
     rows, heads, width, size = query.shape
     tokens = lambda x: x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[3])  # noqa: E731  (B·T, h, d)
@@ -110,9 +113,12 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
 
 def flash_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float, kwargs: dict):
     """The precision PyTorch's variable-length flash-attention computes this layer's attention in, or None where it
-    does not: on a CUDA GPU in bf16 or fp16 (autocast's, as SDPA would run: under autocast the rotary embedding leaves
-    queries and keys in float32), head sizes flash-attention takes, no dropout (it runs without), nothing SDPA would
-    have added (a bias, sinks, soft-capping)."""
+    does not: on a CUDA GPU whose flash kernel runs (Ampere or newer, not ROCm: PyTorch's own check) in bf16 or fp16
+    (autocast's, as SDPA would run: under autocast the rotary embedding leaves queries and keys in float32), head
+    sizes flash-attention takes without padding, no dropout (it runs without), nothing SDPA would have added (a bias,
+    sinks, soft-capping)."""
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
     extras = ("position_bias", "s_aux", "sinks", "softcap")
     if not query.is_cuda or dropout != 0.0 or any(kwargs.get(name) is not None for name in extras):
         return None
@@ -120,7 +126,11 @@ def flash_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dro
     dtype = torch.get_autocast_dtype("cuda") if autocast else query.dtype
     if dtype not in (torch.bfloat16, torch.float16) or not autocast and not query.dtype == key.dtype == value.dtype:
         return None
-    return dtype if query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256 and query.shape[-1] % 8 == 0 else None
+    if not query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256 or query.shape[-1] % 8 or torch.version.hip:
+        return None
+    stand_in = lambda x: x.new_empty((1, x.shape[1], 1, x.shape[-1]), dtype=dtype)  # noqa: E731  (device, heads, size)
+    params = SDPAParams(stand_in(query), stand_in(key), stand_in(value), None, 0.0, True, key.shape[1] != query.shape[1])
+    return dtype if can_use_flash_attention(params, False) else None
 
 
 def flash_documents(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bounds: torch.Tensor,

@@ -288,7 +288,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                                    "set, or check the data")
                         if not deepspeed:
                             optimizer.step()
-                        skipped = step_was_skipped(optimizer, model if deepspeed else None)
+                        skipped = step_was_skipped(optimizer)
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
                         grad_norm, skipped = 0.0, False
                     if not skipped:  # fp16's scaler skipped an overflowing step: the schedule waits, as in transformers

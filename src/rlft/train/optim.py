@@ -82,10 +82,8 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int):
                          scheduler_specific_kwargs=kwargs or None)
 
 
-def step_was_skipped(optimizer, engine=None) -> bool:
-    """Whether the last optimizer step left the weights as they were because fp16's loss scaler found an overflow
-    (accelerate's scaler, or a DeepSpeed `engine`'s). transformers' Trainer then leaves the learning-rate schedule
-    where it is, and so does rlft: the schedule counts applied updates."""
-    if engine is not None:
-        return bool(engine.fp16_enabled() and not engine.was_step_applied())
+def step_was_skipped(optimizer) -> bool:
+    """Whether the last optimizer step left the weights as they were because fp16's loss scaler found an overflow.
+    transformers' Trainer then leaves the learning-rate schedule where it is, and so does rlft. (DeepSpeed runs no
+    fp16: `rlft.config.parallel` refuses it.)"""
     return bool(getattr(optimizer, "step_was_skipped", False))
