@@ -201,17 +201,21 @@ def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
-    settings = dict(max_steps=4, save_steps=1, logging_steps=1, trl={"num_iterations": 2})
+    settings = dict(max_steps=4, save_steps=1, logging_steps=1, trl={"num_iterations": 2, "log_completions": True})
     straight = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
     assert cli("train", straight) == 0
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / "checkpoint-1", tmp_path / "b" / "checkpoint-1")
+    # resumed where the first run went on: its completions of the generation batch after the checkpoint are replaced
+    shutil.copy(tmp_path / "a" / "completions.jsonl", tmp_path / "b" / "completions.jsonl")
     resumed = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "b"),
                            resume_from_checkpoint="auto", **settings)
     assert cli("train", resumed) == 0
     first = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "a") if "loss" in m}
     second = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "b") if "loss" in m}
     assert [first[s] for s in (2, 3, 4)] == [second[s] for s in (2, 3, 4)]
+    completions = [(tmp_path / run / "completions.jsonl").read_text().splitlines() for run in ("a", "b")]
+    assert completions[0] == completions[1] and len(completions[0]) == 2 * 8  # 2 generation batches, once each
 
 
 def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_path, monkeypatch):

@@ -141,19 +141,25 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop the lines logged after `step` (a resumed run trains those steps again), keeping the file's order."""
-        if not self.enabled or not self.path.exists():
-            return
-        lines = self.path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if _line_step(line) <= step]
-        if len(kept) != len(lines):
-            staging = self.path.with_name(self.path.name + ".tmp")
-            staging.write_text("".join(kept))
-            staging.replace(self.path)
+        if self.enabled:
+            truncate_after(self.path, step)
 
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drop the JSON lines of `path` whose "step" is after `step` (a resumed run logs those again), keeping the order."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _line_step(line) <= step]
+    if len(kept) != len(lines):
+        staging = path.with_name(path.name + ".tmp")
+        staging.write_text("".join(kept))
+        staging.replace(path)
 
 
 def _nonfinite(value: Any) -> bool:

@@ -23,6 +23,13 @@ def completion_records(scored: ScoredBatch, tokenizer, generation: int) -> list[
             for index, text in enumerate(texts)]
 
 
+def truncate_records(output_dir: str, generation: int) -> None:
+    """On resume, drop the records of generation batches after `generation`: the resumed run generates those again."""
+    from rlft.train.metrics import truncate_after
+
+    truncate_after(Path(output_dir) / "completions.jsonl", generation)
+
+
 def append_records(output_dir: str, records: list[dict[str, Any]]) -> None:
     path = Path(output_dir) / "completions.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.metrics import clock
 from rlft.train.recipe import LossOutput, Recipe
-from rlft.train.recipes.completion_log import append_records, completion_records, console_lines
+from rlft.train.recipes.completion_log import append_records, completion_records, console_lines, truncate_records
 from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across, my_micro_batches
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync, sync_due
@@ -155,6 +155,8 @@ class GRPORecipe(Recipe):
                                         self.rollout_func, self.sampling_for, seed=self.cfg.seed,
                                         environment=self.environment)
         self.producer.generations = self._restored.get("generations", 0)
+        if self._restored and s.log_completions:  # a resume generates the batches after its checkpoint again
+            truncate_records(self.cfg.output_dir, self.producer.generations)
         # the in-process engine copies only what trains (the adapter, for LoRA) already: vllm_lora_sync is its default
         lora_folder = Path(self.cfg.output_dir) / "lora_sync" if s.lora_sync and self.remote_engine else None
         sync = WeightSync(engine, every=s.sync_interval, plain=self.remote_engine, lora_folder=lora_folder)
