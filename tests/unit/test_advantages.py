@@ -273,3 +273,20 @@ def test_overlong_buffer_default():
     assert overlong_buffer_length(16, 256) == 16
     # the default never penalises a completion shorter than 3/4 of the limit
     assert overlong_penalty(torch.tensor([192]), 256, overlong_buffer_length(None, 256), 1.0).item() == 0.0
+
+
+def test_the_overlong_penalty_leaves_an_unscorable_row_unscorable():
+    """A row no reward function could score (all NaN: a failed reward, a failed environment episode) is left out of
+    its group's statistics with advantage 0. DAPO's overlong column is never NaN, so it used to make such a row a
+    scored one (total = its penalty) that the group trained as a wrong answer. Group [nan, 1, 0, 1], penalty 0:
+    mean of the scorable rows 2/3, std 0.57735 -> advantages 0, 0.57735, -1.1547, 0.57735."""
+    from types import SimpleNamespace
+
+    from rlft.rollout.scoring import add_overlong_penalty, make_scores
+
+    scores = make_scores(torch.tensor([[NAN], [1.0], [0.0], [1.0]]), ["accuracy"], [1.0])
+    with_penalty = add_overlong_penalty(scores, SimpleNamespace(completion_ids=[[1, 2]] * 4), 10, 4, 1.0)
+    assert with_penalty.names == ["accuracy", "overlong"] and math.isnan(with_penalty.total[0])
+    out = group_advantages(with_penalty.values, with_penalty.weights, 4)
+    mu, sd = 2 / 3, std([1.0, 0.0, 1.0])
+    close(out.advantages, [0.0, (1 - mu) / (sd + EPS), (0 - mu) / (sd + EPS), (1 - mu) / (sd + EPS)], tol=1e-6)  # float32

@@ -548,3 +548,15 @@ def test_orpo_sequence_span_is_trls_cross_entropy_over_prompt_and_answer(tmp_pat
     assert torch.allclose(ours, trl, atol=1e-6)
     answer_only = chosen_nll(out.logps[:2], out.lengths[:2], "batch").mean()
     assert not torch.allclose(answer_only, trl)  # the default span (the paper's) differs
+
+
+def test_discopop_stays_finite_where_its_exponent_overflows():
+    """(1 - m) * -log sigma(z) + m * exp(-z) with m = sigma(z / tau): below z = -88.7 exp(-z) overflows float32 while m
+    underflows to 0 (0 * inf = NaN, and the NaN reached every row's gradient). By hand: z = -1000 -> -log sigma(z) =
+    1000 and m * exp(-z) = exp(log sigma(-20000) + 1000) = 0; z = -100 -> 100 + sigma(-2000) * e^100 = 100."""
+    z = torch.tensor([-1000.0, -100.0, 0.0], requires_grad=True)
+    zero = torch.zeros(3)
+    out = dpo_loss(z / 0.1, zero, zero, zero, loss_types=["discopop"], beta=0.1, discopop_tau=0.05)
+    assert out.losses.tolist() == pytest.approx([1000.0, 100.0, 0.5 * math.log(2) + 0.5])
+    out.losses.sum().backward()
+    assert torch.isfinite(z.grad).all()

@@ -223,7 +223,8 @@ def dpo_loss(
             loss = torch.sigmoid(beta * chosen_logratios) + (1 - torch.sigmoid(logits))
         elif loss_type == "discopop":
             modulation = torch.sigmoid(logits / discopop_tau)
-            loss = (1 - modulation) * -F.logsigmoid(logits) + modulation * torch.exp(-logits)
+            # modulation * exp(-logits) as one exponent: exp(-logits) overflows below -88.7 where modulation is 0 (NaN)
+            loss = (1 - modulation) * -F.logsigmoid(logits) + torch.exp(F.logsigmoid(logits / discopop_tau) - logits)
         elif loss_type == "sft":
             if chosen_nll is not None:
                 loss = chosen_nll

@@ -73,9 +73,11 @@ class FunctionScorer:
 
 
 def add_overlong_penalty(scores: Scores, rollout: Rollout, max_completion_length: int, buffer_length: int, factor: float) -> Scores:
-    """DAPO's soft overlong penalty as one more reward column, `overlong`, of weight 1."""
+    """DAPO's soft overlong penalty as one more reward column, `overlong`, of weight 1. A row no reward function could
+    score stays unscorable (NaN): the penalty alone would make it a scored row of its group."""
     lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
     penalty = overlong_penalty(lengths, max_completion_length, buffer_length, factor)
+    penalty = penalty.masked_fill(torch.isnan(scores.values).all(-1), float("nan")) if scores.values.numel() else penalty
     values = torch.cat([scores.values, penalty[:, None]], 1)
     weights = torch.cat([scores.weights, torch.ones(1)])
     return Scores(values, scores.names + ["overlong"], weights, weighted_total(values, weights), scores.metrics, scores.failures)

@@ -171,7 +171,8 @@ class PairRecipe(Recipe):
                                         chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
                                         rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
             if model.training:  # evaluation must not move the running mean
-                self._bco_update(cfg.rl_beta * (chosen - ref_chosen.to(chosen)), cfg.rl_beta * (rejected - ref_rejected.to(rejected)))
+                self._bco_update(cfg.rl_beta * (chosen - ref_chosen.to(chosen)), cfg.rl_beta * (rejected - ref_rejected.to(rejected)),
+                                 counted=not batch.get("padding"))
             result = L.dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
                                 beta=cfg.rl_beta, loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
                                 chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=chosen_nll,
@@ -208,11 +209,14 @@ class PairRecipe(Recipe):
     def _bco_mean(self) -> float | None:
         return self.bco_mean if "bco_pair" in self.loss_types else None
 
-    def _bco_update(self, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> None:
-        """BCO's running reward mean includes this batch before its loss is computed (the paper's delta)."""
+    def _bco_update(self, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, counted: bool = True) -> None:
+        """BCO's running reward mean includes this batch before its loss is computed (the paper's delta), over every
+        process's micro-batch, so that all processes shift by the same mean; a padding micro-batch (an uneven split of
+        the last batches) adds nothing."""
         if "bco_pair" in self.loss_types:
-            rewards = torch.cat([chosen_rewards, rejected_rewards]).detach()
-            self.bco_mean, self.bco_count = L.bco_reward_mean_update(self.bco_mean, self.bco_count, rewards)
+            rewards = torch.cat([chosen_rewards, rejected_rewards]).detach().reshape(-1).tolist() if counted else []
+            gathered = torch.tensor(gather_objects(rewards), dtype=torch.float64)
+            self.bco_mean, self.bco_count = L.bco_reward_mean_update(self.bco_mean, self.bco_count, gathered)
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         return _weighted_eval(self, model, batches)
