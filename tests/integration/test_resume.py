@@ -46,3 +46,25 @@ def test_three_plus_three_steps_equal_six(make_config, cli, tmp_path, addition_f
         assert torch.equal(a[name], b[name]), name
     start = _weights(straight / "checkpoint-3" / "model")
     assert any(not torch.equal(start[name], a[name]) for name in a)  # training moved the weights
+
+
+def test_a_resume_trains_with_todays_learning_rate(make_config, cli, tmp_path, capsys):
+    """The advice after a divergence is "lower learning_rate, resume from the checkpoint": the resumed run must train
+    with the new rate (the optimizer and schedule states carry the old one) and say that it changed."""
+    settings = dict(max_steps=4, save_steps=2, lr_scheduler="cosine", warmup_steps=0, weight_decay=0.01)
+    first = tmp_path / "first"
+    assert cli("train", make_config(output_dir=str(first), learning_rate=1e-3, **settings)) == 0
+    rates = {m["step"]: m["learning_rate"] for m in read_metrics(first / "metrics.jsonl") if "loss" in m}
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(first / "checkpoint-2", resumed / "checkpoint-2")
+    capsys.readouterr()
+    assert cli("train", make_config(output_dir=str(resumed), resume_from_checkpoint="auto", learning_rate=1e-4,
+                                    **settings)) == 0
+    assert "learning_rate 0.001 in the checkpoint, 0.0001 now" in capsys.readouterr().out
+    later = {m["step"]: m["learning_rate"] for m in read_metrics(resumed / "metrics.jsonl") if "loss" in m}
+    assert sorted(later) == [3, 4] and all(later[s] == pytest.approx(rates[s] / 10) for s in (3, 4))  # the same cosine
+    from rlft.train.state_files import SCHEDULER_FILE
+    import json
+    assert json.loads((resumed / "checkpoint-4" / SCHEDULER_FILE).read_text())["base_lrs"] == [1e-4] * len(
+        json.loads((first / "checkpoint-4" / SCHEDULER_FILE).read_text())["base_lrs"])

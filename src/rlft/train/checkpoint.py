@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -321,12 +322,19 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
     """The optimizer, schedule and RNG state of `folder` (its weights were loaded before the model was wrapped,
     with `load_weights`). Every process calls it; each restores its own RNG (rank 0's when it wrote none)."""
     rank = launched()[0]
+    # today's hyperparameters (learning_rate, betas, weight_decay, ...): a run resumed with a lower learning rate after
+    # a divergence must train with it, not with the checkpoint's (which the optimizer and schedule states carry)
+    today = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs)
     try:
         if (folder / "optimizer").is_dir():
             load_optimizer(model, optimizer, folder / "optimizer")
         else:
             _inner(optimizer).load_state_dict(load_tensors(folder / "optimizer.pt"))
         scheduler.load_state_dict(scheduler_state(folder))
+        for group, settings in zip(optimizer.param_groups, today):
+            group.update(settings)
+        scheduler.base_lrs = base_lrs
         # the schedule is rebuilt from today's config (max_steps may have changed): apply it from this step on
         scheduler._last_lr = scheduler.get_lr()
         for group, lr in zip(optimizer.param_groups, scheduler._last_lr):
@@ -338,6 +346,14 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
     except (RuntimeError, ValueError, KeyError, EOFError) as exc:
         raise CheckpointError(f"{folder}: cannot restore optimizer/scheduler/RNG state: {exc}") from None
     return TrainState(**json.loads((folder / STATE_FILE).read_text()))
+
+
+def changed_learning_rate(folder: Path, scheduler) -> str:
+    """What the resume note says when today's learning_rate is not the checkpoint's (the run goes on with today's)."""
+    saved = scheduler_state(folder).get("base_lrs") or []
+    if not saved or all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(saved, scheduler.base_lrs)):
+        return ""
+    return f" (learning_rate {saved[0]:g} in the checkpoint, {scheduler.base_lrs[0]:g} now: the schedule goes on with it)"
 
 
 def clean_staging(output_dir: Path) -> None:

@@ -22,7 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
-from rlft.train.checkpoint import TrainState, clean_staging, load_checkpoint, load_weights, resolve_resume, save_checkpoint
+from rlft.train.checkpoint import (TrainState, changed_learning_rate, clean_staging, load_checkpoint, load_weights,
+                                   resolve_resume, save_checkpoint)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
 from rlft.rollout.compiled import compile_options
@@ -130,14 +131,14 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
         state.total_steps = total_steps
         recipe.load_state_dict(state.recipe_state)
-        note = ""
+        note = changed_learning_rate(resume_from, scheduler)
         if state.world_size != world:
             before = state.batch_in_epoch
             cursor_state = PlanCursor(plan, state.epoch, state.batch_in_epoch)
             cursor_state.reshard(state.world_size, world)
             state.batch_in_epoch = cursor_state.batch_in_epoch
             skipped = state.batch_in_epoch * world - before * state.world_size
-            note = (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
+            note += (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
                     + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even)" if skipped else ")"))
             state.world_size = world
         console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}{note}")
