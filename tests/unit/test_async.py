@@ -113,6 +113,18 @@ def test_prefetcher_hands_a_worker_failure_to_the_main_thread_and_stops_later_wo
     fetch.close()
 
 
+def test_prefetcher_depth_zero_raises_a_failed_weight_load_at_once():
+    """Synchronous rollouts: a weight load that fails (an engine that refuses the weights, a checksum mismatch) or a
+    Ctrl-C during it stops the run there; the failure was kept in a future nobody read, and sampling went on from the
+    old weights."""
+    fetch = Prefetcher(depth=0)
+    with pytest.raises(RolloutError, match="refused"):
+        fetch.submit_load(lambda: (_ for _ in ()).throw(RolloutError("refused")))
+    with pytest.raises(KeyboardInterrupt):
+        fetch.submit_load(lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert fetch.submit_load(lambda: 3).result() == 3
+
+
 def test_prefetcher_depth_zero_runs_inline_on_this_thread():
     seen = []
     fetch = Prefetcher(depth=0)

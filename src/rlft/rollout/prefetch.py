@@ -45,8 +45,13 @@ class Prefetcher:
         self._ready.append(self._enqueue(job))
 
     def submit_load(self, load: Callable[[], Any]) -> Future:
-        """Enqueue a weight load (or any engine call that must fall between two batches)."""
-        return self._enqueue(load)
+        """Enqueue a weight load (or any engine call that must fall between two batches). Without a worker (depth 0)
+        the load runs now and its failure (or a Ctrl-C during it) is raised here: nobody waits on a load's result, and
+        a lost failure would leave the engine sampling from the weights it had."""
+        future = self._enqueue(load)
+        if self.depth == 0:
+            self._wait(future)
+        return future
 
     def call(self, job: Callable[[], Any]) -> Any:
         """Run `job` after everything already enqueued and wait for its result (evaluation, dynamic-sampling draws)."""
