@@ -229,6 +229,20 @@ def test_lora_sync_is_verified_and_a_rank_above_the_limit_refused(server, remote
         remote.load_adapter(server["root"] / "adapter-r16", version=4)
     assert remote.weight_info()["weight_version"] == 3  # nothing changed
 
+    # an adapter of the same shape refused half-way (a tensor missing): the one served before is served unchanged
+    from safetensors.torch import save_file
+
+    broken = server["root"] / "adapter-r4-broken"
+    _adapter(broken, server["folder"], 4)
+    tensors = load_file(str(broken / "adapter_model.safetensors"))
+    save_file(dict(list(tensors.items())[1:]), str(broken / "adapter_model.safetensors"))
+    with pytest.raises(RolloutError):
+        remote.load_adapter(broken, version=5)
+    info = remote.weight_info()
+    assert info["lora"] == {"rank": 4, "version": 3} and info["weight_version"] == 3
+    again = remote.generate(PROMPTS, params, num_samples=2, seed=5)
+    assert (again.completion_ids, again.logprobs) == (local.completion_ids, local.logprobs)
+
 
 @pytest.mark.parametrize("lora_sync", [False, True])
 def test_a_new_runs_first_push_replaces_everything_the_server_held(server, remote, tmp_path, lora_sync):

@@ -130,19 +130,22 @@ class TransformersBackend(ThreadedBackend):
     def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         from peft import get_peft_model_state_dict
 
-        previous = None
-        if self._lora_config is not None and _adapter_shape(adapter.config) != _adapter_shape(self._lora_config):
-            previous = (self._lora_config, {k: v.clone() for k, v in get_peft_model_state_dict(self._engine.model).items()})
-            self._unwrap()
+        previous = None  # the adapter served now, to serve again unchanged if this one is refused half-way
+        if self._lora_config is not None:
+            previous = (self._lora_config, {k: v.clone() for k, v in get_peft_model_state_dict(self._engine.model).items()},
+                        self.lora)
+            if _adapter_shape(adapter.config) != _adapter_shape(self._lora_config):
+                self._unwrap()
         if self._lora_config is None:
             self._wrap(adapter.config)
         try:
             readback = self._set_adapter_tensors(adapter)
         except ServerError:
             self._unwrap()
-            if previous is not None:  # serve the adapter that was there before, unchanged
+            if previous is not None:
                 self._wrap(previous[0])
                 _set_state(self._engine.model, previous[1])
+                self.lora = previous[2]
             raise
         checksum = weights_checksum(readback)
         self.weight_version, self.weight_checksum = version, checksum
