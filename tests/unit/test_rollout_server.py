@@ -177,3 +177,21 @@ def test_a_turn_that_was_cut_off_or_does_not_match_is_left_as_rendered():
     assert splice_sampled_turn(head + [3], head, [1, 2, 10, 11], {END}) == head + [3]  # cut off: no end marker
     assert splice_sampled_turn([5] + head, head, [1, 2, 10, END], {END}) == [5] + head  # head is not a prefix
     assert splice_sampled_turn(head + [3], head, [], {END}) == head + [3]
+
+
+def test_an_adapter_on_base_weights_in_an_unknown_state_is_refused():
+    """After a full update failed part-way the server serves version -1 (its samples are refused); an adapter loaded
+    on top must not give it a valid version again: only a full update does."""
+    import asyncio
+
+    from rlft.rollout.server.engine_thread import ThreadedBackend
+
+    class Backend(ThreadedBackend):
+        def _load_adapter(self, adapter, version):
+            raise AssertionError("must not be reached")
+
+    backend = Backend()
+    backend.weight_version = -1
+    with pytest.raises(ServerError, match="unknown state .* send a full update") as refused:
+        asyncio.run(backend.load_adapter(None, 3))
+    assert refused.value.status == 409

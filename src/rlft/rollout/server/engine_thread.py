@@ -16,7 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from rlft.rollout.server.protocol import AdapterFiles, Generated, GenerationRequest
+from rlft.rollout.server.protocol import UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 T = TypeVar("T")
 RunBatch = Callable[[list[GenerationRequest]], list["Generated | BaseException"]]
@@ -114,6 +114,9 @@ class ThreadedBackend:
         return await self._thread.call(lambda: self._load_weights(tensors, version))
 
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        if getattr(self, "weight_version", None) == UNKNOWN_VERSION:  # an adapter on a half-loaded base: no valid version
+            raise ServerError(409, "the served base weights are in an unknown state (a full update failed part-way): send "
+                                   "a full update before an adapter, or restart the server")
         return await self._thread.call(lambda: self._load_adapter(adapter, version))
 
     def close(self) -> None:
