@@ -108,6 +108,20 @@ def test_rollout_select_and_concat_keep_every_field():
         Rollout([[1]], [[2]], [[0.0]], [False], env_mask=[[1], [1]])
 
 
+def test_scores_of_chunks_add_their_failure_counts_and_average_the_rest():
+    """Streamed scoring and dynamic-sampling draws concatenate chunks: `rewards/<fn>/failures` and `/unscorable` add
+    up (only the last chunk's were kept), the scorer's own metrics are averaged over the rows."""
+    from rlft.rollout.types import Scores
+
+    def chunk(rows, metrics):
+        return Scores(torch.zeros(rows, 1), ["f"], torch.ones(1), torch.zeros(rows), metrics, [{"function": "f"}] * rows)
+
+    joined = Scores.concat([chunk(3, {"rewards/f/failures": 2.0, "rewards/f/unscorable": 4.0, "env/turns": 2.0}),
+                            chunk(1, {"rewards/f/failures": 0.0, "rewards/f/unscorable": 0.0, "env/turns": 6.0})])
+    assert joined.metrics == {"rewards/f/failures": 2.0, "rewards/f/unscorable": 4.0, "env/turns": 3.0}
+    assert len(joined.failures) == 4 and joined.values.shape == (4, 1)
+
+
 # ------------------------------------------------------------------------------------------ producer
 
 

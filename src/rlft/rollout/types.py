@@ -102,9 +102,18 @@ class Scores:
 
     @staticmethod
     def concat(parts: list["Scores"]) -> "Scores":
-        first = parts[0]
+        """Scores of row chunks (streamed scoring, dynamic-sampling draws) as one: failure and unscorable counts add up,
+        the scorer's other metrics are averaged over the rows."""
+        first, metrics = parts[0], {}
+        for key in dict.fromkeys(k for p in parts for k in p.metrics):
+            having = [p for p in parts if key in p.metrics]
+            if key.endswith(("failures", "unscorable")):
+                metrics[key] = float(sum(p.metrics[key] for p in having))
+            else:
+                rows = sum(len(p.total) for p in having)
+                metrics[key] = float(sum(p.metrics[key] * len(p.total) for p in having) / rows) if rows else having[-1].metrics[key]
         return Scores(torch.cat([p.values for p in parts]), first.names, first.weights, torch.cat([p.total for p in parts]),
-                      parts[-1].metrics, [f for p in parts for f in p.failures])
+                      metrics, [f for p in parts for f in p.failures])
 
 
 @dataclass
