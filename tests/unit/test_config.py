@@ -570,6 +570,9 @@ def test_nemo_gym_combinations_name_the_fix(config_problems, change, words):
     ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "reward_funcs": [
         "axolotl.integrations.nemo_gym.rewards.reward_nemo_gym_verify"]}}, "trl.reward_funcs: axolotl.integrations.nemo_gym"),
     ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "rollout_func": "m.f"}}, "trl.rollout_func and nemo_gym_multi_turn"),
+    ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "top_k": 20, "min_p": 0.05}},
+     "trl.top_k: 20, trl.min_p: 0.05 with nemo_gym_multi_turn: the Gym agent sends the rollout server temperature and top_p"),
+    ({"nemo_gym_multi_turn": True, "trl": {"use_vllm": True, "repetition_penalty": 1.1}}, "trl.repetition_penalty: 1.1 with"),
 ])
 def test_nemo_gym_auto_start_and_multi_turn_combinations_name_the_fix(config_problems, change, words):
     problems = config_problems(**{**NEMO, **change})
@@ -578,7 +581,7 @@ def test_nemo_gym_auto_start_and_multi_turn_combinations_name_the_fix(config_pro
 
 def test_nemo_gym_multi_turn_with_the_rollout_server_and_auto_start_with_configs_validate(config):
     cfg = config(**{**NEMO, "nemo_gym_multi_turn": True, "nemo_gym_max_turns": 3, "nemo_gym_auto_start": True,
-                    "nemo_gym_config_paths": ["a.yaml"], "trl": {"use_vllm": True, "reward_funcs": [
+                    "nemo_gym_config_paths": ["a.yaml"], "trl": {"use_vllm": True, "top_k": -1, "top_p": 0.9, "reward_funcs": [
                         "axolotl.integrations.nemo_gym.rewards.reward_env"]}})
     assert cfg.nemo_gym_multi_turn and cfg.nemo_gym_run_timeout == 300 and cfg.nemo_gym_server_timeout == 360
 

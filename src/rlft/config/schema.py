@@ -526,6 +526,14 @@ def _nemo_gym_problems(cfg: RlftConfig):
                "verifies each episode: use axolotl.integrations.nemo_gym.rewards.reward_env (the /run reward)")
     if cfg.trl.rollout_func:
         yield "trl.rollout_func and nemo_gym_multi_turn both produce the episodes: keep one of them"
+    # the Gym agent asks the rollout server with temperature and top_p only: other filters would not sample, but the
+    # trainer's log-probs (and so its importance-sampling ratios) would assume them
+    filters = (("top_k", cfg.trl.top_k, (None, 0, -1)), ("min_p", cfg.trl.min_p, (None, 0.0)),
+               ("repetition_penalty", cfg.trl.repetition_penalty, (None, 1.0)))
+    unsent = [f"trl.{key}: {value}" for key, value, off in filters if value not in off]
+    if unsent:
+        yield (f"{', '.join(unsent)} with nemo_gym_multi_turn: the Gym agent sends the rollout server temperature and top_p "
+               "only, so the episodes would not be sampled with it while the trainer's log-probs assume it: remove it")
 
 
 def _preference_problems(cfg: RlftConfig):
