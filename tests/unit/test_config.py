@@ -635,3 +635,22 @@ def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path):
                         "trl": {"num_generations": 2, "reward_funcs": ["r.f"], "generation_kwargs": {"stop_token_ids": [7]}}})
     recipe = GRPORecipe(cfg, SimpleNamespace(train=[], eval=[]), tok, None, None)
     assert recipe.sampling.stop_token_ids == (tok.eos_token_id, 106, 7)
+
+
+@pytest.mark.parametrize("method, key, value, acts_in", [
+    ("orpo", "dpo_ld_alpha", 0.5, "dpo or ipo"), ("simpo", "dpo_use_weighting", True, "dpo or ipo"),
+    ("kto", "dpo_loss_type", ["hinge"], "dpo or ipo"), ("dpo", "cpo_loss_type", "hinge", "simpo"),
+    ("dpo", "simpo_gamma", 1.0, "simpo"), ("dpo", "orpo_alpha", 0.5, "orpo"), ("dpo", "kto_desirable_weight", 2.0, "kto"),
+    ("orpo", "dpo_label_smoothing", 0.1, "dpo or ipo or simpo"), ("grpo", "orpo_nll_span", "sequence", "orpo"),
+])
+def test_a_preference_losss_own_key_under_another_method_is_refused(config_problems, method, key, value, acts_in):
+    """Each loss reads its own keys; set for another method they would do nothing (and dpo_use_weighting would build
+    the whole logits for nothing): refused, naming the methods it acts in."""
+    problems = config_problems(rl=method, **{key: value})
+    assert ("combination", f"{key}: {value} acts only with rl: {acts_in}, and this config trains {method}: remove it") in problems
+
+
+def test_a_preference_keys_default_or_own_method_passes(config):
+    """A pasted config that sets another method's key to its default (off) value, or a method's own key, validates."""
+    assert config(rl="orpo", dpo_use_weighting=False, dpo_discopop_tau=0.05, orpo_alpha=0.2).orpo_alpha == 0.2
+    assert config(rl="simpo", dpo_label_smoothing=0.1, simpo_gamma=1.0).simpo_gamma == 1.0

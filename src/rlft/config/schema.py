@@ -536,6 +536,14 @@ def _nemo_gym_problems(cfg: RlftConfig):
                "only, so the episodes would not be sampled with it while the trainer's log-probs assume it: remove it")
 
 
+# the preference losses' own keys and the methods whose loss reads them
+METHOD_KEYS = {**dict.fromkeys(("dpo_loss_type", "dpo_loss_weights", "dpo_use_weighting", "dpo_ld_alpha", "dpo_discopop_tau"),
+                               ("dpo", "ipo")),
+               "dpo_label_smoothing": ("dpo", "ipo", "simpo"), **dict.fromkeys(("cpo_loss_type", "cpo_alpha", "simpo_gamma"), ("simpo",)),
+               **dict.fromkeys(("orpo_alpha", "orpo_nll_span"), ("orpo",)),
+               **dict.fromkeys(("kto_desirable_weight", "kto_undesirable_weight"), ("kto",))}
+
+
 def _preference_problems(cfg: RlftConfig):
     if cfg.reward_model and cfg.rl:
         yield f"reward_model: true trains a reward model, rl: {cfg.rl} trains a policy: set one of them"
@@ -560,6 +568,10 @@ def _preference_problems(cfg: RlftConfig):
             yield f"{key}: {cfg.method} uses no reference model; remove the key"
     if cfg.share_prompts and (problem := prompt_sharing_problem(cfg)):
         yield f"share_prompts: {problem}; remove the key (or set it to false)"
+    for key, methods in METHOD_KEYS.items():  # a method's own key set for another method would do nothing
+        value = getattr(cfg, key)
+        if key in cfg.model_fields_set and cfg.method not in methods and value != RlftConfig.model_fields[key].default:
+            yield f"{key}: {value} acts only with rl: {' or '.join(methods)}, and this config trains {cfg.method}: remove it"
 
 
 def _ebft_problems(cfg: RlftConfig):
