@@ -358,3 +358,21 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
     assert expected in err and f"the last good checkpoint is {out / 'checkpoint-2'}" in err, err
     assert not (out / "checkpoint-3").exists() and not list(out.glob(".tmp-checkpoint-*"))
     assert not (out / "model.safetensors").exists()
+
+
+def test_a_fresh_run_moves_an_earlier_runs_checkpoints_aside_instead_of_pruning_or_resuming_them(make_config, cli,
+                                                                                                tmp_path, capsys):
+    """A new run in the output_dir of an earlier one: its save of step 2 would overwrite the earlier checkpoint-2,
+    `save_total_limit` would prune the earlier checkpoint-4 (a later step, as an abandoned continuation), and a crash
+    then `resume_from_checkpoint: auto` would take the earlier run's checkpoint-4 up as this run's."""
+    out = tmp_path / "out"
+    assert cli("train", make_config(output_dir=str(out), max_steps=4, save_steps=2)) == 0
+    earlier = (out / "checkpoint-4" / "trainer_state.json").read_text()
+    capsys.readouterr()
+    assert cli("train", make_config(output_dir=str(out), max_steps=2, save_steps=2, save_total_limit=1, seed=4)) == 0
+    aside = list(out.glob("previous-run-*"))
+    assert len(aside) == 1 and f"moved to {aside[0]}" in capsys.readouterr().out
+    assert sorted(p.name for p in aside[0].iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert (aside[0] / "checkpoint-4" / "trainer_state.json").read_text() == earlier  # whole, resumable from there
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert resolve_resume("auto", out, None).name == "checkpoint-2"

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shutil
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -354,6 +355,26 @@ def changed_learning_rate(folder: Path, scheduler) -> str:
     if not saved or all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(saved, scheduler.base_lrs)):
         return ""
     return f" (learning_rate {saved[0]:g} in the checkpoint, {scheduler.base_lrs[0]:g} now: the schedule goes on with it)"
+
+
+def set_aside_earlier_run(output_dir: Path) -> Path | None:
+    """A fresh run in an `output_dir` that holds an earlier run's checkpoints moves them (and its completions.jsonl) into
+    `previous-run-<date>-<time>/`: this run's saves would overwrite those of equal steps and `save_total_limit` prune
+    them, and `resume_from_checkpoint: auto` would later take the earlier run's newest up as this one's. Returns the
+    folder, None when there was nothing to move."""
+    earlier = [path for path in output_dir.glob("checkpoint-*") if _NAME.match(path.name) and path.is_dir()]
+    if not earlier:
+        return None
+    stamp, number = time.strftime("%Y%m%d-%H%M%S"), 1
+    folder = output_dir / f"previous-run-{stamp}"
+    while folder.exists():
+        number += 1
+        folder = output_dir / f"previous-run-{stamp}-{number}"
+    folder.mkdir()
+    for path in earlier + [output_dir / "completions.jsonl"]:
+        if path.exists():
+            path.rename(folder / path.name)
+    return folder
 
 
 def clean_staging(output_dir: Path) -> None:

@@ -23,7 +23,7 @@ from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import (TrainState, changed_learning_rate, clean_staging, load_checkpoint, load_weights,
-                                   resolve_resume, save_checkpoint)
+                                   resolve_resume, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
 from rlft.rollout.compiled import compile_options
@@ -149,6 +149,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and log.path.exists():  # a fresh run: keep the old log aside, do not mix them
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))
+    if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):
+        console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} (to go on with that run, "
+                      "resume from there)", markup=False, soft_wrap=True)
     elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
         log.truncate_after(state.global_step)
     timer = PhaseTimer()
