@@ -34,6 +34,10 @@ def test_seed_example_validates_merged_onto_its_base(seed):
     merged = deep_merge(read_yaml(SEEDS / base_for(fragment)), fragment)
     cfg = build_config(merged, source=seed.name)
     assert cfg.rl == merged["rl"]
+    if cfg.rl in ("grpo", "gdpo"):  # what train checks first of the data: a validated seed must not be refused there
+        from rlft.data.prepare import prompt_steps
+
+        prompt_steps(cfg)
 
 
 def test_seed_examples_are_all_there():
@@ -654,3 +658,11 @@ def test_a_preference_keys_default_or_own_method_passes(config):
     """A pasted config that sets another method's key to its default (off) value, or a method's own key, validates."""
     assert config(rl="orpo", dpo_use_weighting=False, dpo_discopop_tau=0.05, orpo_alpha=0.2).orpo_alpha == 0.2
     assert config(rl="simpo", dpo_label_smoothing=0.1, simpo_gamma=1.0).simpo_gamma == 1.0
+
+
+def test_a_set_sequence_len_without_room_for_grpo_prompts_is_refused_at_validation(config_problems, config):
+    grpo = {"rl": "grpo", "micro_batch_size": 8, "trl": {"reward_funcs": ["r.f"], "max_completion_length": 512}}
+    assert any(what.startswith("sequence_len 512 leaves no room for prompts next to trl.max_completion_length 512")
+               for _, what in config_problems(**grpo, sequence_len=512))
+    assert config(**grpo).sequence_len == 512  # unset: prompts are not limited (as in Axolotl), nothing to refuse
+    assert config(**grpo, sequence_len=512, skip_prepare_dataset=True).skip_prepare_dataset

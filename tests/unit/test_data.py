@@ -749,3 +749,15 @@ def test_tool_calls_and_reasoning_fields_are_refused_not_dropped(data_config, to
         with pytest.raises(RowError, match=rf"messages\[1\]\.{field}: SFT rows keep each message's role and content only"):
             convert(cfg, tok)(row)
     convert(cfg, tok)({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": None}]})
+
+
+def test_grpo_prompts_are_limited_only_where_the_config_sets_sequence_len(data_config):
+    """Axolotl keeps every GRPO prompt whatever its length (its seed configs ask for 512-token completions with the
+    default sequence_len of 512): with sequence_len unset, rlft keeps them too; set, a prompt may use sequence_len -
+    max_completion_length tokens; skip_prepare_dataset keeps every prompt."""
+    from rlft.data.prepare import prompt_budget
+
+    base = {"rl": "grpo", "micro_batch_size": 2, "trl": {"num_generations": 2, "reward_funcs": ["r.f"], "max_completion_length": 512}}
+    assert prompt_budget(data_config({"path": "x.jsonl"}, **base)) is None
+    assert prompt_budget(data_config({"path": "x.jsonl"}, **base, sequence_len=640)) == 128
+    assert prompt_budget(data_config({"path": "x.jsonl"}, **base, sequence_len=512, skip_prepare_dataset=True)) is None

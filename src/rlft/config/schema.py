@@ -593,6 +593,11 @@ def _ebft_problems(cfg: RlftConfig):
 
 def _grpo_problems(cfg: RlftConfig):
     trl = cfg.trl
+    completion = trl.max_completion_length or RL_DEFAULTS["max_completion_length"]
+    if "sequence_len" in cfg.model_fields_set and not cfg.skip_prepare_dataset and cfg.sequence_len <= completion:
+        yield (f"sequence_len {cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length {completion} "
+               "(a prompt may use sequence_len - max_completion_length tokens): raise sequence_len, or remove it (prompts "
+               "are then kept whatever their length, as in Axolotl)")
     if trl.aipo_rho is not None and trl.loss_type == "cispo":
         yield "trl.aipo_rho replaces the clipped ratio, cispo clips it its own way: use one of them"
     if trl.reward_weights is not None and trl.reward_funcs is not None and len(trl.reward_weights) != len(trl.reward_funcs):

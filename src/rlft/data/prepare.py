@@ -64,16 +64,28 @@ def preference_steps(method: str) -> MethodSteps:
                        lambda example, cfg: fit_completions(example, ("chosen_ids", "rejected_ids"), cfg.sequence_len, cfg.excess_length_strategy))
 
 
+def prompt_budget(cfg) -> int | None:
+    """The tokens an online-RL prompt may use: `sequence_len - max_completion_length` where the config sets
+    `sequence_len`; None (every prompt kept, as Axolotl keeps every GRPO prompt) where it leaves it at its default, or
+    with `skip_prepare_dataset`. `rlft validate` refuses a set `sequence_len` that leaves no room."""
+    if cfg.skip_prepare_dataset or "sequence_len" not in cfg.model_fields_set:
+        return None
+    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
+    if budget < 1:
+        raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to "
+                        f"trl.max_completion_length={rl_settings(cfg).max_completion_length}: raise sequence_len, or "
+                        "remove it (prompts are then kept whatever their length)")
+    return budget
+
+
 def prompt_steps(cfg) -> MethodSteps:
     """Online RL prompts: the prompt plus every other column (for the reward functions)."""
     from rlft.data.prompts import fit_prompt, resolve_prompt_format, tokenize_prompt
 
-    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
-    if budget < 1:
-        raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to "
-                        f"trl.max_completion_length={rl_settings(cfg).max_completion_length}: raise sequence_len")
+    budget = prompt_budget(cfg)
+
     def fit(example, cfg):
-        return (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget, cfg.excess_length_strategy)
+        return (example, "ok") if budget is None else fit_prompt(example, budget, cfg.excess_length_strategy)
 
     return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
 
@@ -89,12 +101,10 @@ def ebft_steps(cfg) -> MethodSteps:
                            lambda example, cfg: E.fit_strided(example, cfg.sequence_len, ebft.context_length,
                                                               ebft.generate_max_len, ebft.min_completion_prefix,
                                                               cfg.excess_length_strategy))
-    budget = cfg.sequence_len - rl_settings(cfg).max_completion_length
-    if budget < 1:
-        raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length")
+    budget = prompt_budget(cfg)
 
     def fit(example, cfg):
-        return (example, "ok") if cfg.skip_prepare_dataset else fit_prompt(example, budget, cfg.excess_length_strategy)
+        return (example, "ok") if budget is None else fit_prompt(example, budget, cfg.excess_length_strategy)
 
     return MethodSteps(E.resolve_structured, lambda record, tokenizer, ds: E.tokenize_structured(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
 
