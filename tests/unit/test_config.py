@@ -57,6 +57,9 @@ def test_deep_merge_merges_mappings_and_replaces_lists():
 
 def test_top_level_typo_names_closest_key(config_problems):
     assert config_problems(lerning_rate=1e-5) == [("lerning_rate", "unknown key 'lerning_rate': did you mean 'learning_rate'?")]
+    # a capitalised key is no union member's name: it ends the location (it raised IndexError, or named the section)
+    assert config_problems(Learning_rate=1e-5) == [("Learning_rate", "unknown key 'Learning_rate': did you mean 'learning_rate'?")]
+    assert config_problems(trl={"Beta": 0.1}) == [("trl.Beta", "unknown key 'Beta': did you mean 'beta'?")]
 
 
 def test_trl_typo_names_closest_key(config_problems):

@@ -43,6 +43,8 @@ def test_fsdp1_keys_are_read_and_said_to_be_without_effect(config):
     (None, {"fsdp_version": 3}, "expected 1 or 2"),
     (None, {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP"}, "SIZE_BASED_WRAP' is not built"),
     (None, {"fsdp_offload_params": "yes"}, "fsdp_config.offload_params: expected true or false"),
+    (["full_shard"], {"fsdp_transformer_layer_cls_to_wrap": 5}, "transformer_layer_cls_to_wrap: expected a layer class name"),
+    (["full_shard"], {"fsdp_transformer_layer_cls_to_wrap": [1, 2]}, "expected a layer class name or a list of them"),
 ])
 def test_bad_fsdp_settings_are_refused_at_validation(config, fsdp, fsdp_config, words):
     with pytest.raises(ConfigError, match=words):

@@ -166,9 +166,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RlftCon
 
 def describe_error(err: dict[str, Any]) -> tuple[str, str]:
     """One pydantic error as (key path, message with the fix)."""
-    loc = [part for part in err["loc"] if not _is_union_tag(part)]
+    kind, parts = err["type"], list(err["loc"])
+    # an unknown key ends the location whatever its spelling (`Learning_rate` is no union member's name)
+    loc = [part for i, part in enumerate(parts) if not _is_union_tag(part) or (kind == "extra_forbidden" and i == len(parts) - 1)]
     where = _format_loc(loc) or "config"
-    kind = err["type"]
     if kind == "extra_forbidden":
         return where, _unknown_key_message(loc)
     if kind == "missing":

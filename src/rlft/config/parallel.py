@@ -86,6 +86,9 @@ def fsdp_settings(cfg) -> FsdpSettings | None:
     classes = config.get("transformer_layer_cls_to_wrap") or ()
     if isinstance(classes, str):
         classes = tuple(name.strip() for name in classes.split(",") if name.strip())
+    if not isinstance(classes, (list, tuple)) or not all(isinstance(name, str) for name in classes):
+        raise ValueError(f"fsdp_config.transformer_layer_cls_to_wrap: expected a layer class name or a list of them (e.g. "
+                         f"LlamaDecoderLayer), got {classes!r}")
     return FsdpSettings(
         layer_classes=tuple(classes), wrap_layers="auto_wrap" in options or bool(raw), reshard_after_forward=reshard,
         offload_params="offload" in options or _flag(config.get("offload_params", False), "offload_params"),
