@@ -64,8 +64,11 @@ def test_everything_dropped(cli, capsys, make_config):
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"]}}, "trl.loss_type 'sapo' is not implemented yet"),
-    ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"]}}, "trl.vllm_group_port (NCCL weight transfer"),
+    # (max_completion_length 16: the config's sequence_len of 32 must leave room for prompts, or validation refuses first)
+    ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"], "max_completion_length": 16}},
+     "trl.loss_type 'sapo' is not implemented yet"),
+    ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"], "max_completion_length": 16}},
+     "trl.vllm_group_port (NCCL weight transfer"),
     ({"deepspeed": "ds.json"}, "ds.json does not exist"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"liger_rope": True, "liger_rms_norm": True}, "liger_rope, liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"),
