@@ -669,3 +669,21 @@ def test_a_set_sequence_len_without_room_for_grpo_prompts_is_refused_at_validati
                for _, what in config_problems(**grpo, sequence_len=512))
     assert config(**grpo).sequence_len == 512  # unset: prompts are not limited (as in Axolotl), nothing to refuse
     assert config(**grpo, sequence_len=512, skip_prepare_dataset=True).skip_prepare_dataset
+
+
+def test_beta_follows_axolotls_precedence(config, config_problems):
+    """Axolotl gives every method `trl.beta`, else `rl_beta`, else (ORPO) `orpo_alpha` (its core/builders/rl.py): a DPO
+    config's trl.beta was ignored (beta 0.1 trained), a GRPO config's rl_beta too (no KL)."""
+    from rlft.config.rl import orpo_lambda, preference_beta, rl_settings
+
+    assert preference_beta(config(rl="dpo")) == 0.1
+    assert preference_beta(config(rl="dpo", rl_beta=0.3)) == 0.3
+    assert preference_beta(config(rl="kto", micro_batch_size=2, rl_beta=0.3, trl={"beta": 0.5})) == 0.5
+    assert orpo_lambda(config(rl="orpo", orpo_alpha=0.2)) == 0.2
+    assert orpo_lambda(config(rl="orpo", orpo_alpha=0.2, rl_beta=0.3)) == 0.3
+    assert orpo_lambda(config(rl="orpo", orpo_alpha=0.2, rl_beta=0.3, trl={"beta": 0.4})) == 0.4
+    grpo = {"rl": "grpo", "micro_batch_size": 8, "trl": {"reward_funcs": ["r.f"]}}
+    assert rl_settings(config(**grpo)).beta == 0.0
+    assert rl_settings(config(**grpo, rl_beta=0.04)).beta == 0.04
+    assert rl_settings(config(**{**grpo, "trl": {"reward_funcs": ["r.f"], "beta": 0.01}}, rl_beta=0.04)).beta == 0.01
+    assert any("trl.beta is dpo's beta here" in what for _, what in config_problems(rl="dpo", trl={"beta": 0.0}))

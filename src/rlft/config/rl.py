@@ -148,6 +148,8 @@ def rl_settings(cfg) -> RLSettings:
     for key, value in DEFAULTS.items():
         if options.get(key) is None:
             options[key] = value
+    if trl.beta is None and "rl_beta" in cfg.model_fields_set:  # Axolotl's precedence: trl.beta, else rl_beta
+        options["beta"] = cfg.rl_beta
     if cfg.rl == "gdpo":
         options["multi_objective_aggregation"] = "normalize_then_sum"
     if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
@@ -224,3 +226,16 @@ def sampling_params(settings: RLSettings, ends: tuple[int, ...]):
         stop_token_ids=(() if settings.ignore_eos else tuple(ends)) + settings.stop_token_ids,
         stop_strings=settings.stop_strings,
     )
+
+
+def preference_beta(cfg) -> float:
+    """β of the DPO family, IPO (τ), KTO and SimPO/CPO, with Axolotl's precedence: `trl.beta` where set, else `rl_beta`."""
+    return cfg.trl.beta if cfg.trl.beta is not None else cfg.rl_beta
+
+
+def orpo_lambda(cfg) -> float:
+    """ORPO's λ (the odds-ratio weight, TRL's `beta` for ORPO), with Axolotl's precedence: `trl.beta` where set, else
+    `rl_beta` where set, else `orpo_alpha`."""
+    if cfg.trl.beta is not None:
+        return cfg.trl.beta
+    return cfg.rl_beta if "rl_beta" in cfg.model_fields_set else cfg.orpo_alpha

@@ -568,6 +568,8 @@ def _preference_problems(cfg: RlftConfig):
             yield f"{key}: {cfg.method} uses no reference model; remove the key"
     if cfg.share_prompts and (problem := prompt_sharing_problem(cfg)):
         yield f"share_prompts: {problem}; remove the key (or set it to false)"
+    if cfg.method in ("dpo", "ipo", "kto", "simpo") and cfg.trl.beta == 0:
+        yield f"trl.beta is {cfg.method}'s beta here (it takes precedence over rl_beta, as in Axolotl) and must be > 0"
     for key, methods in METHOD_KEYS.items():  # a method's own key set for another method would do nothing
         value = getattr(cfg, key)
         if key in cfg.model_fields_set and cfg.method not in methods and value != RlftConfig.model_fields[key].default:

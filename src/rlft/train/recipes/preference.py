@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rlft.config.rl import orpo_lambda, preference_beta
 from rlft.data.preference import example_length, kto_batch, pair_batch, shared_pair_inputs
 from rlft.losses import preference as L
 from rlft.losses.linear_ce import linear_token_nll
@@ -171,23 +172,24 @@ class PairRecipe(Recipe):
                                         chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
                                         rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
             if model.training:  # evaluation must not move the running mean
-                self._bco_update(cfg.rl_beta * (chosen - ref_chosen.to(chosen)), cfg.rl_beta * (rejected - ref_rejected.to(rejected)),
+                beta = preference_beta(cfg)
+                self._bco_update(beta * (chosen - ref_chosen.to(chosen)), beta * (rejected - ref_rejected.to(rejected)),
                                  counted=not batch.get("padding"))
             result = L.dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
-                                beta=cfg.rl_beta, loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
+                                beta=preference_beta(cfg), loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
                                 chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=chosen_nll,
                                 bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         elif self.method == "orpo":
             result = L.orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
-                                 chosen_nll, alpha=cfg.orpo_alpha)
+                                 chosen_nll, alpha=orpo_lambda(cfg))
             losses = result.losses
             # TRL's ORPO rewards: beta * average log-prob of each completion
-            chosen_rewards = (cfg.orpo_alpha * out.logps[:pairs] / lengths_c.clamp_min(1)).detach()
-            rejected_rewards = (cfg.orpo_alpha * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
+            chosen_rewards = (orpo_lambda(cfg) * out.logps[:pairs] / lengths_c.clamp_min(1)).detach()
+            rejected_rewards = (orpo_lambda(cfg) * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
         else:  # simpo / cpo
             loss_type = cfg.cpo_loss_type or "simpo"
-            result = L.cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=cfg.rl_beta,
+            result = L.cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=preference_beta(cfg),
                                 gamma=cfg.simpo_gamma, label_smoothing=cfg.dpo_label_smoothing, cpo_alpha=cfg.cpo_alpha,
                                 chosen_nll=chosen_nll)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
@@ -261,7 +263,7 @@ class KTORecipe(Recipe):
         started = clock()
         ref, ref_kl = self.reference_logps(model, batch)
         reference_time = None if "ref_logps" in batch else clock() - started
-        result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.cfg.rl_beta,
+        result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=preference_beta(self.cfg),
                             desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
         desirable, logps = batch["desirable"], out.logps.detach()
         metrics = {"kl": float(result.kl.detach())}
