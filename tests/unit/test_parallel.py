@@ -336,3 +336,17 @@ def test_a_cuda_training_process_keeps_masked_attention_off_cudnn(config, monkey
         assert calls == [False, False] and torch.backends.cuda.matmul.allow_tf32 is True
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_bf16_defaults_to_auto_as_axolotl_and_fp16_wins_over_it(config, monkeypatch):
+    """Axolotl's default is bf16: auto (bf16 on a GPU that has it); an Axolotl config without the key trained fp32 on
+    an H100 here. fp16: true is not overridden by the default."""
+    import torch
+
+    from rlft.train.parallel import trains_in_bf16
+
+    assert config().bf16 == "auto"
+    assert not trains_in_bf16(config())  # a CPU: fp32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert trains_in_bf16(config()) and not trains_in_bf16(config(fp16=True)) and not trains_in_bf16(config(bf16=False))

@@ -135,7 +135,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     chat_template_jinja: Optional[str] = field(None, "With chat_template: jinja, the template text or a file path.")
 
     # --- precision and attention ---
-    bf16: Union[bool, Literal["auto"]] = field(False, "bfloat16 mixed precision; `auto` uses it where the device supports it.")
+    bf16: Union[bool, Literal["auto"]] = field("auto", "bfloat16 mixed precision; `auto` (the default, as Axolotl's) uses it on "
+                                                       "a CUDA GPU that supports it, unless fp16: true.")
     fp16: bool = field(False, "float16 mixed precision (CUDA only).")
     tf32: bool = field(False, "Allow TF32 matmuls on Ampere+ GPUs.")
     attn_implementation: Optional[str] = field(

@@ -71,7 +71,7 @@ def trains_in_bf16(cfg) -> bool:
     written = (settings.config.get("bf16") or {}).get("enabled") if settings else None
     if (cfg.bf16 == "auto" or "bf16" not in cfg.model_fields_set) and isinstance(written, bool):
         return written
-    return cfg.bf16 is True or (cfg.bf16 == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    return cfg.bf16 is True or (cfg.bf16 == "auto" and not cfg.fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
 
 def precision(cfg, accelerator) -> str:
