@@ -687,3 +687,13 @@ def test_beta_follows_axolotls_precedence(config, config_problems):
     assert rl_settings(config(**grpo, rl_beta=0.04)).beta == 0.04
     assert rl_settings(config(**{**grpo, "trl": {"reward_funcs": ["r.f"], "beta": 0.01}}, rl_beta=0.04)).beta == 0.01
     assert any("trl.beta is dpo's beta here" in what for _, what in config_problems(rl="dpo", trl={"beta": 0.0}))
+
+
+def test_chat_template_jinja_alone_means_jinja_and_a_mismatch_is_refused(config, config_problems):
+    """Axolotl sets chat_template: jinja when only chat_template_jinja is given (it was ignored here: the tokenizer's
+    own template trained); jinja without the text, or the text beside another named template, is refused."""
+    assert config(chat_template_jinja="{{ messages }}").chat_template == "jinja"
+    assert ("combination", "chat_template: jinja needs chat_template_jinja (the template text or a .jinja file path)") in \
+        config_problems(chat_template="jinja")
+    assert any(what.startswith("chat_template_jinja is read with chat_template: jinja")
+               for _, what in config_problems(chat_template="chatml", chat_template_jinja="{{ messages }}"))

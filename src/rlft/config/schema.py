@@ -353,6 +353,14 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
             raise ValueError("rlft keeps every dataset column (reward functions read them): remove the key or set it to false")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _jinja_template_alone(cls, data: Any) -> Any:
+        """Axolotl's rule: `chat_template_jinja` without `chat_template` means `chat_template: jinja`."""
+        if isinstance(data, dict) and data.get("chat_template_jinja") and data.get("chat_template") is None:
+            data = {**data, "chat_template": "jinja"}
+        return data
+
     @field_validator("val_set_size")
     @classmethod
     def _val_size(cls, value: float) -> float:
@@ -424,6 +432,11 @@ def combination_problems(cfg: RlftConfig):
         yield "datasets is empty: add at least one entry with a `path`"
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
+    if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:
+        yield "chat_template: jinja needs chat_template_jinja (the template text or a .jinja file path)"
+    if cfg.chat_template_jinja and cfg.chat_template != "jinja":
+        yield (f"chat_template_jinja is read with chat_template: jinja (or with chat_template unset), and chat_template is "
+               f"{cfg.chat_template}: remove one of them")
     attention_flags = [k for k in ("flash_attention", "flex_attention", "sdp_attention", "eager_attention") if getattr(cfg, k)]
     if len(attention_flags) > 1:
         yield f"{' and '.join(attention_flags)} are all set: choose one attention implementation"
