@@ -218,16 +218,17 @@ def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeyp
     assert completions[0] == completions[1] and len(completions[0]) == 2 * 8  # 2 generation batches, once each
 
 
-def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_path, monkeypatch):
+def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
-    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], max_steps=3, logging_steps=1,
+    config = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], max_steps=3, logging_steps=1, lora_dropout=0.05,
                           adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, rl_adapter_ref_model=True,
                           trl={"beta": 0.05, "reference_reset_interval": 1, "top_k": -1, "top_p": 0.9, "min_p": 0.05,
                                "repetition_penalty": 1.1, "filter_reward_metric": ["r", "reward"], "dynamic_sampling_max_retries": 1})
     assert cli("train", config) == 0
     steps = [m for m in _metrics(tmp_path / "out") if "loss" in m]
     assert any("kl" in m for m in steps) and all("dynamic_sampling/retries" in m for m in steps)
+    assert "note: lora_dropout 0.05 is off in this run: disable_dropout is true by default for rl: grpo" in capsys.readouterr().out
 
 
 def test_rollout_func_contract(warm_model, cli, tmp_path, monkeypatch):

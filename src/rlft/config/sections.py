@@ -807,7 +807,8 @@ class PreferenceFields(Section):
         ge=0.0,
     )
     disable_dropout: bool = field(
-        True, "Turn dropout off in the policy and reference (preference, reward models and online RL), as TRL does."
+        True, "Turn dropout off in the policy and reference (preference, reward models and online RL): TRL's default for "
+        "preference training; TRL's GRPO keeps it on, rlft turns it off there too (the engine samples without it)."
     )
     ref_model: Optional[str] = field(
         None, "DPO/IPO/KTO: a separate reference model folder (default: the policy's own starting weights)."

@@ -40,6 +40,12 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
+    if (cfg.adapter and cfg.lora_dropout and cfg.rl in ("grpo", "gdpo", "ebft") and cfg.disable_dropout
+            and "disable_dropout" not in cfg.model_fields_set
+            and launched()[0] == 0):
+        console.print(f"note: lora_dropout {cfg.lora_dropout} is off in this run: disable_dropout is true by default for "
+                      f"rl: {cfg.rl} (TRL's GRPO keeps dropout on; set disable_dropout: false to keep it)", markup=False,
+                      soft_wrap=True)
     try:
         with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
             return _train(cfg, console)
