@@ -125,6 +125,11 @@ def test_early_stopping_ends_training_and_saves_the_model(cli, make_config, caps
     assert max(r["step"] for r in records) == 3 and (tmp_path / "out" / "model.safetensors").exists()
     evals = [r["step"] for r in records if "eval/loss" in r]
     assert evals == [0, 1, 2, 3]  # the evaluation that stopped the run is its last, not run and logged again
+    # resumed (a requeue script that always passes auto): nothing more is trained; it said why
+    assert cli("train", config, "--resume_from_checkpoint=auto") == 0
+    assert "is where this run stopped early" in capsys.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 3 and not (tmp_path / "out" / "checkpoint-4").exists()
 
 
 # ------------------------------------------------------------------ never run a stranger's code; fall back past bad state

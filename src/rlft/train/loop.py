@@ -146,6 +146,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
 
     guards = RunGuards(cfg, state.guards)
+    if resume_from is not None and guards.stopped_early():  # e.g. a requeue script that always resumes with `auto`
+        console.print(f"{resume_from} is where this run stopped early (eval/loss had not improved on {guards.best:.4f} for "
+                      f"{guards.stale} evaluations): nothing more to train")
+        total_steps = state.global_step
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and log.path.exists():  # a fresh run: keep the old log aside, do not mix them
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))

@@ -93,5 +93,9 @@ class RunGuards:
         self.stale += 1
         return self.stale >= self.early_patience
 
+    def stopped_early(self) -> bool:
+        """Whether the run these counters come from ended by early stopping (a resume then has nothing to train)."""
+        return bool(self.early_patience) and self.stale >= self.early_patience
+
     def state_dict(self) -> dict[str, Any]:
         return {"high": self.high, "best": self.best, "stale": self.stale}
