@@ -697,3 +697,17 @@ def test_chat_template_jinja_alone_means_jinja_and_a_mismatch_is_refused(config,
         config_problems(chat_template="jinja")
     assert any(what.startswith("chat_template_jinja is read with chat_template: jinja")
                for _, what in config_problems(chat_template="chatml", chat_template_jinja="{{ messages }}"))
+
+
+@pytest.mark.parametrize("trl, words", [
+    ({"generation_batch_size": 12}, "trl.generation_batch_size = 12 is not a whole number of optimizer steps' rows "
+                                    "(micro_batch_size * gradient_accumulation_steps * processes = 8)"),
+    ({"generation_batch_size": 4}, "trl.generation_batch_size = 4 is not a whole number"),
+    ({"generation_batch_size": 16, "steps_per_generation": 2}, "trl.generation_batch_size and trl.steps_per_generation both"),
+])
+def test_a_generation_batch_of_part_steps_or_sized_twice_is_refused(config_problems, trl, words):
+    """A generation batch is cut into optimizer steps of micro_batch_size x accumulation x processes rows: 12 rows at 8
+    per step trained a step of 4; and with steps_per_generation too it held 32 completions where 16 were asked for."""
+    problems = config_problems(rl="grpo", micro_batch_size=4, gradient_accumulation_steps=2,
+                               trl={"num_generations": 4, "reward_funcs": ["r.f"], **trl})
+    assert any(what.startswith(words) for _, what in problems), problems

@@ -638,6 +638,15 @@ def _grpo_problems(cfg: RlftConfig):
             )
     elif trl.generation_batch_size is not None and groups and trl.generation_batch_size % groups:
         yield f"trl.generation_batch_size = {trl.generation_batch_size} must be divisible by trl.num_generations = {groups}"
+    if trl.generation_batch_size is not None:
+        step_rows = cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
+        if trl.generation_batch_size % step_rows:
+            yield (f"trl.generation_batch_size = {trl.generation_batch_size} is not a whole number of optimizer steps' rows "
+                   f"(micro_batch_size * gradient_accumulation_steps * processes = {step_rows}): some steps would train "
+                   "on fewer rows; make it a multiple of that")
+        if trl.steps_per_generation is not None:
+            yield ("trl.generation_batch_size and trl.steps_per_generation both size the generation batch (TRL refuses "
+                   "both too): keep one of them")
     if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
         yield "rl: gdpo normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
     yield from _rollout_problems(cfg)

@@ -154,8 +154,8 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     )
     generation_batch_size: Optional[int] = field(
         None,
-        "Completions per generation batch; None -> micro_batch_size * world * "
-        "steps_per_generation.", ge=1,
+        "Completions per generation batch, a whole number of optimizer steps' rows; None -> micro_batch_size * "
+        "gradient_accumulation_steps * processes * steps_per_generation.", ge=1,
     )
 
     # ---- advantages -------------------------------------------------------------------------
