@@ -40,7 +40,7 @@ def test_every_from_steps_or_per_epoch(steps, per_epoch, epoch_steps, expected):
 
 def test_steps_and_per_epoch_together_refused(config_problems):
     assert config_problems(save_steps=5, saves_per_epoch=2) == [("combination", "save_steps and saves_per_epoch are both set: keep one")]
-    assert ("evals_per_epoch", "Input should be greater than or equal to 0") in config_problems(evals_per_epoch=-1)
+    assert ("evals_per_epoch", "must be >= 0, got -1") in config_problems(evals_per_epoch=-1)
 
 
 def test_pad_to_a_width():

@@ -49,11 +49,11 @@ def test_random_out_of_range_values_are_all_named(config_problems, seed):
     overrides = {key: _outside(info) for key, info in chosen}
     problems = dict(config_problems(**overrides))
     for key, _ in chosen:
-        assert key in problems and "should be greater than" in problems[key], (key, problems)
+        assert key in problems and problems[key].startswith("must be >") and f"got {overrides[key]!r}" in problems[key], (key, problems)
 
 
 def test_sections_report_their_ranges_too(config_problems):
     problems = dict(config_problems(trl={"epsilon": 0.0, "entropy_coeff": -1.0}, ebft={"rl_coef": -0.5}))
-    assert problems["trl.epsilon"] == "Input should be greater than 0"
-    assert problems["trl.entropy_coeff"] == "Input should be greater than or equal to 0"
-    assert problems["ebft.rl_coef"] == "Input should be greater than or equal to 0"
+    assert problems["trl.epsilon"] == "must be > 0.0, got 0.0"
+    assert problems["trl.entropy_coeff"] == "must be >= 0.0, got -1.0"
+    assert problems["ebft.rl_coef"] == "must be >= 0.0, got -0.5"

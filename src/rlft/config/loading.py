@@ -182,8 +182,15 @@ def describe_error(err: dict[str, Any]) -> tuple[str, str]:
     if kind in _TYPE_WORDS:
         given = err.get("input")
         return where, f"expected {_TYPE_WORDS[kind]}, got {given!r} ({type(given).__name__})"
+    if kind in _RANGE_WORDS:  # pydantic's "Input should be greater than 0" names neither the value nor the fix
+        sign, bound = _RANGE_WORDS[kind]
+        return where, f"must be {sign} {err.get('ctx', {}).get(bound)}, got {err.get('input')!r}"
     message = err["msg"].removeprefix("Value error, ")
     return where, message
+
+
+_RANGE_WORDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"), "less_than": ("<", "lt"),
+                "less_than_equal": ("<=", "le")}
 
 
 def _is_union_tag(part: Any) -> bool:
