@@ -53,13 +53,13 @@ def test_random_mutations_are_named_or_accepted_never_a_crash(config_dict, seed)
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("learning_rate", math.nan, "finite"), ("learning_rate", math.inf, "finite"), ("learning_rate", -1e-4, "greater than"),
-    ("max_grad_norm", -1.0, "greater than or equal to 0"), ("max_grad_norm", math.inf, "finite"),
-    ("save_total_limit", 0, "greater than or equal to 1"), ("adam_beta1", 1.0, "less than 1"), ("adam_beta2", -0.1, ""),
-    ("adam_epsilon", -1e-8, ""), ("warmup_ratio", 1.5, "less than or equal to 1"), ("warmup_steps", -1, ""),
-    ("max_steps", -1, ""), ("lora_r", 0, "greater than or equal to 1"), ("lora_dropout", 1.0, "less than 1"),
-    ("seed", -1, ""), ("seed", 2**32, "less than or equal to 4294967295"), ("weight_decay", math.inf, "finite"),
-    ("num_epochs", math.inf, "finite"), ("trl.epsilon", -0.2, "greater than"), ("trl.epsilon_high", -0.1, ""),
+    ("learning_rate", math.nan, "finite"), ("learning_rate", math.inf, "finite"), ("learning_rate", -1e-4, "must be > 0.0, got -0.0001"),
+    ("max_grad_norm", -1.0, "must be >= 0.0, got -1.0"), ("max_grad_norm", math.inf, "finite"),
+    ("save_total_limit", 0, "must be >= 1, got 0"), ("adam_beta1", 1.0, "must be < 1.0, got 1.0"), ("adam_beta2", -0.1, ""),
+    ("adam_epsilon", -1e-8, ""), ("warmup_ratio", 1.5, "must be <= 1.0, got 1.5"), ("warmup_steps", -1, ""),
+    ("max_steps", -1, ""), ("lora_r", 0, "must be >= 1, got 0"), ("lora_dropout", 1.0, "must be < 1.0, got 1.0"),
+    ("seed", -1, ""), ("seed", 2**32, "must be <= 4294967295, got 4294967296"), ("weight_decay", math.inf, "finite"),
+    ("num_epochs", math.inf, "finite"), ("trl.epsilon", -0.2, "must be > 0.0, got -0.2"), ("trl.epsilon_high", -0.1, ""),
     ("trl.beta", math.nan, "finite"), ("trl.temperature", math.inf, "finite"), ("trl.reward_weights", [math.nan], ""),
 ])
 def test_values_that_would_train_wrong_are_rejected(config_dict, key, value, message):
