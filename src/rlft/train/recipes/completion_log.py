@@ -23,11 +23,29 @@ def completion_records(scored: ScoredBatch, tokenizer, generation: int) -> list[
             for index, text in enumerate(texts)]
 
 
-def truncate_records(output_dir: str, generation: int) -> None:
-    """On resume, drop the records of generation batches after `generation`: the resumed run generates those again."""
-    from rlft.train.metrics import truncate_after
+class CompletionLog:
+    """A run's `log_completions` (completions.jsonl) and `num_completions_to_print` (console lines)."""
 
-    truncate_after(Path(output_dir) / "completions.jsonl", generation)
+    def __init__(self, output_dir: str, tokenizer, to_file: bool, to_print: int):
+        self.output_dir, self.tokenizer, self.to_file, self.to_print = output_dir, tokenizer, to_file, to_print
+
+    @property
+    def on(self) -> bool:
+        return self.to_file or self.to_print > 0
+
+    def resume(self, generation: int) -> None:
+        """Drop the records of generation batches after `generation`: the resumed run generates those again."""
+        from rlft.train.metrics import truncate_after
+
+        if self.to_file:
+            truncate_after(Path(self.output_dir) / "completions.jsonl", generation)
+
+    def record(self, scored: ScoredBatch, generation: int) -> list[str]:
+        """Write this generation batch's completions (when logged); return the console lines to print."""
+        records = completion_records(scored, self.tokenizer, generation)
+        if self.to_file:
+            append_records(self.output_dir, records)
+        return console_lines(records, self.to_print, generation)
 
 
 def append_records(output_dir: str, records: list[dict[str, Any]]) -> None:

@@ -40,7 +40,7 @@ from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.metrics import clock
 from rlft.train.recipe import LossOutput, Recipe
-from rlft.train.recipes.completion_log import append_records, completion_records, console_lines, truncate_records
+from rlft.train.recipes.completion_log import CompletionLog
 from rlft.train.parallel import broadcast_object, gather_objects, gathered_state_dict, max_across, my_micro_batches
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync, sync_due
@@ -84,6 +84,7 @@ class GRPORecipe(Recipe):
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server)."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
         self.settings = s = rl_settings(cfg)
+        self.completions = CompletionLog(cfg.output_dir, tokenizer, bool(s.log_completions), s.num_completions_to_print or 0)
         unknown = sorted(set(s.raw["generation_kwargs"] or {}) - set(GENERATION_KWARGS))
         if unknown:
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
@@ -155,8 +156,8 @@ class GRPORecipe(Recipe):
                                         self.rollout_func, self.sampling_for, seed=self.cfg.seed,
                                         environment=self.environment)
         self.producer.generations = self._restored.get("generations", 0)
-        if self._restored and s.log_completions:  # a resume generates the batches after its checkpoint again
-            truncate_records(self.cfg.output_dir, self.producer.generations)
+        if self._restored:  # a resume generates the batches after its checkpoint again
+            self.completions.resume(self.producer.generations)
         # the in-process engine copies only what trains (the adapter, for LoRA) already: vllm_lora_sync is its default
         lora_folder = Path(self.cfg.output_dir) / "lora_sync" if s.lora_sync and self.remote_engine else None
         sync = WeightSync(engine, every=s.sync_interval, plain=self.remote_engine, lora_folder=lora_folder)
@@ -334,8 +335,8 @@ class GRPORecipe(Recipe):
         scored = broadcast_object(self.feed.next_batch() if self.rank == 0 else None)  # on the main thread, as every collective
         self._take_metrics(scored)
         rows = self._within_staleness(self.rows_of(scored))
-        if (s.log_completions or s.num_completions_to_print) and self.rank == 0:
-            self._log_completions(scored)
+        if self.completions.on and self.rank == 0:
+            self.shown += self.completions.record(scored, self.producer.generations)
         # no update on these steps: no learning signal, or every row older than allowed_outdated_steps
         self.empty_reason = "skipped_zero_adv_batches" if scored.skip else "async/stale_batches_skipped"
         windows = [[] for _ in range(s.steps_per_generation)] if scored.skip or not rows else self._windows(rows)
@@ -437,14 +438,6 @@ class GRPORecipe(Recipe):
             self.reference.reset(merged_weights(model))
         elif s.sync_ref_model and step % s.ref_model_sync_steps == 0:
             self.reference.mix(merged_weights(model), s.ref_model_mixup_alpha)
-
-    def _log_completions(self, scored: ScoredBatch) -> None:
-        """Every completion of this generation batch to completions.jsonl (`log_completions`), and the first
-        `num_completions_to_print` to the console."""
-        records = completion_records(scored, self.tokenizer, self.producer.generations)
-        if self.settings.log_completions:
-            append_records(self.cfg.output_dir, records)
-        self.shown += console_lines(records, self.settings.num_completions_to_print or 0, self.producer.generations)
 
 
 def _flat(window: list) -> list:
