@@ -607,6 +607,11 @@ def _ebft_problems(cfg: RlftConfig):
                "document in the trainer, not through a rollout engine; remove them (they apply to structured mode)")
 
 
+def rows_per_step(cfg: RlftConfig) -> int:
+    """Completions one optimizer step trains: micro_batch_size x gradient_accumulation_steps x processes."""
+    return cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
+
+
 def _grpo_problems(cfg: RlftConfig):
     trl = cfg.trl
     completion = trl.max_completion_length or RL_DEFAULTS["max_completion_length"]
@@ -639,7 +644,7 @@ def _grpo_problems(cfg: RlftConfig):
     elif trl.generation_batch_size is not None and groups and trl.generation_batch_size % groups:
         yield f"trl.generation_batch_size = {trl.generation_batch_size} must be divisible by trl.num_generations = {groups}"
     if trl.generation_batch_size is not None:
-        step_rows = cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
+        step_rows = rows_per_step(cfg)
         if trl.generation_batch_size % step_rows:
             yield (f"trl.generation_batch_size = {trl.generation_batch_size} is not a whole number of optimizer steps' rows "
                    f"(micro_batch_size * gradient_accumulation_steps * processes = {step_rows}): some steps would train "
@@ -662,7 +667,7 @@ def _rollout_problems(cfg: RlftConfig):
     if trl.async_prefetch and trl.allowed_outdated_steps is not None:
         # optimizer steps per generation batch: its windows of one step's rows (generation_batch_size), each reused
         # num_iterations times
-        step_rows = cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
+        step_rows = rows_per_step(cfg)
         windows = -(-trl.generation_batch_size // step_rows) if trl.generation_batch_size else 1
         per_batch = (trl.steps_per_generation or 1) * windows * (trl.num_iterations or 1)
         oldest = depth * per_batch + (trl.vllm_sync_interval or 1) - 1
