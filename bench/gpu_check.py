@@ -10,9 +10,10 @@
   sharing  share_prompts on a GPU (SDPA with a mask runs the memory-efficient kernel): DPO pairs with long prompts and a
            32768-entry output layer, each prompt once against twice: the same losses in fp32, then median step time and
            peak GPU memory in bf16.
-  flatten  batch_flattening on a GPU without flash-attention (SDPA per row, rlft.models.varlen): SFT on rows of 64-640
-           tokens with a 32768-entry output layer, flattened against padded: the same losses in fp32, then median step
-           time and peak GPU memory in bf16.
+  flatten  batch_flattening on a GPU without the flash-attn package (rlft.models.varlen): SFT on rows of 64-640 tokens
+           with a 32768-entry output layer, flattened against padded: the same losses in fp32, then median step time
+           and peak GPU memory in bf16, flattened through PyTorch's varlen flash-attention and through SDPA per length.
+           Each run records how many layer calls took the flash path.
   examples the shipped GRPO and structured-EBFT examples, 4 steps each in bf16 (their micro-batches hold left-padded
            prompts; on an H200 they once stopped at step 1 with a NaN gradient norm): whether every step's loss and
            gradient norm are finite. Needs the quickstart's checkpoint (outputs/quickstart/checkpoint-600/model).
@@ -78,20 +79,38 @@ def write_rows(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def run(settings: dict, out: Path) -> dict:
+# Counts the calls of rlft.models.varlen's flash-attention path in an `rlft train` process (written at exit), so a
+# result says which path the run took; with FLASH_OFF the path is switched off (the SDPA-per-length path runs).
+PROBE = """
+import atexit
+from rlft.models import varlen
+calls, real = [0], varlen.flash_documents
+def counted(*args, **kwargs):
+    calls[0] += 1
+    return real(*args, **kwargs)
+varlen.flash_documents = counted
+if {off}:
+    varlen.flash_dtype = lambda *args: None
+atexit.register(lambda: open({path!r}, "w").write(str(calls[0])))
+"""
+
+
+def run(settings: dict, out: Path, flash_off: bool = False) -> dict:
     """One `rlft train` process (precision and Liger's patches are per process); its per-step records from
-    metrics.jsonl and the wall time of the command."""
+    metrics.jsonl, the wall time of the command and how many layer calls took the flash-attention varlen path."""
     out.mkdir(parents=True, exist_ok=True)
     config = out / "config.yaml"  # JSON is YAML
     config.write_text(json.dumps({**settings, "output_dir": str(out / "run")}))
-    command = [sys.executable, "-c", "from rlft.cli import run_command; run_command()", "train", str(config)]
+    probe = PROBE.format(off=flash_off, path=str(out / "flash_calls"))
+    command = [sys.executable, "-c", probe + "from rlft.cli import run_command; run_command()", "train", str(config)]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"rlft train {config} exited with {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"wall_s": round(wall, 2), "steps": [r for r in records if "step_time_s" in r]}
+    return {"wall_s": round(wall, 2), "steps": [r for r in records if "step_time_s" in r],
+            "flash_varlen_calls": int((out / "flash_calls").read_text())}
 
 
 def summary(result: dict, skip: int) -> dict:
@@ -102,7 +121,8 @@ def summary(result: dict, skip: int) -> dict:
             "median_generate_s": median("time/generate"), "median_reward_s": median("time/reward"),
             "median_forward_backward_s": median("time/forward_backward"), "median_mfu": median("mfu"),
             "peak_memory_mb": max(s["peak_memory_mb"] for s in result["steps"]), "first_step_s": result["steps"][0]["step_time_s"],
-            "losses": [s["loss"] for s in result["steps"]], "wall_s": result["wall_s"]}
+            "losses": [s["loss"] for s in result["steps"]], "wall_s": result["wall_s"],
+            "flash_varlen_calls": result["flash_varlen_calls"]}
 
 
 def strided_check(tmp: Path, args) -> dict:
@@ -339,7 +359,14 @@ def flatten_check(tmp: Path, args) -> dict:
     data = write_rows(long_rows(512, args.seed), tmp / "long.jsonl")
     base = {"base_model": str(model), "datasets": [{"path": str(data)}], "sequence_len": 1024, "micro_batch_size": 8,
             "learning_rate": 1e-5, "lr_scheduler": "constant", "logging_steps": 1, "seed": args.seed, "save_steps": 10_000}
-    return paired_runs(tmp, args, base, "batch_flattening", {True: "flat", False: "padded"}, "sft")
+    report = paired_runs(tmp, args, base, "batch_flattening", {True: "flat", False: "padded"}, "sft")
+    # the flattened bf16 run again with the flash-attention varlen path switched off: SDPA once per group of equal lengths
+    settings = {**base, "max_steps": args.steps, "bf16": True, "batch_flattening": True}
+    report["bf16_flat_sdpa_grouped"] = result = summary(run(settings, tmp / "flatten-bf16-grouped", flash_off=True), skip=2)
+    print(f"sft bf16 flat, SDPA per length: median step {result['median_step_s'] * 1e3:.1f} ms, "
+          f"peak {result['peak_memory_mb']:.0f} MiB, losses {result['losses'][:3]}", flush=True)
+    report["bf16_speedup_flat_over_flat_sdpa_grouped"] = round(result["median_step_s"] / report["bf16_flat"]["median_step_s"], 3)
+    return report
 
 
 def examples_check(tmp: Path, args) -> dict:

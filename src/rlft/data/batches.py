@@ -7,6 +7,8 @@ the batches an uninterrupted run would have seen.
 from __future__ import annotations
 
 import math
+import signal
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -100,12 +102,21 @@ class PlanCursor:
             self.batch_in_epoch = 0
 
     def next(self) -> dict[str, Any]:
-        batch = self.plan.batch(self.next_indices())
+        return self.collate(self.draw())
+
+    def draw(self) -> tuple[list[int], dict[str, Any]]:
+        """The next micro-batch's example indices and what it carries besides its rows, the cursor moved past it.
+        `collate` builds it, and may run on another thread (it reads nothing that `draw` changes)."""
+        indices, extras = self.next_indices(), {}
         if self.plan.seed_batches:
-            batch["sample_seed"] = self.plan.batch_seed(self.epoch, self.batch_in_epoch - 1)
+            extras["sample_seed"] = self.plan.batch_seed(self.epoch, self.batch_in_epoch - 1)
         if self.plan.is_padding(self.batch_in_epoch - 1):
-            batch["padding"] = True  # the loop runs it (collectives stay in step) and counts none of it
-        return batch
+            extras["padding"] = True  # the loop runs it (collectives stay in step) and counts none of it
+        return indices, extras
+
+    def collate(self, drawn: tuple[list[int], dict[str, Any]]) -> dict[str, Any]:
+        indices, extras = drawn
+        return {**self.plan.batch(indices), **extras}
 
     def reshard(self, old_world: int, new_world: int) -> None:
         """Continue a position written by `old_world` processes with `new_world` (same micro-batch size): the
@@ -115,10 +126,51 @@ class PlanCursor:
 
     @property
     def epochs_done(self) -> float:
-        return self.epoch + self.batch_in_epoch / max(1, len(self.plan))
+        return self.epochs_at(self.epoch, self.batch_in_epoch)
+
+    def epochs_at(self, epoch: int, batch_in_epoch: int) -> float:
+        return epoch + batch_in_epoch / max(1, len(self.plan))
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.batch_in_epoch = int(state.get("epoch", 0)), int(state.get("batch_in_epoch", 0))
+
+
+class StepBatches:
+    """Each training step's micro-batches from a cursor, the next step's collated on a background thread while this
+    step computes, as a DataLoader worker would (a thread, not a process: collating needs nothing but the rows). The
+    loop synchronises with the GPU during a step (loss values, the gradient norm), so collating in between had left the
+    GPU idle: 5 ms of an 89 ms SFT step at micro batch 32 on an H200 (bench/results/sft_vs_trl-*-mb32.json).
+
+    The cursor moves when a step is drawn, one step ahead of training, so `next` also gives the position just after
+    the step it returns: what a checkpoint saved after that step records. Batches are the same as drawn one by one."""
+
+    def __init__(self, cursor: PlanCursor, count: int):
+        self.cursor, self.count = cursor, count
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: tuple[Future, tuple[int, int]] | None = None
+
+    def next(self) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+        """The next step's `count` micro-batches and the (epoch, batch_in_epoch) after them."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlft-batches", initializer=_main_thread_signals)
+        current = self._ahead or self._submit()
+        self._ahead = self._submit()
+        return current[0].result(), current[1]
+
+    def _submit(self) -> tuple[Future, tuple[int, int]]:
+        drawn = [self.cursor.draw() for _ in range(self.count)]
+        return self._pool.submit(lambda: [self.cursor.collate(d) for d in drawn]), (self.cursor.epoch, self.cursor.batch_in_epoch)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _main_thread_signals() -> None:
+    """Ctrl-C and SIGTERM reach the main thread, which handles them (`StopRequest`, `stop_on_sigterm`): delivered to
+    this thread, they would not interrupt a wait in the main one."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

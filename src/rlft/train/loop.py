@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
-from rlft.data.batches import PlanCursor
+from rlft.data.batches import PlanCursor, StepBatches
 from rlft.train.checkpoint import (TrainState, changed_learning_rate, clean_staging, load_checkpoint, load_weights,
                                    resolve_resume, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
@@ -169,6 +169,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     started = time.perf_counter()
     save_time = 0.0
     cursor = PlanCursor(plan, state.epoch, state.batch_in_epoch)  # the data position of recipes that do not draw their own
+    steps = StepBatches(cursor, ga)  # the next step's batches collate while this one computes
     recipe.start(unwrapped)
 
     def next_batches() -> list[dict[str, Any]]:
@@ -178,8 +179,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             timer.totals["prepare"] = timer.totals.get("prepare", 0.0) + clock() - began
         else:
             with timer("data"):
-                batches = [cursor.next() for _ in range(ga)]
-            state.epoch, state.batch_in_epoch = cursor.epoch, cursor.batch_in_epoch
+                batches, (state.epoch, state.batch_in_epoch) = steps.next()
         return [_to_device(b, accelerator.device) for b in batches]
 
     def save() -> Path | None:
@@ -310,7 +310,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     "loss": round(loss_value, 6),
                     "learning_rate": lr,
                     "grad_norm": round(grad_norm, 6),
-                    "epoch": round(recipe.epochs_done(cursor.epochs_done), 4),
+                    "epoch": round(recipe.epochs_done(cursor.epochs_at(state.epoch, state.batch_in_epoch)), 4),
                     "tokens": tokens,
                     "tokens_per_s": round(tokens / step_time, 1),  # trained tokens (for RL: prompt + completion rows)
                     "step_time_s": round(step_time, 4),
@@ -358,6 +358,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                   f"saved{last_good()}; resume with --resume_from_checkpoint=auto") from None
     finally:
         stop.close()
+        steps.close()
     log.close()
     ended = time.perf_counter()
     return LoopResult(state=state, checkpoint=checkpoint, wall_time=ended - started, history=history, started_at=started,

@@ -47,6 +47,8 @@ class Recipe:
         """The model is prepared and any checkpoint (and `load_state_dict`) is loaded."""
 
     def prepare_step(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+        """This step's micro-batches where the recipe builds them (online RL), else None: on every step or on none,
+        since the loop draws from `train_plan` one step ahead once a step returned None."""
         return None
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> LossOutput:
