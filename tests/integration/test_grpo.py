@@ -218,6 +218,29 @@ def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeyp
     assert completions[0] == completions[1] and len(completions[0]) == 2 * 8  # 2 generation batches, once each
 
 
+@pytest.mark.parametrize("moves", [{"reference_reset_interval": 2}, {"sync_ref_model": True, "ref_model_sync_steps": 1}])
+def test_resume_goes_on_with_the_reference_as_it_had_moved(warm_model, cli, tmp_path, monkeypatch, moves):
+    """A reference reset (Cosmos-RL) or soft-updated (TR-DPO) during the run is saved in each checkpoint: resumed
+    after step 2, steps 3 and 4 train against the reference the uninterrupted run used (KL and loss equal), not
+    against the starting weights."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    settings = dict(max_steps=4, save_steps=2, logging_steps=1, learning_rate=1e-2, trl={"beta": 0.1, **moves})
+    straight = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
+    assert cli("train", straight) == 0
+    assert (tmp_path / "a" / "checkpoint-2" / "reference.safetensors").is_file()
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tmp_path / "a" / "checkpoint-2", tmp_path / "b" / "checkpoint-2")
+    resumed = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "b"),
+                           resume_from_checkpoint="auto", **settings)
+    assert cli("train", resumed) == 0
+    first = {m["step"]: (m["loss"], m["kl"]) for m in _metrics(tmp_path / "a") if "loss" in m}
+    second = {m["step"]: (m["loss"], m["kl"]) for m in _metrics(tmp_path / "b") if "loss" in m}
+    assert first[4][1] > 0 and [first[3], first[4]] == [second[3], second[4]]
+
+
 def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"

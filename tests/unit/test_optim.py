@@ -224,3 +224,34 @@ def test_a_step_the_fp16_scaler_skipped_is_seen():
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
     assert step_was_skipped(torch.optim.SGD([weight], lr=0.1)) is False  # no scaler: never skipped
+
+
+def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path, tok):
+    """fp16's loss scaler is saved with the checkpoint and restored on resume: a resumed run goes on at the scale it
+    had found (here halved by an overflow and counting towards growth), not at the initial 65536."""
+    from rlft.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
+
+    config = LlamaConfig(vocab_size=300, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=16)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=10)
+    weight = torch.nn.Parameter(torch.ones(2))
+    for factor in (float("inf"), 1.0):  # an overflow halves the scale; the finite step counts towards growth
+        probe = torch.optim.SGD([weight], lr=0.1)
+        scaler.scale((weight * factor).sum()).backward()
+        scaler.step(probe)
+        scaler.update()
+        probe.zero_grad()
+    saved = scaler.state_dict()
+    assert saved["scale"] == 32768.0 and saved["_growth_tracker"] == 1
+    folder = save_checkpoint(tmp_path, TrainState(global_step=3), model, tok, optimizer, scheduler, None, scaler=scaler)
+    resumed = torch.amp.GradScaler("cpu", growth_interval=10)
+    load_checkpoint(folder, model, optimizer, scheduler, resumed)
+    assert resumed.state_dict() == saved
+    plain = save_checkpoint(tmp_path, TrainState(global_step=4), model, tok, optimizer, scheduler, None)
+    assert not (plain / "scaler.pt").exists()  # fp32 and bf16 runs write none, and load none
+    untouched = torch.amp.GradScaler("cpu")
+    load_checkpoint(plain, model, optimizer, scheduler, untouched)
+    assert untouched.get_scale() == 65536.0

@@ -343,6 +343,34 @@ def test_reference_mix_moves_a_tied_weight_once():
     assert reference.model.lm_head.weight.data_ptr() == reference.model.model.embed_tokens.weight.data_ptr()
 
 
+def test_a_moved_reference_round_trips_through_its_checkpoint_file(tmp_path):
+    """ReferenceMoves saves the reference as it has moved (tied weights stay tied) and loads it back; a checkpoint
+    without the file (older rlft) leaves the starting weights and says so; a reference that never moves writes none."""
+    from rlft.models.frozen import ReferenceMoves
+
+    config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=16, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    policy, start = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    soft = SimpleNamespace(reference_reset_interval=0, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5)
+    moved = ReferenceMoves(FrozenPolicy.copy_of(start), soft)
+    moved.after_step(policy, 1)
+    moved.save(tmp_path)
+    resumed = ReferenceMoves(FrozenPolicy.copy_of(start), soft)
+    assert resumed.load(tmp_path) == []
+    for name, value in moved.reference.model.state_dict().items():
+        assert torch.equal(resumed.reference.model.state_dict()[name], value), name
+    model = resumed.reference.model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    older = ReferenceMoves(FrozenPolicy.copy_of(start), soft)
+    (tmp_path / "old").mkdir()
+    assert "holds no reference.safetensors" in older.load(tmp_path / "old")[0]
+    assert torch.equal(older.reference.model.lm_head.weight, start.lm_head.weight)
+    still = ReferenceMoves(FrozenPolicy.copy_of(start), SimpleNamespace(reference_reset_interval=0, sync_ref_model=False))
+    still.save(tmp_path / "old")
+    assert not any((tmp_path / "old").iterdir()) and still.load(tmp_path / "old") == []
+
+
 @pytest.mark.parametrize("recompute", [True, False])
 def test_replayed_rows_keep_their_recorded_logps_only_when_asked(tiny_llama, tok, recompute):
     """replay_recompute_logps: false gives a replayed row the log-probs recorded with its group (no forward pass);

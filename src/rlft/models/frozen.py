@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
+
+from rlft.models.weights import merged_weights
 
 
 class FrozenPolicy:
@@ -65,3 +68,49 @@ class FrozenPolicy:
                 continue
             seen.add(ref_param.data_ptr())
             ref_param.mul_(1 - alpha).add_(weights[name].to(ref_param), alpha=alpha)
+
+    def save(self, path: Path) -> None:
+        """The copy's weights, as it has moved (tied weights once), into a safetensors file."""
+        from safetensors.torch import save_model
+
+        save_model(self.model, str(path))
+
+    def load(self, path: Path) -> bool:
+        """The copy's weights from `save`'s file; False where there is none."""
+        from safetensors.torch import load_model
+
+        if not path.is_file():
+            return False
+        load_model(self.model, str(path), device=str(next(self.model.parameters()).device))
+        return True
+
+
+class ReferenceMoves:
+    """A reference copy that moves towards the policy: Cosmos-RL's reset every `reference_reset_interval` optimizer
+    steps, or TR-DPO's soft update every `ref_model_sync_steps` (`sync_ref_model`). A checkpoint holds it as it has
+    moved (`reference.safetensors`), so a resumed run goes on with the reference the uninterrupted run would use."""
+
+    FILE = "reference.safetensors"
+
+    def __init__(self, reference: FrozenPolicy | None, settings):
+        self.reference, self.s = reference, settings
+        self.active = reference is not None and reference.is_copy and bool(settings.reference_reset_interval or settings.sync_ref_model)
+
+    def after_step(self, policy: torch.nn.Module, step: int) -> None:
+        if not self.active:
+            return
+        if self.s.reference_reset_interval and step % self.s.reference_reset_interval == 0:
+            self.reference.reset(merged_weights(policy))
+        elif self.s.sync_ref_model and step % self.s.ref_model_sync_steps == 0:
+            self.reference.mix(merged_weights(policy), self.s.ref_model_mixup_alpha)
+
+    def save(self, folder: Path) -> None:
+        if self.active:
+            self.reference.save(folder / self.FILE)
+
+    def load(self, folder: Path) -> list[str]:
+        """Restores the reference from a checkpoint; the warning where the checkpoint has none."""
+        if not self.active or self.reference.load(folder / self.FILE):
+            return []
+        return [f"{folder} holds no {self.FILE} (rlft wrote none before 2026-11-26): the reference starts again from the "
+                "starting weights, until its next reset or update"]

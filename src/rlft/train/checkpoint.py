@@ -42,6 +42,7 @@ from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, Uns
                                     restore_rng, rng_state, save_scheduler, scheduler_state)
 
 STATE_FILE = "trainer_state.json"
+SCALER_FILE = "scaler.pt"  # fp16 runs: the loss scaler's scale and growth counter
 REQUIRED = ("model", STATE_FILE)
 # this version's name, or an earlier version's
 EITHER = (("optimizer", "optimizer.pt"), ("rng-0.pt", "rng.pt"), (SCHEDULER_FILE, "scheduler.pt"))
@@ -63,9 +64,12 @@ class TrainState:
     guards: dict[str, Any] = field(default_factory=dict)  # the loss watchdog's and early stopping's counters
 
 
-def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None) -> Path:
+def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None,
+                    extra_files: Callable[[Path], None] | None = None, scaler=None) -> Path:
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it.
 
+    `extra_files(folder)` writes the recipe's own files into it (the main process); fp16's loss `scaler` keeps its
+    scale (a resumed run would otherwise start again at 65536 and skip steps finding its way back down).
     Refused before anything is written when the disk lacks the room; a write error on the way (a full disk, a
     quota) removes the staging folder and raises CheckpointError naming what failed: earlier checkpoints are
     untouched either way."""
@@ -90,6 +94,10 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         barrier()  # every process has written its part
         if rank == 0:
             save_scheduler(scheduler, staging)
+            if extra_files is not None:
+                extra_files(staging)
+            if scaler is not None:
+                torch.save(scaler.state_dict(), staging / SCALER_FILE)
             (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
             _fsync_tree(staging)
     except (Exception, CheckpointException) as exc:  # OSError, or the writers' wrappers of one (safetensors, torch.save,
@@ -319,7 +327,7 @@ def load_weights(model, folder: Path) -> None:
         )
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
+def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler=None) -> TrainState:
     """The optimizer, schedule and RNG state of `folder` (its weights were loaded before the model was wrapped,
     with `load_weights`). Every process calls it; each restores its own RNG (rank 0's when it wrote none)."""
     rank = launched()[0]
@@ -342,6 +350,8 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> TrainState:
             group["lr"] = lr
         rng = next((folder / name for name in (f"rng-{rank}.pt", "rng-0.pt", "rng.pt") if (folder / name).exists()))
         restore_rng(load_tensors(rng))
+        if scaler is not None and (folder / SCALER_FILE).exists():  # a checkpoint of an fp32/bf16 run has none
+            scaler.load_state_dict(load_tensors(folder / SCALER_FILE))
     except UnsafeState as exc:
         raise CheckpointError(f"{folder}: {exc}; rlft never runs code from a checkpoint. Use a checkpoint you wrote") from None
     except (RuntimeError, ValueError, KeyError, EOFError) as exc:

@@ -128,9 +128,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
 
     state = TrainState(total_steps=total_steps, world_size=world)
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        state = load_checkpoint(resume_from, model, optimizer, scheduler, getattr(accelerator, "scaler", None))
         state.total_steps = total_steps
         recipe.load_state_dict(state.recipe_state)
+        recipe.load_files(resume_from)
         note = changed_learning_rate(resume_from, scheduler)
         if state.world_size != world:
             before = state.batch_in_epoch
@@ -192,7 +193,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         state.guards = guards.state_dict()
         began = time.perf_counter()
         with timer("save"):
-            last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit)
+            last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit,
+                                         recipe.save_files, getattr(accelerator, "scaler", None))
         save_time += time.perf_counter() - began
         return last_saved
 

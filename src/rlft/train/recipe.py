@@ -3,8 +3,9 @@
 The loop calls, in order: `before_wrap(model)`, `start(model)` once the model is prepared and any checkpoint is loaded;
 per step `prepare_step(model)` (None: the loop draws `gradient_accumulation_steps` micro-batches from
 `train_plan`; a list: the recipe built them, an empty list skips the update), `loss(model, batch)`
-per micro-batch, `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()`
-at each checkpoint. `rlft train` (train/run.py) calls `close()` when the loop ends, also on failure.
+per micro-batch, `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()` and
+`save_files(folder)` at each checkpoint (`load_state_dict`, `load_files` on resume). `rlft train` (train/run.py)
+calls `close()` when the loop ends, also on failure.
 Recipes never print: `messages()` returns warnings for the loop to show, `final_warnings()` those
 for the summary.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,6 +79,12 @@ class Recipe:
 
     def final_warnings(self) -> list[str]:
         return []
+
+    def save_files(self, folder: Path) -> None:
+        """Write into the checkpoint being saved (the main process only) what `state_dict`'s JSON cannot hold."""
+
+    def load_files(self, folder: Path) -> None:
+        """Read `save_files`'s files back on resume (every process), after `load_state_dict`."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

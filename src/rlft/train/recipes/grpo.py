@@ -25,11 +25,10 @@ from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
-from rlft.models.frozen import FrozenPolicy
+from rlft.models.frozen import FrozenPolicy, ReferenceMoves
 from rlft.data.collate import flatten_rows, pad_multiple
 from rlft.models.logprobs import (completion_batch, completion_logps, completion_scores, filters_active, sampled_logps,
                                  shared_completion_inputs)
-from rlft.models.weights import merged_weights
 from rlft.models.tokenizer import end_ids
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.compiled import compile_options
@@ -84,6 +83,7 @@ class GRPORecipe(Recipe):
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server)."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
         self.settings = s = rl_settings(cfg)
+        self.reference_moves = ReferenceMoves(reference, s)  # Cosmos-RL's reset, TR-DPO's soft update
         self.completions = CompletionLog(cfg.output_dir, tokenizer, bool(s.log_completions), s.num_completions_to_print or 0)
         unknown = sorted(set(s.raw["generation_kwargs"] or {}) - set(GENERATION_KWARGS))
         if unknown:
@@ -171,7 +171,7 @@ class GRPORecipe(Recipe):
         self.step = step
         policy = self.whole(model) if sync_due(step, self.settings.sync_interval) else model
         main_thread = self.feed.after_optimizer_step(policy, step) if self.feed else 0.0
-        self._update_reference(model, step)
+        self.reference_moves.after_step(model, step)
         self.fresh["time/weight_sync"] = round(clock() - started if not (self.feed and self.feed.depth) else main_thread, 4)
         if self.feed and self.feed.depth and self.feed.weight_sync.seconds:
             self.fresh["async/weight_load_s"] = round(self.feed.weight_sync.seconds, 4)
@@ -428,16 +428,11 @@ class GRPORecipe(Recipe):
             if sampled is not None:
                 rows[index].old_sampled_logps = sampled
 
-    def _update_reference(self, model, step: int) -> None:
-        """Cosmos-RL's reference reset every `reference_reset_interval` steps, or TR-DPO's soft update every
-        `ref_model_sync_steps` steps (both count optimizer steps)."""
-        s = self.settings
-        if self.reference is None or not self.reference.is_copy:
-            return
-        if s.reference_reset_interval and step % s.reference_reset_interval == 0:
-            self.reference.reset(merged_weights(model))
-        elif s.sync_ref_model and step % s.ref_model_sync_steps == 0:
-            self.reference.mix(merged_weights(model), s.ref_model_mixup_alpha)
+    def save_files(self, folder: Path) -> None:
+        self.reference_moves.save(folder)
+
+    def load_files(self, folder: Path) -> None:
+        self.pending += self.reference_moves.load(folder)
 
 
 def _flat(window: list) -> list:
