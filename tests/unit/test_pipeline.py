@@ -14,7 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.data.batches import BatchPlan, PlanCursor
-from rlft.errors import RolloutError
+from rlft.errors import CheckpointError, RolloutError
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.weights import merged_weights, trainable_weights
 from rlft.rollout.local import LocalEngine
@@ -344,8 +344,9 @@ def test_reference_mix_moves_a_tied_weight_once():
 
 
 def test_a_moved_reference_round_trips_through_its_checkpoint_file(tmp_path):
-    """ReferenceMoves saves the reference as it has moved (tied weights stay tied) and loads it back; a checkpoint
-    without the file (older rlft) leaves the starting weights and says so; a reference that never moves writes none."""
+    """ReferenceMoves saves the reference as it has moved (tied weights once) and loads it back; a damaged file is a
+    CheckpointError; a checkpoint without the file (older rlft) leaves the starting weights and says so; a reference
+    that never moves writes none."""
     from rlft.models.frozen import ReferenceMoves
 
     config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -360,8 +361,9 @@ def test_a_moved_reference_round_trips_through_its_checkpoint_file(tmp_path):
     assert resumed.load(tmp_path) == []
     for name, value in moved.reference.model.state_dict().items():
         assert torch.equal(resumed.reference.model.state_dict()[name], value), name
-    model = resumed.reference.model
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    (tmp_path / "reference.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="cannot restore the reference"):
+        ReferenceMoves(FrozenPolicy.copy_of(start), soft).load(tmp_path)
     older = ReferenceMoves(FrozenPolicy.copy_of(start), soft)
     (tmp_path / "old").mkdir()
     assert "holds no reference.safetensors" in older.load(tmp_path / "old")[0]

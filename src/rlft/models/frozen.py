@@ -18,6 +18,7 @@ from typing import Iterator
 
 import torch
 
+from rlft.errors import CheckpointError
 from rlft.models.weights import merged_weights
 
 
@@ -110,7 +111,12 @@ class ReferenceMoves:
 
     def load(self, folder: Path) -> list[str]:
         """Restores the reference from a checkpoint; the warning where the checkpoint has none."""
-        if not self.active or self.reference.load(folder / self.FILE):
-            return []
+        try:
+            if not self.active or self.reference.load(folder / self.FILE):
+                return []
+        except Exception as exc:  # a damaged file (SafetensorError), or a reference of another shape (RuntimeError)
+            raise CheckpointError(f"{folder / self.FILE}: cannot restore the reference from it ({str(exc).splitlines()[0][:200]}). "
+                                  "Resume from an earlier checkpoint, or start a new run from this one's model/ "
+                                  "folder") from None
         return [f"{folder} holds no {self.FILE} (rlft wrote none before 2026-11-26): the reference starts again from the "
                 "starting weights, until its next reset or update"]
