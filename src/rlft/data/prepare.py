@@ -70,12 +70,7 @@ def prompt_budget(cfg) -> int | None:
     with `skip_prepare_dataset`. `rlft validate` refuses a set `sequence_len` that leaves no room."""
     if cfg.skip_prepare_dataset or "sequence_len" not in cfg.model_fields_set:
         return None
-    completion = rl_settings(cfg).max_completion_length
-    budget = cfg.sequence_len - completion
-    if budget < 1:
-        raise DataError(f"sequence_len={cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length="
-                        f"{completion}: raise sequence_len, or remove it (prompts are then kept whatever their length)")
-    return budget
+    return cfg.sequence_len - rl_settings(cfg).max_completion_length
 
 
 def prompt_steps(cfg) -> MethodSteps:
