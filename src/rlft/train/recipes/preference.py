@@ -181,12 +181,13 @@ class PairRecipe(Recipe):
                                 bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         elif self.method == "orpo":
+            weight = orpo_lambda(cfg)
             result = L.orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
-                                 chosen_nll, alpha=orpo_lambda(cfg))
+                                 chosen_nll, alpha=weight)
             losses = result.losses
             # TRL's ORPO rewards: beta * average log-prob of each completion
-            chosen_rewards = (orpo_lambda(cfg) * out.logps[:pairs] / lengths_c.clamp_min(1)).detach()
-            rejected_rewards = (orpo_lambda(cfg) * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
+            chosen_rewards = (weight * out.logps[:pairs] / lengths_c.clamp_min(1)).detach()
+            rejected_rewards = (weight * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
         else:  # simpo / cpo
             loss_type = cfg.cpo_loss_type or "simpo"
             result = L.cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=preference_beta(cfg),
