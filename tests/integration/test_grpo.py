@@ -195,25 +195,33 @@ def test_loss_units_match_the_policy_loss(warm_model):
         assert float(out.loss_sum) == pytest.approx(float(expected.loss_sum), abs=1e-5), loss_type
 
 
-def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeypatch):
-    """num_iterations: 2 trains twice on each rollout batch; a checkpoint between the two carries the queue."""
+RESUME_REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+
+
+def _straight_and_resumed(tmp_path, cli, model, checkpoint: int, keep=(), **settings) -> tuple[dict, dict]:
+    """Run `settings` uninterrupted into a/, then into b/ resumed from a copy of a/'s checkpoint-N (and of the files in
+    `keep`, as the first run left them); each run's per-step metrics by step."""
     import shutil
 
-    monkeypatch.chdir(tmp_path)
-    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
-    settings = dict(max_steps=4, save_steps=1, logging_steps=1, trl={"num_iterations": 2, "log_completions": True})
-    straight = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
+    straight = _grpo_config(tmp_path, model, RESUME_REWARD, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
     assert cli("train", straight) == 0
     (tmp_path / "b").mkdir()
-    shutil.copytree(tmp_path / "a" / "checkpoint-1", tmp_path / "b" / "checkpoint-1")
-    # resumed where the first run went on: its completions of the generation batch after the checkpoint are replaced
-    shutil.copy(tmp_path / "a" / "completions.jsonl", tmp_path / "b" / "completions.jsonl")
-    resumed = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "b"),
+    shutil.copytree(tmp_path / "a" / f"checkpoint-{checkpoint}", tmp_path / "b" / f"checkpoint-{checkpoint}")
+    for name in keep:
+        shutil.copy(tmp_path / "a" / name, tmp_path / "b" / name)
+    resumed = _grpo_config(tmp_path, model, RESUME_REWARD, ["myrewards.r"], output_dir=str(tmp_path / "b"),
                            resume_from_checkpoint="auto", **settings)
     assert cli("train", resumed) == 0
-    first = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "a") if "loss" in m}
-    second = {m["step"]: (m["loss"], m["reward"]) for m in _metrics(tmp_path / "b") if "loss" in m}
-    assert [first[s] for s in (2, 3, 4)] == [second[s] for s in (2, 3, 4)]
+    return tuple({m["step"]: m for m in _metrics(tmp_path / run) if "loss" in m} for run in ("a", "b"))
+
+
+def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeypatch):
+    """num_iterations: 2 trains twice on each rollout batch; a checkpoint between the two carries the queue."""
+    monkeypatch.chdir(tmp_path)
+    # resumed where the first run went on: its completions of the generation batch after the checkpoint are replaced
+    first, second = _straight_and_resumed(tmp_path, cli, warm_model, 1, keep=["completions.jsonl"], max_steps=4, save_steps=1,
+                                          logging_steps=1, trl={"num_iterations": 2, "log_completions": True})
+    assert [(first[s]["loss"], first[s]["reward"]) for s in (2, 3, 4)] == [(second[s]["loss"], second[s]["reward"]) for s in (2, 3, 4)]
     completions = [(tmp_path / run / "completions.jsonl").read_text().splitlines() for run in ("a", "b")]
     assert completions[0] == completions[1] and len(completions[0]) == 2 * 8  # 2 generation batches, once each
 
@@ -223,22 +231,12 @@ def test_resume_goes_on_with_the_reference_as_it_had_moved(warm_model, cli, tmp_
     """A reference reset (Cosmos-RL) or soft-updated (TR-DPO) during the run is saved in each checkpoint: resumed
     after step 2, steps 3 and 4 train against the reference the uninterrupted run used (KL and loss equal), not
     against the starting weights."""
-    import shutil
-
     monkeypatch.chdir(tmp_path)
-    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
-    settings = dict(max_steps=4, save_steps=2, logging_steps=1, learning_rate=1e-2, trl={"beta": 0.1, **moves})
-    straight = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "a"), **settings)
-    assert cli("train", straight) == 0
+    first, second = _straight_and_resumed(tmp_path, cli, warm_model, 2, max_steps=4, save_steps=2, logging_steps=1,
+                                          learning_rate=1e-2, trl={"beta": 0.1, **moves})
     assert (tmp_path / "a" / "checkpoint-2" / "reference.safetensors").is_file()
-    (tmp_path / "b").mkdir()
-    shutil.copytree(tmp_path / "a" / "checkpoint-2", tmp_path / "b" / "checkpoint-2")
-    resumed = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / "b"),
-                           resume_from_checkpoint="auto", **settings)
-    assert cli("train", resumed) == 0
-    first = {m["step"]: (m["loss"], m["kl"]) for m in _metrics(tmp_path / "a") if "loss" in m}
-    second = {m["step"]: (m["loss"], m["kl"]) for m in _metrics(tmp_path / "b") if "loss" in m}
-    assert first[4][1] > 0 and [first[3], first[4]] == [second[3], second[4]]
+    assert first[4]["kl"] > 0
+    assert [(first[s]["loss"], first[s]["kl"]) for s in (3, 4)] == [(second[s]["loss"], second[s]["kl"]) for s in (3, 4)]
 
 
 def test_reference_reset_with_lora_and_sampling_options(warm_model, cli, tmp_path, monkeypatch, capsys):
