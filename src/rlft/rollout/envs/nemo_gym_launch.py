@@ -175,16 +175,19 @@ class GymServers:
         process, self.process = self.process, None
         for pid in session_members(process.pid):
             _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and session_members(process.pid):
-            process.poll()  # reap ng_run itself
-            time.sleep(0.2)
+        _wait_gone(process, 10)
         for pid in session_members(process.pid):
             _signal(pid, signal.SIGKILL)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        _wait_gone(process, 5)  # a killed process lingers a moment: return once none of the session is left
+
+
+def _wait_gone(process: subprocess.Popen, seconds: float) -> None:
+    """Until no process of `process`'s session is alive (ng_run itself reaped), or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and session_members(process.pid):
+        process.poll()  # reap ng_run itself
+        time.sleep(0.1)
+    process.poll()  # ng_run may have exited (a zombie, not counted above) during the last sleep
 
 
 def _refuse_busy_port(port: int) -> None:
