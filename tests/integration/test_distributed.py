@@ -173,6 +173,30 @@ def test_sharded_checkpoint_resumes_on_one_process(sft, strategy, then):
         assert "was written with DeepSpeed and this run is not under DeepSpeed" in " ".join(output.split())
 
 
+def test_an_epoch_run_resumed_with_a_smaller_global_batch_ends_with_the_epoch(sft):
+    """num_epochs: 1 over 12 micro-batches, written by 2 processes at step 2 (4 consumed), continued by 1 process with
+    the same accumulation (half the global batch): the 8 micro-batches left take steps 3-10, and the run ends with
+    the epoch, not 2 steps into the next one (the step count of one process from the start)."""
+    import shutil
+
+    config, _, folder = sft
+    rows = folder / "rows.jsonl"
+    source = Path(yaml.safe_load(config("probe", 1).read_text())["datasets"][0]["path"])
+    rows.write_text("".join(source.read_text().splitlines(keepends=True)[:96]))
+    epoch = {"datasets": [{"path": str(rows)}], "max_steps": None, "num_epochs": 1, "test_datasets": None,
+             "eval_steps": None, "warmup_steps": 0}
+    train(config("epoch-two", 1, save_steps=2, **epoch))
+    assert set(losses(folder / "epoch-two")) == set(range(1, 7))
+    shutil.rmtree(folder / "epoch-one", ignore_errors=True)
+    (folder / "epoch-one").mkdir()
+    shutil.copytree(folder / "epoch-two" / "checkpoint-2", folder / "epoch-one" / "checkpoint-2")
+    out = " ".join(train(config("epoch-one", 1, resume_from_checkpoint="auto", **epoch), processes=1).split())
+    assert "written by 2 processes, continued by 1" in out and "10 steps in all" in out, out[-3000:]
+    metrics = [m for m in read_metrics(folder / "epoch-one" / "metrics.jsonl") if "loss" in m]
+    assert [m["step"] for m in metrics] == list(range(3, 11))
+    assert metrics[-1]["epoch"] == 1.0
+
+
 def test_two_nodes_on_localhost(sft):
     """--nnodes 2, one process each, meeting at node 0's address: the same run as one process."""
     config, expected, folder = sft

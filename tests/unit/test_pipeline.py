@@ -357,6 +357,8 @@ def test_a_moved_reference_round_trips_through_its_checkpoint_file(tmp_path):
     moved = ReferenceMoves(FrozenPolicy.copy_of(start), soft)
     moved.after_step(policy, 1)
     moved.save(tmp_path)
+    written = (tmp_path / "reference.safetensors").stat().st_size  # what the disk-room check counts before a first save
+    assert written - 4096 < moved.saved_bytes() <= written, (moved.saved_bytes(), written)
     resumed = ReferenceMoves(FrozenPolicy.copy_of(start), soft)
     assert resumed.load(tmp_path) == []
     for name, value in moved.reference.model.state_dict().items():
@@ -370,6 +372,7 @@ def test_a_moved_reference_round_trips_through_its_checkpoint_file(tmp_path):
     assert torch.equal(older.reference.model.lm_head.weight, start.lm_head.weight)
     still = ReferenceMoves(FrozenPolicy.copy_of(start), SimpleNamespace(reference_reset_interval=0, sync_ref_model=False))
     still.save(tmp_path / "old")
+    assert still.saved_bytes() == 0
     assert not any((tmp_path / "old").iterdir()) and still.load(tmp_path / "old") == []
 
 

@@ -76,6 +76,11 @@ class FrozenPolicy:
 
         save_model(self.model, str(path))
 
+    def saved_bytes(self) -> int:
+        """About what `save` writes: the copy's tensors, tied weights once."""
+        tensors = {t.data_ptr(): t.numel() * t.element_size() for t in self.model.state_dict().values()}
+        return sum(tensors.values())
+
     def load(self, path: Path) -> bool:
         """The copy's weights from `save`'s file; False where there is none."""
         from safetensors.torch import load_model
@@ -108,6 +113,9 @@ class ReferenceMoves:
     def save(self, folder: Path) -> None:
         if self.active:
             self.reference.save(folder / self.FILE)
+
+    def saved_bytes(self) -> int:
+        return self.reference.saved_bytes() if self.active else 0
 
     def load(self, folder: Path) -> list[str]:
         """Restores the reference from a checkpoint; the warning where the checkpoint has none."""

@@ -65,11 +65,12 @@ class TrainState:
 
 
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None,
-                    extra_files: Callable[[Path], None] | None = None, scaler=None) -> Path:
+                    extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0) -> Path:
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it.
 
-    `extra_files(folder)` writes the recipe's own files into it (the main process); fp16's loss `scaler` keeps its
-    scale (a resumed run would otherwise start again at 65536 and skip steps finding its way back down).
+    `extra_files(folder)` writes the recipe's own files into it (the main process), about `extra_bytes` of them;
+    fp16's loss `scaler` keeps its scale (a resumed run would otherwise start again at 65536 and skip steps finding
+    its way back down).
     Refused before anything is written when the disk lacks the room; a write error on the way (a full disk, a
     quota) removes the staging folder and raises CheckpointError naming what failed: earlier checkpoints are
     untouched either way."""
@@ -80,7 +81,7 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
-        _check_room(output_dir, final, model, optimizer)
+        _check_room(output_dir, final, model, optimizer, extra_bytes)
         staging.mkdir(parents=True)
     barrier()
     unwrapped = getattr(model, "module", model)
@@ -153,9 +154,9 @@ def _write_failure(exc: Exception, final: Path, output_dir: Path) -> str:
             f"Fix it ({fix}), then resume with resume_from_checkpoint: auto")
 
 
-def _check_room(output_dir: Path, final: Path, model, optimizer) -> None:
+def _check_room(output_dir: Path, final: Path, model, optimizer, extra_bytes: int = 0) -> None:
     """Refuse the save when the disk under `output_dir` has less room than it needs (the size of the previous
-    checkpoint, or the tensors it will hold, plus a tenth)."""
+    checkpoint, or the tensors it will hold and the recipe's `extra_bytes`, plus a tenth)."""
     previous = _last_complete(output_dir, final)
     if previous is not None:
         needed = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
@@ -163,7 +164,7 @@ def _check_room(output_dir: Path, final: Path, model, optimizer) -> None:
         unwrapped = getattr(model, "module", model)
         saved = [p for p in unwrapped.parameters() if p.requires_grad] if hasattr(unwrapped, "peft_config") else list(unwrapped.parameters())
         state = [v for entry in _inner(optimizer).state.values() for v in entry.values() if isinstance(v, torch.Tensor)]
-        needed = sum(t.numel() * t.element_size() for t in saved + state)
+        needed = sum(t.numel() * t.element_size() for t in saved + state) + extra_bytes
     needed = int(needed * 1.1) + (1 << 20)
     free = shutil.disk_usage(output_dir).free
     if free < needed:
@@ -298,6 +299,27 @@ def resolve_resume(setting: str | None, output_dir: Path, warn: Callable[[str], 
     return folder
 
 
+def agreed_resume(setting: str | None, output_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """`resolve_resume` on the main process, its choice (or its refusal) taken by every process: each one looking
+    for itself could pick another checkpoint (a save still landing on a shared filesystem, one rank's stale view),
+    and the ranks would load different steps' weights."""
+    from rlft.train.parallel import broadcast_object
+
+    found, problem = None, None
+    if launched()[0] == 0:
+        try:
+            found = resolve_resume(setting, output_dir, warn)
+        except CheckpointError as exc:
+            problem = str(exc)
+    found, problem = broadcast_object((found, problem))
+    if problem:
+        raise CheckpointError(problem)
+    if found is not None and not (found / STATE_FILE).is_file():
+        raise CheckpointError(f"resume_from_checkpoint: process {launched()[0]} cannot see {found}, which the main "
+                              "process resumes from: output_dir must be on a filesystem that every node sees")
+    return found
+
+
 def load_weights(model, folder: Path) -> None:
     """Load checkpoint weights into an already-built model (full weights or a PEFT adapter)."""
     from safetensors.torch import load_file
@@ -356,6 +378,10 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler=None) -> T
         raise CheckpointError(f"{folder}: {exc}; rlft never runs code from a checkpoint. Use a checkpoint you wrote") from None
     except (RuntimeError, ValueError, KeyError, EOFError) as exc:
         raise CheckpointError(f"{folder}: cannot restore optimizer/scheduler/RNG state: {exc}") from None
+    return read_state(folder)
+
+
+def read_state(folder: Path) -> TrainState:
     return TrainState(**json.loads((folder / STATE_FILE).read_text()))
 
 

@@ -22,8 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
-from rlft.train.checkpoint import (TrainState, changed_learning_rate, clean_staging, load_checkpoint, load_weights,
-                                   resolve_resume, save_checkpoint, set_aside_earlier_run)
+from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, clean_staging, load_checkpoint,
+                                   load_weights, read_state, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
 from rlft.rollout.compiled import compile_options
@@ -60,6 +60,20 @@ def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction 
         return cfg.max_steps
     draws = Fraction(draws_per_step or cfg.gradient_accumulation_steps)
     return max(1, math.ceil(Fraction(str(cfg.num_epochs)) * micro_batches_per_epoch / draws))
+
+
+def total_steps_resumed(cfg, recipe: Recipe, written: TrainState, world: int, total_steps: int) -> int:
+    """A num_epochs run continued by another number of processes than wrote its checkpoint, where each process's
+    share of the plan changes with the count (the loop's cursor; the GRPO family's prompts are not split): the steps
+    done plus the steps that the data left over takes now. `total_steps_for` alone would count the whole run at
+    today's split, and train past (or stop short of) the last epoch whenever the global batch changed."""
+    if cfg.max_steps or written.world_size == world or recipe.draws_per_step is not None:
+        return total_steps
+    cursor = PlanCursor(recipe.train_plan, written.epoch, written.batch_in_epoch)
+    cursor.reshard(written.world_size, world)
+    plan = len(recipe.train_plan)
+    left = Fraction(str(cfg.num_epochs)) * plan - (cursor.epoch * plan + cursor.batch_in_epoch)
+    return written.global_step + max(0, math.ceil(left / cfg.gradient_accumulation_steps))
 
 
 class _StopAfterStep(Exception):
@@ -116,9 +130,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     eval_every, save_every = every(cfg.eval_steps, cfg.evals_per_epoch, epoch_steps), every(cfg.save_steps, cfg.saves_per_epoch, epoch_steps)
     world = accelerator.num_processes
     warn = (lambda message: console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)) if main else None
-    resume_from = resolve_resume(cfg.resume_from_checkpoint, output_dir, warn)
+    resume_from = agreed_resume(cfg.resume_from_checkpoint, output_dir, warn)
     if resume_from is not None:  # the weights go in before the model is wrapped or sharded
         load_weights(accelerator.unwrap_model(model), resume_from / "model")
+        total_steps = total_steps_resumed(cfg, recipe, read_state(resume_from), world, total_steps)
     recipe.before_wrap(model)
     model, optimizer = wrap(cfg, model, accelerator, console)
     deepspeed = zero.is_deepspeed(model)
@@ -140,7 +155,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             state.batch_in_epoch = cursor_state.batch_in_epoch
             skipped = state.batch_in_epoch * world - before * state.world_size
             note += (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
-                    + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even)" if skipped else ")"))
+                     + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even" if skipped else "")
+                     + (f"; {total_steps} steps in all)" if not cfg.max_steps else ")"))
             state.world_size = world
         console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}{note}")
     elif cfg.resume_from_checkpoint == "auto":
@@ -194,7 +210,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         began = time.perf_counter()
         with timer("save"):
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit,
-                                         recipe.save_files, getattr(accelerator, "scaler", None))
+                                         recipe.save_files, getattr(accelerator, "scaler", None), recipe.saved_files_bytes())
         save_time += time.perf_counter() - began
         return last_saved
 

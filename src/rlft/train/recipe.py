@@ -83,6 +83,10 @@ class Recipe:
     def save_files(self, folder: Path) -> None:
         """Write into the checkpoint being saved (the main process only) what `state_dict`'s JSON cannot hold."""
 
+    def saved_files_bytes(self) -> int:
+        """About how much `save_files` writes (the disk-room check before the first checkpoint counts it)."""
+        return 0
+
     def load_files(self, folder: Path) -> None:
         """Read `save_files`'s files back on resume (every process), after `load_state_dict`."""
 

@@ -431,6 +431,9 @@ class GRPORecipe(Recipe):
     def save_files(self, folder: Path) -> None:
         self.reference_moves.save(folder)
 
+    def saved_files_bytes(self) -> int:
+        return self.reference_moves.saved_bytes()
+
     def load_files(self, folder: Path) -> None:
         self.pending += self.reference_moves.load(folder)
 

@@ -1,0 +1,57 @@
+"""What a save asks of the disk, and which checkpoint every process resumes from (rlft.train.checkpoint)."""
+
+import collections
+import json
+
+import pytest
+import torch
+
+import rlft.train.checkpoint as checkpoint
+from rlft.errors import CheckpointError
+
+
+def test_the_room_needed_before_a_first_save_counts_the_recipes_files(tmp_path, monkeypatch):
+    """With no earlier checkpoint to measure, the room asked for is the weights, the optimizer state and what the
+    recipe writes besides (a moving reference's file), plus a tenth."""
+    model = torch.nn.Linear(256, 256)  # 257 KiB of weights, no optimizer state before its first step
+    optimizer = torch.optim.AdamW(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    usage = collections.namedtuple("usage", "total used free")
+    free = int(weights * 1.1) + (1 << 20) + 100  # room for the weights alone
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(1 << 40, 0, free))
+    checkpoint._check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer)
+    with pytest.raises(CheckpointError, match="not enough disk space to save checkpoint-1"):
+        checkpoint._check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer, extra_bytes=weights)
+
+
+def _complete(folder):
+    folder.mkdir(parents=True)
+    (folder / checkpoint.STATE_FILE).write_text(json.dumps({"global_step": int(folder.name.split("-")[1])}))
+    return folder
+
+
+def test_every_process_resumes_from_the_main_process_choice(tmp_path, monkeypatch):
+    """`auto` is resolved on the main process only; another process takes its choice even where its own view of the
+    folder differs, refuses one it cannot see, and raises the main process's refusal instead of waiting for it."""
+    import rlft.train.parallel as parallel
+
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    chosen = _complete(shared / "checkpoint-4")
+    _complete(mine / "checkpoint-2")  # this process sees only an older checkpoint
+    # complete here means holding the state file (what a complete checkpoint holds is tested in test_checkpoints.py)
+    monkeypatch.setattr(checkpoint, "checkpoint_problem",
+                        lambda folder: None if (folder / checkpoint.STATE_FILE).is_file() else "it does not exist")
+    monkeypatch.setattr(checkpoint, "launched", lambda: (1, 2))
+    monkeypatch.setattr(parallel, "broadcast_object", lambda value: (chosen, None))  # rank 0's pick
+    assert checkpoint.agreed_resume("auto", mine) == chosen
+    monkeypatch.setattr(parallel, "broadcast_object", lambda value: (mine / "checkpoint-9", None))
+    with pytest.raises(CheckpointError, match="process 1 cannot see .*checkpoint-9.*every node sees"):
+        checkpoint.agreed_resume("auto", mine)
+    monkeypatch.setattr(parallel, "broadcast_object", lambda value: (None, "resume_from_checkpoint: x is not usable"))
+    with pytest.raises(CheckpointError, match="x is not usable"):
+        checkpoint.agreed_resume("auto", mine)
+    monkeypatch.setattr(checkpoint, "launched", lambda: (0, 1))  # one process: resolves for itself
+    monkeypatch.setattr(parallel, "broadcast_object", lambda value: value)
+    assert checkpoint.agreed_resume("auto", shared) == chosen
+    with pytest.raises(CheckpointError, match="is not a usable checkpoint"):
+        checkpoint.agreed_resume(str(tmp_path / "missing"), shared)
