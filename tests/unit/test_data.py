@@ -578,6 +578,15 @@ def test_val_set_size_splits_exactly(write_jsonl, data_config, tok, val_set_size
     assert (len(data.train), len(data.eval)) == (train_rows, eval_rows)
 
 
+def test_val_set_size_holds_out_the_last_rows(write_jsonl, data_config, tok):
+    """As Axolotl's `train_test_split(shuffle=False)` after its merge: with the merged rows kept in order, the eval
+    rows are the last ones."""
+    cfg = data_config({"path": str(write_jsonl(TEN_ROWS))}, val_set_size=0.3, shuffle_merged_datasets=False)
+    data = prepare_sft_data(cfg, tok)
+    assert [tok.decode(e["input_ids"]) for e in data.eval] == [f"p{i}c{i}<|im_end|>" for i in (7, 8, 9)]
+    assert [tok.decode(e["input_ids"]) for e in data.train] == [f"p{i}c{i}<|im_end|>" for i in range(7)]
+
+
 def test_val_set_size_too_large(write_jsonl, data_config, tok):
     cfg = data_config({"path": str(write_jsonl(TEN_ROWS))}, val_set_size=10)
     with pytest.raises(DataError, match="val_set_size=10.0 leaves no training rows out of 10"):

@@ -191,7 +191,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     # --- data ---
     datasets: list[DatasetConfig] = field([], "Training datasets, merged in order.")
     test_datasets: Optional[list[DatasetConfig]] = field(None, "Evaluation datasets (instead of val_set_size).")
-    val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data.", ge=0.0)
+    val_set_size: float = field(0.0, "Hold out this fraction (<1) or number of rows (>=1) of the training data: its last rows, after the "
+                                   "merged datasets' seeded shuffle (as Axolotl).", ge=0.0)
     dataset_prepared_path: Optional[str] = field(None, "Folder that keeps tokenised data; reused while config, data files, "
                                                        "tokenizer and rlft are unchanged (docs/sft.md).")
     dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).", ge=1)

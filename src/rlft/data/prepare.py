@@ -218,7 +218,7 @@ def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
         size = int(cfg.val_set_size) if cfg.val_set_size >= 1 else max(1, math.ceil(cfg.val_set_size * len(train)))
         if size >= len(train):
             raise DataError(f"val_set_size={cfg.val_set_size} leaves no training rows out of {len(train)}")
-        evaluation, train = train[:size], train[size:]
+        train, evaluation = train[:-size], train[-size:]  # the last rows, as Axolotl's unshuffled train_test_split
     if cfg.dataset_exact_deduplication:
         train, evaluation = deduplicate(train, evaluation, reports)
     return PreparedData(train=train, eval=evaluation, reports=reports)
