@@ -377,7 +377,9 @@ def test_a_fresh_run_moves_an_earlier_runs_checkpoints_aside_instead_of_pruning_
     assert cli("train", make_config(output_dir=str(out), max_steps=2, save_steps=2, save_total_limit=1, seed=4)) == 0
     aside = list(out.glob("previous-run-*"))
     assert len(aside) == 1 and f"moved to {aside[0]}" in capsys.readouterr().out
-    assert sorted(p.name for p in aside[0].iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in aside[0].iterdir()) == ["checkpoint-2", "checkpoint-4", "metrics.jsonl"]
+    assert [m["step"] for m in read_metrics(aside[0] / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4]  # its own log
+    assert not (out / "metrics.previous.jsonl").exists()
     assert (aside[0] / "checkpoint-4" / "trainer_state.json").read_text() == earlier  # whole, resumable from there
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
     assert resolve_resume("auto", out, None).name == "checkpoint-2"

@@ -394,8 +394,8 @@ def changed_learning_rate(folder: Path, scheduler) -> str:
 
 
 def set_aside_earlier_run(output_dir: Path) -> Path | None:
-    """A fresh run in an `output_dir` that holds an earlier run's checkpoints moves them (and its completions.jsonl) into
-    `previous-run-<date>-<time>/`: this run's saves would overwrite those of equal steps and `save_total_limit` prune
+    """A fresh run in an `output_dir` that holds an earlier run's checkpoints moves them (and its metrics.jsonl and
+    completions.jsonl, so that the run can go on from there) into `previous-run-<date>-<time>/`: this run's saves would overwrite those of equal steps and `save_total_limit` prune
     them, and `resume_from_checkpoint: auto` would later take the earlier run's newest up as this one's. Returns the
     folder, None when there was nothing to move."""
     earlier = [path for path in output_dir.glob("checkpoint-*") if _NAME.match(path.name) and path.is_dir()]
@@ -407,7 +407,7 @@ def set_aside_earlier_run(output_dir: Path) -> Path | None:
         number += 1
         folder = output_dir / f"previous-run-{stamp}-{number}"
     folder.mkdir()
-    for path in earlier + [output_dir / "completions.jsonl"]:
+    for path in earlier + [output_dir / "metrics.jsonl", output_dir / "completions.jsonl"]:
         if path.exists():
             path.rename(folder / path.name)
     return folder

@@ -168,13 +168,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                       f"{guards.stale} evaluations): nothing more to train")
         total_steps = state.global_step
     log = MetricsLog(cfg, output_dir, enabled=main)
-    if main and resume_from is None and log.path.exists():  # a fresh run: keep the old log aside, do not mix them
-        log.path.rename(log.path.with_name("metrics.previous.jsonl"))
-    if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):
+    if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):  # with its metrics.jsonl
         console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} (to go on with that run, "
                       "resume from there)", markup=False, soft_wrap=True)
     elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
         log.truncate_after(state.global_step)
+    if main and resume_from is None and log.path.exists():  # a run that saved nothing: keep its log aside, do not mix
+        log.path.rename(log.path.with_name("metrics.previous.jsonl"))
     timer = PhaseTimer()
     total_params, trainable_params = flop_parameters(unwrapped)
     peak = peak_flops(accelerator.device, precision(cfg, accelerator), cfg.mfu_peak_flops) * accelerator.num_processes
