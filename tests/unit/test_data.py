@@ -770,3 +770,45 @@ def test_grpo_prompts_are_limited_only_where_the_config_sets_sequence_len(data_c
     assert prompt_budget(data_config({"path": "x.jsonl"}, **base)) is None
     assert prompt_budget(data_config({"path": "x.jsonl"}, **base, sequence_len=640)) == 128
     assert prompt_budget(data_config({"path": "x.jsonl"}, **base, sequence_len=512, skip_prepare_dataset=True)) is None
+
+
+# ---------------------------------------------------------------- input_output (Axolotl's template-free format)
+
+SEGMENTS = [{"text": "Q: 2+2?\n", "label": False}, {"text": "A: 4", "label": True}, {"text": "\n", "label": False},
+            {"text": " done</s>", "label": True}]
+
+
+@pytest.mark.parametrize("train_on_inputs", [False, True])
+def test_input_output_trains_the_labelled_segments_as_written(write_jsonl, data_config, gpt2_tokenizer, train_on_inputs):
+    """Each segment's text is tokenised alone, without BOS or EOS (the texts carry their own), and its tokens are
+    trained where `label` is true, or everywhere with train_on_inputs (as Axolotl's RawInputOutputStrategy)."""
+    cfg = data_config({"path": str(write_jsonl([{"segments": SEGMENTS}])), "type": "input_output"},
+                      train_on_inputs=train_on_inputs, sequence_len=64)
+    (example,) = prepare_sft_data(cfg, gpt2_tokenizer).train
+    parts = [gpt2_tokenizer(s["text"], add_special_tokens=False)["input_ids"] for s in SEGMENTS]
+    assert example["input_ids"] == [i for part in parts for i in part]
+    expected = [i if s["label"] or train_on_inputs else IGNORE for s, part in zip(SEGMENTS, parts) for i in part]
+    assert example["labels"] == expected
+    assert gpt2_tokenizer.decode([i for i in example["labels"] if i != IGNORE]) == (
+        "Q: 2+2?\nA: 4\n done</s>" if train_on_inputs else "A: 4 done</s>")
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"text": "no segments"}, r"needs a non-empty `segments` list \(the row has \['text'\]\)"),
+    ({"segments": []}, r"needs a non-empty `segments` list"),
+    ({"segments": [{"text": "a"}]}, r"segments\[0\] must be \{\"text\": str, \"label\": true\|false\}, got \{'text': 'a'\}"),
+    ({"segments": [{"text": "a", "label": True}, {"text": 3, "label": False}]}, r"segments\[1\] must be"),
+    ({"segments": [{"text": "a", "label": "yes"}]}, r"segments\[0\] must be"),
+    ({"segments": "a"}, r"needs a non-empty `segments` list"),
+])
+def test_a_malformed_input_output_row_names_its_line(write_jsonl, data_config, tok, row, message):
+    cfg = data_config({"path": str(write_jsonl([{"segments": SEGMENTS}, row])), "type": "input_output"})
+    with pytest.raises(DataError, match=r"line 2: (type: input_output )?" + message):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+def test_an_input_output_row_with_no_trained_segment_is_dropped_and_counted(write_jsonl, data_config, tok):
+    rows = [{"segments": SEGMENTS}, {"segments": [{"text": "only input", "label": False}]}]
+    cfg = data_config({"path": str(write_jsonl(rows)), "type": "input_output"})
+    examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert len(examples) == 1 and report.dropped.get("no_target") == 1

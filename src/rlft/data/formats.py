@@ -4,6 +4,7 @@ Canonical SFT records are one of:
   {"messages": [{"role", "content"}, ...]}   chat, tokenised with the chat template
   {"prompt": str, "completion": str}        prompt masked, completion (+EOS) trained
   {"text": str}                             every token trained (+EOS)
+  {"segments": [(str, bool), ...]}          each text tokenised alone, trained where True (Axolotl's input_output)
 
 `type:` is resolved like Axolotl: a built-in dotted name, else a user `module.fn` importable from the
 working directory (called as `fn(cfg, dataset_idx=i)`, returning `transform_fn` or
@@ -158,6 +159,24 @@ def completion_format(ds) -> RowFormat:
     return convert
 
 
+def input_output_format(ds) -> RowFormat:
+    """Axolotl's template-free `input_output`: {"segments": [{"text": str, "label": bool}, ...]}, each segment's text
+    tokenised as it is (no BOS or EOS added: the texts carry their own), its tokens trained where `label` is true."""
+
+    def convert(row: dict[str, Any]) -> Record:
+        segments = row.get("segments")
+        if not isinstance(segments, list) or not segments:
+            raise RowError(f"type: input_output needs a non-empty `segments` list (the row has {fields_of(row)})")
+        kept = []
+        for index, segment in enumerate(segments):
+            if not isinstance(segment, dict) or not isinstance(segment.get("text"), str) or not isinstance(segment.get("label"), bool):
+                raise RowError(f"segments[{index}] must be {{\"text\": str, \"label\": true|false}}, got {_short(segment)}")
+            kept.append((segment["text"], segment["label"]))
+        return {"segments": kept}
+
+    return convert
+
+
 def prompt_completion_format(ds) -> RowFormat:
     """Rows that already hold `prompt` and `completion` strings (or `messages`, or `text`)."""
 
@@ -198,6 +217,7 @@ SFT_FORMATS: dict[str, Callable[[Any], RowFormat]] = {
     "chat_template.default": chat_template_format,
     "alpaca": alpaca_format,
     "completion": completion_format,
+    "input_output": input_output_format,
 }
 
 

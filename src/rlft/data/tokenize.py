@@ -185,6 +185,13 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         marked = _chat_char_mask(tokenizer, rendered, record["messages"], set(roles_to_train), train_on_eos, eot_tokens)
         labels = [tok if any(marked[start:end]) else IGNORE for tok, (start, end) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
+    if "segments" in record:  # input_output: the texts as written, no special tokens added
+        ids, labels = [], []
+        for part, trained in record["segments"]:
+            part_ids = list(tokenizer(part, add_special_tokens=False)["input_ids"])
+            ids += part_ids
+            labels += part_ids if trained or train_on_inputs else [IGNORE] * len(part_ids)
+        return {"input_ids": ids, "labels": labels}
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ended = lambda ids: ids if ids[-1:] == eos else ids + eos  # noqa: E731  (the text's own EOS, or the tokenizer's)
     if "text" in record:
