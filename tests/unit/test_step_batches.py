@@ -14,13 +14,14 @@ def _plan(rows: int = 7, shard=(0, 1), collate=None) -> BatchPlan:
     return BatchPlan(examples, 2, seed=5, pad_id=0, shard=shard, seed_batches=True, collate=collate)
 
 
+@pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("shard", [(0, 1), (1, 2)])
-def test_steps_equal_drawing_one_by_one_across_epochs(shard):
+def test_steps_equal_drawing_one_by_one_across_epochs(shard, ahead):
     """5 rows in micro-batches of 2, 3 per step, over several epochs (on rank 1 of 2, whose second batch each epoch
     only repeats its first: padding): every batch, its sample seed and padding flag, and the position after each
-    step, as the cursor drawn one at a time."""
+    step, as the cursor drawn one at a time; collated ahead (GPU) or in the step (CPU)."""
     one_by_one = PlanCursor(_plan(5, shard=shard), epoch=1, batch_in_epoch=1)
-    steps = StepBatches(PlanCursor(_plan(5, shard=shard), epoch=1, batch_in_epoch=1), 3)
+    steps = StepBatches(PlanCursor(_plan(5, shard=shard), epoch=1, batch_in_epoch=1), 3, ahead=ahead)
     padding = []
     try:
         for _ in range(6):
@@ -60,6 +61,19 @@ def test_the_next_step_is_collated_on_another_thread_while_this_one_runs():
         assert all(name.startswith("rlft-batches") for name in threads)
     finally:
         steps.close()
+
+
+def test_on_a_cpu_each_step_is_collated_when_asked_for_in_the_callers_thread():
+    """ahead=False: nothing is collated before `next` asks, and nothing off the caller's thread (a collating thread
+    would take the cores the step computes on)."""
+    threads = []
+    steps = StepBatches(PlanCursor(_plan(collate=lambda rows: threads.append(threading.current_thread().name) or {})), 2,
+                        ahead=False)
+    for count in (2, 4):
+        steps.next()
+        threading.Event().wait(0.2)  # time for any collation running ahead to show
+        assert threads == [threading.current_thread().name] * count
+    steps.close()
 
 
 def test_a_collate_error_reaches_the_step_that_holds_the_row():

@@ -144,16 +144,24 @@ class StepBatches:
     loop synchronises with the GPU during a step (loss values, the gradient norm), so collating in between had left the
     GPU idle: 5 ms of an 89 ms SFT step at micro batch 32 on an H200 (bench/results/sft_vs_trl-*-mb32.json).
 
+    `ahead=False` (training on a CPU) collates each step when it is asked for, in the caller's thread: there the
+    collating thread takes a core and the GIL from the step's own compute threads, and stalls them. DPO at size S
+    with each prompt once (whose collation builds the shared layout) took 28.5 ms per step collated ahead against
+    14.1 ms collated in the step, on 2 cores (bench/preference.py, 2026-11-26).
+
     The cursor moves when a step is drawn, one step ahead of training, so `next` also gives the position just after
     the step it returns: what a checkpoint saved after that step records. Batches are the same as drawn one by one."""
 
-    def __init__(self, cursor: PlanCursor, count: int):
-        self.cursor, self.count = cursor, count
+    def __init__(self, cursor: PlanCursor, count: int, ahead: bool = True):
+        self.cursor, self.count, self.ahead = cursor, count, ahead
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[Future, tuple[int, int]] | None = None
 
     def next(self) -> tuple[list[dict[str, Any]], tuple[int, int]]:
         """The next step's `count` micro-batches and the (epoch, batch_in_epoch) after them."""
+        if not self.ahead:
+            drawn = [self.cursor.draw() for _ in range(self.count)]
+            return [self.cursor.collate(d) for d in drawn], (self.cursor.epoch, self.cursor.batch_in_epoch)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlft-batches", initializer=_main_thread_signals)
         current = self._ahead or self._submit()

@@ -186,7 +186,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     started = time.perf_counter()
     save_time = 0.0
     cursor = PlanCursor(plan, state.epoch, state.batch_in_epoch)  # the data position of recipes that do not draw their own
-    steps = StepBatches(cursor, ga)  # the next step's batches collate while this one computes
+    # on a GPU the next step's batches collate while this one computes; on a CPU that would take the step's own cores
+    steps = StepBatches(cursor, ga, ahead=accelerator.device.type != "cpu")
     recipe.start(unwrapped)
 
     def next_batches() -> list[dict[str, Any]]:
