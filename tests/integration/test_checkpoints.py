@@ -365,6 +365,19 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
     assert not (out / "model.safetensors").exists()
 
 
+def test_the_log_of_an_earlier_run_that_saved_nothing_is_kept_aside(make_config, cli, tmp_path):
+    """An output_dir with a metrics.jsonl and no checkpoint (a run stopped before its first save): the new run's log
+    starts empty and the earlier one becomes metrics.previous.jsonl."""
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = '{"step": 1, "loss": 9.0}\n'
+    (out / "metrics.jsonl").write_text(earlier)
+    assert cli("train", make_config(output_dir=str(out), max_steps=2)) == 0
+    assert (out / "metrics.previous.jsonl").read_text() == earlier
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m] == [1, 2]
+    assert not list(out.glob("previous-run-*"))
+
+
 def test_a_fresh_run_moves_an_earlier_runs_checkpoints_aside_instead_of_pruning_or_resuming_them(make_config, cli,
                                                                                                 tmp_path, capsys):
     """A new run in the output_dir of an earlier one: its save of step 2 would overwrite the earlier checkpoint-2,

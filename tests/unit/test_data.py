@@ -799,12 +799,23 @@ def test_input_output_trains_the_labelled_segments_as_written(write_jsonl, data_
     ({"segments": [{"text": "a"}]}, r"segments\[0\] must be \{\"text\": str, \"label\": true\|false\}, got \{'text': 'a'\}"),
     ({"segments": [{"text": "a", "label": True}, {"text": 3, "label": False}]}, r"segments\[1\] must be"),
     ({"segments": [{"text": "a", "label": "yes"}]}, r"segments\[0\] must be"),
+    ({"segments": [{"text": "a", "label": 2}]}, r"segments\[0\] must be"),
+    ({"segments": ["a"]}, r"segments\[0\] must be"),
     ({"segments": "a"}, r"needs a non-empty `segments` list"),
 ])
 def test_a_malformed_input_output_row_names_its_line(write_jsonl, data_config, tok, row, message):
     cfg = data_config({"path": str(write_jsonl([{"segments": SEGMENTS}, row])), "type": "input_output"})
     with pytest.raises(DataError, match=r"line 2: (type: input_output )?" + message):
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+
+
+def test_input_output_labels_of_one_and_zero_count_as_true_and_false(write_jsonl, data_config, tok):
+    """Axolotl tests the label's truth, so rows written with 1 and 0 train there: they train the same here."""
+    numbers = [{"text": s["text"], "label": int(s["label"])} for s in SEGMENTS]
+    rows = [{"segments": SEGMENTS}, {"segments": numbers}]
+    cfg = data_config({"path": str(write_jsonl(rows)), "type": "input_output"})
+    examples, _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert len(examples) == 2 and examples[0]["labels"] == examples[1]["labels"]
 
 
 def test_an_input_output_row_with_no_trained_segment_is_dropped_and_counted(write_jsonl, data_config, tok):

@@ -44,3 +44,40 @@ def test_a_grpo_epoch_counts_the_steps_each_plan_batch_feeds():
         recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), byte_tokenizer(), None, None)
         assert recipe.draws_per_step == draws, trl
         assert total_steps_for(cfg, len(recipe.train_plan), recipe.draws_per_step) == len(recipe.train_plan) / draws
+
+
+def _recipe(rows: int, rank: int = 0, world: int = 1):
+    return SimpleNamespace(train_plan=BatchPlan(list(range(rows)), 1, seed=0, pad_id=0, shard=(rank, world)),
+                           draws_per_step=None)
+
+
+def test_a_resume_counts_the_steps_the_micro_batches_left_take_now():
+    """The steps done plus the micro-batches left at today's accumulation and process count: unchanged (the same total
+    as a fresh count), another accumulation on as many processes, a second resume after 2 -> 1 processes, and the
+    GRPO family and max_steps (left as counted)."""
+    from rlft.train.checkpoint import TrainState
+    from rlft.train.loop import total_steps_resumed
+
+    cfg = _cfg(gradient_accumulation_steps=2, num_epochs=2)
+    same = TrainState(global_step=3, epoch=0, batch_in_epoch=6, world_size=1)  # 12 micro-batches an epoch, 2 a step
+    assert total_steps_resumed(cfg, _recipe(12), same, 1, total_steps_for(cfg, 12)) == 12 == total_steps_for(cfg, 12)
+    smaller = _cfg(gradient_accumulation_steps=1, num_epochs=2)  # 6 done, 18 left, 1 a step
+    assert total_steps_resumed(smaller, _recipe(12), same, 1, total_steps_for(smaller, 12)) == 3 + 18
+    # written by 1 process after an earlier 2 -> 1 resume: 2 steps of 2 processes (4 micro-batches), then 4 of 1
+    again = TrainState(global_step=6, epoch=0, batch_in_epoch=8, world_size=1)
+    assert total_steps_resumed(smaller, _recipe(12), again, 1, 24) == 6 + 16
+    grpo = SimpleNamespace(train_plan=_recipe(12).train_plan, draws_per_step=Fraction(1, 2))
+    assert total_steps_resumed(cfg, grpo, same, 2, 99) == 99
+    assert total_steps_resumed(_cfg(max_steps=7), _recipe(12), same, 2, 7) == 7
+
+
+def test_an_epoch_end_on_uneven_shards_is_not_counted_twice():
+    """11 micro-batches on 2 processes: 6 each, rank 1's last one padding. A checkpoint at the end of epoch 0 holds
+    6; resharded to 1 process that is 12, past the plan's 11: the cursor moves to the next epoch, and the count takes
+    the whole second epoch (11 micro-batches, 6 steps of 2), none of it skipped."""
+    from rlft.train.checkpoint import TrainState
+    from rlft.train.loop import total_steps_resumed
+
+    cfg = _cfg(gradient_accumulation_steps=2, num_epochs=2)
+    written = TrainState(global_step=3, epoch=0, batch_in_epoch=6, world_size=2)
+    assert total_steps_resumed(cfg, _recipe(11), written, 1, total_steps_for(cfg, 11)) == 3 + 6

@@ -169,9 +169,11 @@ def input_output_format(ds) -> RowFormat:
             raise RowError(f"type: input_output needs a non-empty `segments` list (the row has {fields_of(row)})")
         kept = []
         for index, segment in enumerate(segments):
-            if not isinstance(segment, dict) or not isinstance(segment.get("text"), str) or not isinstance(segment.get("label"), bool):
+            words, label = (segment.get("text"), segment.get("label")) if isinstance(segment, dict) else (None, None)
+            # 1 and 0 count as true and false, as Axolotl tests the label's truth
+            if not isinstance(words, str) or type(label) not in (bool, int) or label not in (0, 1):
                 raise RowError(f"segments[{index}] must be {{\"text\": str, \"label\": true|false}}, got {_short(segment)}")
-            kept.append((segment["text"], segment["label"]))
+            kept.append((words, bool(label)))
         return {"segments": kept}
 
     return convert

@@ -63,16 +63,18 @@ def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction 
 
 
 def total_steps_resumed(cfg, recipe: Recipe, written: TrainState, world: int, total_steps: int) -> int:
-    """A num_epochs run continued by another number of processes than wrote its checkpoint, where each process's
-    share of the plan changes with the count (the loop's cursor; the GRPO family's prompts are not split): the steps
-    done plus the steps that the data left over takes now. `total_steps_for` alone would count the whole run at
-    today's split, and train past (or stop short of) the last epoch whenever the global batch changed."""
-    if cfg.max_steps or written.world_size == world or recipe.draws_per_step is not None:
+    """A resumed num_epochs run whose recipe draws from the loop's cursor (the GRPO family's prompts are not split by
+    process): the steps done plus the steps that the micro-batches left take at today's process count and
+    accumulation. `total_steps_for` alone counts the whole run at today's global batch, and trains past (or stops
+    short of) the last epoch when the process count or `gradient_accumulation_steps` changed, at this resume or an
+    earlier one. With nothing changed both give the same count."""
+    if cfg.max_steps or recipe.draws_per_step is not None:
         return total_steps
     cursor = PlanCursor(recipe.train_plan, written.epoch, written.batch_in_epoch)
     cursor.reshard(written.world_size, world)
     plan = len(recipe.train_plan)
-    left = Fraction(str(cfg.num_epochs)) * plan - (cursor.epoch * plan + cursor.batch_in_epoch)
+    # an epoch's end on uneven shards: the padding batch resharded can count past the plan's length
+    left = Fraction(str(cfg.num_epochs)) * plan - (cursor.epoch * plan + min(cursor.batch_in_epoch, plan))
     return written.global_step + max(0, math.ceil(left / cfg.gradient_accumulation_steps))
 
 
