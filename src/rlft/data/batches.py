@@ -147,7 +147,7 @@ class StepBatches:
     `ahead=False` (training on a CPU) collates each step when it is asked for, in the caller's thread: there the
     collating thread takes a core and the GIL from the step's own compute threads, and stalls them. DPO at size S
     with each prompt once (whose collation builds the shared layout) took 28.5 ms per step collated ahead against
-    14.1 ms collated in the step, on 2 cores (bench/preference.py, 2026-11-26).
+    13.2 ms collated in the step, on 2 cores (bench/results/preference-S-collate-ahead.json, -in-step.json).
 
     The cursor moves when a step is drawn, one step ahead of training, so `next` also gives the position just after
     the step it returns: what a checkpoint saved after that step records. Batches are the same as drawn one by one."""

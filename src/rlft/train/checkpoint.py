@@ -395,9 +395,9 @@ def changed_learning_rate(folder: Path, scheduler) -> str:
 
 def set_aside_earlier_run(output_dir: Path) -> Path | None:
     """A fresh run in an `output_dir` that holds an earlier run's checkpoints moves them (and its metrics.jsonl and
-    completions.jsonl, so that the run can go on from there) into `previous-run-<date>-<time>/`: this run's saves would overwrite those of equal steps and `save_total_limit` prune
-    them, and `resume_from_checkpoint: auto` would later take the earlier run's newest up as this one's. Returns the
-    folder, None when there was nothing to move."""
+    completions.jsonl, so that the run can go on from there) into `previous-run-<date>-<time>/`: this run's saves would
+    overwrite those of equal steps and `save_total_limit` prune them, and `resume_from_checkpoint: auto` would later
+    take the earlier run's newest up as this one's. Returns the folder, None when there was nothing to move."""
     earlier = [path for path in output_dir.glob("checkpoint-*") if _NAME.match(path.name) and path.is_dir()]
     if not earlier:
         return None
