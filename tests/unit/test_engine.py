@@ -143,6 +143,43 @@ def test_the_compiled_decode_of_a_sliding_window_model_samples_what_the_eager_on
                 assert row_b == pytest.approx(row_a, abs=1e-5)
 
 
+def test_compiled_decoders_of_two_models_that_differ_inside_each_sample_what_their_eager_engines_sample():
+    """Each compiled decoder keeps its own graphs, guarded by its tensors' shapes and the process's state only: two
+    models whose inputs, cache and logits have one shape but whose MLPs differ in width (a graph of one run with the
+    other's weights would fail or compute something else) each decode what their eager engine decodes, in one
+    process, also when the first decodes again after the second."""
+    import copy
+
+    from rlft.rollout.compiled import decoder_guards
+
+    tok = byte_tokenizer()
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    models = []
+    for width in (64, 96):
+        config = AutoConfig.for_model("llama", vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=width, max_position_embeddings=64)
+        torch.manual_seed(width)
+        models.append(AutoModelForCausalLM.from_config(config).eval())
+    pairs = [(LocalEngine(m, tok.pad_token_id, tok), LocalEngine(copy.deepcopy(m), tok.pad_token_id, tok, compiled=(None, "inductor")))
+             for m in models]
+    for eager, fast in pairs + pairs[:1]:
+        a = eager.decode(prompts, params, generator=torch.Generator().manual_seed(5))
+        b = fast.decode(prompts, params, generator=torch.Generator().manual_seed(5))
+        assert a.completion_ids == b.completion_ids
+        for row_a, row_b in zip(a.logprobs, b.logprobs):
+            assert row_b == pytest.approx(row_a, abs=1e-5)
+
+    class Entry:  # what dynamo hands a guard filter
+        def __init__(self, guard_type, value):
+            self.guard_type, self.value = guard_type, value
+
+    weight = models[0].get_output_embeddings().weight
+    kept = decoder_guards([Entry("TENSOR_MATCH", torch.zeros(2)), Entry("TENSOR_MATCH", weight), Entry("GRAD_MODE", None),
+                           Entry("CONSTANT_MATCH", 0.5), Entry("EMPTY_NN_MODULE_HOOKS_DICT", {}), Entry("ID_MATCH", len)])
+    assert kept == [True, False, True, False, False, False]
+
+
 def test_the_prefill_computes_the_last_positions_logits_only(engine):
     """No (B, T, V) logits block for a batch of prompts: the output layer sees one position per row, eager and compiled
     (at a real vocabulary, 256 rows of 512-token prompts would otherwise hold tens of GB of logits)."""
