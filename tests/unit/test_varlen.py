@@ -339,3 +339,46 @@ def test_attention_both_ways_is_refused_for_packed_rows():
     for module, is_causal in ((SimpleNamespace(is_causal=False), None), (SimpleNamespace(is_causal=True), False)):
         with pytest.raises(ModelError, match="attends both ways"):
             documents_attention(module, q, q, q, None, is_causal=is_causal, rlft_documents=torch.tensor([0, 4]))
+
+
+def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(monkeypatch):
+    """A compiled forward on a CPU over at most MATH_KEYS keys runs SDPA's math path, which inductor fuses into the
+    graph, not the CPU flash-attention kernel; eager forwards and longer rows keep SDPA's choice. The compiled
+    forward and backward of left-padded short rows give the eager model's loss and gradients."""
+    from torch.profiler import profile
+
+    from layout_checks import tiny_of_type
+    from rlft.models.varlen import MATH_KEYS, install, short_rows_kernel
+
+    def math_only(keys: int) -> bool:
+        q = torch.zeros(1, 2, 1, 8)
+        with short_rows_kernel(q, torch.zeros(1, 2, keys, 8)):
+            return not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+
+    assert not math_only(4)  # eager
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert math_only(MATH_KEYS) and not math_only(MATH_KEYS + 1)
+    monkeypatch.undo()
+
+    assert install()
+    model = tiny_of_type("llama").train()
+    ids = torch.randint(0, 128, (4, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+
+    def loss_and_grads(forward):
+        model.zero_grad()
+        logits = forward(input_ids=ids, attention_mask=mask).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        return float(loss), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    eager_loss, eager_grads = loss_and_grads(model)
+    compiled = torch.compile(model)
+    loss_and_grads(compiled)  # compiles
+    with profile() as prof:
+        loss, grads = loss_and_grads(compiled)
+    assert not [e.key for e in prof.key_averages() if "flash_attention" in e.key]
+    assert loss == pytest.approx(eager_loss, abs=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-6)

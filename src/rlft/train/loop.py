@@ -112,10 +112,13 @@ def wrap(cfg, model, accelerator, console: Console):
 def compiled_forward(cfg, model):
     """`torch_compile`: the trained model behind `torch.compile` (inductor; shapes that vary between batches make it
     compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
-    pushes keep using the model."""
+    pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`)."""
+    from rlft.models.varlen import install
+
     options = compile_options(cfg)
     if options is None:
         return model
+    install()
     mode, backend = options
     return torch.compile(model, backend=backend, mode=mode)
 
