@@ -132,8 +132,11 @@ def profile_compiled(engine: LocalEngine, prompts, params, seed: int, decodes: i
     with profile() as prof:
         for index in range(decodes):
             time_engine(engine, prompts, params, seed + index)
-    guards = next(event for event in prof.key_averages() if event.key == "TorchDynamo Cache Lookup")
-    return {"compiled_steps_per_decode": guards.count / decodes, "guards_us_per_step": guards.self_cpu_time_total / guards.count}
+    guards = [event for event in prof.key_averages() if event.key == "TorchDynamo Cache Lookup"]
+    if not guards:  # one new token: no compiled step ran
+        return {"compiled_steps_per_decode": 0, "guards_us_per_step": float("nan")}
+    return {"compiled_steps_per_decode": guards[0].count / decodes,
+            "guards_us_per_step": guards[0].self_cpu_time_total / guards[0].count}
 
 
 def time_samplers(rows: int, vocab: int, repeat: int) -> dict[str, float]:

@@ -150,8 +150,6 @@ def test_compiled_decoders_of_two_models_that_differ_inside_each_sample_what_the
     process, also when the first decodes again after the second."""
     import copy
 
-    from rlft.rollout.compiled import decoder_guards
-
     tok = byte_tokenizer()
     prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
@@ -170,14 +168,48 @@ def test_compiled_decoders_of_two_models_that_differ_inside_each_sample_what_the
         for row_a, row_b in zip(a.logprobs, b.logprobs):
             assert row_b == pytest.approx(row_a, abs=1e-5)
 
-    class Entry:  # what dynamo hands a guard filter
-        def __init__(self, guard_type, value):
-            self.guard_type, self.value = guard_type, value
 
-    weight = models[0].get_output_embeddings().weight
-    kept = decoder_guards([Entry("TENSOR_MATCH", torch.zeros(2)), Entry("TENSOR_MATCH", weight), Entry("GRAD_MODE", None),
-                           Entry("CONSTANT_MATCH", 0.5), Entry("EMPTY_NN_MODULE_HOOKS_DICT", {}), Entry("ID_MATCH", len)])
-    assert kept == [True, False, True, False, False, False]
+def test_a_compiled_decode_step_keeps_only_its_tensors_and_the_process_state_as_guards(engine, monkeypatch):
+    """The guards dynamo built for a real decode step, filtered: what remains checks the tensors the step is called
+    with (never a parameter) and the process's state (grad mode among them); module attributes are not checked."""
+    import copy
+
+    import rlft.rollout.compiled as compiled
+
+    seen = []
+    real = compiled.decoder_guards
+    monkeypatch.setattr(compiled, "decoder_guards", lambda entries: seen.append(list(entries)) or real(entries))
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, "inductor"))
+    fast.decode([tok("1+2=")["input_ids"]], SamplingParams(max_new_tokens=3, temperature=0.0))
+    assert len(seen) == 1 and fast.decoder.whole
+    entries, kept = seen[0], real(seen[0])
+    kept_types = {entry.guard_type for entry, keep in zip(entries, kept) if keep}
+    assert kept_types <= {"TENSOR_MATCH"} | compiled.STATE_GUARDS and "GRAD_MODE" in kept_types
+    assert not [entry for entry, keep in zip(entries, kept) if keep and isinstance(entry.value, torch.nn.Parameter)]
+    assert {entry.guard_type for entry, keep in zip(entries, kept) if not keep} & {"TYPE_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT"}
+
+
+def test_a_decode_step_that_breaks_into_several_graphs_keeps_dynamos_own_guards(engine):
+    """A forward with a graph break in every decoder layer (here a hook; in practice remote code or data-dependent
+    experts) compiles each layer's frame on its own: under the narrow guards the second layer would run the first
+    layer's graph, cache index included. The decoder compiles it again with dynamo's own guards and samples what
+    the eager engine samples."""
+    import copy
+
+    eager, tok = engine
+    model = copy.deepcopy(eager.model)
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(lambda module, args: torch._dynamo.graph_break())
+    fast = LocalEngine(model, tok.pad_token_id, tok, compiled=(None, "inductor"))
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    a = eager.decode(prompts, params, generator=torch.Generator().manual_seed(2))
+    b = fast.decode(prompts, params, generator=torch.Generator().manual_seed(2))
+    assert not fast.decoder.whole
+    assert a.completion_ids == b.completion_ids
+    for row_a, row_b in zip(a.logprobs, b.logprobs):
+        assert row_b == pytest.approx(row_a, abs=1e-5)
 
 
 def test_the_prefill_computes_the_last_positions_logits_only(engine):

@@ -360,6 +360,7 @@ def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(
     assert math_only(MATH_KEYS) and not math_only(MATH_KEYS + 1)
     monkeypatch.undo()
 
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", AttentionInterface._global_mapping["sdpa"])  # restored after
     assert install()
     model = tiny_of_type("llama").train()
     ids = torch.randint(0, 128, (4, 12))

@@ -9,11 +9,12 @@ place, and the one-token forward is a `torch.compile`d function: inductor with i
 position's logits only. Sampling stays outside, unchanged, so every token's log-prob still comes from the
 distribution it was drawn from.
 
-Each decoder keeps compiled graphs of its own (`compile_step`), so that they only ever run with its own model,
-whose modules never change once it is built (new weights are copied into the same tensors; a server builds a new
-engine for a new adapter). Its guards then need only check the tensors that vary between calls (batch size, cache
-length) and the global state (`decoder_guards`): dynamo's default guards check every module attribute on every
-call, 120 us of a 0.55 ms step at size S on a CPU, against 15 us.
+Each decoder keeps compiled graphs of its own (`own_code`), so that they only ever run with its own model, whose
+modules never change once it is built (new weights are copied into the same tensors; a server builds a new engine
+for a new adapter). Where the step compiles as one graph, its guards then need only check the tensors that vary
+between calls (batch size, cache length) and the process's state (`decoder_guards`): dynamo's default guards check
+every module attribute and global on every call (`bench/decode.py` reports their time per step). A forward that
+breaks into several graphs keeps dynamo's default guards (`compile_step`).
 
 Compiling costs seconds per new batch shape, once per decoder; it pays off over runs of hundreds of steps, where
 decoding is most of a GRPO step.
@@ -22,6 +23,7 @@ decoding is most of a GRPO step.
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any
 
 import torch
@@ -52,7 +54,9 @@ class CompiledDecoder:
         self.cache_keyword = cache_keyword
         self.device = next(model.parameters()).device
         self.mode = mode or ("reduce-overhead" if self.device.type == "cuda" else None)
-        self._step = compile_step(self._one_token, self.mode, backend, self.device.type == "cpu")
+        self.backend = backend
+        self.whole = True  # the step compiles as one graph, guarded by `decoder_guards` (else dynamo's own guards)
+        self._step = compile_step(own_code(self._one_token), self.mode, backend, self.device.type == "cpu", whole=True)
         self._caches: dict[int, tuple[int, Any]] = {}  # batch -> (length, StaticCache), reused across calls
         self.cache = None
         self.attention: torch.Tensor | None = None
@@ -108,30 +112,52 @@ class CompiledDecoder:
         self.attention[:, self.column] = 1
         cache_position = torch.tensor([self.column], device=tokens.device)
         self.column += 1
-        logits = self._step(tokens[:, None], self.attention, positions[:, None], cache_position, self.cache)
+        inputs = (tokens[:, None], self.attention, positions[:, None], cache_position, self.cache)
+        try:
+            logits = self._step(*inputs)
+        except torch._dynamo.exc.Unsupported:  # found while tracing, before anything ran: the forward breaks the graph
+            if not self.whole:
+                raise
+            self.whole = False
+            self._step = compile_step(own_code(self._one_token), self.mode, self.backend, self.device.type == "cpu",
+                                      whole=False)
+            logits = self._step(*inputs)
         return logits.clone() if self.device.type == "cuda" else logits  # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffer
 
 
-def compile_step(function, mode: str | None, backend: str, cpu: bool):
-    """`function` compiled as a decoder's step: graphs of its own (`isolate_recompiles`: never tried for another
-    decoder's model, which may differ in ways that `decoder_guards` does not check, an adapter's scaling or a layer's
-    width), up to RECOMPILE_LIMIT of them, guarded by `decoder_guards`. On a CPU, inductor's C++ wrapper calls the
-    kernels without Python in between (15-20 % faster decode steps)."""
+def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: bool):
+    """`function` compiled as a decoder's step, keeping up to RECOMPILE_LIMIT graphs. `whole`: as one graph
+    (`fullgraph`), guarded by `decoder_guards` alone; else with dynamo's own guards, which a forward that breaks into
+    several graphs needs (each decoder layer's frame would otherwise run the graph compiled for the first layer, whose
+    cache index it holds). On a CPU, inductor's C++ wrapper calls the kernels without Python in between (15-20 %
+    faster decode steps)."""
+    guards = {"guard_filter_fn": decoder_guards} if whole else {}
     if backend == "inductor":  # a mode is its inductor options (torch.compile takes a mode or options, not both)
         from torch._inductor import list_mode_options
 
-        options = {**list_mode_options(mode or "default", False), "guard_filter_fn": decoder_guards}
+        options = {**list_mode_options(mode or "default", False), **guards}
         if cpu and mode is None:
             options["cpp_wrapper"] = True
         mode = None
     else:  # another backend gets the mode it was given, with dynamo's own guards
-        options = None if mode not in (None, "default") else {"guard_filter_fn": decoder_guards}
-    return torch.compile(function, dynamic=False, backend=backend, mode=mode, options=options,
-                         isolate_recompiles=True, recompile_limit=RECOMPILE_LIMIT)
+        options = None if mode not in (None, "default") else guards or None
+    return torch.compile(function, dynamic=False, fullgraph=whole, backend=backend, mode=mode, options=options,
+                         recompile_limit=RECOMPILE_LIMIT)
+
+
+def own_code(method):
+    """`method` (bound) with a copy of its function's code object. dynamo keeps compiled graphs on the code object, so
+    this decoder's graphs are never tried for another decoder's model, which may differ in what `decoder_guards` does
+    not check (an adapter's scaling, a layer's width), and they go when the decoder goes."""
+    function = method.__func__
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    return types.MethodType(copy, method.__self__)
+
 
 def decoder_guards(entries) -> list[bool]:
     """Which of dynamo's guards a decoder's graph keeps: the shapes, dtypes and devices of the tensors it is called
     with (the cache's included, not the parameters'), and the process's state. Dropped: the checks of module
-    attributes and globals, which cannot change for a decoder's own model (`compile_step`)."""
+    attributes and globals, which cannot change for a decoder's own model (`own_code`)."""
     return [(entry.guard_type == "TENSOR_MATCH" and not isinstance(entry.value, torch.nn.Parameter))
             or entry.guard_type in STATE_GUARDS for entry in entries]
