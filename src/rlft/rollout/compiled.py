@@ -31,8 +31,8 @@ import torch
 from rlft.models.masks import safe_attention
 
 LENGTH_BUCKET = 64  # cache lengths are multiples of this: one compiled graph serves many prompt widths
-# graphs of one decoder's step that dynamo keeps (its default is 8): the batch sizes of training, evaluation and the
-# last chunk, and each cache growth
+# graphs that one compiled function keeps (dynamo's default is 8): of a decoder's step, the batch sizes of training,
+# evaluation and the last chunk, and each cache growth; of the training forward (rlft.train.loop), its batch shapes
 RECOMPILE_LIMIT = 64
 # guards on the process's state that every compiled graph keeps (grad mode, deterministic algorithms, ...)
 STATE_GUARDS = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE",
@@ -68,8 +68,8 @@ class CompiledDecoder:
 
     def _one_token(self, input_ids, attention_mask, position_ids, cache_position, cache):
         """The compiled step. On a CPU its one query attends through SDPA's math path, whose products and softmax
-        inductor fuses into the step; the CPU flash kernel is a call of its own, 45 us per layer at size S (the step
-        23 % faster without it). The prefill, whose (T, T) scores the math path would hold whole, keeps SDPA's choice."""
+        inductor fuses into the step, where the CPU flash kernel is a call of its own. The prefill, whose (T, T) scores
+        the math path would hold whole, keeps SDPA's choice."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(SDPBackend.MATH) if self.device.type == "cpu" else contextlib.nullcontext():
@@ -115,14 +115,14 @@ class CompiledDecoder:
         inputs = (tokens[:, None], self.attention, positions[:, None], cache_position, self.cache)
         try:
             logits = self._step(*inputs)
-        except torch._dynamo.exc.Unsupported:  # found while tracing, before anything ran: the forward breaks the graph
-            if not self.whole:
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError, torch._dynamo.exc.UncapturedHigherOrderOpError):
+            if not self.whole:  # found while tracing, before anything ran: the forward does not compile as one graph
                 raise
             self.whole = False
             self._step = compile_step(own_code(self._one_token), self.mode, self.backend, self.device.type == "cpu",
                                       whole=False)
             logits = self._step(*inputs)
-        return logits.clone() if self.device.type == "cuda" else logits  # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffer
+        return logits.clone() if self.device.type == "cuda" else logits  # CUDA graphs reuse their output buffer
 
 
 def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: bool):

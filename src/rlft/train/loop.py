@@ -26,7 +26,7 @@ from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_r
                                    load_weights, read_state, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
-from rlft.rollout.compiled import compile_options
+from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
                                  trains_in_bf16)
@@ -120,7 +120,7 @@ def compiled_forward(cfg, model):
         return model
     install()
     mode, backend = options
-    return torch.compile(model, backend=backend, mode=mode)
+    return torch.compile(model, backend=backend, mode=mode, recompile_limit=RECOMPILE_LIMIT)
 
 
 def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Console) -> LoopResult:
