@@ -160,17 +160,22 @@ class StepBatches:
     def next(self) -> tuple[list[dict[str, Any]], tuple[int, int]]:
         """The next step's `count` micro-batches and the (epoch, batch_in_epoch) after them."""
         if not self.ahead:
-            drawn = [self.cursor.draw() for _ in range(self.count)]
-            return [self.cursor.collate(d) for d in drawn], (self.cursor.epoch, self.cursor.batch_in_epoch)
+            collate, position = self._draw()
+            return collate(), position
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlft-batches", initializer=_main_thread_signals)
         current = self._ahead or self._submit()
         self._ahead = self._submit()
         return current[0].result(), current[1]
 
-    def _submit(self) -> tuple[Future, tuple[int, int]]:
+    def _draw(self) -> tuple[Callable[[], list[dict[str, Any]]], tuple[int, int]]:
+        """Draw the next step's micro-batches: (what collates them, the cursor's position after them)."""
         drawn = [self.cursor.draw() for _ in range(self.count)]
-        return self._pool.submit(lambda: [self.cursor.collate(d) for d in drawn]), (self.cursor.epoch, self.cursor.batch_in_epoch)
+        return (lambda: [self.cursor.collate(d) for d in drawn]), (self.cursor.epoch, self.cursor.batch_in_epoch)
+
+    def _submit(self) -> tuple[Future, tuple[int, int]]:
+        collate, position = self._draw()
+        return self._pool.submit(collate), position
 
     def close(self) -> None:
         if self._pool is not None:

@@ -55,12 +55,16 @@ class CompiledDecoder:
         self.device = next(model.parameters()).device
         self.mode = mode or ("reduce-overhead" if self.device.type == "cuda" else None)
         self.backend = backend
-        self.whole = True  # the step compiles as one graph, guarded by `decoder_guards` (else dynamo's own guards)
-        self._step = compile_step(own_code(self._one_token), self.mode, backend, self.device.type == "cpu", whole=True)
+        self._compile(whole=True)
         self._caches: dict[int, tuple[int, Any]] = {}  # batch -> (length, StaticCache), reused across calls
         self.cache = None
         self.attention: torch.Tensor | None = None
         self.column = 0  # the cache position of the next token
+
+    def _compile(self, whole: bool) -> None:
+        """`whole`: the step compiles as one graph, guarded by `decoder_guards`; else with dynamo's own guards."""
+        self.whole = whole
+        self._step = compile_step(own_code(self._one_token), self.mode, self.backend, self.device.type == "cpu", whole)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache_position, cache):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1,
@@ -118,9 +122,7 @@ class CompiledDecoder:
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError, torch._dynamo.exc.UncapturedHigherOrderOpError):
             if not self.whole:  # found while tracing, before anything ran: the forward does not compile as one graph
                 raise
-            self.whole = False
-            self._step = compile_step(own_code(self._one_token), self.mode, self.backend, self.device.type == "cpu",
-                                      whole=False)
+            self._compile(whole=False)
             logits = self._step(*inputs)
         return logits.clone() if self.device.type == "cuda" else logits  # CUDA graphs reuse their output buffer
 

@@ -26,6 +26,7 @@ from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_r
                                    load_weights, read_state, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
+from rlft.models import varlen
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
@@ -113,12 +114,10 @@ def compiled_forward(cfg, model):
     """`torch_compile`: the trained model behind `torch.compile` (inductor; shapes that vary between batches make it
     compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
     pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`)."""
-    from rlft.models.varlen import install
-
     options = compile_options(cfg)
     if options is None:
         return model
-    install()
+    varlen.install()
     mode, backend = options
     return torch.compile(model, backend=backend, mode=mode, recompile_limit=RECOMPILE_LIMIT)
 
