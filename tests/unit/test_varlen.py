@@ -383,3 +383,28 @@ def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(
     assert loss == pytest.approx(eager_loss, abs=1e-6)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-6)
+
+
+
+def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(monkeypatch):
+    """`torch_compile_mode: max-autotune` on a CPU: inductor's C++ batched-GEMM template fixes one batch size into the
+    graph compiled for any (torch 2.13: an SFT run at size S failed at the epoch's last, smaller batch with "Expected
+    size for first two dimensions of batch2 tensor"), so short rows keep SDPA's own kernel under the modes that
+    autotune; the other modes route them through the math path."""
+    from types import SimpleNamespace
+
+    from layout_checks import tiny_of_type
+    from rlft.models import varlen
+    from rlft.train.loop import compiled_forward
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", AttentionInterface._global_mapping["sdpa"])  # restored after
+    monkeypatch.setattr(varlen, "SHORT_ROWS_MATH", True)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    model = tiny_of_type("llama")
+    q = torch.zeros(1, 2, 9, 8)
+    for mode, math in (("max-autotune", False), (None, True), ("max-autotune-no-cudagraphs", False), ("default", True),
+                       ("reduce-overhead", True)):
+        compiled = compiled_forward(SimpleNamespace(torch_compile=True, torch_compile_mode=mode, torch_compile_backend=None), model)
+        assert compiled is not model and varlen.SHORT_ROWS_MATH is math
+        with varlen.short_rows_kernel(q, q):
+            assert torch.backends.cuda.flash_sdp_enabled() is not math, mode

@@ -31,6 +31,10 @@ from rlft.errors import ModelError
 DOCUMENTS = "rlft_documents"  # the forward keyword that carries the boundaries down to the attention function
 KEYWORDS_DROPPED = ("stablelm",)  # its decoder layers call attention without the forward's keywords
 MATH_KEYS = 64  # a compiled forward on a CPU attends over at most this many keys through SDPA's math path
+# off where the compiled forward autotunes its GEMMs (`torch_compile_mode: max-autotune`, rlft.train.loop): inductor's
+# C++ batched-GEMM template then fixes one batch size into a graph compiled for any (torch 2.13: "Expected size for
+# first two dimensions of batch2 tensor" at the first batch of another size)
+SHORT_ROWS_MATH = True
 
 
 def runs_documents(model) -> bool:
@@ -121,10 +125,10 @@ def short_rows_kernel(query: torch.Tensor, key: torch.Tensor):
     softmax into the graph, where the CPU flash-attention kernel is a call of its own in the forward and the backward
     (a compiled SFT step at size S, rows of 11-14 tokens: 15.0 against 17.1 ms, `bench/short_rows.py`). Eager
     forwards, longer rows (whose (T, T) scores the math path holds whole) and other devices keep SDPA's choice. The
-    bound is on the padded key length."""
+    bound is on the padded key length. Not where the compiled forward autotunes its GEMMs (SHORT_ROWS_MATH)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if torch.compiler.is_compiling() and query.device.type == "cpu" and key.shape[2] <= MATH_KEYS:
+    if SHORT_ROWS_MATH and torch.compiler.is_compiling() and query.device.type == "cpu" and key.shape[2] <= MATH_KEYS:
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()
 

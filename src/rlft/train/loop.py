@@ -113,12 +113,14 @@ def wrap(cfg, model, accelerator, console: Console):
 def compiled_forward(cfg, model):
     """`torch_compile`: the trained model behind `torch.compile` (inductor; shapes that vary between batches make it
     compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
-    pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`)."""
+    pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`), unless
+    the mode autotunes GEMMs."""
     options = compile_options(cfg)
     if options is None:
         return model
     varlen.install()
     mode, backend = options
+    varlen.SHORT_ROWS_MATH = mode not in ("max-autotune", "max-autotune-no-cudagraphs")
     return torch.compile(model, backend=backend, mode=mode, recompile_limit=RECOMPILE_LIMIT)
 
 
