@@ -325,6 +325,7 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
     """No config value reaches this any more (learning_rate is at most 10), so the fault is injected: a NaN gradient
     at step 3, or NaN weights after the last step. Neither may reach a checkpoint, and the message names the last good one."""
     import math
+    import types
 
     import torch
 
@@ -344,14 +345,14 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
         else:
             step = optimizer.step
 
-            def poisoned_step(*args, **kwargs):
+            def poisoned_step(self, *args, **kwargs):
                 result = step(*args, **kwargs)
                 backward_calls[0] += 1
                 if backward_calls[0] == 3:
                     with torch.no_grad():
                         first.view(-1)[0] = math.inf
                 return result
-            optimizer.step = poisoned_step
+            optimizer.step = types.MethodType(poisoned_step, optimizer)  # a method, as the schedule's wrapper expects
         return optimizer
 
     monkeypatch.setattr(loop, "build_optimizer", faulty)

@@ -226,6 +226,42 @@ def test_a_step_the_fp16_scaler_skipped_is_seen():
     assert step_was_skipped(torch.optim.SGD([weight], lr=0.1)) is False  # no scaler: never skipped
 
 
+def test_the_loop_steps_the_torch_optimizer_itself_unless_accelerates_wrapper_scales(config):
+    """Without a gradient scaler accelerate's optimizer step only calls the torch optimizer's (after looking for the
+    LOMO package on disk), so the loop steps that one and the schedule follows it without a warning; with fp16's
+    scaler the wrapper stays, since it is what unscales and skips."""
+    import warnings
+
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.state import AcceleratorState, GradientState
+
+    from rlft.train.optim import stepping_optimizer
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    try:
+        inner = torch.optim.SGD([weight], lr=0.1)
+        wrapped = Accelerator(cpu=True).prepare(inner)
+        assert stepping_optimizer(wrapped) is inner and stepping_optimizer(inner) is inner
+        stepping = stepping_optimizer(wrapped)
+        scheduler = build_scheduler(config(lr_scheduler="linear", warmup_steps=0, learning_rate=0.1), stepping, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+            for _ in range(2):
+                weight.sum().backward()
+                stepping.step()
+                scheduler.step()
+                stepping.zero_grad(set_to_none=True)
+        assert weight.grad is None and torch.allclose(weight.detach(), torch.full((2,), 1 - 0.1 - 0.075))
+        assert wrapped.param_groups[0]["lr"] == pytest.approx(0.05)
+        scaled = AcceleratedOptimizer(torch.optim.SGD([weight], lr=0.1), device_placement=False,
+                                      scaler=torch.amp.GradScaler("cpu"))
+        assert stepping_optimizer(scaled) is scaled
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
 def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path, tok):
     """fp16's loss scaler is saved with the checkpoint and restored on resume: a resumed run goes on at the scale it
     had found (here halved by an overflow and counting towards growth), not at the initial 65536."""

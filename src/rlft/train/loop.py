@@ -25,7 +25,7 @@ from rlft.data.batches import PlanCursor, StepBatches
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, clean_staging, load_checkpoint,
                                    load_weights, read_state, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
-from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped
+from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
 from rlft.models import varlen
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
@@ -143,7 +143,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     recipe.before_wrap(model)
     model, optimizer = wrap(cfg, model, accelerator, console)
     deepspeed = zero.is_deepspeed(model)
-    scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else optimizer, total_steps)
+    stepping = optimizer if deepspeed else stepping_optimizer(optimizer)  # without accelerate's wrapper where it adds nothing
+    scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else stepping, total_steps)
     unwrapped = accelerator.unwrap_model(model)
     runs = compiled_forward(cfg, model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
 
@@ -320,13 +321,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                                    f"({applied}){last_good()}. Lower learning_rate, keep max_grad_norm "
                                                    "set, or check the data")
                         if not deepspeed:
-                            optimizer.step()
+                            stepping.step()
                         skipped = step_was_skipped(optimizer)
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
                         grad_norm, skipped = 0.0, False
                     if not skipped:  # fp16's scaler skipped an overflowing step: the schedule waits, as in transformers
                         scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
+                    stepping.zero_grad(set_to_none=True)
                 state.global_step += 1
                 state.tokens_seen += tokens
                 recipe.after_optimizer_step(unwrapped, state.global_step)

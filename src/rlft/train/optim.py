@@ -87,3 +87,18 @@ def step_was_skipped(optimizer) -> bool:
     transformers' Trainer then leaves the learning-rate schedule where it is, and so does rlft. (DeepSpeed runs no
     fp16: `rlft.config.parallel` refuses it.)"""
     return bool(getattr(optimizer, "step_was_skipped", False))
+
+
+def stepping_optimizer(optimizer):
+    """What the loop calls `step` and `zero_grad` on: the torch optimizer inside accelerate's `AcceleratedOptimizer`
+    where the wrapper adds only time, that is without a gradient scaler (fp16) and off XLA. Its `step` looks on disk
+    for the LOMO package twice per call and its `zero_grad` reads the optimizer's signature, every step: 0.6 ms of a
+    12 ms compiled SFT step at size S on 2 CPU cores. Every rlft step syncs its gradients (the loop accumulates them
+    itself), so the wrapper would call the same two methods."""
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import DistributedType
+
+    if (isinstance(optimizer, AcceleratedOptimizer) and optimizer.scaler is None and optimizer.gradient_state.sync_gradients
+            and optimizer.accelerator_state.distributed_type != DistributedType.XLA):
+        return optimizer.optimizer
+    return optimizer
