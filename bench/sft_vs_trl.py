@@ -319,7 +319,9 @@ def print_report(res: dict) -> None:
     print(f"TRL extra: median step interval incl. batch fetch {t['median_step_interval_s'] * 1e3:.1f} ms, "
           f"train() outside steps {t['train_other_s']:.3f} s, logged mean loss {t['trl_logged_mean_loss']}")
     ratio = res["ratio_trl_over_rlft"]
-    print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x  (>1: rlft is faster)")
+    print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs "
+          f"{ratio['median_step_median_of_runs']:.2f}x; run by run {', '.join(f'{r:.2f}' for r in ratio['median_step_by_run'])}x "
+          "(>1: rlft is faster)")
     plain, over = res["plain_loop"], res["over_plain_loop"]
     print(f"plain PyTorch loop on rlft's batches (model logits, cross-entropy, backward, clip, AdamW): median step "
           f"{plain['median_step_s'] * 1e3:.1f} ms; rlft {over['rlft']:.2f}x it, TRL {over['trl']:.2f}x it")
@@ -415,6 +417,11 @@ def main() -> None:
         "ratio_trl_over_rlft": {
             "wall": results["trl"]["wall_s"] / results["rlft"]["wall_s"],
             "median_step": results["trl"]["median_step_s"] / results["rlft"]["median_step_s"],
+            # less sensitive to one lucky run, and to a machine whose speed drifts: each TRL run against the rlft run
+            # next to it
+            "median_step_median_of_runs": (statistics.median(run["median_step_s"] for run in runs["trl"])
+                                           / statistics.median(run["median_step_s"] for run in runs["rlft"])),
+            "median_step_by_run": [trl["median_step_s"] / ours["median_step_s"] for ours, trl in zip(runs["rlft"], runs["trl"])],
         },
         "over_plain_loop": {tool: results[tool]["median_step_s"] / plain["median_step_s"] for tool in ("rlft", "trl")},
     }
