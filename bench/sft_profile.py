@@ -1,7 +1,7 @@
 """Where rlft's SFT step spends its time on a CPU: torch.profiler over steps of `bench/sft_vs_trl.py`'s rlft run
 (the addition rows, micro batch 32), compiled by default.
 
-    .venv/bin/python bench/sft_profile.py                # size S, steps 41-60 of 80 profiled, 2 torch threads
+    .venv/bin/python bench/sft_profile.py                # size S, steps 41-60 of 65 profiled, 2 torch threads
     .venv/bin/python bench/sft_profile.py --eager
 
 The profiler steps at each optimizer step (a global post-step hook), so a profiled step runs from one optimizer step's

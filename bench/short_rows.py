@@ -45,10 +45,11 @@ def parse(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def alternate(args, settings: dict[str, Callable[[], ContextManager]], benchmark: str, baseline: str) -> dict:
+def alternate(args, settings: dict[str, Callable[[], ContextManager]], benchmark: str, baseline: str,
+              extra: dict | None = None) -> dict:
     """rlft's compiled SFT run under each setting in turn, `args.rounds` times, the first round a warm-up; prints each
     setting's median step, forward+backward and optimizer phases, and `baseline`'s median step over the first
-    setting's; writes bench/results/<benchmark>-<size>.json (or --out) and returns the report."""
+    setting's; writes bench/results/<benchmark>-<size>.json (or --out), with `extra` in it, and returns the report."""
     quiet()
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix=f"rlft-{benchmark}-"))
@@ -85,7 +86,7 @@ def alternate(args, settings: dict[str, Callable[[], ContextManager]], benchmark
     print(f"{baseline}/{first} median step {ratio:.2f}x; load average before/after {load_before[0]:.2f}/{load_after[0]:.2f}")
     report = {"benchmark": benchmark, "date": datetime.datetime.now().isoformat(timespec="seconds"), "size": args.size,
               "steps": args.steps, "rounds_reported": args.rounds - 1, "threads": args.threads,
-              "load_average_1m_before_after": [load_before[0], load_after[0]], "summary": summary,
+              **(extra or {}), "load_average_1m_before_after": [load_before[0], load_after[0]], "summary": summary,
               f"ratio_{baseline}_over_{first}": ratio, "runs": runs, "versions": {"torch": torch.__version__},
               "command": " ".join(["bench/" + Path(sys.argv[0]).name, *sys.argv[1:]])}
     out = args.out or RESULTS / f"{benchmark}-{args.size}.json"
@@ -106,7 +107,7 @@ def main() -> None:
         finally:
             varlen.MATH_KEYS = limit
 
-    alternate(args, {"math": lambda: keys(limit), "flash": lambda: keys(0)}, "short_rows", "flash")
+    alternate(args, {"math": lambda: keys(limit), "flash": lambda: keys(0)}, "short_rows", "flash", {"math_keys": limit})
 
 
 if __name__ == "__main__":

@@ -229,7 +229,8 @@ def test_a_step_the_fp16_scaler_skipped_is_seen():
 def test_the_loop_steps_the_torch_optimizer_itself_unless_accelerates_wrapper_scales(config):
     """Without a gradient scaler accelerate's optimizer step only calls the torch optimizer's (after looking for the
     LOMO package on disk), so the loop steps that one and the schedule follows it without a warning; with fp16's
-    scaler the wrapper stays, since it is what unscales and skips."""
+    scaler the wrapper stays, since it is what unscales and skips, and for an optimizer without a step of its own
+    (LOMO updates in the backward), whose step the wrapper skips."""
     import warnings
 
     from accelerate import Accelerator
@@ -257,6 +258,13 @@ def test_the_loop_steps_the_torch_optimizer_itself_unless_accelerates_wrapper_sc
         scaled = AcceleratedOptimizer(torch.optim.SGD([weight], lr=0.1), device_placement=False,
                                       scaler=torch.amp.GradScaler("cpu"))
         assert stepping_optimizer(scaled) is scaled
+
+        class UpdatesInBackward(torch.optim.Optimizer):  # as LOMO: no step of its own, the wrapper skips it
+            def __init__(self, params):
+                super().__init__(params, {})
+
+        backward_only = Accelerator(cpu=True).prepare(UpdatesInBackward([weight]))
+        assert stepping_optimizer(backward_only) is backward_only
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()

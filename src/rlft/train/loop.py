@@ -120,7 +120,10 @@ def compiled_forward(cfg, model):
         return model
     varlen.install()
     mode, backend = options
-    varlen.SHORT_ROWS_MATH = mode not in ("max-autotune", "max-autotune-no-cudagraphs")
+    from torch._inductor import config as inductor  # TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 autotunes without the mode
+
+    varlen.SHORT_ROWS_MATH = (mode not in ("max-autotune", "max-autotune-no-cudagraphs")
+                              and not (inductor.max_autotune or inductor.max_autotune_gemm))
     return torch.compile(model, backend=backend, mode=mode, recompile_limit=RECOMPILE_LIMIT)
 
 
