@@ -385,7 +385,6 @@ def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-6)
 
 
-
 def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(monkeypatch):
     """`torch_compile_mode: max-autotune` on a CPU: inductor's C++ batched-GEMM template fixes one batch size into the
     graph compiled for any (torch 2.13: an SFT run at size S failed at the epoch's last, smaller batch with "Expected

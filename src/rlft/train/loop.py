@@ -120,10 +120,11 @@ def compiled_forward(cfg, model):
         return model
     varlen.install()
     mode, backend = options
-    from torch._inductor import config as inductor  # TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 autotunes without the mode
+    from torch._inductor import config as inductor  # TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 autotunes without a mode
+    from torch._inductor import list_mode_options
 
-    varlen.SHORT_ROWS_MATH = (mode not in ("max-autotune", "max-autotune-no-cudagraphs")
-                              and not (inductor.max_autotune or inductor.max_autotune_gemm))
+    varlen.SHORT_ROWS_MATH = not (list_mode_options(mode or "default").get("max_autotune") or inductor.max_autotune
+                                  or inductor.max_autotune_gemm)
     return torch.compile(model, backend=backend, mode=mode, recompile_limit=RECOMPILE_LIMIT)
 
 
@@ -146,7 +147,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     recipe.before_wrap(model)
     model, optimizer = wrap(cfg, model, accelerator, console)
     deepspeed = zero.is_deepspeed(model)
-    stepping = optimizer if deepspeed else stepping_optimizer(optimizer)  # without accelerate's wrapper where it adds nothing
+    stepping = stepping_optimizer(optimizer)  # without accelerate's wrapper where it adds nothing (ZeRO's: as it is)
     scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else stepping, total_steps)
     unwrapped = accelerator.unwrap_model(model)
     runs = compiled_forward(cfg, model)  # what the recipe calls: the model, or (torch_compile) its compiled forward

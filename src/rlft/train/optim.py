@@ -97,7 +97,7 @@ def stepping_optimizer(optimizer):
     on disk for the LOMO package twice per call and its `zero_grad` reads the optimizer's signature, every step: the
     optimizer phase of a compiled SFT step at size S on 2 CPU cores took 2.25 ms through it, 1.75 ms without
     (`bench/optimizer_step.py`). Every rlft step syncs its gradients (the loop accumulates them itself), so the
-    wrapper would call the same two methods."""
+    wrapper would call the same two methods. Any other optimizer (DeepSpeed's ZeRO optimizer) is returned as it is."""
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.utils import DistributedType
 
