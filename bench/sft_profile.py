@@ -13,7 +13,6 @@ rows inductor's own kernels, `aten::mm` the matrix products. Writes bench/result
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import sys
@@ -21,16 +20,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, make_model, quiet, rlft_keys  # noqa: E402
-
-import rlft.train.run  # noqa: E402
-from rlft.config import build_config  # noqa: E402
-from rlft.tasks.addition import split_rows, write_jsonl  # noqa: E402
+from common import RESULTS, quiet  # noqa: E402
+from short_rows import sft_run  # noqa: E402
 
 
 def main() -> None:
@@ -43,23 +38,17 @@ def main() -> None:
     args = parser.parse_args()
     quiet()
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="rlft-sft-profile-"))
-    model_dir = make_model(tmp / "model", args.size, 0)
-    train_file = tmp / "train.jsonl"
-    write_jsonl(split_rows()[0], train_file)
-    steps = args.wait + 5 + args.active + 5
-    cfg = build_config({**rlft_keys(model_dir, tmp / "out", steps, 0, 3e-3), "datasets": [{"path": str(train_file)}],
-                        "sequence_len": 32, "sample_packing": False, "micro_batch_size": 32,
-                        "torch_compile": not args.eager}, source="bench")
+    run = sft_run(args.size, 0, args.wait + 5 + args.active + 5, compile=not args.eager)
+    out_dir = Path(tempfile.mkdtemp(prefix="rlft-sft-profile-")) / "out"
     profiler = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=args.wait, warmup=5, active=args.active))
     hook = register_optimizer_step_post_hook(lambda *_: profiler.step())
     profiler.start()
     try:
-        rlft.train.run.train(cfg, Console(file=io.StringIO()))
+        run(out_dir)
     finally:
         profiler.stop()
         hook.remove()
-    records = [json.loads(line) for line in (tmp / "out" / "metrics.jsonl").read_text().splitlines() if "step_time_s" in line]
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if "step_time_s" in line]
     median = statistics.median(r["step_time_s"] for r in records[args.wait + 5:args.wait + 5 + args.active])
     events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     lines = [f"rlft SFT {args.size}, {'eager' if args.eager else 'torch_compile'}, {args.threads} threads, torch "

@@ -8,7 +8,8 @@ trained `--rounds` times with each setting in turn; the flash-attention runs set
 so that no row takes the math path. Each run compiles afresh (dynamo's caches are reset). The first round is a
 warm-up and not reported. Results: a table on stdout and bench/results/short_rows-<size>.json.
 
-`alternate` runs any two settings this way (`bench/optimizer_step.py` uses it).
+`alternate` runs any two settings this way (`bench/optimizer_step.py` uses it), `sft_run` is the run
+(`bench/sft_profile.py` profiles it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ def parse(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def sft_run(size: str, seed: int, steps: int, compile: bool = True):
+    """`run(out_dir)`: rlft's SFT run of `bench/sft_vs_trl.py` (the addition rows, micro batch 32) on a seeded model of
+    `size`, into `out_dir`; returns its result (`sft_vs_trl.run_rlft`)."""
+    tmp = Path(tempfile.mkdtemp(prefix="rlft-bench-"))
+    model_dir = make_model(tmp / "model", size, seed)
+    train_file = tmp / "train.jsonl"
+    write_jsonl(split_rows()[0], train_file)
+    run_args = argparse.Namespace(steps=steps, seed=seed, lr=3e-3, bf16=False, long=False, group_by_length=False,
+                                  flatten=False, micro_batch=32, compile=compile, vocab=None)
+    return lambda out_dir: sft_vs_trl.run_rlft(model_dir, train_file, out_dir, run_args)
+
+
 def alternate(args, settings: dict[str, Callable[[], ContextManager]], benchmark: str, baseline: str,
               extra: dict | None = None) -> dict:
     """rlft's compiled SFT run under each setting in turn, `args.rounds` times, the first round a warm-up; prints each
@@ -52,19 +65,15 @@ def alternate(args, settings: dict[str, Callable[[], ContextManager]], benchmark
     setting's; writes bench/results/<benchmark>-<size>.json (or --out), with `extra` in it, and returns the report."""
     quiet()
     torch.set_num_threads(args.threads)
+    run = sft_run(args.size, args.seed, args.steps)
     tmp = Path(tempfile.mkdtemp(prefix=f"rlft-{benchmark}-"))
-    model_dir = make_model(tmp / "model", args.size, args.seed)
-    train_file = tmp / "train.jsonl"
-    write_jsonl(split_rows()[0], train_file)
-    run_args = argparse.Namespace(steps=args.steps, seed=args.seed, lr=3e-3, bf16=False, long=False, group_by_length=False,
-                                  flatten=False, micro_batch=32, compile=True, vocab=None)
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in settings}
     for index in range(args.rounds):
         for name, setting in settings.items():
             torch._dynamo.reset()
             with setting():
-                result = sft_vs_trl.run_rlft(model_dir, train_file, tmp / f"out-{index}-{name}", run_args)
+                result = run(tmp / f"out-{index}-{name}")
             if index:
                 runs[name].append({"median_step_s": result["median_step_s"], "phase_medians": result["phase_medians"],
                                    "loss_last10_mean": result["loss_last10_mean"]})
