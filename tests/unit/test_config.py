@@ -711,3 +711,11 @@ def test_a_generation_batch_of_part_steps_or_sized_twice_is_refused(config_probl
     problems = config_problems(rl="grpo", micro_batch_size=4, gradient_accumulation_steps=2,
                                trl={"num_generations": 4, "reward_funcs": ["r.f"], **trl})
     assert any(what.startswith(words) for _, what in problems), problems
+
+
+def test_unset_keys_take_axolotls_defaults(config_dict):
+    """An Axolotl config that leaves these out writes where Axolotl writes and keeps as many checkpoints
+    (warm-up: tests/unit/test_optim.py)."""
+    cfg = build_config(config_dict())
+    assert (cfg.output_dir, cfg.save_total_limit) == ("./model-out", 4)
+    assert build_config(config_dict(save_total_limit=None)).save_total_limit == 4  # an empty key is unset

@@ -84,4 +84,4 @@ def test_the_cli_names_a_bad_value_without_a_traceback(tmp_path, config_dict):
         output = done.stdout + done.stderr
         assert done.returncode == 1 and "Traceback" not in output, output
         assert "learning_rate" in output and "max_grad_norm" in output and "seed" in output, output
-    assert not (tmp_path / "outputs").exists()  # train stopped before any work
+    assert not (tmp_path / "model-out").exists()  # train stopped before any work (model-out: the default output_dir)

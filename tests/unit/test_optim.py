@@ -72,10 +72,33 @@ def test_schedule_kwargs_reach_transformers(config):
     assert seen[WARMUP + 5] == pytest.approx(1.0) and seen[WARMUP + 2] < 1.0
 
 
-def test_warmup_steps_from_ratio_rounds_up(config):
-    assert warmup_steps(config(warmup_ratio=0.1), 25) == 3
+def test_warmup_steps_count_as_axolotl_counts_them(config):
+    """Axolotl (core/builders/base.py): warmup_steps, else int(warmup_ratio x steps), else min(int(0.03 x steps), 100);
+    a count of 1 becomes 2."""
+    assert warmup_steps(config(warmup_ratio=0.1), 25) == 2  # 2.5, rounded down
+    assert warmup_steps(config(warmup_ratio=0.1), 30) == 3
+    assert warmup_steps(config(warmup_ratio=0.0), 400) == 0
+    assert warmup_steps(config(warmup_ratio=0.05), 20) == 2  # 1 -> 2
     assert warmup_steps(config(warmup_steps=7), 25) == 7
-    assert warmup_steps(config(), 25) == 0
+    assert warmup_steps(config(warmup_steps=0), 400) == 0
+    assert warmup_steps(config(warmup_steps=1), 400) == 2
+    # neither key: 3 % of the steps, at most 100
+    assert [warmup_steps(config(), total) for total in (25, 33, 34, 66, 67, 400, 3333, 3334, 100_000)] == [
+        0, 0, 2, 2, 2, 12, 99, 100, 100]
+
+
+def test_an_unset_warmup_shapes_the_schedule(config):
+    """400 steps and no warm-up key: 12 steps of linear warm-up, then the cosine from 1."""
+    cfg = config(learning_rate=1.0)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(cfg, optimizer, 400)
+    seen = []
+    for _ in range(14):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen[:13] == pytest.approx([s / 12 for s in range(12)] + [1.0])
+    assert seen[13] == pytest.approx(0.5 * (1 + math.cos(math.pi / 388)))
 
 
 # ---------------------------------------------------------------- optimizer

@@ -13,7 +13,7 @@ def test_axolotl_tracker_keys_turn_trackers_on(config):
                  swanlab_project="s", swanlab_experiment_name="e", swanlab_mode="offline", swanlab_workspace="team")
     specs = {spec.name: spec.arguments for spec in tracker_specs(cfg)}
     assert specs == {
-        "tensorboard": {"run_name": "runs", "logging_dir": "./outputs"},
+        "tensorboard": {"run_name": "runs", "logging_dir": "./model-out"},  # output_dir
         "wandb": {"run_name": "p", "entity": "me"},
         "mlflow": {"experiment_name": "rlft", "run_name": None},
         "comet_ml": {"run_name": "c", "online": False},

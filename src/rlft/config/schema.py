@@ -242,8 +242,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                                                 "scheduler_specific_kwargs), e.g. {num_cycles: 2}.")
     cosine_min_lr_ratio: float = field(0.0, "cosine: final learning rate as a fraction of the peak (runs cosine_with_min_lr).",
                                        ge=0.0, le=1.0)
-    warmup_steps: Optional[int] = field(None, "Linear warm-up steps.", ge=0)
-    warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps.", ge=0.0, le=1.0)
+    warmup_steps: Optional[int] = field(None, "Linear warm-up steps (1 runs as 2, as in Axolotl). Neither this nor warmup_ratio: "
+                                                 "3 % of the steps, at most 100 (Axolotl's default).", ge=0)
+    warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps, rounded down.", ge=0.0, le=1.0)
     seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling (numpy takes 0 to 2**32 - 1).",
                       ge=0, le=2**32 - 1)
     logging_steps: int = field(1, "Log every N optimizer steps.")
@@ -253,8 +254,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).", ge=1)
     saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps); "
                                            "0 = at the end only.", ge=0)
-    save_total_limit: Optional[int] = field(None, "Keep only the newest N checkpoints.", ge=1)
-    output_dir: str = field("./outputs", "Where checkpoints, metrics.jsonl and the final model go.")
+    save_total_limit: int = field(4, "Keep only the newest N checkpoints (Axolotl's default 4).", ge=1)
+    output_dir: str = field("./model-out", "Where checkpoints, metrics.jsonl and the final model go (Axolotl's default).")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
     loss_watchdog_threshold: Optional[float] = field(None, "Stop when the training loss stays above this for "
                                                      "loss_watchdog_patience steps in a row (about twice the first loss).", gt=0.0)

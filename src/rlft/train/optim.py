@@ -10,7 +10,6 @@ the HF Trainer and Axolotl. `lr_scheduler:` takes transformers' schedule names a
 from __future__ import annotations
 
 import inspect
-import math
 
 import torch
 
@@ -64,10 +63,19 @@ def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
     return cls(groups, **kwargs)
 
 
+DEFAULT_WARMUP_RATIO, DEFAULT_WARMUP_CAP = 0.03, 100  # Axolotl's warm-up when neither key is set
+
+
 def warmup_steps(cfg, total_steps: int) -> int:
+    """Axolotl's warm-up steps (`core/builders/base.py`), so that its configs run the same schedule here: `warmup_steps`,
+    else `int(warmup_ratio * total_steps)`, else 3 % of the steps and at most 100; a count of 1 becomes 2."""
     if cfg.warmup_steps is not None:
-        return cfg.warmup_steps
-    return math.ceil((cfg.warmup_ratio or 0.0) * total_steps)
+        steps = cfg.warmup_steps
+    elif cfg.warmup_ratio is not None:
+        steps = int(cfg.warmup_ratio * total_steps)
+    else:
+        steps = min(int(DEFAULT_WARMUP_RATIO * total_steps), DEFAULT_WARMUP_CAP)
+    return 2 if steps == 1 else steps
 
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int):

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from rlft.models.liger import liger_keys, liger_summary
 from rlft.train.loop import LoopResult, steps_per_epoch, total_steps_for
+from rlft.train.optim import warmup_steps
 from rlft.train.parallel import precision, strategy
 
 
@@ -17,6 +18,16 @@ def _key_value_table(title: str) -> Table:
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")  # paths are shown whole, never cut with an ellipsis
     return table
+
+
+def schedule(cfg, steps: int) -> str:
+    """The learning rate, its schedule and the warm-up, with where an unset warm-up's count comes from."""
+    if cfg.lr_scheduler == "constant":  # transformers' constant schedule has no warm-up
+        return f"learning rate {cfg.learning_rate:g}, constant"
+    warmup = warmup_steps(cfg, steps)
+    source = "" if cfg.warmup_steps is not None or cfg.warmup_ratio is not None else \
+        f" (Axolotl's default: 3 % of {steps} steps, at most 100; set warmup_steps to choose)"
+    return f"learning rate {cfg.learning_rate:g}, {cfg.lr_scheduler}, {warmup} warm-up step{'s' * (warmup != 1)}{source}"
 
 
 def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step=None,
@@ -36,6 +47,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
     effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
     table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
+    table.add_row("schedule", schedule(cfg, steps))
     if cfg.deepspeed:  # DeepSpeed holds the weights in bf16 and an fp32 copy in the optimizer
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
