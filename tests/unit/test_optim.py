@@ -63,7 +63,7 @@ def test_linear_midpoint_and_end(config):
 
 
 def test_no_warmup_starts_at_peak(config):
-    assert rates(config, 1, lr_scheduler="cosine") == pytest.approx([1.0])
+    assert rates(config, 1, warmup_steps=0, lr_scheduler="cosine") == pytest.approx([1.0])
 
 
 def test_schedule_kwargs_reach_transformers(config):
@@ -73,8 +73,8 @@ def test_schedule_kwargs_reach_transformers(config):
 
 
 def test_warmup_steps_count_as_axolotl_counts_them(config):
-    """Axolotl (core/builders/base.py): warmup_steps, else int(warmup_ratio x steps), else min(int(0.03 x steps), 100);
-    a count of 1 becomes 2."""
+    """Axolotl (core/builders/base.py) for SFT and the preference methods, which count steps: warmup_steps, else
+    int(warmup_ratio x steps), else min(int(0.03 x steps), 100); a count of 1 becomes 2."""
     assert warmup_steps(config(warmup_ratio=0.1), 25) == 2  # 2.5, rounded down
     assert warmup_steps(config(warmup_ratio=0.1), 30) == 3
     assert warmup_steps(config(warmup_ratio=0.0), 400) == 0
@@ -85,6 +85,26 @@ def test_warmup_steps_count_as_axolotl_counts_them(config):
     # neither key: 3 % of the steps, at most 100
     assert [warmup_steps(config(), total) for total in (25, 33, 34, 66, 67, 400, 3333, 3334, 100_000)] == [
         0, 0, 2, 2, 2, 12, 99, 100, 100]
+    assert [warmup_steps(config(rl="dpo"), total) for total in (33, 34, 400, 100_000)] == [0, 2, 12, 100]
+
+
+def test_warmup_counts_the_steps_axolotl_counts(config):
+    """Axolotl counts SFT's steps as min(the epochs' steps, max_steps) and the preference methods' as the epochs' steps
+    alone (common/datasets.py); it counts none for GRPO and EBFT and hands transformers the ratio, which rounds up
+    (ceil(ratio x steps), no cap, no 1 -> 2)."""
+    # SFT, max_steps 1500 over 36 steps of data: 3 % of 36 = 1 -> 2 (of the 1500 steps trained)
+    assert warmup_steps(config(max_steps=1500), 1500, epoch_steps=36) == 2
+    assert warmup_steps(config(max_steps=100), 100, epoch_steps=4000) == 3  # max_steps below the epochs' steps
+    assert warmup_steps(config(reward_model=True, max_steps=1500), 1500, epoch_steps=36) == 2
+    # DPO ignores max_steps: 3 % of the epochs' 1250 steps although the run stops at 1000
+    assert warmup_steps(config(rl="dpo", max_steps=1000), 1000, epoch_steps=1250) == 37
+    assert warmup_steps(config(rl="dpo", warmup_ratio=0.1, max_steps=20), 20, epoch_steps=100) == 10
+    grpo = dict(rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["m.f"]})
+    assert [warmup_steps(config(**grpo), total) for total in (10, 33, 34, 67, 400, 5000)] == [1, 1, 2, 3, 12, 150]
+    assert warmup_steps(config(**grpo, warmup_ratio=0.05), 30, epoch_steps=7) == 2  # ceil(1.5)
+    assert warmup_steps(config(**grpo, warmup_steps=1), 400) == 2
+    ebft = dict(rl="ebft", micro_batch_size=8, ebft={"mode": "structured"})
+    assert warmup_steps(config(**ebft), 10) == 1
 
 
 def test_an_unset_warmup_shapes_the_schedule(config):
@@ -322,3 +342,24 @@ def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path, tok):
     untouched = torch.amp.GradScaler("cpu")
     load_checkpoint(plain, model, optimizer, scheduler, untouched)
     assert untouched.get_scale() == 65536.0
+
+
+def test_a_skipped_first_step_moves_the_schedule_without_torchs_warning(config):
+    """A recipe that skips the first step (no learning signal) still counts it in the schedule, and the run does not
+    print torch's "lr_scheduler.step() before optimizer.step()" warning, which is about a user's mistake."""
+    import warnings
+
+    from rlft.train.optim import advance_schedule
+
+    def fresh():
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        return optimizer, build_scheduler(config(learning_rate=1.0, lr_scheduler="linear", warmup_steps=2), optimizer, 10)
+
+    optimizer, scheduler = fresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        advance_schedule(scheduler, updated=False)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5)  # step 1 of the warm-up
+    _, scheduler = fresh()
+    with pytest.warns(UserWarning, match="before `optimizer.step"):  # what advance_schedule keeps out of the output
+        scheduler.step()

@@ -25,7 +25,7 @@ from rlft.data.batches import PlanCursor, StepBatches
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, clean_staging, load_checkpoint,
                                    load_weights, read_state, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
-from rlft.train.optim import build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
+from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
 from rlft.models import varlen
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
@@ -53,14 +53,17 @@ def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction 
     return max(1, math.ceil(micro_batches_per_epoch / Fraction(draws_per_step or cfg.gradient_accumulation_steps)))
 
 
-def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
-    """Optimizer steps of the run: max_steps, else num_epochs of plan batches rounded up to a whole step. A step's
-    window of micro-batches runs on into the next epoch's order rather than ending short at an epoch's end, so rounding
-    each epoch up instead would train the first batches of one more epoch per epoch."""
-    if cfg.max_steps:
-        return cfg.max_steps
+def epochs_steps(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
+    """Optimizer steps of num_epochs of plan batches (max_steps aside), rounded up to a whole step. A step's window of
+    micro-batches runs on into the next epoch's order rather than ending short at an epoch's end, so rounding each
+    epoch up instead would train the first batches of one more epoch per epoch."""
     draws = Fraction(draws_per_step or cfg.gradient_accumulation_steps)
     return max(1, math.ceil(Fraction(str(cfg.num_epochs)) * micro_batches_per_epoch / draws))
+
+
+def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
+    """Optimizer steps of the run: max_steps, else `epochs_steps`."""
+    return cfg.max_steps or epochs_steps(cfg, micro_batches_per_epoch, draws_per_step)
 
 
 def total_steps_resumed(cfg, recipe: Recipe, written: TrainState, world: int, total_steps: int) -> int:
@@ -148,7 +151,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     model, optimizer = wrap(cfg, model, accelerator, console)
     deepspeed = zero.is_deepspeed(model)
     stepping = stepping_optimizer(optimizer)  # without accelerate's wrapper where it adds nothing (ZeRO's: as it is)
-    scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else stepping, total_steps)
+    scheduler = build_scheduler(cfg, optimizer.optimizer if deepspeed else stepping, total_steps,
+                                epochs_steps(cfg, len(plan), recipe.draws_per_step))  # Axolotl's warm-up counts these
     unwrapped = accelerator.unwrap_model(model)
     runs = compiled_forward(cfg, model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
 
@@ -330,7 +334,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     else:  # the recipe skipped this step (e.g. no learning signal): no update at all
                         grad_norm, skipped = 0.0, False
                     if not skipped:  # fp16's scaler skipped an overflowing step: the schedule waits, as in transformers
-                        scheduler.step()
+                        advance_schedule(scheduler, updated=bool(batches))
                     stepping.zero_grad(set_to_none=True)
                 state.global_step += 1
                 state.tokens_seen += tokens

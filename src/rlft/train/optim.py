@@ -10,6 +10,8 @@ the HF Trainer and Axolotl. `lr_scheduler:` takes transformers' schedule names a
 from __future__ import annotations
 
 import inspect
+import math
+import warnings
 
 import torch
 
@@ -64,22 +66,35 @@ def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 DEFAULT_WARMUP_RATIO, DEFAULT_WARMUP_CAP = 0.03, 100  # Axolotl's warm-up when neither key is set
+RATIO_METHODS = ("grpo", "ebft")  # Axolotl counts no steps for these: transformers applies the warm-up as a ratio
 
 
-def warmup_steps(cfg, total_steps: int) -> int:
-    """Axolotl's warm-up steps (`core/builders/base.py`), so that its configs run the same schedule here: `warmup_steps`,
-    else `int(warmup_ratio * total_steps)`, else 3 % of the steps and at most 100; a count of 1 becomes 2."""
+def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
+    """The warm-up steps Axolotl gives the same config (`core/builders/base.py`), so that its configs run the same
+    schedule here. `total_steps`: the steps the run trains; `epoch_steps`: the steps its `num_epochs` take (max_steps
+    aside; default `total_steps`).
+
+    `warmup_steps` when set. For GRPO and EBFT Axolotl knows no step count and hands transformers a ratio:
+    `ceil(r * total_steps)` with `r` = `warmup_ratio`, else 0.03. For the other methods it counts steps from the data,
+    `epoch_steps`, capped by `max_steps` for SFT and reward models (the preference methods ignore `max_steps` there):
+    `int(warmup_ratio * steps)`, else `min(int(0.03 * steps), 100)`. A count of 1 becomes 2."""
     if cfg.warmup_steps is not None:
         steps = cfg.warmup_steps
-    elif cfg.warmup_ratio is not None:
-        steps = int(cfg.warmup_ratio * total_steps)
+    elif cfg.rl in RATIO_METHODS:
+        return math.ceil((cfg.warmup_ratio if cfg.warmup_ratio is not None else DEFAULT_WARMUP_RATIO) * total_steps)
     else:
-        steps = min(int(DEFAULT_WARMUP_RATIO * total_steps), DEFAULT_WARMUP_CAP)
+        counted = epoch_steps or total_steps
+        if cfg.max_steps and not cfg.rl:
+            counted = min(counted, cfg.max_steps)
+        if cfg.warmup_ratio is not None:
+            steps = int(cfg.warmup_ratio * counted)
+        else:
+            steps = min(int(DEFAULT_WARMUP_RATIO * counted), DEFAULT_WARMUP_CAP)
     return 2 if steps == 1 else steps
 
 
-def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int):
-    """`transformers.get_scheduler` with the config's warm-up; `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
+def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int, epoch_steps: int | None = None):
+    """`transformers.get_scheduler` with the config's warm-up (`warmup_steps`); `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
     from transformers import get_scheduler
 
     name, kwargs = cfg.lr_scheduler, dict(cfg.lr_scheduler_kwargs or {})
@@ -87,8 +102,19 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int):
         name = "cosine_with_min_lr"
     if name in ("cosine_with_min_lr", "cosine_warmup_with_min_lr") and "min_lr" not in kwargs:
         kwargs.setdefault("min_lr_rate", cfg.cosine_min_lr_ratio)
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(cfg, total_steps), num_training_steps=total_steps,
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(cfg, total_steps, epoch_steps), num_training_steps=total_steps,
                          scheduler_specific_kwargs=kwargs or None)
+
+
+def advance_schedule(scheduler, updated: bool) -> None:
+    """`scheduler.step()`. The schedule counts steps whether or not the weights were updated; after a step the recipe
+    skipped (no learning signal) it moves without torch's warning that it moved before the optimizer's first step."""
+    if updated:
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
+        scheduler.step()
 
 
 def step_was_skipped(optimizer) -> bool:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.models.liger import liger_keys, liger_summary
-from rlft.train.loop import LoopResult, steps_per_epoch, total_steps_for
+from rlft.train.loop import LoopResult, epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
 from rlft.train.parallel import precision, strategy
 
@@ -20,13 +20,14 @@ def _key_value_table(title: str) -> Table:
     return table
 
 
-def schedule(cfg, steps: int) -> str:
-    """The learning rate, its schedule and the warm-up, with where an unset warm-up's count comes from."""
+def schedule(cfg, steps: int, epoch_steps: int) -> str:
+    """The learning rate, its schedule and the warm-up (`rlft.train.optim.warmup_steps`), and where an unset warm-up's
+    count comes from."""
     if cfg.lr_scheduler == "constant":  # transformers' constant schedule has no warm-up
         return f"learning rate {cfg.learning_rate:g}, constant"
-    warmup = warmup_steps(cfg, steps)
+    warmup = warmup_steps(cfg, steps, epoch_steps)
     source = "" if cfg.warmup_steps is not None or cfg.warmup_ratio is not None else \
-        f" (Axolotl's default: 3 % of {steps} steps, at most 100; set warmup_steps to choose)"
+        " (Axolotl's default for this config; set warmup_steps to choose)"
     return f"learning rate {cfg.learning_rate:g}, {cfg.lr_scheduler}, {warmup} warm-up step{'s' * (warmup != 1)}{source}"
 
 
@@ -47,7 +48,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
     effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
     table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
-    table.add_row("schedule", schedule(cfg, steps))
+    table.add_row("schedule", schedule(cfg, steps, epochs_steps(cfg, micro_batches, draws_per_step)))
     if cfg.deepspeed:  # DeepSpeed holds the weights in bf16 and an fp32 copy in the optimizer
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
