@@ -430,6 +430,16 @@ def test_is_correction_defaults_on_with_an_engine_or_async(config, trl):
     assert s.raw["vllm_importance_sampling_correction"] is True  # trainer.args sees the resolved value
 
 
+@pytest.mark.parametrize("trl, skips", [({}, True), ({"beta": 0.04}, False), ({"entropy_coeff": 0.01}, False),
+                                        ({"skip_zero_advantage_batches": False}, False)])
+def test_all_zero_advantages_skip_the_step_only_when_nothing_else_trains(config, trl, skips):
+    """A KL term (beta) pulls the policy towards the reference and an entropy term moves it, whatever the advantages:
+    those steps run, as TRL runs them."""
+    from rlft.config.rl import rl_settings
+
+    assert rl_settings(config(**GRPO, trl=trl)).skip_zero_advantage_batches is skips
+
+
 def test_decoupled_loss_turns_the_default_is_correction_off(config):
     from rlft.config.rl import rl_settings
 

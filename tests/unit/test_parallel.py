@@ -330,10 +330,17 @@ def test_a_cuda_training_process_keeps_masked_attention_off_cudnn(config, monkey
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        cuda_settings(config())
+        cuda_settings(config(tf32=False))
         assert calls == [False] and torch.backends.cuda.matmul.allow_tf32 is False
         cuda_settings(config(tf32=True))
         assert calls == [False, False] and torch.backends.cuda.matmul.allow_tf32 is True
+        # auto, the default (Axolotl's): TF32 where the GPU has it, as transformers tells
+        assert config().tf32 == "auto" and config(tf32="auto").tf32 == "auto"
+        for available in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = False
+            monkeypatch.setattr("transformers.utils.is_torch_tf32_available", lambda: available)
+            cuda_settings(config())
+            assert torch.backends.cuda.matmul.allow_tf32 is available
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 

@@ -189,7 +189,9 @@ def rl_settings(cfg) -> RLSettings:
         prompts_per_step=completions_per_step // group, num_iterations=options["num_iterations"],
         steps_per_generation=options["steps_per_generation"], scale_rewards=scale,
         multi_objective_aggregation=options["multi_objective_aggregation"], advantage_estimator=options["advantage_estimator"],
-        skip_zero_advantage_batches=options["skip_zero_advantage_batches"],
+        # all-zero advantages leave nothing to learn only without a KL or an entropy term (TRL steps on them)
+        skip_zero_advantage_batches=bool(options["skip_zero_advantage_batches"] and not options["beta"]
+                                         and not options["entropy_coeff"]),
         filter_reward_metric=((metric,) if isinstance(metric, str) else tuple(metric or ())),
         dynamic_sampling_max_retries=options["dynamic_sampling_max_retries"], overlong_penalty=options["overlong_penalty"],
         overlong_buffer_length=options["overlong_buffer_length"] or max(1, maximum // 4),

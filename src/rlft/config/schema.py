@@ -138,7 +138,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     bf16: Union[bool, Literal["auto"]] = field("auto", "bfloat16 mixed precision; `auto` (the default, as Axolotl's) uses it on "
                                                        "a CUDA GPU that supports it, unless fp16: true.")
     fp16: bool = field(False, "float16 mixed precision (CUDA only).")
-    tf32: bool = field(False, "Allow TF32 matmuls on Ampere+ GPUs.")
+    tf32: Union[bool, Literal["auto"]] = field("auto", "Allow TF32 matmuls on CUDA; `auto` (the default, as Axolotl's) "
+                                                       "where the GPU has them (Ampere and newer).")
     attn_implementation: Optional[str] = field(
         None, "transformers attention implementation: sdpa (default), eager, flash_attention_2, flash_attention_3, flex_attention; "
               "the *_attention flags below set it too. Axolotl's others (xformers, hub kernels `org/name`) validate; train refuses them."

@@ -179,7 +179,8 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     )
     skip_zero_advantage_batches: bool = field(
         True,
-        "Skip the update (no optimizer step) when every advantage of a generation batch is 0.",
+        "Skip the update (no optimizer step) when every advantage of a generation batch is 0 and there is no KL "
+        "(beta) or entropy term, so that nothing would be learnt from it.",
     )
 
     # ---- DAPO: dynamic sampling and overlong penalty ----------------------------------------

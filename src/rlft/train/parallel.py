@@ -55,11 +55,14 @@ def make_accelerator(cfg):
 
 
 def cuda_settings(cfg) -> None:
-    """The training process's CUDA switches: TF32 matmuls with `tf32: true`, and masked attention (SDPA with a mask)
+    """The training process's CUDA switches: TF32 matmuls with `tf32: true` (or `auto`, the default, on a GPU that has
+    them, as Axolotl decides it: transformers' `is_torch_tf32_available`), and masked attention (SDPA with a mask)
     on PyTorch's memory-efficient kernel instead of cuDNN's. cuDNN's builds a plan for every new batch shape, and its
     backward has returned NaN gradients with attention masks on Hopper GPUs (pytorch/pytorch#196678,
     huggingface/trl#7181); rlft's GRPO on an H200 got one at its first step (docs/training.md#attention)."""
-    if cfg.tf32:
+    from transformers.utils import is_torch_tf32_available
+
+    if cfg.tf32 is True or (cfg.tf32 == "auto" and is_torch_tf32_available()):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.enable_cudnn_sdp(False)
