@@ -77,7 +77,7 @@ def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
     `warmup_steps` when set. For GRPO and EBFT Axolotl knows no step count and hands transformers a ratio:
     `ceil(r * total_steps)` with `r` = `warmup_ratio`, else 0.03. For the other methods it counts steps from the data,
     `epoch_steps`, capped by `max_steps` for SFT and reward models (the preference methods ignore `max_steps` there):
-    `int(warmup_ratio * steps)`, else `min(int(0.03 * steps), 100)`. A count of 1 becomes 2."""
+    `int(warmup_ratio * steps)`, else `min(int(0.03 * steps), 100)`. A count of 1 (not a ratio's) becomes 2."""
     if cfg.warmup_steps is not None:
         steps = cfg.warmup_steps
     elif cfg.rl in RATIO_METHODS:
