@@ -437,7 +437,18 @@ def test_all_zero_advantages_skip_the_step_only_when_nothing_else_trains(config,
     those steps run, as TRL runs them."""
     from rlft.config.rl import rl_settings
 
-    assert rl_settings(config(**GRPO, trl=trl)).skip_zero_advantage_batches is skips
+    settings = rl_settings(config(**GRPO, trl=trl))
+    assert settings.skip_zero_advantage_batches is skips
+    assert settings.raw["skip_zero_advantage_batches"] is skips  # trainer.args sees the resolved value
+
+
+@pytest.mark.parametrize("ce_coef, skips", [(0.0, True), (0.03, False)])
+def test_ebft_cross_entropy_keeps_all_zero_advantage_steps(config, ce_coef, skips):
+    """Structured EBFT's cross-entropy on the ground truth trains whatever the advantages."""
+    from rlft.config.rl import rl_settings
+
+    cfg = config(rl="ebft", micro_batch_size=8, ebft={"mode": "structured", "ce_coef": ce_coef})
+    assert rl_settings(cfg).skip_zero_advantage_batches is skips
 
 
 def test_decoupled_loss_turns_the_default_is_correction_off(config):

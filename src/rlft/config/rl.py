@@ -171,6 +171,11 @@ def rl_settings(cfg) -> RLSettings:
         is_correction = stale and not options["use_decoupled_loss"]
         options["vllm_importance_sampling_correction"] = is_correction
     is_level, is_mode = options["vllm_importance_sampling_mode"].split("_", 1)
+    # all-zero advantages leave nothing to learn only without a KL, an entropy or EBFT's cross-entropy term (TRL steps
+    # on every batch); trainer.args sees the resolved value
+    ebft_ce = cfg.rl == "ebft" and bool(cfg.ebft.ce_coef)
+    options["skip_zero_advantage_batches"] = bool(options["skip_zero_advantage_batches"] and not options["beta"]
+                                                  and not options["entropy_coeff"] and not ebft_ce)
     # one config drives `rlft vllm-serve` and `rlft train`: unless trl.vllm_server_* is set, connect where vllm: listens
     server = getattr(cfg, "vllm", None)
     if server is not None and "vllm_server_port" not in trl.model_fields_set and server.port:
@@ -189,9 +194,7 @@ def rl_settings(cfg) -> RLSettings:
         prompts_per_step=completions_per_step // group, num_iterations=options["num_iterations"],
         steps_per_generation=options["steps_per_generation"], scale_rewards=scale,
         multi_objective_aggregation=options["multi_objective_aggregation"], advantage_estimator=options["advantage_estimator"],
-        # all-zero advantages leave nothing to learn only without a KL or an entropy term (TRL steps on them)
-        skip_zero_advantage_batches=bool(options["skip_zero_advantage_batches"] and not options["beta"]
-                                         and not options["entropy_coeff"]),
+        skip_zero_advantage_batches=options["skip_zero_advantage_batches"],
         filter_reward_metric=((metric,) if isinstance(metric, str) else tuple(metric or ())),
         dynamic_sampling_max_retries=options["dynamic_sampling_max_retries"], overlong_penalty=options["overlong_penalty"],
         overlong_buffer_length=options["overlong_buffer_length"] or max(1, maximum // 4),

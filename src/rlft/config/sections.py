@@ -180,7 +180,7 @@ class TRLConfig(axolotl_keys.known_only("AxolotlTrlKeys", axolotl_keys.TRL)):
     skip_zero_advantage_batches: bool = field(
         True,
         "Skip the update (no optimizer step) when every advantage of a generation batch is 0 and there is no KL "
-        "(beta) or entropy term, so that nothing would be learnt from it.",
+        "(beta), entropy or EBFT cross-entropy (ebft.ce_coef) term, so that nothing would be learnt from it.",
     )
 
     # ---- DAPO: dynamic sampling and overlong penalty ----------------------------------------
