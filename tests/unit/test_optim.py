@@ -100,7 +100,7 @@ def test_warmup_counts_the_steps_axolotl_counts(config):
     assert warmup_steps(config(rl="dpo", max_steps=1000), 1000, epoch_steps=1250) == 37
     assert warmup_steps(config(rl="dpo", warmup_ratio=0.1, max_steps=20), 20, epoch_steps=100) == 10
     grpo = dict(rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["m.f"]})
-    assert [warmup_steps(config(**grpo), total) for total in (10, 33, 34, 67, 400, 5000)] == [1, 1, 2, 3, 12, 150]
+    assert [warmup_steps(config(**grpo), total) for total in (10, 33, 34, 67, 200, 400, 5000)] == [1, 1, 2, 3, 6, 12, 150]
     assert warmup_steps(config(**grpo, warmup_ratio=0.05), 30, epoch_steps=7) == 2  # ceil(1.5)
     assert warmup_steps(config(**grpo, warmup_steps=1), 400) == 2
     ebft = dict(rl="ebft", micro_batch_size=8, ebft={"mode": "structured"})
