@@ -307,6 +307,39 @@ def test_missing_fsdp_layer_class_names_the_models_layers(sft, cli, capsys):
     assert not (path.parent / "badwrap").exists()  # nothing started
 
 
+def test_under_fsdp_the_final_model_is_the_best_checkpoint(sft):
+    """load_best_model_at_end on 2 processes (tests/integration/test_cli_best_model.py: one): one row trained on and
+    held-out sums evaluated, so eval/loss dips; the evaluation is split and gathered, so both processes agree on the
+    best, and the final model is its gathered weights. A PiSSA adapter, whose conversion from a best checkpoint is not
+    built for sharded weights, is refused before the first step."""
+    from safetensors.torch import load_file
+
+    from rlft.tasks.addition import write_jsonl
+
+    config, _, folder = sft
+    write_jsonl([{"prompt": "1+1=", "completion": "2"}] * 64, folder / "one-row.jsonl")
+    overfit = {"datasets": [{"path": str(folder / "one-row.jsonl")}], "max_steps": 8, "learning_rate": 1e-2,
+               "lr_scheduler": "constant", "eval_steps": 2, "save_steps": 2, "save_total_limit": 1, **FSDP}
+    output = train(config("best-fsdp", 1, **overfit))
+    out = folder / "best-fsdp"
+    scores = {step: values["eval/loss"] for step, values in evals(out).items()}
+    best = min((2, 4, 6, 8), key=scores.get)
+    assert best != 8 and f"checkpoint-{best}:besteval/loss" in "".join(output.split()).replace("│", "")  # the summary
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{best}", "checkpoint-8"]
+    final, chosen = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best}" / "model" / "model.safetensors")
+    assert final.keys() == chosen.keys() and all((final[k] == chosen[k]).all() for k in final)
+
+    process = start(config("pissa-fsdp", 1, **overfit, adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True,
+                           peft_init_lora_weights="pissa"))
+    try:
+        text, _ = process.communicate(timeout=240)
+    finally:
+        stop(process)
+    assert process.returncode == 1 and "is not built for sharded weights (fsdp, ZeRO-3): set load_best_model_at_end: false" \
+        in " ".join(text.split()), text[-3000:]
+    assert not list((folder / "pissa-fsdp").glob("checkpoint-*"))
+
+
 REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
 
 

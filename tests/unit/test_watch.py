@@ -7,8 +7,9 @@ from types import SimpleNamespace
 from rlft.train.watch import RunGuards
 
 
-def guards(threshold=None, patience=None, early=None, state=None):
-    cfg = SimpleNamespace(loss_watchdog_threshold=threshold, loss_watchdog_patience=patience, early_stopping_patience=early)
+def guards(threshold=None, patience=None, early=None, state=None, metric=None, higher=None):
+    cfg = SimpleNamespace(loss_watchdog_threshold=threshold, loss_watchdog_patience=patience, early_stopping_patience=early,
+                          metric_for_best_model=metric, greater_is_better=higher)
     return RunGuards(cfg, state)
 
 
@@ -38,3 +39,20 @@ def test_counters_survive_a_resume():
     g.stop_early({"eval/loss": 1.5})
     resumed = guards(threshold=1.0, patience=2, early=2, state=g.state_dict())
     assert resumed.loss_breakdown(5.0) is not None and resumed.stop_early({"eval/loss": 1.2}) is True
+
+
+def test_early_stopping_watches_metric_for_best_model():
+    g = guards(early=1, metric="accuracy")  # higher is better for a name that does not end in "loss"
+    assert [g.stop_early({"eval/loss": 1.0, "eval/accuracy": v}) for v in (0.5, 0.6, 0.6)] == [False, False, True]
+    g = guards(early=1, metric="eval_perplexity", higher=False)
+    assert [g.stop_early({"eval/perplexity": v}) for v in (9.0, 8.0, 8.5)] == [False, False, True]
+
+
+def test_early_stopping_on_a_metric_the_evaluation_lacks_says_what_it_has():
+    """GRPO evaluates eval/reward, no eval/loss: refused at the baseline evaluation, before the first step."""
+    import pytest
+
+    from rlft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"early_stopping_patience watches eval/loss, .* \(it reports eval/reward\)"):
+        guards(early=2).stop_early({"eval/reward": 0.5})

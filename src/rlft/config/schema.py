@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import AliasChoices, field_validator, model_validator
 
 from rlft.config import axolotl_keys
+from rlft.config.best_model import best_model_problems
 from rlft.config.base import Section, field, planned
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.trackers import TrackerFields
@@ -262,8 +263,17 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                                      "loss_watchdog_patience steps in a row (about twice the first loss).", gt=0.0)
     loss_watchdog_patience: Optional[int] = field(None, "Steps in a row above loss_watchdog_threshold before stopping "
                                                   "(default 3).", ge=1)
-    early_stopping_patience: Optional[int] = field(None, "Stop when eval/loss has not improved for this many evaluations "
-                                                   "(the final model and a checkpoint are saved).", ge=1)
+    early_stopping_patience: Optional[int] = field(None, "Stop when eval/loss (metric_for_best_model) has not improved for "
+                                                   "this many evaluations (the final model and a checkpoint are saved).", ge=1)
+    load_best_model_at_end: Optional[bool] = field(
+        None, "The final model is the checkpoint with the best eval metric, not the last step's weights. Unset: on for "
+              "SFT and reward models with an eval set, save_steps and eval_steps (save_steps a multiple of eval_steps), "
+              "as in Axolotl; every checkpoint is evaluated while it is on.")
+    metric_for_best_model: Optional[str] = field(
+        None, "The eval metric load_best_model_at_end and early_stopping_patience watch (default loss: eval/loss), e.g. "
+              "accuracy for eval/accuracy.")
+    greater_is_better: Optional[bool] = field(
+        None, "Whether a higher metric_for_best_model is better (default: false for metrics ending in loss, else true).")
     debug: bool = field(False, "`rlft preprocess` shows the first rows token by token with the trained tokens marked "
                                "(as `--debug`).")
     mfu_peak_flops: Optional[float] = field(
@@ -484,6 +494,7 @@ def combination_problems(cfg: RlftConfig):
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
         yield from _grpo_problems(cfg)
     yield from _nemo_gym_problems(cfg)
+    yield from best_model_problems(cfg)
     for settings in (fsdp_settings, deepspeed_settings):
         try:
             settings(cfg)

@@ -62,11 +62,14 @@ class TrainState:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     recipe_state: dict[str, Any] = field(default_factory=dict)  # e.g. running statistics of a loss
     guards: dict[str, Any] = field(default_factory=dict)  # the loss watchdog's and early stopping's counters
+    best: dict[str, Any] = field(default_factory=dict)  # load_best_model_at_end: the best checkpoint's step and metric
 
 
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None,
-                    extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0) -> Path:
-    """Write checkpoint-N atomically, then drop the oldest beyond `keep`. Returns its path. Every process calls it.
+                    extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0,
+                    protect: Path | None = None) -> Path:
+    """Write checkpoint-N atomically, then drop the oldest beyond `keep`, never `protect` (the best checkpoint).
+    Returns its path. Every process calls it.
 
     `extra_files(folder)` writes the recipe's own files into it (the main process), about `extra_bytes` of them;
     fp16's loss `scaler` keeps its scale (a resumed run would otherwise start again at 65536 and skip steps finding
@@ -116,19 +119,23 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         else:
             staging.rename(final)
         if keep:
-            for stale in pruned(list_checkpoints(output_dir), final, state.global_step, keep):
+            for stale in pruned(list_checkpoints(output_dir), final, state.global_step, keep, protect):
                 shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
 
 
-def pruned(checkpoints: list[Path], saved: Path, step: int, keep: int) -> list[Path]:
+def pruned(checkpoints: list[Path], saved: Path, step: int, keep: int, protect: Path | None = None) -> list[Path]:
     """The checkpoints `save_total_limit` (`keep`) removes after `saved` (at `step`): never `saved` itself, and first
     those of steps after it, which a run resumed from an earlier checkpoint left behind (an abandoned continuation
-    that `--resume_from_checkpoint=auto` would otherwise pick up later), then the oldest."""
+    that `--resume_from_checkpoint=auto` would otherwise pick up later), then the oldest. Never `protect` either (the
+    best checkpoint of load_best_model_at_end), which counts towards `keep`: with a limit of 1 it stays beside
+    `saved`, as in transformers."""
     later = [p for p in checkpoints if _step_of(p) > step]
     earlier = [p for p in checkpoints if _step_of(p) < step]
-    return later + earlier[: max(0, len(earlier) - (keep - 1))]
+    kept = [p for p in earlier if protect is None or p.name != protect.name]
+    room = max(0, keep - 1 - (len(kept) < len(earlier)))
+    return later + kept[: max(0, len(kept) - room)]
 
 
 def _step_of(folder: Path) -> int:

@@ -29,6 +29,7 @@ from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler,
 from rlft.models import varlen
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
+from rlft.train.best import BestCheckpoint
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
                                  trains_in_bf16)
 from rlft.train.recipe import Recipe
@@ -45,6 +46,7 @@ class LoopResult:
     ended_at: float = 0.0
     save_time: float = 0.0  # seconds spent writing checkpoints
     recipe: Any = None  # the recipe that ran (its plan and state), for tools that inspect a finished run
+    final_from: Path | None = None  # load_best_model_at_end: the checkpoint the final model's weights came from
 
 
 def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
@@ -179,9 +181,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
 
     guards = RunGuards(cfg, state.guards)
     if resume_from is not None and guards.stopped_early():  # e.g. a requeue script that always resumes with `auto`
-        console.print(f"{resume_from} is where this run stopped early (eval/loss had not improved on {guards.best:.4f} for "
+        console.print(f"{resume_from} is where this run stopped early ({guards.key} had not improved on {guards.best:.4f} for "
                       f"{guards.stale} evaluations): nothing more to train")
         total_steps = state.global_step
+    best = BestCheckpoint(cfg, state.best)  # load_best_model_at_end
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):  # with its metrics.jsonl
         console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} (to go on with that run, "
@@ -223,10 +226,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                    "learning_rate and keep max_grad_norm set")
         state.recipe_state = recipe.state_dict()
         state.guards = guards.state_dict()
+        best.saving(state.global_step)
+        state.best = best.state_dict()
         began = time.perf_counter()
         with timer("save"):
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit,
-                                         recipe.save_files, getattr(accelerator, "scaler", None), recipe.saved_files_bytes())
+                                         recipe.save_files, getattr(accelerator, "scaler", None), recipe.saved_files_bytes(),
+                                         best.folder(output_dir))
         save_time += time.perf_counter() - began
         return last_saved
 
@@ -249,6 +255,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         with torch.no_grad(), accelerator.autocast():
             result = recipe.evaluate(runs, [_to_device(b, accelerator.device) for b in recipe.eval_batches])
         model.train()
+        best.note(state.global_step, result)
         if main:
             log.write(state.global_step, result)
             history.append({"step": state.global_step, **result})
@@ -368,11 +375,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 if eval_every and state.global_step % eval_every == 0 and state.global_step < total_steps:
                     if guards.stop_early(results := evaluate()):
                         if main:
-                            console.print(f"early stopping at step {state.global_step}: eval/loss has not improved on "
+                            console.print(f"early stopping at step {state.global_step}: {guards.key} has not improved on "
                                           f"{guards.best:.4f} for {guards.stale} evaluations (early_stopping_patience)")
                         early = results  # the run's final evaluation: not run (and logged) twice
                         break
                 if save_every and state.global_step % save_every == 0 and state.global_step < total_steps:
+                    if best.needs_eval(state.global_step):  # load_best_model_at_end chooses among evaluated checkpoints
+                        evaluate()
                     save()
                 # with several processes: the same sum on every one; at the last step the run ends as it would anyway
                 if (stopping or (world == 1 and stop.requested)) and state.global_step < total_steps:

@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rlft.config.best_model import best_metric, loads_best_model
 from rlft.models.liger import liger_keys, liger_summary
 from rlft.train.loop import LoopResult, epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
@@ -59,6 +60,11 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("processes", f"{accelerator.num_processes}: {shared}")
     for name, value in rows:
         table.add_row(name, value)
+    if loads_best_model(cfg):
+        key, higher = best_metric(cfg)
+        default = "" if cfg.load_best_model_at_end else ", Axolotl's default with an eval set, save_steps and eval_steps"
+        table.add_row("final model", f"the checkpoint with the {'highest' if higher else 'lowest'} {key}, each checkpoint "
+                                     f"evaluated (load_best_model_at_end{default})")
     table.add_row("output", str(Path(cfg.output_dir).resolve()))
     console.print(table)
 
@@ -67,7 +73,11 @@ def print_summary(console: Console, cfg, result: LoopResult) -> None:
     metrics = result.state.last_metrics
     speeds = [h["tokens_per_s"] for h in result.history if "tokens_per_s" in h]
     table = _key_value_table("rlft train: done")
-    table.add_row("final model", str(Path(cfg.output_dir).resolve()))
+    final = str(Path(cfg.output_dir).resolve())
+    if result.final_from is not None:  # load_best_model_at_end
+        best = result.state.best
+        final += f" (the weights of {result.final_from.name}: best {best['key']} {best['value']:.4f}; load_best_model_at_end)"
+    table.add_row("final model", final)
     table.add_row("checkpoint", str(result.checkpoint.resolve()) if result.checkpoint else "-")
     table.add_row("steps", f"{result.state.global_step}")
     table.add_row("final loss", f"{metrics.get('loss', float('nan')):.4f}")

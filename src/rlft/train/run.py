@@ -9,13 +9,16 @@ import torch
 from rich.console import Console
 
 from rlft.config.axolotl_keys import unsupported_settings
-from rlft.config.parallel import launched
+from rlft.config.best_model import loads_best_model
+from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
+from rlft.train.best import copy_model_files, final_checkpoint
+from rlft.train.checkpoint import load_weights
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.watch import SetupInterrupts
 from rlft.train.parallel import gathered_state_dict, make_accelerator
@@ -124,6 +127,13 @@ def _train(cfg, console: Console) -> LoopResult:
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
+    sharded = (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or \
+        getattr(deepspeed_settings(cfg), "stage", 0) == 3
+    if loads_best_model(cfg) and changes_base(model) and sharded:
+        why = "" if cfg.load_best_model_at_end else " (on by default with an eval set, save_steps and eval_steps)"
+        raise ConfigError(f"load_best_model_at_end{why} with peft_init_lora_weights: "
+                          f"{model.peft_config['default'].init_lora_weights}, which rewrites the base weights, is not built "
+                          "for sharded weights (fsdp, ZeRO-3): set load_best_model_at_end: false, or train unsharded")
 
     if accelerator.is_main_process:
         print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows)
@@ -141,10 +151,17 @@ def _train(cfg, console: Console) -> LoopResult:
         console.print(f"WARNING: {warning}", style="bold red", markup=False, soft_wrap=True)
     weights = gathered_state_dict(model)  # sharded over processes: gathered (a collective)
     if accelerator.is_main_process:
-        # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
-        conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}
-        model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights, **conversion)
-        tokenizer.save_pretrained(output_dir)
+        warn = lambda message: console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)  # noqa: E731
+        result.final_from = final_checkpoint(result.state, output_dir, warn)  # load_best_model_at_end, when not the last
+        if result.final_from is not None and init_adapter is None:
+            copy_model_files(result.final_from / "model", output_dir)  # as that checkpoint saved it
+        else:
+            if result.final_from is not None:  # the best adapter, converted below as the last one would be
+                load_weights(model, result.final_from / "model")
+            # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
+            conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}
+            model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights, **conversion)
+            tokenizer.save_pretrained(output_dir)
         print_summary(console, cfg, result)
     return result
 
@@ -366,11 +383,18 @@ def load_reference_model(cfg, tokenizer):
 BASE_CHANGING_INITS = ("pissa", "olora", "corda")
 
 
+def changes_base(model) -> bool:
+    """Whether the model's adapter init rewrote the base weights (the final adapter is converted to load on the
+    original base)."""
+    init = getattr(model, "peft_config", {}).get("default")
+    return init is not None and str(init.init_lora_weights).startswith(BASE_CHANGING_INITS)
+
+
 def save_initial_adapter(model, output_dir: Path) -> Path | None:
     """For inits that rewrite the base weights, keep the adapter as initialised (once per run folder)."""
-    init = getattr(model, "peft_config", {}).get("default")
-    if init is None or not str(init.init_lora_weights).startswith(BASE_CHANGING_INITS):
+    if not changes_base(model):
         return None
+    init = model.peft_config["default"]
     folder = output_dir / "init-adapter"
     if not (folder / "adapter_config.json").exists():
         kind = init.init_lora_weights

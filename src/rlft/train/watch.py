@@ -12,6 +12,9 @@ import os
 import signal
 from typing import Any
 
+from rlft.config.best_model import best_metric
+from rlft.train.best import better, metric_value
+
 
 class SetupInterrupts:
     """`with SetupInterrupts():` around a run. A Ctrl-C before the training loop raises KeyboardInterrupt at once, as
@@ -67,9 +70,10 @@ class RunGuards:
         self.threshold = cfg.loss_watchdog_threshold
         self.patience = cfg.loss_watchdog_patience or 3
         self.early_patience = cfg.early_stopping_patience
+        self.key, self.higher = best_metric(cfg)  # eval/loss unless metric_for_best_model names another
         state = state or {}
         self.high = state.get("high", 0)  # consecutive steps above the threshold
-        self.best = state.get("best")  # lowest eval/loss so far
+        self.best = state.get("best")  # the best eval metric so far
         self.stale = state.get("stale", 0)  # evaluations since it improved
 
     def loss_breakdown(self, loss: float) -> str | None:
@@ -83,11 +87,11 @@ class RunGuards:
                 f"(now {loss:.4f}): training has broken down. Lower learning_rate, or raise the threshold")
 
     def stop_early(self, result: dict[str, float]) -> bool:
-        """After an evaluation: whether eval/loss has not improved for `early_stopping_patience` evaluations."""
-        value = result.get("eval/loss")
-        if not self.early_patience or value is None:
+        """After an evaluation: whether its metric has not improved for `early_stopping_patience` evaluations."""
+        if not self.early_patience or not result:
             return False
-        if self.best is None or value < self.best:
+        value = metric_value(result, self.key, "early_stopping_patience")
+        if better(value, self.best, self.higher):
             self.best, self.stale = value, 0
             return False
         self.stale += 1

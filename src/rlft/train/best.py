@@ -1,0 +1,84 @@
+"""The checkpoint a run ends with when `load_best_model_at_end` is on (rlft.config.best_model): which checkpoint is
+best, kept through `save_total_limit`'s rotation and in the trainer state, and the final model written from it.
+
+Only a checkpoint whose own step was evaluated can be best: while the key is on, a save at a step that is not an
+eval step evaluates first. transformers instead records the best *eval* step and loads it only if that step was also
+saved, so with evaluations between the saves it can end on a checkpoint that is not the best of those saved.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlft.config.best_model import best_metric, loads_best_model
+from rlft.errors import ConfigError
+
+
+def metric_value(results: dict[str, float], key: str, reader: str) -> float:
+    """`results[key]`, or a ConfigError naming what the evaluation reports (it runs before the first step)."""
+    if key not in results:
+        raise ConfigError(f"{reader} watches {key}, which this run's evaluation does not report (it reports "
+                          f"{', '.join(sorted(results))}): set metric_for_best_model to one of those")
+    return results[key]
+
+
+def better(value: float, best: float | None, higher: bool) -> bool:
+    """Strictly better than `best` (None: nothing yet); a tie keeps the earlier one, as in transformers."""
+    return best is None or (value > best if higher else value < best)
+
+
+class BestCheckpoint:
+    def __init__(self, cfg, state: dict[str, Any] | None = None):
+        self.enabled = loads_best_model(cfg)
+        self.key, self.higher = best_metric(cfg)
+        state = state or {}
+        self.step, self.value = state.get("step"), state.get("value")
+        self.evaluated: tuple[int, float] | None = None  # the latest evaluation: its step and metric
+
+    def note(self, step: int, results: dict[str, float]) -> None:
+        """After every evaluation."""
+        if self.enabled and results:
+            self.evaluated = (step, metric_value(results, self.key, "load_best_model_at_end"))
+
+    def needs_eval(self, step: int) -> bool:
+        """Before a save: whether this step still lacks its evaluation."""
+        return self.enabled and (self.evaluated is None or self.evaluated[0] != step)
+
+    def saving(self, step: int) -> None:
+        """Before checkpoint-`step` is written (the trainer state in it names the best)."""
+        if self.enabled and self.evaluated is not None and self.evaluated[0] == step and \
+                better(self.evaluated[1], self.value, self.higher):
+            self.step, self.value = step, self.evaluated[1]
+
+    def folder(self, output_dir: Path) -> Path | None:
+        """The best checkpoint, which rotation keeps."""
+        return output_dir / f"checkpoint-{self.step}" if self.enabled and self.step is not None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "value": self.value, "key": self.key} if self.enabled and self.step is not None else {}
+
+
+def final_checkpoint(state, output_dir: Path, warn) -> Path | None:
+    """The checkpoint whose weights become the final model, when it is not the last step's; None otherwise. A best
+    checkpoint that is gone or incomplete (removed by hand) is named in a warning and the last step's weights stay."""
+    from rlft.train.checkpoint import checkpoint_problem
+
+    best = state.best
+    if not best or best["step"] == state.global_step:
+        return None
+    folder = output_dir / f"checkpoint-{best['step']}"
+    problem = checkpoint_problem(folder) if folder.is_dir() else "it is gone"
+    if problem:
+        warn(f"load_best_model_at_end: the best checkpoint {folder} ({best['key']} {best['value']:.4f}) cannot be read "
+             f"({problem}): the final model is the last step's weights")
+        return None
+    return folder
+
+
+def copy_model_files(source: Path, output_dir: Path) -> None:
+    """The final model as the checkpoint saved it: its model/ folder's files (weights or adapter, config, tokenizer)."""
+    for file in source.iterdir():
+        if file.is_file():
+            shutil.copy2(file, output_dir / file.name)

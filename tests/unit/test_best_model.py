@@ -1,0 +1,126 @@
+"""load_best_model_at_end, metric_for_best_model and greater_is_better: when Axolotl turns the first on, which metric
+decides, which checkpoint is best and that rotation keeps it (the whole run: tests/integration/test_cli_best_model.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlft.config.best_model import axolotl_loads_best, best_metric, loads_best_model
+from rlft.errors import ConfigError
+from rlft.train.best import BestCheckpoint, better
+from rlft.train.checkpoint import list_checkpoints, pruned
+
+EVAL = {"val_set_size": 0.1}
+
+
+@pytest.mark.parametrize("overrides, on", [
+    (dict(**EVAL, save_steps=10, eval_steps=5), True),
+    (dict(**EVAL, save_steps=10, eval_steps=10), True),
+    (dict(**EVAL, save_steps=10, eval_steps=3), False),  # saves between evaluations
+    (dict(**EVAL, save_steps=10), False),
+    (dict(**EVAL, eval_steps=5), False),
+    (dict(save_steps=10, eval_steps=5), False),  # no eval set
+    (dict(test_datasets=[{"path": "eval.jsonl"}], save_steps=10, eval_steps=5), True),
+    (dict(test_datasets=[{"path": "eval.jsonl"}], **EVAL, save_steps=10, eval_steps=5), False),  # Axolotl: both is neither
+    (dict(**EVAL, reward_model=True, save_steps=10, eval_steps=5), True),
+    # per epoch, as fractions 1 / (n * num_epochs) of the run, only below 1: 0.5 % 0.25 == 0
+    (dict(**EVAL, saves_per_epoch=2, evals_per_epoch=4), True),
+    (dict(**EVAL, saves_per_epoch=1, evals_per_epoch=2), False),  # 1.0 is not below 1: Axolotl sets no save_steps
+    (dict(**EVAL, saves_per_epoch=1, evals_per_epoch=2, num_epochs=2), True),  # 0.5 % 0.25
+    (dict(**EVAL, saves_per_epoch=3, evals_per_epoch=2), False),  # 1/3 % 1/2
+    (dict(**EVAL, save_steps=10, evals_per_epoch=4), True),  # 10 % 0.25, steps against a fraction, as Axolotl has it
+])
+def test_axolotls_default(config, overrides, on):
+    cfg = config(**overrides)
+    assert axolotl_loads_best(cfg) is on
+    assert loads_best_model(cfg) is on
+
+
+def test_preference_methods_and_grpo_are_off_unless_asked(config):
+    dpo = dict(rl="dpo", **EVAL, save_steps=10, eval_steps=5, datasets=[{"path": "pairs.jsonl", "type": "chatml.intel"}])
+    assert not loads_best_model(config(**dpo))
+    assert loads_best_model(config(**dpo, load_best_model_at_end=True))
+    assert not loads_best_model(config(**EVAL, save_steps=10, eval_steps=5, load_best_model_at_end=False))
+
+
+def test_impossible_settings_are_refused_with_the_fix(config_problems):
+    text = " ".join(what for _, what in config_problems(load_best_model_at_end=True, save_steps=5))
+    assert "has no eval set: set val_set_size or test_datasets" in text
+    text = " ".join(what for _, what in config_problems(load_best_model_at_end=True, **EVAL))
+    assert "without save_steps or saves_per_epoch the only one is the last step's" in text
+    for key, value in (("metric_for_best_model", "accuracy"), ("greater_is_better", True)):
+        text = " ".join(what for _, what in config_problems(**{key: value}))
+        assert f"{key} is read by load_best_model_at_end and early_stopping_patience, and neither is on" in text
+
+
+def test_the_metric_as_transformers_names_it(config):
+    assert best_metric(config()) == ("eval/loss", False)
+    for name in ("loss", "eval_loss", "eval/loss"):
+        assert best_metric(config(metric_for_best_model=name, early_stopping_patience=2)) == ("eval/loss", False)
+    assert best_metric(config(metric_for_best_model="accuracy", early_stopping_patience=2)) == ("eval/accuracy", True)
+    assert best_metric(config(metric_for_best_model="eval_perplexity", greater_is_better=False,
+                              early_stopping_patience=2)) == ("eval/perplexity", False)
+
+
+def _best(state=None, **keys):
+    cfg = SimpleNamespace(method="sft", load_best_model_at_end=True, metric_for_best_model=None, greater_is_better=None)
+    vars(cfg).update(keys)
+    return BestCheckpoint(cfg, state)
+
+
+def test_the_best_is_the_best_saved_and_evaluated_checkpoint():
+    best = _best()
+    for step, loss, saved in ((0, 5.0, False), (2, 4.0, True), (3, 3.0, False), (4, 3.5, True), (6, 3.5, True), (8, 4.5, True)):
+        best.note(step, {"eval/loss": loss, "eval/perplexity": 1.0})
+        assert not best.needs_eval(step)
+        if saved:
+            best.saving(step)
+    # step 3 was lowest but not saved; 4 and 6 tie: the earlier stays (transformers' strict comparison)
+    assert (best.step, best.value) == (4, 3.5)
+    assert best.needs_eval(10)  # a save at a step that was not evaluated evaluates first
+    best.saving(10)  # (an interrupted run's save without its evaluation never becomes the best)
+    assert best.step == 4
+    resumed = _best(best.state_dict())  # from the trainer state of a checkpoint
+    assert (resumed.step, resumed.value) == (4, 3.5) and best.state_dict()["key"] == "eval/loss"
+    resumed.note(12, {"eval/loss": 3.4})
+    resumed.saving(12)
+    assert resumed.folder(Path("out")) == Path("out/checkpoint-12")
+
+
+def test_a_higher_metric_wins_where_greater_is_better():
+    best = _best(metric_for_best_model="accuracy")
+    for step, accuracy in ((2, 0.5), (4, 0.75), (6, 0.6)):
+        best.note(step, {"eval/loss": 1.0, "eval/accuracy": accuracy})
+        best.saving(step)
+    assert best.step == 4
+    assert better(0.7, None, True) and not better(0.7, 0.7, False)
+
+
+def test_off_it_tracks_nothing(tmp_path):
+    best = _best(load_best_model_at_end=False)
+    best.note(2, {"eval/loss": 1.0})
+    best.saving(2)
+    assert not best.needs_eval(4) and best.folder(tmp_path) is None and best.state_dict() == {}
+
+
+def test_a_metric_the_evaluation_does_not_report_is_named_with_what_it_reports():
+    best = _best(metric_for_best_model="accuracy")
+    with pytest.raises(ConfigError, match=r"load_best_model_at_end watches eval/accuracy, .* \(it reports eval/loss, "
+                                          r"eval/perplexity\): set metric_for_best_model"):
+        best.note(0, {"eval/loss": 1.0, "eval/perplexity": 2.7})
+    best.note(0, {})  # a run without an eval set: nothing to check
+
+
+def test_rotation_keeps_the_best_checkpoint(tmp_path):
+    for step in (2, 4, 6, 8):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    checkpoints, saved = list_checkpoints(tmp_path), tmp_path / "checkpoint-8"
+    best = tmp_path / "checkpoint-2"
+    assert [p.name for p in pruned(checkpoints, saved, 8, 2, best)] == ["checkpoint-4", "checkpoint-6"]
+    assert [p.name for p in pruned(checkpoints, saved, 8, 3, best)] == ["checkpoint-4"]
+    assert [p.name for p in pruned(checkpoints, saved, 8, 1, best)] == ["checkpoint-4", "checkpoint-6"]  # kept beside it
+    assert [p.name for p in pruned(checkpoints, saved, 8, 2, saved)] == ["checkpoint-2", "checkpoint-4"]
+    assert [p.name for p in pruned(checkpoints, saved, 8, 2)] == ["checkpoint-2", "checkpoint-4"]
