@@ -740,3 +740,4 @@ def test_unset_keys_take_axolotls_defaults(config_dict):
     cfg = build_config(config_dict())
     assert (cfg.output_dir, cfg.save_total_limit) == ("./model-out", 4)
     assert build_config(config_dict(save_total_limit=None)).save_total_limit == 4  # an empty key is unset
+    assert build_config(config_dict(save_total_limit=0)).save_total_limit == 4  # Axolotl's `save_total_limit or 4`

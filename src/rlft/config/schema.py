@@ -256,7 +256,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).", ge=1)
     saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps); "
                                            "0 = at the end only.", ge=0)
-    save_total_limit: int = field(4, "Keep only the newest N checkpoints (Axolotl's default 4).", ge=1)
+    save_total_limit: int = field(4, "Keep only the newest N checkpoints (Axolotl's default 4; 0 also keeps 4, as in "
+                                     "Axolotl).", ge=0)
     output_dir: str = field("./model-out", "Where checkpoints, metrics.jsonl and the final model go (Axolotl's default).")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
     loss_watchdog_threshold: Optional[float] = field(None, "Stop when the training loss stays above this for "
@@ -373,6 +374,12 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         if isinstance(data, dict) and data.get("chat_template_jinja") and data.get("chat_template") is None:
             data = {**data, "chat_template": "jinja"}
         return data
+
+    @field_validator("save_total_limit")
+    @classmethod
+    def _zero_limit(cls, value: int) -> int:
+        """Axolotl passes `save_total_limit or 4` on (core/builders/base.py): 0 keeps 4, not every checkpoint."""
+        return value or 4
 
     @field_validator("val_set_size")
     @classmethod
