@@ -368,7 +368,6 @@ TOP_LEVEL = {
     'total_num_tokens': ('derived', None),
     'total_supervised_tokens': ('derived', None),
     'trainer_cls': ('other', None),
-    'unfrozen_parameters': ('other', None),
     'use_dsv4_kernels': ('kernel', None),
     'use_eaft': ('other', None),
     'use_glm_dsa_kernels': ('kernel', None),

@@ -173,6 +173,11 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         None, "Passed to transformers' gradient_checkpointing_enable, e.g. {use_reentrant: false}."
     )
 
+    unfrozen_parameters: Optional[list[str]] = field(
+        None, "Train only the parameters whose names match one of these patterns (Axolotl's rules: a regex matched from "
+              "the start of the name, dots literal; a trailing [start:end] trains only those rows), e.g. "
+              "['^model.layers.1[0-5].', '^model.norm.weight$']. Full fine-tuning only.")
+
     # --- adapters ---
     adapter: Optional[Literal["lora", "qlora"]] = field(None, "Train a PEFT adapter instead of all weights.")
     lora_model_dir: Optional[str] = field(None, "Start from an existing LoRA adapter folder.")
@@ -375,6 +380,15 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
             data = {**data, "chat_template": "jinja"}
         return data
 
+    @field_validator("unfrozen_parameters")
+    @classmethod
+    def _patterns(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        from rlft.models.freeze import parse_pattern
+
+        for text in value or []:
+            parse_pattern(text)
+        return value
+
     @field_validator("save_total_limit")
     @classmethod
     def _zero_limit(cls, value: int) -> int:
@@ -502,6 +516,7 @@ def combination_problems(cfg: RlftConfig):
         yield from _grpo_problems(cfg)
     yield from _nemo_gym_problems(cfg)
     yield from best_model_problems(cfg)
+    yield from _unfrozen_problems(cfg)
     for settings in (fsdp_settings, deepspeed_settings):
         try:
             settings(cfg)
@@ -511,6 +526,23 @@ def combination_problems(cfg: RlftConfig):
         yield "deepspeed and fsdp are both set: choose one way to shard the model"
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
         yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
+
+
+def _unfrozen_problems(cfg: RlftConfig):
+    if not cfg.unfrozen_parameters:
+        return
+    if cfg.adapter:
+        yield ("unfrozen_parameters chooses the weights a full fine-tune trains, and with an adapter only the adapter "
+               "trains: remove one (lora_modules_to_save trains whole modules beside LoRA)")
+    from rlft.models.freeze import parse_pattern
+
+    ranged = [text for text in cfg.unfrozen_parameters if parse_pattern(text).rows is not None]
+    if ranged and cfg.weight_decay:
+        yield (f"unfrozen_parameters {ranged[0]!r} trains some rows of a parameter by zeroing the other rows' gradients, and "
+               f"weight_decay {cfg.weight_decay:g} would still shrink those rows: set weight_decay: 0, or drop the range")
+    if ranged and (cfg.deepspeed or cfg.fsdp or cfg.fsdp_config):
+        yield (f"unfrozen_parameters {ranged[0]!r}: row ranges are built for one process and DDP, not for fsdp or "
+               "deepspeed: drop the range (the whole parameter trains) or train without sharding")
 
 
 NEMO_GYM_PLUGIN = "axolotl.integrations.nemo_gym.NemoGymPlugin"

@@ -12,7 +12,7 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.best_model import loads_best_model
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.schema import nemo_gym_enabled
-from rlft.errors import ConfigError, NotImplementedYet
+from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
@@ -123,6 +123,8 @@ def _train(cfg, console: Console) -> LoopResult:
         from rlft.models.loading import resolve_source
 
         accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
+    if cfg.unfrozen_parameters:
+        freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
@@ -381,6 +383,23 @@ def load_reference_model(cfg, tokenizer):
 
 
 BASE_CHANGING_INITS = ("pissa", "olora", "corda")
+
+
+def freeze_unmatched(cfg, model, console: Console | None) -> None:
+    """`unfrozen_parameters`: freeze the parameters no pattern matches (rlft.models.freeze); warn of patterns that
+    match none."""
+    from rlft.models.freeze import freeze_except
+
+    try:
+        frozen = freeze_except(model, cfg.unfrozen_parameters)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    if cfg.gradient_checkpointing:  # frozen embeddings: reentrant checkpointing needs inputs that require grad
+        model.enable_input_require_grads()
+    if console is not None:
+        for text in frozen.unmatched:
+            console.print(f"warning: unfrozen_parameters {text!r} matches no parameter name (a dot is a literal dot, and a "
+                          "pattern matches from the start of the name)", style="yellow", markup=False, soft_wrap=True)
 
 
 def changes_base(model) -> bool:

@@ -1,0 +1,96 @@
+"""`unfrozen_parameters`, Axolotl's selective fine-tuning: only the parameters whose names match one of the patterns
+train, the rest are frozen.
+
+The patterns read as Axolotl reads them (`axolotl/utils/freeze.py`): a regular expression matched at the start of
+the parameter name (`re.match`: add `$` to match whole names), in which a dot is a literal dot unless a `+` follows
+it; a trailing `[start:end]` (or `[i]`, `[:end]`, `[start:]`) trains only those rows (dimension 0) of the matched
+parameter: the other rows' gradients are zeroed. With zero gradients from the first step and no weight decay (which
+`rlft train` requires with a row range) the optimizer never moves those rows; Axolotl allows weight decay there,
+which shrinks the rows it calls frozen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+_RANGE = re.compile(r"^(.+)\[([0-9]*)(?::([0-9]*))?\]$")
+
+
+@dataclass(frozen=True)
+class NamePattern:
+    text: str
+    regex: re.Pattern
+    rows: tuple[int, int | None] | None  # rows [start, end) that train; None: the whole parameter
+
+
+def parse_pattern(text: str) -> NamePattern:
+    """One `unfrozen_parameters` entry; ValueError naming what is wrong with it."""
+    name, rows = text, None
+    if found := _RANGE.match(text):
+        name, start, end = found.groups()
+        if end is None and start:  # [i]: one row
+            rows = (int(start), int(start) + 1)
+        elif end is not None:
+            rows = (int(start or 0), int(end) if end else None)
+        else:
+            raise ValueError(f"{text!r}: an empty row range []: write [start:end], [:end], [start:] or [i]")
+        if rows[1] is not None and rows[0] >= rows[1]:
+            raise ValueError(f"{text!r}: the row range ends at or before its start")
+    try:
+        regex = re.compile(re.sub(r"\.(?!\+)", r"\\.", name))
+    except re.error as exc:
+        raise ValueError(f"{text!r} is not a regular expression ({exc})") from None
+    return NamePattern(text, regex, rows)
+
+
+@dataclass
+class Frozen:
+    """What `freeze_except` did: the trained parameters (with their row ranges) and the patterns that matched none."""
+
+    trained: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)
+
+
+def _zero_rows_outside(ranges: list[tuple[int, int]]):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        kept = torch.zeros(grad.shape[0], dtype=torch.bool, device=grad.device)
+        for start, end in ranges:
+            kept[start:end] = True
+        return grad * kept.view(-1, *[1] * (grad.dim() - 1)).to(grad.dtype)
+
+    return hook
+
+
+def freeze_except(model: torch.nn.Module, texts: list[str]) -> Frozen:
+    """Freeze every parameter of `model` that no pattern matches; a matched parameter with row ranges trains only those
+    rows. ValueError when a range lies outside its parameter or nothing at all is left to train."""
+    patterns = [parse_pattern(text) for text in texts]
+    used: set[str] = set()
+    result = Frozen()
+    for name, param in model.named_parameters():
+        matched = [p for p in patterns if p.regex.match(name)]
+        used.update(p.text for p in matched)
+        param.requires_grad_(bool(matched))
+        if not matched:
+            continue
+        ranges = [] if any(p.rows is None for p in matched) else [p.rows for p in matched]
+        size = param.shape[0] if param.dim() else 1
+        spans = []
+        for pattern, (start, end) in zip(matched, ranges):
+            end = size if end is None else end
+            if end > size:
+                raise ValueError(f"unfrozen_parameters: {pattern.text!r}: {name} has {size} rows, the range ends at {end}")
+            spans.append((start, end))
+        if spans:
+            param.register_hook(_zero_rows_outside(spans))
+        result.trained[name] = sorted(spans)
+    result.unmatched = [p.text for p in patterns if p.text not in used]
+    if not result.trained:
+        names = [name for name, _ in model.named_parameters()]
+        raise ValueError(f"unfrozen_parameters matches no parameter of {type(model).__name__}, so nothing would train. Its "
+                         f"parameters are named like {', '.join(names[:2] + names[-2:])} (a dot in a pattern is a literal "
+                         "dot, and a pattern matches from the start of the name)")
+    return result
