@@ -125,3 +125,21 @@ def test_a_pissa_adapter_is_converted_from_the_best_checkpoint(overfit, cli, tmp
         load_weights(trained, out / "checkpoint-8" / "model")
         assert not torch.allclose(final(ids).logits, trained(ids).logits, atol=1e-3)
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 8  # converted: the rank doubles
+
+
+def test_save_strategy_best_and_no_and_eval_strategy_no(overfit, cli, tmp_path):
+    """Axolotl's strategies: `best` saves after each evaluation that beats every earlier one (and the last step's
+    checkpoint at the end); `no` saves no checkpoint, only the final model; `eval_strategy: no` evaluates nothing."""
+    out = tmp_path / "out"
+    assert cli("train", overfit(save_steps=None, save_strategy="best", save_total_limit=4)) == 0
+    evals = _saved_evals(out)
+    improved = [step for i, step in enumerate((2, 4, 6)) if all(evals[step] < evals[s] for s in (2, 4, 6)[:i])]
+    assert improved == [2, 4]  # the dip: 6 is worse than 4
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-8"]
+    assert _same(_weights(out), _weights(out / "checkpoint-8" / "model"))  # load_best_model_at_end is not on here
+
+    bare = tmp_path / "bare"
+    assert cli("train", overfit(save_steps=None, eval_steps=None, save_strategy="no", eval_strategy="no",
+                                output_dir=str(bare))) == 0
+    assert not list(bare.glob("checkpoint-*")) and (bare / "model.safetensors").exists()
+    assert not any("eval/loss" in r for r in read_metrics(bare / "metrics.jsonl"))

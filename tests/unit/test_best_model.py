@@ -46,27 +46,62 @@ def test_preference_methods_and_grpo_are_off_unless_asked(config):
     assert not loads_best_model(config(**EVAL, save_steps=10, eval_steps=5, load_best_model_at_end=False))
 
 
+def _problems(config_problems, **keys) -> str:
+    return " ".join(what for _, what in config_problems(**keys))
+
+
 def test_impossible_settings_are_refused_with_the_fix(config_problems):
-    text = " ".join(what for _, what in config_problems(load_best_model_at_end=True, save_steps=5))
-    assert "has no eval set: set val_set_size or test_datasets" in text
-    text = " ".join(what for _, what in config_problems(load_best_model_at_end=True, **EVAL))
-    assert "without save_steps or saves_per_epoch the only one is the last step's" in text
+    text = _problems(config_problems, load_best_model_at_end=True, save_steps=5)
+    assert "this run does not evaluate (no eval set): set val_set_size or test_datasets" in text
+    text = _problems(config_problems, early_stopping_patience=2, eval_strategy="no", **EVAL)
+    assert "early_stopping_patience stops when the eval metric stops improving, and this run does not evaluate " \
+           "(eval_strategy: no)" in text
+    text = _problems(config_problems, load_best_model_at_end=True, **EVAL)
+    assert "without save_steps, saves_per_epoch or save_strategy: epoch or best the only one is the last step's" in text
     for key, value in (("metric_for_best_model", "accuracy"), ("greater_is_better", True)):
-        text = " ".join(what for _, what in config_problems(**{key: value}))
-        assert f"{key} is read by load_best_model_at_end and early_stopping_patience, and neither is on" in text
+        text = _problems(config_problems, **{key: value})
+        assert f"{key} is read by load_best_model_at_end, early_stopping_patience and save_strategy: best, and none" in text
+    # Axolotl's own checks: a strategy other than steps beside the step keys
+    assert "save_strategy: epoch and save_steps are both set" in _problems(config_problems, save_strategy="epoch", save_steps=5)
+    assert "eval_strategy: no and evals_per_epoch are both set" in _problems(config_problems, eval_strategy="no",
+                                                                             evals_per_epoch=2, **EVAL)
+    assert "save_strategy: best saves after an evaluation that improves metric_for_best_model, and this run evaluates " \
+           "only at its end" in _problems(config_problems, save_strategy="best", **EVAL)
+
+
+def test_strategies_set_the_schedules(config):
+    from rlft.train.loop import schedules
+
+    assert schedules(config(), 10) == (None, None)
+    assert schedules(config(**EVAL, eval_strategy="epoch", save_strategy="epoch"), 10) == (10, 10)
+    assert schedules(config(**EVAL, eval_steps=3, save_strategy="steps", saves_per_epoch=2), 10) == (3, 5)
+    assert schedules(config(save_strategy="no"), 10) == (None, None)
+
+
+def test_save_strategy_best_saves_after_each_new_best_evaluation():
+    best = _best(load_best_model_at_end=False, save_strategy="best")
+    saved = []
+    for step, loss in ((0, 0.1), (2, 3.0), (4, 2.0), (6, 2.5), (8, 1.0)):  # the untrained baseline does not count
+        best.note(step, {"eval/loss": loss})
+        saved += [step] if best.save_now(step) else []
+    assert saved == [2, 4, 8]
+    resumed = _best(best.state_dict(), load_best_model_at_end=False, save_strategy="best")
+    resumed.note(10, {"eval/loss": 1.5})
+    assert not resumed.save_now(10) and best.state_dict() == {"eval_best": 1.0}
 
 
 def test_the_metric_as_transformers_names_it(config):
     assert best_metric(config()) == ("eval/loss", False)
     for name in ("loss", "eval_loss", "eval/loss"):
-        assert best_metric(config(metric_for_best_model=name, early_stopping_patience=2)) == ("eval/loss", False)
-    assert best_metric(config(metric_for_best_model="accuracy", early_stopping_patience=2)) == ("eval/accuracy", True)
+        assert best_metric(config(metric_for_best_model=name, early_stopping_patience=2, **EVAL)) == ("eval/loss", False)
+    assert best_metric(config(metric_for_best_model="accuracy", early_stopping_patience=2, **EVAL)) == ("eval/accuracy", True)
     assert best_metric(config(metric_for_best_model="eval_perplexity", greater_is_better=False,
-                              early_stopping_patience=2)) == ("eval/perplexity", False)
+                              early_stopping_patience=2, **EVAL)) == ("eval/perplexity", False)
 
 
 def _best(state=None, **keys):
-    cfg = SimpleNamespace(method="sft", load_best_model_at_end=True, metric_for_best_model=None, greater_is_better=None)
+    cfg = SimpleNamespace(method="sft", load_best_model_at_end=True, metric_for_best_model=None, greater_is_better=None,
+                          save_strategy=None)
     vars(cfg).update(keys)
     return BestCheckpoint(cfg, state)
 

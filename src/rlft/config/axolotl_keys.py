@@ -42,8 +42,6 @@ SPECIFIC = {
     "merge_lora": "merge after training with `rlft merge-lora CHECKPOINT OUT`",
     "chat_template_kwargs": "set trl.chat_template_kwargs (online-RL prompts); SFT renders templates without extra arguments",
     "processor_type": "rlft trains text models only (no processors)",
-    "save_strategy": "rlft saves every save_steps (or saves_per_epoch) and at the end",
-    "eval_strategy": "rlft evaluates every eval_steps (or evals_per_epoch) and at the end",
 }
 
 
@@ -59,8 +57,6 @@ SAME_AS_RLFT: dict[str, Callable[[Any], bool]] = {
     "include_tkps": _any_of(True),
     "tokenizer_use_fast": _any_of(True),
     "low_cpu_mem_usage": _any_of(True),
-    "save_strategy": _any_of("steps"),
-    "eval_strategy": _any_of("steps"),
     "ddp_find_unused_parameters": _any_of(False),
 }
 
@@ -133,7 +129,6 @@ TOP_LEVEL = {
     'eval_causal_lm_metrics': ('other', None),
     'eval_max_new_tokens': ('deprecated', None),
     'eval_sequence_len': ('other', None),
-    'eval_strategy': ('other', None),
     'eval_table_size': ('deprecated', None),
     'evaluation_strategy': ('deprecated', None),
     'experimental_skip_move_to_device': ('other', True),
@@ -332,7 +327,6 @@ TOP_LEVEL = {
     'save_first_step': ('other', None),
     'save_only_model': ('other', False),
     'save_safetensors': ('other', True),
-    'save_strategy': ('other', None),
     'scaling_softmax': ('kernel', None),
     'scaling_softmax_bias': ('kernel', None),
     'scaling_softmax_factor': ('kernel', None),

@@ -1,5 +1,6 @@
-"""Which weights a run ends with (`load_best_model_at_end`) and which eval metric decides it and early stopping
-(`metric_for_best_model`, `greater_is_better`): the keys as Axolotl and transformers read them."""
+"""Which weights a run ends with (`load_best_model_at_end`), which eval metric decides it, early stopping and
+`save_strategy: best` (`metric_for_best_model`, `greater_is_better`), and the eval and save schedules' strategies:
+the keys as Axolotl and transformers read them."""
 
 from __future__ import annotations
 
@@ -44,16 +45,29 @@ def best_metric(cfg) -> tuple[str, bool]:
 
 def best_model_problems(cfg):
     """Sentences for `combination_problems`: the keys set where they cannot do what they say."""
-    if cfg.load_best_model_at_end:
-        if not has_eval_set(cfg):
-            yield ("load_best_model_at_end: true keeps the checkpoint with the best eval metric, and this run has no eval "
-                   "set: set val_set_size or test_datasets, or remove load_best_model_at_end")
-        if not (cfg.save_steps or cfg.saves_per_epoch):
-            yield ("load_best_model_at_end: true chooses among the checkpoints, and without save_steps or saves_per_epoch "
-                   "the only one is the last step's: set save_steps (a multiple of eval_steps), or remove "
-                   "load_best_model_at_end")
-    if not loads_best_model(cfg) and not cfg.early_stopping_patience:
+    for strategy, steps, per_epoch in (("save_strategy", "save_steps", "saves_per_epoch"),
+                                       ("eval_strategy", "eval_steps", "evals_per_epoch")):
+        value = getattr(cfg, strategy)
+        for key in (steps, per_epoch):
+            if value not in (None, "steps") and getattr(cfg, key):
+                yield f"{strategy}: {value} and {key} are both set: {key} goes with {strategy}: steps, so remove one"
+    evaluates = has_eval_set(cfg) and cfg.eval_strategy != "no"
+    if not evaluates:
+        for key, what in (("load_best_model_at_end", "keeps the checkpoint with the best eval metric"),
+                          ("early_stopping_patience", "stops when the eval metric stops improving")):
+            if getattr(cfg, key):
+                yield (f"{key} {what}, and this run does not evaluate ({'eval_strategy: no' if has_eval_set(cfg) else 'no eval set'}): "
+                       f"set val_set_size or test_datasets (and eval_steps), or remove {key}")
+    if cfg.save_strategy == "best" and not (evaluates and (cfg.eval_steps or cfg.evals_per_epoch or cfg.eval_strategy == "epoch")):
+        yield ("save_strategy: best saves after an evaluation that improves metric_for_best_model, and this run evaluates "
+               "only at its end: set an eval set and eval_steps, evals_per_epoch or eval_strategy: epoch")
+    if cfg.load_best_model_at_end and evaluates and not (cfg.save_steps or cfg.saves_per_epoch or
+                                                         cfg.save_strategy in ("epoch", "best")):
+        yield ("load_best_model_at_end: true chooses among the checkpoints, and without save_steps, saves_per_epoch or "
+               "save_strategy: epoch or best the only one is the last step's: set save_steps (a multiple of eval_steps), "
+               "or remove load_best_model_at_end")
+    if not loads_best_model(cfg) and not cfg.early_stopping_patience and cfg.save_strategy != "best":
         for key in ("metric_for_best_model", "greater_is_better"):
             if getattr(cfg, key) is not None:
-                yield (f"{key} is read by load_best_model_at_end and early_stopping_patience, and neither is on in this "
-                       f"run: remove {key}, or turn one of them on")
+                yield (f"{key} is read by load_best_model_at_end, early_stopping_patience and save_strategy: best, and "
+                       f"none is on in this run: remove {key}, or turn one of them on")

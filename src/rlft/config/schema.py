@@ -261,6 +261,13 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     save_steps: Optional[int] = field(None, "Save a checkpoint every N steps (default: at the end only).", ge=1)
     saves_per_epoch: Optional[int] = field(None, "Save this many checkpoints per epoch, evenly spaced (instead of save_steps); "
                                            "0 = at the end only.", ge=0)
+    eval_strategy: Optional[Literal["no", "steps", "epoch"]] = field(
+        None, "Axolotl's evaluation schedule: steps (eval_steps or evals_per_epoch; the default), epoch (at each epoch's "
+              "end), no (no evaluation at all, also not before the first step and at the end).")
+    save_strategy: Optional[Literal["no", "steps", "epoch", "best"]] = field(
+        None, "Axolotl's checkpoint schedule: steps (save_steps or saves_per_epoch; the default), epoch (at each epoch's "
+              "end), best (after each evaluation whose metric_for_best_model is the best so far), no (no checkpoints, "
+              "only the final model). A checkpoint of the last step is saved at the end unless no.")
     save_total_limit: int = field(4, "Keep only the newest N checkpoints (Axolotl's default 4; 0 also keeps 4, as in "
                                      "Axolotl).", ge=0)
     output_dir: str = field("./model-out", "Where checkpoints, metrics.jsonl and the final model go (Axolotl's default).")

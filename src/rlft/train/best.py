@@ -30,17 +30,30 @@ def better(value: float, best: float | None, higher: bool) -> bool:
 
 
 class BestCheckpoint:
+    """The best checkpoint of load_best_model_at_end, and the evaluations after which `save_strategy: best` saves."""
+
     def __init__(self, cfg, state: dict[str, Any] | None = None):
         self.enabled = loads_best_model(cfg)
+        self.save_on_best = cfg.save_strategy == "best"
         self.key, self.higher = best_metric(cfg)
         state = state or {}
         self.step, self.value = state.get("step"), state.get("value")
+        self.eval_best = state.get("eval_best")  # the best evaluation so far (save_strategy: best)
         self.evaluated: tuple[int, float] | None = None  # the latest evaluation: its step and metric
+        self.improved_at: int | None = None  # the step of the latest evaluation that beat every earlier one
 
     def note(self, step: int, results: dict[str, float]) -> None:
         """After every evaluation."""
-        if self.enabled and results:
-            self.evaluated = (step, metric_value(results, self.key, "load_best_model_at_end"))
+        if not results or not (self.enabled or self.save_on_best):
+            return
+        value = metric_value(results, self.key, "load_best_model_at_end" if self.enabled else "save_strategy: best")
+        self.evaluated = (step, value)
+        if self.save_on_best and step > 0 and better(value, self.eval_best, self.higher):  # not the untrained baseline
+            self.eval_best, self.improved_at = value, step
+
+    def save_now(self, step: int) -> bool:
+        """`save_strategy: best`: whether this step's evaluation was the best so far."""
+        return self.save_on_best and self.improved_at == step
 
     def needs_eval(self, step: int) -> bool:
         """Before a save: whether this step still lacks its evaluation."""
@@ -57,7 +70,8 @@ class BestCheckpoint:
         return output_dir / f"checkpoint-{self.step}" if self.enabled and self.step is not None else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "value": self.value, "key": self.key} if self.enabled and self.step is not None else {}
+        state = {"step": self.step, "value": self.value, "key": self.key} if self.enabled and self.step is not None else {}
+        return {**state, "eval_best": self.eval_best} if self.save_on_best else state
 
 
 def final_checkpoint(state, output_dir: Path, warn) -> Path | None:
@@ -66,7 +80,7 @@ def final_checkpoint(state, output_dir: Path, warn) -> Path | None:
     from rlft.train.checkpoint import checkpoint_problem
 
     best = state.best
-    if not best or best["step"] == state.global_step:
+    if best.get("step") is None or best["step"] == state.global_step:  # (save_strategy: best keeps only eval_best)
         return None
     folder = output_dir / f"checkpoint-{best['step']}"
     problem = checkpoint_problem(folder) if folder.is_dir() else "it is gone"

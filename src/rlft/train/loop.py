@@ -95,6 +95,16 @@ def every(steps: int | None, per_epoch: int | None, epoch_steps: int) -> int | N
     return max(1, epoch_steps // per_epoch) if per_epoch else None
 
 
+def schedules(cfg, epoch_steps: int) -> tuple[int | None, int | None]:
+    """Steps between evaluations and between saves (None: none before the end): the *_steps and *_per_epoch keys,
+    or `eval_strategy` / `save_strategy: epoch`, once an epoch."""
+    def per_epoch(count, strategy):
+        return count or (1 if strategy == "epoch" else None)
+
+    return (every(cfg.eval_steps, per_epoch(cfg.evals_per_epoch, cfg.eval_strategy), epoch_steps),
+            every(cfg.save_steps, per_epoch(cfg.saves_per_epoch, cfg.save_strategy), epoch_steps))
+
+
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
@@ -142,7 +152,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     plan = recipe.train_plan
     total_steps = total_steps_for(cfg, len(plan), recipe.draws_per_step)
     epoch_steps = steps_per_epoch(cfg, len(plan), recipe.draws_per_step)
-    eval_every, save_every = every(cfg.eval_steps, cfg.evals_per_epoch, epoch_steps), every(cfg.save_steps, cfg.saves_per_epoch, epoch_steps)
+    eval_every, save_every = schedules(cfg, epoch_steps)
     world = accelerator.num_processes
     warn = (lambda message: console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)) if main else None
     resume_from = agreed_resume(cfg.resume_from_checkpoint, output_dir, warn)
@@ -249,7 +259,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def evaluate() -> dict[str, float]:
-        if not recipe.eval_batches:
+        if not recipe.eval_batches or cfg.eval_strategy == "no":
             return {}
         model.eval()
         with torch.no_grad(), accelerator.autocast():
@@ -379,7 +389,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                           f"{guards.best:.4f} for {guards.stale} evaluations (early_stopping_patience)")
                         early = results  # the run's final evaluation: not run (and logged) twice
                         break
-                if save_every and state.global_step % save_every == 0 and state.global_step < total_steps:
+                if ((save_every and state.global_step % save_every == 0) or best.save_now(state.global_step)) and \
+                        state.global_step < total_steps:
                     if best.needs_eval(state.global_step):  # load_best_model_at_end chooses among evaluated checkpoints
                         evaluate()
                     save()
@@ -388,7 +399,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     raise _StopAfterStep
         final_eval = early if early is not None else evaluate()
         state.last_metrics.update(final_eval)
-        checkpoint = save()
+        checkpoint = save() if cfg.save_strategy != "no" else None
     except _StopAfterStep:
         done = last_saved is not None and last_saved.name == f"checkpoint-{state.global_step}"
         saved = (last_saved if done else save()) if state.global_step > 0 else None
