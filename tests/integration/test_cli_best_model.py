@@ -1,6 +1,6 @@
 """load_best_model_at_end through the real CLI: an SFT run that overfits one row, so its held-out eval loss falls and
-then rises again, ends with the weights of the checkpoint with the lowest eval loss (Axolotl's default), keeps that
-checkpoint through rotation and across a resume, and converts a PiSSA adapter from it."""
+then rises again, ends with the weights of the checkpoint with the lowest eval loss, keeps that checkpoint through
+rotation and across a resume, and converts a PiSSA adapter from it; Axolotl's save and eval strategies."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def overfit(tmp_path, tiny_model_dir, addition_files):
         config = {"base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(tmp_path / "one-row.jsonl")}],
                   "test_datasets": [{"path": str(addition_files["heldout"])}], "sequence_len": 32, "micro_batch_size": 16,
                   "max_steps": 8, "learning_rate": 1e-2, "lr_scheduler": "constant", "seed": 3, "eval_steps": 2,
-                  "save_steps": 2, "save_total_limit": 1, "output_dir": str(tmp_path / "out"), **overrides}
+                  "save_steps": 2, "save_total_limit": 1, "output_dir": str(tmp_path / "out"), "load_best_model_at_end": True,
+                  **overrides}
         path = tmp_path / f"config-{len(list(tmp_path.glob('config-*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump(config))
         return path
@@ -54,7 +55,7 @@ def _saved_evals(out):
 
 
 def test_the_final_model_is_the_checkpoint_with_the_lowest_eval_loss(overfit, cli, capsys, tmp_path):
-    assert cli("train", overfit()) == 0  # load_best_model_at_end unset: Axolotl's default turns it on
+    assert cli("train", overfit()) == 0
     printed = _bare(capsys.readouterr().out)
     out = tmp_path / "out"
     evals = _saved_evals(out)
@@ -69,11 +70,11 @@ def test_the_final_model_is_the_checkpoint_with_the_lowest_eval_loss(overfit, cl
     assert _same(final, _weights(out / f"checkpoint-{best}" / "model"))
     assert not _same(final, _weights(out / "checkpoint-8" / "model"))
     assert json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["best"] == \
-        {"step": best, "value": evals[best], "key": "eval/loss"}
+        {"step": best, "value": evals[best], "key": "eval/loss", "higher": False}
 
-    # false: the last step's weights, and rotation keeps the newest only
+    # unset (and no early stopping): off, as Axolotl's default: the last step's weights, and rotation keeps the newest
     off = tmp_path / "off"
-    assert cli("train", overfit(load_best_model_at_end=False, output_dir=str(off))) == 0
+    assert cli("train", overfit(load_best_model_at_end=None, output_dir=str(off))) == 0
     assert "load_best_model_at_end" not in capsys.readouterr().out
     assert sorted(p.name for p in off.glob("checkpoint-*")) == ["checkpoint-8"]
     assert _same(_weights(off), _weights(off / "checkpoint-8" / "model"))
@@ -90,10 +91,18 @@ def test_a_resumed_run_remembers_the_best_checkpoint(overfit, cli, capsys, tmp_p
     assert min((2, 4, 6, 8), key=evals.get) == best
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{best}", "checkpoint-8"]
     assert _same(_weights(out), _weights(out / f"checkpoint-{best}" / "model"))
+    # resumed into another folder: the first folder's best is not one of its checkpoints, the scores start afresh
+    other = tmp_path / "other"
+    capsys.readouterr()
+    assert cli("train", overfit(max_steps=10, output_dir=str(other)), f"--resume_from_checkpoint={out / 'checkpoint-8'}") == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "cannot be read" not in printed and "the weights of checkpoint" not in printed
+    assert sorted(p.name for p in other.glob("checkpoint-*")) == ["checkpoint-10"]
+    assert _same(_weights(other), _weights(other / "checkpoint-10" / "model"))
 
 
 def test_every_checkpoint_is_evaluated_when_saves_fall_between_evaluations(overfit, cli, tmp_path):
-    """Explicitly on, with save_steps 2 and eval_steps 3 (Axolotl's default would be off): the saves at steps 2 and
+    """With save_steps 2 and eval_steps 3 (Axolotl would not turn it on here): the saves at steps 2 and
     4 evaluate first, so each checkpoint has its own score."""
     assert cli("train", overfit(load_best_model_at_end=True, eval_steps=3, max_steps=6, save_total_limit=4)) == 0
     evals = _saved_evals(tmp_path / "out")
@@ -131,7 +140,7 @@ def test_save_strategy_best_and_no_and_eval_strategy_no(overfit, cli, tmp_path):
     """Axolotl's strategies: `best` saves after each evaluation that beats every earlier one (and the last step's
     checkpoint at the end); `no` saves no checkpoint, only the final model; `eval_strategy: no` evaluates nothing."""
     out = tmp_path / "out"
-    assert cli("train", overfit(save_steps=None, save_strategy="best", save_total_limit=4)) == 0
+    assert cli("train", overfit(save_steps=None, save_strategy="best", save_total_limit=4, load_best_model_at_end=None)) == 0
     evals = _saved_evals(out)
     improved = [step for i, step in enumerate((2, 4, 6)) if all(evals[step] < evals[s] for s in (2, 4, 6)[:i])]
     assert improved == [2, 4]  # the dip: 6 is worse than 4
@@ -139,7 +148,7 @@ def test_save_strategy_best_and_no_and_eval_strategy_no(overfit, cli, tmp_path):
     assert _same(_weights(out), _weights(out / "checkpoint-8" / "model"))  # load_best_model_at_end is not on here
 
     bare = tmp_path / "bare"
-    assert cli("train", overfit(save_steps=None, eval_steps=None, save_strategy="no", eval_strategy="no",
-                                output_dir=str(bare))) == 0
+    assert cli("train", overfit(save_steps=None, eval_steps=None, save_strategy=False, eval_strategy="no",  # YAML's `no`
+                                output_dir=str(bare), load_best_model_at_end=None)) == 0
     assert not list(bare.glob("checkpoint-*")) and (bare / "model.safetensors").exists()
     assert not any("eval/loss" in r for r in read_metrics(bare / "metrics.jsonl"))

@@ -319,7 +319,8 @@ def test_under_fsdp_the_final_model_is_the_best_checkpoint(sft):
     config, _, folder = sft
     write_jsonl([{"prompt": "1+1=", "completion": "2"}] * 64, folder / "one-row.jsonl")
     overfit = {"datasets": [{"path": str(folder / "one-row.jsonl")}], "max_steps": 8, "learning_rate": 1e-2,
-               "lr_scheduler": "constant", "eval_steps": 2, "save_steps": 2, "save_total_limit": 1, **FSDP}
+               "lr_scheduler": "constant", "eval_steps": 2, "save_steps": 2, "save_total_limit": 1,
+               "load_best_model_at_end": True, **FSDP}
     output = train(config("best-fsdp", 1, **overfit))
     out = folder / "best-fsdp"
     scores = {step: values["eval/loss"] for step, values in evals(out).items()}

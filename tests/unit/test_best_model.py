@@ -33,17 +33,23 @@ EVAL = {"val_set_size": 0.1}
     (dict(**EVAL, saves_per_epoch=3, evals_per_epoch=2), False),  # 1/3 % 1/2
     (dict(**EVAL, save_steps=10, evals_per_epoch=4), True),  # 10 % 0.25, steps against a fraction, as Axolotl has it
 ])
-def test_axolotls_default(config, overrides, on):
+def test_axolotls_decision(config, overrides, on):
+    """Axolotl's schema defaults the key to false: unset, it is on only with early_stopping_patience (and `on`: the
+    schedules allow it); set true, the same schedules decide."""
     cfg = config(**overrides)
-    assert axolotl_loads_best(cfg) is on
-    assert loads_best_model(cfg) is on
+    assert not axolotl_loads_best(cfg) and not loads_best_model(cfg)
+    early = cfg.model_copy(update={"early_stopping_patience": 2})
+    assert axolotl_loads_best(early) is on and loads_best_model(early) is on
+    assert axolotl_loads_best(cfg.model_copy(update={"load_best_model_at_end": True})) is on
 
 
-def test_preference_methods_and_grpo_are_off_unless_asked(config):
+def test_an_explicit_value_wins(config):
     dpo = dict(rl="dpo", **EVAL, save_steps=10, eval_steps=5, datasets=[{"path": "pairs.jsonl", "type": "chatml.intel"}])
-    assert not loads_best_model(config(**dpo))
+    assert not loads_best_model(config(**dpo, early_stopping_patience=2))  # Axolotl's RL trainers never load the best
     assert loads_best_model(config(**dpo, load_best_model_at_end=True))
-    assert not loads_best_model(config(**EVAL, save_steps=10, eval_steps=5, load_best_model_at_end=False))
+    # Axolotl turns it on with early stopping even when set to false; rlft keeps the false
+    off = config(**EVAL, save_steps=10, eval_steps=5, load_best_model_at_end=False, early_stopping_patience=2)
+    assert axolotl_loads_best(off) and not loads_best_model(off)
 
 
 def _problems(config_problems, **keys) -> str:
@@ -87,7 +93,7 @@ def test_save_strategy_best_saves_after_each_new_best_evaluation():
     assert saved == [2, 4, 8]
     resumed = _best(best.state_dict(), load_best_model_at_end=False, save_strategy="best")
     resumed.note(10, {"eval/loss": 1.5})
-    assert not resumed.save_now(10) and best.state_dict() == {"eval_best": 1.0}
+    assert not resumed.save_now(10) and resumed.state_dict() == {"eval_best": 1.0, "key": "eval/loss", "higher": False}
 
 
 def test_the_metric_as_transformers_names_it(config):
@@ -119,7 +125,8 @@ def test_the_best_is_the_best_saved_and_evaluated_checkpoint():
     best.saving(10)  # (an interrupted run's save without its evaluation never becomes the best)
     assert best.step == 4
     resumed = _best(best.state_dict())  # from the trainer state of a checkpoint
-    assert (resumed.step, resumed.value) == (4, 3.5) and best.state_dict()["key"] == "eval/loss"
+    assert (resumed.step, resumed.value) == (4, 3.5) and resumed.state_dict()["key"] == "eval/loss"
+    assert _best(best.state_dict(), metric_for_best_model="perplexity", greater_is_better=False).step is None  # another metric
     resumed.note(12, {"eval/loss": 3.4})
     resumed.saving(12)
     assert resumed.folder(Path("out")) == Path("out/checkpoint-12")
@@ -132,6 +139,22 @@ def test_a_higher_metric_wins_where_greater_is_better():
         best.saving(step)
     assert best.step == 4
     assert better(0.7, None, True) and not better(0.7, 0.7, False)
+
+
+def test_nan_is_never_the_best():
+    best = _best()
+    for step, loss in ((2, float("nan")), (4, 2.0)):
+        best.note(step, {"eval/loss": loss})
+        best.saving(step)
+    assert best.step == 4
+
+
+def test_grpo_and_ebft_name_the_metric_their_evaluation_reports(config_problems):
+    grpo = dict(rl="grpo", **EVAL, eval_steps=2, early_stopping_patience=2,
+                trl={"reward_funcs": ["rlft.rewards.addition.exact_match"]})
+    text = _problems(config_problems, **grpo)
+    assert "early_stopping_patience watches eval/loss, which grpo's evaluation does not report: set " \
+           "metric_for_best_model: reward (eval/reward, higher is better)" in text
 
 
 def test_off_it_tracks_nothing(tmp_path):

@@ -56,3 +56,21 @@ def test_early_stopping_on_a_metric_the_evaluation_lacks_says_what_it_has():
 
     with pytest.raises(ConfigError, match=r"early_stopping_patience watches eval/loss, .* \(it reports eval/reward\)"):
         guards(early=2).stop_early({"eval/reward": 0.5})
+
+
+def test_the_metric_is_checked_at_every_evaluation_and_counters_of_another_metric_are_dropped():
+    import pytest
+
+    from rlft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="early_stopping_patience watches eval/loss"):
+        guards(early=2).check({"eval/reward": 0.1})  # the baseline evaluation, before the first step
+    guards().check({"eval/reward": 0.1})  # no early stopping: nothing watched
+    g = guards(early=3)
+    g.stop_early({"eval/loss": 1.0})
+    g.stop_early({"eval/loss": 2.0})
+    assert guards(early=3, state=g.state_dict()).stale == 1
+    other = guards(early=3, state=g.state_dict(), metric="accuracy")  # resumed watching another metric
+    assert (other.best, other.stale) == (None, 0)
+    older = guards(early=3, state={"high": 0, "best": 1.0, "stale": 1})  # a checkpoint from before the metric was stored
+    assert (older.best, older.stale) == (1.0, 1)

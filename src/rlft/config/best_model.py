@@ -12,10 +12,13 @@ def has_eval_set(cfg) -> bool:
 
 
 def axolotl_loads_best(cfg) -> bool:
-    """Axolotl's default (core/builders/causal.py, its steps from utils/config): SFT and reward models with one eval
-    source, save steps and eval steps, the first a multiple of the second. `saves_per_epoch` / `evals_per_epoch`
-    count there as fractions of the run, 1 / (per_epoch * num_epochs), and only below 1."""
+    """Axolotl's decision (core/builders/causal.py, its steps from utils/config), for SFT and reward models: on when
+    `load_best_model_at_end` is true or `early_stopping_patience` is set (its schema's default is false), and the run
+    has one eval source, save steps and eval steps, the first a multiple of the second. `saves_per_epoch` /
+    `evals_per_epoch` count there as fractions of the run, 1 / (per_epoch * num_epochs), and only below 1."""
     if cfg.method not in BEST_MODEL_METHODS or bool(cfg.test_datasets) == (cfg.val_set_size > 0):
+        return False
+    if not (cfg.load_best_model_at_end or cfg.early_stopping_patience):
         return False
 
     def steps(fixed, per_epoch):
@@ -29,7 +32,9 @@ def axolotl_loads_best(cfg) -> bool:
 
 
 def loads_best_model(cfg) -> bool:
-    """Whether the final model is the best checkpoint's: as set, else Axolotl's default."""
+    """Whether the final model is the best checkpoint's: as set, else Axolotl's decision (on with
+    early_stopping_patience). Unlike Axolotl, an explicit false stays false with early stopping, and an explicit
+    true that cannot work is refused (`best_model_problems`) rather than dropped."""
     return cfg.load_best_model_at_end if cfg.load_best_model_at_end is not None else axolotl_loads_best(cfg)
 
 
@@ -66,7 +71,14 @@ def best_model_problems(cfg):
         yield ("load_best_model_at_end: true chooses among the checkpoints, and without save_steps, saves_per_epoch or "
                "save_strategy: epoch or best the only one is the last step's: set save_steps (a multiple of eval_steps), "
                "or remove load_best_model_at_end")
-    if not loads_best_model(cfg) and not cfg.early_stopping_patience and cfg.save_strategy != "best":
+    watching = [key for key, on in (("early_stopping_patience", cfg.early_stopping_patience),
+                                    ("load_best_model_at_end", loads_best_model(cfg)),
+                                    ("save_strategy: best", cfg.save_strategy == "best")) if on]
+    reports = {"grpo": "reward", "gdpo": "reward", "ebft": "ce_loss"}.get(cfg.method)
+    if watching and reports and cfg.metric_for_best_model is None:
+        yield (f"{watching[0]} watches eval/loss, which {cfg.method}'s evaluation does not report: set "
+               f"metric_for_best_model: {reports} (eval/{reports}{', higher is better' if reports == 'reward' else ''})")
+    if not watching:
         for key in ("metric_for_best_model", "greater_is_better"):
             if getattr(cfg, key) is not None:
                 yield (f"{key} is read by load_best_model_at_end, early_stopping_patience and save_strategy: best, and "

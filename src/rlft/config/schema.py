@@ -279,9 +279,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     early_stopping_patience: Optional[int] = field(None, "Stop when eval/loss (metric_for_best_model) has not improved for "
                                                    "this many evaluations (the final model and a checkpoint are saved).", ge=1)
     load_best_model_at_end: Optional[bool] = field(
-        None, "The final model is the checkpoint with the best eval metric, not the last step's weights. Unset: on for "
-              "SFT and reward models with an eval set, save_steps and eval_steps (save_steps a multiple of eval_steps), "
-              "as in Axolotl; every checkpoint is evaluated while it is on.")
+        None, "The final model is the checkpoint with the best eval metric, not the last step's weights; every "
+              "checkpoint is evaluated while it is on. Unset: on with early_stopping_patience for SFT and reward models "
+              "with an eval set, save_steps and eval_steps (save_steps a multiple of eval_steps), as in Axolotl.")
     metric_for_best_model: Optional[str] = field(
         None, "The eval metric load_best_model_at_end and early_stopping_patience watch (default loss: eval/loss), e.g. "
               "accuracy for eval/accuracy.")
@@ -386,6 +386,12 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         if isinstance(data, dict) and data.get("chat_template_jinja") and data.get("chat_template") is None:
             data = {**data, "chat_template": "jinja"}
         return data
+
+    @field_validator("save_strategy", "eval_strategy", mode="before")
+    @classmethod
+    def _unquoted_no(cls, value: Any) -> Any:
+        """YAML reads an unquoted `no` as false: it means "no" here."""
+        return "no" if value is False else value
 
     @field_validator("unfrozen_parameters")
     @classmethod

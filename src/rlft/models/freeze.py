@@ -4,7 +4,8 @@ train, the rest are frozen.
 The patterns read as Axolotl reads them (`axolotl/utils/freeze.py`): a regular expression matched at the start of
 the parameter name (`re.match`: add `$` to match whole names), in which a dot is a literal dot unless a `+` follows
 it; a trailing `[start:end]` (or `[i]`, `[:end]`, `[start:]`) trains only those rows (dimension 0) of the matched
-parameter: the other rows' gradients are zeroed. With zero gradients from the first step and no weight decay (which
+parameter: the other rows' gradients are zeroed (where a pattern without a range matches the same parameter too, the
+whole parameter trains; Axolotl then trains the ranged rows only). With zero gradients from the first step and no weight decay (which
 `rlft train` requires with a row range) the optimizer never moves those rows; Axolotl allows weight decay there,
 which shrinks the rows it calls frozen.
 """
@@ -81,8 +82,9 @@ def freeze_except(model: torch.nn.Module, texts: list[str]) -> Frozen:
         spans = []
         for pattern, (start, end) in zip(matched, ranges):
             end = size if end is None else end
-            if end > size:
-                raise ValueError(f"unfrozen_parameters: {pattern.text!r}: {name} has {size} rows, the range ends at {end}")
+            if end > size or start >= end:
+                raise ValueError(f"unfrozen_parameters: {pattern.text!r}: {name} has {size} rows, the range is "
+                                 f"[{start}:{end}]")
             spans.append((start, end))
         if spans:
             param.register_hook(_zero_rows_outside(spans))

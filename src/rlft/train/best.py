@@ -8,6 +8,7 @@ saved, so with evaluations between the saves it can end on a checkpoint that is 
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,10 @@ def metric_value(results: dict[str, float], key: str, reader: str) -> float:
 
 
 def better(value: float, best: float | None, higher: bool) -> bool:
-    """Strictly better than `best` (None: nothing yet); a tie keeps the earlier one, as in transformers."""
+    """Strictly better than `best` (None: nothing yet); a tie keeps the earlier one, as in transformers, and NaN is
+    never better."""
+    if math.isnan(value):
+        return False
     return best is None or (value > best if higher else value < best)
 
 
@@ -37,6 +41,8 @@ class BestCheckpoint:
         self.save_on_best = cfg.save_strategy == "best"
         self.key, self.higher = best_metric(cfg)
         state = state or {}
+        if (state.get("key", self.key), state.get("higher", self.higher)) != (self.key, self.higher):
+            state = {}  # resumed with another metric_for_best_model or greater_is_better: its scores do not compare
         self.step, self.value = state.get("step"), state.get("value")
         self.eval_best = state.get("eval_best")  # the best evaluation so far (save_strategy: best)
         self.evaluated: tuple[int, float] | None = None  # the latest evaluation: its step and metric
@@ -70,8 +76,9 @@ class BestCheckpoint:
         return output_dir / f"checkpoint-{self.step}" if self.enabled and self.step is not None else None
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"step": self.step, "value": self.value, "key": self.key} if self.enabled and self.step is not None else {}
-        return {**state, "eval_best": self.eval_best} if self.save_on_best else state
+        state = {"step": self.step, "value": self.value} if self.enabled and self.step is not None else {}
+        state = {**state, "eval_best": self.eval_best} if self.save_on_best else state
+        return {**state, "key": self.key, "higher": self.higher} if state else {}
 
 
 def final_checkpoint(state, output_dir: Path, warn) -> Path | None:

@@ -194,7 +194,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         console.print(f"{resume_from} is where this run stopped early ({guards.key} had not improved on {guards.best:.4f} for "
                       f"{guards.stale} evaluations): nothing more to train")
         total_steps = state.global_step
-    best = BestCheckpoint(cfg, state.best)  # load_best_model_at_end
+    # load_best_model_at_end, save_strategy: best; a best of another folder's run is not one of this folder's checkpoints
+    moved = resume_from is not None and resume_from.parent.resolve() != output_dir.resolve()
+    best = BestCheckpoint(cfg, None if moved else state.best)
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):  # with its metrics.jsonl
         console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} (to go on with that run, "
@@ -266,6 +268,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             result = recipe.evaluate(runs, [_to_device(b, accelerator.device) for b in recipe.eval_batches])
         model.train()
         best.note(state.global_step, result)
+        guards.check(result)
         if main:
             log.write(state.global_step, result)
             history.append({"step": state.global_step, **result})

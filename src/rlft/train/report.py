@@ -63,7 +63,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row(name, value)
     if loads_best_model(cfg):
         key, higher = best_metric(cfg)
-        default = "" if cfg.load_best_model_at_end else ", Axolotl's default with an eval set, save_steps and eval_steps"
+        default = "" if cfg.load_best_model_at_end else ", on with early_stopping_patience as in Axolotl"
         table.add_row("final model", f"the checkpoint with the {'highest' if higher else 'lowest'} {key}, each checkpoint "
                                      f"evaluated (load_best_model_at_end{default})")
     table.add_row("output", str(Path(cfg.output_dir).resolve()))

@@ -128,14 +128,14 @@ def _train(cfg, console: Console) -> LoopResult:
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
-    init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
     sharded = (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or \
         getattr(deepspeed_settings(cfg), "stage", 0) == 3
-    if loads_best_model(cfg) and changes_base(model) and sharded:
-        why = "" if cfg.load_best_model_at_end else " (on by default with an eval set, save_steps and eval_steps)"
+    if loads_best_model(cfg) and changes_base(model) and sharded:  # before anything is written
+        why = "" if cfg.load_best_model_at_end else " (on with early_stopping_patience, as in Axolotl)"
         raise ConfigError(f"load_best_model_at_end{why} with peft_init_lora_weights: "
                           f"{model.peft_config['default'].init_lora_weights}, which rewrites the base weights, is not built "
                           "for sharded weights (fsdp, ZeRO-3): set load_best_model_at_end: false, or train unsharded")
+    init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
         print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows)

@@ -73,8 +73,9 @@ class RunGuards:
         self.key, self.higher = best_metric(cfg)  # eval/loss unless metric_for_best_model names another
         state = state or {}
         self.high = state.get("high", 0)  # consecutive steps above the threshold
-        self.best = state.get("best")  # the best eval metric so far
-        self.stale = state.get("stale", 0)  # evaluations since it improved
+        same_metric = (state.get("key", "eval/loss"), state.get("higher", False)) == (self.key, self.higher)
+        self.best = state.get("best") if same_metric else None  # the best eval metric so far
+        self.stale = state.get("stale", 0) if same_metric else 0  # evaluations since it improved
 
     def loss_breakdown(self, loss: float) -> str | None:
         """Why training stops now, when the loss has stayed above the threshold for `patience` steps in a row."""
@@ -85,6 +86,11 @@ class RunGuards:
             return None
         return (f"the loss stayed above loss_watchdog_threshold={self.threshold} for {self.high} steps in a row "
                 f"(now {loss:.4f}): training has broken down. Lower learning_rate, or raise the threshold")
+
+    def check(self, result: dict[str, float]) -> None:
+        """After every evaluation, the untrained baseline's included: the metric early stopping watches is there."""
+        if self.early_patience and result:
+            metric_value(result, self.key, "early_stopping_patience")
 
     def stop_early(self, result: dict[str, float]) -> bool:
         """After an evaluation: whether its metric has not improved for `early_stopping_patience` evaluations."""
@@ -102,4 +108,4 @@ class RunGuards:
         return bool(self.early_patience) and self.stale >= self.early_patience
 
     def state_dict(self) -> dict[str, Any]:
-        return {"high": self.high, "best": self.best, "stale": self.stale}
+        return {"high": self.high, "best": self.best, "stale": self.stale, "key": self.key, "higher": self.higher}
