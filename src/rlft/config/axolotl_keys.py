@@ -255,7 +255,6 @@ TOP_LEVEL = {
     'moe_grouped_backend': ('kernel', None),
     'mora': ('technique', None),
     'multipack_real_batches': ('other', None),
-    'neftune_noise_alpha': ('other', None),
     'noisy_embedding_alpha': ('deprecated', None),
     'nonexpert_quantization': ('kernel', None),
     'num_dataset_shards_to_save': ('other', None),

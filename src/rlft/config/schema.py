@@ -178,6 +178,11 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
               "the start of the name, dots literal; a trailing [start:end] trains only those rows), e.g. "
               "['^model.layers.1[0-5].', '^model.norm.weight$']. Full fine-tuning only.")
 
+    neftune_noise_alpha: Optional[float] = field(
+        None, "NEFTune (https://arxiv.org/abs/2310.05914): uniform noise of scale alpha / sqrt(L * d) on the input "
+              "embeddings while training (L: the micro-batch's row length, d: the hidden size), as transformers adds it; "
+              "SFT and reward models, as in Axolotl. Papers use 5 to 15.", gt=0.0)
+
     # --- adapters ---
     adapter: Optional[Literal["lora", "qlora"]] = field(None, "Train a PEFT adapter instead of all weights.")
     lora_model_dir: Optional[str] = field(None, "Start from an existing LoRA adapter folder.")
@@ -530,6 +535,7 @@ def combination_problems(cfg: RlftConfig):
     yield from _nemo_gym_problems(cfg)
     yield from best_model_problems(cfg)
     yield from _unfrozen_problems(cfg)
+    yield from _neftune_problems(cfg)
     for settings in (fsdp_settings, deepspeed_settings):
         try:
             settings(cfg)
@@ -539,6 +545,12 @@ def combination_problems(cfg: RlftConfig):
         yield "deepspeed and fsdp are both set: choose one way to shard the model"
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
         yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
+
+
+def _neftune_problems(cfg: RlftConfig):
+    if cfg.neftune_noise_alpha and cfg.method not in ("sft", "reward_model"):
+        yield (f"neftune_noise_alpha noises the embeddings of SFT and reward-model training (Axolotl passes it to those "
+               f"trainers only), not {cfg.method}: remove it")
 
 
 def _unfrozen_problems(cfg: RlftConfig):

@@ -125,6 +125,12 @@ def _train(cfg, console: Console) -> LoopResult:
         accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
     if cfg.unfrozen_parameters:
         freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
+    if cfg.neftune_noise_alpha:  # NEFTune: transformers' hook, so the noise is the one its Trainer (and Axolotl) adds
+        from transformers.integrations.neftune import neftune_post_forward_hook
+
+        embeddings = model.get_input_embeddings()
+        embeddings.neftune_noise_alpha = cfg.neftune_noise_alpha
+        embeddings.register_forward_hook(neftune_post_forward_hook)
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
         model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
