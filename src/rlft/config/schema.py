@@ -288,8 +288,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
               "checkpoint is evaluated while it is on. Unset: on with early_stopping_patience for SFT and reward models "
               "with an eval set, save_steps and eval_steps (save_steps a multiple of eval_steps), as in Axolotl.")
     metric_for_best_model: Optional[str] = field(
-        None, "The eval metric load_best_model_at_end and early_stopping_patience watch (default loss: eval/loss), e.g. "
-              "accuracy for eval/accuracy.")
+        None, "The eval metric load_best_model_at_end, early_stopping_patience and save_strategy: best watch (default "
+              "loss: eval/loss), e.g. accuracy for eval/accuracy.")
     greater_is_better: Optional[bool] = field(
         None, "Whether a higher metric_for_best_model is better (default: false for metrics ending in loss, else true).")
     debug: bool = field(False, "`rlft preprocess` shows the first rows token by token with the trained tokens marked "
