@@ -1,6 +1,7 @@
 """Preference methods and reward models through the real CLI: they learn, and bad input is explained."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -176,6 +177,27 @@ def test_reference_with_another_vocabulary_is_refused(warm_model, cli, tmp_path,
     tokenizer.save_pretrained(other)
     assert cli("train", _pair_config(tmp_path, warm_model, _pairs(8), ref_model=str(other))) == 1
     assert "different tokenizer vocabulary" in capsys.readouterr().err
+
+
+def test_a_reference_with_padded_embedding_rows_keeps_them_as_the_policy_does(warm_model, cli, tmp_path):
+    """Models ship more embedding rows than their tokenizer has tokens (Qwen: 151,936 for 151,665). The policy keeps
+    them, so `ref_model: <the same folder>` must too: every row counts in log-softmax's normaliser, and a reference
+    cut to the tokenizer's length would give non-zero rewards before any update."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    padded = tmp_path / "padded"
+    tokenizer = AutoTokenizer.from_pretrained(warm_model)
+    model = AutoModelForCausalLM.from_pretrained(warm_model)
+    model.resize_token_embeddings(len(tokenizer) + 20)
+    with torch.no_grad():  # the spare rows as a trained model has them: not zeros
+        model.get_input_embeddings().weight[len(tokenizer):] = torch.randn(20, model.config.hidden_size)
+    model.save_pretrained(padded)
+    tokenizer.save_pretrained(padded)
+    config = _pair_config(tmp_path, padded, _pairs(8), ref_model=str(padded), max_steps=1, logging_steps=1)
+    assert cli("train", config) == 0
+    first = next(m for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if m.get("step") == 1 and "loss" in m)
+    assert first["rewards/chosen"] == first["rewards/rejected"] == 0.0, first
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
 
 
 def test_dpo_resume_is_exact_including_loss_state(warm_model, cli, tmp_path):

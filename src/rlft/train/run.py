@@ -233,7 +233,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     reference = None
     if method in ("dpo", "ipo", "kto"):
         if cfg.ref_model:
-            reference = FrozenPolicy(load_reference_model(cfg, tokenizer))
+            reference = FrozenPolicy(load_reference_model(cfg, tokenizer, model.get_input_embeddings().num_embeddings))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
             reference = FrozenPolicy.adapter_disabled()  # no second model in memory
         elif cfg.precompute_ref_log_probs and not cfg.adapter:
@@ -276,7 +276,7 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
     frozen = None
     if need_frozen:
         if cfg.ref_model:
-            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer))
+            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model.get_input_embeddings().num_embeddings))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
             frozen = FrozenPolicy.adapter_disabled()
         else:
@@ -368,8 +368,10 @@ def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Con
     return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard, make_engine, remote), data
 
 
-def load_reference_model(cfg, tokenizer):
-    """The separate `ref_model` folder; refused when its vocabulary is not the policy's."""
+def load_reference_model(cfg, tokenizer, rows: int):
+    """The separate `ref_model` folder with the policy's `rows` embedding rows; refused when its vocabulary is not the
+    policy's. Spare rows beyond the tokenizer (Qwen ships 151,936 for 151,665 tokens) are kept, not cut: each row's
+    logit counts in log-softmax's normaliser, so the same folder as policy and reference gives the same log-probs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlft.errors import ModelError
@@ -383,8 +385,8 @@ def load_reference_model(cfg, tokenizer):
             f"({len(tokenizer)}): log-prob ratios need the same tokens on both sides. Use a reference of the same family"
         )
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    if model.get_input_embeddings().num_embeddings != len(tokenizer):
-        model.resize_token_embeddings(len(tokenizer))
+    if model.get_input_embeddings().num_embeddings != rows:
+        model.resize_token_embeddings(rows)
     return model.eval().requires_grad_(False)
 
 
