@@ -218,6 +218,26 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer_in_the_loss(extr
     assert runs[True][-1] < runs[True][0] - 0.5  # it learns (from about log 8192 = 9.0)
 
 
+@pytest.mark.parametrize("vocab, path", [(8192, "rlft'schunkedoutput-layerlossover8,192entries"),
+                                         (None, "themodel'sownlogits:itsoutputlayerhas")])
+def test_axolotls_cut_cross_entropy_plugin_runs_and_the_plan_names_the_loss_path(vocab, path, make_config, cli, tmp_path,
+                                                                                 capsys):
+    """Axolotl's examples list the Cut Cross-Entropy plugin (its key defaults to on): rlft trains with its own chunked
+    output-layer loss, which never builds the logits block, and the plan says so, or why the model's logits run."""
+    import json
+
+    from rlft.models.tiny import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "model", "XS", max_positions=128)
+    if vocab:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "vocab_size": vocab}))
+    plugin = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+    assert cli("train", make_config(base_model=str(model), max_steps=2, eval_steps=None, plugins=[plugin])) == 0
+    printed = "".join(c for c in capsys.readouterr().out if not c.isspace() and c not in "│|")
+    assert f"losscut_cross_entropy:{path}" in printed, printed
+
+
 def _windowed_model(folder):
     """A tiny Gemma 3 (a 4-token sliding window on its first layer, full attention on its second) with the byte
     tokenizer: the addition rows (8-11 tokens) are longer than its window."""

@@ -81,6 +81,7 @@ def test_eval_sample_packing_follows_sample_packing_unless_set(config, packing, 
 # ------------------------------------------------------------------ every key of Axolotl's schema is known
 
 DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "data"
+CCE = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 
 
 def _known(model) -> set[str]:
@@ -115,13 +116,31 @@ def test_axolotl_only_keys_validate_and_train_refuses_them_with_reasons(config):
 
     cfg = config(liger_rms_norm_gated=True, hub_model_id="me/model", strict=False, fsdp_version=2, wandb_watch=None,
                  dataloader_num_workers=0, capabilities={"bf16": True}, datasets=[{"path": "train.jsonl", "field_thinking": "x"}],
-                 plugins=["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"])
+                 plugins=["axolotl.integrations.kernels.KernelsPlugin"])
     refused, derived = unsupported_settings(cfg)
     reasons = dict(refused)
     assert set(reasons) == {"liger_rms_norm_gated", "hub_model_id", "datasets[0].field_thinking",
-                            "plugins: axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"}
+                            "plugins: axolotl.integrations.kernels.KernelsPlugin"}
     assert "GPU kernel" in reasons["liger_rms_norm_gated"] and "never uploads" in reasons["hub_model_id"]
     assert derived == ["capabilities"]
+
+
+@pytest.mark.parametrize("settings, on", [({"plugins": [CCE]}, True), ({"plugins": [CCE], "cut_cross_entropy": False}, False),
+                                          ({"cut_cross_entropy": True}, True), ({}, False)])
+def test_the_cut_cross_entropy_plugin_runs_and_turns_its_key_on_as_in_axolotl(config, settings, on):
+    from rlft.config.axolotl_keys import unsupported_settings
+    from rlft.config.schema import cut_cross_entropy
+
+    cfg = config(**settings)
+    assert unsupported_settings(cfg) == ([], [])
+    assert cut_cross_entropy(cfg) is on
+
+
+@pytest.mark.parametrize("liger", ["liger_fused_linear_cross_entropy", "liger_cross_entropy"])
+def test_cut_cross_entropy_and_ligers_loss_are_not_both_chosen(config, config_problems, liger):
+    [(_, message)] = config_problems(plugins=[CCE], **{liger: True})
+    assert message.startswith(f"cut_cross_entropy and {liger} both choose the loss's kernel: keep one")
+    assert config(plugins=[CCE], cut_cross_entropy=False, **{liger: True})
 
 
 def test_train_refuses_before_loading_anything(config):

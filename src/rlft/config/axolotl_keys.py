@@ -82,7 +82,6 @@ TOP_LEVEL = {
     'comet_experiment_config': ('tracker', None),
     'cosine_constant_lr_ratio': ('optim', None),
     'curriculum_sampling': ('other', None),
-    'cut_cross_entropy': ('kernel', True),
     'dataloader_drop_last': ('dataloader', None),
     'dataloader_num_workers': ('dataloader', None),
     'dataloader_pin_memory': ('dataloader', None),
@@ -463,13 +462,14 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
                 derived.append(prefix + key)
             elif not is_off(value, default) and not SAME_AS_RLFT.get(key, lambda _: False)(value):
                 refused.append((prefix + key, refusal(key, category)))
-    from rlft.config.schema import ATTENTION, LIGER_PLUGIN, NEMO_GYM_PLUGIN
+    from rlft.config.schema import ATTENTION, CCE_PLUGIN, LIGER_PLUGIN, NEMO_GYM_PLUGIN
 
     SWANLAB_PLUGIN = "axolotl.integrations.swanlab.SwanLabPlugin"  # rlft logs to SwanLab through accelerate (use_swanlab)
     for plugin in cfg.plugins or []:
-        if plugin not in (NEMO_GYM_PLUGIN, SWANLAB_PLUGIN, LIGER_PLUGIN):
+        if plugin not in (NEMO_GYM_PLUGIN, SWANLAB_PLUGIN, LIGER_PLUGIN, CCE_PLUGIN):
             refused.append((f"plugins: {plugin}", "Axolotl's plugin classes do not run in rlft (it implements the NeMo Gym, "
-                                                  "SwanLab and Liger ones); its switches are refused one by one above where set"))
+                                                  "SwanLab, Liger and Cut Cross-Entropy ones); its switches are refused one by "
+                                                  "one above where set"))
     if cfg.attn_implementation and cfg.attn_implementation not in ATTENTION:
         refused.append((f"attn_implementation: {cfg.attn_implementation}", f"not built in rlft: use one of {', '.join(ATTENTION)}"))
     from rlft.models.chat_templates import NOT_SHIPPED

@@ -165,6 +165,11 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                "(neither builds the full logits; CUDA GPU, liger-kernel).")
     liger_cross_entropy: bool = field(False, "As liger_fused_linear_cross_entropy: rlft never builds the logits that a plain "
                                              "cross-entropy kernel would read.")
+    cut_cross_entropy: Optional[bool] = field(
+        None, "Axolotl's Cut Cross-Entropy plugin (plugins: [axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin], "
+              "which turns it on): the loss without the (B, T, V) logits block. rlft's own chunked output-layer loss does "
+              "this on every device without the package, fp32 included; the plan's `loss` row says where it applies "
+              "(docs/training.md#losses-without-a-logits-block).")
     sdp_attention: bool = field(False, "Use PyTorch scaled_dot_product_attention (the default).")
     eager_attention: bool = field(False, "Use the plain eager attention implementation.")
     gradient_checkpointing: Union[bool, Literal["offload", "offload_disk"]] = field(
@@ -496,6 +501,10 @@ def combination_problems(cfg: RlftConfig):
         yield "liger_swiglu and liger_glu_activation are both set: liger_swiglu is the older name, keep liger_glu_activation"
     if cfg.liger_cross_entropy and cfg.liger_fused_linear_cross_entropy:
         yield "liger_cross_entropy and liger_fused_linear_cross_entropy are both true: keep liger_fused_linear_cross_entropy"
+    liger_ce = [key for key in ("liger_fused_linear_cross_entropy", "liger_cross_entropy") if getattr(cfg, key)]
+    if liger_ce and cut_cross_entropy(cfg):
+        yield (f"cut_cross_entropy and {liger_ce[0]} both choose the loss's kernel: keep one (cut_cross_entropy is on when "
+               f"{CCE_PLUGIN} is listed; set cut_cross_entropy: false to keep Liger's)")
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         yield "warmup_steps and warmup_ratio are both set: keep one"
     for steps, per_epoch in (("eval_steps", "evals_per_epoch"), ("save_steps", "saves_per_epoch")):
@@ -572,6 +581,12 @@ def _unfrozen_problems(cfg: RlftConfig):
 
 NEMO_GYM_PLUGIN = "axolotl.integrations.nemo_gym.NemoGymPlugin"
 LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"  # its liger_* keys are fields of RlftConfig
+CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"  # rlft's losses do what it does
+
+
+def cut_cross_entropy(cfg) -> bool:
+    """`cut_cross_entropy`, or (unset) whether the Cut Cross-Entropy plugin is listed: its key defaults to true there."""
+    return bool(cfg.cut_cross_entropy) if cfg.cut_cross_entropy is not None else CCE_PLUGIN in (cfg.plugins or [])
 
 
 def nemo_gym_enabled(cfg) -> bool:

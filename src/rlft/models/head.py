@@ -26,19 +26,35 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
     peak memory at 32k entries in bench/sft_vs_trl.py, a little slower at 260), under FSDP2 (DTensor shards, gathered only inside the model's forward), DeepSpeed ZeRO-3 (partitioned,
     empty outside the forward) and for an output layer that is not a plain Linear (e.g. a LoRA-adapted lm_head).
     """
+    return _output_layer(model)[0]
+
+
+def _output_layer(model: torch.nn.Module) -> tuple[torch.nn.Linear | None, str]:
+    """(output_layer's answer, why it is None)."""
     from torch.distributed.tensor import DTensor
 
     network = _network(model)
     if network in _NOT_PLAIN:
-        return None
+        return None, "its logits are not the output layer's product (soft-capped or scaled)"
     get = getattr(network, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    if type(head) is not torch.nn.Linear or head.out_features < MIN_VOCAB:
-        return None
+    if type(head) is not torch.nn.Linear:
+        return None, "its output layer is not a plain linear layer (e.g. a LoRA-adapted lm_head)"
+    if head.out_features < MIN_VOCAB:
+        return None, f"its output layer has {head.out_features:,} entries (under {MIN_VOCAB:,}): the logits are small"
     weight = head.weight
     if isinstance(weight, DTensor) or weight.numel() == 0 or hasattr(weight, "ds_id"):
-        return None
-    return head
+        return None, "its output layer is sharded (fsdp, DeepSpeed ZeRO-3) and whole only inside the model's forward"
+    return head, ""
+
+
+def loss_path(model: torch.nn.Module) -> str:
+    """The plan's words for how the losses reach the vocabulary (cut_cross_entropy's row)."""
+    head, why = _output_layer(model)
+    if head is None:
+        return f"the model's own logits: {why}"
+    return (f"rlft's chunked output-layer loss over {head.out_features:,} entries, target positions only: no logits block "
+            "(as Cut Cross-Entropy; the first step checks the model's logits are the output layer's)")
 
 
 def _network(model: torch.nn.Module) -> torch.nn.Module:

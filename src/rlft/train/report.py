@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
+from rlft.config.schema import cut_cross_entropy
+from rlft.models.head import loss_path
 from rlft.models.liger import liger_keys, liger_summary
 from rlft.train.loop import LoopResult, epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
@@ -57,6 +59,9 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
     if liger_keys(cfg):
         table.add_row("kernels", liger_summary(cfg, model.config.model_type))
+    if cut_cross_entropy(cfg):
+        table.add_row("loss", "cut_cross_entropy: " + ("a reward model's score head has one output, no vocabulary to cut"
+                                                       if cfg.method == "reward_model" else loss_path(model)))
     if shared := strategy(cfg, accelerator.num_processes):
         table.add_row("processes", f"{accelerator.num_processes}: {shared}")
     for name, value in rows:
