@@ -198,9 +198,11 @@ def test_an_epoch_run_resumed_with_a_smaller_global_batch_ends_with_the_epoch(sf
 
 
 def test_two_nodes_on_localhost(sft):
-    """--nnodes 2, one process each, meeting at node 0's address: the same run as one process."""
+    """--nnodes 2, one process each, meeting at node 0's address: the same run as one process. DDP's options (Axolotl's
+    ddp_* keys) change how gradients are reduced, not their values."""
     config, expected, folder = sft
-    path, port = config("nodes", 2), str(free_port())
+    ddp = {"ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 1, "ddp_broadcast_buffers": False}
+    path, port = config("nodes", 2, **ddp), str(free_port())
     nodes = [start(path, "--num-processes", "2", "--nnodes", "2", "--node-rank", str(rank), "--main-process-ip",
                    "127.0.0.1", "--main-process-port", port, processes=1) for rank in (0, 1)]
     try:
@@ -209,8 +211,45 @@ def test_two_nodes_on_localhost(sft):
         for node in nodes:
             stop(node)
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    plan = "".join(c for c in outputs[0] if not c.isspace() and c not in "│|")
+    assert "2:dataparallel(DDP:looksforunusedparameters,1MiBgradientbuckets,nobufferbroadcast)" in plan, outputs[0]
     got = losses(folder / "nodes")
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+
+
+def test_a_vision_tower_without_gradients_needs_ddp_find_unused_parameters(tmp_path, addition_files):
+    """AutoModelForCausalLM loads a Gemma 3 checkpoint with its vision tower, which text-only rows never reach: DDP
+    stops at the second step and names the key (as Axolotl's Gemma 3 examples set it), and with the key it trains."""
+    from transformers import Gemma3Config, SiglipVisionConfig
+    from transformers.models.gemma3 import Gemma3TextConfig
+
+    from rlft.models.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    text = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4).save_pretrained(tmp_path / "gemma3")
+    tokenizer.save_pretrained(tmp_path / "gemma3")
+    runs = {}
+    for find in (False, True):
+        path = write(tmp_path / f"find-{find}.yaml", {
+            "base_model": str(tmp_path / "gemma3"), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
+            "sequence_len": 32, "micro_batch_size": 4, "max_steps": 3, "learning_rate": 1e-3, "seed": 0,
+            "output_dir": str(tmp_path / f"out-{find}"), **({"ddp_find_unused_parameters": True} if find else {})})
+        process = start(path)
+        try:
+            runs[find] = (process.communicate(timeout=300)[0], process.returncode)
+        finally:
+            stop(process)
+    out, code = runs[False]
+    assert code == 1 and "Traceback" not in out, out[-4000:]
+    assert "got no gradient in the last step" in out and "set ddp_find_unused_parameters: true" in out, out[-4000:]
+    out, code = runs[True]
+    assert code == 0, out[-4000:]
+    assert len(losses(tmp_path / "out-True")) == 3
 
 
 def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):

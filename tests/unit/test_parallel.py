@@ -357,3 +357,23 @@ def test_bf16_defaults_to_auto_as_axolotl_and_fp16_wins_over_it(config, monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert trains_in_bf16(config()) and not trains_in_bf16(config(fp16=True)) and not trains_in_bf16(config(bf16=False))
+
+
+def test_axolotls_ddp_keys_reach_ddp_and_are_refused_beside_sharding(config, config_problems, monkeypatch):
+    from rlft.train import parallel
+
+    assert parallel.ddp_options(config()) == {}
+    cfg = config(ddp_find_unused_parameters=True, ddp_bucket_cap_mb=50, ddp_broadcast_buffers=False)
+    assert parallel.ddp_options(cfg) == {"find_unused_parameters": True, "bucket_cap_mb": 50, "broadcast_buffers": False}
+    monkeypatch.setattr(parallel, "launched", lambda: (0, 2))  # as under a launcher: accelerate takes them to DDP
+    handler = parallel.make_accelerator(cfg).ddp_handler
+    assert (handler.find_unused_parameters, handler.bucket_cap_mb, handler.broadcast_buffers) == (True, 50, False)
+    assert parallel.strategy(cfg, 2) == ("data parallel (DDP: looks for unused parameters, 50 MiB gradient buckets, "
+                                         "no buffer broadcast)")
+    assert parallel.strategy(config(), 2) == "data parallel (DDP)"
+    [(_, message)] = config_problems(ddp_find_unused_parameters=True, fsdp=["full_shard"],
+                                     fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})
+    assert message == ("ddp_find_unused_parameters sets up DDP (plain data parallelism), and fsdp reduces gradients its own "
+                       "way: remove it")
+    assert config(ddp_find_unused_parameters=False, deepspeed="deepspeed_configs/zero2.json")  # what happens anyway
+    assert config_problems(ddp_bucket_cap_mb=0)

@@ -57,7 +57,6 @@ SAME_AS_RLFT: dict[str, Callable[[Any], bool]] = {
     "include_tkps": _any_of(True),
     "tokenizer_use_fast": _any_of(True),
     "low_cpu_mem_usage": _any_of(True),
-    "ddp_find_unused_parameters": _any_of(False),
 }
 
 TOP_LEVEL = {
@@ -91,9 +90,6 @@ TOP_LEVEL = {
     'dataset_shard_idx': ('other', None),
     'dataset_shard_num': ('other', None),
     'ddp': ('parallel', None),
-    'ddp_broadcast_buffers': ('parallel', None),
-    'ddp_bucket_cap_mb': ('parallel', None),
-    'ddp_find_unused_parameters': ('parallel', None),
     'deepcompile': ('kernel', None),
     'default_system_message': ('other', None),
     'dense_mixer': ('kernel', True),

@@ -332,6 +332,14 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         None, "FSDP settings: fsdp_transformer_layer_cls_to_wrap, fsdp_reshard_after_forward, fsdp_offload_params, "
               "fsdp_activation_checkpointing, fsdp_version (rlft always runs FSDP2).")
     ddp_timeout: int = field(1800, "Seconds a collective may wait for a rank before the run stops (a rank that hangs).", gt=0)
+    ddp_find_unused_parameters: Optional[bool] = field(
+        None, "DDP (plain data parallelism) looks for parameters that got no gradient in a step and reduces them anyway: "
+              "needed when some do (MoE experts no token reached, a vision tower in text-only training). None -> false, "
+              "as accelerate: a traversal less per step (transformers' Trainer and Axolotl: true without "
+              "gradient_checkpointing).")
+    ddp_bucket_cap_mb: Optional[int] = field(None, "DDP's gradient bucket size in MiB; None -> 25 (PyTorch's).", gt=0)
+    ddp_broadcast_buffers: Optional[bool] = field(
+        None, "DDP copies rank 0's buffers to the other ranks before each forward; None -> true (PyTorch's).")
     deepspeed: Optional[str] = field(None, "DeepSpeed JSON file (ZeRO-1/2/3): a path, or one rlft ships by name "
                                      "(deepspeed_configs/zero3_bf16.json); \"auto\" values come from the config.")
     context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="#11", ge=1)
@@ -489,6 +497,11 @@ def combination_problems(cfg: RlftConfig):
         yield "datasets is empty: add at least one entry with a `path`"
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
+    ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
+                if getattr(cfg, key) is not None and not (key == "ddp_find_unused_parameters" and getattr(cfg, key) is False)]
+    if ddp_keys and (cfg.fsdp or cfg.fsdp_config or cfg.deepspeed):
+        yield (f"{ddp_keys[0]} sets up DDP (plain data parallelism), and {'deepspeed' if cfg.deepspeed else 'fsdp'} reduces "
+               "gradients its own way: remove it")
     if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:
         yield "chat_template: jinja needs chat_template_jinja (the template text or a .jinja file path)"
     if cfg.chat_template_jinja and cfg.chat_template != "jinja":

@@ -31,7 +31,7 @@ from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
 from rlft.train.best import BestCheckpoint
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
-                                 trains_in_bf16)
+                                 trains_in_bf16, unused_parameters_named)
 from rlft.train.recipe import Recipe
 from rlft.train.watch import RunGuards, StopRequest
 
@@ -297,7 +297,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 for index, batch in enumerate(batches):
                     weight = 0.0 if batch.get("padding") else 1.0  # a padding batch keeps collectives in step, adds nothing
                     with timer("forward_backward"), gradient_sync(model, index == len(batches) - 1):
-                        with accelerator.autocast():
+                        with accelerator.autocast(), unused_parameters_named():
                             out = recipe.loss(runs, batch)
                         # backward at the size of a mean (the first micro-batch's units, the largest over ranks: every
                         # rank must scale alike), not of a sum: fp16 scalers stay in range

@@ -46,12 +46,23 @@ def make_accelerator(cfg):
     if cuda:
         cuda_settings(cfg)
     # a rank that hangs (not one that dies: the launcher stops the others at once) fails the others after ddp_timeout
-    timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
+    handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
+    if processes > 1 and ddp_options(cfg):
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        handlers.append(DistributedDataParallelKwargs(**ddp_options(cfg)))
     accelerator = Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda,
-                              kwargs_handlers=timeout)
+                              kwargs_handlers=handlers)
     if cfg.deepspeed and processes == 1:  # DeepSpeed needs a process group, also of one
         _single_process_group()
     return accelerator
+
+
+def ddp_options(cfg) -> dict:
+    """DDP's keyword arguments from the `ddp_*` keys that are set (accelerate and PyTorch's defaults otherwise)."""
+    keys = {"ddp_find_unused_parameters": "find_unused_parameters", "ddp_bucket_cap_mb": "bucket_cap_mb",
+            "ddp_broadcast_buffers": "broadcast_buffers"}
+    return {name: getattr(cfg, key) for key, name in keys.items() if getattr(cfg, key) is not None}
 
 
 def cuda_settings(cfg) -> None:
@@ -91,7 +102,14 @@ def strategy(cfg, processes: int) -> str | None:
         return f"DeepSpeed ZeRO-{settings.stage} ({settings.path.name}{', offloaded to the CPU' if settings.offload else ''})"
     if processes == 1:
         return None
-    return "FSDP2 (parameters, gradients and optimizer state sharded)" if fsdp_settings(cfg) else "data parallel (DDP)"
+    if fsdp_settings(cfg):
+        return "FSDP2 (parameters, gradients and optimizer state sharded)"
+    options = ddp_options(cfg)
+    named = {"find_unused_parameters": lambda on: "looks for unused parameters" if on else "",
+             "bucket_cap_mb": lambda mib: f"{mib} MiB gradient buckets",
+             "broadcast_buffers": lambda on: "" if on else "no buffer broadcast"}
+    said = [text for name, value in options.items() if (text := named[name](value))]
+    return f"data parallel (DDP{': ' + ', '.join(said) if said else ''})"
 
 
 def _single_process_group() -> None:
@@ -161,6 +179,19 @@ def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
                 fully_shard(module, **options)
     fully_shard(model, **options)
     return model
+
+
+@contextmanager
+def unused_parameters_named() -> Iterator[None]:
+    """DDP's error for a parameter that got no gradient in the step before, as the key that fixes it."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "Expected to have finished reduction in the prior iteration" not in str(exc):
+            raise
+        raise ConfigError("some of the model's parameters got no gradient in the last step, and DDP expects every one "
+                          "to (a module the forward skips, e.g. a vision tower in text-only training): set "
+                          "ddp_find_unused_parameters: true") from None
 
 
 @contextmanager
