@@ -204,7 +204,7 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer_in_the_loss(extr
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "vocab_size": 8192}))
     calls = []
-    monkeypatch.setattr(sft, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    monkeypatch.setattr(sft, "forward_hidden", lambda *a, _f=head.forward_hidden: calls.append(1) or _f(*a))
     runs = {}
     for fused in (True, False):
         monkeypatch.setattr(head, "MIN_VOCAB", 4096 if fused else 10**9)

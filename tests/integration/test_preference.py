@@ -179,21 +179,26 @@ def test_reference_with_another_vocabulary_is_refused(warm_model, cli, tmp_path,
     assert "different tokenizer vocabulary" in capsys.readouterr().err
 
 
-def test_a_reference_with_padded_embedding_rows_keeps_them_as_the_policy_does(warm_model, cli, tmp_path):
-    """Models ship more embedding rows than their tokenizer has tokens (Qwen: 151,936 for 151,665). The policy keeps
-    them, so `ref_model: <the same folder>` must too: every row counts in log-softmax's normaliser, and a reference
-    cut to the tokenizer's length would give non-zero rewards before any update."""
+@pytest.mark.parametrize("rows", ["spare", "added tokens"])
+def test_a_reference_of_the_same_folder_has_the_policys_embedding_rows(rows, warm_model, cli, tmp_path):
+    """Models ship more embedding rows than their tokenizer has tokens (Qwen: 151,936 for 151,665), and `tokens:` adds
+    rows the policy initialises. `ref_model: <the same folder>` must end with the policy's rows: every row counts in
+    log-softmax's normaliser, so a reference cut to the tokenizer's length, or with rows of its own, would give
+    non-zero rewards before any update."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    padded = tmp_path / "padded"
+    padded, settings = tmp_path / "padded", {}
     tokenizer = AutoTokenizer.from_pretrained(warm_model)
     model = AutoModelForCausalLM.from_pretrained(warm_model)
-    model.resize_token_embeddings(len(tokenizer) + 20)
-    with torch.no_grad():  # the spare rows as a trained model has them: not zeros
-        model.get_input_embeddings().weight[len(tokenizer):] = torch.randn(20, model.config.hidden_size)
+    if rows == "spare":
+        model.resize_token_embeddings(len(tokenizer) + 20)
+        with torch.no_grad():  # the spare rows as a trained model has them: not zeros
+            model.get_input_embeddings().weight[len(tokenizer):] = torch.randn(20, model.config.hidden_size)
+    else:
+        settings = {"tokens": ["<|tool|>", "<|end_tool|>"]}
     model.save_pretrained(padded)
     tokenizer.save_pretrained(padded)
-    config = _pair_config(tmp_path, padded, _pairs(8), ref_model=str(padded), max_steps=1, logging_steps=1)
+    config = _pair_config(tmp_path, padded, _pairs(8), ref_model=str(padded), max_steps=1, logging_steps=1, **settings)
     assert cli("train", config) == 0
     first = next(m for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if m.get("step") == 1 and "loss" in m)
     assert first["rewards/chosen"] == first["rewards/rejected"] == 0.0, first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import pad_batch
@@ -187,6 +188,38 @@ def test_model_and_tokenizer_classes_by_name(config, tiny_model_dir):
     assert type(model) is LlamaForCausalLM and model.get_input_embeddings().num_embeddings >= len(tokenizer)
 
 
+def test_embedding_rows_follow_axolotls_resize_keys(config, tiny_model_dir):
+    """len(tokenizer) rows, or its multiple of 32; spare rows kept unless shrink_embeddings; new rows seeded, drawn around
+    the old rows' mean with mean_resizing_embeddings."""
+    from rlft.models.loading import fit_embeddings, load_model, load_tokenizer
+
+    def rows(**settings):
+        cfg = config(base_model=str(tiny_model_dir), random_init=True, tokens=["<think>", "</think>"], **settings)
+        tokenizer = load_tokenizer(cfg)
+        model = load_model(cfg, tokenizer, "cpu")
+        return len(tokenizer), model.get_input_embeddings().weight.detach()
+
+    length, grown = rows()
+    assert grown.shape[0] == length
+    assert torch.equal(rows()[1], grown)  # the new rows are seeded: the same on every process and every run
+    assert 0 < grown[length - 2:].std() < 0.1  # drawn as the model's initializer draws (std 0.02), not left empty
+    assert rows(resize_token_embeddings_to_32x=True)[1].shape[0] == -(-length // 32) * 32 > length
+    old = grown[:length - 2]
+    mean_resized = rows(mean_resizing_embeddings=True)[1]
+    assert torch.equal(mean_resized[:length - 2], old) and not torch.equal(mean_resized[length - 2:], grown[length - 2:])
+    assert (mean_resized[length - 2:] - old.mean(0)).norm() < (grown[length - 2:] - old.mean(0)).norm()
+
+    cfg = config(base_model=str(tiny_model_dir), random_init=True)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer, "cpu")
+    model.resize_token_embeddings(len(tokenizer) + 40)
+    fit_embeddings(model, cfg, tokenizer)
+    assert model.get_input_embeddings().num_embeddings == len(tokenizer) + 40  # spare rows are kept
+    fit_embeddings(model, config(base_model=str(tiny_model_dir), shrink_embeddings=True, resize_token_embeddings_to_32x=True),
+                   tokenizer)
+    assert model.get_input_embeddings().num_embeddings == -(-len(tokenizer) // 32) * 32
+
+
 def test_a_misspelt_class_is_a_clear_error(config, tiny_model_dir):
     from rlft.errors import ModelError
     from rlft.models.loading import load_tokenizer
@@ -283,3 +316,54 @@ def test_eot_tokens_are_added_as_special_tokens_and_trained_as_turn_ends(config,
 
     assert trained(cfg.eot_tokens) == ["2", "<|end_of_turn|>"]
     assert trained(None) == ["2"]  # the template's marker is not one rlft knows: only the answer
+
+
+# ------------------------------------------------------------------ model_config (overrides_of_model_config)
+
+
+def _tiny_moe(folder):
+    from transformers import MixtralConfig
+
+    from rlft.models.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None, router_aux_loss_coef=0.02).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_model_config_overrides_reach_the_model_and_the_router_loss_joins_sfts_as_transformers_adds_it(config, tmp_path):
+    """Axolotl's Mixtral examples set model_config: {output_router_logits: true}: the loss is then transformers' own,
+    the mean NLL of the targets plus router_aux_loss_coef x the load-balancing loss."""
+    from rlft.models.loading import load_model, load_tokenizer
+    from rlft.train.recipes.sft import SFTRecipe
+
+    cfg = config(base_model=str(_tiny_moe(tmp_path / "moe")), random_init=True,
+                 model_config={"output_router_logits": True, "max_position_embeddings": 256})
+    assert cfg.overrides_of_model_config == {"output_router_logits": True, "max_position_embeddings": 256}
+    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    assert model.config.output_router_logits is True and model.config.max_position_embeddings == 256
+    ids = torch.randint(4, 200, (3, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[2, 7:] = 0  # padding
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :3] = -100  # a prompt
+    out = SFTRecipe.__new__(SFTRecipe).loss(model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
+    expected = model(input_ids=ids, attention_mask=mask, labels=labels)
+    assert expected.aux_loss > 0 and out.metrics == {"aux_loss": pytest.approx(float(expected.aux_loss))}
+    assert float(out.loss_sum) / out.units == pytest.approx(float(expected.loss), rel=1e-5)
+
+
+def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tmp_path):
+    from rlft.errors import ConfigError
+    from rlft.models.loading import load_model, load_tokenizer
+
+    cfg = config(base_model=str(_tiny_moe(tmp_path / "moe")), random_init=True, model_config={"output_router_logit": True})
+    with pytest.raises(ConfigError, match=r"model_config.output_router_logit: MixtralConfig has no setting of that name "
+                                          r"\(did you mean output_router_logits\?\): fix the name or remove it"):
+        load_model(cfg, load_tokenizer(cfg), "cpu")
+    [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True})
+    assert message == ("model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; "
+                       "for dpo it is not built: remove it")

@@ -126,7 +126,7 @@ def test_the_sft_loss_through_the_output_layer_equals_the_models_logits(packed, 
     from rlft.train.recipes import sft
 
     calls = []
-    monkeypatch.setattr(sft, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    monkeypatch.setattr(sft, "forward_hidden", lambda *a, _f=head.forward_hidden: calls.append(1) or _f(*a))
     for fused in (True, False):
         monkeypatch.setattr(head, "MIN_VOCAB", VOCAB if fused else 10**9)
         model = tiny_model()

@@ -117,7 +117,20 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                       validation_alias=AliasChoices("model_type", "type_of_model"))
     tokenizer_type: Optional[str] = field(None, "transformers class that loads the tokenizer: AutoTokenizer (the default) or a "
                                                 "*Tokenizer / *TokenizerFast class.")
+    overrides_of_model_config: Optional[dict[str, Any]] = field(
+        None, "Settings set on the model's config before it is built (Axolotl's `model_config`), e.g. {rope_scaling: "
+              "{rope_type: linear, factor: 2.0}}. With output_router_logits: true an MoE model's load-balancing loss "
+              "(router_aux_loss_coef x aux_loss) joins SFT's loss, as transformers adds it.",
+        validation_alias=AliasChoices("model_config", "overrides_of_model_config"))
     tokens: Optional[list[str]] = field(None, "Tokens to add to the tokenizer (the embeddings are resized).")
+    resize_token_embeddings_to_32x: Optional[bool] = field(
+        None, "Grow the embedding rows to the tokenizer's length rounded up to a multiple of 32 (faster matrix products "
+              "on some GPUs), not to the length itself.")
+    shrink_embeddings: Optional[bool] = field(
+        None, "Cut embedding rows beyond the tokenizer's length (or its multiple of 32); by default spare rows are kept.")
+    mean_resizing_embeddings: Optional[bool] = field(
+        False, "New embedding rows drawn around the old rows' mean and covariance (transformers' mean resizing); false "
+               "(Axolotl's default): initialised as the model's own weights are, seeded by `seed`.")
     eot_tokens: Optional[list[str]] = field(None, "The strings that end a turn in the chat template (train_on_eos trains them); "
                                                   "added as special tokens when the tokenizer lacks them. Default: found in "
                                                   "the template.")
@@ -497,6 +510,9 @@ def combination_problems(cfg: RlftConfig):
         yield "datasets is empty: add at least one entry with a `path`"
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
+    if (cfg.overrides_of_model_config or {}).get("output_router_logits") and cfg.method != "sft":
+        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; for "
+               f"{cfg.method} it is not built: remove it")
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
                 if getattr(cfg, key) is not None and not (key == "ddp_find_unused_parameters" and getattr(cfg, key) is False)]
     if ddp_keys and (cfg.fsdp or cfg.fsdp_config or cfg.deepspeed):

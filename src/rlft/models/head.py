@@ -65,13 +65,27 @@ def _network(model: torch.nn.Module) -> torch.nn.Module:
 def final_hidden(model: torch.nn.Module, inputs: dict[str, Any], head: torch.nn.Linear) -> torch.Tensor | None:
     """(B, T, H) last hidden state (after the final norm) of a forward that builds one position's logits, or None
     when the model's logits are not `head(hidden)` (checked at that position)."""
+    return forward_hidden(model, inputs, head)[0]
+
+
+def forward_hidden(model: torch.nn.Module, inputs: dict[str, Any], head: torch.nn.Linear) -> tuple[torch.Tensor | None, Any]:
+    """(final_hidden's answer, the forward's outputs)."""
     outputs = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
     if not outputs.hidden_states:
-        return None
+        return None, outputs
     hidden = outputs.hidden_states[-1]
     with torch.no_grad():
         expected = outputs.logits[:, -1].float()
         if not torch.allclose(head(hidden[:, -1]).float(), expected, rtol=1e-3, atol=1e-3 * (1 + float(expected.abs().max()))):
             _NOT_PLAIN.add(_network(model))  # output_layer() says None from now on: one wasted forward, not one per step
-            return None
-    return hidden
+            return None, outputs
+    return hidden, outputs
+
+
+def router_loss(model: torch.nn.Module, outputs: Any) -> tuple[torch.Tensor, float] | None:
+    """(An MoE forward's load-balancing loss, the config's router_aux_loss_coef) with output_router_logits, which
+    transformers adds to the loss of a forward given labels as coef x loss; None for other models."""
+    aux = getattr(outputs, "aux_loss", None)
+    if aux is None:
+        return None
+    return aux, float(getattr(_network(model).config, "router_aux_loss_coef", 0.0))

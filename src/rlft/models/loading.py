@@ -53,12 +53,27 @@ def resolve_source(name: str | None, key: str) -> str:
     return name
 
 
+def model_config(cfg, source: str, **settings: Any):
+    """The model's config from `source`, with Axolotl's `model_config` overrides set on it (before the model is built,
+    so that settings read at construction, such as rope_scaling, take effect)."""
+    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **settings)
+    for key, value in (cfg.overrides_of_model_config or {}).items():
+        if not hasattr(config, key):
+            import difflib
+
+            close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
+            raise ConfigError(f"model_config.{key}: {type(config).__name__} has no setting of that name"
+                              + (f" (did you mean {close[0]}?)" if close else "") + ": fix the name or remove it")
+        setattr(config, key, value)
+    return config
+
+
 def check_context_length(cfg) -> None:
     """Refuse a sequence_len longer than the model's context (read from its config.json) before any work."""
     key = "base_model_config" if cfg.base_model_config else "base_model"
     try:
         source = resolve_source(cfg.base_model_config or cfg.base_model, key)
-        config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        config = model_config(cfg, source)  # model_config may set the context (max_position_embeddings)
     except (OSError, ValueError, ModelError):
         return  # a model that cannot be read is reported where it loads, with its own message
     names = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -119,6 +134,19 @@ def check_attention(implementation: str, training: bool, device_type: str) -> No
         )
 
 
+def fit_embeddings(model: PreTrainedModel, cfg, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Grow the embedding rows to the tokenizer's length, as Axolotl does: rounded up to a multiple of 32 with
+    `resize_token_embeddings_to_32x`, cut down to it only with `shrink_embeddings` (spare rows are kept otherwise).
+    New rows are initialised as the model's own weights are (seeded), or from the old rows' mean and covariance
+    with `mean_resizing_embeddings` (transformers' mean resizing; Axolotl's default is off)."""
+    rows = model.get_input_embeddings().num_embeddings
+    target = -(-len(tokenizer) // 32) * 32 if cfg.resize_token_embeddings_to_32x else len(tokenizer)
+    if rows < target or (rows > target and cfg.shrink_embeddings):
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)  # the same new rows on every process and every run
+            model.resize_token_embeddings(target, mean_resizing=bool(cfg.mean_resizing_embeddings))
+
+
 def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None,
                with_adapter: bool = True) -> PreTrainedModel:
     """Build the trainable model: base weights (or a seeded random init), attention, checkpointing, adapter.
@@ -139,7 +167,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         model = model_class.from_pretrained(init_base_dir, **kwargs)
     elif cfg.random_init:
         config_source = resolve_source(cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
-        config = AutoConfig.from_pretrained(config_source, trust_remote_code=cfg.trust_remote_code)
+        config = model_config(cfg, config_source)
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             if model_class is AutoModelForCausalLM:
@@ -153,14 +181,15 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
             staging.rename(init_base_dir)
     else:
         kwargs.update(_quantization_kwargs(cfg))
+        if cfg.overrides_of_model_config:
+            kwargs["config"] = model_config(cfg, source)
         try:
             model = model_class.from_pretrained(source, **kwargs)
         except OSError as exc:
             raise ModelError(
                 f"cannot load weights from {source}: {exc}. If the folder holds only config.json, set random_init: true"
             ) from None
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer))
+    fit_embeddings(model, cfg, tokenizer)
     check_own_masks(cfg, model)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from rlft.errors import ModelError
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.loading import check_attention, resolve_source
+from rlft.models.loading import check_attention, fit_embeddings, model_config, resolve_source
 
 
 def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):
@@ -24,20 +24,21 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
         model = AutoModelForSequenceClassification.from_pretrained(init_base_dir, **kwargs)
     elif cfg.random_init:
-        config = AutoConfig.from_pretrained(source, num_labels=1, trust_remote_code=cfg.trust_remote_code)
+        config = model_config(cfg, source, num_labels=1)
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention, dtype=torch.float32)
         if init_base_dir is not None and cfg.adapter:
             model.save_pretrained(init_base_dir)
     else:
+        if cfg.overrides_of_model_config:
+            kwargs["config"] = model_config(cfg, source, num_labels=1)
         try:
             model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load a reward model (sequence classification, 1 label) from {source}: {exc}") from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer))
+    fit_embeddings(model, cfg, tokenizer)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})

@@ -233,7 +233,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     reference = None
     if method in ("dpo", "ipo", "kto"):
         if cfg.ref_model:
-            reference = FrozenPolicy(load_reference_model(cfg, tokenizer, model.get_input_embeddings().num_embeddings))
+            reference = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
             reference = FrozenPolicy.adapter_disabled()  # no second model in memory
         elif cfg.precompute_ref_log_probs and not cfg.adapter:
@@ -276,7 +276,7 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
     frozen = None
     if need_frozen:
         if cfg.ref_model:
-            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model.get_input_embeddings().num_embeddings))
+            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
         elif cfg.adapter and not cfg.rl_adapter_ref_model:
             frozen = FrozenPolicy.adapter_disabled()
         else:
@@ -368,25 +368,34 @@ def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Con
     return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard, make_engine, remote), data
 
 
-def load_reference_model(cfg, tokenizer, rows: int):
-    """The separate `ref_model` folder with the policy's `rows` embedding rows; refused when its vocabulary is not the
-    policy's. Spare rows beyond the tokenizer (Qwen ships 151,936 for 151,665 tokens) are kept, not cut: each row's
-    logit counts in log-softmax's normaliser, so the same folder as policy and reference gives the same log-probs."""
+def load_reference_model(cfg, tokenizer, policy):
+    """The separate `ref_model` folder with as many embedding rows as the `policy`; refused unless each of its tokens has
+    the policy's id (the run may have added tokens: `tokens:`, chat-template markers). Each row's logit counts in
+    log-softmax's normaliser, so spare rows beyond the tokenizer (Qwen ships 151,936 for 151,665 tokens) are kept, and
+    rows the policy grew for added tokens are copied from it: the same folder as policy and reference gives the same
+    log-probs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlft.errors import ModelError
-    from rlft.models.loading import resolve_source
+    from rlft.models.loading import model_config, resolve_source
 
     source = resolve_source(cfg.ref_model, "ref_model")
-    ref_tokenizer = AutoTokenizer.from_pretrained(source)
-    if ref_tokenizer.get_vocab() != tokenizer.get_vocab():
+    ref_vocab, vocab = AutoTokenizer.from_pretrained(source).get_vocab(), tokenizer.get_vocab()
+    if any(vocab.get(token) != index for token, index in ref_vocab.items()):  # tokens the run added (tokens:) may follow
         raise ModelError(
-            f"ref_model {source} has a different tokenizer vocabulary ({len(ref_tokenizer)} tokens) from the policy's "
+            f"ref_model {source} has a different tokenizer vocabulary ({len(ref_vocab)} tokens) from the policy's "
             f"({len(tokenizer)}): log-prob ratios need the same tokens on both sides. Use a reference of the same family"
         )
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    if model.get_input_embeddings().num_embeddings != rows:
-        model.resize_token_embeddings(rows)
+    settings = {"config": model_config(cfg, source)} if cfg.overrides_of_model_config else {}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **settings)
+    own, rows = model.get_input_embeddings().num_embeddings, policy.get_input_embeddings().num_embeddings
+    if own != rows:
+        model.resize_token_embeddings(rows, mean_resizing=False)
+        with torch.no_grad():
+            for get in ("get_input_embeddings", "get_output_embeddings"):
+                mine, theirs = getattr(model, get)(), getattr(policy, get)()
+                if own < rows and mine is not None and theirs is not None:
+                    mine.weight[own:] = theirs.weight[own:]
     return model.eval().requires_grad_(False)
 
 

@@ -11,7 +11,7 @@ from rlft.data.batches import BatchPlan
 from rlft.data.collate import pad_multiple, packed_batch, padded_width
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
-from rlft.models.head import final_hidden, output_layer
+from rlft.models.head import forward_hidden, output_layer, router_loss
 from rlft.models.liger import liger_linear_cross_entropy_sum, liger_loss
 from rlft.models.masks import with_model_mask
 from rlft.train.parallel import eval_share, sum_across
@@ -58,22 +58,33 @@ class SFTRecipe(Recipe):
         return int((batch["labels"][:, 1:] != -100).sum())
 
     def _loss_sum(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        """Sum of the target tokens' NLL. The output layer is applied to the target positions only, in chunks
-        (rlft.losses.linear_ce), unless the model's logits are not plain `lm_head(hidden)` or its weights are
-        sharded: then the model's own (B, T, V) logits."""
+        """Sum of the target tokens' NLL."""
+        return self._losses(model, batch)[0]
+
+    def _losses(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, tuple | None]:
+        """(Sum of the target tokens' NLL, an MoE router's load-balancing loss and its weight, or None). The output layer is
+        applied to the target positions only, in chunks (rlft.losses.linear_ce), unless the model's logits are not
+        plain `lm_head(hidden)` or its weights are sharded: then the model's own (B, T, V) logits."""
         inputs = with_model_mask(model, {k: batch[k] for k in MODEL_INPUTS if k in batch})  # packed rows' mask for eager
         head = output_layer(model)
-        hidden = final_hidden(model, inputs, head) if head is not None else None
+        hidden, outputs = forward_hidden(model, inputs, head) if head is not None else (None, None)
         if hidden is not None:
             targets = batch["labels"][:, 1:]
             keep = targets != IGNORE
             loss_sum = liger_linear_cross_entropy_sum if self.liger else linear_cross_entropy_sum
-            return loss_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])
-        logits = model(**inputs, use_cache=False).logits
-        return sft_loss_sum(logits, batch["labels"])[0]
+            return loss_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep]), router_loss(model, outputs)
+        outputs = model(**inputs, use_cache=False)
+        return sft_loss_sum(outputs.logits, batch["labels"])[0], router_loss(model, outputs)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> LossOutput:
-        return LossOutput(self._loss_sum(model, batch), self._units(batch))
+        """With an MoE router's loss (model_config: {output_router_logits: true}) the step's loss is the mean NLL plus
+        router_aux_loss_coef x aux_loss, transformers' loss, its micro-batches weighted by their target tokens."""
+        nll, router = self._losses(model, batch)
+        units = self._units(batch)
+        if router is None:
+            return LossOutput(nll, units)
+        aux, coef = router
+        return LossOutput(nll + coef * aux * units, units, {"aux_loss": float(aux.detach())})
 
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         total, count = 0.0, 0.0
