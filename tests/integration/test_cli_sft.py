@@ -94,6 +94,37 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
         torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
 
 
+def test_lora_on_moe_experts_trains_only_the_experts_adapters_and_merges(make_config, cli, tmp_path):
+    """Axolotl's MoE examples adapt the experts with lora_target_parameters (transformers 5 holds each layer's experts
+    in one 3D tensor, which no module name reaches): PEFT's LoRA on parameters, saved, loaded and merged."""
+    from safetensors.torch import load_file
+    from transformers import MixtralConfig
+
+    from rlft.models.loading import load_for_inference
+    from rlft.models.tokenizer import byte_tokenizer
+
+    tokenizer, moe = byte_tokenizer(), tmp_path / "moe"
+    MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None).save_pretrained(moe)
+    tokenizer.save_pretrained(moe)
+    config = make_config(base_model=str(moe), adapter="lora", lora_r=4, lora_alpha=8, learning_rate=0.05, max_steps=20,
+                         lora_target_parameters=["experts.gate_up_proj", "experts.down_proj"], eval_steps=None)
+    assert cli("train", config) == 0
+    out = tmp_path / "out"
+    trained = [m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+    assert trained[-1] < trained[0] - 0.25, trained  # from random weights, the experts alone: 5.58 to 5.23
+    names = list(load_file(out / "adapter_model.safetensors"))
+    assert names and all(".experts." in name for name in names), names  # the experts' adapters, nothing else
+    assert {name.split(".experts.")[1].split(".")[0] for name in names} >= {"lora_A", "base_layer"}
+    assert cli("merge-lora", out / "checkpoint-20", tmp_path / "merged") == 0
+    peft_model, tokenizer = load_for_inference(str(out))
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("init", ["gaussian", "pissa", "olora"])
 def test_lora_init_options_give_a_final_adapter_that_loads_on_the_original_base(make_config, cli, tmp_path, init):
     from rlft.config import load_config

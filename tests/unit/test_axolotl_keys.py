@@ -367,3 +367,10 @@ def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_ref
     [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True})
     assert message == ("model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; "
                        "for dpo it is not built: remove it")
+
+
+def test_lora_on_parameters_needs_no_dropout(config, config_problems):
+    [(_, message)] = config_problems(adapter="lora", lora_target_parameters=["experts.gate_up_proj"], lora_dropout=0.05)
+    assert message == ("lora_target_parameters with lora_dropout 0.05: PEFT's LoRA on parameters has no dropout; set "
+                       "lora_dropout: 0")
+    assert config(adapter="lora", lora_target_parameters="experts.down_proj").lora_target_parameters == "experts.down_proj"

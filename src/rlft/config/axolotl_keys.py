@@ -226,7 +226,6 @@ TOP_LEVEL = {
     'lora_on_cpu': ('parallel', None),
     'lora_qkv_kernel': ('kernel', None),
     'lora_rank_pattern': ('other', None),
-    'lora_target_parameters': ('other', None),
     'loraplus_lr_embedding': ('optim', 1e-06),
     'loraplus_lr_ratio': ('optim', None),
     'low_cpu_mem_usage': ('other', None),

@@ -209,6 +209,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     lora_dropout: float = field(0.0, "Dropout on the LoRA input.", ge=0.0, lt=1.0)
     lora_target_modules: Optional[Union[str, list[str]]] = field(None, "Module names (or a regex) to adapt.")
     lora_target_linear: bool = field(False, "Adapt every linear layer except the output head.")
+    lora_target_parameters: Optional[Union[str, list[str]]] = field(
+        None, "Parameters (not modules) to adapt, by name suffix, e.g. [experts.gate_up_proj, experts.down_proj]: the "
+              "experts of an MoE model, one 3D tensor per layer in transformers 5 (PEFT's target_parameters; needs "
+              "lora_dropout: 0).")
     lora_modules_to_save: Optional[list[str]] = field(None, "Modules trained in full and saved with the adapter.")
     peft_use_rslora: bool = field(False, "Rank-stabilised LoRA scaling alpha/sqrt(r) (https://arxiv.org/abs/2312.03732).")
     peft_use_dora: bool = field(False, "Weight-decomposed LoRA (https://arxiv.org/abs/2402.09353).")
@@ -546,6 +550,9 @@ def combination_problems(cfg: RlftConfig):
         yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
+    if cfg.lora_target_parameters and cfg.lora_dropout:
+        yield (f"lora_target_parameters with lora_dropout {cfg.lora_dropout:g}: PEFT's LoRA on parameters has no dropout; set "
+               "lora_dropout: 0")
     for key in ("sample_packing", "eval_sample_packing"):
         if getattr(cfg, key) and cfg.method != "sft":
             yield f"{key} applies to SFT only, not {cfg.method}"

@@ -242,14 +242,15 @@ def lora_config(cfg, task_type: str = "CAUSAL_LM"):
 
     if cfg.lora_target_linear:
         targets: Any = "all-linear"
-    else:
-        targets = cfg.lora_target_modules
+    else:  # parameters alone: no modules (PEFT would otherwise pick its default modules for the model type)
+        targets = cfg.lora_target_modules if cfg.lora_target_modules or not cfg.lora_target_parameters else []
     init = True if cfg.peft_init_lora_weights is None else cfg.peft_init_lora_weights
     return LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
         target_modules=targets,
+        target_parameters=cfg.lora_target_parameters,
         modules_to_save=cfg.lora_modules_to_save,
         use_rslora=cfg.peft_use_rslora,
         use_dora=cfg.peft_use_dora,
@@ -275,7 +276,8 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
         return get_peft_model(model, lora_config(cfg, task_type))
     except ValueError as exc:
         raise ModelError(
-            f"cannot attach LoRA: {exc}. Set lora_target_modules (e.g. [q_proj, v_proj]) or lora_target_linear: true"
+            f"cannot attach LoRA: {exc}. Set lora_target_modules (e.g. [q_proj, v_proj]), lora_target_linear: true or "
+            "lora_target_parameters (e.g. [experts.gate_up_proj])"
         ) from None
 
 
