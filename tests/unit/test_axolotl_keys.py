@@ -374,3 +374,12 @@ def test_lora_on_parameters_needs_no_dropout(config, config_problems):
     assert message == ("lora_target_parameters with lora_dropout 0.05: PEFT's LoRA on parameters has no dropout; set "
                        "lora_dropout: 0")
     assert config(adapter="lora", lora_target_parameters="experts.down_proj").lora_target_parameters == "experts.down_proj"
+
+
+def test_a_process_reward_model_is_refused_as_not_built_not_for_its_labels(config, config_problems):
+    """Axolotl's PRM example sets num_labels: 2 (token classification): the reason to give is that PRMs are not built."""
+    from rlft.config.axolotl_keys import unsupported_settings
+
+    assert config_problems(num_labels=2)[0][1].startswith("num_labels is 2: a Bradley-Terry reward model has a single score")
+    refused = dict(unsupported_settings(config(process_reward_model=True, num_labels=2))[0])
+    assert refused["process_reward_model"] == "not built in rlft"

@@ -690,7 +690,7 @@ METHOD_KEYS = {**dict.fromkeys(("dpo_loss_type", "dpo_loss_weights", "dpo_use_we
 def _preference_problems(cfg: RlftConfig):
     if cfg.reward_model and cfg.rl:
         yield f"reward_model: true trains a reward model, rl: {cfg.rl} trains a policy: set one of them"
-    if cfg.num_labels not in (None, 1):
+    if cfg.num_labels not in (None, 1) and not cfg.process_reward_model:  # `train` says a PRM is not built
         yield f"num_labels is {cfg.num_labels}: a Bradley-Terry reward model has a single score (num_labels: 1)"
     if cfg.rl == "kto" and cfg.micro_batch_size < 2:
         yield ("rl: kto needs micro_batch_size >= 2: the KL reference point is a batch mean over mismatched "
