@@ -35,6 +35,23 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory) -> Path:
+    """A tiny Mixtral folder (config + byte tokenizer, no weights; 4 experts, 2 per token): train it with random_init.
+    transformers 5 holds each layer's experts as one 3D tensor per projection."""
+    from transformers import MixtralConfig
+
+    from rlft.models.tokenizer import byte_tokenizer
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-moe"
+    tokenizer = byte_tokenizer()
+    MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None, router_aux_loss_coef=0.02).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def addition_files(tmp_path_factory) -> dict[str, Path]:
     from rlft.tasks.addition import split_rows, write_jsonl
 

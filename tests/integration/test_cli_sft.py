@@ -94,21 +94,14 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
         torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
 
 
-def test_lora_on_moe_experts_trains_only_the_experts_adapters_and_merges(make_config, cli, tmp_path):
+def test_lora_on_moe_experts_trains_only_the_experts_adapters_and_merges(make_config, cli, tmp_path, tiny_moe_dir):
     """Axolotl's MoE examples adapt the experts with lora_target_parameters (transformers 5 holds each layer's experts
     in one 3D tensor, which no module name reaches): PEFT's LoRA on parameters, saved, loaded and merged."""
     from safetensors.torch import load_file
-    from transformers import MixtralConfig
 
     from rlft.models.loading import load_for_inference
-    from rlft.models.tokenizer import byte_tokenizer
 
-    tokenizer, moe = byte_tokenizer(), tmp_path / "moe"
-    MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None).save_pretrained(moe)
-    tokenizer.save_pretrained(moe)
-    config = make_config(base_model=str(moe), adapter="lora", lora_r=4, lora_alpha=8, learning_rate=0.05, max_steps=20,
+    config = make_config(base_model=str(tiny_moe_dir), adapter="lora", lora_r=4, lora_alpha=8, learning_rate=0.05, max_steps=20,
                          lora_target_parameters=["experts.gate_up_proj", "experts.down_proj"], eval_steps=None)
     assert cli("train", config) == 0
     out = tmp_path / "out"
@@ -123,6 +116,27 @@ def test_lora_on_moe_experts_trains_only_the_experts_adapters_and_merges(make_co
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_a_lora_run_that_resized_the_embeddings_loads_for_generation_and_merges(make_config, cli, tmp_path, capsys):
+    """tokens: and resize_token_embeddings_to_32x grow the embeddings; PEFT saves them with the adapter, and the base
+    is grown to match before the adapter loads (a size mismatch before)."""
+    from rlft.models.loading import load_for_inference
+
+    config = make_config(adapter="lora", lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"], max_steps=2,
+                         tokens=["<|calc|>"], resize_token_embeddings_to_32x=True, eval_steps=None)
+    assert cli("train", config) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert cli("generate", out, "--prompt", "<|calc|>1+2=", "--max-new-tokens", "2") == 0
+    assert "1+2=" in capsys.readouterr().out
+    model, tokenizer = load_for_inference(str(out))
+    assert model.get_input_embeddings().num_embeddings == -(-len(tokenizer) // 32) * 32 > len(tokenizer) - 1
+    assert cli("merge-lora", out / "checkpoint-2", tmp_path / "merged") == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    ids = tokenizer("<|calc|>12+7=", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("init", ["gaussian", "pissa", "olora"])

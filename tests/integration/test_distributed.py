@@ -262,6 +262,7 @@ def test_a_vision_tower_without_gradients_needs_ddp_find_unused_parameters(tmp_p
     out, code = runs[False]
     assert code == 1 and "Traceback" not in out, out[-4000:]
     assert "got no gradient in the last step" in out and "set ddp_find_unused_parameters: true" in out, out[-4000:]
+    assert "(PyTorch: parameter indices which did not receive grad for rank 0: " in " ".join(out.split()), out[-4000:]
     out, code = runs[True]
     assert code == 0, out[-4000:]
     assert len(losses(tmp_path / "out-True")) == 3

@@ -137,6 +137,18 @@ def test_the_cut_cross_entropy_plugin_runs_and_turns_its_key_on_as_in_axolotl(co
     assert cut_cross_entropy(cfg) is on
 
 
+def test_the_plan_says_where_the_chunked_loss_runs():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.models.head import loss_path
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=4096, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert loss_path(model).startswith("rlft's chunked output-layer loss over 4,096 entries")
+    assert loss_path(model, sharded=True) == ("the model's own logits: its output layer is sharded (fsdp, DeepSpeed ZeRO-3) "
+                                              "and whole only inside the model's forward")
+
+
 @pytest.mark.parametrize("liger", ["liger_fused_linear_cross_entropy", "liger_cross_entropy"])
 def test_cut_cross_entropy_and_ligers_loss_are_not_both_chosen(config, config_problems, liger):
     [(_, message)] = config_problems(plugins=[CCE], **{liger: True})
@@ -321,26 +333,18 @@ def test_eot_tokens_are_added_as_special_tokens_and_trained_as_turn_ends(config,
 # ------------------------------------------------------------------ model_config (overrides_of_model_config)
 
 
-def _tiny_moe(folder):
-    from transformers import MixtralConfig
-
-    from rlft.models.tokenizer import byte_tokenizer
-
-    tokenizer = byte_tokenizer()
-    MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None, router_aux_loss_coef=0.02).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def test_model_config_overrides_reach_the_model_and_the_router_loss_joins_sfts_as_transformers_adds_it(config, tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_model_config_overrides_reach_the_model_and_the_router_loss_joins_sfts_as_transformers_adds_it(
+        config, tiny_moe_dir, fused, monkeypatch):
     """Axolotl's Mixtral examples set model_config: {output_router_logits: true}: the loss is then transformers' own,
-    the mean NLL of the targets plus router_aux_loss_coef x the load-balancing loss."""
+    the mean NLL of the targets plus router_aux_loss_coef x the load-balancing loss, through the model's logits or
+    rlft's chunked output layer."""
+    from rlft.models import head
     from rlft.models.loading import load_model, load_tokenizer
     from rlft.train.recipes.sft import SFTRecipe
 
-    cfg = config(base_model=str(_tiny_moe(tmp_path / "moe")), random_init=True,
+    monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
+    cfg = config(base_model=str(tiny_moe_dir), random_init=True,
                  model_config={"output_router_logits": True, "max_position_embeddings": 256})
     assert cfg.overrides_of_model_config == {"output_router_logits": True, "max_position_embeddings": 256}
     model = load_model(cfg, load_tokenizer(cfg), "cpu")
@@ -356,24 +360,49 @@ def test_model_config_overrides_reach_the_model_and_the_router_loss_joins_sfts_a
     assert float(out.loss_sum) / out.units == pytest.approx(float(expected.loss), rel=1e-5)
 
 
-def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tmp_path):
+def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tiny_moe_dir):
     from rlft.errors import ConfigError
     from rlft.models.loading import load_model, load_tokenizer
 
-    cfg = config(base_model=str(_tiny_moe(tmp_path / "moe")), random_init=True, model_config={"output_router_logit": True})
+    cfg = config(base_model=str(tiny_moe_dir), random_init=True, model_config={"output_router_logit": True})
     with pytest.raises(ConfigError, match=r"model_config.output_router_logit: MixtralConfig has no setting of that name "
                                           r"\(did you mean output_router_logits\?\): fix the name or remove it"):
         load_model(cfg, load_tokenizer(cfg), "cpu")
     [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True})
     assert message == ("model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; "
                        "for dpo it is not built: remove it")
+    [(_, message)] = config_problems(model_config={"output_router_logits": True}, sample_packing=True)
+    assert message.startswith("model_config.output_router_logits with packed or flattened rows")
+    [(_, message)] = config_problems(model_config={"output_router_logits": True, "rope_scaling": {"factor": 2.0}},
+                                     adapter="lora", lora_target_linear=True)
+    assert message.startswith("model_config rope_scaling with an adapter: the adapter is saved for the original base")
+    assert config(model_config={"output_router_logits": True}, adapter="lora", lora_target_linear=True)
 
 
-def test_lora_on_parameters_needs_no_dropout(config, config_problems):
-    [(_, message)] = config_problems(adapter="lora", lora_target_parameters=["experts.gate_up_proj"], lora_dropout=0.05)
+def test_a_mapping_in_model_config_merges_into_the_setting(config, tiny_model_dir):
+    """transformers 5 keeps rope_theta in rope_parameters: a rope_scaling override without it must keep it."""
+    from rlft.models.loading import load_model, load_tokenizer
+
+    cfg = config(base_model=str(tiny_model_dir), random_init=True,
+                 model_config={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    assert model.config.rope_parameters == {"rope_theta": 10000.0, "rope_type": "linear", "factor": 2.0}
+    assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.isfinite().all()
+
+
+def test_lora_on_parameters_and_what_it_is_not_built_for(config, config_problems):
+    from rlft.models.loading import lora_config
+
+    lora = {"adapter": "lora", "lora_target_parameters": ["experts.gate_up_proj"]}
+    [(_, message)] = config_problems(**lora, lora_dropout=0.05)
     assert message == ("lora_target_parameters with lora_dropout 0.05: PEFT's LoRA on parameters has no dropout; set "
                        "lora_dropout: 0")
-    assert config(adapter="lora", lora_target_parameters="experts.down_proj").lora_target_parameters == "experts.down_proj"
+    assert "PEFT has no DoRA for parameters" in config_problems(**lora, peft_use_dora=True)[0][1]
+    assert "rollout engine is not built yet" in config_problems(**lora, rl="grpo", trl={"reward_funcs": ["r.f"]})[0][1]
+    assert "with fsdp: not built yet" in config_problems(**lora, fsdp=["full_shard"], fsdp_config={
+        "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})[0][1]
+    single = lora_config(config(adapter="lora", lora_target_parameters="experts.down_proj"))
+    assert single.target_parameters == ["experts.down_proj"] and single.target_modules == set()  # no module of PEFT's
 
 
 def test_a_process_reward_model_is_refused_as_not_built_not_for_its_labels(config, config_problems):

@@ -514,11 +514,10 @@ def combination_problems(cfg: RlftConfig):
         yield "datasets is empty: add at least one entry with a `path`"
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
-    if (cfg.overrides_of_model_config or {}).get("output_router_logits") and cfg.method != "sft":
-        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; for "
-               f"{cfg.method} it is not built: remove it")
+    yield from _model_config_problems(cfg)
+    defaults = {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": True}  # what DDP does anyway
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
-                if getattr(cfg, key) is not None and not (key == "ddp_find_unused_parameters" and getattr(cfg, key) is False)]
+                if getattr(cfg, key) is not None and getattr(cfg, key) != defaults.get(key)]
     if ddp_keys and (cfg.fsdp or cfg.fsdp_config or cfg.deepspeed):
         yield (f"{ddp_keys[0]} sets up DDP (plain data parallelism), and {'deepspeed' if cfg.deepspeed else 'fsdp'} reduces "
                "gradients its own way: remove it")
@@ -550,9 +549,8 @@ def combination_problems(cfg: RlftConfig):
         yield "load_in_4bit/load_in_8bit quantise frozen weights: they need `adapter: qlora` or `adapter: lora`"
     if cfg.adapter == "qlora" and not cfg.load_in_4bit:
         yield "adapter: qlora needs load_in_4bit: true"
-    if cfg.lora_target_parameters and cfg.lora_dropout:
-        yield (f"lora_target_parameters with lora_dropout {cfg.lora_dropout:g}: PEFT's LoRA on parameters has no dropout; set "
-               "lora_dropout: 0")
+    if cfg.lora_target_parameters:
+        yield from _parameter_lora_problems(cfg)
     for key in ("sample_packing", "eval_sample_packing"):
         if getattr(cfg, key) and cfg.method != "sft":
             yield f"{key} applies to SFT only, not {cfg.method}"
@@ -590,6 +588,41 @@ def combination_problems(cfg: RlftConfig):
         yield "deepspeed and fsdp are both set: choose one way to shard the model"
     if cfg.context_parallel_size > 1 and (cfg.trl.async_prefetch or cfg.trl.use_data_producer):
         yield "context_parallel_size > 1 cannot be combined with trl.async_prefetch / trl.use_data_producer"
+
+
+def _parameter_lora_problems(cfg: RlftConfig):
+    if cfg.lora_dropout:
+        yield (f"lora_target_parameters with lora_dropout {cfg.lora_dropout:g}: PEFT's LoRA on parameters has no dropout; set "
+               "lora_dropout: 0")
+    if cfg.peft_use_dora:
+        yield "lora_target_parameters with peft_use_dora: PEFT has no DoRA for parameters; remove one"
+    if cfg.method in ("grpo", "gdpo", "ebft"):
+        yield (f"lora_target_parameters with rl: {cfg.method}: sending parameter adapters' weights to the rollout engine is "
+               "not built yet; use lora_target_modules, or train the experts with SFT or a preference method")
+    if cfg.fsdp or cfg.fsdp_config or cfg.deepspeed:
+        yield (f"lora_target_parameters with {'deepspeed' if cfg.deepspeed else 'fsdp'}: not built yet (tested on one "
+               "process and DDP); remove one")
+    moves = [key for key in ("sync_ref_model", "reference_reset_interval") if getattr(cfg.trl, key, None)]
+    if moves:
+        yield (f"lora_target_parameters with trl.{moves[0]}: moving the reference towards parameter adapters' weights is not "
+               "built yet; remove one")
+
+
+def _model_config_problems(cfg: RlftConfig):
+    settings = cfg.overrides_of_model_config or {}
+    if settings.get("output_router_logits") and cfg.method != "sft":
+        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; for "
+               f"{cfg.method} it is not built: remove it")
+    if settings.get("output_router_logits") and not cfg.effective_attn_implementation.startswith("flash_attention") and (
+            cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches):
+        yield ("model_config.output_router_logits with packed or flattened rows: transformers' router loss needs a mask per "
+               "token, which packed rows have only under flash-attention; turn sample_packing / batch_flattening off, or "
+               "use flash_attention on a GPU")
+    loading = sorted(set(settings) - {"output_router_logits", "router_aux_loss_coef"})
+    if loading and cfg.adapter:
+        yield (f"model_config {', '.join(loading)} with an adapter: the adapter is saved for the original base model, which "
+               "merge-lora, generate and the rollout server load without these settings; train without the adapter, or "
+               "write them into a copy of the base model's config.json")
 
 
 def _neftune_problems(cfg: RlftConfig):

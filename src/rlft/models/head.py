@@ -48,9 +48,12 @@ def _output_layer(model: torch.nn.Module) -> tuple[torch.nn.Linear | None, str]:
     return head, ""
 
 
-def loss_path(model: torch.nn.Module) -> str:
-    """The plan's words for how the losses reach the vocabulary (cut_cross_entropy's row)."""
+def loss_path(model: torch.nn.Module, sharded: bool = False) -> str:
+    """The plan's words for how the losses reach the vocabulary (cut_cross_entropy's row); `sharded`: the model is
+    about to be sharded (the plan is printed before)."""
     head, why = _output_layer(model)
+    if head is not None and sharded:
+        head, why = None, "its output layer is sharded (fsdp, DeepSpeed ZeRO-3) and whole only inside the model's forward"
     if head is None:
         return f"the model's own logits: {why}"
     return (f"rlft's chunked output-layer loss over {head.out_features:,} entries, target positions only: no logits block "

@@ -64,6 +64,13 @@ def model_config(cfg, source: str, **settings: Any):
             close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
             raise ConfigError(f"model_config.{key}: {type(config).__name__} has no setting of that name"
                               + (f" (did you mean {close[0]}?)" if close else "") + ": fix the name or remove it")
+        current = getattr(config, key)
+        if isinstance(value, dict) and isinstance(current, dict):  # e.g. rope_parameters: the keys not given stay
+            value = {**current, **value}
+        elif isinstance(value, dict) and hasattr(current, "to_dict"):  # a sub-config (text_config): its own settings
+            for name, setting in value.items():
+                setattr(current, name, setting)
+            continue
         setattr(config, key, value)
     return config
 
@@ -250,7 +257,7 @@ def lora_config(cfg, task_type: str = "CAUSAL_LM"):
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
         target_modules=targets,
-        target_parameters=cfg.lora_target_parameters,
+        target_parameters=[cfg.lora_target_parameters] if isinstance(cfg.lora_target_parameters, str) else cfg.lora_target_parameters,
         modules_to_save=cfg.lora_modules_to_save,
         use_rslora=cfg.peft_use_rslora,
         use_dora=cfg.peft_use_dora,
@@ -281,6 +288,20 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
         ) from None
 
 
+def _saved_embedding_rows(base: PreTrainedModel, folder: Path) -> int | None:
+    """The input embedding's row count in an adapter folder that saved the embeddings (PEFT does when the run resized
+    them), else None."""
+    from safetensors import safe_open
+
+    file = folder / "adapter_model.safetensors"
+    name = next((n for n, m in base.named_modules() if m is base.get_input_embeddings()), None)
+    if not file.exists() or name is None:
+        return None
+    with safe_open(str(file), "pt") as handle:
+        key = next((k for k in handle.keys() if k.endswith(f"{name}.weight")), None)
+        return handle.get_slice(key).get_shape()[0] if key else None
+
+
 def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedTokenizerBase]:
     """Load a model folder or an rlft checkpoint; a LoRA checkpoint is loaded on its base model."""
     folder = Path(path).expanduser()
@@ -293,6 +314,9 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
 
         base_name = json.loads(adapter_file.read_text()).get("base_model_name_or_path")
         base = AutoModelForCausalLM.from_pretrained(resolve_source(base_name, "adapter base model"))
+        rows = _saved_embedding_rows(base, Path(source))
+        if rows and rows != base.get_input_embeddings().num_embeddings:  # the run resized them (tokens:, 32x, shrink)
+            base.resize_token_embeddings(rows, mean_resizing=False)  # the adapter holds the trained rows
         model = PeftModel.from_pretrained(base, source)
     else:
         try:

@@ -189,9 +189,11 @@ def unused_parameters_named() -> Iterator[None]:
     except RuntimeError as exc:
         if "Expected to have finished reduction in the prior iteration" not in str(exc):
             raise
+        which = str(exc).split("Parameter indices which did not receive grad", 1)[1:]
+        detail = f" (PyTorch: parameter indices which did not receive grad{which[0].splitlines()[0]})" if which else ""
         raise ConfigError("some of the model's parameters got no gradient in the last step, and DDP expects every one "
                           "to (a module the forward skips, e.g. a vision tower in text-only training): set "
-                          "ddp_find_unused_parameters: true") from None
+                          f"ddp_find_unused_parameters: true{detail}") from None
 
 
 @contextmanager

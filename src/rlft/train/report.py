@@ -35,7 +35,7 @@ def schedule(cfg, steps: int, epoch_steps: int) -> str:
 
 
 def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step=None,
-               rows: tuple[tuple[str, str], ...] = ()) -> None:
+               rows: tuple[tuple[str, str], ...] = (), sharded: bool = False) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     steps = total_steps_for(cfg, micro_batches, draws_per_step)
@@ -61,7 +61,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("kernels", liger_summary(cfg, model.config.model_type))
     if cut_cross_entropy(cfg):
         table.add_row("loss", "cut_cross_entropy: " + ("a reward model's score head has one output, no vocabulary to cut"
-                                                       if cfg.method == "reward_model" else loss_path(model)))
+                                                       if cfg.method == "reward_model" else loss_path(model, sharded)))
     if shared := strategy(cfg, accelerator.num_processes):
         table.add_row("processes", f"{accelerator.num_processes}: {shared}")
     for name, value in rows:

@@ -144,7 +144,8 @@ def _train(cfg, console: Console) -> LoopResult:
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows)
+        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
+                   sharded)
         if compile_options(cfg) is not None:
             engine = cfg.method in ("grpo", "gdpo") or (cfg.method == "ebft" and cfg.ebft.mode != "strided")
             decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
