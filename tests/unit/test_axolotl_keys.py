@@ -401,6 +401,7 @@ def test_lora_on_parameters_and_what_it_is_not_built_for(config, config_problems
     assert "rollout engine is not built yet" in config_problems(**lora, rl="grpo", trl={"reward_funcs": ["r.f"]})[0][1]
     assert "with fsdp: not built yet" in config_problems(**lora, fsdp=["full_shard"], fsdp_config={
         "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})[0][1]
+    assert "trl.sync_ref_model: moving the reference" in config_problems(**lora, rl="dpo", trl={"sync_ref_model": True})[0][1]
     single = lora_config(config(adapter="lora", lora_target_parameters="experts.down_proj"))
     assert single.target_parameters == ["experts.down_proj"] and single.target_modules == set()  # no module of PEFT's
 
