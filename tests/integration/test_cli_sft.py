@@ -84,22 +84,25 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
     assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged") == 1  # an existing output is not overwritten
     assert "exists and is not empty" in capsys.readouterr().err
     assert cli("merge-lora", out / "checkpoint-3", tmp_path / "merged", "--force") == 0
+    _assert_merged_is_the_adapter(out, tmp_path / "merged", "12+7=")
 
+
+def _assert_merged_is_the_adapter(out, merged_dir, prompt):
+    """`rlft merge-lora`'s model gives the logits of the adapter loaded on its base."""
     from rlft.models.loading import load_for_inference
 
     peft_model, tokenizer = load_for_inference(str(out))
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+    return peft_model, tokenizer
 
 
 def test_lora_on_moe_experts_trains_only_the_experts_adapters_and_merges(make_config, cli, tmp_path, tiny_moe_dir):
     """Axolotl's MoE examples adapt the experts with lora_target_parameters (transformers 5 holds each layer's experts
     in one 3D tensor, which no module name reaches): PEFT's LoRA on parameters, saved, loaded and merged."""
     from safetensors.torch import load_file
-
-    from rlft.models.loading import load_for_inference
 
     config = make_config(base_model=str(tiny_moe_dir), adapter="lora", lora_r=4, lora_alpha=8, learning_rate=0.05, max_steps=20,
                          lora_target_parameters=["experts.gate_up_proj", "experts.down_proj"], eval_steps=None)
@@ -111,18 +114,12 @@ def test_lora_on_moe_experts_trains_only_the_experts_adapters_and_merges(make_co
     assert names and all(".experts." in name for name in names), names  # the experts' adapters, nothing else
     assert {name.split(".experts.")[1].split(".")[0] for name in names} >= {"lora_A", "base_layer"}
     assert cli("merge-lora", out / "checkpoint-20", tmp_path / "merged") == 0
-    peft_model, tokenizer = load_for_inference(str(out))
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+    _assert_merged_is_the_adapter(out, tmp_path / "merged", "12+7=")
 
 
 def test_a_lora_run_that_resized_the_embeddings_loads_for_generation_and_merges(make_config, cli, tmp_path, capsys):
     """tokens: and resize_token_embeddings_to_32x grow the embeddings; PEFT saves them with the adapter, and the base
     is grown to match before the adapter loads (a size mismatch before)."""
-    from rlft.models.loading import load_for_inference
-
     config = make_config(adapter="lora", lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"], max_steps=2,
                          tokens=["<|calc|>"], resize_token_embeddings_to_32x=True, eval_steps=None)
     assert cli("train", config) == 0
@@ -130,13 +127,9 @@ def test_a_lora_run_that_resized_the_embeddings_loads_for_generation_and_merges(
     capsys.readouterr()
     assert cli("generate", out, "--prompt", "<|calc|>1+2=", "--max-new-tokens", "2") == 0
     assert "1+2=" in capsys.readouterr().out
-    model, tokenizer = load_for_inference(str(out))
-    assert model.get_input_embeddings().num_embeddings == -(-len(tokenizer) // 32) * 32 > len(tokenizer) - 1
     assert cli("merge-lora", out / "checkpoint-2", tmp_path / "merged") == 0
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    ids = tokenizer("<|calc|>12+7=", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+    model, tokenizer = _assert_merged_is_the_adapter(out, tmp_path / "merged", "<|calc|>12+7=")
+    assert model.get_input_embeddings().num_embeddings == -(-len(tokenizer) // 32) * 32 > len(tokenizer) - 1
 
 
 @pytest.mark.parametrize("init", ["gaussian", "pissa", "olora"])
