@@ -19,6 +19,7 @@ from pathlib import Path
 from rlft.config import load_config, planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.errors import ConfigError
+from rlft.train.unbuilt import parameter_lora_unbuilt
 
 
 def main(folder: str) -> int:
@@ -29,6 +30,7 @@ def main(folder: str) -> int:
             cfg = load_config(path)
             passed += 1
             keys = {re.sub(r"\[\d+\]", "[]", key.split(":")[0]) for key, _ in unsupported_settings(cfg)[0] + planned_settings(cfg)}
+            keys |= {"lora_target_parameters"} if cfg.lora_target_parameters and parameter_lora_unbuilt(cfg) else set()
             runnable += not keys
             refused.update(keys)
         except ConfigError as exc:

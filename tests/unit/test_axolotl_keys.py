@@ -391,17 +391,24 @@ def test_a_mapping_in_model_config_merges_into_the_setting(config, tiny_model_di
 
 
 def test_lora_on_parameters_and_what_it_is_not_built_for(config, config_problems):
+    from rlft.errors import NotImplementedYet
     from rlft.models.loading import lora_config
+    from rlft.train.unbuilt import refuse_unbuilt
 
     lora = {"adapter": "lora", "lora_target_parameters": ["experts.gate_up_proj"]}
     [(_, message)] = config_problems(**lora, lora_dropout=0.05)
     assert message == ("lora_target_parameters with lora_dropout 0.05: PEFT's LoRA on parameters has no dropout; set "
                        "lora_dropout: 0")
     assert "PEFT has no DoRA for parameters" in config_problems(**lora, peft_use_dora=True)[0][1]
-    assert "rollout engine is not built yet" in config_problems(**lora, rl="grpo", trl={"reward_funcs": ["r.f"]})[0][1]
-    assert "with fsdp: not built yet" in config_problems(**lora, fsdp=["full_shard"], fsdp_config={
-        "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})[0][1]
-    assert "trl.sync_ref_model: moving the reference" in config_problems(**lora, rl="dpo", trl={"sync_ref_model": True})[0][1]
+    grpo = {"rl": "grpo", "micro_batch_size": 8, "trl": {"reward_funcs": ["r.f"]}}
+    unbuilt = {"with rl: grpo: sending parameter adapters. weights to the rollout engine": grpo,
+               "with fsdp: not built yet": {"fsdp": ["full_shard"],
+                                            "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
+               "with trl.sync_ref_model: moving the reference": {"rl": "dpo", "trl": {"sync_ref_model": True}}}
+    for words, settings in unbuilt.items():  # they validate, and train refuses them before loading anything
+        with pytest.raises(NotImplementedYet, match=f"lora_target_parameters {words}"):
+            refuse_unbuilt(config(**lora, **settings))
+    refuse_unbuilt(config(**lora, rl="dpo"))
     single = lora_config(config(adapter="lora", lora_target_parameters="experts.down_proj"))
     assert single.target_parameters == ["experts.down_proj"] and single.target_modules == set()  # no module of PEFT's
 

@@ -596,16 +596,6 @@ def _parameter_lora_problems(cfg: RlftConfig):
                "lora_dropout: 0")
     if cfg.peft_use_dora:
         yield "lora_target_parameters with peft_use_dora: PEFT has no DoRA for parameters; remove one"
-    if cfg.method in ("grpo", "gdpo", "ebft"):
-        yield (f"lora_target_parameters with rl: {cfg.method}: sending parameter adapters' weights to the rollout engine is "
-               "not built yet; use lora_target_modules, or train the experts with SFT or a preference method")
-    if cfg.fsdp or cfg.fsdp_config or cfg.deepspeed:
-        yield (f"lora_target_parameters with {'deepspeed' if cfg.deepspeed else 'fsdp'}: not built yet (tested on one "
-               "process and DDP); remove one")
-    moves = [key for key in ("sync_ref_model", "reference_reset_interval") if getattr(cfg.trl, key, None)]
-    if moves:
-        yield (f"lora_target_parameters with trl.{moves[0]}: moving the reference towards parameter adapters' weights is not "
-               "built yet; remove one")
 
 
 def _model_config_problems(cfg: RlftConfig):

@@ -48,6 +48,8 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 f"over processes with ring attention on CUDA SDPA kernels and FSDP2, so it needs {device}; "
                                 "rlft has not built it yet (issue #11). Remove the key; for long rows use "
                                 "gradient_checkpointing and a smaller micro_batch_size")
+    if cfg.lora_target_parameters and (why := parameter_lora_unbuilt(cfg)):
+        raise NotImplementedYet(f"lora_target_parameters {why}")
     if cfg.optimizer in AXOLOTL_OPTIMIZERS:
         raise NotImplementedYet(f"optimizer: {cfg.optimizer} is one of Axolotl's own optimizers, not built into rlft: use one of "
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
@@ -81,3 +83,17 @@ def missing_build_tools(cfg) -> list[str]:
         problems.append("torch_compile: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or "
                         "$CXX): install one (e.g. apt install g++) or remove the key")
     return problems
+
+
+def parameter_lora_unbuilt(cfg) -> str | None:
+    """What PEFT's LoRA on parameters is not built for in rlft yet (it is for SFT, preference methods and reward models
+    on one process or DDP), or None."""
+    if cfg.method in ("grpo", "gdpo", "ebft"):
+        return (f"with rl: {cfg.method}: sending parameter adapters' weights to the rollout engine is not built yet; use "
+                "lora_target_modules, or train the experts with SFT or a preference method")
+    if cfg.fsdp or cfg.fsdp_config or cfg.deepspeed:
+        return f"with {'deepspeed' if cfg.deepspeed else 'fsdp'}: not built yet (tested on one process and DDP); remove one"
+    moves = [key for key in ("sync_ref_model", "reference_reset_interval") if getattr(cfg.trl, key, None)]
+    if moves:
+        return f"with trl.{moves[0]}: moving the reference towards parameter adapters' weights is not built yet; remove one"
+    return None
