@@ -127,6 +127,12 @@ def test_bf16_auto_with_fp16_is_allowed(config):
     assert config(bf16="auto", fp16=True).fp16 is True
 
 
+def test_a_fraction_as_warmup_steps_names_warmup_ratio(config_problems):
+    assert config_problems(warmup_steps=0.1) == [
+        ("warmup_steps", "expected a whole number, got 0.1 (float) (a fraction of the run is warmup_ratio)")]
+    assert config_problems(warmup_steps=2.5) == [("warmup_steps", "expected a whole number, got 2.5 (float)")]
+
+
 def test_warmup_steps_and_ratio_together(config_problems):
     assert config_problems(warmup_steps=10, warmup_ratio=0.1) == [
         ("combination", "warmup_steps and warmup_ratio are both set: keep one")
