@@ -379,6 +379,15 @@ def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_ref
     assert config(model_config={"output_router_logits": True}, adapter="lora", lora_target_linear=True)
 
 
+def test_a_model_config_value_the_model_cannot_take_is_named(config, tiny_model_dir):
+    from rlft.errors import ConfigError
+    from rlft.models.loading import load_model, load_tokenizer
+
+    cfg = config(base_model=str(tiny_model_dir), random_init=True, model_config={"hidden_act": "nope"})
+    with pytest.raises(ConfigError, match=r"the model could not be built with model_config hidden_act \(KeyError: 'nope'\)"):
+        load_model(cfg, load_tokenizer(cfg), "cpu")
+
+
 def test_a_mapping_in_model_config_merges_into_the_setting(config, tiny_model_dir):
     """transformers 5 keeps rope_theta in rope_parameters: a rope_scaling override without it must keep it."""
     from rlft.models.loading import load_model, load_tokenizer

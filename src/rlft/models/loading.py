@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -73,6 +74,18 @@ def model_config(cfg, source: str, **settings: Any):
             continue
         setattr(config, key, value)
     return config
+
+
+@contextmanager
+def built_with_overrides(cfg) -> Iterator[None]:
+    """Around building a model: a value of `model_config` the model's code cannot take is named, not a traceback."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        if not cfg.overrides_of_model_config:
+            raise
+        raise ConfigError(f"the model could not be built with model_config {', '.join(cfg.overrides_of_model_config)} "
+                          f"({type(exc).__name__}: {exc}): fix the values or remove them") from None
 
 
 def check_context_length(cfg) -> None:
@@ -175,7 +188,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     elif cfg.random_init:
         config_source = resolve_source(cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
         config = model_config(cfg, config_source)
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(), built_with_overrides(cfg):
             torch.manual_seed(cfg.seed)
             if model_class is AutoModelForCausalLM:
                 model = model_class.from_config(config, **kwargs)
@@ -191,7 +204,8 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         if cfg.overrides_of_model_config:
             kwargs["config"] = model_config(cfg, source)
         try:
-            model = model_class.from_pretrained(source, **kwargs)
+            with built_with_overrides(cfg):
+                model = model_class.from_pretrained(source, **kwargs)
         except OSError as exc:
             raise ModelError(
                 f"cannot load weights from {source}: {exc}. If the folder holds only config.json, set random_init: true"

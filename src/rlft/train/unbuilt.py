@@ -86,8 +86,7 @@ def missing_build_tools(cfg) -> list[str]:
 
 
 def parameter_lora_unbuilt(cfg) -> str | None:
-    """What PEFT's LoRA on parameters is not built for in rlft yet (it is for SFT, preference methods and reward models
-    on one process or DDP), or None."""
+    """What PEFT's LoRA on parameters is not built for in rlft yet (online RL, sharding, reference moves), or None."""
     if cfg.method in ("grpo", "gdpo", "ebft"):
         return (f"with rl: {cfg.method}: sending parameter adapters' weights to the rollout engine is not built yet; use "
                 "lora_target_modules, or train the experts with SFT or a preference method")
