@@ -351,7 +351,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     ddp_timeout: int = field(1800, "Seconds a collective may wait for a rank before the run stops (a rank that hangs).", gt=0)
     ddp_find_unused_parameters: Optional[bool] = field(
         None, "DDP (plain data parallelism) looks for parameters that got no gradient in a step and reduces them anyway: "
-              "needed when some do (MoE experts no token reached, a vision tower in text-only training). None -> false, "
+              "needed when some do (a vision tower in text-only training). None -> false, "
               "as accelerate: a traversal less per step (transformers' Trainer and Axolotl: true without "
               "gradient_checkpointing).")
     ddp_bucket_cap_mb: Optional[int] = field(None, "DDP's gradient bucket size in MiB; None -> 25 (PyTorch's).", gt=0)
@@ -645,12 +645,18 @@ CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"  # r
 
 def cut_cross_entropy(cfg) -> bool:
     """`cut_cross_entropy`, or (unset) whether the Cut Cross-Entropy plugin is listed: its key defaults to true there."""
-    return bool(cfg.cut_cross_entropy) if cfg.cut_cross_entropy is not None else CCE_PLUGIN in (cfg.plugins or [])
+    return plugin_switch(cfg, "cut_cross_entropy", CCE_PLUGIN)
+
+
+def plugin_switch(cfg, key: str, plugin: str) -> bool:
+    """A plugin's on/off key as Axolotl reads it: its value when set, else whether the plugin is listed."""
+    value = getattr(cfg, key)
+    return bool(value) if value is not None else plugin in (cfg.plugins or [])
 
 
 def nemo_gym_enabled(cfg) -> bool:
     """`nemo_gym_enabled`, or (unset) whether the NeMo Gym plugin is listed, as Axolotl decides."""
-    return bool(cfg.nemo_gym_enabled) if cfg.nemo_gym_enabled is not None else NEMO_GYM_PLUGIN in (cfg.plugins or [])
+    return plugin_switch(cfg, "nemo_gym_enabled", NEMO_GYM_PLUGIN)
 
 
 def _nemo_gym_problems(cfg: RlftConfig):
