@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from cli_process import CliProcess
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -35,9 +37,11 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, log: Path, python: str = sys.executable) -> subprocess.Popen:
-    """`python -m rlft.cli ARGS` in a new session (its own process group), output to `log`; `python`: another
-    environment's interpreter (the vLLM one)."""
+def run_cli(*args: str, log: Path, python: str = sys.executable) -> CliProcess | subprocess.Popen:
+    """`rlft ARGS` in a new session (its own process group), output to `log`: forked with its imports done
+    (`tests/cli_process.py`), or with `python`, another environment's interpreter (the vLLM one), `python -m rlft.cli`."""
+    if python == sys.executable:
+        return CliProcess(*args, stdout=log, env=server_env(), cwd=REPO)
     with open(log, "wb") as out:
         return subprocess.Popen([python, "-m", "rlft.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                                 env=server_env(), cwd=REPO, start_new_session=True)

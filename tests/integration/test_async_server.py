@@ -4,16 +4,13 @@ after a kill, a server that dies, and the trainer's refusals (no server, another
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli_process import CliProcess
 from rlft.train.metrics import read_metrics
 from server_utils import free_port, kill_group, run_cli, server_env, wait_for_health
 
@@ -103,10 +100,8 @@ def test_seed_async_configs_run_against_the_server(seed, served, cli, tmp_path, 
     assert len(steps) == 3 and all("reward" in s for s in steps)
 
 
-def _train_process(config: Path, log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                env=server_env(), cwd=config.parent, start_new_session=True)
+def _train_process(config: Path, log: Path) -> CliProcess:
+    return CliProcess("train", config, stdout=log, env=server_env(), cwd=config.parent)
 
 
 def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monkeypatch):
@@ -119,23 +114,32 @@ def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monke
     for config in (whole, cut):
         (tmp_path / config.stem).mkdir(exist_ok=True)
     monkeypatch.chdir(env_cwd)
-    run = subprocess.run([sys.executable, "-m", "rlft.cli", "train", str(whole)], env=server_env(), cwd=env_cwd,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(cut)], env=server_env(), cwd=env_cwd,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def run(config: Path, log: str) -> CliProcess:
+        return CliProcess("train", config, env=server_env(), cwd=env_cwd, stdout=tmp_path / f"{log}.out",
+                          stderr=tmp_path / f"{log}.err")
+
+    process = run(whole, "whole")
+    try:
+        _, err = process.communicate(timeout=300)
+    finally:
+        kill_group(process)
+    assert process.returncode == 0, err[-2000:]
+    process = run(cut, "cut")
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "cut" / "checkpoint-3" / "trainer_state.json").exists():
             assert time.monotonic() < deadline and process.poll() is None, "the run ended before checkpoint-3"
             time.sleep(0.05)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    run = subprocess.run([sys.executable, "-m", "rlft.cli", "train", str(cut)], env=server_env(), cwd=env_cwd,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "Resumed" in run.stdout
+        kill_group(process)
+    process = run(cut, "resumed")
+    try:
+        out, err = process.communicate(timeout=300)
+    finally:
+        kill_group(process)
+    assert process.returncode == 0, err[-2000:]
+    assert "Resumed" in out
     first = {m["step"]: (m["loss"], m.get("reward")) for m in steps_of(tmp_path / "whole")}
     second = {m["step"]: (m["loss"], m.get("reward")) for m in steps_of(tmp_path / "cut")}
     assert [first[s] for s in (4, 5, 6)] == [second[s] for s in (4, 5, 6)]
@@ -151,9 +155,8 @@ def test_two_training_processes_against_the_server_equal_one(served, tmp_path, s
     one = write(served, tmp_path, "one", {**settings, "gradient_accumulation_steps": 2})
     two = write(served, tmp_path, "two", {**settings, "gradient_accumulation_steps": 1})
     for config, flags in ((one, []), (two, ["--num-processes", "2", "--main-process-port", str(free_port())])):
-        process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config), *flags], env=server_env(),
-                                   cwd=served["root"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)
+        process = CliProcess("train", config, *flags, env=server_env(), cwd=served["root"],
+                             stdout=tmp_path / f"{config.stem}.log")
         try:
             output, _ = process.communicate(timeout=300)
         finally:

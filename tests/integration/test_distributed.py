@@ -9,14 +9,13 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli_process import CliProcess
 from rlft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -32,13 +31,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(config: Path, *flags: str, processes: int = 2, cwd: Path | None = None) -> subprocess.Popen:
-    """`rlft train` in a session of its own (the test stops the whole group), on a free rendezvous port; reward
-    modules are imported from `cwd` (default: the config's folder)."""
+def start(config: Path, *flags: str, processes: int = 2, cwd: Path | None = None) -> CliProcess:
+    """`rlft train` in a session of its own (the test stops the whole group), on a free rendezvous port, its output in
+    a file next to the config; reward modules are imported from `cwd` (default: the config's folder). The command is
+    forked with its imports done (`tests/cli_process.py`); the training processes it launches start afresh."""
     extra = ["--num-processes", str(processes), "--main-process-port", str(free_port())] if processes > 1 else []
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config), *extra, *flags], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, cwd=cwd or config.parent)
+    log = config.parent / f"{config.stem}-{time.monotonic_ns()}.log"
+    return CliProcess("train", config, *extra, *flags, stdout=log, cwd=cwd or config.parent,
+                      env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
 
 
 def wait_for_lines(path: Path, count: int, timeout: float = 240) -> None:
@@ -48,12 +48,8 @@ def wait_for_lines(path: Path, count: int, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
-def stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+def stop(process: CliProcess) -> None:
+    process.kill_group()
 
 
 def train(config: Path, *flags: str, processes: int = 2, timeout: float = 300, cwd: Path | None = None) -> str:

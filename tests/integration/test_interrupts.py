@@ -15,6 +15,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from cli_process import CliProcess
 from rlft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -33,15 +34,15 @@ def _losses(output_dir):
 
 def _run_with_faults(config, output_dir, seed):
     """Start the run, signal it at a random moment once it trains, restart it with `auto`; until it finishes.
-    Returns the exit codes of the interrupted attempts."""
+    Returns the exit codes of the interrupted attempts. Each attempt is a process forked with rlft's imports done
+    (`tests/cli_process.py`): the faults land in the run, not in the interpreter's start."""
     chooser = random.Random(seed)
     metrics = output_dir / "metrics.jsonl"
     codes = []
     for attempt in range(8):
         before = metrics.read_text().count("\n") if metrics.exists() else 0
-        process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                   env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        process = CliProcess("train", config, stdout=output_dir.parent / f"{output_dir.name}-{attempt}.out",
+                             stderr=output_dir.parent / f"{output_dir.name}-{attempt}.err")
         try:
             if attempt < 6:  # the later attempts run to the end
                 deadline = time.time() + 120
@@ -53,9 +54,7 @@ def _run_with_faults(config, output_dir, seed):
                     process.send_signal(chooser.choice([signal.SIGINT, signal.SIGINT, signal.SIGKILL]))
             out, err = process.communicate(timeout=300)
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            process.kill_group()
         assert "Traceback" not in err, err
         if process.returncode == 0:
             return codes

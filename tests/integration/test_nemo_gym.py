@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ import torch
 import yaml
 from rich.console import Console
 
+from cli_process import CliProcess
 from gym_utils import VENV, gym_site, needs_gym
 from rlft.rollout.envs.nemo_gym import (AGENT_NAME, AGENT_URL, VERIFY_MODEL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_URL,
                                         agent_servers, resource_servers, reward_nemo_gym_verify)
@@ -253,11 +253,9 @@ def test_ctrl_c_while_rlft_starts_the_servers_leaves_nothing_running(warm_model,
     check)."""
     _install_examples(gym_site())
     log = tmp_path / "train.log"
-    with open(log, "wb") as handle:
-        train = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", "examples/nemo_gym/addition.yaml",
-                                  f"--nemo_gym_dir={gym_site()}", f"--nemo_gym_head_port={free_port()}",
-                                  f"--output_dir={tmp_path / 'out'}", f"--base_model={warm_model}"],
-                                 cwd=REPO, env=server_env(), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    train = CliProcess("train", "examples/nemo_gym/addition.yaml", f"--nemo_gym_dir={gym_site()}",
+                       f"--nemo_gym_head_port={free_port()}", f"--output_dir={tmp_path / 'out'}", f"--base_model={warm_model}",
+                       cwd=REPO, env=server_env(), stdout=log)
     gym_session = None
     try:
         deadline = time.monotonic() + 120
