@@ -59,7 +59,7 @@ def test_deepspeed_with_fsdp_is_refused(config):
 def test_launch_command():
     command = launch_command("c.yaml", ["--max_steps=3"], 4, nodes=2, node_rank=1, main_ip="10.0.0.1", main_port=29600)
     joined = " ".join(command)
-    assert "accelerate.commands.launch --multi_gpu --num_processes 4 --num_machines 2 --machine_rank 1" in joined
+    assert "-m rlft.train.launch --multi_gpu --num_processes 4 --num_machines 2 --machine_rank 1" in joined
     assert joined.endswith("--main_process_ip 10.0.0.1 --main_process_port 29600 -m rlft.cli train c.yaml --max_steps=3")
 
 
