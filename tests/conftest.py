@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -49,6 +50,31 @@ def tiny_moe_dir(tmp_path_factory) -> Path:
                   eos_token_id=tokenizer.eos_token_id, bos_token_id=None, router_aux_loss_coef=0.02).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def two_revisions(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A local Hugging Face cache holding someorg/tiny at main (2 layers) and at tag v2 (1 layer), as `hf download`
+    leaves it: a snapshot folder per commit, and refs naming the commit of each revision."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.models.tiny import write_tiny_model
+
+    repo = tmp_path / "hub" / "models--someorg--tiny"
+    main, v2 = repo / "snapshots" / ("a" * 40), repo / "snapshots" / ("b" * 40)
+    write_tiny_model(main, "XS", max_positions=64)
+    write_tiny_model(v2, "XS", max_positions=64)
+    config = json.loads((v2 / "config.json").read_text())
+    (v2 / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    for snapshot in (main, v2):  # seeded weights, so that base_model loads without random_init
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(snapshot)).save_pretrained(snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(main.name)
+    (repo / "refs" / "v2").write_text(v2.name)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    return main, v2
 
 
 @pytest.fixture(scope="session")

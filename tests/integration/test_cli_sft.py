@@ -87,6 +87,25 @@ def test_lora_checkpoint_generates_and_merges(make_config, cli, tmp_path, capsys
     _assert_merged_is_the_adapter(out, tmp_path / "merged", "12+7=")
 
 
+def test_revision_of_model_trains_that_revision_and_the_adapter_names_it(make_config, cli, tmp_path, two_revisions):
+    """base_model as a hub id in the local cache, at tag v2 (1 layer; main has 2): the model, its config and its
+    tokenizer come from v2's snapshot, and the saved adapter's base is that snapshot; a local folder is refused."""
+    main, v2 = two_revisions
+    config = make_config(base_model="someorg/tiny", revision_of_model="v2", random_init=False, max_steps=2, adapter="lora",
+                         lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"], lora_fan_in_fan_out=True)
+    assert cli("train", config) == 0
+    out = tmp_path / "out"
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(v2)
+    peft_model, _ = _assert_merged_is_the_adapter(out, _merged(cli, out, tmp_path), "12+7=")
+    assert peft_model.config.num_hidden_layers == 1
+    assert cli("train", make_config(base_model=str(main), revision_of_model="v2")) == 1
+
+
+def _merged(cli, out, tmp_path):
+    assert cli("merge-lora", out, tmp_path / "merged") == 0
+    return tmp_path / "merged"
+
+
 def _assert_merged_is_the_adapter(out, merged_dir, prompt):
     """`rlft merge-lora`'s model gives the logits of the adapter loaded on its base."""
     from rlft.models.loading import load_for_inference

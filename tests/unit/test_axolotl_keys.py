@@ -294,6 +294,36 @@ def test_a_hub_id_in_the_local_cache_loads_offline(tmp_path, monkeypatch):
     assert resolve_source("someorg/tiny", "base_model") == str(repo / "snapshots" / commit)
 
 
+def test_revision_of_model_picks_the_cached_snapshot_of_that_revision_offline(two_revisions, config):
+    from rlft.errors import ModelError
+    from rlft.models.loading import base_model_source, resolve_source
+
+    main, v2 = two_revisions
+    assert resolve_source("someorg/tiny", "base_model") == str(main)
+    assert base_model_source(config(base_model="someorg/tiny", revision_of_model="v2")) == str(v2)
+    assert config(model_revision="v2").revision_of_model == "v2"  # Axolotl's other name for it
+    assert resolve_source("someorg/tiny", "base_model", "b" * 40) == str(v2)  # a commit hash names it too
+    with pytest.raises(ModelError, match=r"'someorg/tiny' at revision 'v3' .*\(hf download someorg/tiny --revision v3\)"):
+        resolve_source("someorg/tiny", "base_model", "v3")
+    with pytest.raises(ModelError, match="revision_of_model: v2 picks a version of a hub repository, but base_model is the "
+                                         "folder"):
+        resolve_source(str(main), "base_model", "v2")
+
+
+def test_bfloat16_is_axolotls_other_name_for_bf16(config, config_problems):
+    assert config(bfloat16=True).bf16 is True and config(bfloat16=True, bf16=True).bf16 is True
+    assert config(bfloat16=False).bf16 == "auto"
+    assert config_problems(bfloat16=True, bf16=False) == [
+        ("config", "bfloat16: true and bf16: false disagree: remove one (bfloat16 is Axolotl's other name for bf16)")]
+
+
+def test_lora_fan_in_fan_out_reaches_peft(config):
+    from rlft.models.loading import lora_config
+
+    assert lora_config(config(adapter="lora", lora_fan_in_fan_out=True)).fan_in_fan_out is True
+    assert lora_config(config(adapter="lora")).fan_in_fan_out is False
+
+
 def test_a_hub_id_missing_from_the_cache_is_a_clear_error_offline(tmp_path, monkeypatch):
     from rlft.errors import ModelError
     from rlft.models.loading import resolve_source

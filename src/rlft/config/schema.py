@@ -110,6 +110,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         None, "Hugging Face model folder (config.json, weights, tokenizer) or a hub id when online."
     )
     base_model_config: Optional[str] = field(None, "Folder whose config.json is used instead of base_model's.")
+    revision_of_model: Optional[str] = field(
+        None, "Branch, tag or commit of base_model on the hub, for its weights, config and tokenizer (offline: the cached "
+              "snapshot of that revision); refused when base_model is a local folder (Axolotl's key; model_revision too).",
+        validation_alias=AliasChoices("revision_of_model", "model_revision"))
     tokenizer_config: Optional[str] = field(None, "Folder or hub id of the tokenizer (default: base_model).")
     model_type: Optional[str] = field(None, "transformers class that loads the model: AutoModelForCausalLM (the default) or a "
                                             "*ForCausalLM class; reward models: AutoModelForSequenceClassification. Other "
@@ -151,6 +155,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     # --- precision and attention ---
     bf16: Union[bool, Literal["auto"]] = field("auto", "bfloat16 mixed precision; `auto` (the default, as Axolotl's) uses it on "
                                                        "a CUDA GPU that supports it, unless fp16: true.")
+    bfloat16: Optional[bool] = field(None, "Axolotl's other name for bf16: true (its examples set both); refused beside "
+                                           "bf16: false.")
     fp16: bool = field(False, "float16 mixed precision (CUDA only).")
     tf32: Union[bool, Literal["auto"]] = field("auto", "Allow TF32 matmuls on CUDA; `auto` (the default, as Axolotl's) "
                                                        "where the GPU has them (Ampere and newer).")
@@ -213,6 +219,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         None, "Parameters (not modules) to adapt, by name suffix, e.g. [experts.gate_up_proj, experts.down_proj]: the "
               "experts of an MoE model, one 3D tensor per layer in transformers 5 (PEFT's target_parameters; needs "
               "lora_dropout: 0).")
+    lora_fan_in_fan_out: Optional[bool] = field(
+        None, "PEFT's fan_in_fan_out: whether the adapted layer stores its weight as (in, out). PEFT sets it from each "
+              "layer's type (true for GPT-2's Conv1D, false for nn.Linear) and warns when the value given differs.")
     lora_modules_to_save: Optional[list[str]] = field(None, "Modules trained in full and saved with the adapter.")
     peft_use_rslora: bool = field(False, "Rank-stabilised LoRA scaling alpha/sqrt(r) (https://arxiv.org/abs/2312.03732).")
     peft_use_dora: bool = field(False, "Weight-decomposed LoRA (https://arxiv.org/abs/2402.09353).")
@@ -413,6 +422,17 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         if value:
             raise ValueError("rlft keeps every dataset column (reward functions read them): remove the key or set it to false")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bfloat16_is_bf16(cls, data: Any) -> Any:
+        """Axolotl's `bfloat16: true` trains in bf16 as `bf16: true` does (it reads `bf16 or bfloat16`)."""
+        if isinstance(data, dict) and data.get("bfloat16") is True:
+            if data.get("bf16") is False:
+                raise ValueError("bfloat16: true and bf16: false disagree: remove one (bfloat16 is Axolotl's other name "
+                                 "for bf16)")
+            data = {**data, "bf16": True}
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -24,12 +24,16 @@ from rlft.models.tokenizer import apply_chat_template_setting
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def resolve_source(name: str | None, key: str) -> str:
-    """A local folder as an absolute path, or a hub id when the hub may be used; else a clear error."""
+def resolve_source(name: str | None, key: str, revision: str | None = None) -> str:
+    """A local folder as an absolute path, or a hub id when the hub may be used; else a clear error. `revision` (a
+    branch, tag or commit of a hub repository) picks the cached snapshot offline; a local folder has none."""
     if not name:
         raise ModelError(f"`{key}` is not set: give a model folder (or a hub id when online)")
     local = Path(name).expanduser()
     if local.exists():
+        if revision:
+            raise ModelError(f"revision_of_model: {revision} picks a version of a hub repository, but {key} is the folder "
+                             f"{local.resolve()}: remove revision_of_model, or give {key} as a hub id (ORG/NAME)")
         if not local.is_dir():
             raise ModelError(f"{key}: {local} is a file; give the model folder that contains config.json")
         if not (local / "config.json").exists() and (local / "model" / "config.json").exists():
@@ -43,21 +47,33 @@ def resolve_source(name: str | None, key: str) -> str:
         from huggingface_hub.errors import LocalEntryNotFoundError
 
         try:  # downloaded before: the local Hugging Face cache holds it
-            return snapshot_download(name, local_files_only=True)
+            return snapshot_download(name, revision=revision, local_files_only=True)
         except (LocalEntryNotFoundError, ValueError):
             pass
+        what = f"{name!r} at revision {revision!r}" if revision else repr(name)
         raise ModelError(
-            f"{key}: no folder {local} (relative to {Path.cwd()}), and HF_HUB_OFFLINE=1 forbids reading {name!r} "
+            f"{key}: no folder {local} (relative to {Path.cwd()}), and HF_HUB_OFFLINE=1 forbids reading {what} "
             "from the hub and it is not in the local Hugging Face cache: fix the path, or download the model first "
-            "(hf download ORG/NAME)"
+            f"(hf download {name}{' --revision ' + revision if revision else ''})"
         )
     return name
+
+
+def base_model_source(cfg, key: str = "base_model") -> str:
+    """`base_model` resolved at `revision_of_model` (Axolotl's key, for the model, its config and its tokenizer)."""
+    return resolve_source(cfg.base_model, key, cfg.revision_of_model)
+
+
+def hub_revision(cfg, source: str) -> dict[str, str]:
+    """`from_pretrained`'s revision for a source that is `base_model` as a hub id (online); a resolved folder has its
+    revision already."""
+    return {"revision": cfg.revision_of_model} if cfg.revision_of_model and source == cfg.base_model else {}
 
 
 def model_config(cfg, source: str, **settings: Any):
     """The model's config from `source`, with Axolotl's `model_config` overrides set on it (before the model is built,
     so that settings read at construction, such as rope_scaling, take effect)."""
-    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **settings)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source), **settings)
     for key, value in (cfg.overrides_of_model_config or {}).items():
         if not hasattr(config, key):
             import difflib
@@ -92,7 +108,7 @@ def check_context_length(cfg) -> None:
     """Refuse a sequence_len longer than the model's context (read from its config.json) before any work."""
     key = "base_model_config" if cfg.base_model_config else "base_model"
     try:
-        source = resolve_source(cfg.base_model_config or cfg.base_model, key)
+        source = resolve_source(cfg.base_model_config, key) if cfg.base_model_config else base_model_source(cfg)
         config = model_config(cfg, source)  # model_config may set the context (max_position_embeddings)
     except (OSError, ValueError, ModelError):
         return  # a model that cannot be read is reported where it loads, with its own message
@@ -117,10 +133,10 @@ def transformers_class(name: str, key: str):
 
 def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
-    source = resolve_source(cfg.tokenizer_config or cfg.base_model, "tokenizer_config" if cfg.tokenizer_config else "base_model")
+    source = resolve_source(cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
     try:
         tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
-            source, trust_remote_code=cfg.trust_remote_code)
+            source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a tokenizer from {source}: {exc}") from None
     if cfg.special_tokens:
@@ -179,7 +195,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     check_liger(cfg, device_type)
     if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
-    source = resolve_source(cfg.base_model, "base_model")
+    source = base_model_source(cfg)
     kwargs: dict[str, Any] = {"attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
     causal = cfg.model_type and cfg.model_type.endswith("ForCausalLM")  # anything else is refused before loading
     model_class = transformers_class(cfg.model_type, "model_type") if causal else AutoModelForCausalLM
@@ -200,7 +216,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
             model.save_pretrained(staging)
             staging.rename(init_base_dir)
     else:
-        kwargs.update(_quantization_kwargs(cfg))
+        kwargs.update(_quantization_kwargs(cfg), **hub_revision(cfg, source))
         if cfg.overrides_of_model_config:
             kwargs["config"] = model_config(cfg, source)
         try:
@@ -273,6 +289,7 @@ def lora_config(cfg, task_type: str = "CAUSAL_LM"):
         target_modules=targets,
         target_parameters=[cfg.lora_target_parameters] if isinstance(cfg.lora_target_parameters, str) else cfg.lora_target_parameters,
         modules_to_save=cfg.lora_modules_to_save,
+        fan_in_fan_out=bool(cfg.lora_fan_in_fan_out),
         use_rslora=cfg.peft_use_rslora,
         use_dora=cfg.peft_use_dora,
         init_lora_weights=init,

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from rlft.errors import ModelError
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.loading import check_attention, fit_embeddings, model_config, resolve_source
+from rlft.models.loading import base_model_source, check_attention, fit_embeddings, hub_revision, model_config, resolve_source
 
 
 def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):
@@ -19,7 +19,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
     attention = cfg.effective_attn_implementation
     check_attention(attention, training=True, device_type=device_type)
     check_liger(cfg, device_type)
-    source = resolve_source(cfg.base_model, "base_model")
+    source = base_model_source(cfg)
     kwargs = {"num_labels": 1, "attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
         model = AutoModelForSequenceClassification.from_pretrained(init_base_dir, **kwargs)
@@ -34,7 +34,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
         if cfg.overrides_of_model_config:
             kwargs["config"] = model_config(cfg, source, num_labels=1)
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
+            model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs, **hub_revision(cfg, source))
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load a reward model (sequence classification, 1 label) from {source}: {exc}") from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token

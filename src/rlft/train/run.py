@@ -120,7 +120,7 @@ def _setup(cfg, console: Console):
 
 def _train(cfg, console: Console) -> LoopResult:
     with collector_paused():  # imports and the model: no garbage to find (rlft/heap.py)
-        from rlft.models.loading import resolve_source
+        from rlft.models.loading import base_model_source, hub_revision
 
         accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
     if cfg.unfrozen_parameters:
@@ -133,7 +133,9 @@ def _train(cfg, console: Console) -> LoopResult:
         embeddings.register_forward_hook(neftune_post_forward_hook)
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
-        model.peft_config["default"].base_model_name_or_path = str(init_base.resolve() if init_base else resolve_source(cfg.base_model, "base_model"))
+        base = str(init_base.resolve()) if init_base else base_model_source(cfg)
+        model.peft_config["default"].base_model_name_or_path = base
+        model.peft_config["default"].revision = hub_revision(cfg, base).get("revision")  # online: the hub id's revision
     sharded = (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or \
         getattr(deepspeed_settings(cfg), "stage", 0) == 3
     if loads_best_model(cfg) and changes_base(model) and sharded:  # before anything is written

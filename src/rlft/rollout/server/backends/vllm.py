@@ -78,7 +78,7 @@ class VLLMBackend(ThreadedBackend):
         from transformers import AutoConfig, AutoModelForCausalLM
         from vllm import LLM
 
-        from rlft.models.loading import load_tokenizer, resolve_source
+        from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
 
         settings = cfg.vllm
         if cfg.random_init:
@@ -86,9 +86,9 @@ class VLLMBackend(ThreadedBackend):
                               "init: save the initial weights to a folder, or use --backend transformers")
         if (settings.data_parallel_size or 1) > 1:
             raise ConfigError("vllm.data_parallel_size > 1: start one server per replica (each with its own --port)")
-        source = resolve_source(cfg.base_model, "base_model")
+        source = base_model_source(cfg)
         tokenizer = load_tokenizer(cfg)
-        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
         with torch.device("meta"):  # names and shapes only, no memory
             skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=cfg.trust_remote_code)
         state = skeleton.state_dict()
@@ -107,7 +107,7 @@ class VLLMBackend(ThreadedBackend):
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         kwargs = dict(
-            model=source, tokenizer=source, dtype=settings.dtype or "auto", seed=cfg.seed,
+            model=source, tokenizer=source, **hub_revision(cfg, source), dtype=settings.dtype or "auto", seed=cfg.seed,
             tensor_parallel_size=settings.tensor_parallel_size or 1,
             gpu_memory_utilization=settings.gpu_memory_utilization or 0.9,
             max_model_len=settings.max_model_len,
