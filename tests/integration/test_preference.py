@@ -141,6 +141,22 @@ def test_precomputed_and_live_reference_give_the_same_losses(warm_model, cli, tm
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
 
 
+def test_dpo_on_an_moe_model_adds_the_router_loss_and_learns(tiny_moe_dir, cli, tmp_path):
+    """model_config: {output_router_logits: true} on a Mixtral: every step logs the load-balancing loss, and the
+    preference is learnt (the loss falls from ln 2, the chosen answers' margin grows)."""
+    config = _pair_config(tmp_path, tiny_moe_dir, _pairs(16), random_init=True, max_steps=30, learning_rate=3e-3,
+                          logging_steps=1, model_config={"output_router_logits": True})
+    assert cli("train", config) == 0
+    steps = [m for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in m]
+    assert len(steps) == 30 and all(m["aux_loss"] > 0 for m in steps)
+    coef = 0.02  # the fixture's router_aux_loss_coef: the first step's loss is ln 2 + coef x aux_loss
+    assert steps[0]["loss"] == pytest.approx(math.log(2) + coef * steps[0]["aux_loss"], abs=1e-4)
+    first, last = steps[:5], steps[-5:]
+    mean = lambda rows, key: sum(m[key] for m in rows) / len(rows)  # noqa: E731
+    assert mean(last, "loss") < mean(first, "loss") - 0.04 and mean(last, "rewards/margins") > 0.1
+    assert mean(last, "rewards/accuracies") == 1.0
+
+
 def test_identical_pairs_are_dropped_with_a_warning(warm_model, cli, tmp_path, capsys):
     rows = _pairs(8) + [{"prompt": "1+1=", "chosen": "2", "rejected": "2"}] * 3
     assert cli("train", _pair_config(tmp_path, warm_model, rows)) == 0

@@ -390,6 +390,45 @@ def test_model_config_overrides_reach_the_model_and_the_router_loss_joins_sfts_a
     assert float(out.loss_sum) / out.units == pytest.approx(float(expected.loss), rel=1e-5)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("method", ["dpo", "orpo", "simpo"])
+def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny_moe_dir, method, fused, monkeypatch):
+    """TRL's trainers add router_aux_loss_coef x the load-balancing loss of the pairs' forward (chosen and rejected rows
+    in one batch) to the mean preference loss: rlft's loss per pair is the same sum."""
+    from rlft.config.rl import preference_beta
+    from rlft.losses import preference as L
+    from rlft.models import head
+    from rlft.models.loading import load_model, load_tokenizer
+    from rlft.train.recipes.preference import PairRecipe, sequence_logps
+
+    monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
+    cfg = config(base_model=str(tiny_moe_dir), random_init=True, rl=method, model_config={"output_router_logits": True})
+    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    ids = torch.randint(4, 200, (4, 9), generator=torch.Generator().manual_seed(1))  # 2 chosen rows, then 2 rejected
+    mask = torch.ones_like(ids)
+    mask[3, 6:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :4] = -100  # the prompt
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+             "ref_chosen": torch.tensor([-30.0, -31.0]), "ref_rejected": torch.tensor([-29.0, -33.0])}
+    recipe = PairRecipe.__new__(PairRecipe)
+    recipe.cfg, recipe.method, recipe.loss_types, recipe.bco_mean, recipe.bco_count = cfg, method, ["sigmoid"], 0.0, 0
+    out = recipe.loss(model, batch)
+
+    forward = model(input_ids=ids, attention_mask=mask)  # the router's loss of the pairs' forward, transformers' own
+    coef = model.config.router_aux_loss_coef
+    assert forward.aux_loss > 0 and coef > 0 and out.metrics["aux_loss"] == pytest.approx(float(forward.aux_loss), rel=1e-5)
+    model.config.output_router_logits = False  # the preference loss alone, as before the change
+    plain = recipe.loss(model, batch)
+    assert "aux_loss" not in plain.metrics and out.units == plain.units == 2
+    assert float(out.loss_sum) / out.units == pytest.approx(float(plain.loss_sum) / 2 + coef * float(forward.aux_loss), rel=1e-5)
+    if method == "dpo":  # and the preference loss alone is the paper's, from the same sequence log-probs
+        logps = sequence_logps(model, batch).logps
+        expected = L.dpo_loss(logps[:2], logps[2:], batch["ref_chosen"], batch["ref_rejected"], loss_types=["sigmoid"],
+                              beta=preference_beta(cfg)).losses.mean()
+        assert float(plain.loss_sum) / 2 == pytest.approx(float(expected), rel=1e-5)
+
+
 def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tiny_moe_dir):
     from rlft.errors import ConfigError
     from rlft.models.loading import load_model, load_tokenizer
@@ -398,9 +437,11 @@ def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_ref
     with pytest.raises(ConfigError, match=r"model_config.output_router_logit: MixtralConfig has no setting of that name "
                                           r"\(did you mean output_router_logits\?\): fix the name or remove it"):
         load_model(cfg, load_tokenizer(cfg), "cpu")
-    [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True})
-    assert message == ("model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; "
-                       "for dpo it is not built: remove it")
+    assert ("model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, DPO, "
+            "IPO, ORPO and SimPO/CPO; for kto it is not built: remove it") in [
+        message for _, message in config_problems(rl="kto", micro_batch_size=4, model_config={"output_router_logits": True})]
+    [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True}, share_prompts=True)
+    assert message.startswith("share_prompts: model_config.output_router_logits: transformers' router loss weighs the tokens")
     [(_, message)] = config_problems(model_config={"output_router_logits": True}, sample_packing=True)
     assert message.startswith("model_config.output_router_logits with packed or flattened rows")
     [(_, message)] = config_problems(model_config={"output_router_logits": True, "rope_scaling": {"factor": 2.0}},

@@ -124,7 +124,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     overrides_of_model_config: Optional[dict[str, Any]] = field(
         None, "Settings set on the model's config before it is built (Axolotl's `model_config`), e.g. {rope_scaling: "
               "{rope_type: linear, factor: 2.0}}. With output_router_logits: true an MoE model's load-balancing loss "
-              "(router_aux_loss_coef x aux_loss) joins SFT's loss, as transformers adds it.",
+              "(router_aux_loss_coef x aux_loss) joins the loss of SFT, as transformers adds it, and of DPO, IPO, ORPO "
+              "and SimPO/CPO, as TRL's trainers add it.",
         validation_alias=AliasChoices("model_config", "overrides_of_model_config"))
     tokens: Optional[list[str]] = field(None, "Tokens to add to the tokenizer (the embeddings are resized).")
     resize_token_embeddings_to_32x: Optional[bool] = field(
@@ -517,6 +518,9 @@ def prompt_sharing_problem(cfg) -> str | None:
         return f"it needs SDPA or eager attention (they read the mask that keeps the answers apart), not {attention}"
     if cfg.pad_to_sequence_len:
         return "pad_to_sequence_len pads every row to sequence_len, and a pair with its prompt shared is up to twice that"
+    if (cfg.overrides_of_model_config or {}).get("output_router_logits"):
+        return ("model_config.output_router_logits: transformers' router loss weighs the tokens by a mask per row, which the "
+                "shared layout (one mask per pair of answers) does not give it")
     return None
 
 
@@ -620,9 +624,9 @@ def _parameter_lora_problems(cfg: RlftConfig):
 
 def _model_config_problems(cfg: RlftConfig):
     settings = cfg.overrides_of_model_config or {}
-    if settings.get("output_router_logits") and cfg.method != "sft":
-        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to SFT's loss; for "
-               f"{cfg.method} it is not built: remove it")
+    if settings.get("output_router_logits") and cfg.method not in ("sft", *PAIR_METHODS):
+        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, DPO, "
+               f"IPO, ORPO and SimPO/CPO; for {cfg.method} it is not built: remove it")
     if settings.get("output_router_logits") and not cfg.effective_attn_implementation.startswith("flash_attention") and (
             cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches):
         yield ("model_config.output_router_logits with packed or flattened rows: transformers' router loss needs a mask per "

@@ -21,7 +21,7 @@ from rlft.data.preference import example_length, kto_batch, pair_batch, shared_p
 from rlft.losses import preference as L
 from rlft.losses.linear_ce import linear_token_nll
 from rlft.losses.sft import IGNORE, token_nll
-from rlft.models.head import final_hidden, output_layer
+from rlft.models.head import forward_hidden, output_layer, router_loss
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.masks import with_model_mask
@@ -46,13 +46,15 @@ class SequenceLogps:
     log_sum_sq_probs: torch.Tensor | None = None  # (N, T-1) WPO alignment term, only when asked for
     sequence_logps: torch.Tensor | None = None  # (rows,) log-prob of every token after the first (prompt included)
     sequence_lengths: torch.Tensor | None = None  # (rows,) those tokens
+    router: tuple[torch.Tensor, float] | None = None  # an MoE forward's load-balancing loss and its weight (head.router_loss)
 
 
 def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> SequenceLogps | None:
     """Completion-token log-probs with the output layer applied to the completion positions only, in chunks
     (`rlft.losses.linear_ce`, see `rlft.models.head`), or None where the model's own logits must be used."""
     head = output_layer(model)
-    hidden = final_hidden(model, with_model_mask(model, model_inputs(batch, prefix, INPUTS)), head) if head is not None else None
+    hidden, outputs = forward_hidden(model, with_model_mask(model, model_inputs(batch, prefix, INPUTS)), head) \
+        if head is not None else (None, None)
     if hidden is None:
         return None
     hidden = padded(hidden, batch, prefix)
@@ -68,7 +70,7 @@ def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> Sequence
         per_token = picked.float() @ mean_row + (head.bias.float().mean() if head.bias is not None else 0.0)
         per_position = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(mask, per_token)
         mean_logits = per_position.sum(-1) / lengths.clamp_min(1)
-    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits)
+    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, router=router_loss(model, outputs))
 
 
 def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = False, whole_rows: int = 0) -> SequenceLogps:
@@ -77,7 +79,8 @@ def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = F
         fused = _through_output_layer(model, batch, prefix)
         if fused is not None:
             return fused
-    logits = padded(model(**with_model_mask(model, model_inputs(batch, prefix, INPUTS)), use_cache=False).logits, batch, prefix)
+    outputs = model(**with_model_mask(model, model_inputs(batch, prefix, INPUTS)), use_cache=False)
+    logits = padded(outputs.logits, batch, prefix)
     nll, mask = token_nll(logits, batch[prefix + "labels"])
     lengths = mask.sum(-1)
     whole = whole_lengths = None
@@ -89,7 +92,7 @@ def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = F
         per_position = logits[:, :-1].float().mean(-1)
         mean_logits = (per_position * mask).sum(-1) / lengths.clamp_min(1)
         sum_sq = L.token_log_sum_squared_probs(logits[:, :-1]) if wpo else None
-    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq, whole, whole_lengths)
+    return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq, whole, whole_lengths, router_loss(model, outputs))
 
 
 def reference_logps(reference: FrozenPolicy, policy, batch: dict[str, Any], prefix: str = "") -> SequenceLogps:
@@ -200,7 +203,14 @@ class PairRecipe(Recipe):
             metrics["nll_loss"] = float(chosen_nll.detach().mean())
         if self.method in ("dpo", "ipo") and reference_time is not None:
             metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
-        return LossOutput(losses.sum(), self._units(batch), metrics)
+        units = self._units(batch)
+        if out.router is None:
+            return LossOutput(losses.sum(), units, metrics)
+        # an MoE router's load-balancing loss (model_config: {output_router_logits: true}): per pair, the mean preference
+        # loss plus router_aux_loss_coef x aux_loss of the pairs' forward, as TRL's trainers add it
+        aux, coef = out.router
+        metrics["aux_loss"] = float(aux.detach())
+        return LossOutput(losses.sum() + coef * aux * units, units, metrics)
 
     def state_dict(self) -> dict[str, Any]:
         """Recipe state that a checkpoint must carry for an exact resume (BCO's running reward mean)."""
