@@ -429,6 +429,31 @@ def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny
         assert float(plain.loss_sum) / 2 == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_the_router_loss_joins_ktos_loss_from_the_completions_forward(config, tiny_moe_dir):
+    from rlft.models.loading import load_model, load_tokenizer
+    from rlft.train.recipes.preference import KTORecipe
+
+    cfg = config(base_model=str(tiny_moe_dir), random_init=True, rl="kto", micro_batch_size=4,
+                 model_config={"output_router_logits": True})
+    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    ids = torch.randint(4, 200, (3, 8), generator=torch.Generator().manual_seed(2))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "kl_input_ids": ids.flip(0),
+             "kl_attention_mask": torch.ones_like(ids), "kl_labels": labels.flip(0),
+             "desirable": torch.tensor([True, False, True]), "ref_logps": torch.tensor([-20.0, -21.0, -19.0]),
+             "ref_kl_logps": torch.tensor([-20.5, -20.0, -22.0])}
+    recipe = KTORecipe.__new__(KTORecipe)
+    recipe.cfg = cfg
+    out = recipe.loss(model, batch)
+    aux = model(input_ids=ids, attention_mask=torch.ones_like(ids)).aux_loss  # the completions' forward
+    model.config.output_router_logits = False
+    plain = recipe.loss(model, batch)
+    coef = model.config.router_aux_loss_coef
+    assert out.metrics["aux_loss"] == pytest.approx(float(aux), rel=1e-5) and "aux_loss" not in plain.metrics
+    assert float(out.loss_sum) / 3 == pytest.approx(float(plain.loss_sum) / 3 + coef * float(aux), rel=1e-5)
+
+
 def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tiny_moe_dir):
     from rlft.errors import ConfigError
     from rlft.models.loading import load_model, load_tokenizer
@@ -437,9 +462,9 @@ def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_ref
     with pytest.raises(ConfigError, match=r"model_config.output_router_logit: MixtralConfig has no setting of that name "
                                           r"\(did you mean output_router_logits\?\): fix the name or remove it"):
         load_model(cfg, load_tokenizer(cfg), "cpu")
-    assert ("model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, DPO, "
-            "IPO, ORPO and SimPO/CPO; for kto it is not built: remove it") in [
-        message for _, message in config_problems(rl="kto", micro_batch_size=4, model_config={"output_router_logits": True})]
+    assert ("model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT and the "
+            "preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO); for reward_model it is not built: remove it") in [
+        message for _, message in config_problems(reward_model=True, model_config={"output_router_logits": True})]
     [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True}, share_prompts=True)
     assert message.startswith("share_prompts: model_config.output_router_logits: transformers' router loss weighs the tokens")
     [(_, message)] = config_problems(model_config={"output_router_logits": True}, sample_packing=True)

@@ -124,8 +124,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     overrides_of_model_config: Optional[dict[str, Any]] = field(
         None, "Settings set on the model's config before it is built (Axolotl's `model_config`), e.g. {rope_scaling: "
               "{rope_type: linear, factor: 2.0}}. With output_router_logits: true an MoE model's load-balancing loss "
-              "(router_aux_loss_coef x aux_loss) joins the loss of SFT, as transformers adds it, and of DPO, IPO, ORPO "
-              "and SimPO/CPO, as TRL's trainers add it.",
+              "(router_aux_loss_coef x aux_loss) joins the loss of SFT, as transformers adds it, and of the preference "
+              "methods, as TRL's trainers add it.",
         validation_alias=AliasChoices("model_config", "overrides_of_model_config"))
     tokens: Optional[list[str]] = field(None, "Tokens to add to the tokenizer (the embeddings are resized).")
     resize_token_embeddings_to_32x: Optional[bool] = field(
@@ -624,9 +624,9 @@ def _parameter_lora_problems(cfg: RlftConfig):
 
 def _model_config_problems(cfg: RlftConfig):
     settings = cfg.overrides_of_model_config or {}
-    if settings.get("output_router_logits") and cfg.method not in ("sft", *PAIR_METHODS):
-        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, DPO, "
-               f"IPO, ORPO and SimPO/CPO; for {cfg.method} it is not built: remove it")
+    if settings.get("output_router_logits") and cfg.method not in ("sft", *PREFERENCE_METHODS):
+        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT and "
+               f"the preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO); for {cfg.method} it is not built: remove it")
     if settings.get("output_router_logits") and not cfg.effective_attn_implementation.startswith("flash_attention") and (
             cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches):
         yield ("model_config.output_router_logits with packed or flattened rows: transformers' router loss needs a mask per "

@@ -31,6 +31,14 @@ class LossOutput:
     units: float
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def plus_router_loss(self, router: tuple[torch.Tensor, float] | None) -> LossOutput:
+        """With an MoE router's load-balancing loss and its weight (`rlft.models.head.router_loss`; None: as it is): the
+        loss per unit gains coef x aux_loss, as transformers' and TRL's losses add it, and `aux_loss` is logged."""
+        if router is None:
+            return self
+        aux, coef = router
+        return LossOutput(self.loss_sum + coef * aux * self.units, self.units, {**self.metrics, "aux_loss": float(aux.detach())})
+
 
 class Recipe:
     name: str = "recipe"

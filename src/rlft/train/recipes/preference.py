@@ -203,14 +203,8 @@ class PairRecipe(Recipe):
             metrics["nll_loss"] = float(chosen_nll.detach().mean())
         if self.method in ("dpo", "ipo") and reference_time is not None:
             metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
-        units = self._units(batch)
-        if out.router is None:
-            return LossOutput(losses.sum(), units, metrics)
-        # an MoE router's load-balancing loss (model_config: {output_router_logits: true}): per pair, the mean preference
-        # loss plus router_aux_loss_coef x aux_loss of the pairs' forward, as TRL's trainers add it
-        aux, coef = out.router
-        metrics["aux_loss"] = float(aux.detach())
-        return LossOutput(losses.sum() + coef * aux * units, units, metrics)
+        # an MoE router's load-balancing loss (model_config: {output_router_logits: true}) of the pairs' forward
+        return LossOutput(losses.sum(), self._units(batch), metrics).plus_router_loss(out.router)
 
     def state_dict(self) -> dict[str, Any]:
         """Recipe state that a checkpoint must carry for an exact resume (BCO's running reward mean)."""
@@ -286,7 +280,8 @@ class KTORecipe(Recipe):
             metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
         if reference_time is not None:
             metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
-        return LossOutput(result.losses.sum(), self._units(batch), metrics)
+        # an MoE router's load-balancing loss of the completions' forward (the KL rows' is without gradient)
+        return LossOutput(result.losses.sum(), self._units(batch), metrics).plus_router_loss(out.router)
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         return _weighted_eval(self, model, batches)

@@ -80,11 +80,7 @@ class SFTRecipe(Recipe):
         """With an MoE router's loss (model_config: {output_router_logits: true}) the step's loss is the mean NLL plus
         router_aux_loss_coef x aux_loss, transformers' loss, its micro-batches weighted by their target tokens."""
         nll, router = self._losses(model, batch)
-        units = self._units(batch)
-        if router is None:
-            return LossOutput(nll, units)
-        aux, coef = router
-        return LossOutput(nll + coef * aux * units, units, {"aux_loss": float(aux.detach())})
+        return LossOutput(nll, self._units(batch)).plus_router_loss(router)
 
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         total, count = 0.0, 0.0
