@@ -6,8 +6,10 @@ server that this test process starts once, with those modules imported and nothi
 as `python -m rlft.cli` does (`rlft.cli.run_command`): in a session of its own (the test stops the whole group), in the
 given folder and environment, with its output written to files as it comes. Exit codes, signals, process groups and
 everything the command starts (training processes, servers, reward workers) are those of the real command; what it does
-not repeat is the interpreter's start and the imports. Tests of the start itself (which modules a command imports, the
-`rlft` entry point) exec a fresh interpreter (`tests/unit/test_parallel.py`, `make quickstart`)."""
+not repeat is the interpreter's start and the imports: a setting that a library reads once when it is imported (such as
+HF_HUB_CACHE) keeps the value this test process had when the fork server started. Tests of the start itself (which
+modules a command imports, the `rlft` entry point) exec a fresh interpreter (`tests/unit/test_parallel.py`,
+`tests/integration/test_checkpoints.py`, `make quickstart`)."""
 
 from __future__ import annotations
 

@@ -297,7 +297,7 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer(example, tiny_mo
         if file.name != "config.json":
             (model / file.name).write_bytes(file.read_bytes())
     calls = []
-    monkeypatch.setattr(preference, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    monkeypatch.setattr(preference, "forward_hidden", lambda *a, _f=head.forward_hidden: calls.append(1) or _f(*a))
     kind = "kto" if example == "kto" else "pairs"
     runs = {}
     for fused in (True, False):

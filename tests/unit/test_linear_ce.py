@@ -174,7 +174,7 @@ def test_preference_sequence_logps_through_the_output_layer_equal_the_models_log
     from rlft.train.recipes.preference import sequence_logps
 
     calls = []
-    monkeypatch.setattr(preference, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    monkeypatch.setattr(preference, "forward_hidden", lambda *a, _f=head.forward_hidden: calls.append(1) or _f(*a))
 
     ids = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(2))
     labels = ids.clone()
