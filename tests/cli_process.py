@@ -4,21 +4,28 @@ A new `python -m rlft.cli` process spends 4-6 s of CPU importing torch, transfor
 reads its config, and the suite starts dozens of them on two cores. Here each one is forked from a multiprocessing fork
 server that this test process starts once, with those modules imported and nothing run, and the child runs the command
 as `python -m rlft.cli` does (`rlft.cli.run_command`): in a session of its own (the test stops the whole group), in the
-given folder and environment, with its output written to files as it comes. Exit codes, signals, process groups and
-everything the command starts (training processes, servers, reward workers) are those of the real command; what it does
-not repeat is the interpreter's start and the imports: a setting that a library reads once when it is imported (such as
-HF_HUB_CACHE) keeps the value this test process had when the fork server started. Tests of the start itself (which
-modules a command imports, the `rlft` entry point) exec a fresh interpreter (`tests/unit/test_parallel.py`,
-`tests/integration/test_checkpoints.py`, `make quickstart`)."""
+given folder and environment (OMP_NUM_THREADS sets torch's threads), unbuffered, its output written to files as it comes.
+Exit codes, signals, process groups and everything the command starts (training processes, servers, reward workers)
+are those of the real command. What differs from a fresh interpreter:
+* the start and the imports are not repeated: a setting that a library reads once when it is imported (such as
+  HF_HUB_CACHE) keeps the value this test process had when the fork server started;
+* every child has the fork server's string-hash seed (PYTHONHASHSEED), so two runs cannot differ by set order;
+* the child ends with `os._exit` after the exit handlers (atexit) have run, without the interpreter's finalisation.
+Tests of the start and the end themselves exec a fresh interpreter: which modules a command imports
+(`tests/unit/test_parallel.py`), Ctrl-C and SIGTERM at the entry point (`tests/integration/test_checkpoints.py`,
+`test_interrupts.py`), the launched training processes (torch's launcher starts them), and `make quickstart`."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import io
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # imported by the fork server before it forks: what a training process, a launcher or a rollout server imports
@@ -31,7 +38,10 @@ _started: list[CliProcess] = []
 def _fork_server():
     global _context
     if _context is None:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as `rlft.cli.main` sets it on a CPU machine, before DeepSpeed loads
+        import torch
+
+        if not torch.cuda.is_available():  # as `rlft.cli.main` sets it on a CPU machine, before DeepSpeed is imported
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
         # before multiprocessing's own exit handler, which would wait for every child still running: none is left
@@ -46,14 +56,20 @@ def _run(args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: st
     err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if stderr else out
     os.dup2(out, 1)
     os.dup2(err, 2)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the tests start the command
+    # unbuffered, as `python -u` (the tests read the output as it comes, and a SIGKILL loses nothing written)
+    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True) for fd in (1, 2))
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a new interpreter's; the fork server ignores Ctrl-C
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    # `python -m` puts the working folder first, then PYTHONPATH's entries: reward modules are imported from them
-    sys.path[:1] = [cwd, *(entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry)]
+    if env.get("OMP_NUM_THREADS"):  # torch read it when the fork server imported it
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    # `python -m` puts the working folder first, then PYTHONPATH's entries, then the interpreter's own; not the tests'
+    tests = str(Path(__file__).resolve().parent)
+    sys.path[:] = [cwd, *(entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry),
+                   *(entry for entry in sys.path[1:] if entry and not entry.startswith(tests))]
     sys.argv = ["rlft", *args]
     from rlft.cli import run_command
 
@@ -79,6 +95,12 @@ class CliProcess:
         self._process.start()
         _started.append(self)
         self.pid = self._process.pid
+        deadline = time.monotonic() + 30
+        while self._process.exitcode is None and time.monotonic() < deadline:  # its session, before any signal is sent
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(self.pid) == self.pid:
+                    break
+            time.sleep(0.005)
         self.args = args
 
     @property
@@ -110,8 +132,9 @@ class CliProcess:
 
     def kill_group(self) -> None:
         """SIGKILL the command's whole process group (what it started too) and reap it."""
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if self._process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
         self._process.join(10)
+        if self._process.exitcode is None:
+            raise RuntimeError(f"rlft {' '.join(map(str, self.args))} (pid {self.pid}) did not stop after SIGKILL")

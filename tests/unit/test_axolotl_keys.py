@@ -454,6 +454,32 @@ def test_the_router_loss_joins_ktos_loss_from_the_completions_forward(config, ti
     assert float(out.loss_sum) / 3 == pytest.approx(float(plain.loss_sum) / 3 + coef * float(aux), rel=1e-5)
 
 
+def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(config, tiny_moe_dir, tmp_path):
+    """A checkpoint saved with output_router_logits: true (rlft's own SFT with model_config saves it so) computes the
+    router's loss in every forward: refused where rlft would not add it or its mask is missing; never shared prompts."""
+    import json
+    import shutil
+
+    from rlft.errors import ConfigError
+    from rlft.models.loading import check_router_loss, load_model, load_tokenizer
+    from rlft.models.shared_prompts import shared_prompt_problem
+
+    folder = tmp_path / "moe"
+    shutil.copytree(tiny_moe_dir, folder)
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
+                                                    "output_router_logits": True}))
+    cfg = config(base_model=str(folder), random_init=True, rl="dpo")
+    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    assert "output_router_logits: its router loss weighs the tokens by a mask per row" in shared_prompt_problem(model)
+    with pytest.raises(ConfigError, match="rlft adds to SFT and the preference methods, not to reward_model: or set "
+                                          r"model_config: \{output_router_logits: false\}"):
+        check_router_loss(config(base_model=str(folder), reward_model=True), model)
+    with pytest.raises(ConfigError, match="packed or flattened rows have only under flash-attention"):
+        check_router_loss(config(base_model=str(folder), sample_packing=True), model)
+    off = config(base_model=str(folder), random_init=True, reward_model=True, model_config={"output_router_logits": False})
+    assert load_model(off, load_tokenizer(off), "cpu").config.output_router_logits is False
+
+
 def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tiny_moe_dir):
     from rlft.errors import ConfigError
     from rlft.models.loading import load_model, load_tokenizer

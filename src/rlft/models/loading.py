@@ -228,6 +228,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
             ) from None
     fit_embeddings(model, cfg, tokenizer)
     check_own_masks(cfg, model)
+    check_router_loss(cfg, model)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
@@ -249,6 +250,24 @@ def check_own_masks(cfg, model) -> None:
                          "masks of packed, flattened and strided batches itself and knows only full and sliding-window "
                          "layers; train this model on padded rows (sample_packing, batch_flattening and "
                          "dpo_padding_free off)")
+
+
+def check_router_loss(cfg, model) -> None:
+    """A mixture-of-experts model whose config.json sets output_router_logits computes its router's load-balancing loss
+    in every forward: the methods that add it are SFT and the preference methods, on rows with a mask each
+    (`model_config` setting it is checked with the config: `rlft.config.schema`)."""
+    from rlft.config.schema import PREFERENCE_METHODS
+
+    if not getattr(model.config, "output_router_logits", False) or "output_router_logits" in (cfg.overrides_of_model_config or {}):
+        return
+    fix = "or set model_config: {output_router_logits: false} to train without the router's loss"
+    if cfg.method not in ("sft", *PREFERENCE_METHODS):
+        raise ConfigError(f"base_model's config sets output_router_logits: true (a mixture-of-experts router's load-balancing "
+                          f"loss), which rlft adds to SFT and the preference methods, not to {cfg.method}: {fix}")
+    if not cfg.effective_attn_implementation.startswith("flash_attention") and (cfg.sample_packing or cfg.flat_batches):
+        raise ConfigError("base_model's config sets output_router_logits: true, and transformers' router loss needs a mask per "
+                          "row, which packed or flattened rows have only under flash-attention: turn sample_packing / "
+                          f"batch_flattening / dpo_padding_free off, {fix}")
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

@@ -9,7 +9,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from rlft.errors import ModelError
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.loading import base_model_source, check_attention, fit_embeddings, hub_revision, model_config, resolve_source
+from rlft.models.loading import (base_model_source, check_attention, check_router_loss, fit_embeddings, hub_revision, model_config,
+                                 resolve_source)
 
 
 def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):
@@ -39,6 +40,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
             raise ModelError(f"cannot load a reward model (sequence classification, 1 label) from {source}: {exc}") from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
     fit_embeddings(model, cfg, tokenizer)
+    check_router_loss(cfg, model)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})

@@ -36,6 +36,9 @@ def shared_prompt_problem(model) -> str | None:
     implementation = attention_implementation(model)
     if implementation not in ("sdpa", "eager"):
         return f"the model runs {implementation} attention, which reads no mask (use sdpa or eager)"
+    if getattr(config, "output_router_logits", False):
+        return ("the model's config sets output_router_logits: its router loss weighs the tokens by a mask per row, which "
+                "the shared layout (one mask per group of answers) does not give it")
     return None
 
 
