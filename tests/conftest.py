@@ -54,10 +54,11 @@ def tiny_moe_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def two_revisions(tmp_path, monkeypatch) -> tuple[Path, Path]:
-    """A local Hugging Face cache holding someorg/tiny at main (2 layers) and at tag v2 (1 layer), as `hf download`
-    leaves it: a snapshot folder per commit, and refs naming the commit of each revision."""
+    """A local Hugging Face cache holding someorg/tiny at main (2 layers) and at tag v2 (1 layer, a chat template of its
+    own, token 5 as a second end of answer in its generation config), as `hf download` leaves it: a snapshot folder per
+    commit, and refs naming the commit of each revision."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from rlft.models.tiny import write_tiny_model
 
@@ -70,6 +71,10 @@ def two_revisions(tmp_path, monkeypatch) -> tuple[Path, Path]:
     for snapshot in (main, v2):  # seeded weights, so that base_model loads without random_init
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(snapshot)).save_pretrained(snapshot)
+    tokenizer = AutoTokenizer.from_pretrained(v2)
+    tokenizer.chat_template = "{{ 'revision v2' }}"
+    tokenizer.save_pretrained(v2)
+    GenerationConfig(eos_token_id=[tokenizer.eos_token_id, 5]).save_pretrained(v2)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(main.name)
     (repo / "refs" / "v2").write_text(v2.name)

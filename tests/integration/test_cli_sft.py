@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlft.train.metrics import read_metrics
 
@@ -92,10 +92,11 @@ def test_revision_of_model_trains_that_revision_and_the_adapter_names_it(make_co
     tokenizer come from v2's snapshot, and the saved adapter's base is that snapshot; a local folder is refused."""
     main, v2 = two_revisions
     config = make_config(base_model="someorg/tiny", revision_of_model="v2", random_init=False, max_steps=2, adapter="lora",
-                         lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"], lora_fan_in_fan_out=True)
+                         lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"])
     assert cli("train", config) == 0
     out = tmp_path / "out"
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(v2)
+    assert AutoTokenizer.from_pretrained(out).chat_template == "{{ 'revision v2' }}"  # v2's tokenizer, not main's
     peft_model, _ = _assert_merged_is_the_adapter(out, _merged(cli, out, tmp_path), "12+7=")
     assert peft_model.config.num_hidden_layers == 1
     assert cli("train", make_config(base_model=str(main), revision_of_model="v2")) == 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import pad_batch
@@ -310,11 +313,39 @@ def test_revision_of_model_picks_the_cached_snapshot_of_that_revision_offline(tw
         resolve_source(str(main), "base_model", "v2")
 
 
+def test_every_key_that_names_base_models_repository_takes_its_revision_online_and_offline(two_revisions, config,
+                                                                                          monkeypatch, tmp_path):
+    """ref_model, tokenizer_config and a saved adapter's base at the same repository load at revision_of_model: offline
+    through the cached snapshot, online through from_pretrained's revision; the end-of-answer ids read v2's
+    generation config."""
+    from rlft.models.loading import adapter_base, hub_revision, model_source, resolve_source
+    from rlft.models.tokenizer import end_ids
+
+    main, v2 = two_revisions
+    cfg = config(base_model="someorg/tiny", revision_of_model="v2")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "someorg/tiny", "revision": "v2"}))
+    tokenizer = AutoTokenizer.from_pretrained(v2)
+    assert model_source(cfg, "someorg/tiny", "ref_model") == str(v2) and hub_revision(cfg, str(v2)) == {}
+    assert adapter_base(adapter) == (str(v2), {})
+    assert end_ids(model_source(cfg, "someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id, 5)
+    assert end_ids(resolve_source("someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id,)  # main has none
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the hub id stays, and from_pretrained gets the revision
+    assert model_source(cfg, "someorg/tiny", "tokenizer_config") == "someorg/tiny"
+    assert hub_revision(cfg, "someorg/tiny") == {"revision": "v2"} and hub_revision(cfg, "otherorg/x") == {}
+    assert adapter_base(adapter) == ("someorg/tiny", {"revision": "v2"})
+
+
 def test_bfloat16_is_axolotls_other_name_for_bf16(config, config_problems):
     assert config(bfloat16=True).bf16 is True and config(bfloat16=True, bf16=True).bf16 is True
-    assert config(bfloat16=False).bf16 == "auto"
-    assert config_problems(bfloat16=True, bf16=False) == [
-        ("config", "bfloat16: true and bf16: false disagree: remove one (bfloat16 is Axolotl's other name for bf16)")]
+    assert config(bfloat16=1).bf16 is True and config(bfloat16="yes").bf16 is True  # as --bfloat16=1 reads
+    assert config(bfloat16=False).bf16 == "auto" and config(bfloat16=True, bf16="auto").bf16 is True
+    disagree = [("config", "bfloat16: true and bf16: false disagree: remove one (bfloat16 is Axolotl's other name for bf16)")]
+    assert config_problems(bfloat16=True, bf16=False) == disagree and config_problems(bfloat16="true", bf16="false") == disagree
+    assert [key for key, _ in config_problems(bfloat16="maybe")] == ["bfloat16"]
+    assert config_problems(revision_of_model="v1", model_revision="v2") == [
+        ("config", "revision_of_model and model_revision are both set (two names of one key): keep one")]
 
 
 def test_lora_fan_in_fan_out_reaches_peft(config):

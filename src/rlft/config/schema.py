@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import AliasChoices, field_validator, model_validator
+from pydantic import AliasChoices, TypeAdapter, ValidationError, field_validator, model_validator
 
 from rlft.config import axolotl_keys
 from rlft.config.best_model import best_model_problems
@@ -100,6 +100,14 @@ class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.D
         if not self.path and not self.data_files:
             raise ValueError("a dataset needs `path` (a file, folder or hub id) or `data_files`")
         return self
+
+
+def _as_bool(value: Any) -> bool | None:
+    """`value` as a bool field reads it, or None where it is not one."""
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        return None
 
 
 class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.known_only("AxolotlKeys", axolotl_keys.TOP_LEVEL)):
@@ -427,12 +435,19 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @model_validator(mode="before")
     @classmethod
     def _bfloat16_is_bf16(cls, data: Any) -> Any:
-        """Axolotl's `bfloat16: true` trains in bf16 as `bf16: true` does (it reads `bf16 or bfloat16`)."""
-        if isinstance(data, dict) and data.get("bfloat16") is True:
-            if data.get("bf16") is False:
-                raise ValueError("bfloat16: true and bf16: false disagree: remove one (bfloat16 is Axolotl's other name "
-                                 "for bf16)")
-            data = {**data, "bf16": True}
+        """Axolotl's `bfloat16: true` trains in bf16 as `bf16: true` does (it reads `bf16 or bfloat16`). Values are read
+        as the fields read them (1, "yes" and "true" are true); one neither field takes is reported by the field."""
+        if not isinstance(data, dict) or "bfloat16" not in data or (on := _as_bool(data["bfloat16"])) is not True:
+            return data
+        if _as_bool(data.get("bf16")) is False:
+            raise ValueError("bfloat16: true and bf16: false disagree: remove one (bfloat16 is Axolotl's other name for bf16)")
+        return {**data, "bf16": on}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_revision_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "revision_of_model" in data and "model_revision" in data:
+            raise ValueError("revision_of_model and model_revision are both set (two names of one key): keep one")
         return data
 
     @model_validator(mode="before")

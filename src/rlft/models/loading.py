@@ -59,15 +59,29 @@ def resolve_source(name: str | None, key: str, revision: str | None = None) -> s
     return name
 
 
-def base_model_source(cfg, key: str = "base_model") -> str:
-    """`base_model` resolved at `revision_of_model` (Axolotl's key, for the model, its config and its tokenizer)."""
-    return resolve_source(cfg.base_model, key, cfg.revision_of_model)
+def model_source(cfg, name: str | None, key: str) -> str:
+    """A key that names a model repository (base_model, base_model_config, tokenizer_config, ref_model) resolved; at
+    `revision_of_model` (Axolotl's key) where it names base_model's repository, online and offline alike."""
+    return resolve_source(name, key, cfg.revision_of_model if name == cfg.base_model else None)
+
+
+def base_model_source(cfg) -> str:
+    """`base_model` resolved at `revision_of_model`, for the model, its config and its tokenizer."""
+    return model_source(cfg, cfg.base_model, "base_model")
 
 
 def hub_revision(cfg, source: str) -> dict[str, str]:
-    """`from_pretrained`'s revision for a source that is `base_model` as a hub id (online); a resolved folder has its
-    revision already."""
+    """`from_pretrained`'s revision for a source that is `base_model`'s hub id (online: `model_source` returns it as it
+    is); a resolved folder holds its revision already."""
     return {"revision": cfg.revision_of_model} if cfg.revision_of_model and source == cfg.base_model else {}
+
+
+def adapter_base(folder: Path) -> tuple[str, dict[str, str]]:
+    """The base model of a saved adapter (its adapter_config.json) resolved, and the revision to load it at."""
+    saved = json.loads((folder / ADAPTER_CONFIG).read_text())
+    revision = saved.get("revision")
+    source = resolve_source(saved.get("base_model_name_or_path"), "adapter base model", revision)
+    return source, ({"revision": revision} if revision and source == saved.get("base_model_name_or_path") else {})
 
 
 def model_config(cfg, source: str, **settings: Any):
@@ -108,7 +122,7 @@ def check_context_length(cfg) -> None:
     """Refuse a sequence_len longer than the model's context (read from its config.json) before any work."""
     key = "base_model_config" if cfg.base_model_config else "base_model"
     try:
-        source = resolve_source(cfg.base_model_config, key) if cfg.base_model_config else base_model_source(cfg)
+        source = model_source(cfg, cfg.base_model_config, key) if cfg.base_model_config else base_model_source(cfg)
         config = model_config(cfg, source)  # model_config may set the context (max_position_embeddings)
     except (OSError, ValueError, ModelError):
         return  # a model that cannot be read is reported where it loads, with its own message
@@ -133,7 +147,7 @@ def transformers_class(name: str, key: str):
 
 def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
-    source = resolve_source(cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
+    source = model_source(cfg, cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
     try:
         tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
             source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
@@ -202,7 +216,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
         model = model_class.from_pretrained(init_base_dir, **kwargs)
     elif cfg.random_init:
-        config_source = resolve_source(cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
+        config_source = model_source(cfg, cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
         config = model_config(cfg, config_source)
         with torch.random.fork_rng(), built_with_overrides(cfg):
             torch.manual_seed(cfg.seed)
@@ -362,8 +376,8 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
     if adapter_file.exists():
         from peft import PeftModel
 
-        base_name = json.loads(adapter_file.read_text()).get("base_model_name_or_path")
-        base = AutoModelForCausalLM.from_pretrained(resolve_source(base_name, "adapter base model"))
+        base_source, revision = adapter_base(Path(source))
+        base = AutoModelForCausalLM.from_pretrained(base_source, **revision)
         rows = _saved_embedding_rows(base, Path(source))
         if rows and rows != base.get_input_embeddings().num_embeddings:  # the run resized them (tokens:, 32x, shrink)
             base.resize_token_embeddings(rows, mean_resizing=False)  # the adapter holds the trained rows

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from rlft.errors import ModelError
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.loading import (base_model_source, check_attention, check_router_loss, fit_embeddings, hub_revision, model_config,
+from rlft.models.loading import (adapter_base, base_model_source, check_attention, check_router_loss, fit_embeddings, hub_revision, model_config,
                                  resolve_source)
 
 
@@ -81,8 +81,6 @@ def pair_scores(model, batch: dict, pad_id: int) -> torch.Tensor:
 
 def load_reward_for_scoring(path: str, device: str = "cpu"):
     """A trained reward model folder (full or LoRA) and its tokenizer, ready to score."""
-    import json
-
     folder = Path(path).expanduser()
     if (folder / "model").is_dir():  # an rlft checkpoint: weights live in checkpoint/model
         folder = folder / "model"
@@ -91,8 +89,8 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
     if adapter_file.exists():
         from peft import PeftModel
 
-        base_name = json.loads(adapter_file.read_text()).get("base_model_name_or_path")
-        base = AutoModelForSequenceClassification.from_pretrained(resolve_source(base_name, "adapter base model"), num_labels=1)
+        base_source, revision = adapter_base(Path(source))
+        base = AutoModelForSequenceClassification.from_pretrained(base_source, num_labels=1, **revision)
         model = PeftModel.from_pretrained(base, source)
     else:
         architectures = AutoConfig.from_pretrained(source).architectures or []

@@ -109,11 +109,11 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> Non
         )
 
 
-def end_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+def end_ids(model, tokenizer: PreTrainedTokenizerBase, **revision: str) -> tuple[int, ...]:
     """The ids that end an answer: the tokenizer's EOS, then the `eos_token_id` of the model's generation config (one
     or a list: Gemma's <end_of_turn> beside <eos>, Qwen's <|im_end|> beside <|endoftext|>), where vLLM and
     transformers' `generate` stop too. `model`: a loaded model, or its folder or hub name (read from its
-    generation_config.json; without that file, the tokenizer's EOS alone)."""
+    generation_config.json, at `revision` for a hub id; without that file, the tokenizer's EOS alone)."""
     from transformers import GenerationConfig
 
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -122,7 +122,7 @@ def end_ids(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
         if (Path(model).expanduser() / "model" / "generation_config.json").is_file():  # an rlft checkpoint's model
             model = Path(model).expanduser() / "model"
         try:
-            config = GenerationConfig.from_pretrained(model)
+            config = GenerationConfig.from_pretrained(model, **revision)
         except (OSError, ValueError):  # no generation_config.json there
             config = None
     extra = getattr(config, "eos_token_id", None)

@@ -153,9 +153,9 @@ def check_layer_classes(cfg) -> None:
         return
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlft.models.loading import base_model_source, hub_revision, resolve_source
+    from rlft.models.loading import base_model_source, hub_revision, model_source
 
-    source = resolve_source(cfg.base_model_config, "base_model_config") if cfg.base_model_config else base_model_source(cfg)
+    source = model_source(cfg, cfg.base_model_config, "base_model_config") if cfg.base_model_config else base_model_source(cfg)
     config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
     with torch.device("meta"):
         layer_classes(AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code), settings)

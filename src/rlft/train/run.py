@@ -261,7 +261,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
         recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing, rows_apart(cfg, model))
     if cfg.precompute_ref_log_probs:
         model.to(accelerator.device)
-        identity = [cfg.base_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir, cfg.rl_adapter_ref_model,
+        identity = [cfg.base_model, cfg.revision_of_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir, cfg.rl_adapter_ref_model,
                     cfg.dpo_ld_alpha, method]
         with accelerator.autocast():
             precompute_or_load(recipe, model, data, tokenizer.pad_token_id, accelerator.device,
@@ -380,17 +380,17 @@ def load_reference_model(cfg, tokenizer, policy):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlft.errors import ModelError
-    from rlft.models.loading import model_config, resolve_source
+    from rlft.models.loading import hub_revision, model_config, model_source
 
-    source = resolve_source(cfg.ref_model, "ref_model")
-    ref_vocab, vocab = AutoTokenizer.from_pretrained(source).get_vocab(), tokenizer.get_vocab()
+    source = model_source(cfg, cfg.ref_model, "ref_model")
+    ref_vocab, vocab = AutoTokenizer.from_pretrained(source, **hub_revision(cfg, source)).get_vocab(), tokenizer.get_vocab()
     if any(vocab.get(token) != index for token, index in ref_vocab.items()):  # tokens the run added (tokens:) may follow
         raise ModelError(
             f"ref_model {source} has a different tokenizer vocabulary ({len(ref_vocab)} tokens) from the policy's "
             f"({len(tokenizer)}): log-prob ratios need the same tokens on both sides. Use a reference of the same family"
         )
     settings = {"config": model_config(cfg, source)} if cfg.overrides_of_model_config else {}
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **settings)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **settings, **hub_revision(cfg, source))
     own, rows = model.get_input_embeddings().num_embeddings, policy.get_input_embeddings().num_embeddings
     if own != rows:
         model.resize_token_embeddings(rows, mean_resizing=False)

@@ -63,7 +63,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def build_app(backend: ServingBackend, *, model_name: str, token: str | None) -> FastAPI:
+def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...] | None = None) -> FastAPI:
+    """`ends`: the token ids that end an answer (`rlft.models.tokenizer.end_ids`; default: those of `model_name`)."""
     app = FastAPI(title="rlft rollout server", redirect_slashes=False)
     guard = token_guard(token)
     transfer = BucketedTransfer()
@@ -140,7 +141,7 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None) ->
     add_route(app, "/v1/load_lora_adapter", vllm_load_lora_adapter, ["POST"], guard)
     add_route(app, "/set_lora_adapter", set_lora_adapter, ["POST"], guard)
     add_route(app, "/reset_prefix_cache", reset_prefix_cache, ["POST"], guard)
-    add_openai_routes(app, backend, model_name)
+    add_openai_routes(app, backend, model_name, ends)
     return app
 
 

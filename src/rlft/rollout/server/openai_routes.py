@@ -24,12 +24,12 @@ from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
-def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str) -> None:
+def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, ends: tuple[int, ...] | None = None) -> None:
     from rlft.rollout.server.app import add_route  # the one place that knows the trailing-slash rule
 
     tokenizer = backend.tokenizer
     created = int(time.time())
-    ends = end_ids(model_name, tokenizer)
+    ends = ends or end_ids(model_name, tokenizer)
 
     def token_text(token_id: int, as_ids: bool) -> str:
         return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
