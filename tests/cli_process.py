@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,10 +67,11 @@ def _run(args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: st
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    # `python -m` puts the working folder first, then PYTHONPATH's entries, then the interpreter's own; not the tests'
-    tests = str(Path(__file__).resolve().parent)
+    # `python -m` puts the working folder first, then PYTHONPATH's entries, then the interpreter's own: not the tests'
+    # folders, nor the test folders that tests had put on this process's path when the fork server started
+    foreign = (str(Path(__file__).resolve().parent), os.path.join(tempfile.gettempdir(), "pytest-of-"))
     sys.path[:] = [cwd, *(entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry),
-                   *(entry for entry in sys.path[1:] if entry and not entry.startswith(tests))]
+                   *(entry for entry in sys.path[1:] if entry and not entry.startswith(foreign))]
     sys.argv = ["rlft", *args]
     from rlft.cli import run_command
 

@@ -330,6 +330,7 @@ def test_every_key_that_names_base_models_repository_takes_its_revision_online_a
     assert model_source(cfg, "someorg/tiny", "ref_model") == str(v2) and hub_revision(cfg, str(v2)) == {}
     assert adapter_base(adapter) == (str(v2), {})
     assert end_ids(model_source(cfg, "someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id, 5)
+    assert end_ids("someorg/tiny", tokenizer, **hub_revision(cfg, "someorg/tiny")) == (tokenizer.eos_token_id, 5)  # GRPO's
     assert end_ids(resolve_source("someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id,)  # main has none
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the hub id stays, and from_pretrained gets the revision
     assert model_source(cfg, "someorg/tiny", "tokenizer_config") == "someorg/tiny"

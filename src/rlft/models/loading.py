@@ -71,8 +71,8 @@ def base_model_source(cfg) -> str:
 
 
 def hub_revision(cfg, source: str) -> dict[str, str]:
-    """`from_pretrained`'s revision for a source that is `base_model`'s hub id (online: `model_source` returns it as it
-    is); a resolved folder holds its revision already."""
+    """`from_pretrained`'s revision for a source that is `base_model`'s hub id (online, `model_source` returns it as it
+    is; offline, from_pretrained finds the revision's snapshot in the cache itself); a folder holds its revision."""
     return {"revision": cfg.revision_of_model} if cfg.revision_of_model and source == cfg.base_model else {}
 
 

@@ -69,12 +69,12 @@ def serve(cfg, console, *, backend_name: str) -> int:
     except BaseException:
         sock.close()
         raise
-    from rlft.models.loading import base_model_source, hub_revision
+    from rlft.models.loading import hub_revision
     from rlft.models.tokenizer import end_ids
 
     model_name = str(cfg.base_model)
-    source = base_model_source(cfg)  # the stop tokens of base_model's generation config, at revision_of_model
-    app = build_app(backend, model_name=model_name, token=token, ends=end_ids(source, backend.tokenizer, **hub_revision(cfg, source)))
+    ends = end_ids(model_name, backend.tokenizer, **hub_revision(cfg, model_name))  # base_model's, at revision_of_model
+    app = build_app(backend, model_name=model_name, token=token, ends=ends)
     shown = f"[{host}]" if ":" in host else host
     console.print(f"serving {model_name} on http://{shown}:{port} (backend {backend.name}, dtype "
                   f"{str(backend.dtype).removeprefix('torch.')}, max_model_len {backend.max_model_len})", highlight=False, markup=False, soft_wrap=True)

@@ -29,7 +29,7 @@ from rlft.models.frozen import FrozenPolicy, ReferenceMoves
 from rlft.data.collate import flatten_rows, pad_multiple
 from rlft.models.logprobs import (completion_batch, completion_logps, completion_scores, filters_active, sampled_logps,
                                  shared_completion_inputs)
-from rlft.models.loading import base_model_source, hub_revision
+from rlft.models.loading import hub_revision
 from rlft.models.tokenizer import end_ids
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.compiled import compile_options
@@ -90,7 +90,7 @@ class GRPORecipe(Recipe):
         if unknown:
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
                                f"{', '.join(GENERATION_KWARGS)})")
-        self.sampling = sampling_params(s, end_ids(source := base_model_source(cfg), tokenizer, **hub_revision(cfg, source)))
+        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(cfg, cfg.base_model)))
         # the off-policy terms compare the trainer with the engine: with sampling filters on, on the filtered distribution
         self.compares_sampled = filters_active(self.sampling) and (
             s.needs_sampling_correction or s.off_policy_mask_threshold is not None)
