@@ -119,12 +119,16 @@ def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monke
         return CliProcess("train", config, env=server_env(), cwd=env_cwd, stdout=tmp_path / f"{log}.out",
                           stderr=tmp_path / f"{log}.err")
 
-    process = run(whole, "whole")
-    try:
-        _, err = process.communicate(timeout=300)
-    finally:
-        kill_group(process)
-    assert process.returncode == 0, err[-2000:]
+    def to_the_end(config: Path, log: str) -> str:
+        process = run(config, log)
+        try:
+            out, err = process.communicate(timeout=300)
+        finally:
+            kill_group(process)
+        assert process.returncode == 0, err[-2000:]
+        return out
+
+    to_the_end(whole, "whole")
     process = run(cut, "cut")
     try:
         deadline = time.monotonic() + 120
@@ -133,13 +137,7 @@ def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monke
             time.sleep(0.05)
     finally:
         kill_group(process)
-    process = run(cut, "resumed")
-    try:
-        out, err = process.communicate(timeout=300)
-    finally:
-        kill_group(process)
-    assert process.returncode == 0, err[-2000:]
-    assert "Resumed" in out
+    assert "Resumed" in to_the_end(cut, "resumed")
     first = {m["step"]: (m["loss"], m.get("reward")) for m in steps_of(tmp_path / "whole")}
     second = {m["step"]: (m["loss"], m.get("reward")) for m in steps_of(tmp_path / "cut")}
     assert [first[s] for s in (4, 5, 6)] == [second[s] for s in (4, 5, 6)]
