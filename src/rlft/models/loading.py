@@ -198,11 +198,12 @@ def fit_embeddings(model: PreTrainedModel, cfg, tokenizer: PreTrainedTokenizerBa
 
 
 def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None,
-               with_adapter: bool = True) -> PreTrainedModel:
+               with_adapter: bool = True, serving: bool = False) -> PreTrainedModel:
     """Build the trainable model: base weights (or a seeded random init), attention, checkpointing, adapter.
 
     With `random_init` and an adapter the frozen random base must be the same on resume and at
-    inference, so it is written once to `init_base_dir` and loaded from there afterwards.
+    inference, so it is written once to `init_base_dir` and loaded from there afterwards. `serving`: for the rollout
+    server, which trains nothing (the router-loss check is the trainer's).
     """
     attention = cfg.effective_attn_implementation
     check_attention(attention, training=True, device_type=device_type)
@@ -242,7 +243,8 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
             ) from None
     fit_embeddings(model, cfg, tokenizer)
     check_own_masks(cfg, model)
-    check_router_loss(cfg, model)
+    if not serving:
+        check_router_loss(cfg, model)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})

@@ -57,7 +57,7 @@ class TransformersBackend(ThreadedBackend):
 
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         tokenizer = load_tokenizer(cfg)
-        model = load_model(cfg, tokenizer, device_type, with_adapter=False)
+        model = load_model(cfg, tokenizer, device_type, with_adapter=False, serving=True)
         dtype = served_dtype(cfg.vllm.dtype, getattr(model.config, "dtype", None), device_type)
         positions = getattr(model.config, "max_position_embeddings", None)
         max_model_len = cfg.vllm.max_model_len or positions
