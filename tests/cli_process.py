@@ -46,8 +46,20 @@ def _fork_server():
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
         # before multiprocessing's own exit handler, which would wait for every child still running: none is left
-        atexit.register(lambda: [process.kill_group() for process in _started if process.poll() is None])
+        atexit.register(_stop_all)
     return _context
+
+
+def _stop_all() -> None:
+    for process in _started:
+        with contextlib.suppress(RuntimeError):
+            process.kill_group()
+
+
+def _unbuffered(fd: int, like) -> io.TextIOWrapper:
+    """A text stream on `fd` that writes at once, with the encoding and error handling of the interpreter's `like`."""
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=getattr(like, "encoding", "utf-8"),
+                            errors=getattr(like, "errors", "backslashreplace"), write_through=True)
 
 
 def _run(args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str | None) -> None:
@@ -58,7 +70,7 @@ def _run(args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: st
     os.dup2(out, 1)
     os.dup2(err, 2)
     # unbuffered, as `python -u` (the tests read the output as it comes, and a SIGKILL loses nothing written)
-    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True) for fd in (1, 2))
+    sys.stdout, sys.stderr = _unbuffered(1, sys.__stdout__), _unbuffered(2, sys.__stderr__)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a new interpreter's; the fork server ignores Ctrl-C
     os.chdir(cwd)
     os.environ.clear()
@@ -134,9 +146,8 @@ class CliProcess:
 
     def kill_group(self) -> None:
         """SIGKILL the command's whole process group (what it started too) and reap it."""
-        if self._process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # also after the command itself ended: what it started goes too
+            os.killpg(self.pid, signal.SIGKILL)
         self._process.join(10)
         if self._process.exitcode is None:
             raise RuntimeError(f"rlft {' '.join(map(str, self.args))} (pid {self.pid}) did not stop after SIGKILL")

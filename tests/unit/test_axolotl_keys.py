@@ -329,6 +329,10 @@ def test_every_key_that_names_base_models_repository_takes_its_revision_online_a
     tokenizer = AutoTokenizer.from_pretrained(v2)
     assert model_source(cfg, "someorg/tiny", "ref_model") == str(v2) and hub_revision(cfg, str(v2)) == {}
     assert adapter_base(adapter) == (str(v2), {})
+    beside_folder = tmp_path / "other-tool"  # PEFT may record the adapter repository's revision beside a local base
+    beside_folder.mkdir()
+    (beside_folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(main), "revision": "v9"}))
+    assert adapter_base(beside_folder) == (str(main), {})
     assert end_ids(model_source(cfg, "someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id, 5)
     assert end_ids("someorg/tiny", tokenizer, **hub_revision(cfg, "someorg/tiny")) == (tokenizer.eos_token_id, 5)  # GRPO's
     assert end_ids(resolve_source("someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id,)  # main has none
@@ -494,6 +498,7 @@ def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(c
 
     from rlft.errors import ConfigError
     from rlft.models.loading import check_router_loss, load_model, load_tokenizer
+    from rlft.models.reward import load_reward_model
     from rlft.models.shared_prompts import shared_prompt_problem
 
     folder = tmp_path / "moe"
@@ -508,6 +513,15 @@ def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(c
         check_router_loss(config(base_model=str(folder), reward_model=True), model)
     with pytest.raises(ConfigError, match="packed or flattened rows have only under flash-attention"):
         check_router_loss(config(base_model=str(folder), sample_packing=True), model)
+    with pytest.raises(ConfigError, match="eval_sample_packing"):  # packed eval rows too
+        check_router_loss(config(base_model=str(folder), eval_sample_packing=True), model)
+    grpo = config(base_model=str(folder), random_init=True, rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]})
+    with pytest.raises(ConfigError, match="not to grpo"):  # the check runs where every trainer loads its model
+        load_model(grpo, load_tokenizer(grpo), "cpu")
+    assert load_model(grpo, load_tokenizer(grpo), "cpu", serving=True).config.output_router_logits  # the server trains nothing
+    reward = config(base_model=str(folder), random_init=True, reward_model=True)
+    with pytest.raises(ConfigError, match="not to reward_model"):
+        load_reward_model(reward, load_tokenizer(reward), "cpu")
     off = config(base_model=str(folder), random_init=True, reward_model=True, model_config={"output_router_logits": False})
     assert load_model(off, load_tokenizer(off), "cpu").config.output_router_logits is False
 

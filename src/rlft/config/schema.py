@@ -119,8 +119,10 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     )
     base_model_config: Optional[str] = field(None, "Folder whose config.json is used instead of base_model's.")
     revision_of_model: Optional[str] = field(
-        None, "Branch, tag or commit of base_model on the hub, for its weights, config and tokenizer (offline: the cached "
-              "snapshot of that revision); refused when base_model is a local folder (Axolotl's key; model_revision too).",
+        None, "Branch, tag or commit of base_model on the hub, for its weights, config, tokenizer and generation config "
+              "(offline: the cached snapshot of that revision), and for ref_model, tokenizer_config and base_model_config "
+              "where they name the same repository; a saved adapter records it for its base. Refused when base_model is "
+              "a local folder (Axolotl's key; model_revision too).",
         validation_alias=AliasChoices("revision_of_model", "model_revision"))
     tokenizer_config: Optional[str] = field(None, "Folder or hub id of the tokenizer (default: base_model).")
     model_type: Optional[str] = field(None, "transformers class that loads the model: AutoModelForCausalLM (the default) or a "

@@ -79,9 +79,11 @@ def hub_revision(cfg, source: str) -> dict[str, str]:
 def adapter_base(folder: Path) -> tuple[str, dict[str, str]]:
     """The base model of a saved adapter (its adapter_config.json) resolved, and the revision to load it at."""
     saved = json.loads((folder / ADAPTER_CONFIG).read_text())
-    revision = saved.get("revision")
-    source = resolve_source(saved.get("base_model_name_or_path"), "adapter base model", revision)
-    return source, ({"revision": revision} if revision and source == saved.get("base_model_name_or_path") else {})
+    base = saved.get("base_model_name_or_path")
+    # a revision names a version of a hub repository: beside a folder (other tools write one) it says nothing
+    revision = saved.get("revision") if base and not Path(base).expanduser().exists() else None
+    source = resolve_source(base, "adapter base model", revision)
+    return source, ({"revision": revision} if revision and source == base else {})
 
 
 def model_config(cfg, source: str, **settings: Any):
@@ -280,9 +282,11 @@ def check_router_loss(cfg, model) -> None:
     if cfg.method not in ("sft", *PREFERENCE_METHODS):
         raise ConfigError(f"base_model's config sets output_router_logits: true (a mixture-of-experts router's load-balancing "
                           f"loss), which rlft adds to SFT and the preference methods, not to {cfg.method}: {fix}")
-    if not cfg.effective_attn_implementation.startswith("flash_attention") and (cfg.sample_packing or cfg.flat_batches):
+    packed = cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches
+    if not cfg.effective_attn_implementation.startswith("flash_attention") and packed:
         raise ConfigError("base_model's config sets output_router_logits: true, and transformers' router loss needs a mask per "
                           "row, which packed or flattened rows have only under flash-attention: turn sample_packing / "
+                          "eval_sample_packing / "
                           f"batch_flattening / dpo_padding_free off, {fix}")
 
 
