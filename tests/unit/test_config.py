@@ -642,7 +642,7 @@ def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, co
         assert words in messages(config_problems(**GRPO, trl={"generation_kwargs": bad}))
 
 
-def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path):
+def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path, monkeypatch):
     """Gemma's instruct models end a turn with <end_of_turn> (106), which their generation_config.json lists beside
     the tokenizer's <eos> (1); Qwen's list <|im_end|> and <|endoftext|>. vLLM and transformers' generate stop at all
     of them, and so does rlft's engine (the run's stop ids); a folder without the file: the tokenizer's EOS."""
@@ -660,6 +660,11 @@ def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path):
     (checkpoint / "model").mkdir(parents=True)
     (checkpoint / "model" / "generation_config.json").write_text(json.dumps({"eos_token_id": [107]}))
     assert end_ids(str(checkpoint), tok) == (tok.eos_token_id, 107)
+    monkeypatch.setenv("HOME", str(tmp_path))  # base_model written as ~/...
+    assert end_ids("~/checkpoint-300", tok) == (tok.eos_token_id, 107)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "generation_config.json").write_text(json.dumps({"eos_token_id": [108]}))
+    assert end_ids("~/plain", tok) == (tok.eos_token_id, 108)  # before: read as a hub id, and the tokenizer's EOS alone
     from types import SimpleNamespace
 
     from rlft.config import build_config

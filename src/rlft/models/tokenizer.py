@@ -119,8 +119,10 @@ def end_ids(model, tokenizer: PreTrainedTokenizerBase, **revision: str) -> tuple
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     config = getattr(model, "generation_config", None)
     if config is None and isinstance(model, (str, Path)):
-        if (Path(model).expanduser() / "model" / "generation_config.json").is_file():  # an rlft checkpoint's model
-            model = Path(model).expanduser() / "model"
+        if Path(model).expanduser().is_dir():  # a folder, also written as ~/...: transformers would take it for a hub id
+            model = Path(model).expanduser()
+            if (model / "model" / "generation_config.json").is_file():  # an rlft checkpoint's model
+                model = model / "model"
         try:
             config = GenerationConfig.from_pretrained(model, **revision)
         except (OSError, ValueError):  # no generation_config.json there
