@@ -9,8 +9,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from rlft.errors import ModelError
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.loading import (adapter_base, base_model_source, check_attention, check_router_loss, fit_embeddings, hub_revision, model_config,
-                                 resolve_source)
+from rlft.models.loading import (adapter_base, base_model_source, check_attention, check_router_loss, fit_embeddings,
+                                 hub_revision, model_config, resolve_source)
 
 
 def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):

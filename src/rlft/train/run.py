@@ -261,8 +261,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
         recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing, rows_apart(cfg, model))
     if cfg.precompute_ref_log_probs:
         model.to(accelerator.device)
-        identity = [cfg.base_model, cfg.revision_of_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir, cfg.rl_adapter_ref_model,
-                    cfg.dpo_ld_alpha, method]
+        identity = [cfg.base_model, cfg.revision_of_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir,
+                    cfg.rl_adapter_ref_model, cfg.dpo_ld_alpha, method]
         with accelerator.autocast():
             precompute_or_load(recipe, model, data, tokenizer.pad_token_id, accelerator.device,
                                cfg.eval_batch_size or cfg.micro_batch_size, Path(cfg.output_dir) / "ref_logps", identity, console)

@@ -63,8 +63,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...] | None = None) -> FastAPI:
-    """`ends`: the token ids that end an answer (`rlft.models.tokenizer.end_ids`; default: those of `model_name`)."""
+def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...]) -> FastAPI:
+    """`ends`: the token ids that end an answer (`rlft.models.tokenizer.end_ids` of the served model)."""
     app = FastAPI(title="rlft rollout server", redirect_slashes=False)
     guard = token_guard(token)
     transfer = BucketedTransfer()

@@ -16,7 +16,6 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from rlft.models.tokenizer import end_ids
 from rlft.rollout.server.protocol import Generated, ServerError, ServingBackend
 from rlft.rollout.server.requests import ChatBody, CompletionBody, TokenizeBody, generation_request
 from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
@@ -24,12 +23,11 @@ from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
-def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, ends: tuple[int, ...] | None = None) -> None:
+def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, ends: tuple[int, ...]) -> None:
     from rlft.rollout.server.app import add_route  # the one place that knows the trailing-slash rule
 
     tokenizer = backend.tokenizer
     created = int(time.time())
-    ends = ends or end_ids(model_name, tokenizer)
 
     def token_text(token_id: int, as_ids: bool) -> str:
         return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
