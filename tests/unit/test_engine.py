@@ -264,3 +264,28 @@ def test_a_policy_whose_logits_are_nan_stops_sampling_with_the_fix(engine, sampl
     with pytest.raises(RolloutError, match="held NaN while sampling.*Lower learning_rate"):
         LocalEngine(broken, tok.pad_token_id, tok).decode([tok("1+2=")["input_ids"]], SamplingParams(max_new_tokens=3),
                                                           generator=torch.Generator().manual_seed(0))
+
+
+def test_on_a_cpu_the_compiled_step_stores_a_query_row_once_before_its_product_with_the_cache():
+    """inductor computes a batched (1 x d) by (d x L) product on a CPU as a multiply and a sum over L, and inlines the
+    row's producers into that loop: a decode step recomputed its query's rotary sine and cosine for every cached key.
+    Compiled as a decoder's step (`compile_step`), the rotated row is stored in a buffer of its own before the
+    product; compiled without the decoder's pass, the product's kernel writes its result alone. The values are
+    eager's."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from rlft.rollout.compiled import compile_step
+
+    def scores(query, angle, keys):
+        rotated = query * torch.cos(angle) + query.flip(-1) * torch.sin(angle)
+        return torch.bmm(rotated, keys.transpose(1, 2))
+
+    query, angle, keys = torch.randn(4, 1, 16), torch.randn(4, 1, 16), torch.randn(4, 64, 16)
+    plain = torch.compile(scores, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
+    for step, stored in ((compile_step(scores, None, "inductor", cpu=True, whole=True), 2), (plain, 1)):
+        torch._dynamo.reset()
+        out, code = run_and_get_code(step, query, angle, keys)
+        assert torch.allclose(out, scores(query, angle, keys), atol=1e-5)
+        assert len(set(re.findall(r"float\* (out_ptr\d+)", "\n".join(code)))) == stored, code
