@@ -487,7 +487,7 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer(cli, tmp_path, m
     (model / "config.json").write_text(json.dumps({**config, "vocab_size": 8192}))
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
     calls = []
-    monkeypatch.setattr(logprobs, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    monkeypatch.setattr(logprobs, "forward_hidden", lambda *a, _f=head.forward_hidden: calls.append(1) or _f(*a))
     runs = {}
     for fused in (True, False):
         monkeypatch.setattr(head, "MIN_VOCAB", 4096 if fused else 10**9)
@@ -506,6 +506,26 @@ def test_a_real_size_vocabulary_trains_through_the_output_layer(cli, tmp_path, m
         assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
         for key, value in trained_values(expected).items():
             assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (key, got[key], value)
+
+
+def test_grpo_on_an_moe_model_adds_the_router_loss_and_learns(tiny_moe_dir, cli, tmp_path, monkeypatch):
+    """model_config: {output_router_logits: true} on a Mixtral: the engine decodes without the router's logits, every
+    step logs the load-balancing loss, which joins the policy loss (at the first step, on-policy with group-scaled
+    advantages and loss_type grpo, the policy loss is 0: the loss is coef x aux_loss), and the reward (the share of
+    ASCII characters in the decoded bytes) rises."""
+    monkeypatch.chdir(tmp_path)
+    source = "def ascii(completions, **kwargs):\n    return [sum(ch < '\\x80' for ch in c) / max(1, len(c)) for c in completions]\n"
+    path = _grpo_config(tmp_path, tiny_moe_dir, source, ["myrewards.ascii"], random_init=True, max_steps=30, logging_steps=1,
+                        learning_rate=3e-2, seed=1, model_config={"output_router_logits": True},
+                        trl={"loss_type": "grpo", "generation_kwargs": {"ignore_eos": True}})
+    assert cli("train", path) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "loss" in m]
+    assert len(steps) == 30 and all(m["aux_loss"] > 0 for m in steps)
+    coef = 0.02  # the fixture's router_aux_loss_coef
+    assert steps[0]["loss"] == pytest.approx(coef * steps[0]["aux_loss"], abs=1e-5)
+    mean = lambda rows: sum(m["reward"] for m in rows) / len(rows)  # noqa: E731
+    # two seeds rose from 0.53 and 0.52 to 0.79 and 0.73 (the mean of 5 steps)
+    assert mean(steps[-5:]) > mean(steps[:5]) + 0.1, (mean(steps[:5]), mean(steps[-5:]))
 
 
 def test_batch_flattening_trains_what_padded_rollouts_train(warm_model, cli, tmp_path, monkeypatch):

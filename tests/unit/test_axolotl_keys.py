@@ -490,6 +490,76 @@ def test_the_router_loss_joins_ktos_loss_from_the_completions_forward(config, ti
     assert float(out.loss_sum) / 3 == pytest.approx(float(plain.loss_sum) / 3 + coef * float(aux), rel=1e-5)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir, loss_type, fused, monkeypatch):
+    """TRL's GRPO trainer adds router_aux_loss_coef x the load-balancing loss of the policy's forward over the prompts
+    and completions (left-padded, with their mask) to each micro-batch's loss: rlft's loss per unit is the same sum."""
+    from types import SimpleNamespace
+
+    from rlft.models import head
+    from rlft.models.loading import load_model, load_tokenizer
+    from rlft.models.logprobs import completion_batch, left_padded_inputs
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
+    cfg = config(base_model=str(tiny_moe_dir), random_init=True, rl="grpo", micro_batch_size=8,
+                 trl={"reward_funcs": ["r.f"]}, model_config={"output_router_logits": True})
+    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    g = torch.Generator().manual_seed(4)
+    rows = []
+    for prompt, completion, advantage in ((5, 4, 1.0), (3, 2, -0.5), (5, 6, 0.25), (4, 3, -0.75)):
+        ids = torch.randint(4, 200, (prompt + completion,), generator=g).tolist()
+        rows.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion,
+                     "advantage": advantage, "old_logps": [-5.5] * completion})
+    batch = completion_batch(rows, pad_id=0, values=("old_logps",))
+    recipe = GRPORecipe.__new__(GRPORecipe)
+    recipe.settings = SimpleNamespace(
+        temperature=1.0, entropy_coeff=0.0, off_policy_mask_threshold=None, needs_sampling_correction=False,
+        decoupled_loss=False, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, delta=None, lower_bound_ratio=None,
+        aipo_rho=None, importance_sampling_level="token", beta=0.0, positive_nll_coef=None, unbiased_loss_max_tokens=None,
+        bias_correction_kl=False)
+    recipe.compares_sampled = False
+    out = recipe.loss(model, batch)
+
+    forward = model(**left_padded_inputs(model, batch))  # transformers' own router loss of that forward
+    coef = model.config.router_aux_loss_coef
+    assert forward.aux_loss > 0 and coef > 0 and out.metrics["aux_loss"] == pytest.approx(float(forward.aux_loss), rel=1e-5)
+    model.config.output_router_logits = False  # the policy loss alone
+    plain = recipe.loss(model, batch)
+    assert "aux_loss" not in plain.metrics and out.units == plain.units > 0
+    assert float(out.loss_sum) / out.units == pytest.approx(
+        float(plain.loss_sum) / plain.units + coef * float(forward.aux_loss), rel=1e-5)
+
+
+def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny_moe_dir):
+    """With output_router_logits on, transformers computes the router's loss in every forward from a mask as wide as
+    the sequence, which a one-token step's router logits do not match: the engines decode without them, and sample
+    what the same model samples with the setting off."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.rollout.local import LocalEngine
+    from rlft.rollout.types import SamplingParams
+
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    off = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_moe_dir)).eval()
+    on = copy.deepcopy(off)
+    on.config.output_router_logits = True
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    expected = LocalEngine(off, tok.pad_token_id, tok).decode(prompts, params, generator=torch.Generator().manual_seed(1))
+    for compiled in (None, (None, "inductor")):
+        got = LocalEngine(on, tok.pad_token_id, tok, compiled=compiled).decode(
+            prompts, params, generator=torch.Generator().manual_seed(1))
+        assert got.completion_ids == expected.completion_ids
+        for row_got, row_expected in zip(got.logprobs, expected.logprobs):
+            assert row_got == pytest.approx(row_expected, abs=1e-5)
+
+
 def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(config, tiny_moe_dir, tmp_path):
     """A checkpoint saved with output_router_logits: true (rlft's own SFT with model_config saves it so) computes the
     router's loss in every forward: refused where rlft would not add it or its mask is missing; never shared prompts."""
@@ -508,20 +578,21 @@ def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(c
     cfg = config(base_model=str(folder), random_init=True, rl="dpo")
     model = load_model(cfg, load_tokenizer(cfg), "cpu")
     assert "output_router_logits: its router loss weighs the tokens by a mask per row" in shared_prompt_problem(model)
-    with pytest.raises(ConfigError, match="rlft adds to SFT and the preference methods, not to reward_model: or set "
-                                          r"model_config: \{output_router_logits: false\}"):
+    with pytest.raises(ConfigError, match="rlft adds to SFT, the preference methods and the GRPO family, not to reward_model: "
+                                          r"or set model_config: \{output_router_logits: false\}"):
         check_router_loss(config(base_model=str(folder), reward_model=True), model)
     with pytest.raises(ConfigError, match="packed or flattened rows have only under flash-attention"):
         check_router_loss(config(base_model=str(folder), sample_packing=True), model)
     with pytest.raises(ConfigError, match="eval_sample_packing"):  # packed eval rows too
         check_router_loss(config(base_model=str(folder), eval_sample_packing=True), model)
     grpo = config(base_model=str(folder), random_init=True, rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]})
-    with pytest.raises(ConfigError, match="not to grpo"):  # the check runs where every trainer loads its model
-        load_model(grpo, load_tokenizer(grpo), "cpu")
-    assert load_model(grpo, load_tokenizer(grpo), "cpu", serving=True).config.output_router_logits  # the server trains nothing
+    assert load_model(grpo, load_tokenizer(grpo), "cpu").config.output_router_logits  # the GRPO family adds it
     reward = config(base_model=str(folder), random_init=True, reward_model=True)
-    with pytest.raises(ConfigError, match="not to reward_model"):
+    with pytest.raises(ConfigError, match="not to reward_model"):  # the check runs where every trainer loads its model
         load_reward_model(reward, load_tokenizer(reward), "cpu")
+    with pytest.raises(ConfigError, match="not to reward_model"):
+        load_model(reward, load_tokenizer(reward), "cpu")
+    assert load_model(reward, load_tokenizer(reward), "cpu", serving=True).config.output_router_logits  # a server trains nothing
     off = config(base_model=str(folder), random_init=True, reward_model=True, model_config={"output_router_logits": False})
     assert load_model(off, load_tokenizer(off), "cpu").config.output_router_logits is False
 
@@ -534,8 +605,9 @@ def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_ref
     with pytest.raises(ConfigError, match=r"model_config.output_router_logit: MixtralConfig has no setting of that name "
                                           r"\(did you mean output_router_logits\?\): fix the name or remove it"):
         load_model(cfg, load_tokenizer(cfg), "cpu")
-    assert ("model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT and the "
-            "preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO); for reward_model it is not built: remove it") in [
+    assert ("model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, the "
+            "preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO) and the GRPO family; for reward_model it is not built: "
+            "remove it") in [
         message for _, message in config_problems(reward_model=True, model_config={"output_router_logits": True})]
     [(_, message)] = config_problems(rl="dpo", model_config={"output_router_logits": True}, share_prompts=True)
     assert message.startswith("share_prompts: model_config.output_router_logits: transformers' router loss weighs the tokens")

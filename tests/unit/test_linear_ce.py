@@ -297,7 +297,7 @@ def test_the_grpo_loss_through_the_output_layer_equals_the_models_logits(case, m
     recipe.compares_sampled = filters
     batch = grpo_batch(filters)
     calls = []
-    monkeypatch.setattr(logprobs, "final_hidden", lambda *a, _f=head.final_hidden: calls.append(1) or _f(*a))
+    monkeypatch.setattr(logprobs, "forward_hidden", lambda *a, _f=head.forward_hidden: calls.append(1) or _f(*a))
     results = []
     for fused in (True, False):
         monkeypatch.setattr(head, "MIN_VOCAB", VOCAB if fused else 10**9)

@@ -135,7 +135,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         None, "Settings set on the model's config before it is built (Axolotl's `model_config`), e.g. {rope_scaling: "
               "{rope_type: linear, factor: 2.0}}. With output_router_logits: true an MoE model's load-balancing loss "
               "(router_aux_loss_coef x aux_loss) joins the loss of SFT, as transformers adds it, and of the preference "
-              "methods, as TRL's trainers add it.",
+              "methods and the GRPO family, as TRL's trainers add it.",
         validation_alias=AliasChoices("model_config", "overrides_of_model_config"))
     tokens: Optional[list[str]] = field(None, "Tokens to add to the tokenizer (the embeddings are resized).")
     resize_token_embeddings_to_32x: Optional[bool] = field(
@@ -523,6 +523,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
 PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
 PAIR_METHODS = ("dpo", "ipo", "orpo", "simpo")  # trained on (prompt, chosen, rejected)
 SHARING_METHODS = (*PAIR_METHODS, "reward_model", "grpo", "gdpo")  # several answers to one prompt in a micro-batch
+ROUTER_LOSS_METHODS = ("sft", *PREFERENCE_METHODS, "grpo", "gdpo")  # an MoE router's load-balancing loss joins theirs
 
 
 def prompt_sharing_problem(cfg) -> str | None:
@@ -641,9 +642,10 @@ def _parameter_lora_problems(cfg: RlftConfig):
 
 def _model_config_problems(cfg: RlftConfig):
     settings = cfg.overrides_of_model_config or {}
-    if settings.get("output_router_logits") and cfg.method not in ("sft", *PREFERENCE_METHODS):
-        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT and "
-               f"the preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO); for {cfg.method} it is not built: remove it")
+    if settings.get("output_router_logits") and cfg.method not in ROUTER_LOSS_METHODS:
+        yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, "
+               f"the preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO) and the GRPO family; for {cfg.method} it is not "
+               "built: remove it")
     if settings.get("output_router_logits") and not cfg.effective_attn_implementation.startswith("flash_attention") and (
             cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches):
         yield ("model_config.output_router_logits with packed or flattened rows: transformers' router loss needs a mask per "

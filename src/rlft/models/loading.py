@@ -272,16 +272,17 @@ def check_own_masks(cfg, model) -> None:
 
 def check_router_loss(cfg, model) -> None:
     """A mixture-of-experts model whose config.json sets output_router_logits computes its router's load-balancing loss
-    in every forward: the methods that add it are SFT and the preference methods, on rows with a mask each
-    (`model_config` setting it is checked with the config: `rlft.config.schema`)."""
-    from rlft.config.schema import PREFERENCE_METHODS
+    in every forward: the methods that add it are SFT, the preference methods and the GRPO family, on rows with a mask
+    each (`model_config` setting it is checked with the config: `rlft.config.schema`)."""
+    from rlft.config.schema import ROUTER_LOSS_METHODS
 
     if not getattr(model.config, "output_router_logits", False) or "output_router_logits" in (cfg.overrides_of_model_config or {}):
         return
     fix = "or set model_config: {output_router_logits: false} to train without the router's loss"
-    if cfg.method not in ("sft", *PREFERENCE_METHODS):
+    if cfg.method not in ROUTER_LOSS_METHODS:
         raise ConfigError(f"base_model's config sets output_router_logits: true (a mixture-of-experts router's load-balancing "
-                          f"loss), which rlft adds to SFT and the preference methods, not to {cfg.method}: {fix}")
+                          f"loss), which rlft adds to SFT, the preference methods and the GRPO family, not to {cfg.method}: "
+                          f"{fix}")
     packed = cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches
     if not cfg.effective_attn_implementation.startswith("flash_attention") and packed:
         raise ConfigError("base_model's config sets output_router_logits: true, and transformers' router loss needs a mask per "

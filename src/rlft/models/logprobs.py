@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from rlft.data.collate import padded_to, shared_prompt_rows
 from rlft.losses.linear_ce import linear_token_logps
-from rlft.models.head import final_hidden, output_layer
+from rlft.models.head import forward_hidden, output_layer, router_loss
 from rlft.models.masks import safe_attention, with_model_mask
 from rlft.models.shared_prompts import sequences_flops
 
@@ -116,6 +116,11 @@ def padded(outputs: torch.Tensor, batch: dict[str, Any], prefix: str = "") -> to
 
 def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
     """Raw float logits (B, C, V) at the positions that predict each completion token."""
+    return completion_forward(model, batch)[0]
+
+
+def completion_forward(model, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+    """`completion_logits`, and the forward's outputs."""
     width = int(batch["completion_width"])
     if "flat_input_ids" in batch:
         index = batch["flat_index"][:, -width - 1 : -1].reshape(-1)
@@ -124,11 +129,11 @@ def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
         # group, the completion positions of all groups), then each slot's own out of them
         length = batch["flat_input_ids"].size(1)
         keep = torch.unique(index % length)
-        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
-        logits = logits.flatten(0, 1)[index // length * keep.numel() + torch.searchsorted(keep, index % length)]
-        return logits.float().view(-1, width, logits.size(-1))
-    logits = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
-    return logits.float()
+        outputs = model(**inputs, logits_to_keep=keep, use_cache=False)
+        logits = outputs.logits.flatten(0, 1)[index // length * keep.numel() + torch.searchsorted(keep, index % length)]
+        return logits.float().view(-1, width, logits.size(-1)), outputs
+    outputs = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False)
+    return outputs.logits[:, :-1].float(), outputs
 
 
 def left_padded_inputs(model, batch: dict[str, Any]) -> dict[str, Any]:
@@ -142,11 +147,12 @@ def left_padded_inputs(model, batch: dict[str, Any]) -> dict[str, Any]:
 
 class CompletionScores:
     """What one forward gives for the completion positions: their float logits (B, C, V), or their last hidden states
-    (B, C, H) and the output layer to apply to them (then no (B, C, V) block is ever built)."""
+    (B, C, H) and the output layer to apply to them (then no (B, C, V) block is ever built); and an MoE router's
+    load-balancing loss with its weight when the model's config sets output_router_logits (`head.router_loss`)."""
 
     def __init__(self, batch: dict[str, Any], logits: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
-                 head: torch.nn.Linear | None = None):
-        self.batch, self.logits, self.hidden, self.head = batch, logits, hidden, head
+                 head: torch.nn.Linear | None = None, router: tuple[torch.Tensor, float] | None = None):
+        self.batch, self.logits, self.hidden, self.head, self.router = batch, logits, hidden, head, router
 
     @property
     def vocab(self) -> int:
@@ -177,13 +183,14 @@ def completion_scores(model, batch: dict[str, Any]) -> CompletionScores:
     (`rlft.models.head`), else with the model's logits at the completion positions."""
     head = output_layer(model)
     if head is not None:
-        hidden = final_hidden(model, left_padded_inputs(model, batch), head)
+        hidden, outputs = forward_hidden(model, left_padded_inputs(model, batch), head)
         if hidden is not None:
             width = int(batch["completion_width"])
-            if "flat_index" in batch:  # only the completion positions out of the flat sequence(s), not every padded slot
-                return CompletionScores(batch, hidden=hidden.flatten(0, 1)[batch["flat_index"][:, -width - 1 : -1]], head=head)
-            return CompletionScores(batch, hidden=hidden[:, -width - 1 : -1], head=head)
-    return CompletionScores(batch, logits=completion_logits(model, batch))
+            # only the completion positions out of the flat sequence(s), not every padded slot
+            at = hidden.flatten(0, 1)[batch["flat_index"][:, -width - 1 : -1]] if "flat_index" in batch else hidden[:, -width - 1 : -1]
+            return CompletionScores(batch, hidden=at, head=head, router=router_loss(model, outputs))
+    logits, outputs = completion_forward(model, batch)
+    return CompletionScores(batch, logits=logits, router=router_loss(model, outputs))
 
 
 def completion_logps(model, batch: dict[str, Any], temperature: float, with_entropy: bool, grad_entropy: bool = False):

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from rlft.models.head import without_router_logits
 from rlft.models.masks import safe_attention
 
 LENGTH_BUCKET = 64  # cache lengths are multiples of this: one compiled graph serves many prompt widths
@@ -71,7 +72,8 @@ class CompiledDecoder:
 
     def _forward(self, input_ids, attention_mask, position_ids, cache_position, cache):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1,
-                          cache_position=cache_position, use_cache=True, **{self.cache_keyword: cache}).logits[:, -1]
+                          cache_position=cache_position, use_cache=True, **{self.cache_keyword: cache},
+                          **without_router_logits(self.model)).logits[:, -1]
 
     def _one_token(self, input_ids, attention_mask, position_ids, cache_position, cache):
         """The compiled step. On a CPU its one query attends through SDPA's math path, whose products and softmax

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from rlft.errors import RolloutError
+from rlft.models.head import without_router_logits
 from rlft.models.logprobs import draw_tokens, process_logits
 from rlft.models.masks import safe_attention
 from rlft.rollout.types import Rollout, SamplingParams
@@ -131,7 +132,8 @@ class LocalEngine:
         if self.decoder is not None:
             logits = self.decoder.prefill(input_ids, attention, positions, params.max_new_tokens)
         else:
-            cache = {_cache_keyword(self.model): DynamicCache()}
+            # the cache, and of an MoE model no router logits (their loss is the trainer's)
+            cache = {_cache_keyword(self.model): DynamicCache(), **without_router_logits(self.model)}
             logits = self.model(input_ids=input_ids, attention_mask=safe_attention(self.model, attention), position_ids=positions,
                                 use_cache=True, logits_to_keep=1, **cache).logits[:, -1]  # no (B, T, V) block
         tokens, logps, tops = [], [], []

@@ -245,6 +245,7 @@ class GRPORecipe(Recipe):
         # the current weights' filtered distribution: for the IS weights when old log-probs were not cached, and for OPSM
         wanted = self.compares_sampled and ("old_sampled_logps" not in batch or s.off_policy_mask_threshold is not None)
         sampled, dropped = sampled_logps(scores, batch, self.sampling, logps) if wanted else (None, None)
+        router = scores.router  # an MoE router's load-balancing loss (model_config: {output_router_logits: true})
         del scores
         is_weights, keep, metrics = self.off_policy_terms(logps, batch, sampled)
         if dropped is not None:
@@ -258,7 +259,7 @@ class GRPORecipe(Recipe):
             positive_nll_coef=s.positive_nll_coef, max_completion_length=s.unbiased_loss_max_tokens,
             is_weights=is_weights, sequence_keep=keep, bias_correction_kl=s.bias_correction_kl,
         )
-        return LossOutput(result.loss_sum, float(result.units), {**result.metrics, **metrics})
+        return LossOutput(result.loss_sum, float(result.units), {**result.metrics, **metrics}).plus_router_loss(router)
 
     def off_policy_terms(self, logps: torch.Tensor, batch: dict[str, Any], sampled: torch.Tensor | None = None):
         """The sampling correction (IS weights exp(old - sampling), or the decoupled loss's behaviour weights) and the
