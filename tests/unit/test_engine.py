@@ -267,11 +267,11 @@ def test_a_policy_whose_logits_are_nan_stops_sampling_with_the_fix(engine, sampl
 
 
 def test_on_a_cpu_the_compiled_step_stores_a_query_row_once_before_its_product_with_the_cache():
-    """inductor computes a batched (1 x d) by (d x L) product on a CPU as a multiply and a sum over L, and inlines the
-    row's producers into that loop: a decode step recomputed its query's rotary sine and cosine for every cached key.
-    Compiled as a decoder's step (`compile_step`), the rotated row is stored in a buffer of its own before the
-    product; compiled without the decoder's pass, the product's kernel writes its result alone. The values are
-    eager's."""
+    """inductor computes a batched (1 x d) by (d x L) product on a CPU as a multiply and a sum over d in a loop over
+    L, and inlines the row's producers into that loop: a decode step recomputed its query's rotary sine and cosine for
+    every cached key. Compiled as a decoder's step (`compile_step`), the rotated row is stored in a buffer of its own
+    before the product (two buffers); compiled without the decoder's pass, the product alone is (one). The values
+    are eager's."""
     import re
 
     from torch._inductor.utils import run_and_get_code
@@ -285,7 +285,6 @@ def test_on_a_cpu_the_compiled_step_stores_a_query_row_once_before_its_product_w
     query, angle, keys = torch.randn(4, 1, 16), torch.randn(4, 1, 16), torch.randn(4, 64, 16)
     plain = torch.compile(scores, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
     for step, stored in ((compile_step(scores, None, "inductor", cpu=True, whole=True), 2), (plain, 1)):
-        torch._dynamo.reset()
-        out, code = run_and_get_code(step, query, angle, keys)
+        out, code = run_and_get_code(step, query, angle, keys)  # (it resets dynamo first)
         assert torch.allclose(out, scores(query, angle, keys), atol=1e-5)
-        assert len(set(re.findall(r"float\* (out_ptr\d+)", "\n".join(code)))) == stored, code
+        assert len(set(re.findall(r"\bbuf\d+\b", "\n".join(code)))) == stored, code

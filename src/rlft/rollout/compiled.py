@@ -6,9 +6,10 @@ its length rounded up to `LENGTH_BUCKET` tokens and grown, never shrunk, when a 
 a few graphs per batch size, however the prompt widths vary), the attention mask is a fixed (B, L) tensor filled in
 place, and the one-token forward is a `torch.compile`d function: inductor with its C++ wrapper on a CPU, CUDA graphs
 (`reduce-overhead`) on a GPU. On a CPU, inductor computes a product of one query row with the whole cache as a
-broadcast multiply and a sum; a pass stores that row before the sum (`store_reused_rows`), where inductor would
-recompute it, rotary sines and cosines included, for every cached position (at size S with 576 cached positions a
-compiled step took 1.6 ms before, 0.7 ms with the pass: bench/README.md). The prompt's forward (prefill) runs
+broadcast multiply and a sum in a loop over the cached positions; a pass stores that row first (`store_reused_rows`),
+where inductor would recompute it, rotary sines and cosines included, for every cached position (at size S with 576
+cached positions a compiled step took 1.5-2.0 ms before, 0.6-1.0 ms with the pass: bench/README.md). The prompt's
+forward (prefill) runs
 eagerly into the same cache, computing the last position's logits only. Sampling stays outside, unchanged, so every
 token's log-prob still comes from the distribution it was drawn from.
 
@@ -137,7 +138,7 @@ def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: boo
     (`fullgraph`), guarded by `decoder_guards` alone; else with dynamo's own guards, which a forward that breaks into
     several graphs needs (each decoder layer's frame would otherwise run the graph compiled for the first layer, whose
     cache index it holds). On a CPU, inductor's C++ wrapper calls the kernels without Python in between (15-20 %
-    faster decode steps)."""
+    faster decode steps), and `store_reused_rows` runs on the graph."""
     guards = {"guard_filter_fn": decoder_guards} if whole else {}
     if backend == "inductor":  # a mode is its inductor options (torch.compile takes a mode or options, not both)
         from torch._inductor import list_mode_options
@@ -156,18 +157,21 @@ def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: boo
 
 def store_reused_rows():
     """An inductor pass for a CPU: a batched product of one row by many columns (the decode step's query by the cached
-    keys), or of many rows by one column, inductor computes as a broadcast multiply and a sum over a loop of the many,
-    into which it inlines the single row's producers. Every cached position recomputed the query's rotary embedding
-    (a sine and a cosine per element). The pass marks that input to be stored once before the loop (inductor's own
-    flag for it). The values are the same. (Built on first use: importing inductor takes seconds, and the launching
-    command imports this module.)"""
+    keys, its attention weights by the cached values), or of many rows by one column, inductor computes as a
+    broadcast multiply and a sum in a loop over the many, into which it inlines the single row's producers: every
+    cached position recomputed the query's rotary embedding (a sine and a cosine per element). The pass marks that
+    input to be stored once before the loop (inductor's own flag for it). The values are the same. (Built on first
+    use: importing inductor takes seconds, and the launching command imports this module.)"""
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
     class StoreReusedRows(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
             for product in graph.find_nodes(op="call_function", target=torch.ops.aten.bmm.default):
                 first, second = product.args[:2]
-                rows, columns = first.meta["val"].shape[1], second.meta["val"].shape[2]
+                shapes = [getattr(getattr(node, "meta", {}).get("val"), "shape", None) for node in (first, second)]
+                if None in shapes:  # no shapes recorded: left as inductor has it
+                    continue
+                rows, columns = shapes[0][1], shapes[1][2]
                 if rows == 1 and columns != 1:
                     first.meta["inductor_realize_to_strides"] = True
                 elif columns == 1 and rows != 1:
