@@ -580,13 +580,22 @@ def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(c
     assert "output_router_logits: its router loss weighs the tokens by a mask per row" in shared_prompt_problem(model)
     with pytest.raises(ConfigError, match="rlft adds to SFT, the preference methods and the GRPO family, not to reward_model: "
                                           r"or set model_config: \{output_router_logits: false\}"):
-        check_router_loss(config(base_model=str(folder), reward_model=True), model)
+        check_router_loss(config(base_model=str(folder), reward_model=True), model, "cpu")
     with pytest.raises(ConfigError, match="packed or flattened rows have only under flash-attention"):
-        check_router_loss(config(base_model=str(folder), sample_packing=True), model)
+        check_router_loss(config(base_model=str(folder), sample_packing=True), model, "cpu")
     with pytest.raises(ConfigError, match="eval_sample_packing"):  # packed eval rows too
-        check_router_loss(config(base_model=str(folder), eval_sample_packing=True), model)
+        check_router_loss(config(base_model=str(folder), eval_sample_packing=True), model, "cpu")
     grpo = config(base_model=str(folder), random_init=True, rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]})
     assert load_model(grpo, load_tokenizer(grpo), "cpu").config.output_router_logits  # the GRPO family adds it
+    # on a GPU under SDPA its left-padded rows get rlft's 4-D mask, which the router loss cannot read: refused there,
+    # from config.json or model_config alike; flash-attention and eager read the rows' own mask
+    for settings in ({}, {"model_config": {"output_router_logits": True}}):
+        with pytest.raises(ConfigError, match="output_router_logits with SDPA attention on a GPU: .* set attn_implementation: "
+                                              "flash_attention_2 \\(or eager\\)"):
+            check_router_loss(config(base_model=str(folder), rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]},
+                                     **settings), model, "cuda")
+    check_router_loss(config(base_model=str(folder), rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]},
+                             attn_implementation="eager"), model, "cuda")
     reward = config(base_model=str(folder), random_init=True, reward_model=True)
     with pytest.raises(ConfigError, match="not to reward_model"):  # the check runs where every trainer loads its model
         load_reward_model(reward, load_tokenizer(reward), "cpu")

@@ -108,3 +108,33 @@ def test_the_guide_form_is_refused_where_it_cannot_run(tmp_path, monkeypatch, se
     assert load_rollout_func("guide_roll.roll", SimpleNamespace(**base))
     with pytest.raises(RolloutError, match=words):
         load_rollout_func("guide_roll.roll", SimpleNamespace(**{**base, **settings}))
+
+
+def test_with_an_moe_routers_loss_on_a_failing_generate_is_told_to_turn_it_off(tiny_moe_dir):
+    """The guide form gets the training model. With model_config: {output_router_logits: true} its forward computes the
+    router's loss from a mask as wide as the sequence, which a generate step's router logits do not fit: the error
+    says to pass output_router_logits=False to generate, with which the same function samples."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_moe_dir)
+    config.output_router_logits = True
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+
+    def rollout(model, processing_class, prompts, generation_config=None, **extra):  # the prompts left-padded together
+        width = max(len(prompt["prompt_ids"]) for prompt in prompts)
+        ids = torch.tensor([[0] * (width - len(p["prompt_ids"])) + p["prompt_ids"] for p in prompts])
+        out = model.generate(input_ids=ids, attention_mask=(ids > 0).long(), generation_config=generation_config, **extra)
+        return [processing_class.decode([t for t in row[width:].tolist() if t > 1]) for row in out]
+
+    prompts = [{"prompt": "ab", "prompt_ids": [20, 30, 40], "columns": {}}, {"prompt": "c", "prompt_ids": [50], "columns": {}}]
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(1,))
+    with pytest.raises(RolloutError, match=r"m.rollout raised RuntimeError: .*The model's config sets output_router_logits "
+                                           r"\(model_config\).* call model.generate\(\.\.\., output_router_logits=False\)"):
+        completions_rollout(rollout, "m.rollout", model, Bytes(), prompts, 2, params, version=0)
+
+    def turned_off(model, processing_class, prompts, generation_config=None):
+        return rollout(model, processing_class, prompts, generation_config, output_router_logits=False)
+
+    out = completions_rollout(turned_off, "m.turned_off", model, Bytes(), prompts, 2, params, version=0)
+    assert len(out.completion_ids) == 4 and all(out.completion_ids)

@@ -246,7 +246,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     fit_embeddings(model, cfg, tokenizer)
     check_own_masks(cfg, model)
     if not serving:
-        check_router_loss(cfg, model)
+        check_router_loss(cfg, model, device_type)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
@@ -270,13 +270,22 @@ def check_own_masks(cfg, model) -> None:
                          "dpo_padding_free off)")
 
 
-def check_router_loss(cfg, model) -> None:
+def check_router_loss(cfg, model, device_type: str) -> None:
     """A mixture-of-experts model whose config.json sets output_router_logits computes its router's load-balancing loss
     in every forward: the methods that add it are SFT, the preference methods and the GRPO family, on rows with a mask
-    each (`model_config` setting it is checked with the config: `rlft.config.schema`)."""
+    each (`model_config` setting it is checked with the config: `rlft.config.schema`). On a GPU under SDPA, the GRPO
+    family's rows, which start with their prompts' left padding, get a (B, 1, T, T) mask of rlft's own
+    (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused, set either way."""
     from rlft.config.schema import ROUTER_LOSS_METHODS
 
-    if not getattr(model.config, "output_router_logits", False) or "output_router_logits" in (cfg.overrides_of_model_config or {}):
+    if not getattr(model.config, "output_router_logits", False):
+        return
+    if cfg.method in ("grpo", "gdpo") and device_type == "cuda" and cfg.effective_attn_implementation == "sdpa":
+        raise ConfigError("output_router_logits with SDPA attention on a GPU: GRPO's rows start with their prompts' left "
+                          "padding, for which rlft gives SDPA a 4-D mask of its own that transformers' router loss cannot "
+                          "read; set attn_implementation: flash_attention_2 (or eager), or model_config: "
+                          "{output_router_logits: false} to train without the router's loss")
+    if "output_router_logits" in (cfg.overrides_of_model_config or {}):
         return
     fix = "or set model_config: {output_router_logits: false} to train without the router's loss"
     if cfg.method not in ROUTER_LOSS_METHODS:

@@ -40,7 +40,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
             raise ModelError(f"cannot load a reward model (sequence classification, 1 label) from {source}: {exc}") from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
     fit_embeddings(model, cfg, tokenizer)
-    check_router_loss(cfg, model)
+    check_router_loss(cfg, model, device_type)
     apply_liger(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})

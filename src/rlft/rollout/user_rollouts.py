@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from rlft.errors import RolloutError
+from rlft.models.head import without_router_logits
 from rlft.models.logprobs import completion_batch, completion_scores, filters_active, sampled_logps
 from rlft.rollout.types import Rollout, SamplingParams
 from rlft.usercode import UserCodeError, load_user_function
@@ -107,7 +108,14 @@ def completions_rollout(fn: Callable, name: str, model, tokenizer, prompts: list
     """Run a guide-style function on each prompt G times and turn its texts into a Rollout with sampling log-probs."""
     expanded = [prompt for prompt in prompts for _ in range(group)]
     extra, keywords = completions_arguments(fn, generation_config(params, tokenizer))
-    texts = call_user(fn, name, model, tokenizer, [prompt_view(p, tokenizer) for p in expanded], *extra, **keywords)
+    try:
+        texts = call_user(fn, name, model, tokenizer, [prompt_view(p, tokenizer) for p in expanded], *extra, **keywords)
+    except RolloutError as exc:
+        if without_router_logits(model):  # the training model computes its router's loss in every forward
+            raise RolloutError(f"{exc}. The model's config sets output_router_logits (model_config), so its forward computes "
+                               "the router's loss, which a generate step's router logits do not fit: call "
+                               "model.generate(..., output_router_logits=False); the loss is rlft's to add") from exc
+        raise
     if not isinstance(texts, (list, tuple)) or len(texts) != len(expanded) or not all(isinstance(t, str) for t in texts):
         got = f"a list of {len(texts)}" if isinstance(texts, (list, tuple)) else type(texts).__name__
         raise RolloutError(f"trl.rollout_func {name} returned {got}: the (model, processing_class, prompts, generation_config) "
