@@ -535,7 +535,7 @@ def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir
 def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny_moe_dir):
     """With output_router_logits on, transformers computes the router's loss in every forward from a mask as wide as
     the sequence, which a one-token step's router logits do not match: the engines decode without them, and sample
-    what the same model samples with the setting off."""
+    what the same model samples with the setting off; so does `rlft generate` (a checkpoint saved with the setting)."""
     import copy
 
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -558,6 +558,10 @@ def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny
         assert got.completion_ids == expected.completion_ids
         for row_got, row_expected in zip(got.logprobs, expected.logprobs):
             assert row_got == pytest.approx(row_expected, abs=1e-5)
+    from rlft.models.generation import generate_texts
+
+    texts = ["12+34=", "1+2="]  # left-padded together
+    assert generate_texts(on, tok, texts, max_new_tokens=4) == generate_texts(off, tok, texts, max_new_tokens=4)
 
 
 def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(config, tiny_moe_dir, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlft.models.head import without_router_logits
 from rlft.models.tokenizer import end_ids
 
 
@@ -30,8 +31,11 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
     for encoded in encoded_chunks:
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else {"do_sample": False}
         with torch.no_grad():
+            # an MoE checkpoint saved with output_router_logits (its training's setting) would compute the router's
+            # loss at every token, from a mask its one-token steps do not fit
             generated = model.generate(**encoded, max_new_tokens=max_new_tokens, num_return_sequences=num_samples,
-                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=list(ends), **sampling)
+                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=list(ends), **sampling,
+                                       **without_router_logits(model))
         new_tokens = generated[:, encoded["input_ids"].shape[1]:]
         outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
     return outputs
