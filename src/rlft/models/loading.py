@@ -275,7 +275,8 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     in every forward: the methods that add it are SFT, the preference methods and the GRPO family, on rows with a mask
     each (`model_config` setting it is checked with the config: `rlft.config.schema`). On a GPU under SDPA, the GRPO
     family's rows, which start with their prompts' left padding, get a (B, 1, T, T) mask of rlft's own
-    (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused, set either way."""
+    (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused there, whether
+    model_config or config.json sets it."""
     from rlft.config.schema import ROUTER_LOSS_METHODS
 
     if not getattr(model.config, "output_router_logits", False):

@@ -9,9 +9,8 @@ place, and the one-token forward is a `torch.compile`d function: inductor with i
 broadcast multiply and a sum in a loop over the cached positions; a pass stores that row first (`store_reused_rows`),
 where inductor would recompute it, rotary sines and cosines included, for every cached position (at size S with 576
 cached positions a compiled step took 1.5-2.0 ms before, 0.6-1.0 ms with the pass: bench/README.md). The prompt's
-forward (prefill) runs
-eagerly into the same cache, computing the last position's logits only. Sampling stays outside, unchanged, so every
-token's log-prob still comes from the distribution it was drawn from.
+forward (prefill) runs eagerly into the same cache, computing the last position's logits only. Sampling stays
+outside, unchanged, so every token's log-prob still comes from the distribution it was drawn from.
 
 Each decoder keeps compiled graphs of its own (`own_code`), so that they only ever run with its own model, whose
 modules never change once it is built (new weights are copied into the same tensors; a server builds a new engine
