@@ -89,7 +89,8 @@ def without_router_logits(model: torch.nn.Module) -> dict[str, bool]:
     """The forward keyword that turns off an MoE router's logits where the model's config turns them on, for decoding:
     the router's loss is the trainer's, and transformers computes it from a mask as wide as the whole sequence, which
     a one-token step's router logits do not match. Empty for other models."""
-    return {"output_router_logits": False} if getattr(_network(model).config, "output_router_logits", False) else {}
+    config = getattr(_network(model), "config", None)
+    return {"output_router_logits": False} if getattr(config, "output_router_logits", False) else {}
 
 
 def router_loss(model: torch.nn.Module, outputs: Any) -> tuple[torch.Tensor, float] | None:
