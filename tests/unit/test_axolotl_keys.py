@@ -564,6 +564,24 @@ def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny
     assert generate_texts(on, tok, texts, max_new_tokens=4) == generate_texts(off, tok, texts, max_new_tokens=4)
 
 
+def test_a_model_whose_forward_computes_no_router_loss_is_refused_with_the_setting():
+    """transformers' GLM-4 MoE returns its router's logits under output_router_logits but computes no load-balancing
+    loss from them: the setting would add nothing, and the first training forward says so."""
+    from layout_checks import tiny_of_type
+
+    from rlft.errors import ConfigError
+    from rlft.train.recipes.sft import SFTRecipe
+
+    model = tiny_of_type("glm4_moe")
+    ids = torch.randint(4, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    assert "aux_loss" not in SFTRecipe.__new__(SFTRecipe).loss(model, batch).metrics
+    model.config.output_router_logits = True
+    with pytest.raises(ConfigError, match=r"transformers' Glm4MoeForCausalLM computes no router load-balancing loss, so the "
+                                          r"setting would add nothing to the loss; remove it"):
+        SFTRecipe.__new__(SFTRecipe).loss(model, batch)
+
+
 def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(config, tiny_moe_dir, tmp_path):
     """A checkpoint saved with output_router_logits: true (rlft's own SFT with model_config saves it so) computes the
     router's loss in every forward: refused where rlft would not add it or its mask is missing; never shared prompts."""

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from rlft.errors import ConfigError
+
 
 _NOT_PLAIN: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose logits failed the check once
 MIN_VOCAB = 4096  # below this the (B, T, V) logits are small, and the model's own forward is a little faster
@@ -95,8 +97,15 @@ def without_router_logits(model: torch.nn.Module) -> dict[str, bool]:
 
 def router_loss(model: torch.nn.Module, outputs: Any) -> tuple[torch.Tensor, float] | None:
     """(An MoE forward's load-balancing loss, the config's router_aux_loss_coef) with output_router_logits, which
-    transformers adds to the loss of a forward given labels as coef x loss; None for other models."""
+    transformers adds to the loss of a forward given labels as coef x loss; None for other models. A model whose
+    config sets output_router_logits but whose forward computes no such loss (transformers' GLM-4 MoE, HunYuan MoE and
+    DeepSeek V2/V3 only return the router's logits) is refused at its first forward: the setting would do nothing."""
+    config = _network(model).config
     aux = getattr(outputs, "aux_loss", None)
     if aux is None:
+        if getattr(config, "output_router_logits", False):
+            raise ConfigError(f"output_router_logits (model_config, or the checkpoint's config.json): transformers' "
+                              f"{type(_network(model)).__name__} computes no router load-balancing loss, so the setting "
+                              "would add nothing to the loss; remove it (or set model_config: {output_router_logits: false})")
         return None
-    return aux, float(getattr(_network(model).config, "router_aux_loss_coef", 0.0))
+    return aux, float(getattr(config, "router_aux_loss_coef", 0.0))
