@@ -29,7 +29,7 @@ from common import make_model  # noqa: E402
 from rlft.data.collate import pad_batch, packed_batch  # noqa: E402
 from rlft.losses.linear_ce import linear_cross_entropy_sum  # noqa: E402
 from rlft.models import varlen  # noqa: E402
-from rlft.models.head import final_hidden, output_layer  # noqa: E402
+from rlft.models.head import forward_hidden, output_layer  # noqa: E402
 from rlft.models.masks import with_model_mask  # noqa: E402
 
 INPUTS = ("input_ids", "attention_mask", "position_ids", "documents")
@@ -56,7 +56,7 @@ def main() -> None:
     def step(batch) -> None:
         inputs = with_model_mask(model, {k: batch[k] for k in INPUTS if k in batch})
         with torch.autocast(device, torch.bfloat16):
-            hidden = final_hidden(model, inputs, head)
+            hidden, _ = forward_hidden(model, inputs, head)
             targets = batch["labels"][:, 1:]
             keep = targets != -100
             loss = linear_cross_entropy_sum(hidden[:, :-1][keep], head.weight, head.bias, targets[keep])

@@ -18,7 +18,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from rlft.models.logprobs import completion_batch, completion_logits, logps_from_logits, sampled_logps
+from rlft.models.logprobs import completion_batch, completion_forward, logps_from_logits, sampled_logps
 from rlft.rollout.remote import RemoteEngine
 from rlft.rollout.types import SamplingParams
 from rlft.train.metrics import read_metrics
@@ -81,7 +81,7 @@ def _engine_vs_trainer(engine, model, params) -> tuple[float, float, list[int]]:
             for p, c in zip(out.prompt_ids, out.completion_ids)]
     batch = completion_batch(rows, 0)
     with torch.no_grad():
-        logits = completion_logits(model, batch)
+        logits, _ = completion_forward(model, batch)
         plain, _ = logps_from_logits(logits, batch, params.temperature, False)
     sampled, _ = sampled_logps(logits, batch, params, plain)
     served = torch.zeros_like(sampled)

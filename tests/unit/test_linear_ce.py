@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.losses.linear_ce import linear_cross_entropy_sum
-from rlft.models.head import final_hidden, output_layer
+from rlft.models.head import forward_hidden, output_layer
 
 
 def tensors(dtype=torch.float32, bias=True, seed=0):
@@ -87,11 +87,11 @@ def tiny_model(**extra):
     return LlamaForCausalLM(config)
 
 
-def test_final_hidden_is_what_the_model_projects():
+def test_the_hidden_state_is_what_the_model_projects():
     model = tiny_model()
     ids = torch.randint(0, VOCAB, (2, 6))
     head = output_layer(model)
-    hidden = final_hidden(model, {"input_ids": ids}, head)
+    hidden, _ = forward_hidden(model, {"input_ids": ids}, head)
     torch.testing.assert_close(head(hidden), model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 
@@ -105,7 +105,7 @@ def test_a_model_whose_logits_are_not_its_output_layer_is_detected():
         return out
 
     model.forward = scaled.__get__(model)
-    assert final_hidden(model, {"input_ids": torch.randint(0, VOCAB, (2, 6))}, output_layer(model)) is None
+    assert forward_hidden(model, {"input_ids": torch.randint(0, VOCAB, (2, 6))}, output_layer(model))[0] is None
     assert output_layer(model) is None  # remembered: later steps do not pay for a second forward
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.losses.importance import importance_weights
-from rlft.models.logprobs import (completion_batch, completion_logits, filters_active, logps_from_logits,
+from rlft.models.logprobs import (completion_batch, completion_forward, filters_active, logps_from_logits,
                                   sampled_logps, tokens_seen)
 from rlft.models.logprobs import process_logits
 from rlft.rollout.local import LocalEngine
@@ -49,7 +49,7 @@ def test_sampled_logps_are_the_engines_and_is_ratios_are_one(model, params):
     batch, engine = _sample(model, params)
     mask = batch["completion_mask"]
     with torch.no_grad():
-        logits = completion_logits(model, batch)
+        logits, _ = completion_forward(model, batch)
         plain, _ = logps_from_logits(logits, batch, params.temperature, False)
     sampled, dropped = sampled_logps(logits, batch, params, plain)
     assert not (dropped * mask).any()

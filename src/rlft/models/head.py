@@ -1,6 +1,6 @@
 """The output layer applied by the loss instead of the model: target positions only, in chunks.
 
-`final_hidden` runs the model with `logits_to_keep=1` (one position's logits, no (B, T, V) block) and returns
+`forward_hidden` runs the model with `logits_to_keep=1` (one position's logits, no (B, T, V) block) and returns
 the last hidden state; the loss then applies the output layer to the target positions itself
 (`rlft.losses.linear_ce`). That is only right when the model's logits are exactly `lm_head(hidden)`, so every call
 also compares the one kept position's logits with `lm_head(hidden)` there: a model that soft-caps or scales its
@@ -67,14 +67,9 @@ def _network(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(network, "module", network)  # DDP
 
 
-def final_hidden(model: torch.nn.Module, inputs: dict[str, Any], head: torch.nn.Linear) -> torch.Tensor | None:
-    """(B, T, H) last hidden state (after the final norm) of a forward that builds one position's logits, or None
-    when the model's logits are not `head(hidden)` (checked at that position)."""
-    return forward_hidden(model, inputs, head)[0]
-
-
 def forward_hidden(model: torch.nn.Module, inputs: dict[str, Any], head: torch.nn.Linear) -> tuple[torch.Tensor | None, Any]:
-    """(final_hidden's answer, the forward's outputs)."""
+    """((B, T, H) last hidden state (after the final norm) of a forward that builds one position's logits, or None when
+    the model's logits are not `head(hidden)` (checked at that position); the forward's outputs)."""
     outputs = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
     if not outputs.hidden_states:
         return None, outputs

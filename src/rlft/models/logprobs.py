@@ -114,13 +114,8 @@ def padded(outputs: torch.Tensor, batch: dict[str, Any], prefix: str = "") -> to
     return outputs if index is None else outputs.flatten(0, 1)[index]
 
 
-def completion_logits(model, batch: dict[str, Any]) -> torch.Tensor:
-    """Raw float logits (B, C, V) at the positions that predict each completion token."""
-    return completion_forward(model, batch)[0]
-
-
 def completion_forward(model, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-    """`completion_logits`, and the forward's outputs."""
+    """Raw float logits (B, C, V) at the positions that predict each completion token, and the forward's outputs."""
     width = int(batch["completion_width"])
     if "flat_input_ids" in batch:
         index = batch["flat_index"][:, -width - 1 : -1].reshape(-1)
