@@ -184,3 +184,22 @@ def mistral_tokenizer():
 
     _tokenizer_file("mistral/tokenizer.model")
     return LlamaTokenizer.from_pretrained(str(TOKENIZER_FILES / "mistral"), add_bos_token=True)
+
+
+@pytest.fixture(scope="session")
+def mistral_common_v7():
+    """mistral-common's v7 SentencePiece instruct tokenizer (32768 pieces, [SYSTEM_PROMPT] and [INST] control tokens)
+    through transformers' MistralCommonBackend, as `tokenizer_use_mistral_common: true` loads it."""
+    from rlft.models.mistral_common import load_mistral_tokenizer
+
+    _tokenizer_file("mistral-common-v7/tokenizer.model.v7")
+    return load_mistral_tokenizer(str(TOKENIZER_FILES / "mistral-common-v7"))
+
+
+@pytest.fixture(scope="session")
+def mistral_common_tekken():
+    """mistral-common's v3 tekken tokenizer (Mistral NeMo's, 131072 entries): the system prompt joins the last user turn."""
+    from rlft.models.mistral_common import load_mistral_tokenizer
+
+    _tokenizer_file("mistral-common-tekken/tekken.json")
+    return load_mistral_tokenizer(str(TOKENIZER_FILES / "mistral-common-tekken"))

@@ -161,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from rlft.models.generation import generate_texts
     from rlft.models.loading import load_for_inference
+    from rlft.models.mistral_common import is_mistral_common
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--num-samples", args.num_samples)):
         if value < 1:
@@ -173,8 +174,10 @@ def _generate(args: argparse.Namespace) -> int:
                           f"{args.num_samples} times: add --temperature 0.8 (or another value above 0)")
     model, tokenizer = load_for_inference(args.model)
     prompts = args.prompt
-    if args.chat:
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+    if args.chat:  # mistral-common's control tokens exist only as ids: its prompts are given as ids
+        rendered = is_mistral_common(tokenizer)
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=rendered, add_generation_prompt=True,
+                                                 **({"return_dict": False} if rendered else {})) for p in prompts]
     texts = generate_texts(model, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p, args.num_samples, seed=args.seed,
                            add_special_tokens=not args.chat)
     for index, text in enumerate(texts):

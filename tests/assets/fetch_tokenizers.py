@@ -1,8 +1,10 @@
-"""Fetch the two real tokenizer files the mask tests use, from the package registry (no model hub).
+"""Fetch the real tokenizer files the mask tests use, from the package registry (no model hub).
 
   gpt2.tiktoken         GPT-2's byte-level BPE ranks, in the `openai-whisper` sdist (MIT)
   tokenizer.model       the Llama/Mistral SentencePiece model (`tokenizer.model.v1` in the
                         `mistral-common` wheel, Apache-2.0)
+  mistral-common-v7/    mistral-common's own files, as `tokenizer_use_mistral_common` loads them: the
+  mistral-common-tekken/  v7 SentencePiece instruct model and the v3 tekken file (Mistral NeMo's), same wheel
 
 Run by `make test` (through `make tokenizers`) once; the files land in tests/.tokenizers/.
 """
@@ -40,6 +42,10 @@ def main() -> None:
         with zipfile.ZipFile(download(MISTRAL_COMMON, folder, sdist=False)) as wheel:
             (TARGET / "mistral").mkdir(exist_ok=True)
             (TARGET / "mistral" / "tokenizer.model").write_bytes(wheel.read("mistral_common/data/tokenizer.model.v1"))
+            for folder_name, member, name in (("mistral-common-v7", "mistral_instruct_tokenizer_241114.model.v7", "tokenizer.model.v7"),
+                                              ("mistral-common-tekken", "tekken_240911.json", "tekken.json")):
+                (TARGET / folder_name).mkdir(exist_ok=True)
+                (TARGET / folder_name / name).write_bytes(wheel.read(f"mistral_common/data/{member}"))
     print(f"real tokenizer files in {TARGET}")
 
 

@@ -348,3 +348,51 @@ def test_group_by_length_trains_on_batches_of_similar_lengths(make_config, cli, 
         runs[grouped] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
     assert runs[True][-1]["loss"] < runs[True][0]["loss"] - 0.5
     assert runs[True][0]["loss"] != runs[False][0]["loss"]  # other rows in the first batch: the grouping took effect
+
+
+CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin", "Japan": "Tokyo", "Egypt": "Cairo"}
+
+
+def test_mistral_common_tokenizer_trains_its_own_chat_encoding_and_generates(cli, tmp_path, capsys):
+    """`tokenizer_use_mistral_common: true` with mistral-common's real v7 tokenizer file in the model folder: SFT on chat
+    rows learns the answers, the output keeps the tokenizer file, and `rlft generate --chat` prompts with its ids."""
+    import random
+    import shutil
+
+    import yaml
+    from transformers import LlamaConfig
+
+    from tests.conftest import _tokenizer_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(_tokenizer_file("mistral-common-v7/tokenizer.model.v7"), model)
+    LlamaConfig(vocab_size=32768, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                tie_word_embeddings=True).save_pretrained(model)
+    rng = random.Random(0)
+    rows = []
+    for index in range(120):
+        country = rng.choice(sorted(CAPITALS))
+        system = [{"role": "system", "content": "Answer with one word."}] if index % 2 else []
+        rows.append({"messages": system + [{"role": "user", "content": f"Capital of {country}?"},
+                                           {"role": "assistant", "content": CAPITALS[country]}]})
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "base_model": str(model), "random_init": True, "tokenizer_use_mistral_common": True, "seed": 0,
+        "datasets": [{"path": str(tmp_path / "chat.jsonl"), "type": "chat_template"}], "sequence_len": 32,
+        "micro_batch_size": 8, "num_epochs": 15, "learning_rate": 3e-3, "logging_steps": 15,
+        "output_dir": str(tmp_path / "out")}))
+    assert cli("preprocess", config, "--debug") == 0
+    printed = capsys.readouterr().out
+    assert "'[INST]'(3)" in printed and "'[/INST]'(4)" in printed  # control tokens as single ids, not text pieces
+    assert cli("train", config) == 0
+    losses = [m["loss"] for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in m]
+    assert losses[0] > 5.0 and losses[-1] < 0.1, losses  # random init over 32768 ids, then the answers known
+    assert (tmp_path / "out" / "tokenizer.model.v7").exists()
+    capsys.readouterr()
+    assert cli("generate", tmp_path / "out", "--chat", "--max-new-tokens", "4",
+               *[arg for country in CAPITALS for arg in ("--prompt", f"Capital of {country}?")]) == 0
+    answers = capsys.readouterr().out.splitlines()
+    assert answers == [f"Capital of {country}?{capital}" for country, capital in CAPITALS.items()], answers

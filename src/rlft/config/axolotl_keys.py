@@ -339,7 +339,6 @@ TOP_LEVEL = {
     'tokenizer_legacy': ('other', None),
     'tokenizer_save_jinja_files': ('other', True),
     'tokenizer_use_fast': ('other', None),
-    'tokenizer_use_mistral_common': ('other', None),
     'torch_compile_options': ('kernel', None),
     'torch_empty_cache_steps': ('other', None),
     'torchdistx_path': ('optim', None),

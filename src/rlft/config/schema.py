@@ -131,6 +131,11 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                       validation_alias=AliasChoices("model_type", "type_of_model"))
     tokenizer_type: Optional[str] = field(None, "transformers class that loads the tokenizer: AutoTokenizer (the default) or a "
                                                 "*Tokenizer / *TokenizerFast class.")
+    tokenizer_use_mistral_common: Optional[bool] = field(
+        None, "Load Mistral's own tokenizer (tekken.json or tokenizer.model.v*) through the mistral-common package, which "
+              "encodes conversations itself (no chat template): SFT with chat_template or completion datasets. Unset: on "
+              "when base_model, base_model_config or tokenizer_config names a Magistral model, as in Axolotl "
+              "(docs/sft.md#mistrals-own-tokenizer-tokenizer_use_mistral_common).")
     overrides_of_model_config: Optional[dict[str, Any]] = field(
         None, "Settings set on the model's config before it is built (Axolotl's `model_config`), e.g. {rope_scaling: "
               "{rope_type: linear, factor: 2.0}}. With output_router_logits: true an MoE model's load-balancing loss "
@@ -489,6 +494,13 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         return value
 
     @property
+    def uses_mistral_common(self) -> bool:
+        """tokenizer_use_mistral_common, or unset and a Magistral model named (Axolotl infers it the same way)."""
+        if self.tokenizer_use_mistral_common is not None:
+            return self.tokenizer_use_mistral_common
+        return any("magistral" in (name or "").lower() for name in (self.base_model, self.base_model_config, self.tokenizer_config))
+
+    @property
     def method(self) -> str:
         """The training method: `sft`, `reward_model`, or the value of `rl` (`ipo` means DPO+IPO loss)."""
         if self.rl:
@@ -557,6 +569,7 @@ def combination_problems(cfg: RlftConfig):
     if cfg.bf16 is True and cfg.fp16:
         yield "bf16 and fp16 are both true: choose one precision"
     yield from _model_config_problems(cfg)
+    yield from _mistral_common_problems(cfg)
     defaults = {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": True}  # what DDP does anyway
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
                 if getattr(cfg, key) is not None and getattr(cfg, key) != defaults.get(key)]
@@ -656,6 +669,32 @@ def _model_config_problems(cfg: RlftConfig):
         yield (f"model_config {', '.join(loading)} with an adapter: the adapter is saved for the original base model, which "
                "merge-lora, generate and the rollout server load without these settings; train without the adapter, or "
                "write them into a copy of the base model's config.json")
+
+
+def _mistral_common_problems(cfg: RlftConfig):
+    if not cfg.uses_mistral_common:
+        return
+    why = ("tokenizer_use_mistral_common" if cfg.tokenizer_use_mistral_common else
+           "tokenizer_use_mistral_common (on for a Magistral model unless set to false)")
+    if cfg.method != "sft":
+        yield (f"{why} is built for SFT; {cfg.method} renders prompts as text through a chat template, which a "
+               "mistral-common tokenizer does not have: set tokenizer_use_mistral_common: false to use the model's "
+               "transformers tokenizer")
+    edits = [key for key in ("chat_template", "chat_template_jinja", "special_tokens", "tokens")
+             if key in cfg.model_fields_set and getattr(cfg, key) not in (None, "tokenizer_default")]
+    if edits:
+        yield (f"{why} with {', '.join(edits)}: mistral-common encodes conversations with its own control tokens and "
+               "cannot be given a template or new tokens (Axolotl refuses these too): remove them")
+    if cfg.eot_tokens:
+        yield (f"{why} with eot_tokens {cfg.eot_tokens}: mistral-common ends every assistant turn with </s> (train_on_eos "
+               "decides whether it is trained) and cannot add other end-of-turn tokens; Axolotl ignores the key with "
+               "mistral-common, rlft does not: remove eot_tokens")
+    for index, ds in enumerate(list(cfg.datasets or []) + list(cfg.test_datasets or [])):
+        if isinstance(ds.type, UserDefinedType) or ds.type in ("alpaca", "input_output"):
+            name = "a user-defined format" if isinstance(ds.type, UserDefinedType) else ds.type
+            yield (f"dataset type {name} with {why}: mistral-common encodes chat messages (type: "
+                   "chat_template) and plain text (type: completion); other formats need a chat template or text pieces "
+                   "tokenised apart")
 
 
 def _neftune_problems(cfg: RlftConfig):

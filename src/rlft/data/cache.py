@@ -43,6 +43,10 @@ def _files(ds) -> list[list[Any]]:
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:
+    from rlft.models.mistral_common import fingerprint, is_mistral_common
+
+    if is_mistral_common(tokenizer):
+        return fingerprint(tokenizer)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     extra = json.dumps([tokenizer.chat_template, tokenizer.all_special_tokens, tokenizer.padding_side], default=str)

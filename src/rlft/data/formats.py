@@ -101,8 +101,10 @@ def _short(value: Any) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
-def chat_template_format(ds) -> RowFormat:
-    """`chat_template`: a message list with configurable keys and role names."""
+def chat_template_format(ds, chunks: bool = False) -> RowFormat:
+    """`chat_template`: a message list with configurable keys and role names. With `chunks` (mistral-common, which
+    encodes them itself) a message's content may also be a list of typed chunks ({"type": "text", "text": ...},
+    {"type": "thinking", "thinking": ...}); else it is text."""
     mapping = dict(ds.message_property_mappings or {})
     mapping.setdefault("role", ds.message_field_role or "role")
     mapping.setdefault("content", ds.message_field_content or "content")
@@ -133,6 +135,13 @@ def chat_template_format(ds) -> RowFormat:
                 raise RowError(f"{where}.{carried}: SFT rows keep each message's role and content only, and this "
                                f"{role} message's {carried} would be lost; write it into the content as the model "
                                "should produce it, or leave such rows out")
+            if chunks and isinstance(content, list):
+                bad = next((i for i, chunk in enumerate(content) if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str)), None)
+                if bad is not None:
+                    raise RowError(f"{where}.{mapping['content']}[{bad}] must be a chunk with a `type` (text, thinking), "
+                                   f"got {_short(content[bad])}")
+                out.append({"role": role, "content": content})
+                continue
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
         return {"messages": out}
 
@@ -179,14 +188,14 @@ def input_output_format(ds) -> RowFormat:
     return convert
 
 
-def prompt_completion_format(ds) -> RowFormat:
+def prompt_completion_format(ds, chunks: bool = False) -> RowFormat:
     """Rows that already hold `prompt` and `completion` strings (or `messages`, or `text`)."""
 
     def convert(row: dict[str, Any]) -> Record:
         for keys in (("messages",), ("prompt", "completion"), ("text",)):
             if all(key in row and row[key] is not None for key in keys):
                 if keys == ("messages",):
-                    return chat_template_format(ds)(row)
+                    return chat_template_format(ds, chunks)(row)
                 return {key: text(row[key], key) for key in keys}
         raise RowError(f"no `type:` set and the row has none of messages / prompt+completion / text (it has {fields_of(row)})")
 
@@ -259,10 +268,13 @@ def resolve_sft_format(ds, cfg, index: int, where: str, tokenizer) -> RowFormat:
     """The function that turns one raw row of dataset `ds` into a canonical SFT record."""
     from rlft.config import UserDefinedType
 
+    chunks = bool(cfg.uses_mistral_common)  # mistral-common encodes typed content chunks itself
     if ds.type is None:
-        return prompt_completion_format(ds)
+        return prompt_completion_format(ds, chunks)
     if isinstance(ds.type, UserDefinedType):
         return user_defined_sft_format(ds.type)
+    if ds.type in ("chat_template", "chat_template.default"):
+        return chat_template_format(ds, chunks)
     if ds.type in SFT_FORMATS:
         return SFT_FORMATS[ds.type](ds)
     found = user_transform(ds.type, cfg, index, where)
@@ -274,5 +286,5 @@ def resolve_sft_format(ds, cfg, index: int, where: str, tokenizer) -> RowFormat:
         )
     transform, _ = found
     transform = bind_tokenizer(transform, tokenizer)
-    canonical = prompt_completion_format(ds)
+    canonical = prompt_completion_format(ds, chunks)
     return lambda row: canonical(call_transform(transform, ds.type, row))

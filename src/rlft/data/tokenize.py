@@ -8,6 +8,9 @@ template, with or without `{% generation %}` tags. "Any", not "the first": Sente
 Llama-2/Mistral-style templates put the separating space and the first word of the answer in one
 token (`[/INST] Paris` -> `▁Paris`), whose first character is template text.
 
+With `tokenizer_use_mistral_common`, mistral-common encodes a chat itself (no template, control tokens only as ids):
+each message's ids are trained by its role (`rlft.models.mistral_common.chat_ids`).
+
 Prompt + answer records (SFT `prompt`/`completion`, the preference formats, KTO, EBFT) are tokenised
 as ONE text, the way the model sees it at inference, and cut where the answer begins (`split_answers`):
 tokenising the two parts apart gives other ids with many tokenizers (SentencePiece adds a `▁` to the
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlft.data.formats import Record, RowError, render_chat, text
+from rlft.models.mistral_common import chat_ids, is_mistral_common
 from rlft.models.tokenizer import end_of_turn_token
 
 IGNORE = -100
@@ -176,6 +180,8 @@ def split_answers(tokenizer, prompt: str, answers: list[str]) -> tuple[list[int]
 def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_train: list[str], train_on_eos: str,
                     eot_tokens: list[str] | None = None) -> dict[str, list[int]]:
     """Token ids and labels for one canonical record (no truncation here)."""
+    if is_mistral_common(tokenizer):
+        return _mistral_record(record, tokenizer, train_on_inputs, roles_to_train, train_on_eos)
     if "messages" in record:
         rendered = render_chat(tokenizer, record["messages"])
         encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
@@ -201,6 +207,36 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
     completion = ended(list(completion))
     prompt_labels = list(prompt) if train_on_inputs else [IGNORE] * len(prompt)
     return {"input_ids": prompt + completion, "labels": prompt_labels + completion}
+
+
+def _mistral_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_train: list[str],
+                    train_on_eos: str) -> dict[str, list[int]]:
+    """A record through mistral-common: a chat's ids as mistral-common encodes them, each message's ids trained by its
+    role (an assistant turn's closing EOS by `train_on_eos`); a text with BOS and EOS."""
+    if "text" in record:
+        ids = list(tokenizer(text(record["text"], "text"))["input_ids"])  # finetuning mode adds BOS and EOS
+        return {"input_ids": ids, "labels": list(ids)}
+    if "messages" not in record:
+        raise RowError("with tokenizer_use_mistral_common, rows are chat messages (type: chat_template) or text (type: "
+                       "completion): mistral-common encodes conversations itself and has no prompt/completion or "
+                       "template-free (input_output) form")
+    try:
+        ids, spans = chat_ids(tokenizer, record["messages"])
+    except ValueError as exc:
+        raise RowError(str(exc)) from None
+    if train_on_inputs:
+        return {"input_ids": ids, "labels": list(ids)}
+    labels = [IGNORE] * len(ids)
+    last = len(spans) - 1
+    for index, (role, start, end) in enumerate(spans):
+        trained = role in roles_to_train
+        closed = end > start and ids[end - 1] == tokenizer.eos_token_id  # an assistant turn ends with EOS
+        content_end = end - 1 if closed else end
+        if trained:
+            labels[start:content_end] = ids[start:content_end]
+        if closed and {"turn": trained, "all": True, "last": index == last, "none": False}[train_on_eos]:
+            labels[end - 1] = ids[end - 1]
+    return {"input_ids": ids, "labels": labels}
 
 
 def fit_length(example: dict[str, list[int]], sequence_len: int, strategy: str) -> tuple[dict[str, list[int]] | None, str]:

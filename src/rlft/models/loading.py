@@ -150,6 +150,10 @@ def transformers_class(name: str, key: str):
 def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
     source = model_source(cfg, cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
+    if cfg.uses_mistral_common:  # its own conversation encoding: no template, no added tokens (refused by validate)
+        from rlft.models.mistral_common import load_mistral_tokenizer
+
+        return load_mistral_tokenizer(source, **hub_revision(cfg, source))
     try:
         tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
             source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
@@ -404,6 +408,10 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
             model = AutoModelForCausalLM.from_pretrained(source)
         except OSError as exc:
             raise ModelError(f"cannot load a model from {source}: {exc}") from None
+    from rlft.models.mistral_common import has_mistral_files, load_mistral_tokenizer
+
+    if has_mistral_files(source):  # a tokenizer_use_mistral_common run's output: its tekken.json / tokenizer.model.v*
+        return model.to(device).eval(), load_mistral_tokenizer(source, mode="test")
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -1,0 +1,185 @@
+"""`tokenizer_use_mistral_common: true`: Mistral's own tokenizer files, encoded by mistral-common (no chat template).
+
+The tokenizers are mistral-common's real files from its wheel (fetched by `make test`): the v7 SentencePiece instruct
+model and the v3 tekken file. The trained tokens are written out by hand from mistral-common's documented formats.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlft.config import build_config
+from rlft.data.formats import RowError, chat_template_format
+from rlft.data.tokenize import IGNORE, tokenize_record
+from rlft.errors import ConfigError
+from rlft.models.mistral_common import ENCODERS, chat_ids, fingerprint, has_mistral_files
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Spain?"},
+        {"role": "assistant", "content": "Madrid."}]
+
+
+class Ds:  # a chat_template dataset entry's settings, as its defaults
+    field_messages, message_property_mappings, message_field_role, message_field_content = "messages", None, None, None
+    roles, drop_system_message = None, False
+
+
+def trained(tokenizer, example) -> list[str]:
+    return tokenizer.convert_ids_to_tokens([t for t, label in zip(example["input_ids"], example["labels"]) if label != IGNORE])
+
+
+def record(tokenizer, messages=CHAT, roles=("assistant",), eos="turn", inputs=False):
+    return tokenize_record({"messages": messages}, tokenizer, inputs, list(roles), eos)
+
+
+def test_v7_trains_each_assistant_turn_and_its_eos(mistral_common_v7):
+    example = record(mistral_common_v7)
+    assert mistral_common_v7.convert_ids_to_tokens(example["input_ids"]) == [
+        "<s>", "[SYSTEM_PROMPT]", "▁Be", "▁brief", ".", "[/SYSTEM_PROMPT]", "[INST]", "▁Capital", "▁of", "▁France", "?",
+        "[/INST]", "▁Paris", ".", "</s>", "[INST]", "▁And", "▁Spain", "?", "[/INST]", "▁Madrid", ".", "</s>"]
+    assert trained(mistral_common_v7, example) == ["▁Paris", ".", "</s>", "▁Madrid", ".", "</s>"]
+    # the ids are mistral-common's own encoding of the conversation
+    assert example["input_ids"] == list(mistral_common_v7.apply_chat_template(CHAT, tokenize=True, return_dict=False))
+
+
+def test_tekken_v3_puts_the_system_prompt_in_the_last_user_turn(mistral_common_tekken):
+    example = record(mistral_common_tekken)
+    tokens = mistral_common_tekken.convert_ids_to_tokens(example["input_ids"])
+    assert tokens == ["<s>", "[INST]", "Capital", " of", " France", "?", "[/INST]", "Paris", ".", "</s>", "[INST]", "Be",
+                      " brief", ".\n\n", "And", " Spain", "?", "[/INST]", "Madrid", ".", "</s>"]
+    assert trained(mistral_common_tekken, example) == ["Paris", ".", "</s>", "Madrid", ".", "</s>"]
+
+
+@pytest.mark.parametrize("eos, expected", [
+    ("none", ["▁Paris", ".", "▁Madrid", "."]),
+    ("last", ["▁Paris", ".", "▁Madrid", ".", "</s>"]),
+    ("all", ["▁Paris", ".", "</s>", "▁Madrid", ".", "</s>"]),
+])
+def test_train_on_eos(mistral_common_v7, eos, expected):
+    assert trained(mistral_common_v7, record(mistral_common_v7, eos=eos)) == expected
+
+
+def test_user_turns_and_all_inputs(mistral_common_v7):
+    users = record(mistral_common_v7, roles=("user",), eos="none")
+    assert trained(mistral_common_v7, users) == ["[INST]", "▁Capital", "▁of", "▁France", "?", "[/INST]", "[INST]", "▁And",
+                                                 "▁Spain", "?", "[/INST]"]
+    everything = record(mistral_common_v7, inputs=True)
+    assert everything["labels"] == everything["input_ids"]
+
+
+def test_text_rows_get_bos_and_eos(mistral_common_v7):
+    example = tokenize_record({"text": "Paris is a city."}, mistral_common_v7, False, ["assistant"], "turn")
+    tokens = mistral_common_v7.convert_ids_to_tokens(example["input_ids"])
+    assert tokens[0] == "<s>" and tokens[-1] == "</s>" and example["labels"] == example["input_ids"]
+
+
+def test_rows_mistral_common_refuses_name_the_reason(mistral_common_v7):
+    with pytest.raises(RowError, match="Expected last role Assistant"):
+        record(mistral_common_v7, messages=CHAT[:2])
+    with pytest.raises(RowError, match="prompt/completion"):
+        tokenize_record({"prompt": "2+2=", "completion": "4"}, mistral_common_v7, False, ["assistant"], "turn")
+    # a failed encoding leaves the tokenizer as it was: no counting wrappers stay on its instance
+    assert not set(ENCODERS) & set(vars(mistral_common_v7.tokenizer.instruct_tokenizer))
+    assert record(mistral_common_v7)["input_ids"][:2] == [1, 16]
+
+
+def test_content_chunks_with_mistral_common_only(mistral_common_v7, mistral_tokenizer):
+    chunked = [{"role": "user", "content": [{"type": "text", "text": "Capital of France?"}]},
+               {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]}]
+    converted = chat_template_format(Ds(), chunks=True)({"messages": chunked})
+    plain = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]
+    assert record(mistral_common_v7, converted["messages"]) == record(mistral_common_v7, plain)
+    with pytest.raises(RowError, match=r"messages\[1\]\.content\[0\] must be a chunk with a `type`"):
+        chat_template_format(Ds(), chunks=True)({"messages": [chunked[0], {"role": "assistant", "content": ["Paris."]}]})
+    with pytest.raises(RowError, match="is a list"):  # a Jinja template's rows stay text
+        chat_template_format(Ds())({"messages": chunked})
+
+
+def test_spans_cover_the_ids_in_order(mistral_common_tekken):
+    ids, spans = chat_ids(mistral_common_tekken, CHAT)
+    assert [role for role, _, _ in spans] == ["user", "assistant", "user", "assistant"]  # v3: no system message of its own
+    assert spans[0][1] == 1 and spans[-1][2] == len(ids)
+    assert all(end == start for (_, _, end), (_, start, _) in zip(spans, spans[1:]))
+
+
+def test_fingerprint_and_files(mistral_common_v7, mistral_common_tekken, tmp_path):
+    assert fingerprint(mistral_common_v7) != fingerprint(mistral_common_tekken)
+    assert fingerprint(mistral_common_v7) == fingerprint(mistral_common_v7)
+    mistral_common_v7.save_pretrained(tmp_path)
+    assert has_mistral_files(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")  # a transformers tokenizer beside it wins
+    assert not has_mistral_files(tmp_path)
+
+
+BASE = {"base_model": "./model", "datasets": [{"path": "chat.jsonl", "type": "chat_template"}]}
+
+
+def problems(**settings) -> str:
+    try:
+        build_config({**BASE, **settings})
+    except ConfigError as exc:
+        return "\n".join(what for _, what in exc.problems)
+    return ""
+
+
+def test_config_rules():
+    assert problems(tokenizer_use_mistral_common=True) == ""
+    assert "is built for SFT; dpo" in problems(tokenizer_use_mistral_common=True, rl="dpo",
+                                               datasets=[{"path": "p.jsonl", "type": "chatml.intel"}])
+    assert "with chat_template, special_tokens" in problems(tokenizer_use_mistral_common=True, chat_template="chatml",
+                                                            special_tokens={"pad_token": "<pad>"})
+    assert "remove eot_tokens" in problems(tokenizer_use_mistral_common=True, eot_tokens=["<end_of_turn>"])
+    assert "dataset type alpaca" in problems(tokenizer_use_mistral_common=True, datasets=[{"path": "a.jsonl", "type": "alpaca"}])
+    # Axolotl's inference: unset, and a Magistral model named
+    magistral = build_config({**BASE, "base_model": "mistralai/Magistral-Small-2506"})
+    assert magistral.uses_mistral_common
+    assert not build_config({**BASE, "base_model": "mistralai/Magistral-Small-2506",
+                             "tokenizer_use_mistral_common": False}).uses_mistral_common
+    assert not build_config(BASE).uses_mistral_common
+    assert "on for a Magistral model" in problems(base_model="mistralai/Magistral-Small-2506", chat_template="chatml")
+
+
+@pytest.fixture(scope="module")
+def thinking_tekken(tmp_path_factory):
+    """The tekken file above declared as v13 with its special tokens listed ([THINK] and [/THINK] among them), the
+    layout of Magistral's tokenizers, whose files are not on the package registry: for the chunk path only."""
+    import json
+
+    from rlft.models.mistral_common import load_mistral_tokenizer
+    from tests.conftest import _tokenizer_file
+
+    data = json.loads(_tokenizer_file("mistral-common-tekken/tekken.json").read_text())
+    names = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+             "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]",
+             "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
+    data["config"]["version"] = "v13"
+    data["special_tokens"] = [{"rank": rank, "token_str": names[rank] if rank < len(names) else f"<SPECIAL_{rank}>",
+                               "is_control": True} for rank in range(data["config"]["default_num_special_tokens"])]
+    folder = tmp_path_factory.mktemp("v13")
+    (folder / "tekken.json").write_text(json.dumps(data))
+    return load_mistral_tokenizer(str(folder))
+
+
+def test_thinking_chunks_are_trained_with_their_answer(thinking_tekken):
+    """Axolotl's Magistral thinking rows: content as chunks, a `thinking` chunk before the answer's text."""
+    row = {"messages": [{"role": "system", "content": [{"type": "text", "text": "Think first."}]},
+                        {"role": "user", "content": [{"type": "text", "text": "2+2?"}]},
+                        {"role": "assistant", "content": [{"type": "thinking", "thinking": "two and two"},
+                                                          {"type": "text", "text": "4"}]}]}
+    example = tokenize_record(chat_template_format(Ds(), chunks=True)(row), thinking_tekken, False, ["assistant"], "turn")
+    assert thinking_tekken.convert_ids_to_tokens(example["input_ids"]) == [
+        "<s>", "[SYSTEM_PROMPT]", "Think", " first", ".", "[/SYSTEM_PROMPT]", "[INST]", "2", "+", "2", "?", "[/INST]",
+        "[THINK]", "two", " and", " two", "[/THINK]", "4", "</s>"]
+    assert trained(thinking_tekken, example) == ["[THINK]", "two", " and", " two", "[/THINK]", "4", "</s>"]
+
+
+def test_loading_errors_say_what_is_missing(tiny_model_dir, monkeypatch):
+    from rlft.errors import ModelError
+    from rlft.models import mistral_common
+
+    with pytest.raises(ModelError, match=r"No tokenizer file found \(it needs tekken.json or a tokenizer.model.v\* file; set "
+                                         "tokenizer_use_mistral_common: false"):
+        mistral_common.load_mistral_tokenizer(str(tiny_model_dir))  # a transformers tokenizer only
+    monkeypatch.setattr(mistral_common.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError, match=r"needs the mistral-common package: pip install -c constraints.txt 'rlft\[mistral\]'"):
+        mistral_common.load_mistral_tokenizer(str(tiny_model_dir))
