@@ -198,7 +198,7 @@ def mistral_common_v7():
 
 @pytest.fixture(scope="session")
 def mistral_common_tekken():
-    """mistral-common's v3 tekken tokenizer (Mistral NeMo's, 131072 entries): the system prompt joins the last user turn."""
+    """mistral-common's v3 tekken tokenizer (tekken_240911.json, 131072 entries): the system prompt joins the last user turn."""
     from rlft.models.mistral_common import load_mistral_tokenizer
 
     _tokenizer_file("mistral-common-tekken/tekken.json")

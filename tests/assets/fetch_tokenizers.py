@@ -4,7 +4,7 @@
   tokenizer.model       the Llama/Mistral SentencePiece model (`tokenizer.model.v1` in the
                         `mistral-common` wheel, Apache-2.0)
   mistral-common-v7/    mistral-common's own files, as `tokenizer_use_mistral_common` loads them: the
-  mistral-common-tekken/  v7 SentencePiece instruct model and the v3 tekken file (Mistral NeMo's), same wheel
+  mistral-common-tekken/  v7 SentencePiece instruct model and the v3 tekken file of 2024-09-11, same wheel
 
 Run by `make test` (through `make tokenizers`) once; the files land in tests/.tokenizers/.
 """

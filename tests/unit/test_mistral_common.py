@@ -76,6 +76,11 @@ def test_text_rows_get_bos_and_eos(mistral_common_v7):
 def test_rows_mistral_common_refuses_name_the_reason(mistral_common_v7):
     with pytest.raises(RowError, match="Expected last role Assistant"):
         record(mistral_common_v7, messages=CHAT[:2])
+    thinking = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "two"}, {"type": "text", "text": "4"}]}]
+    with pytest.raises(RowError, match="cannot encode the messages: Unexpected content chunk types"):  # v7 has no [THINK]
+        record(mistral_common_v7, messages=thinking)
+    assert record(mistral_common_v7, messages=[]) == {"input_ids": [], "labels": []}  # all dropped: no target
     with pytest.raises(RowError, match="prompt/completion"):
         tokenize_record({"prompt": "2+2=", "completion": "4"}, mistral_common_v7, False, ["assistant"], "turn")
     # a failed encoding leaves the tokenizer as it was: no counting wrappers stay on its instance
@@ -89,22 +94,42 @@ def test_content_chunks_with_mistral_common_only(mistral_common_v7, mistral_toke
     converted = chat_template_format(Ds(), chunks=True)({"messages": chunked})
     plain = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]
     assert record(mistral_common_v7, converted["messages"]) == record(mistral_common_v7, plain)
-    with pytest.raises(RowError, match=r"messages\[1\]\.content\[0\] must be a chunk with a `type`"):
+    with pytest.raises(RowError, match=r"messages\[1\]\.content\[0\] must be a text or thinking chunk"):
         chat_template_format(Ds(), chunks=True)({"messages": [chunked[0], {"role": "assistant", "content": ["Paris."]}]})
+    image = {"type": "image", "url": "https://example.com/cat.png"}  # never fetched: refused as the row is read
+    with pytest.raises(RowError, match=r"messages\[0\]\.content\[0\] must be a text or thinking chunk"):
+        chat_template_format(Ds(), chunks=True)({"messages": [{"role": "user", "content": [image]}, chunked[1]]})
     with pytest.raises(RowError, match="is a list"):  # a Jinja template's rows stay text
         chat_template_format(Ds())({"messages": chunked})
 
 
-def test_spans_cover_the_ids_in_order(mistral_common_tekken):
+def test_spans_follow_what_mistral_common_encodes(mistral_common_tekken, mistral_common_v7):
     ids, spans = chat_ids(mistral_common_tekken, CHAT)
     assert [role for role, _, _ in spans] == ["user", "assistant", "user", "assistant"]  # v3: no system message of its own
-    assert spans[0][1] == 1 and spans[-1][2] == len(ids)
-    assert all(end == start for (_, _, end), (_, start, _) in zip(spans, spans[1:]))
+    tokens = mistral_common_tekken.convert_ids_to_tokens(ids)
+    assert tokens[spans[2][1]:spans[2][2]] == ["[INST]", "Be", " brief", ".\n\n", "And", " Spain", "?", "[/INST]"]
+    # two user messages in a row are joined into one turn by mistral-common's normalizer: one span
+    doubled = [{"role": "user", "content": "Capital"}, {"role": "user", "content": "of France?"},
+               {"role": "assistant", "content": "Paris."}]
+    ids, spans = chat_ids(mistral_common_v7, doubled)
+    assert [role for role, _, _ in spans] == ["user", "assistant"]
+    assert trained(mistral_common_v7, record(mistral_common_v7, doubled)) == ["▁Paris", ".", "</s>"]
+
+
+def test_a_system_turn_v3_does_not_encode_cannot_be_trained(mistral_common_tekken, mistral_common_v7):
+    with pytest.raises(RowError, match="roles_to_train has system, and this mistral-common tokenizer encodes no such message"):
+        record(mistral_common_tekken, roles=("assistant", "system"))
+    assert trained(mistral_common_v7, record(mistral_common_v7, roles=("system",), eos="none")) == [
+        "[SYSTEM_PROMPT]", "▁Be", "▁brief", ".", "[/SYSTEM_PROMPT]"]  # v7: its own block, control tokens included
 
 
 def test_fingerprint_and_files(mistral_common_v7, mistral_common_tekken, tmp_path):
+    from rlft.models.mistral_common import load_mistral_tokenizer
+
     assert fingerprint(mistral_common_v7) != fingerprint(mistral_common_tekken)
-    assert fingerprint(mistral_common_v7) == fingerprint(mistral_common_v7)
+    again = load_mistral_tokenizer(str(mistral_common_v7._tokenizer_path.parent))
+    assert fingerprint(again) == fingerprint(mistral_common_v7)
+    assert fingerprint(load_mistral_tokenizer(str(mistral_common_v7._tokenizer_path.parent), mode="test")) != fingerprint(again)
     mistral_common_v7.save_pretrained(tmp_path)
     assert has_mistral_files(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text("{}")  # a transformers tokenizer beside it wins
@@ -139,25 +164,30 @@ def test_config_rules():
     assert "on for a Magistral model" in problems(base_model="mistralai/Magistral-Small-2506", chat_template="chatml")
 
 
-@pytest.fixture(scope="module")
-def thinking_tekken(tmp_path_factory):
-    """The tekken file above declared as v13 with its special tokens listed ([THINK] and [/THINK] among them), the
-    layout of Magistral's tokenizers, whose files are not on the package registry: for the chunk path only."""
+SPECIAL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+           "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+           "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
+
+
+def v13_tekken(folder, names: list[str]):
+    """The tekken file above declared as v13 with `names` as its first special tokens, the layout of Magistral's
+    tokenizers, whose files are not on the package registry: for the chunk path only."""
     import json
 
     from rlft.models.mistral_common import load_mistral_tokenizer
     from tests.conftest import _tokenizer_file
 
     data = json.loads(_tokenizer_file("mistral-common-tekken/tekken.json").read_text())
-    names = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-             "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]",
-             "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
     data["config"]["version"] = "v13"
     data["special_tokens"] = [{"rank": rank, "token_str": names[rank] if rank < len(names) else f"<SPECIAL_{rank}>",
                                "is_control": True} for rank in range(data["config"]["default_num_special_tokens"])]
-    folder = tmp_path_factory.mktemp("v13")
     (folder / "tekken.json").write_text(json.dumps(data))
     return load_mistral_tokenizer(str(folder))
+
+
+@pytest.fixture(scope="module")
+def thinking_tekken(tmp_path_factory):
+    return v13_tekken(tmp_path_factory.mktemp("v13"), SPECIAL)
 
 
 def test_thinking_chunks_are_trained_with_their_answer(thinking_tekken):
@@ -183,3 +213,11 @@ def test_loading_errors_say_what_is_missing(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(mistral_common.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelError, match=r"needs the mistral-common package: pip install -c constraints.txt 'rlft\[mistral\]'"):
         mistral_common.load_mistral_tokenizer(str(tiny_model_dir))
+
+
+def test_a_thinking_chunk_without_think_tokens_is_the_rows_error(tmp_path):
+    tokenizer = v13_tekken(tmp_path, SPECIAL[:-2])  # a v13 file without [THINK] and [/THINK]: mistral-common asserts
+    row = [{"role": "user", "content": "2+2?"},
+           {"role": "assistant", "content": [{"type": "thinking", "thinking": "two"}, {"type": "text", "text": "4"}]}]
+    with pytest.raises(RowError, match="cannot encode the messages: think tokens are not available"):
+        record(tokenizer, messages=row)

@@ -681,7 +681,7 @@ def _mistral_common_problems(cfg: RlftConfig):
                "mistral-common tokenizer does not have: set tokenizer_use_mistral_common: false to use the model's "
                "transformers tokenizer")
     edits = [key for key in ("chat_template", "chat_template_jinja", "special_tokens", "tokens")
-             if key in cfg.model_fields_set and getattr(cfg, key) not in (None, "tokenizer_default")]
+             if getattr(cfg, key) and getattr(cfg, key) != "tokenizer_default"]  # set and not empty, as Axolotl checks
     if edits:
         yield (f"{why} with {', '.join(edits)}: mistral-common encodes conversations with its own control tokens and "
                "cannot be given a template or new tokens (Axolotl refuses these too): remove them")

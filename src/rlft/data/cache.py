@@ -57,7 +57,7 @@ def cache_key(cfg, tokenizer) -> str:
     config = cfg.model_dump(mode="json", exclude=TRAINING_ONLY)
     # rlft's own code that decides ids and labels: the data package, and the end-of-turn markers and chat templates
     models = Path(__file__).parent.parent / "models"
-    sources = sorted(Path(__file__).parent.glob("*.py")) + [models / "tokenizer.py", models / "chat_templates.py"]
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [models / "tokenizer.py", models / "chat_templates.py", models / "mistral_common.py"]
     code = "".join(p.read_text() for p in sources)
     parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], _tokenizer_fingerprint(tokenizer),
              hashlib.sha256(code.encode()).hexdigest()]

@@ -136,10 +136,11 @@ def chat_template_format(ds, chunks: bool = False) -> RowFormat:
                                f"{role} message's {carried} would be lost; write it into the content as the model "
                                "should produce it, or leave such rows out")
             if chunks and isinstance(content, list):
-                bad = next((i for i, chunk in enumerate(content) if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str)), None)
-                if bad is not None:
-                    raise RowError(f"{where}.{mapping['content']}[{bad}] must be a chunk with a `type` (text, thinking), "
-                                   f"got {_short(content[bad])}")
+                bad = next((i for i, chunk in enumerate(content)
+                            if not isinstance(chunk, dict) or chunk.get("type") not in ("text", "thinking")), None)
+                if bad is not None:  # an image or audio chunk would train on its placeholder ids, its data thrown away
+                    raise RowError(f"{where}.{mapping['content']}[{bad}] must be a text or thinking chunk ({{\"type\": "
+                                   f"\"text\", \"text\": ...}}: rlft trains text models), got {_short(content[bad])}")
                 out.append({"role": role, "content": content})
                 continue
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})

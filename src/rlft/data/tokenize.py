@@ -220,10 +220,17 @@ def _mistral_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         raise RowError("with tokenizer_use_mistral_common, rows are chat messages (type: chat_template) or text (type: "
                        "completion): mistral-common encodes conversations itself and has no prompt/completion or "
                        "template-free (input_output) form")
+    if not record["messages"]:  # only a system message, dropped (drop_system_message): nothing to train
+        return {"input_ids": [], "labels": []}
     try:
         ids, spans = chat_ids(tokenizer, record["messages"])
     except ValueError as exc:
         raise RowError(str(exc)) from None
+    encoded = {role for role, _, _ in spans}
+    lost = sorted({m["role"] for m in record["messages"]} & set(roles_to_train) - encoded)
+    if lost and not train_on_inputs:  # e.g. v1-v3 put the system text into the last user turn
+        raise RowError(f"roles_to_train has {', '.join(lost)}, and this mistral-common tokenizer encodes no such message of "
+                       f"its own (it joins it to another turn: {', '.join(sorted(encoded))}): leave it out of roles_to_train")
     if train_on_inputs:
         return {"input_ids": ids, "labels": list(ids)}
     labels = [IGNORE] * len(ids)

@@ -80,8 +80,9 @@ def chat_ids(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list
             setattr(instruct, name, counting(name, role))  # on this instance only, removed below
     try:
         ids = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
-    except (MistralCommonException, ValidationError, ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"mistral-common cannot encode the messages: {str(exc).splitlines()[0]}") from None
+    except (MistralCommonException, ValidationError, AssertionError, ValueError, TypeError, KeyError, IndexError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # e.g. a thinking chunk without [THINK]
+        raise ValueError(f"mistral-common cannot encode the messages: {reason}") from None
     finally:
         for name in ENCODERS:
             instruct.__dict__.pop(name, None)
