@@ -388,6 +388,8 @@ def test_mistral_common_tokenizer_trains_its_own_chat_encoding_and_generates(cli
     printed = capsys.readouterr().out
     assert "'[INST]'(3)" in printed and "'[/INST]'(4)" in printed  # control tokens as single ids, not text pieces
     assert cli("train", config) == 0
+    plan = capsys.readouterr().out
+    assert "│ tokenizer " in plan and "│ mistral-common: each chat" in plan
     losses = [m["loss"] for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in m]
     assert losses[0] > 5.0 and losses[-1] < 0.1, losses  # random init over 32768 ids, then the answers known
     assert (tmp_path / "out" / "tokenizer.model.v7").exists()
