@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
-from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
+from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, QATConfig, TRLConfig, VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
@@ -113,6 +113,7 @@ TABLES = {
     "preference": lambda: table(PreferenceFields),
     "trl": lambda: table(TRLConfig, prefix="trl."),
     "ebft": lambda: table(EBFTConfig, prefix="ebft."),
+    "qat": lambda: table(QATConfig, prefix="qat."),
     "vllm": lambda: table(VLLMConfig, prefix="vllm."),
     "nemo-gym": lambda: table(NemoGymFields),
     "nemo-gym-dataset": lambda: table(NemoGymDataset),

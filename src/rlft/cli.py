@@ -324,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("rlft.rewards").propagate = False  # the recipe prints reward failures on the run's console
+    # torchao, which transformers and PEFT import when it is installed (rlft[qat]), logs that its CUDA kernels do not
+    # load on a machine without CUDA, and torch notes its Enum registrations: lines before every run that mean nothing
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     logging.getLogger("rlft.rewards").addHandler(logging.NullHandler())
     if not sys.stderr.isatty():  # progress bars in logs are only carriage-return noise
         if "datasets" in sys.modules:

@@ -398,3 +398,22 @@ def test_mistral_common_tokenizer_trains_its_own_chat_encoding_and_generates(cli
                *[arg for country in CAPITALS for arg in ("--prompt", f"Capital of {country}?")]) == 0
     answers = capsys.readouterr().out.splitlines()
     assert answers == [f"Capital of {country}?{capital}" for country, capital in CAPITALS.items()], answers
+
+
+def test_qat_trains_with_rounded_weights_from_its_step_and_saves_a_plain_model(make_config, cli, tmp_path, capsys):
+    """`qat:` (int4 weights in groups of 32, int8 activations) from step 5: steps 1-4 are the plain run's, later steps
+    differ; the run learns; the final model is the float model under its usual names, loaded by plain transformers."""
+    plain = make_config(max_steps=12, output_dir=str(tmp_path / "plain"))
+    qat = make_config(max_steps=12, output_dir=str(tmp_path / "qat"),
+                      qat={"activation_dtype": "int8", "weight_dtype": "int4", "group_size": 32, "fake_quant_after_n_steps": 4})
+    assert cli("train", plain) == 0 and cli("train", qat) == 0
+    assert "│ qat " in capsys.readouterr().out
+    got, expected = ({m["step"]: m["loss"] for m in read_metrics(tmp_path / name / "metrics.jsonl") if "loss" in m}
+                     for name in ("qat", "plain"))
+    assert all(got[step] == expected[step] for step in range(1, 5)), (got, expected)
+    assert all(abs(got[step] - expected[step]) > 1e-6 for step in range(5, 13)), (got, expected)
+    assert got[12] < got[1] - 1.0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "qat")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
+    assert type(model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    assert sorted(model.state_dict()) == sorted(reference.state_dict())

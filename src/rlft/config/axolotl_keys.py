@@ -276,7 +276,6 @@ TOP_LEVEL = {
     'profiler_steps': ('other', None),
     'profiler_steps_start': ('other', 0),
     'push_dataset_to_hub': ('hub', None),
-    'qat': ('quant', None),
     'qgalore_cos_threshold': ('optim', 0.4),
     'qgalore_gamma_proj': ('optim', 2),
     'qgalore_proj_bits': ('optim', 4),

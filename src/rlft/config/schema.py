@@ -15,7 +15,7 @@ from rlft.config.best_model import best_model_problems
 from rlft.config.base import Section, field, planned
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.trackers import TrackerFields
-from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, TRLConfig, VLLMConfig
+from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, QATConfig, TRLConfig, VLLMConfig
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
 
 RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
@@ -352,6 +352,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     rl: Optional[RlMethod] = field(None, "The method: unset for SFT, else dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft.")
     trl: TRLConfig = field(default_factory=TRLConfig, description="Online-RL (GRPO family) options.")
     ebft: EBFTConfig = field(default_factory=EBFTConfig, description="Energy-based fine-tuning options.")
+    qat: Optional[QATConfig] = field(None, "Quantization-aware training through torchao's fake quantizers (Axolotl's "
+                                           "section; SFT): docs/training.md#quantization-aware-training-qat.")
     vllm: VLLMConfig = field(default_factory=VLLMConfig, description="Rollout server (vLLM) options.")
     batch_flattening: Union[bool, Literal["auto"]] = field(
         False, "Each micro-batch as one sequence without padding, rows kept apart (SFT without sample_packing, and the GRPO "
@@ -570,6 +572,7 @@ def combination_problems(cfg: RlftConfig):
         yield "bf16 and fp16 are both true: choose one precision"
     yield from _model_config_problems(cfg)
     yield from _mistral_common_problems(cfg)
+    yield from _qat_problems(cfg)
     defaults = {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": True}  # what DDP does anyway
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
                 if getattr(cfg, key) is not None and getattr(cfg, key) != defaults.get(key)]
@@ -695,6 +698,28 @@ def _mistral_common_problems(cfg: RlftConfig):
             yield (f"dataset type {name} with {why}: mistral-common encodes chat messages (type: "
                    "chat_template) and plain text (type: completion); other formats need a chat template or text pieces "
                    "tokenised apart")
+
+
+def _qat_problems(cfg: RlftConfig):
+    if cfg.qat is None:
+        return
+    from rlft.models.qat import combination_problem
+
+    problem = combination_problem(cfg.qat.activation, cfg.qat.weight, cfg.qat.group_size)
+    if problem:
+        yield f"qat: {problem}"
+    micro = [key for key in ("quantize_embedding", "fake_quant_after_n_steps") if getattr(cfg.qat, key)]
+    if cfg.qat.weight in ("nvfp4", "mxfp4") and micro:
+        yield (f"qat: {' and '.join(micro)} with {cfg.qat.weight}: torchao's {cfg.qat.weight.upper()} layers have no "
+               "embedding version and no switch to train without rounding (Axolotl's switch skips them): use int4 or "
+               "float8 weights, or remove it")
+    if cfg.method != "sft":
+        yield f"qat is built for SFT (as Axolotl's QAT examples train), not {cfg.method}: remove the qat section"
+    if cfg.adapter:
+        yield (f"qat with adapter: {cfg.adapter}: quantization-aware training adapts the full weights to their rounding, "
+               "and a LoRA's frozen base cannot adapt: remove one")
+    if cfg.deepspeed:
+        yield "qat under DeepSpeed is not built: use fsdp (fsdp_version: 2), or one process"
 
 
 def _neftune_problems(cfg: RlftConfig):

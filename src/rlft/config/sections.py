@@ -528,6 +528,38 @@ class EBFTConfig(Section):
     )
 
 
+QuantDtype = Literal["int4", "int8", "float8_e4m3fn", "fp8", "float8", "nvfp4", "mxfp4"]
+
+
+class QATConfig(Section):
+    """The `qat:` section (Axolotl's): quantization-aware training through torchao's fake quantizers
+    (docs/training.md#quantization-aware-training-qat)."""
+
+    activation_dtype: Optional[QuantDtype] = field(
+        None, "Format the activations entering each linear layer are rounded to: int8 (per token), float8_e4m3fn (also "
+              "fp8, float8), nvfp4, mxfp4; unset: weights only.")
+    weight_dtype: QuantDtype = field(
+        "int8", "Format the weights are rounded to: int4 (in groups of group_size), float8_e4m3fn, nvfp4 (groups of 16), "
+                "mxfp4 (blocks of 32). Axolotl's default int8 has no QAT in torchao: set it.")
+    group_size: Optional[int] = field(32, "Elements per quantization group of int4 weights (nvfp4: 16, mxfp4: 32).", ge=1)
+    quantize_embedding: Optional[bool] = field(False, "Also round the embedding's weights (weights only).")
+    fake_quant_after_n_steps: Optional[int] = field(
+        None, "Train the first N optimizer steps without rounding, then with it (unset: from the first step).", ge=0)
+
+    @property
+    def activation(self) -> Optional[str]:
+        """The activation format's canonical name (fp8 and float8 are float8_e4m3fn)."""
+        from rlft.models.qat import DTYPES
+
+        return DTYPES[self.activation_dtype] if self.activation_dtype else None
+
+    @property
+    def weight(self) -> str:
+        from rlft.models.qat import DTYPES
+
+        return DTYPES[self.weight_dtype]
+
+
 class VLLMConfig(axolotl_keys.known_only("AxolotlVllmKeys", axolotl_keys.VLLM)):
     """The `vllm:` section: how `rlft vllm-serve` starts the rollout server (vLLM or transformers backend)."""
 

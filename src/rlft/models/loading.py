@@ -214,6 +214,10 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     attention = cfg.effective_attn_implementation
     check_attention(attention, training=True, device_type=device_type)
     check_liger(cfg, device_type)
+    if cfg.qat and not serving:
+        from rlft.models.qat import check_qat
+
+        check_qat(cfg.qat, device_type)
     if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
     source = base_model_source(cfg)
@@ -252,6 +256,10 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     if not serving:
         check_router_loss(cfg, model, device_type)
     apply_liger(model, cfg)
+    if cfg.qat and not serving:  # torchao's fake-quantized layers; the weights keep their names (rlft.models.qat)
+        from rlft.models.qat import prepare_qat
+
+        prepare_qat(model, cfg.qat)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
         model.config.use_cache = False

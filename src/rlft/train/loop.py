@@ -27,6 +27,7 @@ from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_r
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
 from rlft.models import varlen
+from rlft.models.qat import fake_quant_schedule
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
 from rlft.train.best import BestCheckpoint
@@ -219,6 +220,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     # on a GPU the next step's batches collate while this one computes; on a CPU that would take the step's own cores
     steps = StepBatches(cursor, ga, ahead=accelerator.device.type != "cpu")
     recipe.start(unwrapped)
+    fake_quant = fake_quant_schedule(cfg)  # qat.fake_quant_after_n_steps
+    fake_quant(unwrapped, state.global_step)  # also for the baseline evaluation
 
     def next_batches() -> list[dict[str, Any]]:
         began = clock()
@@ -290,6 +293,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 if world == 1 and stop.requested:  # Ctrl-C during an evaluation or a save
                     raise _StopAfterStep
                 step_start = time.perf_counter()
+                fake_quant(unwrapped, state.global_step)
                 batches = next_batches()
                 units, loss_total, step_metrics, tokens, computed, scale = 0.0, 0.0, {}, 0, 0, None
                 lr = scheduler.get_last_lr()[0]

@@ -42,6 +42,10 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     per_epoch = steps_per_epoch(cfg, micro_batches, draws_per_step)
     table = _key_value_table(f"rlft train: {cfg.method}")
     table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
+    if cfg.qat:
+        from rlft.models.qat import describe
+
+        table.add_row("qat", describe(cfg.qat))
     if cfg.uses_mistral_common:
         table.add_row("tokenizer", "mistral-common: each chat encoded by its own instruct tokenizer, no chat template" + (
             "" if cfg.tokenizer_use_mistral_common else " (on for a Magistral model, as in Axolotl; set "

@@ -1,0 +1,132 @@
+"""Quantization-aware training (`qat:`, Axolotl's section) through torchao's fake quantizers.
+
+The model's linear layers (and with `quantize_embedding` its embedding) become torchao's fake-quantized layers: the
+forward rounds weights (and activations) to the target format and back, so training learns weights that survive the
+rounding; the backward passes through the rounding unchanged (straight-through). The weights stay float: checkpoints
+and the final model hold the trained weights under their usual names and load without torchao, as Axolotl's
+converted model does; quantize them for deployment with torchao's `quantize_` and the same format
+(docs/training.md#quantization-aware-training-qat).
+
+The formats and their fake quantizers follow Axolotl's `prepare_model_for_qat`: int4 weights in groups of
+`group_size` (alone, or with int8 per-token activations, or with float8 activations), float8 weights and activations,
+and MXFP4 / NVFP4.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from rlft.errors import ModelError
+
+DTYPES = {"int4": "int4", "int8": "int8", "float8_e4m3fn": "float8", "fp8": "float8", "float8": "float8",
+          "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
+
+
+def combination_problem(activation: str | None, weight: str, group_size: int | None) -> str | None:
+    """Why torchao has no QAT for this (activation, weight) pair of canonical names, or None (Axolotl's rules)."""
+    if weight == "nvfp4" and group_size not in (None, 16):
+        return f"nvfp4 quantizes in groups of 16, and group_size is {group_size}: set group_size: 16"
+    if weight == "mxfp4" and group_size not in (None, 32):
+        return f"mxfp4 quantizes in blocks of 32, and group_size is {group_size}: set group_size: 32"
+    if weight == "mxfp4":
+        return None if activation == "mxfp4" else (
+            f"torchao rounds MXFP4 weights only together with MXFP4 activations: set activation_dtype: mxfp4, not "
+            f"{activation or 'unset'}")
+    if weight == "nvfp4":
+        return None if activation in (None, "nvfp4") else f"with weight_dtype nvfp4, activation_dtype is nvfp4 or unset, not {activation}"
+    supported = {(None, "int4"), ("int8", "int4"), ("float8", "int4"), ("float8", "float8")}
+    if (activation, weight) not in supported:
+        shown = lambda name: name or "unset"  # noqa: E731
+        return (f"torchao has no QAT for activation_dtype {shown(activation)} with weight_dtype {weight}: use int4 weights "
+                "(activations unset, int8 or float8), float8 for both, nvfp4 or mxfp4")
+    return None
+
+
+def _configs(qat, embedding: bool = False):
+    """torchao's QATConfig for the linear layers (or, `embedding`, for the embedding: weights only)."""
+    from torchao.quantization.qat import QATConfig
+    from torchao.quantization.qat.fake_quantize_config import (Float8FakeQuantizeConfig, Int4WeightFakeQuantizeConfig,
+                                                                IntxFakeQuantizeConfig)
+
+    activation = None if embedding else qat.activation
+    if qat.weight == "mxfp4":  # the activations too when activation_dtype says mxfp4
+        from torchao.prototype.qat import MXFakeQuantizeConfig
+
+        mx = MXFakeQuantizeConfig(dtype=torch.float4_e2m1fn_x2, block_size=32)
+        return QATConfig(weight_config=mx, activation_config=mx if activation == "mxfp4" else None)
+    if qat.weight == "nvfp4":  # the activations too when activation_dtype says nvfp4
+        from torchao.prototype.qat import NVFP4FakeQuantizeConfig
+
+        return QATConfig(weight_config=NVFP4FakeQuantizeConfig(),
+                         activation_config=NVFP4FakeQuantizeConfig() if activation == "nvfp4" else None)
+    if qat.weight == "float8":
+        fp8 = Float8FakeQuantizeConfig(dtype=torch.float8_e4m3fn)
+        return QATConfig(weight_config=fp8, activation_config=None if embedding else fp8)
+    # int4 weights: the activations' dtype for the weight's fake quantizer as Axolotl gives it
+    compute = {"int8": torch.bfloat16, "float8": torch.float8_e4m3fn}.get(activation)
+    weight = Int4WeightFakeQuantizeConfig(group_size=qat.group_size or 128, **({"activation_dtype": compute} if compute else {}))
+    activations = {"int8": IntxFakeQuantizeConfig(dtype=torch.int8, granularity="per_token", is_symmetric=False),
+                   "float8": Float8FakeQuantizeConfig(dtype=torch.float8_e4m3fn)}.get(activation)
+    return QATConfig(weight_config=weight, activation_config=activations)
+
+
+def check_qat(qat, device_type: str) -> None:
+    """Refuse what cannot run here, before the model loads."""
+    if importlib.util.find_spec("torchao") is None:
+        raise ModelError("qat needs the torchao package: pip install -c constraints.txt 'rlft[qat]'")
+    if qat.weight == "nvfp4" and device_type != "cuda":
+        raise ModelError(f"qat with nvfp4 needs a CUDA GPU (torchao's NVFP4 fake quantizer uses scaled matrix products); "
+                         f"on {device_type} use int4 weights (with int8 activations), float8 or mxfp4")
+
+
+def prepare_qat(model: torch.nn.Module, qat) -> int:
+    """Swap the linear layers (and the embedding with `quantize_embedding`) for torchao's fake-quantized ones; returns
+    how many layers were swapped. Weight tying (embedding and output layer) is kept."""
+    from torchao.quantization import quantize_
+
+    tied = {name: id(p) for name, p in model.named_parameters(remove_duplicate=False)}
+    before = sum(1 for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)))
+    quantize_(model, _configs(qat))
+    if qat.quantize_embedding:
+        quantize_(model, _configs(qat, embedding=True), filter_fn=lambda module, _: isinstance(module, torch.nn.Embedding))
+    after = {name: id(p) for name, p in model.named_parameters(remove_duplicate=False)}
+    if len(set(after.values())) != len(set(tied.values())):  # a swapped layer copied a weight that was shared
+        raise ModelError("qat: torchao's fake-quantized layers broke this model's weight tying; set tie_word_embeddings: "
+                         "false in a copy of the model's config.json, or train without qat")
+    return before - sum(1 for m in model.modules() if type(m) in (torch.nn.Linear, torch.nn.Embedding))
+
+
+def set_fake_quant(model: torch.nn.Module, enabled: bool) -> None:
+    """Turn every fake quantizer of the model on or off (`fake_quant_after_n_steps` trains its first steps without)."""
+    for module in model.modules():
+        for name in ("weight_fake_quantizer", "activation_fake_quantizer"):
+            quantizer = getattr(module, name, None)
+            if quantizer is not None and hasattr(quantizer, "enabled"):
+                quantizer.enabled = enabled
+
+
+def fake_quant_schedule(cfg) -> Any:
+    """`follow(model, global_step)` for the loop: fake quantization on from step `fake_quant_after_n_steps`."""
+    after = cfg.qat.fake_quant_after_n_steps if cfg.qat else None
+
+    def follow(model: torch.nn.Module, step: int) -> None:
+        if after:
+            set_fake_quant(model, step >= after)
+
+    return follow
+
+
+def describe(qat) -> str:
+    """The plan's line: what is rounded to what, and from which step."""
+    weights = {"int4": f"int4 weights in groups of {qat.group_size or 128}", "float8": "float8 weights",
+               "nvfp4": "NVFP4 weights", "mxfp4": "MXFP4 weights"}[qat.weight]
+    activations = {"int8": ", int8 activations per token", "float8": ", float8 activations", "nvfp4": ", NVFP4 activations",
+                   "mxfp4": ", MXFP4 activations"}
+    text = weights + activations.get(qat.activation, "")
+    text += ", the embedding too" if qat.quantize_embedding else ""
+    after = qat.fake_quant_after_n_steps
+    return (f"torchao fake quantization: {text}, " + (f"from step {after + 1}" if after else "from the first step")
+            + "; the saved weights stay float (docs/training.md#quantization-aware-training-qat)")
