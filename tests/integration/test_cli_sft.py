@@ -404,7 +404,7 @@ def test_qat_trains_with_rounded_weights_from_its_step_and_saves_a_plain_model(m
     """`qat:` (int4 weights in groups of 32, int8 activations) from step 5: steps 1-4 are the plain run's, later steps
     differ; the run learns; the final model is the float model under its usual names, loaded by plain transformers."""
     plain = make_config(max_steps=12, output_dir=str(tmp_path / "plain"))
-    qat = make_config(max_steps=12, output_dir=str(tmp_path / "qat"),
+    qat = make_config(max_steps=12, output_dir=str(tmp_path / "qat"), save_steps=3,
                       qat={"activation_dtype": "int8", "weight_dtype": "int4", "group_size": 32, "fake_quant_after_n_steps": 4})
     assert cli("train", plain) == 0 and cli("train", qat) == 0
     assert "│ qat " in capsys.readouterr().out
@@ -417,3 +417,13 @@ def test_qat_trains_with_rounded_weights_from_its_step_and_saves_a_plain_model(m
     reference = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
     assert type(model.model.layers[0].mlp.up_proj) is torch.nn.Linear
     assert sorted(model.state_dict()) == sorted(reference.state_dict())
+    # resumed from step 3 (before the rounding starts), the run takes the same steps
+    import shutil
+
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "qat" / "checkpoint-3", tmp_path / "resumed" / "checkpoint-3")
+    resumed = make_config(max_steps=12, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint="auto",
+                          qat={"activation_dtype": "int8", "weight_dtype": "int4", "group_size": 32, "fake_quant_after_n_steps": 4})
+    assert cli("train", resumed) == 0
+    again = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if "loss" in m}
+    assert {step: again[step] for step in range(4, 13)} == {step: got[step] for step in range(4, 13)}

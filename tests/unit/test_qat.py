@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rlft.config import build_config
-from rlft.errors import ConfigError
-from rlft.models.qat import combination_problem, describe, fake_quant_schedule, prepare_qat, set_fake_quant
+from rlft.errors import ConfigError, ModelError
+from rlft.models.qat import check_qat, combination_problem, describe, fake_quant_schedule, prepare_qat, set_fake_quant
 
 BASE = {"base_model": "./model", "datasets": [{"path": "rows.jsonl"}]}
 
@@ -37,14 +37,15 @@ def qat(activation=None, weight="int4", group_size=32, quantize_embedding=False,
 
 @pytest.mark.parametrize("activation, weight, group, refused", [
     (None, "int4", 32, None), ("int8", "int4", 32, None), ("float8", "int4", 32, None), ("float8", "float8", 32, None),
-    ("mxfp4", "mxfp4", 32, None), (None, "nvfp4", 16, None), ("nvfp4", "nvfp4", 16, None),
+    ("mxfp4", "mxfp4", 32, None), ("nvfp4", "nvfp4", 16, None),
+    (None, "nvfp4", 16, "NVFP4 weights only together with NVFP4 activations"),  # torchao: no weight-only NVFP4 QAT
     (None, "int8", 32, "no QAT for activation_dtype unset with weight_dtype int8"),  # Axolotl's default weight_dtype
     ("int4", "int4", 32, "no QAT for activation_dtype int4 with weight_dtype int4"),
     ("int8", "int8", 32, "no QAT for activation_dtype int8 with weight_dtype int8"),
     (None, "float8", 32, "no QAT for activation_dtype unset with weight_dtype float8"),
     (None, "mxfp4", 32, "MXFP4 weights only together with MXFP4 activations"),
     ("mxfp4", "mxfp4", 16, "mxfp4 quantizes in blocks of 32"), ("nvfp4", "nvfp4", 32, "nvfp4 quantizes in groups of 16"),
-    ("int8", "nvfp4", 16, "activation_dtype is nvfp4 or unset"),
+    ("int8", "nvfp4", 16, "set activation_dtype: nvfp4, not int8"),
 ])
 def test_which_formats_torchao_can_train(activation, weight, group, refused):
     problem = combination_problem(activation, weight, group)
@@ -110,3 +111,34 @@ def test_the_plan_line():
                                                  "per token, from step 1001; the saved weights stay float "
                                                  "(docs/training.md#quantization-aware-training-qat)")
     assert describe(qat("mxfp4", "mxfp4")).startswith("torchao fake quantization: MXFP4 weights, MXFP4 activations, from the first")
+
+
+def test_what_torchao_would_break_is_refused_before_the_first_step():
+    # a group size that does not divide a layer's width: torchao would fail in the first forward, naming no layer
+    with pytest.raises(ModelError, match=r"qat: model.layers.0.self_attn.q_proj is 64 wide, which groups of 48 do not divide"):
+        prepare_qat(tiny(), qat("int8", group_size=48))
+    # an embedding with a forward of its own (Gemma 3 scales it): torchao's fake-quantized embedding would drop that
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    gemma = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1, head_dim=32))
+    with pytest.raises(ModelError, match="embedding is a Gemma3TextScaledWordEmbedding with a forward of its own"):
+        prepare_qat(gemma, qat("int8", quantize_embedding=True))
+    # a subclass of nn.Linear (an MoE router) keeps its own forward: it is not swapped
+    class Router(torch.nn.Linear):
+        pass
+
+    model = tiny()
+    model.model.layers[0].mlp.up_proj = Router(64, 128, bias=False)
+    assert prepare_qat(model, qat("int8")) == 14  # the 15 linear layers but the router
+    assert type(model.model.layers[0].mlp.up_proj) is Router
+
+
+def test_formats_that_need_other_hardware_or_precision():
+    cfg = lambda weight, activation, **extra: SimpleNamespace(  # noqa: E731
+        qat=qat(activation, weight, 16 if weight == "nvfp4" else 32), fp16=False, bf16=extra.get("bf16", "auto"))
+    with pytest.raises(ModelError, match="nvfp4 needs a Blackwell GPU .* on cpu use int4"):
+        check_qat(cfg("nvfp4", "nvfp4"), "cpu")
+    with pytest.raises(ModelError, match="qat with mxfp4 under bf16/fp16"):
+        check_qat(cfg("mxfp4", "mxfp4", bf16=True), "cpu")
+    check_qat(cfg("mxfp4", "mxfp4"), "cpu")  # float32 on a CPU: trains

@@ -41,7 +41,8 @@ def _output_layer(model: torch.nn.Module) -> tuple[torch.nn.Linear | None, str]:
     get = getattr(network, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if type(head) is not torch.nn.Linear:
-        return None, "its output layer is not a plain linear layer (e.g. a LoRA-adapted lm_head)"
+        return None, ("its output layer is not a plain linear layer (e.g. a LoRA-adapted lm_head, or qat's "
+                      "fake-quantized one, whose rounding happens in its own forward)")
     if head.out_features < MIN_VOCAB:
         return None, f"its output layer has {head.out_features:,} entries (under {MIN_VOCAB:,}): the logits are small"
     weight = head.weight

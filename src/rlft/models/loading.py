@@ -217,7 +217,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     if cfg.qat and not serving:
         from rlft.models.qat import check_qat
 
-        check_qat(cfg.qat, device_type)
+        check_qat(cfg, device_type)
     if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
     source = base_model_source(cfg)

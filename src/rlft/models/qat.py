@@ -36,7 +36,9 @@ def combination_problem(activation: str | None, weight: str, group_size: int | N
             f"torchao rounds MXFP4 weights only together with MXFP4 activations: set activation_dtype: mxfp4, not "
             f"{activation or 'unset'}")
     if weight == "nvfp4":
-        return None if activation in (None, "nvfp4") else f"with weight_dtype nvfp4, activation_dtype is nvfp4 or unset, not {activation}"
+        return None if activation == "nvfp4" else (
+            f"torchao rounds NVFP4 weights only together with NVFP4 activations: set activation_dtype: nvfp4, not "
+            f"{activation or 'unset'}")
     supported = {(None, "int4"), ("int8", "int4"), ("float8", "int4"), ("float8", "float8")}
     if (activation, weight) not in supported:
         shown = lambda name: name or "unset"  # noqa: E731
@@ -52,16 +54,15 @@ def _configs(qat, embedding: bool = False):
                                                                 IntxFakeQuantizeConfig)
 
     activation = None if embedding else qat.activation
-    if qat.weight == "mxfp4":  # the activations too when activation_dtype says mxfp4
+    if qat.weight == "mxfp4":  # weights and activations: torchao has no weight-only MX QAT
         from torchao.prototype.qat import MXFakeQuantizeConfig
 
         mx = MXFakeQuantizeConfig(dtype=torch.float4_e2m1fn_x2, block_size=32)
-        return QATConfig(weight_config=mx, activation_config=mx if activation == "mxfp4" else None)
-    if qat.weight == "nvfp4":  # the activations too when activation_dtype says nvfp4
+        return QATConfig(weight_config=mx, activation_config=mx)
+    if qat.weight == "nvfp4":  # weights and activations: torchao has no weight-only NVFP4 QAT
         from torchao.prototype.qat import NVFP4FakeQuantizeConfig
 
-        return QATConfig(weight_config=NVFP4FakeQuantizeConfig(),
-                         activation_config=NVFP4FakeQuantizeConfig() if activation == "nvfp4" else None)
+        return QATConfig(weight_config=NVFP4FakeQuantizeConfig(), activation_config=NVFP4FakeQuantizeConfig())
     if qat.weight == "float8":
         fp8 = Float8FakeQuantizeConfig(dtype=torch.float8_e4m3fn)
         return QATConfig(weight_config=fp8, activation_config=None if embedding else fp8)
@@ -73,13 +74,40 @@ def _configs(qat, embedding: bool = False):
     return QATConfig(weight_config=weight, activation_config=activations)
 
 
-def check_qat(qat, device_type: str) -> None:
+def check_qat(cfg, device_type: str) -> None:
     """Refuse what cannot run here, before the model loads."""
+    qat = cfg.qat
     if importlib.util.find_spec("torchao") is None:
         raise ModelError("qat needs the torchao package: pip install -c constraints.txt 'rlft[qat]'")
-    if qat.weight == "nvfp4" and device_type != "cuda":
-        raise ModelError(f"qat with nvfp4 needs a CUDA GPU (torchao's NVFP4 fake quantizer uses scaled matrix products); "
-                         f"on {device_type} use int4 weights (with int8 activations), float8 or mxfp4")
+    if qat.weight == "nvfp4" and (device_type != "cuda" or torch.cuda.get_device_capability() < (10, 0)):
+        where = device_type if device_type != "cuda" else f"a GPU of compute capability {torch.cuda.get_device_capability()}"
+        raise ModelError(f"qat with nvfp4 needs a Blackwell GPU (compute capability 10.0 or more: torchao's NVFP4 fake "
+                         f"quantizer multiplies in FP4); on {where} use int4 weights (with int8 activations), float8 or mxfp4")
+    half = cfg.fp16 or cfg.bf16 is True or (cfg.bf16 == "auto" and device_type == "cuda")
+    if qat.weight == "mxfp4" and half:
+        raise ModelError("qat with mxfp4 under bf16/fp16: rlft keeps float32 weights and computes in bf16 under autocast, "
+                         "and torchao's MXFP4 layer needs its input in its weights' dtype; set bf16: false (float32) or "
+                         "use int4 / float8")
+
+
+def _check_groups(model: torch.nn.Module, qat) -> None:
+    """Every layer to round has a width its groups divide (torchao would fail in the first forward without saying
+    which layer)."""
+    group = {"int4": qat.group_size or 128, "mxfp4": 32, "nvfp4": 16}.get(qat.weight)
+    if group is None:
+        return
+    for name, module in model.named_modules():
+        width = module.in_features if type(module) is torch.nn.Linear else (
+            module.embedding_dim if qat.quantize_embedding and type(module) is torch.nn.Embedding else None)
+        if width is not None and width % group:
+            raise ModelError(f"qat: {name} is {width} wide, which groups of {group} do not divide "
+                             f"({qat.weight} weights): set qat.group_size to a divisor of every layer's width (e.g. 32)")
+
+
+def _plain(kind: type):
+    """torchao's filter for layers of exactly `kind`: a subclass (an MoE router, a scaled embedding) has its own forward,
+    which torchao's swap would drop."""
+    return lambda module, _: type(module) is kind
 
 
 def prepare_qat(model: torch.nn.Module, qat) -> int:
@@ -87,11 +115,17 @@ def prepare_qat(model: torch.nn.Module, qat) -> int:
     how many layers were swapped. Weight tying (embedding and output layer) is kept."""
     from torchao.quantization import quantize_
 
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if qat.quantize_embedding and embedding is not None and type(embedding) is not torch.nn.Embedding:
+        raise ModelError(f"qat.quantize_embedding: this model's embedding is a {type(embedding).__name__} with a forward of "
+                         "its own (a scale, a position offset), which torchao's fake-quantized embedding would drop: remove "
+                         "quantize_embedding")
+    _check_groups(model, qat)
     tied = {name: id(p) for name, p in model.named_parameters(remove_duplicate=False)}
-    before = sum(1 for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)))
-    quantize_(model, _configs(qat))
+    before = sum(1 for m in model.modules() if type(m) in (torch.nn.Linear, torch.nn.Embedding))
+    quantize_(model, _configs(qat), filter_fn=_plain(torch.nn.Linear))
     if qat.quantize_embedding:
-        quantize_(model, _configs(qat, embedding=True), filter_fn=lambda module, _: isinstance(module, torch.nn.Embedding))
+        quantize_(model, _configs(qat, embedding=True), filter_fn=_plain(torch.nn.Embedding))
     after = {name: id(p) for name, p in model.named_parameters(remove_duplicate=False)}
     if len(set(after.values())) != len(set(tied.values())):  # a swapped layer copied a weight that was shared
         raise ModelError("qat: torchao's fake-quantized layers broke this model's weight tying; set tie_word_embeddings: "
