@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlft.config import build_config
 from rlft.data.formats import RowError, chat_template_format
 from rlft.data.tokenize import IGNORE, tokenize_record
-from rlft.errors import ConfigError
 from rlft.models.mistral_common import ENCODERS, chat_ids, fingerprint, has_mistral_files
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
@@ -136,19 +134,9 @@ def test_fingerprint_and_files(mistral_common_v7, mistral_common_tekken, tmp_pat
     assert not has_mistral_files(tmp_path)
 
 
-BASE = {"base_model": "./model", "datasets": [{"path": "chat.jsonl", "type": "chat_template"}]}
-
-
-def problems(**settings) -> str:
-    try:
-        build_config({**BASE, **settings})
-    except ConfigError as exc:
-        return "\n".join(what for _, what in exc.problems)
-    return ""
-
-
-def test_config_rules():
-    assert problems(tokenizer_use_mistral_common=True) == ""
+def test_config_rules(config, config_problems):
+    problems = lambda **settings: "\n".join(what for _, what in config_problems(**settings))  # noqa: E731
+    assert config(tokenizer_use_mistral_common=True).uses_mistral_common
     assert "is built for SFT; dpo" in problems(tokenizer_use_mistral_common=True, rl="dpo",
                                                datasets=[{"path": "p.jsonl", "type": "chatml.intel"}])
     assert "with chat_template, special_tokens" in problems(tokenizer_use_mistral_common=True, chat_template="chatml",
@@ -156,11 +144,9 @@ def test_config_rules():
     assert "remove eot_tokens" in problems(tokenizer_use_mistral_common=True, eot_tokens=["<end_of_turn>"])
     assert "dataset type alpaca" in problems(tokenizer_use_mistral_common=True, datasets=[{"path": "a.jsonl", "type": "alpaca"}])
     # Axolotl's inference: unset, and a Magistral model named
-    magistral = build_config({**BASE, "base_model": "mistralai/Magistral-Small-2506"})
-    assert magistral.uses_mistral_common
-    assert not build_config({**BASE, "base_model": "mistralai/Magistral-Small-2506",
-                             "tokenizer_use_mistral_common": False}).uses_mistral_common
-    assert not build_config(BASE).uses_mistral_common
+    assert config(base_model="mistralai/Magistral-Small-2506").uses_mistral_common
+    assert not config(base_model="mistralai/Magistral-Small-2506", tokenizer_use_mistral_common=False).uses_mistral_common
+    assert not config().uses_mistral_common
     assert "on for a Magistral model" in problems(base_model="mistralai/Magistral-Small-2506", chat_template="chatml")
 
 

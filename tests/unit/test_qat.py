@@ -8,20 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from rlft.config import build_config
-from rlft.errors import ConfigError, ModelError
+from rlft.errors import ModelError
 from rlft.models.qat import check_qat, combination_problem, describe, fake_quant_schedule, prepare_qat, set_fake_quant
-
-BASE = {"base_model": "./model", "datasets": [{"path": "rows.jsonl"}]}
-
-
-def problems(**settings) -> str:
-    try:
-        build_config({**BASE, **settings})
-    except ConfigError as exc:
-        return "\n".join(what for _, what in exc.problems)
-    return ""
-
 
 def tiny(seed: int = 0):
     torch.manual_seed(seed)
@@ -52,10 +40,11 @@ def test_which_formats_torchao_can_train(activation, weight, group, refused):
     assert (problem is None) if refused is None else (refused in problem), problem
 
 
-def test_config_rules():
+def test_config_rules(config, config_problems):
+    problems = lambda **settings: "\n".join(what for _, what in config_problems(**settings))  # noqa: E731
     int4 = {"activation_dtype": "int8", "weight_dtype": "int4", "group_size": 32}
-    assert problems(qat=int4) == ""
-    assert build_config({**BASE, "qat": {**int4, "activation_dtype": "fp8"}}).qat.activation == "float8"  # Axolotl's alias
+    assert config(qat=int4).qat.weight == "int4"
+    assert config(qat={**int4, "activation_dtype": "fp8"}).qat.activation == "float8"  # Axolotl's alias
     assert "built for SFT (as Axolotl's QAT examples train), not dpo" in problems(
         qat=int4, rl="dpo", datasets=[{"path": "p.jsonl", "type": "chatml.intel"}])
     assert "qat with adapter: lora" in problems(qat=int4, adapter="lora")
