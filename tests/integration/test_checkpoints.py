@@ -397,3 +397,30 @@ def test_a_fresh_run_moves_an_earlier_runs_checkpoints_aside_instead_of_pruning_
     assert (aside[0] / "checkpoint-4" / "trainer_state.json").read_text() == earlier  # whole, resumable from there
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
     assert resolve_resume("auto", out, None).name == "checkpoint-2"
+
+
+def test_save_only_model_writes_weights_that_cannot_resume(make_config, cli, addition_files, tmp_path, capsys):
+    """`save_only_model: true`: checkpoints of model/ and trainer_state.json, about a third of a full one; the best of
+    them still becomes the final model; naming one to resume is refused with the way out, `auto` passes over them."""
+    full = make_config(max_steps=4, save_steps=2, output_dir=str(tmp_path / "full"))
+    assert cli("train", full) == 0
+    only = make_config(max_steps=4, save_steps=2, eval_steps=2, save_only_model=True, load_best_model_at_end=True,
+                       test_datasets=[{"path": str(addition_files["heldout"])}])
+    assert cli("train", only) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in (out / "checkpoint-2").iterdir()) == ["model", "trainer_state.json"]
+    size = lambda folder: sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())  # noqa: E731
+    assert size(out / "checkpoint-2") < 0.5 * size(tmp_path / "full" / "checkpoint-2")
+    import json
+
+    from safetensors.torch import load_file
+
+    best = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["best"]["step"]
+    final, chosen = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best}" / "model" / "model.safetensors")
+    assert final.keys() == chosen.keys() and all(final[k].equal(chosen[k]) for k in final)
+    capsys.readouterr()
+    assert cli("train", make_config(max_steps=6, resume_from_checkpoint=str(out / "checkpoint-4"))) == 1
+    assert "holds the weights only (saved with save_only_model: true)" in capsys.readouterr().err
+    assert resolve_resume("auto", out) is None
+    with pytest.raises(CheckpointError, match=f"start a new run from them with base_model: {out / 'checkpoint-2' / 'model'}"):
+        resolve_resume(str(out / "checkpoint-2"), out)

@@ -309,7 +309,6 @@ TOP_LEVEL = {
     'sample_packing_mp_start_method': ('other', None),
     'sample_packing_sequentially': ('other', None),
     'save_first_step': ('other', None),
-    'save_only_model': ('other', False),
     'save_safetensors': ('other', True),
     'scaling_softmax': ('kernel', None),
     'scaling_softmax_bias': ('kernel', None),

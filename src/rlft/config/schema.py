@@ -322,6 +322,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
               "only the final model). A checkpoint of the last step is saved at the end unless no.")
     save_total_limit: int = field(4, "Keep only the newest N checkpoints (Axolotl's default 4; 0 also keeps 4, as in "
                                      "Axolotl).", ge=0)
+    save_only_model: bool = field(
+        False, "Checkpoints hold the model's weights only, not the optimizer, schedule and RNG state (HF's and Axolotl's "
+               "key): smaller and faster to write, but no run can resume from them (docs/training.md#checkpoints).")
     output_dir: str = field("./model-out", "Where checkpoints, metrics.jsonl and the final model go (Axolotl's default).")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
     loss_watchdog_threshold: Optional[float] = field(None, "Stop when the training loss stays above this for "

@@ -67,7 +67,7 @@ class TrainState:
 
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None,
                     extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0,
-                    protect: Path | None = None) -> Path:
+                    protect: Path | None = None, model_only: bool = False) -> Path:
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`, never `protect` (the best checkpoint).
     Returns its path. Every process calls it.
 
@@ -76,7 +76,8 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     its way back down).
     Refused before anything is written when the disk lacks the room; a write error on the way (a full disk, a
     quota) removes the staging folder and raises CheckpointError naming what failed: earlier checkpoints are
-    untouched either way."""
+    untouched either way. `model_only` (save_only_model): the weights and the training state's record, no optimizer,
+    schedule, RNG or recipe state, so it cannot resume."""
     from rlft.train.parallel import barrier, gathered_state_dict, peer_failure
 
     rank = launched()[0]
@@ -84,7 +85,7 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
-        _check_room(output_dir, final, model, optimizer, extra_bytes)
+        _check_room(output_dir, final, model, None if model_only else optimizer, 0 if model_only else extra_bytes)
         staging.mkdir(parents=True)
     barrier()
     unwrapped = getattr(model, "module", model)
@@ -93,15 +94,17 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         if rank == 0:
             unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
             tokenizer.save_pretrained(staging / "model")
-        save_optimizer(model, optimizer, staging / "optimizer")
-        torch.save(rng_state(), staging / f"rng-{rank}.pt")
+        if not model_only:
+            save_optimizer(model, optimizer, staging / "optimizer")
+            torch.save(rng_state(), staging / f"rng-{rank}.pt")
         barrier()  # every process has written its part
-        if rank == 0:
+        if rank == 0 and not model_only:
             save_scheduler(scheduler, staging)
             if extra_files is not None:
                 extra_files(staging)
             if scaler is not None:
                 torch.save(scaler.state_dict(), staging / SCALER_FILE)
+        if rank == 0:
             (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
             _fsync_tree(staging)
     except (Exception, CheckpointException) as exc:  # OSError, or the writers' wrappers of one (safetensors, torch.save,
@@ -170,7 +173,8 @@ def _check_room(output_dir: Path, final: Path, model, optimizer, extra_bytes: in
     else:
         unwrapped = getattr(model, "module", model)
         saved = [p for p in unwrapped.parameters() if p.requires_grad] if hasattr(unwrapped, "peft_config") else list(unwrapped.parameters())
-        state = [v for entry in _inner(optimizer).state.values() for v in entry.values() if isinstance(v, torch.Tensor)]
+        state = [v for entry in _inner(optimizer).state.values() for v in entry.values() if isinstance(v, torch.Tensor)] \
+            if optimizer is not None else []
         needed = sum(t.numel() * t.element_size() for t in saved + state) + extra_bytes
     needed = int(needed * 1.1) + (1 << 20)
     free = shutil.disk_usage(output_dir).free
@@ -237,6 +241,9 @@ def checkpoint_problem(folder: Path) -> str | None:
     state_files.py), so `auto` never picks a checkpoint that would fail, or run code, on resume."""
     if not folder.is_dir():
         return "it does not exist"
+    if all((folder / name).exists() for name in REQUIRED) and not any((folder / n).exists() for names in EITHER for n in names):
+        return (f"it holds the weights only (saved with save_only_model: true), without the optimizer, schedule and RNG "
+                f"state that resuming needs; start a new run from them with base_model: {folder / 'model'}")
     missing = [name for name in REQUIRED if not (folder / name).exists()]
     missing += [names[0] for names in EITHER if not any((folder / name).exists() for name in names)]
     if missing:

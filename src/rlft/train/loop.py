@@ -247,7 +247,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         with timer("save"):
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit,
                                          recipe.save_files, getattr(accelerator, "scaler", None), recipe.saved_files_bytes(),
-                                         best.folder(output_dir))
+                                         best.folder(output_dir), model_only=cfg.save_only_model)
         save_time += time.perf_counter() - began
         return last_saved
 
@@ -411,7 +411,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         done = last_saved is not None and last_saved.name == f"checkpoint-{state.global_step}"
         saved = (last_saved if done else save()) if state.global_step > 0 else None
         log.close()
-        where = f"checkpoint saved to {saved}; resume with --resume_from_checkpoint=auto" if saved else "no step had finished, nothing to save"
+        resume = ("its weights only (save_only_model: true): a new run can start from them, none can resume"
+                  if cfg.save_only_model else "resume with --resume_from_checkpoint=auto")
+        where = f"checkpoint saved to {saved}; {resume}" if saved else "no step had finished, nothing to save"
         raise TrainingInterrupted(f"interrupted at step {state.global_step}/{total_steps}: {where}") from None
     except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step
         log.close()
