@@ -50,8 +50,9 @@ def test_named_partial_or_corrupt_checkpoint_is_refused(make_config, cli, tmp_pa
     assert "is not a usable checkpoint" in capsys.readouterr().err
 
 
-def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path):
-    config = make_config(max_steps=100000, logging_steps=1, micro_batch_size=8)
+@pytest.mark.parametrize("only", [False, True], ids=["full", "save_only_model"])
+def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path, only):
+    config = make_config(max_steps=100000, logging_steps=1, micro_batch_size=8, save_only_model=only)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env)
@@ -62,8 +63,12 @@ def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path):
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
-    assert "checkpoint saved to" in err and "resume_from_checkpoint=auto" in err
-    assert resolve_resume("auto", tmp_path / "out") is not None
+    if only:
+        assert "checkpoint saved to" in err and "its weights only (save_only_model: true): a new run can start" in err
+        assert resolve_resume("auto", tmp_path / "out") is None
+    else:
+        assert "checkpoint saved to" in err and "resume_from_checkpoint=auto" in err
+        assert resolve_resume("auto", tmp_path / "out") is not None
 
 
 def test_sigterm_stops_the_run_in_one_line_and_keeps_the_checkpoints(make_config, tmp_path):
