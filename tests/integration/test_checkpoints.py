@@ -409,8 +409,9 @@ def test_save_only_model_writes_weights_that_cannot_resume(make_config, cli, add
     them still becomes the final model; naming one to resume is refused with the way out, `auto` passes over them."""
     full = make_config(max_steps=4, save_steps=2, output_dir=str(tmp_path / "full"))
     assert cli("train", full) == 0
+    # the "best" is the highest eval loss, so step 2's (the loss falls): the final model comes from an earlier checkpoint
     only = make_config(max_steps=4, save_steps=2, eval_steps=2, save_only_model=True, load_best_model_at_end=True,
-                       test_datasets=[{"path": str(addition_files["heldout"])}])
+                       greater_is_better=True, test_datasets=[{"path": str(addition_files["heldout"])}])
     assert cli("train", only) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in (out / "checkpoint-2").iterdir()) == ["model", "trainer_state.json"]
@@ -420,9 +421,11 @@ def test_save_only_model_writes_weights_that_cannot_resume(make_config, cli, add
 
     from safetensors.torch import load_file
 
-    best = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["best"]["step"]
-    final, chosen = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best}" / "model" / "model.safetensors")
+    assert json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["best"]["step"] == 2
+    final, chosen, last = (load_file(out / name) for name in ("model.safetensors", "checkpoint-2/model/model.safetensors",
+                                                               "checkpoint-4/model/model.safetensors"))
     assert final.keys() == chosen.keys() and all(final[k].equal(chosen[k]) for k in final)
+    assert not all(final[k].equal(last[k]) for k in final)
     capsys.readouterr()
     assert cli("train", make_config(max_steps=6, resume_from_checkpoint=str(out / "checkpoint-4"))) == 1
     assert "holds the weights only (saved with save_only_model: true)" in capsys.readouterr().err

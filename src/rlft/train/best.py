@@ -84,13 +84,13 @@ class BestCheckpoint:
 def final_checkpoint(state, output_dir: Path, warn) -> Path | None:
     """The checkpoint whose weights become the final model, when it is not the last step's; None otherwise. A best
     checkpoint that is gone or incomplete (removed by hand) is named in a warning and the last step's weights stay."""
-    from rlft.train.checkpoint import checkpoint_problem
+    from rlft.train.checkpoint import weights_problem
 
     best = state.best
     if best.get("step") is None or best["step"] == state.global_step:  # (save_strategy: best keeps only eval_best)
         return None
     folder = output_dir / f"checkpoint-{best['step']}"
-    problem = checkpoint_problem(folder) if folder.is_dir() else "it is gone"
+    problem = weights_problem(folder) if folder.is_dir() else "it is gone"  # save_only_model's checkpoints do
     if problem:
         warn(f"load_best_model_at_end: the best checkpoint {folder} ({best['key']} {best['value']:.4f}) cannot be read "
              f"({problem}): the final model is the last step's weights")

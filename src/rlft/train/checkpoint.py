@@ -239,13 +239,21 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 def checkpoint_problem(folder: Path) -> str | None:
     """Why `folder` is not a complete, readable checkpoint, or None when it is. Every state file is read (safely: see
     state_files.py), so `auto` never picks a checkpoint that would fail, or run code, on resume."""
+    problem = weights_problem(folder)
+    if problem is None and not any((folder / name).exists() for names in EITHER for name in names):
+        start = (f"lora_model_dir: {folder / 'model'} (and the same base_model)" if (folder / "model" / "adapter_config.json").exists()
+                 else f"base_model: {folder / 'model'}")
+        return (f"it holds the weights only (saved with save_only_model: true), without the optimizer, schedule and RNG "
+                f"state that resuming needs; start a new run from them with {start}")
+    missing = [names[0] for names in EITHER if not any((folder / name).exists() for name in names)]
+    return problem or (f"it lacks {', '.join(missing)} (a partial save?)" if missing else _state_files_problem(folder))
+
+
+def weights_problem(folder: Path) -> str | None:
+    """Why the weights and training record of `folder` cannot be read (what a final model is taken from), or None."""
     if not folder.is_dir():
         return "it does not exist"
-    if all((folder / name).exists() for name in REQUIRED) and not any((folder / n).exists() for names in EITHER for n in names):
-        return (f"it holds the weights only (saved with save_only_model: true), without the optimizer, schedule and RNG "
-                f"state that resuming needs; start a new run from them with base_model: {folder / 'model'}")
     missing = [name for name in REQUIRED if not (folder / name).exists()]
-    missing += [names[0] for names in EITHER if not any((folder / name).exists() for name in names)]
     if missing:
         return f"it lacks {', '.join(missing)} (a partial save?)"
     weights = list((folder / "model").glob("*.safetensors"))
@@ -266,7 +274,7 @@ def checkpoint_problem(folder: Path) -> str | None:
         return f"{STATE_FILE} is not valid JSON"
     except TypeError:
         return f"{STATE_FILE} does not hold a training state (keys {sorted(state)[:6] if isinstance(state, dict) else type(state).__name__})"
-    return _state_files_problem(folder)
+    return None
 
 
 def _state_files_problem(folder: Path) -> str | None:

@@ -417,8 +417,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         raise TrainingInterrupted(f"interrupted at step {state.global_step}/{total_steps}: {where}") from None
     except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step
         log.close()
+        resume = "" if cfg.save_only_model else "; resume with --resume_from_checkpoint=auto"
         raise TrainingInterrupted(f"stopped at once during step {state.global_step + 1}/{total_steps}, nothing more "
-                                  f"saved{last_good()}; resume with --resume_from_checkpoint=auto") from None
+                                  f"saved{last_good()}{resume}") from None
     finally:
         stop.close()
         steps.close()
