@@ -432,3 +432,6 @@ def test_save_only_model_writes_weights_that_cannot_resume(make_config, cli, add
     assert resolve_resume("auto", out) is None
     with pytest.raises(CheckpointError, match=f"start a new run from them with base_model: {out / 'checkpoint-2' / 'model'}"):
         resolve_resume(str(out / "checkpoint-2"), out)
+    assert cli("train", make_config(max_steps=2, resume_from_checkpoint="auto")) == 0  # auto starts afresh, and says why
+    printed = capsys.readouterr()
+    assert "auto skips" in printed.out + printed.err and "they cannot resume: a new run can start from their weights" in printed.out

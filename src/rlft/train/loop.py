@@ -22,8 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
-from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, clean_staging, load_checkpoint,
-                                   load_weights, read_state, save_checkpoint, set_aside_earlier_run)
+from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, checkpoint_problem, clean_staging,
+                                   load_checkpoint, load_weights, read_state, save_checkpoint, set_aside_earlier_run)
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
 from rlft.models import varlen
@@ -200,8 +200,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     best = BestCheckpoint(cfg, None if moved else state.best)
     log = MetricsLog(cfg, output_dir, enabled=main)
     if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):  # with its metrics.jsonl
-        console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} (to go on with that run, "
-                      "resume from there)", markup=False, soft_wrap=True)
+        resumable = any(checkpoint_problem(path) is None for path in aside.glob("checkpoint-*"))
+        console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} ("
+                      + ("to go on with that run, resume from there)" if resumable else
+                         "they cannot resume: a new run can start from their weights)"), markup=False, soft_wrap=True)
     elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
         log.truncate_after(state.global_step)
     if main and resume_from is None and log.path.exists():  # a run that saved nothing: keep its log aside, do not mix
