@@ -7,9 +7,9 @@ and the final model hold the trained weights under their usual names and load wi
 converted model does; quantize them for deployment with torchao's `quantize_` and the same format
 (docs/training.md#quantization-aware-training-qat).
 
-The formats and their fake quantizers follow Axolotl's `prepare_model_for_qat`: int4 weights in groups of
-`group_size` (alone, or with int8 per-token activations, or with float8 activations), float8 weights and activations,
-and MXFP4 / NVFP4.
+The int4 and float8 formats and their fake quantizers follow Axolotl's `prepare_model_for_qat`: int4 weights in groups
+of `group_size` (alone, or with int8 per-token activations, or with float8 activations), float8 weights and
+activations. MXFP4 and NVFP4 round weights and activations together (docs/training.md says where Axolotl differs).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ DTYPES = {"int4": "int4", "int8": "int8", "float8_e4m3fn": "float8", "fp8": "flo
 
 
 def combination_problem(activation: str | None, weight: str, group_size: int | None) -> str | None:
-    """Why torchao has no QAT for this (activation, weight) pair of canonical names, or None (Axolotl's rules)."""
+    """Why torchao 0.18 cannot train this (activation, weight) pair of canonical names, or None: the pairs Axolotl's
+    `get_quantization_config` refuses, and MXFP4 / NVFP4 weights without activations of their format."""
     if weight == "nvfp4" and group_size not in (None, 16):
         return f"nvfp4 quantizes in groups of 16, and group_size is {group_size}: set group_size: 16"
     if weight == "mxfp4" and group_size not in (None, 32):
