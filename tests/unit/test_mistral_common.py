@@ -207,3 +207,16 @@ def test_a_thinking_chunk_without_think_tokens_is_the_rows_error(tmp_path):
            {"role": "assistant", "content": [{"type": "thinking", "thinking": "two"}, {"type": "text", "text": "4"}]}]
     with pytest.raises(RowError, match="cannot encode the messages: think tokens are not available"):
         record(tokenizer, messages=row)
+
+
+def test_a_mistral_common_that_encodes_differently_is_named(mistral_common_v7, monkeypatch):
+    """The per-message counts must add up to the whole encoding after the start token; a version where they do not is
+    refused by name, never trained with shifted masks."""
+    from rlft.errors import ModelError
+    from rlft.models import mistral_common
+
+    # as if a version encoded system messages through an encoder rlft does not count
+    monkeypatch.setattr(mistral_common, "ENCODERS", {k: v for k, v in ENCODERS.items() if v != "system"})
+    with pytest.raises(ModelError, match="rlft cannot tell which ids each message has with this version"):
+        chat_ids(mistral_common_v7, CHAT)
+    assert chat_ids(mistral_common_v7, CHAT[1:])[0][:2] == [1, 3]  # without a system message the counts add up

@@ -88,9 +88,10 @@ def chat_ids(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list
             instruct.__dict__.pop(name, None)
     start = len(ids) - sum(length for _, length in counted)
     if start != len(instruct.start()):
-        raise RuntimeError(f"mistral-common {_version()} encoded {len(ids)} ids, and its message encoders gave "
-                           f"{len(ids) - start} of them after a start of {len(instruct.start())}: rlft cannot tell which "
-                           "ids each message has with this version (rlft is tested with mistral-common 1.13)")
+        raise ModelError(f"mistral-common {_version()} encoded {len(ids)} ids, and its message encoders gave "
+                         f"{len(ids) - start} of them after a start of {len(instruct.start())}: rlft cannot tell which "
+                         "ids each message has with this version: pip install -c constraints.txt 'rlft[mistral]' "
+                         "(rlft is tested with mistral-common 1.13)")
     spans = []
     for role, length in counted:
         spans.append((role, start, start + length))
