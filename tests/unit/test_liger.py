@@ -83,3 +83,21 @@ def test_loading_a_model_checks_the_keys_first_and_nothing_is_patched_without_th
     with pytest.raises(ModelError, match=r"liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"):
         check_liger(config(liger_rms_norm=True), "cpu")
     apply_liger(None, config())  # no liger_* key: returns before looking at the model (or importing liger)
+
+
+def test_the_plan_says_the_fused_loss_is_not_used_with_qat(config, monkeypatch):
+    """Axolotl's QAT examples set liger_fused_linear_cross_entropy; its kernel would read the output layer's weight
+    unrounded, so with qat the loss takes the model's logits and the plan's kernels line says so."""
+    from rlft.models import liger
+
+    def apply_liger_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False,
+                             model=None):  # the signature Liger's Llama function has
+        pass
+
+    monkeypatch.setattr(liger, "_apply_function", lambda model_type: apply_liger_to_llama)
+    keys = {"liger_rms_norm": True, "liger_fused_linear_cross_entropy": True}
+    assert liger.liger_summary(config(**keys), "llama") == "Liger: rms_norm, fused linear cross-entropy"
+    qat = {"activation_dtype": "int8", "weight_dtype": "int4", "group_size": 32}
+    assert liger.liger_summary(config(**keys, qat=qat), "llama") == (
+        "Liger: rms_norm; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
+        "takes the model's logits")

@@ -98,10 +98,14 @@ def liger_summary(cfg, model_type: str) -> str:
     """The plan's line: which kernels run, and which keys name a layer the model does not have."""
     switches, absent = liger_switches(cfg, inspect.signature(_apply_function(model_type)).parameters)
     done = [name for name, on in switches.items() if on]
-    if liger_loss(cfg):
+    unused = ""
+    if liger_loss(cfg) and getattr(cfg, "qat", None):  # the kernel would read the weight unrounded
+        unused = ("; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
+                  "takes the model's logits")
+    elif liger_loss(cfg):
         done.append("fused linear cross-entropy" + ("" if cfg.method == "sft" else " (for SFT's loss; this method's chunked "
                                                                                   "log-probs never build the logits either)"))
-    text = f"Liger: {', '.join(done) or 'nothing'}"
+    text = f"Liger: {', '.join(done) or 'nothing'}" + unused
     return text + (f"; {model_type} has no layer for {', '.join(absent)}" if absent else "")
 
 
