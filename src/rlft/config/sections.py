@@ -529,6 +529,7 @@ class EBFTConfig(Section):
 
 
 QuantDtype = Literal["int4", "int8", "float8_e4m3fn", "fp8", "float8", "nvfp4", "mxfp4"]
+QUANT_NAMES = {"float8_e4m3fn": "float8", "fp8": "float8"}  # Axolotl's other names of float8 (e4m3)
 
 
 class QATConfig(Section):
@@ -548,16 +549,12 @@ class QATConfig(Section):
 
     @property
     def activation(self) -> Optional[str]:
-        """The activation format's canonical name (fp8 and float8 are float8_e4m3fn)."""
-        from rlft.models.qat import DTYPES
-
-        return DTYPES[self.activation_dtype] if self.activation_dtype else None
+        """The activation format's canonical name (float8_e4m3fn and fp8 are float8)."""
+        return QUANT_NAMES.get(self.activation_dtype, self.activation_dtype)
 
     @property
     def weight(self) -> str:
-        from rlft.models.qat import DTYPES
-
-        return DTYPES[self.weight_dtype]
+        return QUANT_NAMES.get(self.weight_dtype, self.weight_dtype)
 
 
 class VLLMConfig(axolotl_keys.known_only("AxolotlVllmKeys", axolotl_keys.VLLM)):

@@ -17,7 +17,7 @@ from typing import Any
 from rlft.errors import ModelError
 
 # the tokenizer files mistral-common reads (a tekken file, or a SentencePiece model with its instruct version)
-FILE_PATTERNS = ("tekken.json", "tokenizer.model.v*", "*.model.v*")
+FILE_PATTERNS = ("tekken.json", "*.model.v*")
 ENCODERS = {"encode_user_message": "user", "encode_assistant_message": "assistant", "encode_tool_message": "tool",
             "encode_system_message": "system"}
 

@@ -21,10 +21,6 @@ import torch
 
 from rlft.errors import ModelError
 
-DTYPES = {"int4": "int4", "int8": "int8", "float8_e4m3fn": "float8", "fp8": "float8", "float8": "float8",
-          "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
-
-
 def combination_problem(activation: str | None, weight: str, group_size: int | None) -> str | None:
     """Why torchao 0.18 cannot train this (activation, weight) pair of canonical names, or None: the pairs Axolotl's
     `get_quantization_config` refuses, and MXFP4 / NVFP4 weights without activations of their format."""
