@@ -361,9 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         return stopped_by_sigterm()
     except KeyboardInterrupt:  # outside the training steps (loading, final export, summary): the loop saves its own
-        err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
-                          "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
-        return 130
+        return interrupted_outside_the_steps()
     except BaseException as exc:  # torch's CheckpointException is one: it wraps what failed while a checkpoint was written
         from rlft.train.parallel import peer_failure
 
@@ -383,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
         release_heap()  # for a caller that goes on (tests); the command itself exits next
 
 
+def interrupted_outside_the_steps() -> int:
+    err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
+                      "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
+    return 130
+
+
 def stopped_by_sigterm() -> int:
     """One line for a run that SIGTERM stopped, and its exit status."""
     rank, processes = launched()
@@ -397,9 +401,17 @@ def stopped_by_sigterm() -> int:
 def run_command() -> None:
     """The `rlft` command: main(), then exit with its code. A Ctrl-C that lands after main() has returned (while the
     interpreter shuts down torch's libraries) is ignored: the run is over and its result printed, and Python would
-    otherwise print a traceback from an atexit hook."""
-    code = main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    otherwise print a traceback from an atexit hook. One that lands in the instant before SIGINT is ignored keeps
+    main()'s code; one that escapes main() itself (before its handling begins, or in its last line) is answered as
+    main() answers a Ctrl-C outside the training steps: no traceback."""
+    code = None
+    try:
+        code = main()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if code is None:
+            code = interrupted_outside_the_steps()
     if launched()[1] > 1:
         end_training_process(code)
     gc.freeze()  # the interpreter's last collections would walk every object left for nothing (0.8 s with torch loaded)

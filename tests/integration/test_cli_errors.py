@@ -109,6 +109,44 @@ def test_the_command_ignores_a_ctrl_c_after_main_has_returned(monkeypatch):
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.parametrize("where", ["as SIGINT is being ignored", "in main()'s last line"])
+def test_a_ctrl_c_in_the_instant_the_command_ends_prints_no_traceback(where, monkeypatch, capsys):
+    """The Ctrl-C lands after main() has returned 0 but before SIGINT is ignored (seen in a CI run: a traceback from
+    inside signal.signal), or escapes main() itself: main()'s code in the first case, 130 and main()'s one line for a
+    Ctrl-C outside the training steps in the second."""
+    import signal
+
+    import rlft.cli
+
+    real, calls = signal.signal, []
+
+    def pressed_once(sig, handler):
+        calls.append(handler)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(sig, handler)
+
+    def interrupted_main():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rlft.cli, "main", (lambda: 0) if where.startswith("as") else interrupted_main)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        if where.startswith("as"):
+            monkeypatch.setattr(signal, "signal", pressed_once)
+        with pytest.raises(SystemExit) as exit_:
+            rlft.cli.run_command()
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    if where.startswith("as"):
+        assert exit_.value.code == 0 and calls == [signal.SIG_IGN, signal.SIG_IGN] and err == ""
+    else:
+        assert exit_.value.code == 130 and "interrupted outside the training steps" in err
+
+
 def test_a_ctrl_c_during_set_up_that_a_library_swallows_still_stops_the_run(make_config, cli, tmp_path, monkeypatch, capsys):
     """A Ctrl-C before the training loop raises KeyboardInterrupt at once; when something on the way swallows it (a
     bare `except:`, a `__del__` that was running), the loop raises it again before its first step instead of
