@@ -30,6 +30,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlft.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # a bad config stops here, before any process starts
+    WEIGHTS_ONLY[:] = [cfg.save_only_model]  # what the lines for a run stopped from outside say of its checkpoints
 
     if args.num_processes > 1 or args.nnodes > 1:
         from rlft.train.launch import check_devices, launch_command, run_launched
@@ -44,7 +45,7 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError("--num-processes inside an already launched process (torchrun / accelerate launch set "
                               "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
         return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
-                                           args.main_ip, args.main_port, args.debug))
+                                           args.main_ip, args.main_port, args.debug), resume_hint())
     with collector_paused():  # not before: the launching command only checks the config (seconds sooner)
         from rlft.train.run import train
 
@@ -54,6 +55,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 SIGTERM_SEEN: list[bool] = []  # set by stop_on_sigterm's handler: whatever error follows is reported as the SIGTERM
+WEIGHTS_ONLY: list[bool] = []  # set by `train`: [True] where its checkpoints hold the weights only (save_only_model)
+
+
+def resume_hint() -> str:
+    """What to do with the checkpoints of a run that was stopped from outside (SIGTERM, a failed process)."""
+    if WEIGHTS_ONLY == [True]:
+        return ("they hold the weights only (save_only_model: true): a new run can start from the newest one's model/ "
+                "folder, none can resume")
+    return "resume with --resume_from_checkpoint=auto"
 
 
 @contextlib.contextmanager
@@ -313,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     SIGTERM_SEEN.clear()  # a run before this one in the same process (tests) is not this one
+    WEIGHTS_ONLY.clear()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is the one to watch
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -382,8 +393,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def interrupted_outside_the_steps() -> int:
-    err_console.print("interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
-                      "a train run resumes with --resume_from_checkpoint=auto", markup=False, highlight=False)
+    hint = ("they hold the weights only (save_only_model: true), and no run can resume from them" if WEIGHTS_ONLY == [True]
+            else "a train run resumes with --resume_from_checkpoint=auto")
+    err_console.print(f"interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
+                      f"{hint}", markup=False, highlight=False)
     return 130
 
 
@@ -394,7 +407,7 @@ def stopped_by_sigterm() -> int:
     cause = ("the launcher stops every process when one fails, and that process's error is above; a scheduler does "
              "when it cancels the job") if processes > 1 else "a scheduler cancelling the job, or `kill`"
     err_console.print(f"error{where}: stopped by SIGTERM ({cause}). Checkpoints are written whole or not at all: "
-                      "resume with --resume_from_checkpoint=auto", markup=False, highlight=False)
+                      f"{resume_hint()}", markup=False, highlight=False)
     return 143
 
 

@@ -71,10 +71,12 @@ def test_ctrl_c_saves_a_checkpoint_and_says_where(make_config, tmp_path, only):
         assert resolve_resume("auto", tmp_path / "out") is not None
 
 
-def test_sigterm_stops_the_run_in_one_line_and_keeps_the_checkpoints(make_config, tmp_path):
+@pytest.mark.parametrize("only", [False, True], ids=["full", "save_only_model"])
+def test_sigterm_stops_the_run_in_one_line_and_keeps_the_checkpoints(make_config, tmp_path, only):
     """A scheduler's SIGTERM: the run ends through its clean-up (not Python's silent default), says so in one line with
-    the way to resume, exits 143, and the checkpoints written before it are whole."""
-    config = make_config(max_steps=100000, logging_steps=1, save_steps=2, micro_batch_size=8)
+    the way to resume (or, with weights-only checkpoints, that none can), exits 143, and the checkpoints written before
+    it are whole."""
+    config = make_config(max_steps=100000, logging_steps=1, save_steps=2, micro_batch_size=8, save_only_model=only)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen([sys.executable, "-m", "rlft.cli", "train", str(config)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -88,8 +90,13 @@ def test_sigterm_stops_the_run_in_one_line_and_keeps_the_checkpoints(make_config
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 143, err[-3000:]
-    assert "error: stopped by SIGTERM" in err and "resume_from_checkpoint=auto" in err and "Traceback" not in err, err[-3000:]
-    assert resolve_resume("auto", tmp_path / "out") is not None
+    assert "error: stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+    if only:
+        assert "resume_from_checkpoint" not in err and "weights only (save_only_model: true)" in err, err[-3000:]
+        assert resolve_resume("auto", tmp_path / "out") is None and (tmp_path / "out" / "checkpoint-2" / "model").is_dir()
+    else:
+        assert "resume_from_checkpoint=auto" in err
+        assert resolve_resume("auto", tmp_path / "out") is not None
 
 
 def test_truncated_weights_are_a_partial_checkpoint(make_config, cli, tmp_path):

@@ -54,7 +54,7 @@ def check_devices(per_node: int) -> None:
                           "at most one process per GPU (--num-processes, CUDA_VISIBLE_DEVICES)")
 
 
-def run_launched(command: list[str]) -> int:
+def run_launched(command: list[str], resume_hint: str) -> int:
     """Run the launcher and wait for it. Ctrl-C reaches every process (one process group): each saves a checkpoint
     and stops, and this waits for them. SIGTERM to this process alone (`kill PID`) is passed to the launcher, which
     stops every process (each says so), and raises Terminated. The launcher's own traceback (a child failed) is left
@@ -93,7 +93,7 @@ def run_launched(command: list[str]) -> int:
         raise Terminated
     reason = f"were stopped by {signal.Signals(-code).name}" if code < 0 else f"failed (exit code {code})"
     raise LaunchFailed(f"the training processes {reason}: the first error above names the rank that failed. Checkpoints "
-                       "are written whole or not at all: resume with --resume_from_checkpoint=auto")
+                       f"are written whole or not at all: {resume_hint}")
 
 
 def relay_stderr(source, sink) -> None:
