@@ -125,6 +125,17 @@ def _preprocess(args: argparse.Namespace) -> int:
     steps = {"sft": sft_steps, "grpo": prompt_steps, "gdpo": prompt_steps, "ebft": ebft_steps}.get(cfg.method)
     steps = steps(cfg) if steps else preference_steps(cfg.method)
     tokenizer = load_tokenizer(cfg)
+    if cfg.streamed:  # nothing to prepare: the first buffer, to check the format and lengths
+        from rlft.data.inspect import describe_examples
+        from rlft.data.stream import preview
+
+        examples, line = preview(cfg, tokenizer)
+        if args.debug or cfg.debug:
+            console.print("[bold]trained tokens in bold green, the rest dim[/]")
+            for text in describe_examples(examples, tokenizer, args.debug_num_examples):
+                console.print(text)
+        console.print(line, markup=False, highlight=False)
+        return 0
     data = prepare_data(cfg, tokenizer, steps)
     if args.debug or cfg.debug:
         from rlft.data.inspect import describe_examples

@@ -139,6 +139,24 @@ def test_sft_two_processes_equal_one(sft, strategy, monkeypatch):
         assert sum(p.numel() for p in model.parameters()) > 100_000
 
 
+def test_a_streamed_run_on_two_processes_equals_one(sft, addition_files):
+    """`pretraining_dataset`: every process reads every row, and each trains its share of the micro-batches one
+    process trains in turn (rlft.data.stream): the 1-process losses and evaluations."""
+    config, _, folder = sft
+    corpus = folder / "sums.jsonl"
+    rows = [json.loads(line) for line in addition_files["train"].read_text().splitlines()]
+    corpus.write_text("".join(json.dumps({"text": row["prompt"] + row["completion"]}) + "\n" for row in rows))
+    streamed = {"datasets": [], "pretraining_dataset": [{"path": str(corpus)}], "sample_packing": True,
+                "streaming_multipack_buffer_size": 30, "max_steps": 6, "micro_batch_size": 2, "eval_steps": 3}
+    train_here(config("streamed-one", 4, **streamed))
+    out = train(config("streamed-two", 2, **streamed))
+    assert "each of the 2 processes reads every row and trains its share" in " ".join(out.replace("│", " ").split())
+    got, expected = losses(folder / "streamed-two"), losses(folder / "streamed-one")
+    assert got.keys() == expected.keys() == set(range(1, 7))
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    assert_same_evals(evals(folder / "streamed-two"), evals(folder / "streamed-one"))
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
 def test_lora_under_sharding_equals_one_process(sft, strategy):
     """Only the adapter trains; FSDP2 and ZeRO-3 shard frozen and trained weights alike; the saved adapter is gathered

@@ -1,4 +1,4 @@
-"""Never lose a run: Ctrl-C (SIGINT) or SIGKILL at random moments of SFT, DPO and GRPO runs, each resumed with
+"""Never lose a run: Ctrl-C (SIGINT) or SIGKILL at random moments of SFT (also streamed), DPO and GRPO runs, each resumed with
 `resume_from_checkpoint: auto` until it finishes, ends where an uninterrupted run ends: the same loss at every step
 (each step logged once) and bit-identical final weights on CPU."""
 
@@ -81,6 +81,19 @@ def _sft(tmp_path, tiny_model_dir, addition_files, output_dir):
         "resume_from_checkpoint": "auto"})
 
 
+def _streamed(tmp_path, tiny_model_dir, addition_files, output_dir):
+    """SFT on raw text read as it trains (`pretraining_dataset`): buffers of 40 rows, so that a resume lands inside a
+    buffer, at its end, or in the next epoch, and reads the rows before it again."""
+    corpus = tmp_path / "sums.jsonl"
+    rows = [json.loads(line) for line in addition_files["train"].read_text().splitlines()[:300]]
+    corpus.write_text("".join(json.dumps({"text": row["prompt"] + row["completion"]}) + "\n" for row in rows))
+    return _write(tmp_path / f"{output_dir.name}.yaml", {
+        "base_model": str(tiny_model_dir), "random_init": True, "pretraining_dataset": [{"path": str(corpus)}],
+        "sample_packing": True, "streaming_multipack_buffer_size": 40, "sequence_len": 32, "micro_batch_size": 4,
+        "gradient_accumulation_steps": 2, "max_steps": 30, "save_steps": 4, "learning_rate": 3e-3, "warmup_steps": 3,
+        "logging_steps": 1, "seed": 5, "output_dir": str(output_dir), "resume_from_checkpoint": "auto"})
+
+
 def _dpo(tmp_path, warm_model, output_dir):
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i % 7}=", "chosen": str(i + i % 7), "rejected": str(i + i % 7 + 1)})
@@ -103,13 +116,14 @@ def _grpo(tmp_path, warm_model, output_dir):
         "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["interrupt_rewards.r"]}})
 
 
-@pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("method", ["sft", "sft-streamed", "dpo", "grpo"])
 def test_random_ctrl_c_and_kill_resume_to_the_uninterrupted_run(method, request, tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)  # the GRPO reward module is found from the working directory
     monkeypatch.syspath_prepend(str(tmp_path))
-    if method == "sft":
+    if method.startswith("sft"):
         def make(out):
-            return _sft(tmp_path, request.getfixturevalue("tiny_model_dir"), request.getfixturevalue("addition_files"), out)
+            return (_sft if method == "sft" else _streamed)(tmp_path, request.getfixturevalue("tiny_model_dir"),
+                                                            request.getfixturevalue("addition_files"), out)
     else:
         warm = request.getfixturevalue("warm_model")
         def make(out):

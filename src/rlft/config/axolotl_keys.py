@@ -42,6 +42,7 @@ SPECIFIC = {
     "merge_lora": "merge after training with `rlft merge-lora CHECKPOINT OUT`",
     "chat_template_kwargs": "set trl.chat_template_kwargs (online-RL prompts); SFT renders templates without extra arguments",
     "processor_type": "rlft trains text models only (no processors)",
+    "pretrain_multipack_buffer_size": "Axolotl's older name of streaming_multipack_buffer_size: rename the key",
 }
 
 
@@ -266,9 +267,7 @@ TOP_LEVEL = {
     'pose_num_chunks': ('other', None),
     'pose_split_on_token_ids': ('other', None),
     'preprocess_iterable': ('other', None),
-    'pretrain_multipack_attn': ('other', True),
-    'pretrain_multipack_buffer_size': ('other', None),
-    'pretraining_dataset': ('other', None),
+    'pretrain_multipack_buffer_size': ('deprecated', None),
     'pretraining_sample_concatenation': ('other', None),
     'process_reward_model': ('other', None),
     'processor_kwargs': ('other', None),
@@ -319,8 +318,6 @@ TOP_LEVEL = {
     'shuffle_before_merging_datasets': ('other', False),
     'spectrum_model_name': ('technique', None),
     'spectrum_top_fraction': ('technique', 0.5),
-    'streaming': ('other', None),
-    'streaming_multipack_buffer_size': ('other', 10000),
     'strict': ('other', False),
     'swanlab_api_host': ('tracker', None),
     'swanlab_completion_log_interval': ('tracker', 100),

@@ -102,6 +102,16 @@ class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.D
         return self
 
 
+class PretrainingDatasetConfig(DatasetConfig):
+    """The entry of `pretraining_dataset:`: streamed text (`type: pretrain`) or an SFT format
+    (docs/sft.md#streamed-data-pretraining_dataset-and-streaming)."""
+
+    type: Optional[Union[str, UserDefinedType]] = field(
+        "pretrain", "pretrain: raw text in `text_column`, cut into pieces of sequence_len tokens; or an SFT row format.")
+    text_column: str = field("text", "pretrain: column holding the text.")
+    skip: int = field(0, "Rows of the stream to pass over before training starts.", ge=0)
+
+
 def _as_bool(value: Any) -> bool | None:
     """`value` as a bool field reads it, or None where it is not one."""
     try:
@@ -260,6 +270,16 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         False, "Drop prepared examples identical to an earlier one (training and eval data each), and eval examples "
         "identical to a training one, as Axolotl does.")
     sequence_len: int = field(512, "Maximum tokens per training sequence.")
+    pretraining_dataset: Optional[list[PretrainingDatasetConfig]] = field(
+        None, "SFT on one dataset read as training goes, raw text by default (type: pretrain); a hub id or path alone "
+        "is accepted. Needs max_steps (docs/sft.md#streamed-data-pretraining_dataset-and-streaming).")
+    streaming: bool = field(False, "SFT: read `datasets` as training goes instead of tokenising them first (needs "
+                                   "max_steps; docs/sft.md#streamed-data-pretraining_dataset-and-streaming).")
+    streaming_multipack_buffer_size: int = field(
+        10000, "Streamed data: rows read, tokenised, packed and shuffled together.", ge=1)
+    pretrain_multipack_attn: bool = field(
+        True, "pretraining_dataset with sample_packing: each text attends only to itself (false: a packed row is one "
+        "sequence, its texts attending across).")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = field(
         "drop", "What to do with rows longer than sequence_len."
     )
@@ -491,12 +511,23 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
         """Axolotl passes `save_total_limit or 4` on (core/builders/base.py): 0 keeps 4, not every checkpoint."""
         return value or 4
 
+    @field_validator("pretraining_dataset", mode="before")
+    @classmethod
+    def _pretraining_path(cls, value: Any) -> Any:
+        """Axolotl's short form: a hub id or path alone."""
+        return [{"path": value}] if isinstance(value, str) else value
+
     @field_validator("val_set_size")
     @classmethod
     def _val_size(cls, value: float) -> float:
         if value < 0 or (value >= 1 and value != int(value)):
             raise ValueError("must be a fraction in [0, 1) or a whole number of rows")
         return value
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the training rows are read as training goes (`pretraining_dataset`, `streaming: true`)."""
+        return bool(self.pretraining_dataset) or self.streaming
 
     @property
     def uses_mistral_common(self) -> bool:
@@ -576,6 +607,7 @@ def combination_problems(cfg: RlftConfig):
     yield from _model_config_problems(cfg)
     yield from _mistral_common_problems(cfg)
     yield from _qat_problems(cfg)
+    yield from _streaming_problems(cfg)
     defaults = {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": True}  # what DDP does anyway
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
                 if getattr(cfg, key) is not None and getattr(cfg, key) != defaults.get(key)]
@@ -723,6 +755,37 @@ def _qat_problems(cfg: RlftConfig):
                "and a LoRA's frozen base cannot adapt: remove one")
     if cfg.deepspeed:
         yield "qat under DeepSpeed is not built: use fsdp (fsdp_version: 2), or one process"
+
+
+def _streaming_problems(cfg: RlftConfig):
+    if not cfg.streamed:
+        return
+    streamed = "pretraining_dataset" if cfg.pretraining_dataset else "streaming: true"
+    if cfg.method != "sft":
+        yield f"{streamed} is built for SFT, not {cfg.method}: remove it and list the data under datasets:"
+    if not cfg.max_steps:
+        yield f"{streamed}: a stream has no length to count epochs in: set max_steps"
+    if cfg.pretraining_dataset and len(cfg.pretraining_dataset) > 1:
+        yield (f"pretraining_dataset lists {len(cfg.pretraining_dataset)} datasets and rlft streams one (Axolotl reads "
+               "the first and ignores the others): keep one, or list them under datasets: with streaming: true, "
+               "which reads them in turn")
+    if cfg.pretraining_dataset and cfg.datasets:
+        yield ("pretraining_dataset and datasets are both set (Axolotl trains on pretraining_dataset and ignores "
+               "datasets): remove one, or list both under datasets: with streaming: true")
+    if cfg.val_set_size:
+        yield f"{streamed} with val_set_size: a stream cannot hold rows out: set test_datasets for evaluation"
+    dropped = {"group_by_length": "sorts the whole data by length, which a stream never holds",
+               "dataset_prepared_path": "keeps tokenised data, and streamed rows are tokenised as they are read",
+               "dataset_exact_deduplication": "compares every row with every other, which a stream never holds"}
+    for key, why in dropped.items():
+        if getattr(cfg, key):
+            yield f"{streamed} with {key}: {why}: remove {key}"
+    if cfg.dataset_num_proc and cfg.dataset_num_proc > 1 and not cfg.test_datasets:
+        yield (f"{streamed} with dataset_num_proc: streamed rows are tokenised in the training process, a buffer at a "
+               "time (the key applies to test_datasets only): remove it")
+    if cfg.pretraining_dataset and cfg.uses_mistral_common and cfg.pretraining_dataset[0].type == "pretrain":
+        yield ("pretraining_dataset of raw text with tokenizer_use_mistral_common is not built: stream chat rows "
+               "(type: chat_template) or set tokenizer_use_mistral_common: false")
 
 
 def _neftune_problems(cfg: RlftConfig):

@@ -210,10 +210,7 @@ def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
         random.Random(cfg.seed).shuffle(train)
     evaluation: list[dict[str, Any]] = []
     if cfg.test_datasets:
-        for index, ds in enumerate(cfg.test_datasets):
-            examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "test_datasets", steps)
-            evaluation.extend(examples)
-            reports.append(report)
+        evaluation = _test_data(cfg, tokenizer, steps, reports)
     elif cfg.val_set_size:
         size = int(cfg.val_set_size) if cfg.val_set_size >= 1 else max(1, math.ceil(cfg.val_set_size * len(train)))
         if size >= len(train):
@@ -222,6 +219,22 @@ def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
     if cfg.dataset_exact_deduplication:
         train, evaluation = deduplicate(train, evaluation, reports)
     return PreparedData(train=train, eval=evaluation, reports=reports)
+
+
+def _test_data(cfg, tokenizer, steps: MethodSteps | None, reports: list[LengthReport]) -> list[dict[str, Any]]:
+    evaluation = []
+    for index, ds in enumerate(cfg.test_datasets or []):
+        examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "test_datasets", steps)
+        evaluation.extend(examples)
+        reports.append(report)
+    return evaluation
+
+
+def prepare_streamed_sft_data(cfg, tokenizer) -> PreparedData:
+    """A streamed run's data before training: its test_datasets only (the training rows are read as it goes,
+    `rlft.data.stream`)."""
+    reports: list[LengthReport] = []
+    return PreparedData(train=[], eval=_test_data(cfg, tokenizer, sft_steps(cfg), reports), reports=reports)
 
 
 def deduplicate(train: list[dict[str, Any]], evaluation: list[dict[str, Any]],

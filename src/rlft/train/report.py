@@ -56,8 +56,9 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         info = report.summary()
         table.add_row("data", f"{info['dataset']}: {info['kept']}/{info['rows']} rows kept "
                               f"(dropped: {report.dropped_text()}; {info['truncated']} truncated)")
-    table.add_row("train / eval rows", f"{len(data.train)} / {len(data.eval)}")
-    table.add_row("steps", f"{steps} ({per_epoch} per epoch{', packed rows' if cfg.sample_packing else ''})")
+    table.add_row("train / eval rows", f"{'streamed' if cfg.streamed else len(data.train)} / {len(data.eval)}")
+    per_epoch = "max_steps: a stream has no epochs" if cfg.streamed else f"{per_epoch} per epoch"
+    table.add_row("steps", f"{steps} ({per_epoch}{', packed rows' if cfg.sample_packing else ''})")
     effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
     table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
     table.add_row("schedule", schedule(cfg, steps, epochs_steps(cfg, micro_batches, draws_per_step)))

@@ -87,13 +87,13 @@ def _setup(cfg, console: Console):
     shard = (accelerator.process_index, accelerator.num_processes)
 
     if cfg.method == "sft":
-        from rlft.data.prepare import prepare_sft_data
+        from rlft.data.prepare import prepare_sft_data, prepare_streamed_sft_data
         from rlft.models.loading import load_model
         from rlft.train.recipes.sft import SFTRecipe
 
-        data = prepare_sft_data(cfg, tokenizer)
+        data = prepare_streamed_sft_data(cfg, tokenizer) if cfg.streamed else prepare_sft_data(cfg, tokenizer)
         model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
-        recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard)
+        recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard, tokenizer if cfg.streamed else None)
     elif cfg.method == "reward_model":
         from rlft.data.prepare import prepare_data, preference_steps
         from rlft.models.reward import load_reward_model

@@ -8,7 +8,8 @@ import torch
 
 from rlft.data.prepare import PreparedData
 from rlft.data.batches import BatchPlan
-from rlft.data.collate import pad_multiple, packed_batch, padded_width
+from rlft.data.collate import pad_batch, pad_multiple, packed_batch, padded_width
+from rlft.data.stream import StreamedBatches, StreamPlan
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
 from rlft.models.head import forward_hidden, output_layer, router_loss
@@ -24,7 +25,9 @@ class SFTRecipe(Recipe):
     name = "sft"
     liger = False  # Liger's Triton kernel for the fused linear cross-entropy (CUDA; rlft.models.liger)
 
-    def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1), stream_tokenizer=None):
+        """`stream_tokenizer`: the training rows are streamed (`pretraining_dataset`, `streaming: true`), read and
+        tokenised with it as training goes (`rlft.data.stream`); `data` holds the eval rows only."""
         capacity = cfg.sequence_len if cfg.sample_packing else None
         width = padded_width(cfg)
         # batch_flattening: each micro-batch's rows as one row, each document attending to itself (rlft.data.collate)
@@ -37,8 +40,16 @@ class SFTRecipe(Recipe):
         packs = (lambda packs: packed_batch(packs, pad_id, width, False, multiple)) if flash else None
         flat = flat or (packs if capacity else None)
         lengths = [len(e["input_ids"]) for e in data.train] if cfg.group_by_length else None  # never with packing
-        self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
-                                    lengths=lengths, width=width, multiple=multiple)
+        self.stream, self.accumulation = None, cfg.gradient_accumulation_steps
+        if stream_tokenizer is not None:
+            collate = flat or ((lambda packs: packed_batch(packs, pad_id, width, multiple=multiple)) if capacity
+                               else (lambda rows: pad_batch(rows, pad_id, width, multiple)))
+            self.stream = StreamedBatches(cfg, stream_tokenizer, collate, shard)
+            self.train_plan = StreamPlan(cfg.max_steps * self.accumulation)
+            self.plan_rows = (("data", self.stream.describe()),)
+        else:
+            self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
+                                        lengths=lengths, width=width, multiple=multiple)
         self.shard = shard
         self.liger = liger_loss(cfg)
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
@@ -51,6 +62,23 @@ class SFTRecipe(Recipe):
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
         return self._eval_batches
+
+    def prepare_step(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+        """A streamed run's micro-batches for this step, else None (the loop draws them from `train_plan`)."""
+        return None if self.stream is None else self.stream.step(self.accumulation)
+
+    def epochs_done(self, loop_epochs: float) -> float:
+        return loop_epochs if self.stream is None else self.stream.epochs_done
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.stream is None else {"stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.stream is not None and "stream" in state:
+            self.stream.load_state_dict(state["stream"])
+
+    def final_warnings(self) -> list[str]:
+        return [] if self.stream is None else self.stream.warnings()
 
     @staticmethod
     def _units(batch: dict[str, Any]) -> int:

@@ -1,0 +1,391 @@
+"""Streamed SFT data: `pretraining_dataset`, or `datasets:` with `streaming: true`, read as training goes.
+
+Rows are read in buffers of `streaming_multipack_buffer_size`, tokenised, packed (`sample_packing`), shuffled within
+the buffer (`shuffle_merged_datasets`, seeded by the epoch and the buffer) and cut into micro-batches. Every process
+reads every row and makes the same global sequence of micro-batches; each optimizer step takes the next
+`gradient_accumulation_steps x processes` of them, the k-th to process k mod N, as a run of one process would see
+them in turn. A checkpoint records where the stream stands (`StreamPosition`: epoch, rows before the current buffer,
+micro-batches taken from it), so a resume, also with another process count, continues with the same micro-batches:
+it reads the rows before the buffer again without tokenising them. At the stream's end the next epoch starts over.
+
+`type: pretrain` rows are raw text (`text_column`): the tokenizer's ids with its end-of-text token after, cut into
+pieces of `sequence_len` tokens that follow one another (no overlap), every token a target.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rlft.data.formats import RowError
+from rlft.data.loading import EXTENSION_BUILDERS, parse_split
+from rlft.errors import DataError
+
+SEARCH = 64  # packing looks for room among the most recently opened packs only: linear in the buffer's rows
+
+
+@dataclass
+class StreamPosition:
+    """Where a stream stands, at an optimizer step's end."""
+
+    epoch: int = 0
+    rows: int = 0  # rows of this epoch read before the current buffer
+    taken: int = 0  # micro-batches of the current buffer already trained (by all processes)
+
+
+@dataclass
+class StreamCounts:
+    """What the rows read so far became (every process counts the same)."""
+
+    rows: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    too_long: int = 0  # of the dropped: longer than sequence_len (excess_length_strategy: drop)
+    pieces: int = 0  # pretrain: the pieces of sequence_len tokens the texts were cut into
+
+
+class StreamSource:
+    """The rows of one dataset entry, from the start each time it is opened."""
+
+    def __init__(self, ds, where: str, convert: Callable[[str, dict], list[dict[str, list[int]]]]):
+        self.ds, self.where, self.convert = ds, where, convert
+        split, spec = parse_split(ds.split)
+        self.split, self.start, self.stop = split, *_row_slice(spec, where)
+        self.start += getattr(ds, "skip", 0) or 0
+
+    def rows(self) -> Iterator[tuple[str, dict]]:
+        rows = _open(self.ds, self.split, self.where)
+        return itertools.islice(rows, self.start, self.stop)
+
+
+def _row_slice(spec: str | None, where: str) -> tuple[int, int | None]:
+    """A split's slice as rows to skip and the row to stop at: a stream has no length, so only counts from its start."""
+    if spec is None or not spec.strip():
+        return 0, None
+    parts = [part.strip() for part in spec.split(":")]
+    if len(parts) != 2 or not all(part == "" or part.isdigit() for part in parts):
+        raise DataError(f"{where}: split slice [{spec}] cannot be read from a stream, which has no length: use row "
+                        "counts from its start, e.g. [:1000] or [100:1000]")
+    return int(parts[0] or 0), int(parts[1]) if parts[1] else None
+
+
+def _open(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
+    """(place, row) of a dataset entry, lazily: JSON lines line by line, other files and hub datasets through
+    `datasets`' streaming mode."""
+    from datasets import load_dataset, load_from_disk
+
+    path = Path(ds.path).expanduser() if ds.path else None
+    data_files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files or [])
+    if path is not None and path.is_dir() and not data_files:
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            saved = load_from_disk(str(path))
+            saved = saved[split] if hasattr(saved, "keys") else saved
+            return ((f"row {number}", dict(row)) for number, row in enumerate(saved, 1))
+        data_files = sorted(p.name for p in path.iterdir() if p.suffix.lower() in EXTENSION_BUILDERS)
+        if not data_files:
+            raise DataError(f"{where}: folder {path} holds no data files ({', '.join(EXTENSION_BUILDERS)}) and is not a "
+                            "saved dataset")
+    if path is not None and path.is_dir():
+        files = [str(path / name) for name in data_files]
+    elif path is not None and path.is_file():
+        files = [str(path)]
+    elif path is None:
+        files = data_files
+    else:
+        return _hub_rows(ds, split, where)
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise DataError(f"{where}: file not found: {', '.join(missing)} (relative paths are read from {Path.cwd()})")
+    suffixes = {Path(f).suffix.lower() for f in files}
+    builder = "json" if ds.ds_type == "jsonl" else ds.ds_type or (
+        EXTENSION_BUILDERS.get(suffixes.pop()) if len(suffixes) == 1 else None)
+    if builder is None:
+        raise DataError(f"{where}: cannot infer the file format of {sorted(suffixes)}: set ds_type (json, csv, parquet, "
+                        "arrow, text)")
+    if builder == "json":
+        return itertools.chain.from_iterable(_json_lines(Path(f), where, len(files) > 1) for f in files)
+    rows = load_dataset(builder, data_files=files, split="train", streaming=True)
+    return ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
+
+
+def _hub_rows(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
+    import os
+
+    from datasets import load_dataset
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        raise DataError(f"{where}: {ds.path!r} is not a local file or folder, and the hub is off (HF_HUB_OFFLINE=1)")
+    try:
+        rows = load_dataset(ds.path, name=ds.name, split=split, revision=ds.revision, data_files=ds.data_files,
+                            streaming=True)
+    except Exception as exc:  # datasets raises many types for a name it cannot resolve
+        raise DataError(f"{where}: cannot stream hub dataset {ds.path!r}: {exc}") from None
+    return ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
+
+
+def _json_lines(path: Path, where: str, named: bool) -> Iterator[tuple[str, dict]]:
+    """A JSON-lines file line by line (a .json file holding one array is read whole, as `rlft.data.loading` does)."""
+    from rlft.data.loading import read_json_rows
+
+    with path.open("rb") as handle:
+        first = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if path.suffix.lower() == ".json" and first.startswith(b"["):
+        yield from ((f"{path.name} {place}" if named else place, row) for place, row in read_json_rows(path, where))
+        return
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            place = f"{path.name} line {number}" if named else f"line {number}"
+            try:
+                line = raw.decode("utf-8").lstrip("\ufeff")
+            except UnicodeDecodeError:
+                raise DataError(f"{where}: {path.name} line {number} is not UTF-8: save the file as UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: {path.name} line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: {path.name} line {number} is {type(row).__name__}, not an object with the row's "
+                                "fields (one JSON object per line)")
+            yield place, row
+
+
+def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -> Callable[[str, dict], list[dict]]:
+    """`type: pretrain`: a row's text (`text_column`) as pieces of `sequence_len` tokens, every token a target."""
+    column = getattr(ds, "text_column", None) or ds.field  # a datasets: entry names its text column `field`
+    end = tokenizer.eos_token_id
+
+    def convert(place: str, row: dict) -> list[dict[str, list[int]]]:
+        text = row.get(column)
+        if not isinstance(text, str):
+            known = ", ".join(sorted(row)) or "none"
+            raise RowError(f"{place}: no text in column {column!r} (the row's columns: {known}); set text_column")
+        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        if end is not None and (not ids or ids[-1] != end):
+            ids.append(end)
+        pieces = [ids[start : start + sequence_len] for start in range(0, len(ids), sequence_len)]
+        pieces = [piece for piece in pieces if len(piece) > 1]  # one token predicts nothing
+        counts.pieces += len(pieces)
+        return [{"input_ids": piece, "labels": list(piece)} for piece in pieces]
+
+    return convert
+
+
+def sft_converter(ds, index: int, cfg, tokenizer, counts: StreamCounts, where: str) -> Callable[[str, dict], list[dict]]:
+    """A `datasets:` entry's rows through SFT's own format, tokenisation and length rules (`rlft.data.prepare`)."""
+    from rlft.data.prepare import sft_steps
+
+    steps = sft_steps(cfg)
+    to_record = steps.resolve(ds, cfg, index, where, tokenizer)
+
+    def convert(place: str, row: dict) -> list[dict[str, list[int]]]:
+        try:
+            example, outcome = steps.fit(steps.tokenize(to_record(row), tokenizer, ds), cfg)
+        except RowError as exc:
+            raise RowError(f"{place}: {exc}") from None
+        counts.truncated += outcome == "truncated"
+        counts.too_long += outcome == "too_long"
+        return [example] if example is not None else []
+
+    return convert
+
+
+def sources_for(cfg, tokenizer, counts: StreamCounts) -> list[StreamSource]:
+    """The streamed entries of a config: its `pretraining_dataset`, or its `datasets` with `streaming: true`."""
+    entries = [("pretraining_dataset", cfg.pretraining_dataset[0])] if cfg.pretraining_dataset else \
+        [("datasets", ds) for ds in cfg.datasets]
+    sources = []
+    for index, (key, ds) in enumerate(entries):
+        where = f"{key}[{index}] ({ds.path or ds.data_files})"
+        convert = pretrain_converter(ds, tokenizer, cfg.sequence_len, counts) if ds.type == "pretrain" else \
+            sft_converter(ds, index, cfg, tokenizer, counts, where)
+        sources.append(StreamSource(ds, where, convert))
+    return sources
+
+
+def interleaved(sources: list[StreamSource]) -> Iterator[tuple[StreamSource, str, dict]]:
+    """One row of each source in turn; a source that ends drops out."""
+    iterators = [(source, source.rows()) for source in sources]
+    while iterators:
+        alive = []
+        for source, rows in iterators:
+            row = next(rows, None)
+            if row is not None:
+                alive.append((source, rows))
+                yield source, *row
+        iterators = alive
+
+
+def read_rows(rows: Iterator[tuple[StreamSource, str, dict]], counts: StreamCounts) -> tuple[int, list[dict]]:
+    """(rows read, the examples they became), counted in `counts`; a bad row stops the run, named by its place."""
+    read, examples = 0, []
+    for source, place, row in rows:
+        read += 1
+        try:
+            found = source.convert(place, row)
+        except RowError as exc:
+            raise DataError(f"{source.where}, {exc}") from None
+        counts.rows += 1
+        counts.kept += bool(found)
+        counts.dropped += not found
+        examples.extend(found)
+    return read, examples
+
+
+def preview(cfg, tokenizer) -> tuple[list[dict], str]:
+    """`rlft preprocess` of a streamed config: the examples of its first buffer of rows, and a line on them."""
+    counts = StreamCounts()
+    rows, examples = read_rows(itertools.islice(interleaved(sources_for(cfg, tokenizer, counts)),
+                                                cfg.streaming_multipack_buffer_size), counts)
+    pieces = f", cut into {counts.pieces} pieces of at most sequence_len tokens" if counts.pieces else ""
+    return examples, (f"streamed data, its first {rows} rows (streaming_multipack_buffer_size): {counts.kept} kept{pieces}, "
+                      f"{counts.dropped} dropped, {counts.truncated} truncated; `rlft train` reads the rest as it trains")
+
+
+def pack(examples: list[dict[str, list[int]]], capacity: int) -> list[list[dict[str, list[int]]]]:
+    """First fit among the last `SEARCH` packs opened (rlft.data.collate.pack_examples over all of them is quadratic in
+    a buffer of pieces that each fill a pack); a full pack leaves the search."""
+    packs: list[list[dict]] = []
+    room: list[tuple[int, int]] = []  # (pack index, free tokens) of the packs still searched
+    for example in examples:
+        size = len(example["input_ids"])
+        for slot, (index, free) in enumerate(room):
+            if size <= free:
+                packs[index].append(example)
+                room[slot] = (index, free - size)
+                if free == size:
+                    del room[slot]
+                break
+        else:
+            packs.append([example])
+            if size < capacity:
+                room.append((len(packs) - 1, capacity - size))
+                del room[:-SEARCH]
+    return packs
+
+
+class StreamedBatches:
+    """The global sequence of micro-batches of a stream, and this process's share of each step."""
+
+    def __init__(self, cfg, tokenizer, collate: Callable[[list[Any]], dict[str, Any]], shard: tuple[int, int] = (0, 1)):
+        self.counts = StreamCounts()
+        self.sources = sources_for(cfg, tokenizer, self.counts)
+        self.collate, (self.rank, self.world) = collate, shard
+        self.buffer_rows, self.micro_batch_size, self.seed = cfg.streaming_multipack_buffer_size, cfg.micro_batch_size, cfg.seed
+        self.sequence_len = cfg.sequence_len
+        self.capacity = cfg.sequence_len if cfg.sample_packing else None
+        self.attend_across = cfg.pretraining_dataset is not None and not cfg.pretrain_multipack_attn
+        self.shuffle = cfg.shuffle_merged_datasets
+        self.position = StreamPosition()
+        self._rows: Iterator | None = None  # the open stream, at `position.rows + rows in the buffer`
+        self._buffer: list[list[Any]] | None = None  # the current buffer's micro-batches (items, not yet collated)
+
+    def step(self, micro_batches: int) -> list[dict[str, Any]]:
+        """This process's `micro_batches` of the next step: of the next `micro_batches x processes` global ones, the
+        k-th goes to process k mod N."""
+        mine = []
+        for k in range(micro_batches * self.world):
+            items = self._next_items()
+            if k % self.world == self.rank:
+                mine.append(items)
+        return [self.collate(items) for items in mine]
+
+    def _next_items(self) -> list[Any]:
+        while self._buffer is None or self.position.taken >= len(self._buffer):
+            if self._buffer is not None:  # the buffer is used up: the next one
+                self.position.rows += self._buffer_read
+                self.position.taken = 0
+            self._fill()
+        self.position.taken += 1
+        return self._buffer[self.position.taken - 1]
+
+    def _fill(self) -> None:
+        """Read and batch the buffer at `position` (after a resume, its rows are read again and the same micro-batches
+        made). An epoch's end opens the stream again; an epoch without a single trained row stops the run."""
+        ends = 0
+        while True:
+            if self._rows is None:
+                self._rows = itertools.islice(interleaved(self.sources), self.position.rows, None)
+            read, examples = read_rows(itertools.islice(self._rows, self.buffer_rows), self.counts)
+            if examples:
+                break
+            if read:  # a whole buffer of rows that train nothing: on to the next one
+                self.position.rows += read
+                continue
+            ends += 1
+            if ends == 2:  # a whole pass over the stream without a trained row
+                raise DataError(f"the streamed data gave no training rows: {self.counts.rows} rows read, "
+                                f"{self.counts.dropped} dropped{self._why_dropped()}")
+            self.position = StreamPosition(self.position.epoch + 1)  # the stream's end: the next epoch from its start
+            self._rows = None
+        self._buffer_read = read
+        items: list[Any] = examples
+        if self.capacity:
+            items = pack(examples, self.capacity)
+            if self.attend_across:  # pretrain_multipack_attn: false: a pack is one document, attending across its texts
+                items = [[{key: sum((e[key] for e in p), []) for key in ("input_ids", "labels")}] for p in items]
+        if self.shuffle:
+            random.Random(f"{self.seed}/{self.position.epoch}/{self.position.rows}").shuffle(items)
+        size = self.micro_batch_size
+        self._buffer = [items[start : start + size] for start in range(0, len(items), size)]
+
+    def describe(self) -> str:
+        """The plan's line."""
+        how = [f"{self.buffer_rows} rows read at a time"]
+        if self.capacity:
+            how.append(f"packed into rows of {self.capacity} tokens" + (", texts attending across (pretrain_multipack_attn: "
+                                                                          "false)" if self.attend_across else ""))
+        if self.shuffle:
+            how.append("shuffled within each buffer")
+        if self.world > 1:
+            how.append(f"each of the {self.world} processes reads every row and trains its share")
+        return f"streamed from {', '.join(source.where for source in self.sources)}: {', '.join(how)}"
+
+    def warnings(self) -> list[str]:
+        """The summary's line on rows dropped."""
+        if not self.counts.dropped:
+            return []
+        return [f"streamed data: {self.counts.dropped} of the {self.counts.rows} rows read were dropped{self._why_dropped()}"]
+
+    def _why_dropped(self) -> str:
+        long, dropped = self.counts.too_long, self.counts.dropped
+        parts = [f"{long} longer than sequence_len={self.sequence_len} (excess_length_strategy: drop; raise sequence_len or "
+                 "set truncate)"] if long else []
+        parts += [f"{dropped - long} without a trained token (check the format)"] if dropped > long else []
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    @property
+    def epochs_done(self) -> float:
+        return float(self.position.epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": asdict(self.position), "counts": asdict(self.counts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = StreamPosition(**state.get("position", {}))
+        for key, value in state.get("counts", {}).items():
+            setattr(self.counts, key, value)
+        self._rows, self._buffer = None, None
+        if self.position.taken:  # the buffer the run was in, its micro-batches as they were (its rows counted once)
+            taken, counts = self.position.taken, asdict(self.counts)
+            self._fill()
+            self.position.taken = taken
+            for key, value in counts.items():  # the converters hold this object
+                setattr(self.counts, key, value)
+
+
+class StreamPlan:
+    """The loop's view of a stream, which has no epoch length: the run's `max_steps` stand for one epoch (for
+    `saves_per_epoch`, `evals_per_epoch` and the warm-up's step count)."""
+
+    def __init__(self, micro_batches_per_process: int):
+        self.micro_batches = micro_batches_per_process
+
+    def __len__(self) -> int:
+        return self.micro_batches
