@@ -16,11 +16,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
+from rlft.config.schema import PretrainingDatasetConfig
 from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, QATConfig, TRLConfig, VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
-MODEL_NAMES = {"DatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
+MODEL_NAMES = {"DatasetConfig": "dataset entry", "PretrainingDatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
 ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "#11": "issue #11",
           "NCCL weight transfer, a later issue": "NCCL weight transfer, a later issue",
           "custom vLLM server code, a later issue": "custom vLLM server code, a later issue",
@@ -109,6 +110,7 @@ def axolotl_only() -> str:
 TABLES = {
     "top-level": lambda: table(RlftConfig, own_fields(RlftConfig, PreferenceFields, NemoGymFields)),
     "dataset": lambda: table(DatasetConfig),
+    "pretraining-dataset": lambda: table(PretrainingDatasetConfig, ["type", "text_column", "skip"]),
     "user-defined": lambda: table(UserDefinedType),
     "preference": lambda: table(PreferenceFields),
     "trl": lambda: table(TRLConfig, prefix="trl."),

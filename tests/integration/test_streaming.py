@@ -50,3 +50,20 @@ def test_streaming_true_reads_an_axolotl_sft_dataset_as_it_trains(make_config, c
     assert cli("preprocess", config, "--debug") == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "its first 100 rows (streaming_multipack_buffer_size): 100 kept, 0 dropped, 0 truncated" in out
+
+
+def test_a_wrong_column_stops_before_the_model_loads_and_a_switch_to_streaming_on_resume_is_said(
+        make_config, cli, addition_files, tmp_path, capsys):
+    corpus = _addition_text(tmp_path / "sums.jsonl", addition_files["train"])
+    wrong = make_config(datasets=[], pretraining_dataset=[{"path": str(corpus), "text_column": "body"}])
+    assert cli("train", wrong) == 1
+    captured = capsys.readouterr()
+    assert "line 1: no text in column 'body' (the row's columns: id, text); set text_column" in " ".join(captured.err.split())
+    assert "rlft train: sft" not in captured.out  # no plan: the model was never loaded
+    assert cli("train", make_config(max_steps=2, save_steps=2)) == 0  # rows read whole
+    streamed = make_config(datasets=[], pretraining_dataset=[{"path": str(corpus)}], max_steps=4, save_steps=2,
+                           resume_from_checkpoint="auto")
+    capsys.readouterr()
+    assert cli("train", streamed) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the checkpoint was written by a run that did not stream its data: the stream starts at its first row" in out

@@ -36,7 +36,7 @@ def _key(batches):
     return json.dumps(batches)
 
 
-def test_pretrain_text_is_cut_into_consecutive_pieces_with_the_end_token(tmp_path, gpt2_tokenizer):
+def test_pretrain_text_is_cut_into_pieces_that_share_one_token_and_train_each_once(tmp_path, gpt2_tokenizer):
     text = " ".join(WORDS * 3)
     (tmp_path / "one.jsonl").write_text(json.dumps({"body": text}) + "\n")
     cfg = build_config({"base_model": "m", "pretraining_dataset": [{"path": str(tmp_path / "one.jsonl"), "text_column": "body"}],
@@ -44,8 +44,11 @@ def test_pretrain_text_is_cut_into_consecutive_pieces_with_the_end_token(tmp_pat
     examples, line = preview(cfg, gpt2_tokenizer)
     ids = gpt2_tokenizer(text)["input_ids"] + [gpt2_tokenizer.eos_token_id]
     assert len(ids) > 40  # several pieces
-    assert [e["input_ids"] for e in examples] == [ids[i : i + 16] for i in range(0, len(ids), 16) if len(ids[i : i + 16]) > 1]
+    assert [e["input_ids"] for e in examples] == [ids[i : i + 16] for i in range(0, len(ids) - 1, 15)]
     assert all(e["labels"] == e["input_ids"] for e in examples)
+    # a piece's first token is context only (rlft.data.collate: a document's first token is no target): the targets of
+    # all pieces are the text's tokens after its first, each once
+    assert [t for e in examples for t in e["input_ids"][1:]] == ids[1:]
     assert f"cut into {len(examples)} pieces" in line and "1 kept" in line
 
 
@@ -67,25 +70,45 @@ def test_each_process_trains_its_share_of_the_one_process_sequence(tmp_path, gpt
     assert len({_key(b) for b in single}) == 4
 
 
-@pytest.mark.parametrize("steps", [1, 2, 3, 7])
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_a_resumed_stream_continues_with_the_same_micro_batches(steps, world, tmp_path, gpt2_tokenizer):
-    """Written after `steps` steps of one process (mid-buffer, at a buffer's end, across the epoch's end), continued
-    by `world` processes: together they train what the one process would have."""
+def test_a_resumed_stream_continues_with_the_same_micro_batches(tmp_path, gpt2_tokenizer):
+    """Written after each of the first 14 steps of one process (inside a buffer, at a buffer's end, past the epoch's
+    end: each happens), continued by 1, 2 and 3 processes: together they train what the one process would have, and
+    they stand where it stands."""
     cfg = _cfg(tmp_path)
+    _corpus(tmp_path / "corpus.jsonl", rows=10)  # an epoch of a few steps
     straight = StreamedBatches(cfg, gpt2_tokenizer, _collate)
-    for _ in range(steps):
+    seen = set()
+    for steps in range(1, 15):
         straight.step(2)
-    state = json.loads(json.dumps(straight.state_dict()))  # as the checkpoint's JSON holds it
-    expected = [straight.step(2) for _ in range(world * 3)]
-    resumed = [StreamedBatches(cfg, gpt2_tokenizer, _collate, (rank, world)) for rank in range(world)]
-    for stream in resumed:
-        stream.load_state_dict(state)
-    for step in range(3):
-        shares = [stream.step(2) for stream in resumed]
-        flat = [batch for s in expected[step * world : (step + 1) * world] for batch in s]
-        assert flat == [shares[k % world][k // world] for k in range(2 * world)]
-    assert resumed[0].state_dict() == straight.state_dict() or world > 1  # one process: the same position and counts
+        seen.add("epoch" if straight.position.epoch else "buffer's end" if straight.position.taken == len(straight._buffer)
+                 else "inside")
+        state = json.loads(json.dumps(straight.state_dict()))  # as the checkpoint's JSON holds it
+        expected = StreamedBatches(cfg, gpt2_tokenizer, _collate)
+        expected.load_state_dict(state)
+        for world in (1, 2, 3):
+            resumed = [StreamedBatches(cfg, gpt2_tokenizer, _collate, (rank, world)) for rank in range(world)]
+            for stream in resumed:
+                stream.load_state_dict(state)
+            reference = StreamedBatches(cfg, gpt2_tokenizer, _collate)
+            reference.load_state_dict(state)
+            for _ in range(2):
+                shares = [stream.step(2) for stream in resumed]
+                one = [batch for _ in range(world) for batch in reference.step(2)]
+                assert one == [shares[k % world][k // world] for k in range(2 * world)], (steps, world)
+            assert all(stream.state_dict() == reference.state_dict() for stream in resumed)
+    assert seen == {"inside", "buffer's end", "epoch"}
+    assert not expected.messages()
+
+
+def test_a_resume_with_other_data_settings_says_so_and_restarts_the_buffer(tmp_path, gpt2_tokenizer):
+    stream = StreamedBatches(_cfg(tmp_path), gpt2_tokenizer, _collate)
+    stream.step(1)
+    assert 0 < stream.position.taken < len(stream._buffer)
+    changed = StreamedBatches(_cfg(tmp_path, micro_batch_size=2), gpt2_tokenizer, _collate)
+    changed.load_state_dict(stream.state_dict())
+    message = " ".join(changed.messages())
+    assert "settings changed since the checkpoint (micro_batch_size)" in message and "start of the buffer" in message
+    assert changed.position.taken == 0 and changed.position.rows == stream.position.rows
 
 
 def test_the_stream_starts_over_at_its_end_in_a_new_order(tmp_path, gpt2_tokenizer):
@@ -136,20 +159,53 @@ def test_bad_rows_and_empty_streams_name_the_place(tmp_path, gpt2_tokenizer):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text"}) + "\n")
     cfg = _cfg(tmp_path, pretraining_dataset=[{"path": str(bad)}])
-    with pytest.raises(DataError, match=r"pretraining_dataset\[0\] .*line 2: no text in column 'text' \(the row's columns: body\)"):
+    no_text = r"pretraining_dataset\[0\] .*line 2: no text in column 'text' \(the row's columns: body\)"
+    with pytest.raises(DataError, match=no_text):
         StreamedBatches(cfg, gpt2_tokenizer, _collate).step(1)
     bad.write_text(json.dumps({"text": "fine"}) + "\n{oops\n")
     with pytest.raises(DataError, match="line 2 is not valid JSON"):
         StreamedBatches(cfg, gpt2_tokenizer, _collate).step(1)
     bad.write_text("")
+    with pytest.raises(DataError, match="file is empty"):
+        StreamedBatches(cfg, gpt2_tokenizer, _collate).step(1)
+    bad.write_text("\n\n")
     with pytest.raises(DataError, match="gave no training rows: 0 rows read, 0 dropped$"):
         StreamedBatches(cfg, gpt2_tokenizer, _collate).step(1)
     short = _cfg(tmp_path, pretraining_dataset=[{"path": str(bad), "split": "train[:10%]"}])
     with pytest.raises(DataError, match=r"cannot be read from a stream"):
         StreamedBatches(short, gpt2_tokenizer, _collate)
-    missing = _cfg(tmp_path, pretraining_dataset=[{"path": str(tmp_path / "gone.jsonl")}])
-    with pytest.raises(DataError, match="does not exist|not found|not a local file"):
-        StreamedBatches(missing, gpt2_tokenizer, _collate).step(1)
+    for path, words in ((str(tmp_path / "gone.jsonl"), "gone.jsonl does not exist"), ("./data/typo", "typo does not exist"),
+                        ("someone/corpus", "not a local file or folder, and the hub is off")):
+        with pytest.raises(DataError, match=words):
+            StreamedBatches(_cfg(tmp_path, pretraining_dataset=[{"path": path}]), gpt2_tokenizer, _collate).step(1)
+
+
+def test_parquet_csv_json_and_saved_datasets_stream_and_their_faults_are_data_errors(tmp_path, gpt2_tokenizer):
+    from datasets import Dataset, DatasetDict
+
+    rows = Dataset.from_dict({"text": [f"row {i}" for i in range(5)]})
+    rows.to_parquet(str(tmp_path / "rows.parquet"))
+    rows.to_csv(str(tmp_path / "rows.csv"), index=False)
+    (tmp_path / "one.json").write_text(json.dumps({"text": "row 0"}, indent=2))  # one object, pretty-printed
+    DatasetDict({"train": rows}).save_to_disk(str(tmp_path / "saved"))
+
+    def texts(entry, count):
+        cfg = _cfg(tmp_path, pretraining_dataset=[entry], shuffle_merged_datasets=False, micro_batch_size=1,
+                   sample_packing=False)
+        stream = StreamedBatches(cfg, gpt2_tokenizer, _collate)
+        return [gpt2_tokenizer.decode(stream.step(1)[0][0]["input_ids"][:-1]) for _ in range(count)]
+
+    for entry in ({"path": str(tmp_path / "rows.parquet")}, {"path": str(tmp_path / "rows.csv")},
+                  {"path": str(tmp_path / "saved")}, {"path": str(tmp_path), "data_files": ["rows.parquet"]}):
+        assert texts(entry, 6) == [f"row {i}" for i in range(5)] + ["row 0"], entry
+    assert texts({"path": str(tmp_path / "one.json")}, 2) == ["row 0", "row 0"]
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "header.csv").write_text("\n")
+    for entry, words in (({"path": str(tmp_path / "broken.parquet")}, "cannot read its rows"),
+                         ({"path": str(tmp_path / "header.csv")}, "cannot read its rows"),
+                         ({"path": str(tmp_path / "saved"), "split": "test"}, r"splits \['train'\], not 'test'")):
+        with pytest.raises(DataError, match=words):
+            texts(entry, 1)
 
 
 def test_a_stream_whose_rows_are_all_dropped_stops_with_the_counts(tmp_path, gpt2_tokenizer):
@@ -171,6 +227,21 @@ def test_a_stream_whose_rows_are_all_dropped_stops_with_the_counts(tmp_path, gpt
     ({"pretraining_dataset": [{"path": "a"}, {"path": "b"}]}, "lists 2 datasets and rlft streams one"),
     ({"pretraining_dataset": [{"path": "a", "skip": -1}]}, r"skip: must be >= 0, got -1"),
     ({"streaming_multipack_buffer_size": 0}, r"streaming_multipack_buffer_size: must be >= 1"),
+    ({"dataset_exact_deduplication": True}, "remove dataset_exact_deduplication"),
+    ({"dataset_num_proc": 4}, "remove it"),
+    ({"streaming": False}, "pretraining_dataset is always streamed"),
+    ({"pretrain_multipack_attn": False}, "applies to pretraining_dataset with sample_packing"),
+    ({"pretraining_dataset": [{"path": "a", "type": "alpaca", "text_column": "body"}]},
+     "text_column names the text of type: pretrain"),
+    ({"excess_length_strategy": "truncate"}, "never dropped or truncated"),
+    ({"pretraining_dataset": [{"path": "a", "type": "alpaca"}], "tokenizer_use_mistral_common": True},
+     "dataset type alpaca with"),
+    ({"pretraining_dataset": None, "datasets": [{"path": "a", "type": "pretrain"}]},
+     "set streaming: true, or use type: completion"),
+    ({"test_datasets": [{"path": "a", "type": "pretrain"}]}, "evaluation rows are read whole"),
+    ({"pretraining_dataset": None, "datasets": [{"path": "a"}], "streaming_multipack_buffer_size": 5},
+     "no data is streamed"),
+    ({"pretraining_dataset": [{"path": "a", "txt_column": "x"}]}, "unknown key 'txt_column': did you mean 'text_column'"),
 ])
 def test_impossible_streamed_configs_are_refused(overrides, words, tmp_path):
     config = {"base_model": "m", "pretraining_dataset": [{"path": "corpus.jsonl"}], "max_steps": 5}
@@ -183,9 +254,11 @@ def test_axolotls_short_form_and_keys_validate():
     from rlft.config.axolotl_keys import unsupported_settings
 
     cfg = build_config({"base_model": "m", "pretraining_dataset": "allenai/c4", "max_steps": 5, "pretrain_multipack_attn": False,
-                        "streaming_multipack_buffer_size": 50})
+                        "streaming_multipack_buffer_size": 50, "sample_packing": True})
     assert cfg.streamed and cfg.pretraining_dataset[0].path == "allenai/c4" and cfg.pretraining_dataset[0].type == "pretrain"
     assert cfg.pretraining_dataset[0].text_column == "text" and cfg.pretraining_dataset[0].split == "train"
     assert unsupported_settings(cfg)[0] == []
     old = build_config({"base_model": "m", "pretraining_dataset": "c4", "max_steps": 5, "pretrain_multipack_buffer_size": 100})
     assert "rename the key" in dict(unsupported_settings(old)[0])["pretrain_multipack_buffer_size"]
+    sharded = build_config({"base_model": "m", "pretraining_dataset": [{"path": "c4", "shards": 4}], "max_steps": 5})
+    assert "pretraining_dataset[0].shards" in dict(unsupported_settings(sharded)[0])  # an Axolotl dataset key rlft refuses

@@ -428,7 +428,7 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
     """([(key path, why train refuses it)], [key paths of Axolotl's computed values]) for a validated config."""
     refused, derived = [], []
     sections = [("", cfg, TOP_LEVEL), ("trl.", cfg.trl, TRL), ("vllm.", cfg.vllm, VLLM)]
-    for list_name in ("datasets", "test_datasets"):
+    for list_name in ("datasets", "test_datasets", "pretraining_dataset"):
         sections += [(f"{list_name}[{i}].", ds, DATASET) for i, ds in enumerate(getattr(cfg, list_name) or [])]
     for prefix, section, table in sections:
         for attribute, info in type(section).model_fields.items():

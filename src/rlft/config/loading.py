@@ -209,7 +209,7 @@ def _format_loc(loc: list[Any]) -> str:
 
 def _section_for(loc: list[Any]) -> type[BaseModel]:
     """The model class that owns the key at `loc` (walks nested sections and lists)."""
-    from rlft.config.schema import DatasetConfig, UserDefinedType
+    from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig, UserDefinedType
 
     model: type[BaseModel] = RlftConfig
     for part in loc[:-1]:
@@ -219,8 +219,8 @@ def _section_for(loc: list[Any]) -> type[BaseModel]:
         if info is None:
             break
         annotation = str(info.annotation)
-        if part in ("datasets", "test_datasets"):
-            model = DatasetConfig
+        if part in ("datasets", "test_datasets", "pretraining_dataset"):
+            model = PretrainingDatasetConfig if part == "pretraining_dataset" else DatasetConfig
         elif part == "type":
             model = UserDefinedType
         elif isinstance(info.annotation, type) and issubclass(info.annotation, Section):
@@ -258,14 +258,14 @@ def _closest(word: str, options: list[str]) -> str | None:
 
 def explain(key: str) -> str:
     """Describe a dotted key (`trl.beta`, `lora_r`): type, default and description."""
-    from rlft.config.schema import DatasetConfig
+    from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig
 
     parts = key.split(".")
     model: type[BaseModel] = RlftConfig
     for part in parts[:-1]:
         info = model.model_fields.get(part)
-        if part in ("datasets", "test_datasets"):
-            model = DatasetConfig
+        if part in ("datasets", "test_datasets", "pretraining_dataset"):
+            model = PretrainingDatasetConfig if part == "pretraining_dataset" else DatasetConfig
         elif info is not None and isinstance(info.annotation, type) and issubclass(info.annotation, Section):
             model = info.annotation
         else:

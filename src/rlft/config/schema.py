@@ -727,7 +727,7 @@ def _mistral_common_problems(cfg: RlftConfig):
         yield (f"{why} with eot_tokens {cfg.eot_tokens}: mistral-common ends every assistant turn with </s> (train_on_eos "
                "decides whether it is trained) and cannot add other end-of-turn tokens; Axolotl ignores the key with "
                "mistral-common, rlft does not: remove eot_tokens")
-    for index, ds in enumerate(list(cfg.datasets or []) + list(cfg.test_datasets or [])):
+    for ds in list(cfg.datasets or []) + list(cfg.test_datasets or []) + list(cfg.pretraining_dataset or []):
         if isinstance(ds.type, UserDefinedType) or ds.type in ("alpaca", "input_output"):
             name = "a user-defined format" if isinstance(ds.type, UserDefinedType) else ds.type
             yield (f"dataset type {name} with {why}: mistral-common encodes chat messages (type: "
@@ -758,9 +758,35 @@ def _qat_problems(cfg: RlftConfig):
 
 
 def _streaming_problems(cfg: RlftConfig):
+    for key, entries in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets or [])):
+        for index, ds in enumerate(entries):
+            if ds.type == "pretrain" and (key == "test_datasets" or not cfg.streaming):
+                yield (f"{key}[{index}]: type: pretrain cuts streamed text into pieces, and " +
+                       ("evaluation rows are read whole: use type: completion" if key == "test_datasets" else
+                        "these rows are read whole: set streaming: true, or use type: completion"))
     if not cfg.streamed:
+        unused = [key for key, default in (("streaming_multipack_buffer_size", 10000), ("pretrain_multipack_attn", True))
+                  if getattr(cfg, key) != default]
+        if unused:
+            yield f"{' and '.join(unused)} set, and no data is streamed: set pretraining_dataset or streaming: true, or remove it"
         return
     streamed = "pretraining_dataset" if cfg.pretraining_dataset else "streaming: true"
+    set_keys = cfg.model_fields_set
+    if cfg.pretraining_dataset and "streaming" in set_keys and not cfg.streaming:
+        yield "pretraining_dataset is always streamed: remove streaming: false"
+    if not cfg.pretrain_multipack_attn and not (cfg.pretraining_dataset and cfg.sample_packing):
+        yield ("pretrain_multipack_attn: false lets the texts of a packed row attend to each other: it applies to "
+               "pretraining_dataset with sample_packing (other streamed rows always attend apart, as in Axolotl): remove it")
+    entry = cfg.pretraining_dataset[0] if cfg.pretraining_dataset else None
+    if entry is not None and "text_column" in entry.model_fields_set and entry.type != "pretrain":
+        yield f"pretraining_dataset[0]: text_column names the text of type: pretrain, not of type {entry.type}: remove it"
+    raw = [ds.type == "pretrain" for ds in ([entry] if entry is not None else cfg.datasets)]
+    if raw and all(raw):
+        if "excess_length_strategy" in set_keys and not cfg.test_datasets:
+            yield (f"{streamed} of raw text (type: pretrain) with excess_length_strategy: long texts are cut into pieces "
+                   "of sequence_len tokens, never dropped or truncated: remove it")
+        if cfg.sequence_len < 2:
+            yield f"{streamed} of raw text needs sequence_len >= 2 (a piece of one token predicts nothing)"
     if cfg.method != "sft":
         yield f"{streamed} is built for SFT, not {cfg.method}: remove it and list the data under datasets:"
     if not cfg.max_steps:

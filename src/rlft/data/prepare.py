@@ -231,8 +231,11 @@ def _test_data(cfg, tokenizer, steps: MethodSteps | None, reports: list[LengthRe
 
 
 def prepare_streamed_sft_data(cfg, tokenizer) -> PreparedData:
-    """A streamed run's data before training: its test_datasets only (the training rows are read as it goes,
-    `rlft.data.stream`)."""
+    """A streamed run's data before training: its test_datasets (the training rows are read as it goes,
+    `rlft.data.stream`; the first of each dataset is read here, as a check)."""
+    from rlft.data.stream import check_sources
+
+    check_sources(cfg, tokenizer)  # a wrong path, format or column stops here, before the model loads
     reports: list[LengthReport] = []
     return PreparedData(train=[], eval=_test_data(cfg, tokenizer, sft_steps(cfg), reports), reports=reports)
 

@@ -59,8 +59,7 @@ class StreamSource:
         self.start += getattr(ds, "skip", 0) or 0
 
     def rows(self) -> Iterator[tuple[str, dict]]:
-        rows = _open(self.ds, self.split, self.where)
-        return itertools.islice(rows, self.start, self.stop)
+        return itertools.islice(_read(self.ds, self.split, self.where), self.start, self.stop)
 
 
 def _row_slice(spec: str | None, where: str) -> tuple[int, int | None]:
@@ -74,18 +73,35 @@ def _row_slice(spec: str | None, where: str) -> tuple[int, int | None]:
     return int(parts[0] or 0), int(parts[1]) if parts[1] else None
 
 
+def _read(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
+    """(place, row) of a dataset entry, lazily; what a reader raises while it reads becomes a DataError naming the
+    dataset."""
+    try:
+        yield from _open(ds, split, where)
+    except DataError:
+        raise
+    except Exception as exc:  # datasets and pyarrow raise many types for a file or dataset they cannot read
+        raise DataError(f"{where}: cannot read its rows: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
 def _open(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
-    """(place, row) of a dataset entry, lazily: JSON lines line by line, other files and hub datasets through
-    `datasets`' streaming mode."""
+    """JSON lines line by line (a .json file whole, as `rlft.data.loading` reads it), other files, `save_to_disk`
+    folders and hub datasets through `datasets` (streaming mode for files and the hub)."""
     from datasets import load_dataset, load_from_disk
+
+    from rlft.data.loading import read_json_rows
 
     path = Path(ds.path).expanduser() if ds.path else None
     data_files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files or [])
     if path is not None and path.is_dir() and not data_files:
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             saved = load_from_disk(str(path))
-            saved = saved[split] if hasattr(saved, "keys") else saved
-            return ((f"row {number}", dict(row)) for number, row in enumerate(saved, 1))
+            if hasattr(saved, "keys"):
+                if split not in saved:
+                    raise DataError(f"{where}: saved dataset has splits {list(saved)}, not {split!r}: set split")
+                saved = saved[split]
+            yield from ((f"row {number}", dict(row)) for number, row in enumerate(saved, 1))
+            return
         data_files = sorted(p.name for p in path.iterdir() if p.suffix.lower() in EXTENSION_BUILDERS)
         if not data_files:
             raise DataError(f"{where}: folder {path} holds no data files ({', '.join(EXTENSION_BUILDERS)}) and is not a "
@@ -96,21 +112,33 @@ def _open(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
         files = [str(path)]
     elif path is None:
         files = data_files
+    elif ds.path.startswith((".", "/", "~")) or ds.path.count("/") > 1 or path.suffix.lower() in EXTENSION_BUILDERS:
+        raise DataError(f"{where}: {ds.path} does not exist (relative paths are read from {Path.cwd()})")
     else:
-        return _hub_rows(ds, split, where)
+        yield from _hub_rows(ds, split, where)
+        return
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise DataError(f"{where}: file not found: {', '.join(missing)} (relative paths are read from {Path.cwd()})")
+    empty = [f for f in files if Path(f).stat().st_size == 0]
+    if empty:
+        raise DataError(f"{where}: file is empty: {', '.join(empty)}")
     suffixes = {Path(f).suffix.lower() for f in files}
     builder = "json" if ds.ds_type == "jsonl" else ds.ds_type or (
         EXTENSION_BUILDERS.get(suffixes.pop()) if len(suffixes) == 1 else None)
     if builder is None:
         raise DataError(f"{where}: cannot infer the file format of {sorted(suffixes)}: set ds_type (json, csv, parquet, "
                         "arrow, text)")
-    if builder == "json":
-        return itertools.chain.from_iterable(_json_lines(Path(f), where, len(files) > 1) for f in files)
-    rows = load_dataset(builder, data_files=files, split="train", streaming=True)
-    return ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
+    if builder != "json":
+        rows = load_dataset(builder, data_files=files, split="train", streaming=True)
+        yield from ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
+        return
+    for file in map(Path, files):
+        named = len(files) > 1
+        if file.suffix.lower() == ".json":
+            yield from ((f"{file.name} {place}" if named else place, row) for place, row in read_json_rows(file, where))
+        else:
+            yield from _json_lines(file, where, named)
 
 
 def _hub_rows(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
@@ -120,23 +148,12 @@ def _hub_rows(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
 
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         raise DataError(f"{where}: {ds.path!r} is not a local file or folder, and the hub is off (HF_HUB_OFFLINE=1)")
-    try:
-        rows = load_dataset(ds.path, name=ds.name, split=split, revision=ds.revision, data_files=ds.data_files,
-                            streaming=True)
-    except Exception as exc:  # datasets raises many types for a name it cannot resolve
-        raise DataError(f"{where}: cannot stream hub dataset {ds.path!r}: {exc}") from None
-    return ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
+    rows = load_dataset(ds.path, name=ds.name, split=split, revision=ds.revision, data_files=ds.data_files, streaming=True)
+    yield from ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
 
 
 def _json_lines(path: Path, where: str, named: bool) -> Iterator[tuple[str, dict]]:
-    """A JSON-lines file line by line (a .json file holding one array is read whole, as `rlft.data.loading` does)."""
-    from rlft.data.loading import read_json_rows
-
-    with path.open("rb") as handle:
-        first = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
-    if path.suffix.lower() == ".json" and first.startswith(b"["):
-        yield from ((f"{path.name} {place}" if named else place, row) for place, row in read_json_rows(path, where))
-        return
+    """A JSON-lines file line by line."""
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, 1):
             place = f"{path.name} line {number}" if named else f"line {number}"
@@ -157,7 +174,9 @@ def _json_lines(path: Path, where: str, named: bool) -> Iterator[tuple[str, dict
 
 
 def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -> Callable[[str, dict], list[dict]]:
-    """`type: pretrain`: a row's text (`text_column`) as pieces of `sequence_len` tokens, every token a target."""
+    """`type: pretrain`: a row's text (`text_column`) as pieces of `sequence_len` tokens. A piece's first token is
+    only context (nothing before it in the piece predicts it), so each piece starts with the last token of the one
+    before: every token of the text but its first is a target exactly once."""
     column = getattr(ds, "text_column", None) or ds.field  # a datasets: entry names its text column `field`
     end = tokenizer.eos_token_id
 
@@ -169,8 +188,7 @@ def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -
         ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
         if end is not None and (not ids or ids[-1] != end):
             ids.append(end)
-        pieces = [ids[start : start + sequence_len] for start in range(0, len(ids), sequence_len)]
-        pieces = [piece for piece in pieces if len(piece) > 1]  # one token predicts nothing
+        pieces = [ids[start : start + sequence_len] for start in range(0, len(ids) - 1, sequence_len - 1)]
         counts.pieces += len(pieces)
         return [{"input_ids": piece, "labels": list(piece)} for piece in pieces]
 
@@ -207,6 +225,30 @@ def sources_for(cfg, tokenizer, counts: StreamCounts) -> list[StreamSource]:
             sft_converter(ds, index, cfg, tokenizer, counts, where)
         sources.append(StreamSource(ds, where, convert))
     return sources
+
+
+def check_sources(cfg, tokenizer) -> None:
+    """Read and convert the first row of each streamed dataset, so that a wrong path, format or column stops the run
+    before the model loads."""
+    for source in sources_for(cfg, tokenizer, StreamCounts()):
+        first = next(source.rows(), None)
+        if first is None:
+            raise DataError(f"{source.where}: no rows to stream" + (" after skip and the split's slice"
+                                                                    if source.start or source.stop is not None else ""))
+        try:
+            source.convert(*first)
+        except RowError as exc:
+            raise DataError(f"{source.where}, {exc}") from None
+
+
+def stream_settings(cfg) -> dict[str, Any]:
+    """What decides a stream's micro-batches (not the process count or accumulation): a checkpoint keeps it, and a
+    resume with other values says so."""
+    entries = [cfg.pretraining_dataset[0]] if cfg.pretraining_dataset else list(cfg.datasets)
+    keys = ("seed", "streaming_multipack_buffer_size", "micro_batch_size", "sequence_len", "sample_packing",
+            "pretrain_multipack_attn", "shuffle_merged_datasets", "excess_length_strategy", "train_on_inputs")
+    return {"datasets": [ds.model_dump(mode="json", exclude_defaults=True) for ds in entries],
+            **{key: getattr(cfg, key) for key in keys}}
 
 
 def interleaved(sources: list[StreamSource]) -> Iterator[tuple[StreamSource, str, dict]]:
@@ -280,9 +322,10 @@ class StreamedBatches:
         self.buffer_rows, self.micro_batch_size, self.seed = cfg.streaming_multipack_buffer_size, cfg.micro_batch_size, cfg.seed
         self.sequence_len = cfg.sequence_len
         self.capacity = cfg.sequence_len if cfg.sample_packing else None
-        self.attend_across = cfg.pretraining_dataset is not None and not cfg.pretrain_multipack_attn
+        self.attend_across = bool(cfg.pretraining_dataset) and not cfg.pretrain_multipack_attn
         self.shuffle = cfg.shuffle_merged_datasets
         self.position = StreamPosition()
+        self.settings, self._messages = stream_settings(cfg), []
         self._rows: Iterator | None = None  # the open stream, at `position.rows + rows in the buffer`
         self._buffer: list[list[Any]] | None = None  # the current buffer's micro-batches (items, not yet collated)
 
@@ -364,14 +407,29 @@ class StreamedBatches:
     def epochs_done(self) -> float:
         return float(self.position.epoch)
 
+    def messages(self) -> list[str]:
+        messages, self._messages = self._messages, []
+        return messages
+
     def state_dict(self) -> dict[str, Any]:
-        return {"position": asdict(self.position), "counts": asdict(self.counts)}
+        return {"position": asdict(self.position), "counts": asdict(self.counts), "settings": self.settings}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.position = StreamPosition(**state.get("position", {}))
         for key, value in state.get("counts", {}).items():
             setattr(self.counts, key, value)
         self._rows, self._buffer = None, None
+        written = state.get("settings", {})
+        changed = sorted(key for key in self.settings if written.get(key) != self.settings[key])
+        if changed and self.position.taken:
+            self._messages.append(
+                f"the streamed data's settings changed since the checkpoint ({', '.join(changed)}): the stream goes on "
+                f"from the start of the buffer it was in (row {self.position.rows} of epoch {self.position.epoch}), whose "
+                "micro-batches are made anew; rows of it that had trained may train again")
+            self.position.taken = 0
+        elif changed:
+            self._messages.append(f"the streamed data's settings changed since the checkpoint ({', '.join(changed)}): the "
+                                  f"stream goes on from row {self.position.rows} of epoch {self.position.epoch}")
         if self.position.taken:  # the buffer the run was in, its micro-batches as they were (its rows counted once)
             taken, counts = self.position.taken, asdict(self.counts)
             self._fill()

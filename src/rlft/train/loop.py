@@ -59,7 +59,10 @@ def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction 
 def epochs_steps(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
     """Optimizer steps of num_epochs of plan batches (max_steps aside), rounded up to a whole step. A step's window of
     micro-batches runs on into the next epoch's order rather than ending short at an epoch's end, so rounding each
-    epoch up instead would train the first batches of one more epoch per epoch."""
+    epoch up instead would train the first batches of one more epoch per epoch. A stream has no epochs: its run's
+    max_steps stand for one, whatever num_epochs says (Axolotl counts max_steps)."""
+    if getattr(cfg, "streamed", False):
+        return cfg.max_steps
     draws = Fraction(draws_per_step or cfg.gradient_accumulation_steps)
     return max(1, math.ceil(Fraction(str(cfg.num_epochs)) * micro_batches_per_epoch / draws))
 

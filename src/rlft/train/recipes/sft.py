@@ -40,7 +40,7 @@ class SFTRecipe(Recipe):
         packs = (lambda packs: packed_batch(packs, pad_id, width, False, multiple)) if flash else None
         flat = flat or (packs if capacity else None)
         lengths = [len(e["input_ids"]) for e in data.train] if cfg.group_by_length else None  # never with packing
-        self.stream, self.accumulation = None, cfg.gradient_accumulation_steps
+        self.stream, self.accumulation, self._resume_note = None, cfg.gradient_accumulation_steps, None
         if stream_tokenizer is not None:
             collate = flat or ((lambda packs: packed_batch(packs, pad_id, width, multiple=multiple)) if capacity
                                else (lambda rows: pad_batch(rows, pad_id, width, multiple)))
@@ -76,6 +76,14 @@ class SFTRecipe(Recipe):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.stream is not None and "stream" in state:
             self.stream.load_state_dict(state["stream"])
+        elif self.stream is not None or "stream" in state:
+            self._resume_note = ("the checkpoint was written by a run that " + ("did not stream its data: the stream starts "
+                                 "at its first row" if self.stream is not None else "streamed its data: these datasets "
+                                 "start at their first batch"))
+
+    def messages(self) -> list[str]:
+        note, self._resume_note = self._resume_note, None
+        return ([note] if note else []) + (self.stream.messages() if self.stream is not None else [])
 
     def final_warnings(self) -> list[str]:
         return [] if self.stream is None else self.stream.warnings()
