@@ -43,7 +43,8 @@ def test_streaming_true_reads_an_axolotl_sft_dataset_as_it_trains(make_config, c
     rows.write_text("".join(json.dumps({"instruction": "Add the numbers.", "input": f"{a} {b}", "output": str(a + b)}) + "\n"
                             for a in range(20) for b in range(20)))
     config = make_config(base_model=str(model), datasets=[{"path": str(rows), "type": "alpaca"}], streaming=True,
-                         sample_packing=True, sequence_len=512, streaming_multipack_buffer_size=100, max_steps=24, micro_batch_size=2)
+                         sample_packing=True, sequence_len=512, streaming_multipack_buffer_size=100, max_steps=24,
+                         micro_batch_size=2)
     assert cli("train", config, "--debug") == 0
     losses = [m["loss"] for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in m]
     assert len(losses) == 24 and sum(losses[-3:]) < 0.7 * sum(losses[:3]), losses

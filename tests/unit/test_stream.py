@@ -213,7 +213,8 @@ def test_a_stream_whose_rows_are_all_dropped_stops_with_the_counts(tmp_path, gpt
     rows.write_text("".join(json.dumps({"prompt": "q " * 40, "completion": "a"}) + "\n" for _ in range(5)))
     cfg = build_config({"base_model": "m", "streaming": True, "max_steps": 1, "sequence_len": 16,
                         "datasets": [{"path": str(rows)}], "streaming_multipack_buffer_size": 2})
-    with pytest.raises(DataError, match=r"10 rows read, 10 dropped \(10 longer than sequence_len=16 \(excess_length_strategy: drop"):
+    too_long = r"10 rows read, 10 dropped \(10 longer than sequence_len=16 \(excess_length_strategy: drop"
+    with pytest.raises(DataError, match=too_long):
         StreamedBatches(cfg, gpt2_tokenizer, _collate).step(1)
 
 
