@@ -353,6 +353,13 @@ def test_bfloat16_is_axolotls_other_name_for_bf16(config, config_problems):
         ("config", "revision_of_model and model_revision are both set (two names of one key): keep one")]
 
 
+def test_reinit_weights_is_axolotls_name_for_random_init(config, config_problems):
+    """Axolotl builds the model from its config instead of loading the weights (its pretraining examples set it)."""
+    assert config(reinit_weights=True).random_init is True and config().random_init is False
+    assert config_problems(random_init=True, reinit_weights=True) == [
+        ("config", "random_init and reinit_weights are both set (two names of one key): keep one")]
+
+
 def test_lora_fan_in_fan_out_reaches_peft(config):
     from rlft.models.loading import lora_config
 

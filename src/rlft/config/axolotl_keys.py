@@ -290,7 +290,6 @@ TOP_LEVEL = {
     'quantize_moe_experts': ('quant', False),
     'ray_num_workers': ('launcher', 1),
     'ray_run_name': ('launcher', None),
-    'reinit_weights': ('other', None),
     'relora': ('technique', None),
     'relora_cpu_offload': ('technique', None),
     'relora_prune_method': ('technique', 'magnitude'),

@@ -165,8 +165,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
                                                   "added as special tokens when the tokenizer lacks them. Default: found in "
                                                   "the template.")
     random_init: bool = field(
-        False, "Start from freshly initialised weights built from the model config (seeded by `seed`)."
-    )
+        False, "Start from freshly initialised weights built from the model config (seeded by `seed`); Axolotl's "
+               "reinit_weights too.", validation_alias=AliasChoices("random_init", "reinit_weights"))
     trust_remote_code: bool = field(False, "Allow model code shipped with the checkpoint to run.")
     special_tokens: Optional[dict[str, str]] = field(
         None, "Tokens to set on the tokenizer, e.g. {pad_token: '<|pad|>'}; new tokens resize the embeddings."
@@ -478,8 +478,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @model_validator(mode="before")
     @classmethod
     def _one_revision_key(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "revision_of_model" in data and "model_revision" in data:
-            raise ValueError("revision_of_model and model_revision are both set (two names of one key): keep one")
+        for key, other in (("revision_of_model", "model_revision"), ("random_init", "reinit_weights")):
+            if isinstance(data, dict) and key in data and other in data:
+                raise ValueError(f"{key} and {other} are both set (two names of one key): keep one")
         return data
 
     @model_validator(mode="before")
