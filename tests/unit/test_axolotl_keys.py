@@ -353,11 +353,29 @@ def test_bfloat16_is_axolotls_other_name_for_bf16(config, config_problems):
         ("config", "revision_of_model and model_revision are both set (two names of one key): keep one")]
 
 
+@pytest.mark.parametrize("init, words", [
+    ("loftq", "LoftQ replaces the base weights with their 4-bit rounding"),
+    ("eva", "EVA initialises the adapter from a pass over training data"),
+    ("corda", "CorDA needs a pass over training data first"),
+    ("pisa", "'pisa' is not one of PEFT's inits"),
+])
+def test_lora_inits_rlft_cannot_carry_out_are_refused(init, words, config, config_problems):
+    """LoftQ's adapter fits only its rounded base; EVA and CorDA need a data pass: accepted, they trained something else."""
+    problems = config_problems(adapter="lora", peft_init_lora_weights=init)
+    assert len(problems) == 1 and words in problems[0][1], problems
+    for fine in (True, False, "gaussian", "orthogonal", "mica", "pissa", "pissa_niter_4", "olora"):
+        assert config(adapter="lora", peft_init_lora_weights=fine).peft_init_lora_weights == fine
+
+
 def test_reinit_weights_is_axolotls_name_for_random_init(config, config_problems):
     """Axolotl builds the model from its config instead of loading the weights (its pretraining examples set it)."""
+    from rlft.config import explain
+
     assert config(reinit_weights=True).random_init is True and config().random_init is False
+    assert config(reinit_weights=None, random_init=True).random_init is True  # an empty key is unset, as Axolotl reads it
     assert config_problems(random_init=True, reinit_weights=True) == [
         ("config", "random_init and reinit_weights are both set (two names of one key): keep one")]
+    assert "freshly initialised weights" in explain("reinit_weights") and "v2" not in explain("model_revision")
 
 
 def test_lora_fan_in_fan_out_reaches_peft(config):

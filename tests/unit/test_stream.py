@@ -45,11 +45,26 @@ def test_pretrain_text_is_cut_into_pieces_that_share_one_token_and_train_each_on
     ids = gpt2_tokenizer(text)["input_ids"] + [gpt2_tokenizer.eos_token_id]
     assert len(ids) > 40  # several pieces
     assert [e["input_ids"] for e in examples] == [ids[i : i + 16] for i in range(0, len(ids) - 1, 15)]
-    assert all(e["labels"] == e["input_ids"] for e in examples)
-    # a piece's first token is context only (rlft.data.collate: a document's first token is no target): the targets of
-    # all pieces are the text's tokens after its first, each once
-    assert [t for e in examples for t in e["input_ids"][1:]] == ids[1:]
+    assert all(e["labels"] == [-100] + e["input_ids"][1:] for e in examples)  # a piece's first token is context only
+    assert [t for e in examples for t in e["labels"] if t != -100] == ids[1:]  # the text's tokens after its first, once
     assert f"cut into {len(examples)} pieces" in line and "1 kept" in line
+
+
+def test_texts_packed_into_one_sequence_still_train_each_token_once(tmp_path, gpt2_tokenizer):
+    """pretrain_multipack_attn: false: a packed row is one document, so only its own first token loses its target in
+    collate; the token a piece shares with the piece before stays context only."""
+    from collections import Counter
+
+    cfg = _cfg(tmp_path, pretrain_multipack_attn=False, streaming_multipack_buffer_size=1000, gradient_accumulation_steps=1)
+    stream = StreamedBatches(cfg, gpt2_tokenizer, _collate)
+    items = [item for batch in stream.step(1) for item in batch]
+    while stream.position.taken < len(stream._buffer):  # the whole file is one buffer: one epoch
+        items += [item for batch in stream.step(1) for item in batch]
+    assert all(len(item) == 1 for item in items) and any(len(item[0]["input_ids"]) > 16 // 2 for item in items)
+    targets = Counter(t for item in items for t in item[0]["labels"][1:] if t != -100)
+    texts = [json.loads(line)["text"] for line in (tmp_path / "corpus.jsonl").read_text().splitlines()]
+    expected = Counter(t for text in texts for t in (gpt2_tokenizer(text)["input_ids"] + [gpt2_tokenizer.eos_token_id])[1:])
+    assert targets == expected
 
 
 def test_pack_fills_rows_first_fit_and_never_overfills():
@@ -109,6 +124,7 @@ def test_a_resume_with_other_data_settings_says_so_and_restarts_the_buffer(tmp_p
     message = " ".join(changed.messages())
     assert "settings changed since the checkpoint (micro_batch_size)" in message and "start of the buffer" in message
     assert changed.position.taken == 0 and changed.position.rows == stream.position.rows
+    assert changed.counts == stream.counts  # the buffer read again is not counted twice
 
 
 def test_the_stream_starts_over_at_its_end_in_a_new_order(tmp_path, gpt2_tokenizer):
@@ -234,7 +250,8 @@ def test_a_stream_whose_rows_are_all_dropped_stops_with_the_counts(tmp_path, gpt
     ({"pretrain_multipack_attn": False}, "applies to pretraining_dataset with sample_packing"),
     ({"pretraining_dataset": [{"path": "a", "type": "alpaca", "text_column": "body"}]},
      "text_column names the text of type: pretrain"),
-    ({"excess_length_strategy": "truncate"}, "never dropped or truncated"),
+    ({"excess_length_strategy": "truncate"}, "never truncated or refused"),
+    ({"pretraining_dataset": [{"path": "a", "field": "body"}]}, "type: pretrain reads text_column: rename it"),
     ({"pretraining_dataset": [{"path": "a", "type": "alpaca"}], "tokenizer_use_mistral_common": True},
      "dataset type alpaca with"),
     ({"pretraining_dataset": None, "datasets": [{"path": "a", "type": "pretrain"}]},

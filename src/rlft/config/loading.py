@@ -108,6 +108,19 @@ def _sections_in(annotation: Any) -> list[type[BaseModel]]:
     return [section for arg in typing.get_args(annotation) for section in _sections_in(arg)]
 
 
+def field_named(model: type[BaseModel], key: str):
+    """The field of `model` that `key` names: its own name or one of its other names (`validation_alias`)."""
+    if key in model.model_fields:
+        return model.model_fields[key]
+    for info in model.model_fields.values():
+        if info.alias == key:
+            return info
+        alias = info.validation_alias
+        if alias is not None and key in (getattr(alias, "choices", None) or [alias]):
+            return info
+    return None
+
+
 def drop_empty(data: dict[str, Any], model: type[BaseModel] = RlftConfig) -> dict[str, Any]:
     """Axolotl's idiom: a known key left empty (`fp16:` with no value) is unset, at every level.
 
@@ -116,7 +129,7 @@ def drop_empty(data: dict[str, Any], model: type[BaseModel] = RlftConfig) -> dic
     """
     kept: dict[str, Any] = {}
     for key, value in data.items():
-        info = model.model_fields.get(key)
+        info = field_named(model, key)
         if info is None:
             kept[key] = value
             continue
@@ -271,7 +284,7 @@ def explain(key: str) -> str:
         else:
             raise ConfigError(f"no section {part!r} in {key!r}")
     name = parts[-1]
-    info = model.model_fields.get(name)
+    info = field_named(model, name)
     if info is None:
         guess = _closest(name, list(model.model_fields))
         full = ".".join(parts[:-1] + [guess]) if guess else None

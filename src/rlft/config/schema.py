@@ -6,6 +6,7 @@ Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in `combi
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import AliasChoices, TypeAdapter, ValidationError, field_validator, model_validator
@@ -252,8 +253,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     peft_use_rslora: bool = field(False, "Rank-stabilised LoRA scaling alpha/sqrt(r) (https://arxiv.org/abs/2312.03732).")
     peft_use_dora: bool = field(False, "Weight-decomposed LoRA (https://arxiv.org/abs/2402.09353).")
     peft_init_lora_weights: Optional[Union[bool, str]] = field(
-        None, "PEFT init_lora_weights: true, false, gaussian, pissa, pissa_niter_N, olora, loftq, eva, corda."
-    )
+        None, "PEFT init_lora_weights: true, false, gaussian, orthogonal, mica, pissa, pissa_niter_N, olora (loftq, eva "
+              "and corda are refused: docs/training.md#adapters-lora-through-peft).")
     load_in_4bit: bool = field(False, "Load the base model in 4 bit (QLoRA; needs bitsandbytes and a CUDA GPU).")
     load_in_8bit: bool = field(False, "Load the base model in 8 bit (needs bitsandbytes and a CUDA GPU).")
 
@@ -479,7 +480,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @classmethod
     def _one_revision_key(cls, data: Any) -> Any:
         for key, other in (("revision_of_model", "model_revision"), ("random_init", "reinit_weights")):
-            if isinstance(data, dict) and key in data and other in data:
+            if isinstance(data, dict) and data.get(key) is not None and data.get(other) is not None:
                 raise ValueError(f"{key} and {other} are both set (two names of one key): keep one")
         return data
 
@@ -672,6 +673,7 @@ def combination_problems(cfg: RlftConfig):
     yield from _nemo_gym_problems(cfg)
     yield from best_model_problems(cfg)
     yield from _unfrozen_problems(cfg)
+    yield from _lora_init_problems(cfg)
     yield from _neftune_problems(cfg)
     for settings in (fsdp_settings, deepspeed_settings):
         try:
@@ -781,13 +783,14 @@ def _streaming_problems(cfg: RlftConfig):
     entry = cfg.pretraining_dataset[0] if cfg.pretraining_dataset else None
     if entry is not None and "text_column" in entry.model_fields_set and entry.type != "pretrain":
         yield f"pretraining_dataset[0]: text_column names the text of type: pretrain, not of type {entry.type}: remove it"
+    if entry is not None and "field" in entry.model_fields_set and entry.type == "pretrain":
+        yield "pretraining_dataset[0]: field names the text of type: completion; type: pretrain reads text_column: rename it"
     raw = [ds.type == "pretrain" for ds in ([entry] if entry is not None else cfg.datasets)]
-    if raw and all(raw):
-        if "excess_length_strategy" in set_keys and not cfg.test_datasets:
-            yield (f"{streamed} of raw text (type: pretrain) with excess_length_strategy: long texts are cut into pieces "
-                   "of sequence_len tokens, never dropped or truncated: remove it")
-        if cfg.sequence_len < 2:
-            yield f"{streamed} of raw text needs sequence_len >= 2 (a piece of one token predicts nothing)"
+    if raw and all(raw) and cfg.excess_length_strategy != "drop" and not cfg.test_datasets:
+        yield (f"{streamed} of raw text (type: pretrain) with excess_length_strategy: {cfg.excess_length_strategy}: long "
+               "texts are cut into pieces of sequence_len tokens, never truncated or refused: remove it")
+    if any(raw) and cfg.sequence_len < 2:
+        yield f"{streamed} of raw text needs sequence_len >= 2 (a piece of one token predicts nothing)"
     if cfg.method != "sft":
         yield f"{streamed} is built for SFT, not {cfg.method}: remove it and list the data under datasets:"
     if not cfg.max_steps:
@@ -819,6 +822,28 @@ def _neftune_problems(cfg: RlftConfig):
     if cfg.neftune_noise_alpha and cfg.method not in ("sft", "reward_model"):
         yield (f"neftune_noise_alpha noises the embeddings of SFT and reward-model training (Axolotl passes it to those "
                f"trainers only), not {cfg.method}: remove it")
+
+
+REFUSED_LORA_INITS = {
+    "loftq": "LoftQ replaces the base weights with their 4-bit rounding, and its adapter fits only that rounded base, "
+             "which rlft does not save: on the original base the trained adapter would be wrong",
+    "eva": "EVA initialises the adapter from a pass over training data (PEFT's initialize_lora_eva_weights), which rlft "
+           "does not run: the adapter would start as plain LoRA",
+    "corda": "CorDA needs a pass over training data first (PEFT's preprocess_corda), which rlft does not run",
+}
+LORA_INITS = re.compile(r"^(gaussian|orthogonal|mica|olora|pissa(_niter_\d+)?)$")
+
+
+def _lora_init_problems(cfg: RlftConfig):
+    init = cfg.peft_init_lora_weights
+    if isinstance(init, bool) or init is None:
+        return
+    if init in REFUSED_LORA_INITS:
+        yield (f"peft_init_lora_weights: {init} is not built: {REFUSED_LORA_INITS[init]}; use true, gaussian, pissa or "
+               "olora (rlft converts PiSSA and OLoRA adapters to load on the original base)")
+    elif not LORA_INITS.match(init):
+        yield (f"peft_init_lora_weights: {init!r} is not one of PEFT's inits: true, false, gaussian, orthogonal, mica, pissa, "
+               "pissa_niter_N (N iterations of fast SVD), olora")
 
 
 def _unfrozen_problems(cfg: RlftConfig):

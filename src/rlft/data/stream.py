@@ -9,7 +9,8 @@ micro-batches taken from it), so a resume, also with another process count, cont
 it reads the rows before the buffer again without tokenising them. At the stream's end the next epoch starts over.
 
 `type: pretrain` rows are raw text (`text_column`): the tokenizer's ids with its end-of-text token after, cut into
-pieces of `sequence_len` tokens that follow one another (no overlap), every token a target.
+pieces of `sequence_len` tokens, each starting with the last token of the one before; a piece's first token is context
+only, so every token of a text but its first is a target exactly once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 from rlft.data.formats import RowError
 from rlft.data.loading import EXTENSION_BUILDERS, parse_split
+from rlft.data.tokenize import IGNORE
 from rlft.errors import DataError
 
 SEARCH = 64  # packing looks for room among the most recently opened packs only: linear in the buffer's rows
@@ -190,7 +192,9 @@ def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -
             ids.append(end)
         pieces = [ids[start : start + sequence_len] for start in range(0, len(ids) - 1, sequence_len - 1)]
         counts.pieces += len(pieces)
-        return [{"input_ids": piece, "labels": list(piece)} for piece in pieces]
+        # the first label is no target here, not only where collate drops a document's first: a packed row that
+        # pretrain_multipack_attn: false makes one document keeps it
+        return [{"input_ids": piece, "labels": [IGNORE] + piece[1:]} for piece in pieces]
 
     return convert
 
@@ -231,24 +235,26 @@ def check_sources(cfg, tokenizer) -> None:
     """Read and convert the first row of each streamed dataset, so that a wrong path, format or column stops the run
     before the model loads."""
     for source in sources_for(cfg, tokenizer, StreamCounts()):
-        first = next(source.rows(), None)
+        first = next(_read(source.ds, source.split, source.where), None)  # not past `skip`: read again when training
         if first is None:
-            raise DataError(f"{source.where}: no rows to stream" + (" after skip and the split's slice"
-                                                                    if source.start or source.stop is not None else ""))
+            raise DataError(f"{source.where}: no rows to stream")
         try:
             source.convert(*first)
         except RowError as exc:
             raise DataError(f"{source.where}, {exc}") from None
 
 
-def stream_settings(cfg) -> dict[str, Any]:
+def stream_settings(cfg, tokenizer) -> dict[str, Any]:
     """What decides a stream's micro-batches (not the process count or accumulation): a checkpoint keeps it, and a
     resume with other values says so."""
+    from rlft.data.cache import _tokenizer_fingerprint
+
     entries = [cfg.pretraining_dataset[0]] if cfg.pretraining_dataset else list(cfg.datasets)
     keys = ("seed", "streaming_multipack_buffer_size", "micro_batch_size", "sequence_len", "sample_packing",
-            "pretrain_multipack_attn", "shuffle_merged_datasets", "excess_length_strategy", "train_on_inputs")
+            "pretrain_multipack_attn", "shuffle_merged_datasets", "excess_length_strategy", "train_on_inputs",
+            "chat_template", "chat_template_jinja", "eot_tokens")
     return {"datasets": [ds.model_dump(mode="json", exclude_defaults=True) for ds in entries],
-            **{key: getattr(cfg, key) for key in keys}}
+            "tokenizer": _tokenizer_fingerprint(tokenizer), **{key: getattr(cfg, key) for key in keys}}
 
 
 def interleaved(sources: list[StreamSource]) -> Iterator[tuple[StreamSource, str, dict]]:
@@ -325,7 +331,7 @@ class StreamedBatches:
         self.attend_across = bool(cfg.pretraining_dataset) and not cfg.pretrain_multipack_attn
         self.shuffle = cfg.shuffle_merged_datasets
         self.position = StreamPosition()
-        self.settings, self._messages = stream_settings(cfg), []
+        self.settings, self._messages = stream_settings(cfg, tokenizer), []
         self._rows: Iterator | None = None  # the open stream, at `position.rows + rows in the buffer`
         self._buffer: list[list[Any]] | None = None  # the current buffer's micro-batches (items, not yet collated)
 
@@ -400,7 +406,7 @@ class StreamedBatches:
         long, dropped = self.counts.too_long, self.counts.dropped
         parts = [f"{long} longer than sequence_len={self.sequence_len} (excess_length_strategy: drop; raise sequence_len or "
                  "set truncate)"] if long else []
-        parts += [f"{dropped - long} without a trained token (check the format)"] if dropped > long else []
+        parts += [f"{dropped - long} without a trained token (empty texts, or check the format)"] if dropped > long else []
         return f" ({'; '.join(parts)})" if parts else ""
 
     @property
@@ -421,19 +427,17 @@ class StreamedBatches:
         self._rows, self._buffer = None, None
         written = state.get("settings", {})
         changed = sorted(key for key in self.settings if written.get(key) != self.settings[key])
-        if changed and self.position.taken:
+        taken = self.position.taken
+        if changed:
             self._messages.append(
                 f"the streamed data's settings changed since the checkpoint ({', '.join(changed)}): the stream goes on "
-                f"from the start of the buffer it was in (row {self.position.rows} of epoch {self.position.epoch}), whose "
-                "micro-batches are made anew; rows of it that had trained may train again")
-            self.position.taken = 0
-        elif changed:
-            self._messages.append(f"the streamed data's settings changed since the checkpoint ({', '.join(changed)}): the "
-                                  f"stream goes on from row {self.position.rows} of epoch {self.position.epoch}")
-        if self.position.taken:  # the buffer the run was in, its micro-batches as they were (its rows counted once)
-            taken, counts = self.position.taken, asdict(self.counts)
+                f"from row {self.position.rows} of epoch {self.position.epoch}" + (
+                    ", the start of the buffer it was in, whose micro-batches are made anew: rows of it that had trained "
+                    "may train again" if taken else ""))
+        if taken:  # the buffer the run was in, its micro-batches as they were unless the settings changed
+            counts = asdict(self.counts)  # its rows were counted when it was first read
             self._fill()
-            self.position.taken = taken
+            self.position.taken = 0 if changed else taken
             for key, value in counts.items():  # the converters hold this object
                 setattr(self.counts, key, value)
 

@@ -402,7 +402,7 @@ def load_reference_model(cfg, tokenizer, policy):
     return model.eval().requires_grad_(False)
 
 
-BASE_CHANGING_INITS = ("pissa", "olora", "corda")
+BASE_CHANGING_INITS = ("pissa", "olora")
 
 
 def freeze_unmatched(cfg, model, console: Console | None) -> None:
