@@ -119,19 +119,22 @@ def read_json_rows(path: Path, where: str) -> list[tuple[str, dict]]:
                 raise DataError(f"{where}: {name} element {number} is {type(item).__name__} {json.dumps(item)[:60]}, not "
                                 "an object with the row's fields")
         return [(f"element {number}", item) for number, item in enumerate(items)]
-    rows = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: {name} line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: {name} line {number} is {type(row).__name__} {line.strip()[:60]}, not an object "
-                            "with the row's fields (one JSON object per line)")
-        rows.append((f"line {number}", row))
-    return rows
+    rows = [(number, json_line(line, number, name, where)) for number, line in enumerate(text.split("\n"), 1)]
+    return [(f"line {number}", row) for number, row in rows if row is not None]
+
+
+def json_line(line: str, number: int, name: str, where: str) -> dict | None:
+    """The row of line `number` of JSON-lines file `name`, or None for a blank line."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: {name} line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: {name} line {number} is {type(row).__name__} {line.strip()[:60]}, not an object "
+                        "with the row's fields (one JSON object per line)")
+    return row
 
 
 def unpack(row: dict) -> tuple[str, dict]:

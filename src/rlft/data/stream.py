@@ -16,14 +16,13 @@ only, so every token of a text but its first is a target exactly once.
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rlft.data.formats import RowError
-from rlft.data.loading import EXTENSION_BUILDERS, parse_split
+from rlft.data.loading import EXTENSION_BUILDERS, json_line, parse_split
 from rlft.data.tokenize import IGNORE
 from rlft.errors import DataError
 
@@ -163,16 +162,9 @@ def _json_lines(path: Path, where: str, named: bool) -> Iterator[tuple[str, dict
                 line = raw.decode("utf-8").lstrip("\ufeff")
             except UnicodeDecodeError:
                 raise DataError(f"{where}: {path.name} line {number} is not UTF-8: save the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: {path.name} line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: {path.name} line {number} is {type(row).__name__}, not an object with the row's "
-                                "fields (one JSON object per line)")
-            yield place, row
+            row = json_line(line, number, path.name, where)
+            if row is not None:
+                yield place, row
 
 
 def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -> Callable[[str, dict], list[dict]]:
