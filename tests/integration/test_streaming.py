@@ -32,6 +32,8 @@ def test_pretraining_from_a_stream_learns_and_says_how_it_reads(make_config, cli
     state = json.loads((tmp_path / "out" / "checkpoint-60" / "trainer_state.json").read_text())
     stream = state["recipe_state"]["stream"]
     assert stream["counts"]["rows"] >= 500 and stream["counts"]["dropped"] == 0, stream
+    steps = [m for m in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in m]
+    assert all("time/data" in m and "time/prepare" not in m for m in steps)  # reading the stream is the data phase
 
 
 def test_streaming_true_reads_an_axolotl_sft_dataset_as_it_trains(make_config, cli, tmp_path, capsys):

@@ -42,7 +42,7 @@ def _files(ds) -> list[list[Any]]:
     return found
 
 
-def _tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer) -> str:
     from rlft.models.mistral_common import fingerprint, is_mistral_common
 
     if is_mistral_common(tokenizer):
@@ -59,7 +59,7 @@ def cache_key(cfg, tokenizer) -> str:
     models = Path(__file__).parent.parent / "models"
     sources = sorted(Path(__file__).parent.glob("*.py")) + [models / "tokenizer.py", models / "chat_templates.py", models / "mistral_common.py"]
     code = "".join(p.read_text() for p in sources)
-    parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], _tokenizer_fingerprint(tokenizer),
+    parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], tokenizer_fingerprint(tokenizer),
              hashlib.sha256(code.encode()).hexdigest()]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 

@@ -239,14 +239,14 @@ def check_sources(cfg, tokenizer) -> None:
 def stream_settings(cfg, tokenizer) -> dict[str, Any]:
     """What decides a stream's micro-batches (not the process count or accumulation): a checkpoint keeps it, and a
     resume with other values says so."""
-    from rlft.data.cache import _tokenizer_fingerprint
+    from rlft.data.cache import tokenizer_fingerprint
 
     entries = [cfg.pretraining_dataset[0]] if cfg.pretraining_dataset else list(cfg.datasets)
     keys = ("seed", "streaming_multipack_buffer_size", "micro_batch_size", "sequence_len", "sample_packing",
             "pretrain_multipack_attn", "shuffle_merged_datasets", "excess_length_strategy", "train_on_inputs",
             "chat_template", "chat_template_jinja", "eot_tokens")
     return {"datasets": [ds.model_dump(mode="json", exclude_defaults=True) for ds in entries],
-            "tokenizer": _tokenizer_fingerprint(tokenizer), **{key: getattr(cfg, key) for key in keys}}
+            "tokenizer": tokenizer_fingerprint(tokenizer), **{key: getattr(cfg, key) for key in keys}}
 
 
 def interleaved(sources: list[StreamSource]) -> Iterator[tuple[StreamSource, str, dict]]:

@@ -232,7 +232,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         began = clock()
         batches = recipe.prepare_step(runs)
         if batches is not None:  # the recipe built the step (online RL: generate, score, log-probs)
-            timer.totals["prepare"] = timer.totals.get("prepare", 0.0) + clock() - began
+            timer.totals[recipe.prepare_phase] = timer.totals.get(recipe.prepare_phase, 0.0) + clock() - began
         else:
             with timer("data"):
                 batches, (state.epoch, state.batch_in_epoch) = steps.next()

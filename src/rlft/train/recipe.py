@@ -45,6 +45,7 @@ class Recipe:
     train_plan: BatchPlan
     draws_per_step: Fraction | int | None = None  # plan batches per optimizer step; None = gradient_accumulation_steps
     plan_rows: tuple[tuple[str, str], ...] = ()  # (name, value) lines the run's plan shows
+    prepare_phase = "prepare"  # the `time/...` metric of prepare_step's time
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "documents")
 class SFTRecipe(Recipe):
     name = "sft"
     liger = False  # Liger's Triton kernel for the fused linear cross-entropy (CUDA; rlft.models.liger)
+    prepare_phase = "data"  # a streamed run reads and tokenises its rows in prepare_step
 
     def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1), stream_tokenizer=None):
         """`stream_tokenizer`: the training rows are streamed (`pretraining_dataset`, `streaming: true`), read and
