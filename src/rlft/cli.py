@@ -433,7 +433,9 @@ def run_command() -> None:
         code = main()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # pressed again in the instant before it took
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         if code is None:
             code = interrupted_outside_the_steps()
     if launched()[1] > 1:

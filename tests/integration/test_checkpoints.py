@@ -93,8 +93,11 @@ def test_sigterm_stops_the_run_in_one_line_and_keeps_the_checkpoints(make_config
     assert "error: stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
     if only:
         assert "resume_from_checkpoint" not in err and "weights only (save_only_model: true)" in err, err[-3000:]
-        kept = [folder for folder in (tmp_path / "out").glob("checkpoint-*") if (folder / "model").is_dir()]
-        assert resolve_resume("auto", tmp_path / "out") is None and kept  # checkpoint-2 may be pruned by a later save
+        from rlft.train.checkpoint import checkpoint_problem
+
+        kept = list((tmp_path / "out").glob("checkpoint-*"))  # checkpoint-2 may be pruned by a later save
+        assert resolve_resume("auto", tmp_path / "out") is None and kept
+        assert all("holds the weights only" in checkpoint_problem(folder) for folder in kept)  # whole, weights only
     else:
         assert "resume_from_checkpoint=auto" in err
         assert resolve_resume("auto", tmp_path / "out") is not None

@@ -357,7 +357,9 @@ def test_bfloat16_is_axolotls_other_name_for_bf16(config, config_problems):
     ("loftq", "LoftQ replaces the base weights with their 4-bit rounding"),
     ("eva", "EVA initialises the adapter from a pass over training data"),
     ("corda", "CorDA needs a pass over training data first"),
-    ("pisa", "'pisa' is not one of PEFT's inits"),
+    ("pisa", "'pisa' is not one rlft runs"),
+    ("pissa\n", "is not one rlft runs"),
+    ("pissa_niter_x", "is not one rlft runs"),
 ])
 def test_lora_inits_rlft_cannot_carry_out_are_refused(init, words, config, config_problems):
     """LoftQ's adapter fits only its rounded base; EVA and CorDA need a data pass: accepted, they trained something else."""
@@ -365,6 +367,16 @@ def test_lora_inits_rlft_cannot_carry_out_are_refused(init, words, config, confi
     assert len(problems) == 1 and words in problems[0][1], problems
     for fine in (True, False, "gaussian", "orthogonal", "mica", "pissa", "pissa_niter_4", "olora"):
         assert config(adapter="lora", peft_init_lora_weights=fine).peft_init_lora_weights == fine
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"peft_init_lora_weights": "mica", "peft_use_dora": True}, "mica with peft_use_dora: PEFT has no MiCA version"),
+    ({"peft_init_lora_weights": "orthogonal", "lora_r": 5}, "orthogonal needs an even lora_r"),
+    ({"peft_init_lora_weights": "pissa", "adapter": "qlora", "load_in_4bit": True}, "with a base loaded in 4 bits"),
+])
+def test_lora_init_combinations_peft_cannot_build_are_refused(settings, words, config_problems):
+    problems = config_problems(**{"adapter": "lora", **settings})
+    assert any(words in what for _, what in problems), problems
 
 
 def test_reinit_weights_is_axolotls_name_for_random_init(config, config_problems):

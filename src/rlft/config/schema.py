@@ -831,7 +831,7 @@ REFUSED_LORA_INITS = {
            "does not run: the adapter would start as plain LoRA",
     "corda": "CorDA needs a pass over training data first (PEFT's preprocess_corda), which rlft does not run",
 }
-LORA_INITS = re.compile(r"^(gaussian|orthogonal|mica|olora|pissa(_niter_\d+)?)$")
+LORA_INITS = re.compile(r"gaussian|orthogonal|mica|olora|pissa(_niter_\d+)?")
 
 
 def _lora_init_problems(cfg: RlftConfig):
@@ -841,9 +841,17 @@ def _lora_init_problems(cfg: RlftConfig):
     if init in REFUSED_LORA_INITS:
         yield (f"peft_init_lora_weights: {init} is not built: {REFUSED_LORA_INITS[init]}; use true, gaussian, pissa or "
                "olora (rlft converts PiSSA and OLoRA adapters to load on the original base)")
-    elif not LORA_INITS.match(init):
-        yield (f"peft_init_lora_weights: {init!r} is not one of PEFT's inits: true, false, gaussian, orthogonal, mica, pissa, "
+    elif not LORA_INITS.fullmatch(init):
+        yield (f"peft_init_lora_weights: {init!r} is not one rlft runs: true, false, gaussian, orthogonal, mica, pissa, "
                "pissa_niter_N (N iterations of fast SVD), olora")
+    elif (cfg.load_in_4bit or cfg.load_in_8bit) and init != "gaussian" and init != "olora":
+        yield (f"peft_init_lora_weights: {init} with a base loaded in {4 if cfg.load_in_4bit else 8} bits: PEFT builds it from "
+               "full-precision weights only; use true, gaussian or olora, or load the base in full precision")
+    elif init == "mica" and (cfg.peft_use_dora or cfg.lora_target_parameters):
+        yield ("peft_init_lora_weights: mica with " + ("peft_use_dora" if cfg.peft_use_dora else "lora_target_parameters") +
+               ": PEFT has no MiCA version of it; use another init")
+    elif init == "orthogonal" and cfg.lora_r % 2:
+        yield f"peft_init_lora_weights: orthogonal needs an even lora_r (PEFT pairs the rank's halves), got {cfg.lora_r}"
 
 
 def _unfrozen_problems(cfg: RlftConfig):

@@ -69,15 +69,12 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
                     extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0,
                     protect: Path | None = None, model_only: bool = False) -> Path:
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`, never `protect` (the best checkpoint).
-    Returns its path. Every process calls it.
-
-    `extra_files(folder)` writes the recipe's own files into it (the main process), about `extra_bytes` of them;
-    fp16's loss `scaler` keeps its scale (a resumed run would otherwise start again at 65536 and skip steps finding
-    its way back down).
-    Refused before anything is written when the disk lacks the room; a write error on the way (a full disk, a
-    quota) removes the staging folder and raises CheckpointError naming what failed: earlier checkpoints are
-    untouched either way. `model_only` (save_only_model): the weights and the training state's record, no optimizer,
-    schedule, RNG or recipe state, so it cannot resume."""
+    Returns its path. Every process calls it. `extra_files(folder)` writes the recipe's own files into it (the main
+    process), about `extra_bytes` of them; fp16's loss `scaler` keeps its scale (a resumed run would otherwise start
+    again at 65536 and skip steps finding its way back down). Refused before anything is written when the disk lacks
+    the room; a write error on the way (a full disk, a quota) removes the staging folder and raises CheckpointError
+    naming what failed: earlier checkpoints are untouched either way. `model_only` (save_only_model): the weights and
+    the training state's record, no optimizer, schedule, RNG or recipe state, so it cannot resume."""
     from rlft.train.parallel import barrier, gathered_state_dict, peer_failure
 
     rank = launched()[0]
@@ -85,7 +82,8 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
-        _check_room(output_dir, final, model, None if model_only else optimizer, 0 if model_only else extra_bytes)
+        _check_room(output_dir, final, model, None if model_only else optimizer, 0 if model_only else extra_bytes,
+                    model_only)
         staging.mkdir(parents=True)
     barrier()
     unwrapped = getattr(model, "module", model)
@@ -112,7 +110,7 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         shutil.rmtree(staging, ignore_errors=True)
         if peer_failure(exc):  # another process died during the save: the disk is not the problem
             raise
-        raise CheckpointError(_write_failure(exc, final, output_dir)) from None
+        raise CheckpointError(_write_failure(exc, final, output_dir, model_only)) from None
     if rank == 0:
         if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
             old = output_dir / f".old-checkpoint-{state.global_step}-{os.getpid()}"
@@ -149,7 +147,11 @@ def _last_complete(output_dir: Path, besides: Path) -> Path | None:
     return next((p for p in reversed(list_checkpoints(output_dir)) if p != besides and checkpoint_problem(p) is None), None)
 
 
-def _write_failure(exc: Exception, final: Path, output_dir: Path) -> str:
+def _then(model_only: bool) -> str:  # what to do after a failed save
+    return "start a new run from a checkpoint's model/ folder" if model_only else "resume with resume_from_checkpoint: auto"
+
+
+def _write_failure(exc: Exception, final: Path, output_dir: Path, model_only: bool = False) -> str:
     last = _last_complete(output_dir, final)
     keep = f"the last complete checkpoint, {last}, is untouched" if last else "no earlier checkpoint exists"
     code = exc.errno if isinstance(exc, OSError) else None
@@ -161,10 +163,10 @@ def _write_failure(exc: Exception, final: Path, output_dir: Path) -> str:
     where = getattr(exc, "filename", None) or output_dir
     fix = "raise it" if code == errno.EFBIG else f"free space under {output_dir} (or lower save_total_limit)"
     return (f"saving {final.name} failed: {what} (writing under {where}). The partial save was removed and {keep}. "
-            f"Fix it ({fix}), then resume with resume_from_checkpoint: auto")
+            f"Fix it ({fix}), then {_then(model_only)}")
 
 
-def _check_room(output_dir: Path, final: Path, model, optimizer, extra_bytes: int = 0) -> None:
+def _check_room(output_dir: Path, final: Path, model, optimizer, extra_bytes: int = 0, model_only: bool = False) -> None:
     """Refuse the save when the disk under `output_dir` has less room than it needs (the size of the previous
     checkpoint, or the tensors it will hold and the recipe's `extra_bytes`, plus a tenth)."""
     previous = _last_complete(output_dir, final)
@@ -182,7 +184,7 @@ def _check_room(output_dir: Path, final: Path, model, optimizer, extra_bytes: in
         keep = f"; the last complete checkpoint is {previous}" if previous else ""
         raise CheckpointError(f"not enough disk space to save {final.name}: it needs about {needed / 2**20:.0f} MiB and "
                               f"{free / 2**20:.0f} MiB are free under {output_dir}{keep}. Free space (or lower "
-                              "save_total_limit), then resume with resume_from_checkpoint: auto")
+                              f"save_total_limit), then {_then(model_only)}")
 
 
 def _inner(optimizer):

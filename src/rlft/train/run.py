@@ -169,7 +169,7 @@ def _train(cfg, console: Console) -> LoopResult:
         else:
             if result.final_from is not None:  # the best adapter, converted below as the last one would be
                 load_weights(model, result.final_from / "model")
-            # PiSSA/OLoRA/CorDA change the base weights: convert to a plain LoRA that loads on the original base
+            # PiSSA/OLoRA change the base weights: convert to a plain LoRA that loads on the original base
             conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}
             model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights, **conversion)
             tokenizer.save_pretrained(output_dir)
