@@ -7,7 +7,8 @@ import random
 import pytest
 
 from rlft.config import build_config
-from rlft.data.stream import StreamedBatches, pack, preview
+from rlft.data.collate import pack_examples
+from rlft.data.stream import StreamedBatches, preview
 from rlft.errors import ConfigError, DataError
 
 WORDS = "the cat sat on a mat while dogs ran in the park and birds sang over old trees".split()
@@ -68,8 +69,9 @@ def test_texts_packed_into_one_sequence_still_train_each_token_once(tmp_path, gp
 
 
 def test_pack_fills_rows_first_fit_and_never_overfills():
+    """A buffer is packed as rows read whole are (rlft.data.collate.pack_examples: full packs leave the search)."""
     examples = [{"input_ids": [0] * n, "labels": [0] * n} for n in (10, 6, 16, 5, 1, 3, 12, 4)]
-    packs = pack(examples, 16)
+    packs = [[examples[i] for i in pack] for pack in pack_examples(examples, 16)]
     assert [[len(e["input_ids"]) for e in p] for p in packs] == [[10, 6], [16], [5, 1, 3, 4], [12]]
     assert sorted(id(e) for p in packs for e in p) == sorted(id(e) for e in examples)
 

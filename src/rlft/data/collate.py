@@ -50,19 +50,24 @@ def pad_batch(examples: list[Example], pad_id: int, width: int = 0, multiple: in
 
 
 def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
-    """Group example indices into packs of at most `capacity` tokens (first fit, order kept)."""
+    """Group example indices into packs of at most `capacity` tokens (first fit, order kept). A full pack leaves the
+    search: rows that each fill a pack (pretraining text cut to sequence_len) pack in linear time."""
     packs: list[list[int]] = []
-    room: list[int] = []
+    room: list[tuple[int, int]] = []  # (pack, free tokens) of the packs not full, oldest first
     for index, example in enumerate(examples):
         size = len(example["input_ids"])
-        for slot, free in enumerate(room):
+        for slot, (pack, free) in enumerate(room):
             if size <= free:
-                packs[slot].append(index)
-                room[slot] -= size
+                packs[pack].append(index)
+                if free == size:
+                    del room[slot]
+                else:
+                    room[slot] = (pack, free - size)
                 break
         else:
             packs.append([index])
-            room.append(capacity - size)
+            if size < capacity:
+                room.append((len(packs) - 1, capacity - size))
     return packs
 
 

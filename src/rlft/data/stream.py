@@ -21,13 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from rlft.data.collate import pack_examples
 from rlft.data.formats import RowError
 from rlft.data.loading import EXTENSION_BUILDERS, json_line, parse_split
 from rlft.data.tokenize import IGNORE
 from rlft.errors import DataError
-
-SEARCH = 64  # packing looks for room among the most recently opened packs only: linear in the buffer's rows
-
 
 @dataclass
 class StreamPosition:
@@ -288,28 +286,6 @@ def preview(cfg, tokenizer) -> tuple[list[dict], str]:
                       f"{counts.dropped} dropped, {counts.truncated} truncated; `rlft train` reads the rest as it trains")
 
 
-def pack(examples: list[dict[str, list[int]]], capacity: int) -> list[list[dict[str, list[int]]]]:
-    """First fit among the last `SEARCH` packs opened (rlft.data.collate.pack_examples over all of them is quadratic in
-    a buffer of pieces that each fill a pack); a full pack leaves the search."""
-    packs: list[list[dict]] = []
-    room: list[tuple[int, int]] = []  # (pack index, free tokens) of the packs still searched
-    for example in examples:
-        size = len(example["input_ids"])
-        for slot, (index, free) in enumerate(room):
-            if size <= free:
-                packs[index].append(example)
-                room[slot] = (index, free - size)
-                if free == size:
-                    del room[slot]
-                break
-        else:
-            packs.append([example])
-            if size < capacity:
-                room.append((len(packs) - 1, capacity - size))
-                del room[:-SEARCH]
-    return packs
-
-
 class StreamedBatches:
     """The global sequence of micro-batches of a stream, and this process's share of each step."""
 
@@ -368,7 +344,7 @@ class StreamedBatches:
         self._buffer_read = read
         items: list[Any] = examples
         if self.capacity:
-            items = pack(examples, self.capacity)
+            items = [[examples[i] for i in pack] for pack in pack_examples(examples, self.capacity)]
             if self.attend_across:  # pretrain_multipack_attn: false: a pack is one document, attending across its texts
                 items = [[{key: sum((e[key] for e in p), []) for key in ("input_ids", "labels")}] for p in items]
         if self.shuffle:
