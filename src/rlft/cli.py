@@ -59,7 +59,7 @@ WEIGHTS_ONLY: list[bool] = []  # set by `train`: [True] where its checkpoints ho
 
 
 def resume_hint() -> str:
-    """What to do with the checkpoints of a run that was stopped from outside (SIGTERM, a failed process)."""
+    """What to do with the checkpoints of a run stopped outside its steps (SIGTERM, Ctrl-C, a failed process)."""
     if WEIGHTS_ONLY == [True]:
         return ("they hold the weights only (save_only_model: true): a new run can start from the newest one's model/ "
                 "folder, none can resume")
@@ -404,10 +404,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def interrupted_outside_the_steps() -> int:
-    hint = ("they hold the weights only (save_only_model: true), and no run can resume from them" if WEIGHTS_ONLY == [True]
-            else "a train run resumes with --resume_from_checkpoint=auto")
     err_console.print(f"interrupted outside the training steps: nothing to save beyond the checkpoints already written; "
-                      f"{hint}", markup=False, highlight=False)
+                      f"{resume_hint()}", markup=False, highlight=False)
     return 130
 
 

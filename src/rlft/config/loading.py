@@ -220,9 +220,16 @@ def _format_loc(loc: list[Any]) -> str:
     return out
 
 
+def _entry_model(key: str) -> type[BaseModel] | None:
+    """The model of one entry of a dataset list (`datasets`, `test_datasets`, `pretraining_dataset`), else None."""
+    from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig
+
+    return {"datasets": DatasetConfig, "test_datasets": DatasetConfig, "pretraining_dataset": PretrainingDatasetConfig}.get(key)
+
+
 def _section_for(loc: list[Any]) -> type[BaseModel]:
     """The model class that owns the key at `loc` (walks nested sections and lists)."""
-    from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig, UserDefinedType
+    from rlft.config.schema import UserDefinedType
 
     model: type[BaseModel] = RlftConfig
     for part in loc[:-1]:
@@ -232,8 +239,8 @@ def _section_for(loc: list[Any]) -> type[BaseModel]:
         if info is None:
             break
         annotation = str(info.annotation)
-        if part in ("datasets", "test_datasets", "pretraining_dataset"):
-            model = PretrainingDatasetConfig if part == "pretraining_dataset" else DatasetConfig
+        if entry := _entry_model(part):
+            model = entry
         elif part == "type":
             model = UserDefinedType
         elif isinstance(info.annotation, type) and issubclass(info.annotation, Section):
@@ -271,14 +278,12 @@ def _closest(word: str, options: list[str]) -> str | None:
 
 def explain(key: str) -> str:
     """Describe a dotted key (`trl.beta`, `lora_r`): type, default and description."""
-    from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig
-
     parts = key.split(".")
     model: type[BaseModel] = RlftConfig
     for part in parts[:-1]:
         info = model.model_fields.get(part)
-        if part in ("datasets", "test_datasets", "pretraining_dataset"):
-            model = PretrainingDatasetConfig if part == "pretraining_dataset" else DatasetConfig
+        if entry := _entry_model(part):
+            model = entry
         elif info is not None and isinstance(info.annotation, type) and issubclass(info.annotation, Section):
             model = info.annotation
         else:

@@ -768,14 +768,13 @@ def _streaming_problems(cfg: RlftConfig):
                        ("evaluation rows are read whole: use type: completion" if key == "test_datasets" else
                         "these rows are read whole: set streaming: true, or use type: completion"))
     if not cfg.streamed:
-        unused = [key for key, default in (("streaming_multipack_buffer_size", 10000), ("pretrain_multipack_attn", True))
-                  if getattr(cfg, key) != default]
+        unused = [key for key in ("streaming_multipack_buffer_size", "pretrain_multipack_attn")
+                  if getattr(cfg, key) != RlftConfig.model_fields[key].default]
         if unused:
             yield f"{' and '.join(unused)} set, and no data is streamed: set pretraining_dataset or streaming: true, or remove it"
         return
     streamed = "pretraining_dataset" if cfg.pretraining_dataset else "streaming: true"
-    set_keys = cfg.model_fields_set
-    if cfg.pretraining_dataset and "streaming" in set_keys and not cfg.streaming:
+    if cfg.pretraining_dataset and "streaming" in cfg.model_fields_set and not cfg.streaming:
         yield "pretraining_dataset is always streamed: remove streaming: false"
     if not cfg.pretrain_multipack_attn and not (cfg.pretraining_dataset and cfg.sample_packing):
         yield ("pretrain_multipack_attn: false lets the texts of a packed row attend to each other: it applies to "
@@ -844,7 +843,7 @@ def _lora_init_problems(cfg: RlftConfig):
     elif not LORA_INITS.fullmatch(init):
         yield (f"peft_init_lora_weights: {init!r} is not one rlft runs: true, false, gaussian, orthogonal, mica, pissa, "
                "pissa_niter_N (N iterations of fast SVD), olora")
-    elif (cfg.load_in_4bit or cfg.load_in_8bit) and init != "gaussian" and init != "olora":
+    elif (cfg.load_in_4bit or cfg.load_in_8bit) and init not in ("gaussian", "olora"):
         yield (f"peft_init_lora_weights: {init} with a base loaded in {4 if cfg.load_in_4bit else 8} bits: PEFT builds it from "
                "full-precision weights only; use true, gaussian or olora, or load the base in full precision")
     elif init == "mica" and (cfg.peft_use_dora or cfg.lora_target_parameters):

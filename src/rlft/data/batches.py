@@ -35,10 +35,9 @@ class BatchPlan:
         self.rank, self.world = shard
         if pack_capacity:
             self.items = [[examples[i] for i in pack] for pack in pack_examples(examples, pack_capacity)]
-            self.collate = collate or (lambda rows: packed_batch(rows, pad_id, width, multiple=multiple))
         else:
             self.items = list(examples)
-            self.collate = collate or (lambda rows: pad_batch(rows, pad_id, width, multiple))
+        self.collate = collate or rows_collate(bool(pack_capacity), pad_id, width, multiple)
 
     def __len__(self) -> int:
         """Micro-batches per epoch on this process."""
@@ -80,6 +79,13 @@ class BatchPlan:
         if self.lengths is not None:
             order.sort(key=lambda i: self.lengths[i])
         return [self.batch(order[i : i + self.micro_batch_size]) for i in range(0, len(order), self.micro_batch_size)]
+
+
+def rows_collate(packed: bool, pad_id: int, width: int = 0, multiple: int = 1) -> Callable[[list[Any]], dict[str, Any]]:
+    """The default batch of a plan's items: packs (lists of examples) as packed rows, else examples as padded rows."""
+    if packed:
+        return lambda packs: packed_batch(packs, pad_id, width, multiple=multiple)
+    return lambda rows: pad_batch(rows, pad_id, width, multiple)
 
 
 class PlanCursor:

@@ -302,6 +302,7 @@ class StreamedBatches:
         self.settings, self._messages = stream_settings(cfg, tokenizer), []
         self._rows: Iterator | None = None  # the open stream, at `position.rows + rows in the buffer`
         self._buffer: list[list[Any]] | None = None  # the current buffer's micro-batches (items, not yet collated)
+        self._buffer_read = 0  # the rows the current buffer was made from
 
     def step(self, micro_batches: int) -> list[dict[str, Any]]:
         """This process's `micro_batches` of the next step: of the next `micro_batches x processes` global ones, the

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from rlft.data.prepare import PreparedData
-from rlft.data.batches import BatchPlan
-from rlft.data.collate import pad_batch, pad_multiple, packed_batch, padded_width
+from rlft.data.batches import BatchPlan, rows_collate
+from rlft.data.collate import pad_multiple, packed_batch, padded_width
 from rlft.data.stream import StreamedBatches, StreamPlan
 from rlft.losses.linear_ce import linear_cross_entropy_sum
 from rlft.losses.sft import IGNORE, sft_loss_sum
@@ -43,8 +43,7 @@ class SFTRecipe(Recipe):
         lengths = [len(e["input_ids"]) for e in data.train] if cfg.group_by_length else None  # never with packing
         self.stream, self.accumulation, self._resume_note = None, cfg.gradient_accumulation_steps, None
         if stream_tokenizer is not None:
-            collate = flat or ((lambda packs: packed_batch(packs, pad_id, width, multiple=multiple)) if capacity
-                               else (lambda rows: pad_batch(rows, pad_id, width, multiple)))
+            collate = flat or rows_collate(bool(capacity), pad_id, width, multiple)
             self.stream = StreamedBatches(cfg, stream_tokenizer, collate, shard)
             self.train_plan = StreamPlan(cfg.max_steps * self.accumulation)
             self.plan_rows = (("data", self.stream.describe()),)
