@@ -11,7 +11,7 @@ import pytest
 from rlft.config.best_model import axolotl_loads_best, best_metric, loads_best_model
 from rlft.errors import ConfigError
 from rlft.train.best import BestCheckpoint, better
-from rlft.train.checkpoint import list_checkpoints, pruned
+from rlft.train.checkpoint_folders import list_checkpoints, pruned
 
 EVAL = {"val_set_size": 0.1}
 

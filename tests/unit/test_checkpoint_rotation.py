@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from rlft.train.checkpoint import clean_staging, list_checkpoints, pruned
+from rlft.train.checkpoint_folders import clean_staging, list_checkpoints, pruned
 
 
 def _folders(root: Path, *steps: int) -> list[Path]:

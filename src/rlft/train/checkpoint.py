@@ -26,7 +26,6 @@ import math
 import os
 import re
 import shutil
-import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
 from rlft.train import zero
+from rlft.train.checkpoint_folders import list_checkpoints, pruned
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
                                     restore_rng, rng_state, save_scheduler, scheduler_state)
 
@@ -46,7 +46,6 @@ SCALER_FILE = "scaler.pt"  # fp16 runs: the loss scaler's scale and growth count
 REQUIRED = ("model", STATE_FILE)
 # this version's name, or an earlier version's
 EITHER = (("optimizer", "optimizer.pt"), ("rng-0.pt", "rng.pt"), (SCHEDULER_FILE, "scheduler.pt"))
-_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 @dataclass
@@ -124,23 +123,6 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
                 shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
-
-
-def pruned(checkpoints: list[Path], saved: Path, step: int, keep: int, protect: Path | None = None) -> list[Path]:
-    """The checkpoints `save_total_limit` (`keep`) removes after `saved` (at `step`): never `saved` itself, and first
-    those of steps after it, which a run resumed from an earlier checkpoint left behind (an abandoned continuation
-    that `--resume_from_checkpoint=auto` would otherwise pick up later), then the oldest. Never `protect` either (the
-    best checkpoint of load_best_model_at_end), which counts towards `keep`: with a limit of 1 it stays beside
-    `saved`, as in transformers."""
-    later = [p for p in checkpoints if _step_of(p) > step]
-    earlier = [p for p in checkpoints if _step_of(p) < step]
-    kept = [p for p in earlier if protect is None or p.name != protect.name]
-    room = max(0, keep - 1 - (len(kept) < len(earlier)))
-    return later + kept[: max(0, len(kept) - room)]
-
-
-def _step_of(folder: Path) -> int:
-    return int(_NAME.match(folder.name).group(1))
 
 
 def _last_complete(output_dir: Path, besides: Path) -> Path | None:
@@ -228,14 +210,6 @@ def _fsync_tree(folder: Path) -> None:
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """checkpoint-N folders, oldest first (by N)."""
-    if not output_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -415,38 +389,3 @@ def changed_learning_rate(folder: Path, scheduler) -> str:
     if not saved or all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(saved, scheduler.base_lrs)):
         return ""
     return f" (learning_rate {saved[0]:g} in the checkpoint, {scheduler.base_lrs[0]:g} now: the schedule goes on with it)"
-
-
-def set_aside_earlier_run(output_dir: Path) -> Path | None:
-    """A fresh run in an `output_dir` that holds an earlier run's checkpoints moves them (and its metrics.jsonl and
-    completions.jsonl, so that the run can go on from there) into `previous-run-<date>-<time>/`: this run's saves would
-    overwrite those of equal steps and `save_total_limit` prune them, and `resume_from_checkpoint: auto` would later
-    take the earlier run's newest up as this one's. Returns the folder, None when there was nothing to move."""
-    earlier = [path for path in output_dir.glob("checkpoint-*") if _NAME.match(path.name) and path.is_dir()]
-    if not earlier:
-        return None
-    stamp, number = time.strftime("%Y%m%d-%H%M%S"), 1
-    folder = output_dir / f"previous-run-{stamp}"
-    while folder.exists():
-        number += 1
-        folder = output_dir / f"previous-run-{stamp}-{number}"
-    folder.mkdir()
-    for path in earlier + [output_dir / "metrics.jsonl", output_dir / "completions.jsonl"]:
-        if path.exists():
-            path.rename(folder / path.name)
-    return folder
-
-
-def clean_staging(output_dir: Path) -> None:
-    """Remove `.tmp-checkpoint-*` folders left by a run killed mid-save (rank 0, before any save), and settle a re-save
-    of one step killed between its two renames: the former `checkpoint-N` (moved to `.old-checkpoint-N-<pid>`) goes
-    back in place if no new one took it, else it is removed."""
-    if output_dir.is_dir():
-        for leftover in output_dir.glob(".tmp-checkpoint-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        for old in output_dir.glob(".old-checkpoint-*"):
-            final = output_dir / old.name[len(".old-"):].rsplit("-", 1)[0]
-            if final.exists():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.rename(final)

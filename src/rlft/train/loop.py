@@ -22,8 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
-from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, checkpoint_problem, clean_staging,
-                                   load_checkpoint, load_weights, read_state, save_checkpoint, set_aside_earlier_run)
+from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, checkpoint_problem, load_checkpoint,
+                                   load_weights, read_state, save_checkpoint)
+from rlft.train.checkpoint_folders import clean_staging, set_aside_earlier_run
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
 from rlft.models import varlen
