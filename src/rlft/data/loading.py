@@ -17,6 +17,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
@@ -78,14 +79,7 @@ def _builder_for(files: list[str], ds_type: str | None, where: str) -> str:
     return builders.pop()
 
 
-def _load_files(files: list[str], ds_type: str | None, where: str) -> Dataset:
-    missing = [f for f in files if not Path(f).exists()]
-    if missing:
-        raise DataError(f"{where}: file not found: {', '.join(missing)} (relative paths are read from {Path.cwd()})")
-    empty = [f for f in files if Path(f).is_file() and Path(f).stat().st_size == 0]
-    if empty:
-        raise DataError(f"{where}: file is empty: {', '.join(empty)}")
-    builder = _builder_for(files, ds_type, where)
+def _load_files(files: list[str], builder: str, where: str) -> Dataset:
     if builder == "json":
         found = [(f"{Path(file).name} {place}" if len(files) > 1 else place, row)
                  for file in files for place, row in read_json_rows(Path(file), where)]
@@ -158,15 +152,11 @@ def load_rows(ds, index: int) -> Dataset:
     column (JSON text); every row has its place in its file in `PLACE`."""
     where = describe(ds, index)
     split_name, slice_spec = parse_split(ds.split)
-    data_files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files or [])
-    path = Path(ds.path).expanduser() if ds.path else None
-
-    if path is not None and path.is_file():
-        rows = _load_files([str(path)], ds.ds_type, where)
-    elif path is not None and path.is_dir():
-        rows = _load_folder(path, data_files, ds, split_name, where)
-    elif path is None:
-        rows = _load_files(data_files, ds.ds_type, where)
+    kind, found = locate(ds, where)
+    if kind == "files":
+        rows = _load_files(*found, where)
+    elif kind == "saved":
+        rows = load_saved(found, split_name, where)
     else:
         rows = _load_hub(ds, split_name, where)
     if len(rows) == 0:
@@ -176,32 +166,57 @@ def load_rows(ds, index: int) -> Dataset:
     return apply_slice(rows, slice_spec, where)
 
 
-def _load_folder(path: Path, data_files: list[str], ds, split_name: str, where: str) -> Dataset:
-    if data_files:
-        return _load_files([str(path / f) for f in data_files], ds.ds_type, where)
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        try:
-            saved = load_from_disk(str(path))
-        except Exception as exc:
-            raise DataError(f"{where}: cannot read saved dataset {path}: {type(exc).__name__}: {exc}") from None
-        if isinstance(saved, DatasetDict):
-            if split_name not in saved:
-                raise DataError(f"{where}: saved dataset has splits {list(saved)}, not {split_name!r}")
-            return saved[split_name]
-        return saved
-    files = sorted(str(p) for p in path.iterdir() if p.suffix.lower() in EXTENSION_BUILDERS)
-    if not files:
-        raise DataError(f"{where}: folder {path} holds no data files ({', '.join(EXTENSION_BUILDERS)}) and is not a saved dataset")
-    return _load_files(files, ds.ds_type, where)
+def locate(ds, where: str) -> tuple[str, Any]:
+    """Where the rows of dataset entry `ds` are: ("files", (paths, builder)), ("saved", folder) for a `save_to_disk`
+    folder, or ("hub", name); read whole here and streamed by `rlft.data.stream`. A missing or empty file, a format
+    that cannot be inferred, a folder without data, a local-looking path that does not exist and a hub name while the
+    hub is off are DataErrors."""
+    data_files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files or [])
+    path = Path(ds.path).expanduser() if ds.path else None
+    if path is not None and path.is_dir() and not data_files:
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            return "saved", path
+        files = sorted(str(p) for p in path.iterdir() if p.suffix.lower() in EXTENSION_BUILDERS)
+        if not files:
+            raise DataError(f"{where}: folder {path} holds no data files ({', '.join(EXTENSION_BUILDERS)}) and is not a "
+                            "saved dataset")
+    elif path is not None and path.is_dir():
+        files = [str(path / f) for f in data_files]
+    elif path is not None and path.is_file():
+        files = [str(path)]
+    elif path is None:
+        files = data_files
+    else:
+        name = ds.path
+        if name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).suffix.lower() in EXTENSION_BUILDERS:
+            raise DataError(f"{where}: {name} does not exist (relative paths are read from {Path.cwd()})")
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+            raise DataError(f"{where}: {name!r} is not a local file or folder, and the hub is off (HF_HUB_OFFLINE=1)")
+        return "hub", name
+    missing = [f for f in files if not Path(f).exists()]
+    if missing:
+        raise DataError(f"{where}: file not found: {', '.join(missing)} (relative paths are read from {Path.cwd()})")
+    empty = [f for f in files if Path(f).is_file() and Path(f).stat().st_size == 0]
+    if empty:
+        raise DataError(f"{where}: file is empty: {', '.join(empty)}")
+    return "files", (files, _builder_for(files, ds.ds_type, where))
+
+
+def load_saved(folder: Path, split_name: str, where: str) -> Dataset:
+    """The split `split_name` of a `save_to_disk` folder (memory-mapped)."""
+    try:
+        saved = load_from_disk(str(folder))
+    except Exception as exc:
+        raise DataError(f"{where}: cannot read saved dataset {folder}: {type(exc).__name__}: {exc}") from None
+    if isinstance(saved, DatasetDict):
+        if split_name not in saved:
+            raise DataError(f"{where}: saved dataset has splits {list(saved)}, not {split_name!r}: set split")
+        return saved[split_name]
+    return saved
 
 
 def _load_hub(ds, split_name: str, where: str) -> Dataset:
-    name = ds.path
-    if name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).suffix.lower() in EXTENSION_BUILDERS:
-        raise DataError(f"{where}: {name} does not exist (relative paths are read from {Path.cwd()})")
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        raise DataError(f"{where}: {name!r} is not a local file or folder, and the hub is off (HF_HUB_OFFLINE=1)")
     try:
-        return load_dataset(name, name=ds.name, split=split_name, revision=ds.revision, data_files=ds.data_files)
+        return load_dataset(ds.path, name=ds.name, split=split_name, revision=ds.revision, data_files=ds.data_files)
     except Exception as exc:
-        raise DataError(f"{where}: cannot load hub dataset {name!r}: {exc}") from None
+        raise DataError(f"{where}: cannot load hub dataset {ds.path!r}: {exc}") from None

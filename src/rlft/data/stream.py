@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from rlft.data.collate import pack_examples
 from rlft.data.formats import RowError
-from rlft.data.loading import EXTENSION_BUILDERS, json_line, parse_split
+from rlft.data.loading import json_line, load_saved, locate, parse_split, read_json_rows
 from rlft.data.tokenize import IGNORE
 from rlft.errors import DataError
 
@@ -84,70 +84,26 @@ def _read(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
 
 
 def _open(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
-    """JSON lines line by line (a .json file whole, as `rlft.data.loading` reads it), other files, `save_to_disk`
-    folders and hub datasets through `datasets` (streaming mode for files and the hub)."""
-    from datasets import load_dataset, load_from_disk
-
-    from rlft.data.loading import read_json_rows
-
-    path = Path(ds.path).expanduser() if ds.path else None
-    data_files = [ds.data_files] if isinstance(ds.data_files, str) else list(ds.data_files or [])
-    if path is not None and path.is_dir() and not data_files:
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-            saved = load_from_disk(str(path))
-            if hasattr(saved, "keys"):
-                if split not in saved:
-                    raise DataError(f"{where}: saved dataset has splits {list(saved)}, not {split!r}: set split")
-                saved = saved[split]
-            yield from ((f"row {number}", dict(row)) for number, row in enumerate(saved, 1))
-            return
-        data_files = sorted(p.name for p in path.iterdir() if p.suffix.lower() in EXTENSION_BUILDERS)
-        if not data_files:
-            raise DataError(f"{where}: folder {path} holds no data files ({', '.join(EXTENSION_BUILDERS)}) and is not a "
-                            "saved dataset")
-    if path is not None and path.is_dir():
-        files = [str(path / name) for name in data_files]
-    elif path is not None and path.is_file():
-        files = [str(path)]
-    elif path is None:
-        files = data_files
-    elif ds.path.startswith((".", "/", "~")) or ds.path.count("/") > 1 or path.suffix.lower() in EXTENSION_BUILDERS:
-        raise DataError(f"{where}: {ds.path} does not exist (relative paths are read from {Path.cwd()})")
-    else:
-        yield from _hub_rows(ds, split, where)
-        return
-    missing = [f for f in files if not Path(f).is_file()]
-    if missing:
-        raise DataError(f"{where}: file not found: {', '.join(missing)} (relative paths are read from {Path.cwd()})")
-    empty = [f for f in files if Path(f).stat().st_size == 0]
-    if empty:
-        raise DataError(f"{where}: file is empty: {', '.join(empty)}")
-    suffixes = {Path(f).suffix.lower() for f in files}
-    builder = "json" if ds.ds_type == "jsonl" else ds.ds_type or (
-        EXTENSION_BUILDERS.get(suffixes.pop()) if len(suffixes) == 1 else None)
-    if builder is None:
-        raise DataError(f"{where}: cannot infer the file format of {sorted(suffixes)}: set ds_type (json, csv, parquet, "
-                        "arrow, text)")
-    if builder != "json":
-        rows = load_dataset(builder, data_files=files, split="train", streaming=True)
-        yield from ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
-        return
-    for file in map(Path, files):
-        named = len(files) > 1
-        if file.suffix.lower() == ".json":
-            yield from ((f"{file.name} {place}" if named else place, row) for place, row in read_json_rows(file, where))
-        else:
-            yield from _json_lines(file, where, named)
-
-
-def _hub_rows(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
-    import os
-
+    """JSON lines line by line (a .json file whole, as `rlft.data.loading` reads it), other files and hub datasets
+    through `datasets`' streaming mode, a `save_to_disk` folder memory-mapped; found as `rlft.data.loading` finds them."""
     from datasets import load_dataset
 
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        raise DataError(f"{where}: {ds.path!r} is not a local file or folder, and the hub is off (HF_HUB_OFFLINE=1)")
-    rows = load_dataset(ds.path, name=ds.name, split=split, revision=ds.revision, data_files=ds.data_files, streaming=True)
+    kind, found = locate(ds, where)
+    if kind == "saved":
+        rows = load_saved(found, split, where)
+    elif kind == "hub":
+        rows = load_dataset(found, name=ds.name, split=split, revision=ds.revision, data_files=ds.data_files, streaming=True)
+    elif found[1] != "json":
+        rows = load_dataset(found[1], data_files=found[0], split="train", streaming=True)
+    else:
+        files = [Path(file) for file in found[0]]
+        for file in files:
+            if file.suffix.lower() == ".json":
+                yield from ((f"{file.name} {place}" if len(files) > 1 else place, row)
+                            for place, row in read_json_rows(file, where))
+            else:
+                yield from _json_lines(file, where, len(files) > 1)
+        return
     yield from ((f"row {number}", dict(row)) for number, row in enumerate(rows, 1))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from rlft.errors import ModelError
 
+
 def combination_problem(activation: str | None, weight: str, group_size: int | None) -> str | None:
     """Why torchao 0.18 cannot train this (activation, weight) pair of canonical names, or None: the pairs Axolotl's
     `get_quantization_config` refuses, and MXFP4 / NVFP4 weights without activations of their format."""
