@@ -17,6 +17,8 @@
   examples the shipped GRPO and structured-EBFT examples, 4 steps each in bf16 (their micro-batches hold left-padded
            prompts; on an H200 they once stopped at step 1 with a NaN gradient norm): whether every step's loss and
            gradient norm are finite. Needs the quickstart's checkpoint (outputs/quickstart/checkpoint-600/model).
+  offload  activation_offloading: SFT with gradient checkpointing on rows of 1,016 tokens, each checkpointed layer's
+           input on the GPU or in host memory: the same losses in fp32, then median step time and peak GPU memory in bf16.
   varlen   per-document attention (rlft.models.varlen): PyTorch's variable-length flash-attention against the documents
            grouped by length through SDPA, bf16, outputs and gradients against float32, forward+backward time.
 
@@ -26,7 +28,8 @@ Each run is an `rlft train` process of its own: precision is set per process (ac
 classes of the process it runs in.
 
 Usage (a CUDA GPU; from the repository root):
-  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing flatten examples varlen] [--out PATH]
+  python bench/gpu_check.py [--steps 12] [--only shapes flex_generation strided liger sharing flatten examples varlen offload]
+                            [--out PATH]
 Results: bench/results/gpu_check-<GPU>.json (bench/results/gpu_check-H200.json: two invocations, named in it).
 """
 
@@ -173,6 +176,32 @@ def liger_check(tmp: Path, args) -> dict:
                   f"{result['peak_memory_mb']:.0f} MiB, losses {result['losses'][:3]}", flush=True)
     report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report["fp32_rlft"]["losses"], report["fp32_liger"]["losses"]))
     report["bf16_speedup_liger_over_rlft"] = round(report["bf16_rlft"]["median_step_s"] / report["bf16_liger"]["median_step_s"], 3)
+    return report
+
+
+def offload_check(tmp: Path, args) -> dict:
+    """activation_offloading: SFT with gradient checkpointing on rows of 1,016 tokens (micro batch 32, a 32768-entry output
+    layer), each checkpointed layer's input kept on the GPU or in host memory: the same losses in fp32, then median
+    step time, tokens/s and peak GPU memory in bf16."""
+    model = make_model(tmp / "model-offload", args.size, args.seed, vocab=32768)
+    data = write_rows(documents(192, 1016, args.seed + 2), tmp / "long.jsonl")
+    base = {"base_model": str(model), "datasets": [{"path": str(data), "type": "completion"}], "sequence_len": 1024,
+            "micro_batch_size": 32, "gradient_checkpointing": True, "learning_rate": 1e-4, "lr_scheduler": "constant",
+            "logging_steps": 1, "seed": args.seed, "save_steps": 10_000}
+    report = {}
+    for precision, steps in (("fp32", 3), ("bf16", args.steps)):
+        for offload in (False, True):
+            settings = {**base, "max_steps": steps, "bf16": precision == "bf16", "activation_offloading": offload}
+            result = summary(run(settings, tmp / f"offload-{precision}-{offload}"), skip=2)
+            report[f"{precision}_{'offloaded' if offload else 'kept'}"] = result
+            print(f"offload {precision} {offload}: median step {result['median_step_s'] * 1e3:.1f} ms, "
+                  f"{result['median_tokens_per_s']:,.0f} tokens/s, peak {result['peak_memory_mb']:.0f} MiB, "
+                  f"losses {result['losses'][:3]}", flush=True)
+    report["fp32_max_loss_difference"] = max(abs(a - b) for a, b in zip(report["fp32_kept"]["losses"],
+                                                                         report["fp32_offloaded"]["losses"]))
+    report["bf16_peak_saved_mb"] = round(report["bf16_kept"]["peak_memory_mb"] - report["bf16_offloaded"]["peak_memory_mb"], 1)
+    report["bf16_step_ratio_offloaded_over_kept"] = round(report["bf16_offloaded"]["median_step_s"]
+                                                          / report["bf16_kept"]["median_step_s"], 3)
     return report
 
 
@@ -395,7 +424,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="bf16 steps per run (the first two are not timed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "flatten", "examples", "varlen"],
+    parser.add_argument("--only", nargs="+", choices=["shapes", "flex_generation", "strided", "liger", "sharing", "flatten", "examples", "varlen",
+                                                 "offload"],
                         default=None)
     parser.add_argument("--size", default="L", help="model size (rlft.models.tiny.SIZES); XS rehearses the script on a CPU")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check-<GPU>.json)")
@@ -410,7 +440,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlft-gpu-") as tmp:
         for name, check in (("shapes", shapes_check), ("flex_generation", flex_generation_check), ("strided", strided_check),
                             ("liger", liger_check), ("sharing", sharing_check), ("flatten", flatten_check),
-                            ("examples", examples_check), ("varlen", varlen_check)):
+                            ("examples", examples_check), ("varlen", varlen_check), ("offload", offload_check)):
             if args.only and name not in args.only:
                 continue
             started = time.perf_counter()

@@ -184,6 +184,34 @@ def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+def test_activation_offloading_trains_the_same_steps(make_config, cli, tmp_path, monkeypatch, capsys):
+    """On a CPU nothing moves and the plan says so. With the offload made to run here (the layers' inputs copied out by
+    a stand-in for `save_on_cpu`, which pins memory and needs an accelerator), the run trains the same losses."""
+    import torch
+
+    from rlft.models import checkpointing
+
+    def run(name: str) -> list[float]:
+        out = tmp_path / name
+        assert cli("train", make_config(output_dir=str(out), gradient_checkpointing=True, max_steps=3,
+                                        activation_offloading=name != "kept")) == 0
+        return [m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+
+    kept, on_cpu = run("kept"), run("cpu")
+    assert "activation_offloading: on a CPU the activations already live in host memory" in " ".join(capsys.readouterr().out.split())
+    copies = []
+
+    def copying(pin_memory=False, device_type="cuda"):
+        return torch.autograd.graph.saved_tensors_hooks(lambda t: copies.append(t.shape) or t.clone(), lambda t: t)
+
+    monkeypatch.setattr("transformers.modeling_utils.save_on_cpu", copying)
+    monkeypatch.setattr("rlft.models.loading.enable_checkpointing",
+                        lambda model, cfg, device_type: checkpointing.enable_checkpointing(model, cfg, "cuda"))
+    offloaded = run("offloaded")
+    assert copies and len(kept) == 3
+    assert on_cpu == kept and offloaded == kept
+
+
 def test_a_step_the_fp16_scaler_skipped_leaves_the_schedule_where_it_was(make_config, cli, tmp_path, monkeypatch):
     """A step that fp16's loss scaler skipped (overflow) does not advance the learning-rate schedule, as in
     transformers' Trainer: the next step trains at the same rate. (fp16 needs a GPU; the skip is reported here as

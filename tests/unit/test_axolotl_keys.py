@@ -170,7 +170,7 @@ def test_train_refuses_before_loading_anything(config):
 @pytest.mark.parametrize("overrides, key", [
     ({"model_type": "AutoModelForImageTextToText"}, "model_type: AutoModelForImageTextToText"),
     ({"rl": "dpo", "skip_prepare_dataset": True}, "skip_prepare_dataset"),
-    ({"gradient_checkpointing": "offload"}, "gradient_checkpointing: offload"),
+    ({"gradient_checkpointing": "offload_disk"}, "gradient_checkpointing: offload_disk"),  # offload: built (test_offload)
     ({"attn_implementation": "xformers"}, "attn_implementation: xformers"),
 ])
 def test_values_axolotl_accepts_and_rlft_does_not_run(config, overrides, key):

@@ -62,7 +62,6 @@ SAME_AS_RLFT: dict[str, Callable[[Any], bool]] = {
 
 TOP_LEVEL = {
     'accelerator_config': ('parallel', None),
-    'activation_offloading': ('other', False),
     'adam_beta3': ('optim', None),
     'adam_epsilon2': ('optim', None),
     'added_tokens_overrides': ('other', None),
@@ -464,7 +463,10 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
     if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo") and not (cfg.rl == "ebft" and cfg.ebft.mode == "structured"):
         refused.append(("skip_prepare_dataset", "applies to prompt datasets (grpo, gdpo, structured ebft); other methods need "
                                                 "rows tokenised and fitted to sequence_len"))
-    if cfg.gradient_checkpointing in ("offload", "offload_disk"):
-        refused.append((f"gradient_checkpointing: {cfg.gradient_checkpointing}", "activation offloading is not built: use "
-                        "gradient_checkpointing: true"))
+    if cfg.gradient_checkpointing == "offload_disk":
+        refused.append(("gradient_checkpointing: offload_disk", "offloading activations to disk is not built: use "
+                        "gradient_checkpointing: offload (to host memory)"))
+    if cfg.activation_offloading == "disk":
+        refused.append(("activation_offloading: disk", "offloading activations to disk is not built: use "
+                        "activation_offloading: true (to host memory)"))
     return refused, derived

@@ -219,10 +219,16 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     sdp_attention: bool = field(False, "Use PyTorch scaled_dot_product_attention (the default).")
     eager_attention: bool = field(False, "Use the plain eager attention implementation.")
     gradient_checkpointing: Union[bool, Literal["offload", "offload_disk"]] = field(
-        False, "Recompute activations in the backward pass to save memory (Axolotl's offload / offload_disk: train refuses them).")
+        False, "Recompute activations in the backward pass to save memory (offload: as Axolotl, also activation_offloading; "
+               "offload_disk: train refuses it).")
     gradient_checkpointing_kwargs: Optional[dict[str, Any]] = field(
-        None, "Passed to transformers' gradient_checkpointing_enable, e.g. {use_reentrant: false}."
+        None, "Passed to transformers' activation_checkpointing_enable, e.g. {use_reentrant: false}."
     )
+    activation_offloading: Union[bool, Literal["legacy", "disk", "hidden_states"]] = field(
+        False, "On a GPU, keep each checkpointed layer's input in pinned host memory from the forward to the backward "
+               "(transformers' activation offloading): less GPU memory for a copy each way. true, legacy and "
+               "hidden_states do the same in rlft; disk is not built. Needs gradient_checkpointing "
+               "(docs/training.md#activation-offloading).")
 
     unfrozen_parameters: Optional[list[str]] = field(
         None, "Train only the parameters whose names match one of these patterns (Axolotl's rules: a regex matched from "
@@ -610,6 +616,9 @@ def combination_problems(cfg: RlftConfig):
     yield from _mistral_common_problems(cfg)
     yield from _qat_problems(cfg)
     yield from _streaming_problems(cfg)
+    if cfg.activation_offloading and not cfg.gradient_checkpointing:
+        yield ("activation_offloading moves each checkpointed layer's input to host memory, and needs gradient_checkpointing: "
+               "true (as in Axolotl)")
     defaults = {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": True}  # what DDP does anyway
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
                 if getattr(cfg, key) is not None and getattr(cfg, key) != defaults.get(key)]

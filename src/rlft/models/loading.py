@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, ModelError
+from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.tokenizer import apply_chat_template_setting
 
@@ -261,7 +262,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
 
         prepare_qat(model, cfg.qat)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
+        enable_checkpointing(model, cfg, device_type)
         model.config.use_cache = False
     if cfg.adapter and with_adapter:
         model = attach_adapter(model, cfg)

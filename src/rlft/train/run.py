@@ -14,6 +14,7 @@ from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
+from rlft.models.checkpointing import offloads
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
@@ -40,6 +41,11 @@ def train(cfg, console: Console | None = None) -> LoopResult:
                       "H200 it was 2.5x slower per step than SDPA with the identical dense mask (1,016 columns; "
                       "bench/results/gpu_check-H200.json): flex_attention: false is faster and trains the same",
                       markup=False, highlight=False)
+    if offloads(cfg) and launched()[0] == 0:
+        console.print("note: activation_offloading: " + (
+            "each checkpointed layer's input waits in pinned host memory from the forward to the backward"
+            if torch.cuda.is_available() else "on a CPU the activations already live in host memory: nothing is moved"),
+            markup=False, highlight=False)
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
