@@ -234,9 +234,11 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    from rlft.quickstart import run_quickstart
+    from rlft.quickstart import quickstart_config, run_quickstart
 
-    run_quickstart(Path(args.config), args.overrides, console)
+    WEIGHTS_ONLY[:] = [quickstart_config(Path(args.config), args.overrides).save_only_model]  # as `train` does
+    with stop_on_sigterm():
+        run_quickstart(Path(args.config), args.overrides, console)
     return 0
 
 

@@ -217,3 +217,28 @@ def test_sigterm_that_a_library_turns_into_its_own_error_is_still_reported_as_si
     assert signal.getsignal(signal.SIGTERM) is previous
     monkeypatch.setattr(run, "_setup", setup)
     assert cli("train", make_config(max_steps=1)) == 0  # the next run in the same process is not reported as stopped
+
+
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_a_quickstart_stopped_by_sigterm_says_what_its_checkpoints_allow(cli, monkeypatch, capsys, tmp_path, weights_only):
+    """`rlft quickstart` stops on SIGTERM as `train` does (one line, exit 143), and an override `--save_only_model=true`
+    reaches that line: such checkpoints cannot resume."""
+    import os
+    import signal
+
+    from rlft.train import run
+
+    setup = run._setup
+
+    def terminated_setup(*args, **kwargs):
+        # without rlft's handler the signal would end pytest itself
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), "quickstart runs without its SIGTERM handler"
+        os.kill(os.getpid(), signal.SIGTERM)
+        return setup(*args, **kwargs)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run, "_setup", terminated_setup)
+    assert cli("quickstart", "--max_steps=2", f"--save_only_model={str(weights_only).lower()}") == 143
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error: stopped by SIGTERM" in err and "Traceback" not in err, err
+    assert ("none can resume" in err) is weights_only and ("--resume_from_checkpoint=auto" in err) is not weights_only

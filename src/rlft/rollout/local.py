@@ -20,7 +20,8 @@ from rlft.models.masks import safe_attention
 from rlft.rollout.types import Rollout, SamplingParams
 
 NOT_FINITE = ("the policy's next-token distribution held NaN while sampling: its weights or logits are not finite (a "
-              "diverged run, or an overflow in bf16/fp16). Lower learning_rate, or resume from an earlier checkpoint")
+              "diverged run, or an overflow in bf16/fp16). Lower learning_rate and resume from an earlier checkpoint (with "
+              "save_only_model: true, start a new run from an earlier checkpoint's model/ folder)")
 
 
 class Decoded(NamedTuple):
