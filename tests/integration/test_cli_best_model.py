@@ -113,6 +113,7 @@ def test_every_checkpoint_is_evaluated_when_saves_fall_between_evaluations(overf
 
 def test_a_pissa_adapter_is_converted_from_the_best_checkpoint(overfit, cli, tmp_path):
     from rlft.config import load_config
+    from rlft.models.base_changing import resume_weights
     from rlft.models.loading import load_for_inference, load_model, load_tokenizer
     from rlft.train.checkpoint import load_weights
 
@@ -126,12 +127,12 @@ def test_a_pissa_adapter_is_converted_from_the_best_checkpoint(overfit, cli, tmp
     cfg = load_config(config)
     tokenizer = load_tokenizer(cfg)
     trained = load_model(cfg, tokenizer, "cpu", init_base_dir=out / "init-base")
-    load_weights(trained, out / f"checkpoint-{best}" / "model")
+    load_weights(trained, resume_weights(out / f"checkpoint-{best}"))  # the adapter on the residual base
     final, _ = load_for_inference(str(out))  # the original base from disk + the converted adapter
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(final(ids).logits, trained.eval()(ids).logits, atol=1e-4, rtol=1e-4)
-        load_weights(trained, out / "checkpoint-8" / "model")
+        load_weights(trained, resume_weights(out / "checkpoint-8"))
         assert not torch.allclose(final(ids).logits, trained(ids).logits, atol=1e-3)
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 8  # converted: the rank doubles
 

@@ -1,6 +1,7 @@
 """SFT through the real CLI: held-out loss falls, outputs are complete and loadable."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -152,27 +153,44 @@ def test_a_lora_run_that_resized_the_embeddings_loads_for_generation_and_merges(
     assert model.get_input_embeddings().num_embeddings == -(-len(tokenizer) // 32) * 32 > len(tokenizer) - 1
 
 
-@pytest.mark.parametrize("init", ["gaussian", "pissa", "olora"])
-def test_lora_init_options_give_a_final_adapter_that_loads_on_the_original_base(make_config, cli, tmp_path, init):
+@pytest.mark.parametrize("init, extra", [("gaussian", {}), ("pissa", {}), ("olora", {}),
+                                         ("pissa_niter_2", {"lora_modules_to_save": ["lm_head"]})])
+def test_lora_init_options_give_adapters_that_load_on_the_original_base(make_config, cli, tmp_path, init, extra):
+    """The final model and every checkpoint's model/ load as they are on the untouched base and give the trained model
+    (PiSSA and OLoRA adapters converted to plain LoRAs, modules_to_save kept); a resume continues the same run."""
+    from transformers import set_seed
+
     from rlft.config import load_config
+    from rlft.models.base_changing import resume_weights
     from rlft.models.loading import load_for_inference, load_model, load_tokenizer
     from rlft.train.checkpoint import load_weights
 
-    config = make_config(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, peft_init_lora_weights=init, max_steps=3)
+    settings = dict(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, peft_init_lora_weights=init,
+                    max_steps=4, save_steps=2, eval_steps=None, **extra)
+    config = make_config(**settings)
     assert cli("train", config) == 0
     out = tmp_path / "out"
     cfg = load_config(config)
     tokenizer = load_tokenizer(cfg)
-    trained = load_model(cfg, tokenizer, "cpu", init_base_dir=out / "init-base")  # base + the same init, then trained weights
-    load_weights(trained, out / "checkpoint-3" / "model")
-    final, _ = load_for_inference(str(out))  # what a user loads: base from disk + the saved adapter
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        torch.testing.assert_close(final(ids).logits, trained.eval()(ids).logits, atol=1e-4, rtol=1e-4)
-    # portable: a plain LoRA on the untouched base (vLLM and merges do not re-run PiSSA/OLoRA init)
+    for step, folder in ((2, out / "checkpoint-2" / "model"), (4, out)):
+        set_seed(cfg.seed)  # as `rlft train` does before the model is built: the same (randomised) init
+        trained = load_model(cfg, tokenizer, "cpu", init_base_dir=out / "init-base")  # base + init, then trained weights
+        load_weights(trained, resume_weights(out / f"checkpoint-{step}"))
+        loaded, _ = load_for_inference(str(folder))  # what a user loads: the base from disk + the saved adapter
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(ids).logits, trained.eval()(ids).logits, atol=1e-4, rtol=1e-4)
+    # portable: a plain LoRA on the untouched base (vLLM and merges do not run PiSSA/OLoRA init again)
     saved = json.loads((out / "adapter_config.json").read_text())
     assert saved["init_lora_weights"] in (True, "gaussian")
-    assert saved["r"] == (8 if init in ("pissa", "olora") else 4)  # the conversion doubles the rank
+    assert saved["r"] == (4 if init == "gaussian" else 8)  # the conversion doubles the rank
+    assert (out / "checkpoint-2" / "adapter-as-trained").is_dir() == (init != "gaussian")
+    # resumed from checkpoint-2 (the adapter as trained, on the residual base rebuilt from the seed): the same steps
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    assert cli("train", make_config(**settings, output_dir=str(resumed)), "--resume_from_checkpoint=auto") == 0
+    losses = [[m["loss"] for m in read_metrics(folder / "metrics.jsonl") if "loss" in m] for folder in (out, resumed)]
+    assert losses[1] == pytest.approx(losses[0][2:], abs=1e-6)
 
 
 def test_gradient_checkpointing_gives_the_same_losses(make_config, cli, tmp_path):

@@ -2,7 +2,9 @@
 
 A checkpoint `output_dir/checkpoint-N/` holds:
   model/              save_pretrained output (only the adapter for LoRA) + tokenizer: loadable as is; the full
-                      weights even when they were sharded over processes (gathered for the save)
+                      weights even when they were sharded over processes (gathered for the save); a PiSSA or OLoRA
+                      adapter converted to load on the original base (rlft.models.base_changing)
+  adapter-as-trained/ PiSSA, OLoRA: the adapter on the residual base, which a resume loads
   optimizer/          optimizer state, torch.distributed.checkpoint: each process writes its own shard, and a
                       load re-shards it for any number of processes (or one); under DeepSpeed, each trained
                       parameter's state whole (zero.json, zero-R.safetensors: train/zero.py), which loads on
@@ -36,6 +38,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
+from rlft.models.base_changing import convert_folder, keep_for_resume
 from rlft.train import zero
 from rlft.train.checkpoint_folders import list_checkpoints, pruned
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
@@ -66,14 +69,16 @@ class TrainState:
 
 def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None,
                     extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0,
-                    protect: Path | None = None, model_only: bool = False) -> Path:
+                    protect: Path | None = None, model_only: bool = False, initial_adapter: Path | None = None) -> Path:
     """Write checkpoint-N atomically, then drop the oldest beyond `keep`, never `protect` (the best checkpoint).
     Returns its path. Every process calls it. `extra_files(folder)` writes the recipe's own files into it (the main
     process), about `extra_bytes` of them; fp16's loss `scaler` keeps its scale (a resumed run would otherwise start
     again at 65536 and skip steps finding its way back down). Refused before anything is written when the disk lacks
     the room; a write error on the way (a full disk, a quota) removes the staging folder and raises CheckpointError
     naming what failed: earlier checkpoints are untouched either way. `model_only` (save_only_model): the weights and
-    the training state's record, no optimizer, schedule, RNG or recipe state, so it cannot resume."""
+    the training state's record, no optimizer, schedule, RNG or recipe state, so it cannot resume. `initial_adapter`
+    (PiSSA, OLoRA): `model/` holds the adapter converted to load on the original base, and the checkpoint keeps the
+    adapter as trained for resuming (rlft.models.base_changing)."""
     from rlft.train.parallel import barrier, gathered_state_dict, peer_failure
 
     rank = launched()[0]
@@ -81,7 +86,9 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
-        _check_room(output_dir, final, model, None if model_only else optimizer, 0 if model_only else extra_bytes,
+        converted = 0 if initial_adapter is None else 2 * sum(  # the converted adapter (twice the rank) beside the one trained
+            p.numel() * p.element_size() for p in getattr(model, "module", model).parameters() if p.requires_grad)
+        _check_room(output_dir, final, model, None if model_only else optimizer, (0 if model_only else extra_bytes) + converted,
                     model_only)
         staging.mkdir(parents=True)
     barrier()
@@ -91,6 +98,10 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
         if rank == 0:
             unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
             tokenizer.save_pretrained(staging / "model")
+            if initial_adapter is not None:
+                if not model_only:
+                    keep_for_resume(staging / "model", staging)
+                convert_folder(staging / "model", initial_adapter)
         if not model_only:
             save_optimizer(model, optimizer, staging / "optimizer")
             torch.save(rng_state(), staging / f"rng-{rank}.pt")

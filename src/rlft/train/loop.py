@@ -28,6 +28,7 @@ from rlft.train.checkpoint_folders import clean_staging, set_aside_earlier_run
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
 from rlft.models import varlen
+from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
 from rlft.models.qat import fake_quant_schedule
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
@@ -162,7 +163,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     warn = (lambda message: console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)) if main else None
     resume_from = agreed_resume(cfg.resume_from_checkpoint, output_dir, warn)
     if resume_from is not None:  # the weights go in before the model is wrapped or sharded
-        load_weights(accelerator.unwrap_model(model), resume_from / "model")
+        load_weights(accelerator.unwrap_model(model), resume_weights(resume_from))
         total_steps = total_steps_resumed(cfg, recipe, read_state(resume_from), world, total_steps)
     recipe.before_wrap(model)
     model, optimizer = wrap(cfg, model, accelerator, console)
@@ -172,6 +173,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                                 epochs_steps(cfg, len(plan), recipe.draws_per_step))  # Axolotl's warm-up counts these
     unwrapped = accelerator.unwrap_model(model)
     runs = compiled_forward(cfg, model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
+    initial = output_dir / INIT_FOLDER if changes_base(unwrapped) else None  # PiSSA, OLoRA: checkpoints convert the adapter
 
     state = TrainState(total_steps=total_steps, world_size=world)
     if resume_from is not None:
@@ -253,7 +255,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         with timer("save"):
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit,
                                          recipe.save_files, getattr(accelerator, "scaler", None), recipe.saved_files_bytes(),
-                                         best.folder(output_dir), model_only=cfg.save_only_model)
+                                         best.folder(output_dir), model_only=cfg.save_only_model, initial_adapter=initial)
         save_time += time.perf_counter() - began
         return last_saved
 

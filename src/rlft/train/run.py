@@ -9,17 +9,16 @@ import torch
 from rich.console import Console
 
 from rlft.config.axolotl_keys import unsupported_settings
-from rlft.config.best_model import loads_best_model
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
+from rlft.models.base_changing import convert_folder, save_initial_adapter
 from rlft.models.checkpointing import offloads
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
 from rlft.train.best import copy_model_files, final_checkpoint
-from rlft.train.checkpoint import load_weights
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.watch import SetupInterrupts
 from rlft.train.parallel import gathered_state_dict, make_accelerator
@@ -144,11 +143,6 @@ def _train(cfg, console: Console) -> LoopResult:
         model.peft_config["default"].revision = hub_revision(cfg, base).get("revision")  # online: the hub id's revision
     sharded = (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or \
         getattr(deepspeed_settings(cfg), "stage", 0) == 3
-    if loads_best_model(cfg) and changes_base(model) and sharded:  # before anything is written
-        why = "" if cfg.load_best_model_at_end else " (on with early_stopping_patience, as in Axolotl)"
-        raise ConfigError(f"load_best_model_at_end{why} with peft_init_lora_weights: "
-                          f"{model.peft_config['default'].init_lora_weights}, which rewrites the base weights, is not built "
-                          "for sharded weights (fsdp, ZeRO-3): set load_best_model_at_end: false, or train unsharded")
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
@@ -170,15 +164,13 @@ def _train(cfg, console: Console) -> LoopResult:
     if accelerator.is_main_process:
         warn = lambda message: console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)  # noqa: E731
         result.final_from = final_checkpoint(result.state, output_dir, warn)  # load_best_model_at_end, when not the last
-        if result.final_from is not None and init_adapter is None:
-            copy_model_files(result.final_from / "model", output_dir)  # as that checkpoint saved it
+        if result.final_from is not None:
+            copy_model_files(result.final_from / "model", output_dir)  # as that checkpoint saved it (PiSSA's converted)
         else:
-            if result.final_from is not None:  # the best adapter, converted below as the last one would be
-                load_weights(model, result.final_from / "model")
-            # PiSSA/OLoRA change the base weights: convert to a plain LoRA that loads on the original base
-            conversion = {"path_initial_model_for_weight_conversion": str(init_adapter)} if init_adapter else {}
-            model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights, **conversion)
+            model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights)
             tokenizer.save_pretrained(output_dir)
+            if init_adapter is not None:  # PiSSA/OLoRA: a plain LoRA that loads on the original base
+                convert_folder(output_dir, init_adapter)
         print_summary(console, cfg, result)
     return result
 
@@ -408,9 +400,6 @@ def load_reference_model(cfg, tokenizer, policy):
     return model.eval().requires_grad_(False)
 
 
-BASE_CHANGING_INITS = ("pissa", "olora")
-
-
 def freeze_unmatched(cfg, model, console: Console | None) -> None:
     """`unfrozen_parameters`: freeze the parameters no pattern matches (rlft.models.freeze); warn of patterns that
     match none."""
@@ -426,24 +415,3 @@ def freeze_unmatched(cfg, model, console: Console | None) -> None:
         for text in frozen.unmatched:
             console.print(f"warning: unfrozen_parameters {text!r} matches no parameter name (a dot is a literal dot, and a "
                           "pattern matches from the start of the name)", style="yellow", markup=False, soft_wrap=True)
-
-
-def changes_base(model) -> bool:
-    """Whether the model's adapter init rewrote the base weights (the final adapter is converted to load on the
-    original base)."""
-    init = getattr(model, "peft_config", {}).get("default")
-    return init is not None and str(init.init_lora_weights).startswith(BASE_CHANGING_INITS)
-
-
-def save_initial_adapter(model, output_dir: Path) -> Path | None:
-    """For inits that rewrite the base weights, keep the adapter as initialised (once per run folder)."""
-    if not changes_base(model):
-        return None
-    init = model.peft_config["default"]
-    folder = output_dir / "init-adapter"
-    if not (folder / "adapter_config.json").exists():
-        kind = init.init_lora_weights
-        init.init_lora_weights = True  # as PEFT asks: the saved copy must not re-run the init when loaded
-        model.save_pretrained(folder, safe_serialization=True)
-        init.init_lora_weights = kind
-    return folder

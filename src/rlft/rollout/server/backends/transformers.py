@@ -156,7 +156,7 @@ class TransformersBackend(ThreadedBackend):
         from peft import LoraConfig, get_peft_model
 
         known = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
-        known.update(inference_mode=True)
+        known.update(inference_mode=True, init_lora_weights=True)  # the tensors come next: no PiSSA/OLoRA init on this base
         model = get_peft_model(self._engine.model, LoraConfig(**known), autocast_adapter_dtype=False)
         model.to(self.dtype).requires_grad_(False).eval()
         self._engine = LocalEngine(model, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version,
