@@ -153,6 +153,42 @@ def test_colocated_engine_loads_verified_weights_and_adapters_in_process(tmp_pat
         engine.close()
 
 
+def test_a_pissa_adapter_pushed_with_its_residual_base_gives_the_trainer_s_model(tmp_path):
+    """A PiSSA run's lora sync sends the residual base, then the adapter as trained, whose config still names the
+    init: the server must not run that init again on the residual (it did before 2026-11-27)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.models.tiny import write_tiny_model
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.models.weights import plain_state_dict
+    from rlft.rollout.server.backends.transformers import TransformersBackend
+    from rlft.rollout.server.colocated import ColocatedEngine
+
+    write_tiny_model(tmp_path / "m", "XS")
+    torch.manual_seed(0)
+    policy = get_peft_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "m")),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="pissa_niter_2"))
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.05)
+    policy.save_pretrained(tmp_path / "lora", safe_serialization=True)
+    torch.manual_seed(1)
+    served = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "m"))  # other weights, replaced below
+    engine = ColocatedEngine(TransformersBackend(served, byte_tokenizer(), model_name="m", dtype=torch.float32,
+                                                 max_model_len=64, max_lora_rank=4), version=0)
+    try:
+        engine.load_weights(plain_state_dict(policy), 1)
+        engine.load_adapter(tmp_path / "lora", 2)
+        ids = torch.tensor([[49, 43, 50, 61]])
+        with torch.no_grad():
+            torch.testing.assert_close(engine.backend._engine.model(ids).logits, policy.eval()(ids).logits)
+    finally:
+        engine.close()
+
+
 def test_vllm_only_keys_exist_in_the_vllm_section():
     from rlft.config.sections import VLLMConfig
     from rlft.rollout.server.launch import VLLM_ONLY
