@@ -137,3 +137,50 @@ def test_axolotl_settings_of_activation_offloading():
                             ({"gradient_checkpointing": "offload_disk"}, "gradient_checkpointing: offload_disk")):
         refused = unsupported_settings(build_config({**BASE, **settings}))[0]
         assert [key for key, _ in refused] == [named]
+
+
+def test_a_model_with_its_own_checkpointing_code_keeps_it_and_refuses_offloading():
+    """A model class that overrides gradient_checkpointing_enable (remote code) is called as it expects; transformers'
+    offloading cannot wrap what it sets up, so asking for offloading is refused, not ignored."""
+    from rlft.errors import ModelError
+
+    calls = []
+
+    class OwnCheckpointing(LlamaForCausalLM):
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):  # the old signature
+            calls.append(gradient_checkpointing_kwargs)
+
+    torch.manual_seed(0)
+    net = OwnCheckpointing(LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=2, vocab_size=300))
+    enable_checkpointing(net, config(True, False), "cuda")
+    assert calls == [{"use_reentrant": True}]
+    with pytest.raises(ModelError, match="activation_offloading: OwnCheckpointing sets up gradient checkpointing"):
+        enable_checkpointing(net, config(False, True), "cuda")
+
+
+def test_fsdp_activation_checkpointing_is_checkpointing():
+    """fsdp_config.activation_checkpointing means gradient_checkpointing (docs/distributed.md): the model is
+    checkpointed when it loads (also on one process), and activation_offloading may go with it."""
+    from rlft.models.checkpointing import checkpoints
+
+    fsdp = {"fsdp_version": 2, "fsdp_config": {"activation_checkpointing": True}}
+    cfg = build_config({**BASE, **fsdp, "activation_offloading": True})
+    assert checkpoints(cfg) and offloads(cfg)
+    assert not checkpoints(build_config(BASE))
+
+
+def test_a_quantized_base_keeps_the_checkpointing_rlft_set_up(monkeypatch):
+    """PEFT's prepare_model_for_kbit_training would enable checkpointing again, its own way (no offload, no
+    gradient_checkpointing_kwargs): rlft asks it not to."""
+    import peft
+
+    from rlft.models.loading import attach_adapter
+
+    asked = []
+    monkeypatch.setattr(peft, "prepare_model_for_kbit_training",
+                        lambda model, use_gradient_checkpointing=True, **kwargs: asked.append(use_gradient_checkpointing) or model)
+    cfg = build_config({**BASE, "adapter": "qlora", "load_in_4bit": True, "lora_target_modules": ["q_proj"],
+                        "gradient_checkpointing": True, "activation_offloading": True})
+    attach_adapter(model(), cfg)
+    assert asked == [False]

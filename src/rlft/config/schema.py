@@ -13,6 +13,7 @@ from pydantic import AliasChoices, TypeAdapter, ValidationError, field_validator
 
 from rlft.config import axolotl_keys
 from rlft.config.best_model import best_model_problems
+from rlft.models.checkpointing import checkpoints
 from rlft.config.base import Section, field, planned
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.trackers import TrackerFields
@@ -227,8 +228,8 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     activation_offloading: Union[bool, Literal["legacy", "disk", "hidden_states"]] = field(
         False, "On a GPU, keep each checkpointed layer's input in pinned host memory from the forward to the backward "
                "(transformers' activation offloading): less GPU memory for a copy each way. true, legacy and "
-               "hidden_states do the same in rlft; disk is not built. Needs gradient_checkpointing "
-               "(docs/training.md#activation-offloading).")
+               "hidden_states do the same in rlft (Axolotl's hidden_states); disk is not built. Needs "
+               "gradient_checkpointing (docs/training.md#activation-offloading).")
 
     unfrozen_parameters: Optional[list[str]] = field(
         None, "Train only the parameters whose names match one of these patterns (Axolotl's rules: a regex matched from "
@@ -616,9 +617,9 @@ def combination_problems(cfg: RlftConfig):
     yield from _mistral_common_problems(cfg)
     yield from _qat_problems(cfg)
     yield from _streaming_problems(cfg)
-    if cfg.activation_offloading and not cfg.gradient_checkpointing:
+    if cfg.activation_offloading and not checkpoints(cfg):
         yield ("activation_offloading moves each checkpointed layer's input to host memory, and needs gradient_checkpointing: "
-               "true (as in Axolotl)")
+               "true (as in Axolotl; or fsdp_config.activation_checkpointing)")
     defaults = {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": True}  # what DDP does anyway
     ddp_keys = [key for key in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers")
                 if getattr(cfg, key) is not None and getattr(cfg, key) != defaults.get(key)]

@@ -25,6 +25,7 @@ TRAINING_ONLY = {
     "gradient_accumulation_steps", "max_grad_norm", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "use_tensorboard",
     "use_wandb", "wandb_project", "wandb_entity", "wandb_name", "wandb_mode", "mfu_peak_flops", "dataset_prepared_path",
     "dataset_num_proc", "ddp_timeout", "bf16", "fp16", "tf32", "gradient_checkpointing", "gradient_checkpointing_kwargs",
+    "activation_offloading",
     "eval_strategy", "save_strategy", "load_best_model_at_end", "metric_for_best_model", "greater_is_better",
     "early_stopping_patience", "unfrozen_parameters", "neftune_noise_alpha",
 }

@@ -3,12 +3,16 @@
 With `activation_offloading`, each checkpointed layer's input, the one activation per layer that checkpointing keeps
 for the backward, waits in pinned host memory from the forward to the backward (transformers'
 `activation_checkpointing_enable(offload=True)`: `torch.autograd.graph.save_on_cpu` around each checkpoint, its copies
-on the compute stream, as Axolotl's `legacy`). That frees layers x tokens x hidden size of the GPU's memory, what
-dominates at long sequences, for a copy each way. What the layers outside the checkpoints save (the final norm, the
-loss) stays: one layer's worth. On a CPU the activations already live in host memory, and nothing moves.
+on the compute stream). That frees layers x tokens x hidden size of the GPU's memory, what dominates at long sequences,
+for a copy each way. What the layers outside the checkpoints save (the final norm, the loss) stays on the GPU: one
+layer's worth. Axolotl's `hidden_states` mode moves the same tensors; its `true` and `legacy` (TRL's offloader, with
+and without a second CUDA stream) move those outside the checkpoints too. Without a CUDA GPU nothing moves: on a CPU
+the activations already live in host memory.
 """
 
 from __future__ import annotations
+
+from rlft.errors import ModelError
 
 
 def offloads(cfg) -> bool:
@@ -16,9 +20,24 @@ def offloads(cfg) -> bool:
     return cfg.activation_offloading in (True, "legacy", "hidden_states") or cfg.gradient_checkpointing == "offload"
 
 
+def checkpoints(cfg) -> bool:
+    """Whether the layers are checkpointed: `gradient_checkpointing`, or fsdp_config's `activation_checkpointing`, which
+    means the same (docs/distributed.md)."""
+    from rlft.config.parallel import fsdp_settings
+
+    settings = fsdp_settings(cfg)
+    return bool(cfg.gradient_checkpointing) or bool(settings is not None and settings.activation_checkpointing)
+
+
 def enable_checkpointing(model, cfg, device_type: str) -> None:
     """Checkpoint the model's decoder layers (non-reentrant unless `gradient_checkpointing_kwargs` says otherwise), their
-    inputs offloaded to host memory when `activation_offloading` asks for it on an accelerator."""
-    model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False},
-        offload=offloads(cfg) and device_type != "cpu")
+    inputs offloaded to host memory when `activation_offloading` asks for it on a CUDA GPU."""
+    kwargs = cfg.gradient_checkpointing_kwargs or {"use_reentrant": False}
+    offload = offloads(cfg) and device_type == "cuda"
+    if model._is_overridden("gradient_checkpointing_enable"):  # a model's own code (trust_remote_code) sets it up
+        if offload:
+            raise ModelError(f"activation_offloading: {type(model).__name__} sets up gradient checkpointing with code of its "
+                             "own, which transformers' offloading cannot wrap: set activation_offloading: false")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=offload)

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, ModelError
-from rlft.models.checkpointing import enable_checkpointing
+from rlft.models.checkpointing import checkpoints, enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.tokenizer import apply_chat_template_setting
 
@@ -261,7 +261,7 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         from rlft.models.qat import prepare_qat
 
         prepare_qat(model, cfg.qat)
-    if cfg.gradient_checkpointing:
+    if checkpoints(cfg):
         enable_checkpointing(model, cfg, device_type)
         model.config.use_cache = False
     if cfg.adapter and with_adapter:
@@ -364,9 +364,9 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
     from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
 
-    if cfg.load_in_4bit or cfg.load_in_8bit:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
-    if cfg.gradient_checkpointing:
+    if cfg.load_in_4bit or cfg.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if checkpoints(cfg):
         model.enable_input_require_grads()
     if cfg.lora_model_dir:
         folder = Path(cfg.lora_model_dir).expanduser()

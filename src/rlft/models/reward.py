@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlft.errors import ModelError
-from rlft.models.checkpointing import enable_checkpointing
+from rlft.models.checkpointing import checkpoints, enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.loading import (adapter_base, base_model_source, check_attention, check_router_loss, fit_embeddings,
                                  hub_revision, model_config, resolve_source)
@@ -43,7 +43,7 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
     fit_embeddings(model, cfg, tokenizer)
     check_router_loss(cfg, model, device_type)
     apply_liger(model, cfg)
-    if cfg.gradient_checkpointing:
+    if checkpoints(cfg):
         enable_checkpointing(model, cfg, device_type)
     if cfg.adapter:
         model = attach_adapter(model, cfg, task_type="SEQ_CLS")

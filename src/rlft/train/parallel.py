@@ -168,7 +168,7 @@ def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
 
     classes = layer_classes(model, settings)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if settings.activation_checkpointing and not getattr(base, "is_gradient_checkpointing", False):
+    if settings.activation_checkpointing and not base.is_activation_checkpointing:  # loading turns it on (checkpoints)
         base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     options: dict[str, Any] = {"reshard_after_forward": settings.reshard_after_forward}
     if settings.offload_params:

@@ -14,7 +14,7 @@ from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.models.base_changing import convert_folder, save_initial_adapter
-from rlft.models.checkpointing import offloads
+from rlft.models.checkpointing import checkpoints, offloads
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
@@ -43,7 +43,8 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     if offloads(cfg) and launched()[0] == 0:
         console.print("note: activation_offloading: " + (
             "each checkpointed layer's input waits in pinned host memory from the forward to the backward"
-            if torch.cuda.is_available() else "on a CPU the activations already live in host memory: nothing is moved"),
+            if torch.cuda.is_available() else "without a CUDA GPU nothing is moved (on a CPU the activations already live "
+            "in host memory)"),
             markup=False, highlight=False)
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
@@ -409,7 +410,7 @@ def freeze_unmatched(cfg, model, console: Console | None) -> None:
         frozen = freeze_except(model, cfg.unfrozen_parameters)
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    if cfg.gradient_checkpointing:  # frozen embeddings: reentrant checkpointing needs inputs that require grad
+    if checkpoints(cfg):  # frozen embeddings: reentrant checkpointing needs inputs that require grad
         model.enable_input_require_grads()
     if console is not None:
         for text in frozen.unmatched:
