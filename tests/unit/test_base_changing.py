@@ -105,3 +105,67 @@ def test_a_resume_loads_the_adapter_as_trained_where_the_checkpoint_kept_one(tmp
     (tmp_path / RESUME_FOLDER).mkdir()
     (tmp_path / RESUME_FOLDER / WEIGHTS).write_bytes(b"")
     assert resume_weights(tmp_path) == tmp_path / RESUME_FOLDER
+
+
+def test_each_run_writes_the_initial_adapter_afresh(tmp_path):
+    """A new run in an output_dir that holds an older run's init-adapter must convert against its own B0 A0."""
+    from rlft.models.base_changing import is_converted
+
+    for seed in (2, 5):
+        torch.manual_seed(seed)
+        model = trained("pissa_niter_2")
+        folder = save_initial_adapter(model, tmp_path)
+    saved = load_file(folder / WEIGHTS)
+    own = {name: p for name, p in model.named_parameters() if "lora_A" in name}
+    assert own and all(torch.equal(saved[name.replace(".default", "")], p.detach()) for name, p in own.items())
+    assert is_converted(folder)  # its config names no init to run again
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_an_adapter_as_trained_on_a_residual_base_is_refused_as_lora_model_dir(tmp_path):
+    from rlft.config import build_config
+    from rlft.errors import ModelError
+    from rlft.models.loading import attach_adapter
+
+    torch.manual_seed(2)
+    trained("pissa").save_pretrained(tmp_path / "raw")  # its config still names the init
+    cfg = build_config({"base_model": "m", "datasets": [{"path": "rows.jsonl"}], "adapter": "lora",
+                        "lora_model_dir": str(tmp_path / "raw")})
+    with pytest.raises(ModelError, match="holds a PiSSA or OLoRA adapter as trained"):
+        attach_adapter(base(), cfg)
+
+
+def test_the_reference_of_a_base_rewriting_init_is_the_base_itself(tmp_path):
+    """With PiSSA or OLoRA, the policy with its adapter disabled is the residual W - s B0 A0, not the starting model:
+    the reference (DPO family, GRPO's KL, EBFT's frozen network) is a frozen copy of the base instead."""
+    from accelerate import Accelerator
+
+    from rlft.config import build_config
+    from rlft.models.tiny import write_tiny_model
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.train.run import policy_and_frozen
+
+    folder = write_tiny_model(tmp_path / "m", "XS")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig.from_pretrained(folder)).save_pretrained(folder)  # seeded weights to load
+    ids = torch.tensor([[49, 43, 50, 61]])
+    original = logits(LlamaForCausalLM.from_pretrained(folder).eval(), ids)
+    for init, copied in (("pissa", True), ("olora", True), (True, False)):
+        cfg = build_config({"base_model": str(folder), "datasets": [{"path": "rows.jsonl"}], "adapter": "lora", "lora_r": 4,
+                            "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"], "peft_init_lora_weights": init})
+        policy, frozen = policy_and_frozen(cfg, byte_tokenizer(), Accelerator(cpu=True), None, need_frozen=True)
+        assert frozen.is_copy is copied
+        with frozen.view(policy) as reference:
+            torch.testing.assert_close(logits(reference.eval(), ids), original)
+
+
+def test_base_rewriting_inits_that_cannot_work_are_refused():
+    from rlft.config import build_config
+    from rlft.errors import ConfigError
+
+    base_keys = {"base_model": "m", "datasets": [{"path": "rows.jsonl"}], "adapter": "lora"}
+    with pytest.raises(ConfigError, match="pissa with lora_target_parameters: PEFT 0.21 cannot build it"):
+        build_config({**base_keys, "peft_init_lora_weights": "pissa", "lora_target_parameters": ["experts.down_proj"]})
+    with pytest.raises(ConfigError, match="olora with a quantized base and trl.use_vllm"):
+        build_config({**base_keys, "rl": "grpo", "adapter": "qlora", "load_in_4bit": True, "peft_init_lora_weights": "olora",
+                      "trl": {"use_vllm": True, "vllm_lora_sync": True, "reward_funcs": ["r.f"]}})

@@ -859,6 +859,13 @@ def _lora_init_problems(cfg: RlftConfig):
     elif init == "mica" and (cfg.peft_use_dora or cfg.lora_target_parameters):
         yield ("peft_init_lora_weights: mica with " + ("peft_use_dora" if cfg.peft_use_dora else "lora_target_parameters") +
                ": PEFT has no MiCA version of it; use another init")
+    elif init.startswith(("pissa", "olora")) and cfg.lora_target_parameters:
+        yield (f"peft_init_lora_weights: {init} with lora_target_parameters: PEFT 0.21 cannot build it on an MoE model's "
+               "expert tensors; use another init")
+    elif init == "olora" and (cfg.load_in_4bit or cfg.load_in_8bit) and cfg.trl.use_vllm:
+        yield ("peft_init_lora_weights: olora with a quantized base and trl.use_vllm: the vLLM engine keeps base_model's "
+               "own weights, and an OLoRA adapter fits only the base its init rewrote; use true or gaussian, or the "
+               "in-process engine (trl.use_vllm: false)")
     elif init == "orthogonal" and cfg.lora_r % 2:
         yield f"peft_init_lora_weights: orthogonal needs an even lora_r (PEFT pairs the rank's halves), got {cfg.lora_r}"
 

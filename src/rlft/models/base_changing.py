@@ -34,18 +34,38 @@ def changes_base(model) -> bool:
     return init is not None and str(init.init_lora_weights).startswith(BASE_CHANGING_INITS)
 
 
+def rewrites_base(cfg) -> bool:
+    """Whether the config's new adapter starts with an init that rewrites the base weights (an adapter from
+    `lora_model_dir` keeps the init its folder names)."""
+    init = cfg.peft_init_lora_weights
+    return bool(cfg.adapter) and isinstance(init, str) and init.startswith(BASE_CHANGING_INITS) and not cfg.lora_model_dir
+
+
 def save_initial_adapter(model, output_dir: Path) -> Path | None:
-    """For inits that rewrite the base weights, keep the adapter as initialised (once per run folder)."""
+    """For inits that rewrite the base weights, the adapter as initialised, written as each run starts (a resumed run
+    rebuilds the same one from the seed; a new run in the same output_dir must not convert against an older run's)."""
+    import shutil
+
     if not changes_base(model):
         return None
     init = model.peft_config["default"]
-    folder = output_dir / INIT_FOLDER
-    if not (folder / CONFIG).exists():
-        kind = init.init_lora_weights
-        init.init_lora_weights = True  # the saved copy must not run the init again when loaded
-        model.save_pretrained(folder, safe_serialization=True)
+    folder, staging = output_dir / INIT_FOLDER, output_dir / f".tmp-{INIT_FOLDER}"
+    shutil.rmtree(staging, ignore_errors=True)
+    kind = init.init_lora_weights
+    init.init_lora_weights = True  # the saved copy must not run the init again when loaded
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+    finally:
         init.init_lora_weights = kind
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
     return folder
+
+
+def is_converted(folder: Path) -> bool:
+    """Whether the adapter in `folder` loads as it is (no init of PiSSA or OLoRA named in its config)."""
+    init = json.loads((folder / CONFIG).read_text()).get("init_lora_weights")
+    return not (isinstance(init, str) and init.startswith(BASE_CHANGING_INITS))
 
 
 def as_plain_lora(trained: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

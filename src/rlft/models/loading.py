@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, ModelError
+from rlft.models.base_changing import is_converted
 from rlft.models.checkpointing import checkpoints, enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.tokenizer import apply_chat_template_setting
@@ -372,6 +373,10 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
         folder = Path(cfg.lora_model_dir).expanduser()
         if not (folder / ADAPTER_CONFIG).exists():
             raise ModelError(f"lora_model_dir: {folder} has no {ADAPTER_CONFIG}")
+        if not is_converted(folder):
+            raise ModelError(f"lora_model_dir: {folder} holds a PiSSA or OLoRA adapter as trained, which fits only the base "
+                             "its init rewrote (PEFT would run the init again on load): use a converted one, such as an "
+                             "rlft checkpoint's model/ folder or final output")
         return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     try:
         return get_peft_model(model, lora_config(cfg, task_type))

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
-from rlft.models.base_changing import convert_folder, keep_for_resume
+from rlft.models.base_changing import RESUME_FOLDER, convert_folder, keep_for_resume
 from rlft.train import zero
 from rlft.train.checkpoint_folders import list_checkpoints, pruned
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
@@ -246,6 +246,7 @@ def weights_problem(folder: Path) -> str | None:
     weights = list((folder / "model").glob("*.safetensors"))
     if not weights:
         return "model/ holds no .safetensors weights"
+    weights += list((folder / RESUME_FOLDER).glob("*.safetensors"))  # PiSSA, OLoRA: the adapter as trained
     from safetensors import safe_open
 
     for file in weights:

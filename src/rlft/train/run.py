@@ -13,7 +13,7 @@ from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.schema import nemo_gym_enabled
 from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
-from rlft.models.base_changing import convert_folder, save_initial_adapter
+from rlft.models.base_changing import convert_folder, is_converted, rewrites_base, save_initial_adapter
 from rlft.models.checkpointing import checkpoints, offloads
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
@@ -167,6 +167,8 @@ def _train(cfg, console: Console) -> LoopResult:
         result.final_from = final_checkpoint(result.state, output_dir, warn)  # load_best_model_at_end, when not the last
         if result.final_from is not None:
             copy_model_files(result.final_from / "model", output_dir)  # as that checkpoint saved it (PiSSA's converted)
+            if init_adapter is not None and not is_converted(output_dir):  # a checkpoint of an rlft before 2026-11-27
+                convert_folder(output_dir, init_adapter)
         else:
             model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights)
             tokenizer.save_pretrained(output_dir)
@@ -236,8 +238,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     if method in ("dpo", "ipo", "kto"):
         if cfg.ref_model:
             reference = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model:
-            reference = FrozenPolicy.adapter_disabled()  # no second model in memory
+        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
+            reference = FrozenPolicy.adapter_disabled()  # no second model in memory (PiSSA's would be its residual)
         elif cfg.precompute_ref_log_probs and not cfg.adapter:
             # reference values are computed before any update (and before a checkpoint is loaded on resume):
             # the policy itself still holds the initial weights, so no copy is needed
@@ -279,8 +281,8 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
     if need_frozen:
         if cfg.ref_model:
             frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model:
-            frozen = FrozenPolicy.adapter_disabled()
+        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
+            frozen = FrozenPolicy.adapter_disabled()  # PiSSA's and OLoRA's would be the residual, not the base
         else:
             frozen = FrozenPolicy.copy_of(model)
     if cfg.adapter:
