@@ -51,6 +51,23 @@ def test_pretrain_text_is_cut_into_pieces_that_share_one_token_and_train_each_on
     assert f"cut into {len(examples)} pieces" in line and "1 kept" in line
 
 
+def test_a_buffer_of_texts_is_tokenised_in_one_call_with_the_same_pieces(tmp_path, gpt2_tokenizer, monkeypatch):
+    """Raw text is tokenised a buffer at a time (one batched call of the tokenizer), into the pieces a call per text
+    gives."""
+    cfg = _cfg(tmp_path, shuffle_merged_datasets=False, sample_packing=False)
+    rows = [json.loads(line)["text"] for line in (tmp_path / "corpus.jsonl").read_text().splitlines()][:7]
+    expected = []
+    for text in rows:  # a call per text, as the pieces rule says
+        ids = gpt2_tokenizer(text)["input_ids"] + [gpt2_tokenizer.eos_token_id]
+        expected += [ids[i : i + 16] for i in range(0, len(ids) - 1, 15)]
+    calls = []
+    real = type(gpt2_tokenizer).__call__
+    monkeypatch.setattr(type(gpt2_tokenizer), "__call__", lambda self, text, **kw: calls.append(text) or real(self, text, **kw))
+    examples, _ = preview(cfg, gpt2_tokenizer)  # the first buffer: 7 rows
+    assert [e["input_ids"] for e in examples] == expected
+    assert len(calls) == 1 and calls[0] == rows
+
+
 def test_texts_packed_into_one_sequence_still_train_each_token_once(tmp_path, gpt2_tokenizer):
     """pretrain_multipack_attn: false: a packed row is one document, so only its own first token loses its target in
     collate; the token a piece shares with the piece before stays context only."""

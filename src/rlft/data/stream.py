@@ -48,10 +48,14 @@ class StreamCounts:
     pieces: int = 0  # pretrain: the pieces of sequence_len tokens the texts were cut into
 
 
-class StreamSource:
-    """The rows of one dataset entry, from the start each time it is opened."""
+Convert = Callable[[list[tuple[str, dict]]], list[list[dict[str, list[int]]]]]  # (place, row) each -> its examples
 
-    def __init__(self, ds, where: str, convert: Callable[[str, dict], list[dict[str, list[int]]]]):
+
+class StreamSource:
+    """The rows of one dataset entry, from the start each time it is opened, and how a run of its rows becomes
+    examples (`convert`: one list of examples per row)."""
+
+    def __init__(self, ds, where: str, convert: Convert):
         self.ds, self.where, self.convert = ds, where, convert
         split, spec = parse_split(ds.split)
         self.split, self.start, self.stop = split, *_row_slice(spec, where)
@@ -121,38 +125,46 @@ def _json_lines(path: Path, where: str, named: bool) -> Iterator[tuple[str, dict
                 yield place, row
 
 
-def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -> Callable[[str, dict], list[dict]]:
+def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -> Convert:
     """`type: pretrain`: a row's text (`text_column`) as pieces of `sequence_len` tokens. A piece's first token is
     only context (nothing before it in the piece predicts it), so each piece starts with the last token of the one
-    before: every token of the text but its first is a target exactly once."""
+    before: every token of the text but its first is a target exactly once. The texts of a run of rows are tokenised
+    in one call (a fast tokenizer encodes a batch on several threads)."""
     column = getattr(ds, "text_column", None) or ds.field  # a datasets: entry names its text column `field`
     end = tokenizer.eos_token_id
 
-    def convert(place: str, row: dict) -> list[dict[str, list[int]]]:
-        text = row.get(column)
-        if not isinstance(text, str):
+    def text(place: str, row: dict) -> str:
+        found = row.get(column)
+        if not isinstance(found, str):
             known = ", ".join(sorted(row)) or "none"
             raise RowError(f"{place}: no text in column {column!r} (the row's columns: {known}); set text_column")
-        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        return found
+
+    def pieces(ids: list[int]) -> list[dict[str, list[int]]]:
+        ids = list(ids)
         if end is not None and (not ids or ids[-1] != end):
             ids.append(end)
-        pieces = [ids[start : start + sequence_len] for start in range(0, len(ids) - 1, sequence_len - 1)]
-        counts.pieces += len(pieces)
+        cut = [ids[start : start + sequence_len] for start in range(0, len(ids) - 1, sequence_len - 1)]
+        counts.pieces += len(cut)
         # the first label is no target here, not only where collate drops a document's first: a packed row that
         # pretrain_multipack_attn: false makes one document keeps it
-        return [{"input_ids": piece, "labels": [IGNORE] + piece[1:]} for piece in pieces]
+        return [{"input_ids": piece, "labels": [IGNORE] + piece[1:]} for piece in cut]
+
+    def convert(rows: list[tuple[str, dict]]) -> list[list[dict[str, list[int]]]]:
+        texts = [text(place, row) for place, row in rows]
+        return [pieces(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]] if texts else []
 
     return convert
 
 
-def sft_converter(ds, index: int, cfg, tokenizer, counts: StreamCounts, where: str) -> Callable[[str, dict], list[dict]]:
+def sft_converter(ds, index: int, cfg, tokenizer, counts: StreamCounts, where: str) -> Convert:
     """A `datasets:` entry's rows through SFT's own format, tokenisation and length rules (`rlft.data.prepare`)."""
     from rlft.data.prepare import sft_steps
 
     steps = sft_steps(cfg)
     to_record = steps.resolve(ds, cfg, index, where, tokenizer)
 
-    def convert(place: str, row: dict) -> list[dict[str, list[int]]]:
+    def one(place: str, row: dict) -> list[dict[str, list[int]]]:
         try:
             example, outcome = steps.fit(steps.tokenize(to_record(row), tokenizer, ds), cfg)
         except RowError as exc:
@@ -161,7 +173,7 @@ def sft_converter(ds, index: int, cfg, tokenizer, counts: StreamCounts, where: s
         counts.too_long += outcome == "too_long"
         return [example] if example is not None else []
 
-    return convert
+    return lambda rows: [one(place, row) for place, row in rows]  # chat templates and masks: a row at a time
 
 
 def sources_for(cfg, tokenizer, counts: StreamCounts) -> list[StreamSource]:
@@ -185,7 +197,7 @@ def check_sources(cfg, tokenizer) -> None:
         if first is None:
             raise DataError(f"{source.where}: no rows to stream")
         try:
-            source.convert(*first)
+            source.convert([first])
         except RowError as exc:
             raise DataError(f"{source.where}, {exc}") from None
 
@@ -217,19 +229,22 @@ def interleaved(sources: list[StreamSource]) -> Iterator[tuple[StreamSource, str
 
 
 def read_rows(rows: Iterator[tuple[StreamSource, str, dict]], counts: StreamCounts) -> tuple[int, list[dict]]:
-    """(rows read, the examples they became), counted in `counts`; a bad row stops the run, named by its place."""
-    read, examples = 0, []
-    for source, place, row in rows:
-        read += 1
+    """(rows read, the examples they became, in the rows' order), counted in `counts`; each source converts its rows
+    in one call; a bad row stops the run, named by its place."""
+    taken = list(rows)
+    found: list[list[dict]] = [[] for _ in taken]
+    for source in dict.fromkeys(source for source, _, _ in taken):
+        indices = [i for i, (owner, _, _) in enumerate(taken) if owner is source]
         try:
-            found = source.convert(place, row)
+            converted = source.convert([taken[i][1:] for i in indices])
         except RowError as exc:
             raise DataError(f"{source.where}, {exc}") from None
-        counts.rows += 1
-        counts.kept += bool(found)
-        counts.dropped += not found
-        examples.extend(found)
-    return read, examples
+        for i, examples in zip(indices, converted):
+            found[i] = examples
+    counts.rows += len(taken)
+    counts.kept += sum(bool(examples) for examples in found)
+    counts.dropped += sum(not examples for examples in found)
+    return len(taken), [example for examples in found for example in examples]
 
 
 def preview(cfg, tokenizer) -> tuple[list[dict], str]:
