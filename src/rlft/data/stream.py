@@ -129,7 +129,8 @@ def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -
     """`type: pretrain`: a row's text (`text_column`) as pieces of `sequence_len` tokens. A piece's first token is
     only context (nothing before it in the piece predicts it), so each piece starts with the last token of the one
     before: every token of the text but its first is a target exactly once. The texts of a run of rows are tokenised
-    in one call (a fast tokenizer encodes a batch on several threads)."""
+    in one call (a fast tokenizer encodes the batch on several threads where TOKENIZERS_PARALLELISM allows it; rlft's
+    command sets it false unless it is set)."""
     column = getattr(ds, "text_column", None) or ds.field  # a datasets: entry names its text column `field`
     end = tokenizer.eos_token_id
 
