@@ -279,6 +279,9 @@ def test_a_stream_whose_rows_are_all_dropped_stops_with_the_counts(tmp_path, gpt
     ({"pretraining_dataset": None, "datasets": [{"path": "a"}], "streaming_multipack_buffer_size": 5},
      "no data is streamed"),
     ({"pretraining_dataset": [{"path": "a", "txt_column": "x"}]}, "unknown key 'txt_column': did you mean 'text_column'"),
+    ({"tokenizer_use_mistral_common": True}, r"pretraining_dataset of raw text \(type: pretrain\) with tokenizer_use_mistral"),
+    ({"pretraining_dataset": None, "streaming": True, "datasets": [{"path": "a", "type": "pretrain"}],
+      "tokenizer_use_mistral_common": True}, r"datasets of raw text \(type: pretrain\) with tokenizer_use_mistral_common"),
 ])
 def test_impossible_streamed_configs_are_refused(overrides, words, tmp_path):
     config = {"base_model": "m", "pretraining_dataset": [{"path": "corpus.jsonl"}], "max_steps": 5}
