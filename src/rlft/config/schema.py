@@ -13,6 +13,7 @@ from pydantic import AliasChoices, TypeAdapter, ValidationError, field_validator
 
 from rlft.config import axolotl_keys
 from rlft.config.best_model import best_model_problems
+from rlft.models.base_changing import rewriting
 from rlft.models.checkpointing import checkpoints
 from rlft.config.base import Section, field, planned
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
@@ -861,7 +862,7 @@ def _lora_init_problems(cfg: RlftConfig):
     elif init == "mica" and (cfg.peft_use_dora or cfg.lora_target_parameters):
         yield ("peft_init_lora_weights: mica with " + ("peft_use_dora" if cfg.peft_use_dora else "lora_target_parameters") +
                ": PEFT has no MiCA version of it; use another init")
-    elif init.startswith(("pissa", "olora")) and cfg.lora_target_parameters:
+    elif rewriting(init) and cfg.lora_target_parameters:
         yield (f"peft_init_lora_weights: {init} with lora_target_parameters: PEFT 0.21 cannot build it on an MoE model's "
                "expert tensors; use another init")
     elif init == "olora" and (cfg.load_in_4bit or cfg.load_in_8bit) and cfg.trl.use_vllm:

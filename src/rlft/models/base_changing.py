@@ -17,8 +17,10 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 BASE_CHANGING_INITS = ("pissa", "olora")
 INIT_FOLDER = "init-adapter"  # in output_dir: the adapter as initialised (B0, A0)
@@ -28,17 +30,21 @@ FACTOR_A = re.compile(r"\.lora_(embedding_)?A(\.|$)")  # (r, in): the new rows g
 FACTOR_B = re.compile(r"\.lora_(embedding_)?B(\.|$)")  # (out, r): the new columns go to the right
 
 
+def rewriting(init) -> bool:
+    """Whether a LoRA init (PEFT's `init_lora_weights`: a bool or a name) rewrites the base weights."""
+    return isinstance(init, str) and init.startswith(BASE_CHANGING_INITS)
+
+
 def changes_base(model) -> bool:
     """Whether the model's adapter init rewrote the base weights."""
-    init = getattr(model, "peft_config", {}).get("default")
-    return init is not None and str(init.init_lora_weights).startswith(BASE_CHANGING_INITS)
+    config = getattr(model, "peft_config", {}).get("default")
+    return config is not None and rewriting(config.init_lora_weights)
 
 
 def rewrites_base(cfg) -> bool:
     """Whether the config's new adapter starts with an init that rewrites the base weights (an adapter from
     `lora_model_dir` keeps the init its folder names)."""
-    init = cfg.peft_init_lora_weights
-    return bool(cfg.adapter) and isinstance(init, str) and init.startswith(BASE_CHANGING_INITS) and not cfg.lora_model_dir
+    return bool(cfg.adapter) and rewriting(cfg.peft_init_lora_weights) and not cfg.lora_model_dir
 
 
 def save_initial_adapter(model, output_dir: Path) -> Path | None:
@@ -64,12 +70,13 @@ def save_initial_adapter(model, output_dir: Path) -> Path | None:
 
 def is_converted(folder: Path) -> bool:
     """Whether the adapter in `folder` loads as it is (no init of PiSSA or OLoRA named in its config)."""
-    init = json.loads((folder / CONFIG).read_text()).get("init_lora_weights")
-    return not (isinstance(init, str) and init.startswith(BASE_CHANGING_INITS))
+    return not rewriting(json.loads((folder / CONFIG).read_text()).get("init_lora_weights"))
 
 
 def as_plain_lora(trained: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors of the rank-2r LoRA that gives, on the original base, what `trained` gives on the residual one."""
+    import torch
+
     converted = {}
     for name, tensor in trained.items():
         if FACTOR_A.search(name) or FACTOR_B.search(name):
