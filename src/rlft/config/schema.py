@@ -823,10 +823,10 @@ def _streaming_problems(cfg: RlftConfig):
     if cfg.dataset_num_proc and cfg.dataset_num_proc > 1 and not cfg.test_datasets:
         yield (f"{streamed} with dataset_num_proc: streamed rows are tokenised in the training process, a buffer at a "
                "time (the key applies to test_datasets only): remove it")
-    raw = [key for key, entries in (("pretraining_dataset", cfg.pretraining_dataset or []), ("datasets", cfg.datasets))
-           for ds in entries if ds.type == "pretrain"]
-    if raw and cfg.uses_mistral_common:
-        yield (f"{raw[0]} of raw text (type: pretrain) with tokenizer_use_mistral_common is not built: stream chat rows "
+    raw_lists = [key for key, entries in (("pretraining_dataset", cfg.pretraining_dataset or []), ("datasets", cfg.datasets))
+                 for ds in entries if ds.type == "pretrain"]
+    if raw_lists and cfg.uses_mistral_common:
+        yield (f"{raw_lists[0]} of raw text (type: pretrain) with tokenizer_use_mistral_common is not built: stream chat rows "
                "(type: chat_template) or set tokenizer_use_mistral_common: false")
 
 
