@@ -115,6 +115,23 @@ def median(values) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def flop_params(model_dir: Path) -> int:
+    """N of rlft's MFU (rlft.train.metrics.flop_parameters): the parameters in a product for every token."""
+    from rlft.train.metrics import flop_parameters
+
+    return flop_parameters(LlamaForCausalLM.from_pretrained(model_dir))[0]
+
+
+def mfu(tokens_per_s: float, n: int, bf16: bool) -> float:
+    """Model FLOPs utilisation as `rlft train` logs it (rlft.train.metrics): tokens/s x 6N (every parameter trained)
+    over the device's peak (on a CPU the per-core figure x torch's thread count). Both tools get the same formula and
+    the same token count, so the ratio of their MFUs is the ratio of their tokens/s."""
+    from rlft.train.metrics import flops_per_token, peak_flops
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return tokens_per_s * flops_per_token(n, n) / peak_flops(device, "bf16" if bf16 else "fp32", None)
+
+
 def plain_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> float:
     """The update of a hand-written training loop (the benches' plain PyTorch loop): backward, clip at 1.0, step,
     zero_grad. Returns the loss."""

@@ -30,7 +30,10 @@ Measured per run:
             transformers.generate, _calculate_rewards, compute_loss = the forward) captured in-process,
             training_step (prepare + forward + backward), optimizer = training_step end -> on_step_end
             (grad clip, optimizer.step, scheduler, zero_grad).
-  tokens/s  generated tokens / generate time, per step.
+  MFU       trained tokens (prompt + completion of every row) per step x 6N / the median step / the device's
+            peak, as `rlft train` logs it (rlft.train.metrics): generation's FLOPs are not counted.
+  tokens/s  generated tokens / generate time, the median over steps (so the compiling first step of
+            torch_compile does not count; until 2026-11-28 it was the sum over all steps, which did).
   ratio     TRL/rlft of the best runs' wall and median step, of the medians over runs, and of the median of
             all steps of all runs pooled (the least noisy).
 
@@ -92,7 +95,7 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
-from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys, trl_keys
+from common import RESULTS, flop_params, make_model, median, mfu, peak_memory, quiet, rlft_keys, trl_keys
 from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, warm_up
 from rlft.train.metrics import clock
 
@@ -179,7 +182,8 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args,
         "phase_medians": phases,
         "generated_tokens_per_step": generated,
         "generated_tokens": sum(generated),
-        "generate_tokens_per_s": sum(generated) / sum(r["time/generate"] for r in steps_),
+        "generate_tokens_per_s": median(n / r["time/generate"] for n, r in zip(generated, steps_)),
+        "trained_tokens_per_step": median(r["tokens"] for r in steps_),  # prompt + completion of every row
         "completion_length_min": min(r["completions/min_length"] for r in steps_),
         "rewards": [r["reward"] for r in steps_],
         "losses": [r["loss"] for r in steps_],
@@ -243,6 +247,7 @@ class RecordingGRPOTrainer(GRPOTrainer):
         completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *a, **k)
         self.bench["generated_tokens"].append(sum(len(ids) for ids in completion_ids))
         self.bench["prompt_ids"].extend(prompt_ids)
+        self.bench["prompt_tokens"].append(sum(len(ids) for ids in prompt_ids))
         return completion_ids, logprobs
 
 
@@ -276,7 +281,8 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
         model=str(model_dir), reward_funcs=count_a_reward, args=config, train_dataset=dataset,
         processing_class=tokenizer, callbacks=[timer],
     )
-    trainer.bench = {"training_step": [], "generated_tokens": [], "losses": [], "rewards": [], "prompt_ids": []}
+    trainer.bench = {"training_step": [], "generated_tokens": [], "losses": [], "rewards": [], "prompt_ids": [],
+                     "prompt_tokens": []}
     trainer.bench_timer = timer
     trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
     init_done = time.perf_counter()
@@ -314,7 +320,9 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
         "profiling_calls": {name: len(values) for name, values in PROFILED.items()},
         "generated_tokens_per_step": bench["generated_tokens"],
         "generated_tokens": sum(bench["generated_tokens"]),
-        "generate_tokens_per_s": sum(bench["generated_tokens"]) / max(sum(generate), 1e-9),
+        # prompt + completion of every row, as rlft counts them (one generation call per step here)
+        "trained_tokens_per_step": median(p + n for p, n in zip(bench["prompt_tokens"], bench["generated_tokens"])),
+        "generate_tokens_per_s": median(n / max(t, 1e-9) for n, t in zip(bench["generated_tokens"], generate)),
         "rewards": bench["rewards"],
         "losses": bench["losses"],
         "prompt_lengths": sorted({len(ids) for ids in bench["prompt_ids"]}),
@@ -349,7 +357,8 @@ def print_report(res: dict) -> None:
          (t["phase_medians"]["forward_median_s"] + t["phase_medians"]["backward_median_s"]) * 1e3, "{:.1f}"),
         ("  optimizer (ms)", r["phase_medians"]["optimizer_median_s"] * 1e3, t["phase_medians"]["optimizer_median_s"] * 1e3, "{:.1f}"),
         ("generated tokens per step (median)", median(r["generated_tokens_per_step"]), median(t["generated_tokens_per_step"]), "{:.0f}"),
-        ("generated tokens/s (over generate)", r["generate_tokens_per_s"], t["generate_tokens_per_s"], "{:,.0f}"),
+        ("generated tokens/s (median step)", r["generate_tokens_per_s"], t["generate_tokens_per_s"], "{:,.0f}"),
+        ("MFU of training over the step", r["mfu"], t["mfu"], "{:.4f}"),
         ("mean reward", statistics.fmean(r["rewards"]), statistics.fmean(t["rewards"]), "{:.4f}"),
         ("peak memory above start (MiB)", res["peak_memory_mib"]["rlft"], res["peak_memory_mib"]["trl"], "{:.1f}"),
     ]
@@ -419,6 +428,7 @@ def main() -> None:
         train_file = tmp / "prompts.jsonl"
         write_jsonl(prompts, train_file)
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
+        n = flop_params(model_dir)
         warm_up(model_dir, COMPLETIONS_PER_STEP)
         # Warm-up runs (not reported): one-time costs (imports inside the tools, first generate, reward import).
         run_rlft(model_dir, train_file, tmp / "warm-rlft", 2, args)
@@ -441,6 +451,8 @@ def main() -> None:
         memory = {"rlft": peak_memory(run_rlft, model_dir, train_file, tmp / "mem-rlft", args.steps, args),
                   "trl": peak_memory(run_trl, model_dir, prompts, tmp / "mem-trl", args.steps, args)}
     best = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items()}
+    for run in best.values():
+        run["mfu"] = mfu(run["trained_tokens_per_step"] / run["median_step_s"], n, args.bf16)
 
     def across(tool: str, key: str) -> float:  # the median over repeats: less sensitive to one lucky run
         return statistics.median(run[key] for run in runs[tool])
@@ -453,6 +465,7 @@ def main() -> None:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
         "params": params,
+        "flop_params": n,
         "steps": args.steps,
         "num_generations": GROUP,
         "completions_per_step": COMPLETIONS_PER_STEP,

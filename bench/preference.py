@@ -29,6 +29,8 @@ Measured per run:
   step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the batch);
             TRL on_step_begin -> on_step_end (excludes the batch fetch; the end -> end interval is also given).
   tokens/s  non-padding tokens trained / summed step time (both tools see the same tokens).
+  MFU       tokens/s x 6N / the device's peak, as `rlft train` logs it (rlft.train.metrics; N without the input
+            embedding, a lookup; the reference model's forward not counted); the same formula for every setting.
 
 The table shows each setting's run with the smallest wall time; the JSON keeps every run and the load
 average (a shared 2-core machine is noisy).
@@ -82,7 +84,7 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
-from common import RESULTS, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
+from common import RESULTS, flop_params, make_model, mfu, peak_memory, plain_update, quiet, rlft_keys, trl_keys
 from rlft.train.metrics import clock
 from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, warm_up
 
@@ -363,6 +365,7 @@ def print_report(res: dict) -> None:
         ("median step (ms)", "median_step_s", 1e3, "{:.1f}"),
         ("first step (ms)", "first_step_s", 1e3, "{:.1f}"),
         ("tokens/s (over step time)", "tokens_per_s", 1, "{:,.0f}"),
+        ("MFU (tokens/s x 6N / peak)", "mfu", 1, "{:.4f}"),
     ]
     print(f"{'':36s}" + "".join(f"{n:>16s}" for n in names))
     for title, key, scale, fmt in rows:
@@ -436,6 +439,7 @@ def main() -> None:
         write_jsonl(rows, train_file)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
+        n = flop_params(model_dir)
         warm_up(model_dir, 2 * args.micro_batch)
 
         # Warm-up runs (not reported): one-time costs, and rlft's batch order for TRL.
@@ -471,6 +475,8 @@ def main() -> None:
                   peak_memory(run_trl, model_dir, ordered, tmp / f"mem-{tool}-{precompute}", args.steps, precompute, args)
                   for tool, precompute, share in SETTINGS}
     best = {name: min(setting_runs, key=lambda run: run["wall_s"]) for name, setting_runs in runs.items()}
+    for run in best.values():  # the trained tokens of the policy: the reference's forward is not counted, as in rlft's log
+        run["mfu"] = mfu(run["tokens_per_s"], n, args.bf16)
     plain = min(plain_runs, key=lambda run: run["median_step_s"])
     check = curve_check(best)
     bad = [(run["setting"], run["losses"][0]) for setting_runs in runs.values() for run in setting_runs
@@ -496,6 +502,7 @@ def main() -> None:
         "device_name": torch.cuda.get_device_name() if DEVICE.type == "cuda" else None,
         "bf16": args.bf16,
         "params": params,
+        "flop_params": n,
         "steps": args.steps,
         "micro_batch": args.micro_batch,
         "rows": len(rows),

@@ -14,6 +14,8 @@ Measured per tool:
             batch); TRL on_step_begin -> on_step_end from a callback (excludes fetching the batch,
             which happens before on_step_begin; the end -> end interval, which includes it, is also given).
   tokens/s  non-padding tokens trained / summed step time.
+  MFU       tokens/s x 6N / the device's peak, as `rlft train` logs it (rlft.train.metrics; N without the input
+            embedding, a lookup); the same formula and tokens for both tools.
   loss      last step's loss, and the mean over the last 10 steps (less noisy).
 
 The tools run alternately --repeat times (default 3) after a short warm-up; the table shows each
@@ -67,7 +69,8 @@ import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
 from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
-from common import RESULTS, device_name, fresh_memory_peak, make_model, peak_memory, plain_update, quiet, rlft_keys, trl_keys
+from common import (RESULTS, device_name, flop_params, fresh_memory_peak, make_model, mfu, peak_memory, plain_update, quiet,
+                    rlft_keys, trl_keys)
 from rlft.config import build_config
 from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
@@ -245,7 +248,7 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
         learning_rate=args.lr,
         max_length=LONG_LENGTH if args.long else 32,
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",  # transformers 5's name
-        packing=False,
+        packing=False,  # and padded with --flatten: TRL's padding_free relies on flash-attention to keep documents apart
         completion_only_loss=True,
         pad_to_multiple_of=pad_multiple(BENCH_CONFIG) if DEVICE.type == "cuda" else "auto",  # rlft's: 64 on a GPU
     )
@@ -297,6 +300,7 @@ def print_report(res: dict) -> None:
         ("median step (ms)", r["median_step_s"] * 1e3, t["median_step_s"] * 1e3, "{:.1f}"),
         ("first step (ms)", r["first_step_s"] * 1e3, t["first_step_s"] * 1e3, "{:.1f}"),
         ("tokens/s (over step time)", r["tokens_per_s"], t["tokens_per_s"], "{:,.0f}"),
+        ("MFU (tokens/s x 6N / peak)", r["mfu"], t["mfu"], "{:.4f}"),
         ("final loss (last step)", r["final_loss"], t["final_loss"], "{:.4f}"),
         ("loss, mean of last 10 steps", r["loss_last10_mean"], t["loss_last10_mean"], "{:.4f}"),
         ("loss, mean of all steps", r["loss_mean"], t["loss_mean"], "{:.4f}"),
@@ -344,7 +348,9 @@ def main() -> None:
                         help="rlft with torch_compile: true (its first steps compile; compare median steps)")
     parser.add_argument("--long", action="store_true", help="rows of 64-600 characters (sequences up to 640 tokens)")
     parser.add_argument("--flatten", action="store_true",
-                        help="rlft with batch_flattening: true (each micro-batch as one sequence without padding)")
+                        help="rlft with batch_flattening: true (each micro-batch as one sequence without padding); TRL "
+                             "stays padded: its padding_free needs flash-attention (under SDPA the documents of a "
+                             "flattened row would attend to each other)")
     parser.add_argument("--group-by-length", action="store_true",
                         help="both tools batch rows of similar length together (group_by_length)")
     parser.add_argument("--lr", type=float, default=3e-3,
@@ -364,6 +370,7 @@ def main() -> None:
         train_file = tmp / "train.jsonl"
         write_jsonl(train_rows, train_file)
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
+        n = flop_params(model_dir)
         warm_up(model_dir, args.micro_batch, args.bf16)
         load_before = os.getloadavg()
         runs: dict[str, list[dict]] = {"rlft": [], "trl": [], "plain loop": []}
@@ -383,6 +390,8 @@ def main() -> None:
                   "trl": peak_memory(run_trl, model_dir, train_rows, tmp / "mem-trl", args)}
         results = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items() if tool != "plain loop"}
         plain = min(runs["plain loop"], key=lambda run: run["median_step_s"])
+        for run in results.values():
+            run["mfu"] = mfu(run["tokens_per_s"], n, args.bf16)
 
     report = {
         "benchmark": "sft_vs_trl",
@@ -394,6 +403,7 @@ def main() -> None:
         "rlft_batch_flattening": args.flatten,
         "rlft_torch_compile": args.compile,
         "params": params,
+        "flop_params": n,
         "steps": args.steps,
         "learning_rate": args.lr,
         "micro_batch": args.micro_batch,
