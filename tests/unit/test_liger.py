@@ -101,3 +101,27 @@ def test_the_plan_says_the_fused_loss_is_not_used_with_qat(config, monkeypatch):
     assert liger.liger_summary(config(**keys, qat=qat), "llama") == (
         "Liger: rms_norm; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
         "takes the model's logits")
+
+
+def test_the_plan_says_the_fused_loss_is_not_used_where_sft_takes_the_models_logits(config, monkeypatch):
+    """Under fsdp or ZeRO-3 (and for a LoRA'd output layer) SFT's loss takes the model's logits, so Liger's fused linear
+    cross-entropy cannot run: the plan's kernels line says so and why, rather than naming the kernel."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.models import liger
+    from rlft.models.head import logits_reason
+
+    def apply_liger_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False,
+                             model=None):
+        pass
+
+    monkeypatch.setattr(liger, "_apply_function", lambda model_type: apply_liger_to_llama)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=4096, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert logits_reason(model) == ""
+    why = logits_reason(model, sharded=True)
+    assert "sharded" in why
+    keys = {"liger_rms_norm": True, "liger_fused_linear_cross_entropy": True}
+    assert liger.liger_summary(config(**keys), "llama", logits_reason(model)) == "Liger: rms_norm, fused linear cross-entropy"
+    assert liger.liger_summary(config(**keys), "llama", why) == (
+        f"Liger: rms_norm; not the fused linear cross-entropy: the loss takes the model's logits, because {why}")

@@ -18,14 +18,14 @@ from rlft.errors import ConfigError
 
 
 _NOT_PLAIN: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose logits failed the check once
-MIN_VOCAB = 4096  # below this the (B, T, V) logits are small, and the model's own forward is a little faster
+MIN_VOCAB = 4096  # below this the (B, T, V) logits are small: the chunked loss saves little
 
 
 def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The model's output `nn.Linear` when it is worth applying in the loss and its weights are whole here, else None.
 
-    None for a vocabulary under MIN_VOCAB (the byte tokenizer of the tests and the quickstart: 2x faster and 6x less
-    peak memory at 32k entries in bench/sft_vs_trl.py, a little slower at 260), under FSDP2 (DTensor shards, gathered only inside the model's forward), DeepSpeed ZeRO-3 (partitioned,
+    None for a vocabulary under MIN_VOCAB (the byte tokenizer of the tests and the quickstart; at 32k entries SFT's step
+    was 4.5x faster than TRL's, which takes the logits, with 6.7x less peak memory: results/sft_vs_trl-S-v32768.json), under FSDP2 (DTensor shards, gathered only inside the model's forward), DeepSpeed ZeRO-3 (partitioned,
     empty outside the forward) and for an output layer that is not a plain Linear (e.g. a LoRA-adapted lm_head).
     """
     return _output_layer(model)[0]
@@ -51,15 +51,20 @@ def _output_layer(model: torch.nn.Module) -> tuple[torch.nn.Linear | None, str]:
     return head, ""
 
 
-def loss_path(model: torch.nn.Module, sharded: bool = False) -> str:
-    """The plan's words for how the losses reach the vocabulary (cut_cross_entropy's row); `sharded`: the model is
-    about to be sharded (the plan is printed before)."""
+def logits_reason(model: torch.nn.Module, sharded: bool = False) -> str:
+    """Why the losses will take the model's own logits ("" where they apply the output layer themselves); `sharded`: the
+    model is about to be sharded (the plan is printed before)."""
     head, why = _output_layer(model)
     if head is not None and sharded:
-        head, why = None, "its output layer is sharded (fsdp, DeepSpeed ZeRO-3) and whole only inside the model's forward"
-    if head is None:
+        why = "its output layer is sharded (fsdp, DeepSpeed ZeRO-3) and whole only inside the model's forward"
+    return why
+
+
+def loss_path(model: torch.nn.Module, sharded: bool = False) -> str:
+    """The plan's words for how the losses reach the vocabulary (cut_cross_entropy's row)."""
+    if why := logits_reason(model, sharded):
         return f"the model's own logits: {why}"
-    return (f"rlft's chunked output-layer loss over {head.out_features:,} entries, target positions only: no logits block "
+    return (f"rlft's chunked output-layer loss over {output_layer(model).out_features:,} entries, target positions only: no logits block "
             "(as Cut Cross-Entropy; the first step checks the model's logits are the output layer's)")
 
 

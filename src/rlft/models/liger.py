@@ -94,14 +94,17 @@ def apply_liger(model: torch.nn.Module, cfg) -> None:
         function(model=model, **switches)
 
 
-def liger_summary(cfg, model_type: str) -> str:
-    """The plan's line: which kernels run, and which keys name a layer the model does not have."""
+def liger_summary(cfg, model_type: str, logits_reason: str = "") -> str:
+    """The plan's line: which kernels run, and which keys name a layer the model does not have. `logits_reason`: why
+    SFT's loss takes the model's logits (models.head.logits_reason), so the fused linear cross-entropy cannot run."""
     switches, absent = liger_switches(cfg, inspect.signature(_apply_function(model_type)).parameters)
     done = [name for name, on in switches.items() if on]
     unused = ""
     if liger_loss(cfg) and getattr(cfg, "qat", None):  # the kernel would read the weight unrounded
         unused = ("; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
                   "takes the model's logits")
+    elif liger_loss(cfg) and cfg.method == "sft" and logits_reason:
+        unused = f"; not the fused linear cross-entropy: the loss takes the model's logits, because {logits_reason}"
     elif liger_loss(cfg):
         done.append("fused linear cross-entropy" + ("" if cfg.method == "sft" else " (for SFT's loss; this method's chunked "
                                                                                   "log-probs never build the logits either)"))

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
 from rlft.config.schema import cut_cross_entropy
-from rlft.models.head import loss_path
+from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_keys, liger_summary
 from rlft.train.loop import LoopResult, epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
@@ -67,7 +67,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     else:
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
     if liger_keys(cfg):
-        table.add_row("kernels", liger_summary(cfg, model.config.model_type))
+        table.add_row("kernels", liger_summary(cfg, model.config.model_type, logits_reason(model, sharded)))
     if cut_cross_entropy(cfg):
         table.add_row("loss", "cut_cross_entropy: " + ("a reward model's score head has one output, no vocabulary to cut"
                                                        if cfg.method == "reward_model" else loss_path(model, sharded)))
