@@ -267,6 +267,23 @@ def test_prepared_data_is_reused_until_the_data_changes(config, tok, write_jsonl
     assert "prepared data reused from" in capsys.readouterr().err
 
 
+def test_the_cache_key_sees_a_written_sequence_len_and_the_user_transforms_code(config, tok, tmp_path, monkeypatch):
+    """A GRPO prompt's token budget depends on whether sequence_len was written (not only on its value), and a user
+    transform's code decides the rows: either change must prepare the data again."""
+    from rlft.data.cache import cache_key
+
+    monkeypatch.chdir(tmp_path)
+    grpo = {"rl": "grpo", "micro_batch_size": 8, "datasets": [{"path": "p.jsonl", "type": "my_transforms.fn"}]}
+    unset = config(**grpo)
+    assert cache_key(unset, tok) != cache_key(config(**grpo, sequence_len=unset.sequence_len), tok)
+    transform = tmp_path / "my_transforms.py"
+    transform.write_text("def fn(cfg, dataset_idx=0):\n    return lambda row: row\n")
+    before = cache_key(unset, tok)
+    assert cache_key(unset, tok) == before
+    transform.write_text("def fn(cfg, dataset_idx=0):\n    return lambda row: {'prompt': row['q']}\n")
+    assert cache_key(unset, tok) != before
+
+
 def test_every_axolotl_template_name_validates_and_unshipped_ones_are_refused_in_train(config):
     from rlft.config.axolotl_keys import unsupported_settings
     from rlft.models.chat_templates import NOT_SHIPPED, TEMPLATES

@@ -24,7 +24,6 @@ EVAL = {"val_set_size": 0.1}
     (dict(**EVAL, eval_steps=5), False),
     (dict(save_steps=10, eval_steps=5), False),  # no eval set
     (dict(test_datasets=[{"path": "eval.jsonl"}], save_steps=10, eval_steps=5), True),
-    (dict(test_datasets=[{"path": "eval.jsonl"}], **EVAL, save_steps=10, eval_steps=5), False),  # Axolotl: both is neither
     (dict(**EVAL, reward_model=True, save_steps=10, eval_steps=5), True),
     # per epoch, as fractions 1 / (n * num_epochs) of the run, only below 1: 0.5 % 0.25 == 0
     (dict(**EVAL, saves_per_epoch=2, evals_per_epoch=4), True),
@@ -41,6 +40,25 @@ def test_axolotls_decision(config, overrides, on):
     early = cfg.model_copy(update={"early_stopping_patience": 2})
     assert axolotl_loads_best(early) is on and loads_best_model(early) is on
     assert axolotl_loads_best(cfg.model_copy(update={"load_best_model_at_end": True})) is on
+
+
+def test_axolotl_decides_for_neither_eval_source_when_both_are_set(config):
+    """rlft refuses test_datasets with val_set_size; Axolotl's decision, given both, loads no best model."""
+    cfg = config(test_datasets=[{"path": "eval.jsonl"}], save_steps=10, eval_steps=5, early_stopping_patience=2)
+    assert axolotl_loads_best(cfg) and not axolotl_loads_best(cfg.model_copy(update={"val_set_size": 0.1}))
+
+
+def test_early_stopping_needs_an_evaluation_before_the_end(config_problems, config):
+    """Early stopping acts on the periodic evaluations before the last step: with none it would do nothing."""
+    for keys, why in ((dict(**EVAL), "no eval_steps, evals_per_epoch or eval_strategy: epoch"),
+                      (dict(**EVAL, evals_per_epoch=1), "one evaluation an epoch, one epoch"),
+                      (dict(**EVAL, eval_strategy="epoch"), "one evaluation an epoch, one epoch")):
+        assert ("combination", "early_stopping_patience stops when the eval metric stops improving, and this run's only "
+                f"evaluation before the end is at step 0 ({why}): set eval_steps or evals_per_epoch above 1, or remove "
+                "early_stopping_patience") in config_problems(early_stopping_patience=2, **keys)
+    for keys in (dict(**EVAL, eval_steps=5), dict(**EVAL, evals_per_epoch=2), dict(**EVAL, eval_strategy="epoch", num_epochs=3),
+                 dict(**EVAL, evals_per_epoch=1, max_steps=100)):
+        assert config(early_stopping_patience=2, **keys).early_stopping_patience == 2
 
 
 def test_an_explicit_value_wins(config):
@@ -99,10 +117,11 @@ def test_save_strategy_best_saves_after_each_new_best_evaluation():
 def test_the_metric_as_transformers_names_it(config):
     assert best_metric(config()) == ("eval/loss", False)
     for name in ("loss", "eval_loss", "eval/loss"):
-        assert best_metric(config(metric_for_best_model=name, early_stopping_patience=2, **EVAL)) == ("eval/loss", False)
-    assert best_metric(config(metric_for_best_model="accuracy", early_stopping_patience=2, **EVAL)) == ("eval/accuracy", True)
+        assert best_metric(config(metric_for_best_model=name, early_stopping_patience=2, eval_steps=5, **EVAL)) == ("eval/loss", False)
+    assert best_metric(config(metric_for_best_model="accuracy", early_stopping_patience=2, eval_steps=5, **EVAL)) == (
+        "eval/accuracy", True)
     assert best_metric(config(metric_for_best_model="eval_perplexity", greater_is_better=False,
-                              early_stopping_patience=2, **EVAL)) == ("eval/perplexity", False)
+                              early_stopping_patience=2, eval_steps=5, **EVAL)) == ("eval/perplexity", False)
 
 
 def _best(state=None, **keys):

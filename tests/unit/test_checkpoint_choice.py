@@ -59,3 +59,32 @@ def test_every_process_resumes_from_the_main_process_choice(tmp_path, monkeypatc
     assert checkpoint.agreed_resume("auto", shared) == chosen
     with pytest.raises(CheckpointError, match="is not a usable checkpoint"):
         checkpoint.agreed_resume(str(tmp_path / "missing"), shared)
+
+
+def test_weights_of_another_shape_are_a_message_not_a_traceback(tmp_path):
+    """torch's load_state_dict(strict=False) still raises on a size mismatch (another base model's widths, another
+    lora_r): the resume names the tensor and the likely cause."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.errors import CheckpointError
+    from rlft.train.checkpoint import load_weights
+
+    def model(hidden=16):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1))
+
+    full = tmp_path / "full"
+    full.mkdir()
+    save_file({k: v.contiguous() for k, v in model(hidden=32).state_dict().items() if k != "lm_head.weight"},
+              str(full / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"full: weights do not fit the configured model \(size mismatch for "
+                                              r"model\..*\): was it saved from a different base_model\?"):
+        load_weights(model(), full)
+
+    adapter = tmp_path / "adapter"
+    get_peft_model(model(), LoraConfig(r=8, target_modules=["q_proj"])).save_pretrained(adapter)
+    with pytest.raises(CheckpointError, match=r"adapter weights do not fit the configured adapter \(size mismatch .*\): "
+                                              r"was it saved with another lora_r"):
+        load_weights(get_peft_model(model(), LoraConfig(r=4, target_modules=["q_proj"])), adapter)

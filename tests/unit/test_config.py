@@ -752,3 +752,12 @@ def test_unset_keys_take_axolotls_defaults(config_dict):
     assert (cfg.output_dir, cfg.save_total_limit) == ("./model-out", 4)
     assert build_config(config_dict(save_total_limit=None)).save_total_limit == 4  # an empty key is unset
     assert build_config(config_dict(save_total_limit=0)).save_total_limit == 4  # Axolotl's `save_total_limit or 4`
+
+
+def test_test_datasets_with_val_set_size_is_refused(config_problems, config):
+    """Axolotl refuses the pair (check_val_w_test_datasets): evaluation reads test_datasets, so val_set_size would hold
+    nothing out and be ignored."""
+    problems = config_problems(test_datasets=[{"path": "eval.jsonl"}], val_set_size=0.1)
+    assert ("combination", "test_datasets and val_set_size are both set: evaluation takes test_datasets, so val_set_size "
+            "would hold nothing out; keep one") in problems
+    assert config(test_datasets=[{"path": "eval.jsonl"}]).val_set_size == 0.0

@@ -596,7 +596,7 @@ def test_val_set_size_too_large(write_jsonl, data_config, tok):
 def test_test_datasets_used_for_eval(write_jsonl, data_config, tok):
     train = write_jsonl(TEN_ROWS, "train.jsonl")
     held_out = write_jsonl([{"prompt": "held", "completion": "out"}] * 3, "eval.jsonl")
-    cfg = data_config({"path": str(train)}, test_datasets=[{"path": str(held_out)}], val_set_size=0.5)
+    cfg = data_config({"path": str(train)}, test_datasets=[{"path": str(held_out)}])  # with val_set_size: refused
     data = prepare_sft_data(cfg, tok)
     assert (len(data.train), len(data.eval)) == (10, 3)
     assert all(tok.decode(e["input_ids"]) == "heldout<|im_end|>" for e in data.eval)
@@ -823,3 +823,55 @@ def test_an_input_output_row_with_no_trained_segment_is_dropped_and_counted(writ
     cfg = data_config({"path": str(write_jsonl(rows)), "type": "input_output"})
     examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
     assert len(examples) == 1 and report.dropped.get("no_target") == 1
+
+
+def test_a_file_path_with_data_files_is_refused_not_half_read(write_jsonl, data_config):
+    """data_files are read inside a folder `path`; beside a file path they would be ignored."""
+    path = write_jsonl(ROWS)
+    with pytest.raises(DataError, match=r"data_files are read inside a folder `path`, and .*rows.jsonl is a file"):
+        load_rows(entry(data_config, path=str(path), data_files=["other.jsonl"]), 0)
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_message_naming_the_row(tmp_path, data_config, tok):
+    original = tok.chat_template
+    tok.chat_template = None
+    try:
+        path, cfg = _tokenize_file(tmp_path, data_config, tok, json.dumps({"messages": CHAT}) + "\n", type="chat_template")
+        with pytest.raises(DataError, match=r"line 1: the tokenizer has no chat template to render these messages: set "
+                                            r"`chat_template: chatml`"):
+            tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    finally:
+        tok.chat_template = original
+
+
+def test_a_prompt_column_that_is_not_plain_json_is_named(tmp_path, data_config, tok):
+    """GRPO prompts carry every other column to the reward functions; a parquet timestamp is no JSON value."""
+    import datetime
+
+    import pandas as pd
+
+    from rlft.data.prepare import prompt_steps
+
+    path = tmp_path / "prompts.parquet"
+    pd.DataFrame({"prompt": ["1+1=", "2+2="], "when": [datetime.datetime(2026, 1, 1)] * 2}).to_parquet(path)
+    cfg = data_config({"path": str(path)}, rl="grpo", micro_batch_size=2, trl={"num_generations": 2, "reward_funcs": ["r.f"]})
+    with pytest.raises(DataError, match=r"row 1: column when holds a value that is not plain JSON .*: drop it with a "
+                                        r"transform's remove_columns"):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", prompt_steps(cfg))
+
+
+def test_remove_columns_given_as_one_name_removes_that_column_only(workdir, tmp_path, data_config, tok):
+    """datasets.map takes remove_columns as one name; a string must not be read as a set of substrings."""
+    from rlft.data.prepare import prompt_steps
+
+    workdir("shape", """
+        def fn(cfg, dataset_idx=0):
+            return (lambda row: {"prompt": row["question"]}), {"remove_columns": "question"}
+    """)
+    rows = [{"question": "1+1=", "q": 1, "ion": 2}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = data_config({"path": str(path), "type": "shape.fn"}, rl="grpo", micro_batch_size=2,
+                      trl={"num_generations": 2, "reward_funcs": ["r.f"]})
+    [example], _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", prompt_steps(cfg))
+    assert "question" not in example["columns"] and example["columns"]["q"] == 1 and example["columns"]["ion"] == 2

@@ -363,3 +363,22 @@ def test_a_skipped_first_step_moves_the_schedule_without_torchs_warning(config):
     _, scheduler = fresh()
     with pytest.warns(UserWarning, match="before `optimizer.step"):  # what advance_schedule keeps out of the output
         scheduler.step()
+
+
+def test_schedule_keys_transformers_would_refuse_or_drop_are_named_before_the_model_loads(config):
+    from rlft.train.optim import scheduler_problem
+
+    assert scheduler_problem(config()) is None
+    assert scheduler_problem(config(lr_scheduler="warmup_stable_decay")) == (
+        "lr_scheduler_kwargs: the warmup_stable_decay schedule needs num_decay_steps, e.g. lr_scheduler_kwargs: "
+        "{num_decay_steps: 100}")
+    assert scheduler_problem(config(lr_scheduler="warmup_stable_decay", lr_scheduler_kwargs={"num_decay_steps": 5})) is None
+    assert scheduler_problem(config(lr_scheduler="cosine_with_restarts", lr_scheduler_kwargs={"num_cycle": 2})) == (
+        "lr_scheduler_kwargs: num_cycle is not an argument of the cosine_with_restarts schedule; it takes num_cycles")
+    assert scheduler_problem(config(lr_scheduler_kwargs={"min_lr": 1e-5})).startswith(
+        "lr_scheduler_kwargs: min_lr is not an argument of the cosine schedule")
+    assert scheduler_problem(config(cosine_min_lr_ratio=0.1, lr_scheduler_kwargs={"min_lr": 1e-5})) is None  # cosine_with_min_lr
+    assert scheduler_problem(config(lr_scheduler="linear", cosine_min_lr_ratio=0.1)).startswith(
+        "cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is linear")
+    assert scheduler_problem(config(lr_scheduler="constant_with_warmup", lr_scheduler_kwargs={"num_cycles": 2})) == (
+        "lr_scheduler_kwargs: constant_with_warmup takes none (transformers would drop ['num_cycles']): remove them")

@@ -63,7 +63,15 @@ def best_model_problems(cfg):
             if getattr(cfg, key):
                 yield (f"{key} {what}, and this run does not evaluate ({'eval_strategy: no' if has_eval_set(cfg) else 'no eval set'}): "
                        f"set val_set_size or test_datasets (and eval_steps), or remove {key}")
-    if cfg.save_strategy == "best" and not (evaluates and (cfg.eval_steps or cfg.evals_per_epoch or cfg.eval_strategy == "epoch")):
+    periodic = cfg.eval_steps or cfg.evals_per_epoch or cfg.eval_strategy == "epoch"
+    once_an_epoch = (cfg.eval_strategy == "epoch" or cfg.evals_per_epoch == 1) and not cfg.eval_steps
+    if cfg.early_stopping_patience and evaluates and (not periodic or (once_an_epoch and not cfg.max_steps
+                                                                        and cfg.num_epochs <= 1)):
+        yield ("early_stopping_patience stops when the eval metric stops improving, and this run's only evaluation "
+               "before the end is at step 0 (" + ("one evaluation an epoch, one epoch" if periodic else
+                                                  "no eval_steps, evals_per_epoch or eval_strategy: epoch") +
+               "): set eval_steps or evals_per_epoch above 1, or remove early_stopping_patience")
+    if cfg.save_strategy == "best" and not (evaluates and periodic):
         yield ("save_strategy: best saves after an evaluation that improves metric_for_best_model, and this run evaluates "
                "only at its end: set an eval set and eval_steps, evals_per_epoch or eval_strategy: epoch")
     if cfg.load_best_model_at_end and evaluates and not (cfg.save_steps or cfg.saves_per_epoch or

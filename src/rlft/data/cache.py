@@ -2,8 +2,8 @@
 
 The cache key hashes everything that can change the prepared rows: the config without the keys
 that only steer training (learning rate, steps, logging, output...), the tokenizer (its vocabulary,
-special tokens and chat template), each local data file's path, size and modification time, and the
-source of rlft's data code. Entries are plain JSON lines (never pickles: a cache folder from
+special tokens and chat template), each local data file's path, size and modification time, the
+source of rlft's data code and of the user transforms the datasets name. Entries are plain JSON lines (never pickles: a cache folder from
 elsewhere cannot run code), written to a temporary folder and renamed, so a crash leaves no half entry.
 """
 
@@ -54,14 +54,41 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256((text + extra).encode()).hexdigest()
 
 
+def _user_code(cfg) -> list[str]:
+    """The source of every user transform (`type: module.fn`) the datasets name, found as rlft imports it (the working
+    directory first): an edit of the transform changes the prepared rows."""
+    import importlib.util
+    import sys
+
+    texts = []
+    for ds in list(cfg.datasets) + list(cfg.test_datasets or []):
+        module = ds.type.rpartition(".")[0] if isinstance(ds.type, str) else ""
+        if not module:
+            continue
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            origin = getattr(importlib.util.find_spec(module), "origin", None)
+        except (ImportError, ValueError):  # a built-in format's name (chatml.intel): no such module
+            origin = None
+        finally:
+            sys.path.remove(str(Path.cwd()))
+        if origin and Path(origin).is_file():
+            texts.append(hashlib.sha256(Path(origin).read_bytes()).hexdigest())
+    return texts
+
+
 def cache_key(cfg, tokenizer) -> str:
+    from rlft.data.prepare import prompt_budget
+
     config = cfg.model_dump(mode="json", exclude=TRAINING_ONLY)
+    # what depends on whether a key was written, not only on its value: an online-RL prompt's token budget
+    config["prompt_budget"] = prompt_budget(cfg) if cfg.method in ("grpo", "gdpo", "ebft") else None
     # rlft's own code that decides ids and labels: the data package, and the end-of-turn markers and chat templates
     models = Path(__file__).parent.parent / "models"
     sources = sorted(Path(__file__).parent.glob("*.py")) + [models / "tokenizer.py", models / "chat_templates.py", models / "mistral_common.py"]
     code = "".join(p.read_text() for p in sources)
     parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], tokenizer_fingerprint(tokenizer),
-             hashlib.sha256(code.encode()).hexdigest()]
+             hashlib.sha256(code.encode()).hexdigest(), _user_code(cfg)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 

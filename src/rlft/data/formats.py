@@ -47,6 +47,11 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], **kwargs: Any) -> str
         return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except TemplateError as exc:  # e.g. raise_exception("roles must alternate"), or an undefined key
         raise RowError(f"the chat template rejected the messages: {exc}") from None
+    except ValueError as exc:
+        if "chat_template" not in str(exc) and "chat template" not in str(exc):
+            raise
+        raise RowError("the tokenizer has no chat template to render these messages: set `chat_template: chatml` (or "
+                       "llama3, or jinja with chat_template_jinja), or use a model whose tokenizer has one") from None
 
 
 def fields_of(row: dict[str, Any]) -> list[str]:
@@ -253,7 +258,11 @@ def user_transform(name: str, cfg, index: int, where: str) -> tuple[Callable, di
     transform, map_kwargs = made if isinstance(made, tuple) else (made, {})
     if not callable(transform):
         raise DataError(f"{where}: {name} must return a function (or (function, map_kwargs)), got {type(transform).__name__}")
-    return transform, dict(map_kwargs or {})
+    map_kwargs = dict(map_kwargs or {})
+    removed = map_kwargs.get("remove_columns")
+    if isinstance(removed, str) and removed != "__all__":  # one column's name, as datasets.map takes it
+        map_kwargs["remove_columns"] = [removed]
+    return transform, map_kwargs
 
 
 def bind_tokenizer(transform: Callable, tokenizer) -> Callable:

@@ -762,8 +762,6 @@ def _user_transform_format(name: str, ds, cfg, index: int, where: str, tokenizer
     transform, map_kwargs = found
     transform = bind_tokenizer(transform, tokenizer)
     removed = map_kwargs.get("remove_columns") or ()
-    if isinstance(removed, str) and removed != "__all__":
-        removed = (removed,)
 
     def convert(row: dict[str, Any]) -> Record:
         out = call_transform(transform, name, row)

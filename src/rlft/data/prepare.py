@@ -124,11 +124,20 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
         try:
             record = convert(fields)
             example, outcome = steps.fit(steps.tokenize(record, tokenizer, ds), cfg)
+            text = json.dumps(example) if example else ""
         except RowError as exc:
             return {"example": "", "outcome": "error", "error": f"{place}: {exc}"}
         except _Identical:
             return {"example": "", "outcome": "identical", "error": ""}
-        return {"example": json.dumps(example) if example else "", "outcome": outcome, "error": ""}
+        except TypeError as exc:  # json: a column the rows carry on (prompts keep every column) holds no plain JSON value
+            if "JSON serializable" not in str(exc):
+                raise
+            values = {**example, **(example.get("columns") or {})}  # a prompt keeps the row's other columns there
+            bad = sorted(key for key, value in values.items() if key != "columns" and not _plain_json(value))
+            return {"example": "", "outcome": "error", "error": (
+                f"{place}: column {', '.join(bad) or '?'} holds a value that is not plain JSON ({exc}): drop it with "
+                "a transform's remove_columns, or convert it to text or numbers")}
+        return {"example": text, "outcome": outcome, "error": ""}
 
     processed = rows.map(process, num_proc=cfg.dataset_num_proc, remove_columns=rows.column_names,
                          load_from_cache_file=False, new_fingerprint=uuid.uuid4().hex,  # never cached: skip hashing `process`
@@ -192,6 +201,14 @@ def prepare_data(cfg, tokenizer, steps: MethodSteps | None = None) -> PreparedDa
 
         return cached(cfg, tokenizer, lambda: _prepare_data(cfg, tokenizer, steps))
     return _prepare_data(cfg, tokenizer, steps)
+
+
+def _plain_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:

@@ -330,6 +330,12 @@ def agreed_resume(setting: str | None, output_dir: Path, warn: Callable[[str], N
     return found
 
 
+def _mismatch(exc: RuntimeError) -> str:
+    """The first tensor torch names in a `load_state_dict` failure, e.g. "size mismatch for lm_head.weight: ..."."""
+    lines = [line.strip() for line in str(exc).splitlines() if "mismatch" in line]
+    return (lines[0] if lines else str(exc).splitlines()[0])[:300]
+
+
 def load_weights(model, folder: Path) -> None:
     """Load checkpoint weights into an already-built model (full weights or a PEFT adapter)."""
     from safetensors.torch import load_file
@@ -344,13 +350,21 @@ def load_weights(model, folder: Path) -> None:
     if (folder / "adapter_config.json").exists():
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, state)
+        try:
+            result = set_peft_model_state_dict(model, state)
+        except RuntimeError as exc:  # torch: "size mismatch for ...": another lora_r, or another base model's widths
+            raise CheckpointError(f"{folder}: adapter weights do not fit the configured adapter ({_mismatch(exc)}): was it "
+                                  "saved with another lora_r, lora_target_modules or base_model?") from None
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise CheckpointError(f"{folder}: adapter weights do not match the configured adapter ({unexpected[:3]} ...)")
         return
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
-    missing, unexpected = target.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = target.load_state_dict(state, strict=False)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{folder}: weights do not fit the configured model ({_mismatch(exc)}): was it saved "
+                              "from a different base_model?") from None
     tied = {name for name in missing if "lm_head" in name and getattr(target.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise CheckpointError(

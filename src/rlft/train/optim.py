@@ -93,6 +93,36 @@ def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
     return 2 if steps == 1 else steps
 
 
+MIN_LR_SCHEDULES = ("cosine", "cosine_with_min_lr", "cosine_warmup_with_min_lr")
+
+
+def scheduler_problem(cfg) -> str | None:
+    """What transformers would refuse in the schedule's keys after the model has loaded (a missing or misspelt
+    `lr_scheduler_kwargs` entry), or drop without a word (`cosine_min_lr_ratio` on another schedule; any kwargs of
+    `constant` and `constant_with_warmup`, which transformers does not pass on)."""
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    name, given = cfg.lr_scheduler, set(cfg.lr_scheduler_kwargs or {})
+    if cfg.cosine_min_lr_ratio and name not in MIN_LR_SCHEDULES:
+        return (f"cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is {name}: remove "
+                "it, or use lr_scheduler: cosine")
+    if name in ("constant", "constant_with_warmup"):
+        return (f"lr_scheduler_kwargs: {name} takes none (transformers would drop {sorted(given)}): remove them"
+                if given else None)
+    if name == "cosine" and cfg.cosine_min_lr_ratio:
+        name = "cosine_with_min_lr"
+    parameters = inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]).parameters
+    own = {key: p for key, p in parameters.items() if key not in ("optimizer", "num_warmup_steps", "num_training_steps",
+                                                                      "last_epoch")}
+    if unknown := sorted(given - set(own)):
+        return (f"lr_scheduler_kwargs: {', '.join(unknown)} is not an argument of the {name} schedule; it takes "
+                f"{', '.join(own) or 'none'}")
+    if missing := [key for key, p in own.items() if p.default is inspect.Parameter.empty and key not in given]:
+        return f"lr_scheduler_kwargs: the {name} schedule needs {', '.join(missing)}, e.g. lr_scheduler_kwargs: {{{missing[0]}: 100}}"
+    return None
+
+
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int, epoch_steps: int | None = None):
     """`transformers.get_scheduler` with the config's warm-up (`warmup_steps`); `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
     from transformers import get_scheduler

@@ -16,7 +16,7 @@ from rlft.config.trackers import missing_tracker_packages
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.liger import liger_problems
 from rlft.rollout.compiled import compile_options
-from rlft.train.optim import optimizer_class
+from rlft.train.optim import optimizer_class, scheduler_problem
 
 BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
 UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
@@ -55,6 +55,8 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
     if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
+    if problem := scheduler_problem(cfg):
+        raise ConfigError(problem)
     missing = missing_tracker_packages(cfg) + missing_build_tools(cfg) + liger_problems(cfg, torch.cuda.is_available())
     if missing:
         raise ConfigError("\n".join(missing))
