@@ -68,3 +68,28 @@ def test_a_resume_trains_with_todays_learning_rate(make_config, cli, tmp_path, c
     import json
     assert json.loads((resumed / "checkpoint-4" / SCHEDULER_FILE).read_text())["base_lrs"] == [1e-4] * len(
         json.loads((first / "checkpoint-4" / SCHEDULER_FILE).read_text())["base_lrs"])
+
+
+def test_schedule_free_adamw_trains_and_resumes_exactly(make_config, cli, tmp_path, addition_files):
+    """transformers' schedule_free_adamw (schedulefree's AdamWScheduleFree) steps only in train mode and keeps its own
+    state in the parameter groups (train_mode, k, weight_sum, lr_max): the loop switches it to train before steps and
+    to eval (the averaged weights) for evaluations and saves, and a resume keeps the groups' state."""
+    settings = dict(datasets=[{"path": str(addition_files["train"]), "split": "train[:40]"}], micro_batch_size=4,
+                    max_steps=6, save_steps=3, eval_steps=3, val_set_size=8, optimizer="schedule_free_adamw",
+                    lr_scheduler="constant", warmup_steps=0)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert cli("train", make_config(output_dir=str(straight), **settings)) == 0
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-3", resumed / "checkpoint-3")
+    assert cli("train", make_config(output_dir=str(resumed), resume_from_checkpoint="auto", **settings)) == 0
+
+    first = read_metrics(straight / "metrics.jsonl")
+    second = read_metrics(resumed / "metrics.jsonl")
+    losses = {m["step"]: m["loss"] for m in first if "loss" in m}
+    assert [m["loss"] for m in second if "loss" in m] == [losses[s] for s in (4, 5, 6)]
+    evals = [m["eval/loss"] for m in first if "eval/loss" in m]
+    assert evals[-1] < evals[0]  # learning happened, measured at the averaged weights
+    a, b = _weights(straight / "checkpoint-6" / "model"), _weights(resumed / "checkpoint-6" / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    final = _weights(straight)  # the final model, in output_dir: the averaged weights, as the last checkpoint holds them
+    assert final.keys() == a.keys() and all(torch.equal(final[name], a[name]) for name in a)

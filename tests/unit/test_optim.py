@@ -382,3 +382,18 @@ def test_schedule_keys_transformers_would_refuse_or_drop_are_named_before_the_mo
         "cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is linear")
     assert scheduler_problem(config(lr_scheduler="constant_with_warmup", lr_scheduler_kwargs={"num_cycles": 2})) == (
         "lr_scheduler_kwargs: constant_with_warmup takes none (transformers would drop ['num_cycles']): remove them")
+
+
+def test_an_optimizer_of_the_model_gets_the_model(config, monkeypatch):
+    """transformers gives LOMO and AdaLomo `{"model": model}` and its Trainer passes the model in place of the
+    parameter groups; so does rlft."""
+    import rlft.train.optim as optim
+
+    class TakesTheModel:
+        def __init__(self, model, lr=1e-3):
+            self.model, self.lr = model, lr
+
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(optim, "optimizer_class", lambda cfg, model=None: (TakesTheModel, {"model": model, "lr": 0.5}))
+    built = optim.build_optimizer(config(), model)
+    assert built.model is model and built.lr == 0.5

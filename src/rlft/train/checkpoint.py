@@ -45,6 +45,7 @@ from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, Uns
                                     restore_rng, rng_state, save_scheduler, scheduler_state)
 
 STATE_FILE = "trainer_state.json"
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
 SCALER_FILE = "scaler.pt"  # fp16 runs: the loss scaler's scale and growth counter
 REQUIRED = ("model", STATE_FILE)
 # this version's name, or an earlier version's
@@ -209,7 +210,15 @@ def load_optimizer(model, optimizer, folder: Path) -> None:
                               "either way: point base_model at its model/ folder to start afresh from them)")
     if written_by_deepspeed:
         return zero.load_optimizer(model, folder)
-    target = {"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}  # initialised: the tensors to load into
+    from rlft.train.optim import optimizer_mode
+
+    # torch initialises the state to load into with a step at learning rate 0, and only when the state is empty: a
+    # schedule-free optimizer steps only in train mode, and its mode switch leaves empty entries behind
+    optimizer_mode(optimizer, training=True)
+    inner = _inner(optimizer)
+    for param in [param for param, values in inner.state.items() if not values]:
+        del inner.state[param]
+    target = {"optimizer": get_optimizer_state_dict(model, inner)}  # initialised: the tensors to load into
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(target, storage_reader=SafeReader(str(folder)), planner=SafePlanner())
@@ -378,8 +387,9 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler=None) -> T
     with `load_weights`). Every process calls it; each restores its own RNG (rank 0's when it wrote none)."""
     rank = launched()[0]
     # today's hyperparameters (learning_rate, betas, weight_decay, ...): a run resumed with a lower learning rate after
-    # a divergence must train with it, not with the checkpoint's (which the optimizer and schedule states carry)
-    today = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    # a divergence must train with it, not with the checkpoint's (which the optimizer and schedule states carry). Only
+    # these: schedule-free optimizers keep their own state in the groups too (train_mode, k, weight_sum, lr_max)
+    today = [{key: group[key] for key in HYPERPARAMETERS if key in group} for group in optimizer.param_groups]
     base_lrs = list(scheduler.base_lrs)
     try:
         if (folder / "optimizer").is_dir():

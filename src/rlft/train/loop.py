@@ -26,7 +26,8 @@ from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_r
                                    load_weights, read_state, save_checkpoint)
 from rlft.train.checkpoint_folders import clean_staging, set_aside_earlier_run
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
-from rlft.train.optim import advance_schedule, build_optimizer, build_scheduler, step_was_skipped, stepping_optimizer
+from rlft.train.optim import (advance_schedule, build_optimizer, build_scheduler, optimizer_mode, step_was_skipped,
+                              stepping_optimizer)
 from rlft.models import varlen
 from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
 from rlft.models.qat import fake_quant_schedule
@@ -241,7 +242,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 batches, (state.epoch, state.batch_in_epoch) = steps.next()
         return [_to_device(b, accelerator.device) for b in batches]
 
-    def save() -> Path | None:
+    def save(training_after: bool = True) -> Path | None:
         nonlocal last_saved, save_time
         local = [p.to_local() if hasattr(p, "to_local") else zero.local_values(p) for p in params]
         if sum_across([float(any(not torch.isfinite(values).all() for values in local))], accelerator.device)[0]:
@@ -252,10 +253,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         best.saving(state.global_step)
         state.best = best.state_dict()
         began = time.perf_counter()
+        optimizer_mode(optimizer, training=False)  # schedule-free: the averaged weights are the ones to keep
         with timer("save"):
             last_saved = save_checkpoint(output_dir, state, model, tokenizer, optimizer, scheduler, cfg.save_total_limit,
                                          recipe.save_files, getattr(accelerator, "scaler", None), recipe.saved_files_bytes(),
                                          best.folder(output_dir), model_only=cfg.save_only_model, initial_adapter=initial)
+        if training_after:
+            optimizer_mode(optimizer, training=True)
         save_time += time.perf_counter() - began
         return last_saved
 
@@ -275,9 +279,11 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         if not recipe.eval_batches or cfg.eval_strategy == "no":
             return {}
         model.eval()
+        optimizer_mode(optimizer, training=False)
         with torch.no_grad(), accelerator.autocast():
             result = recipe.evaluate(runs, [_to_device(b, accelerator.device) for b in recipe.eval_batches])
         model.train()
+        optimizer_mode(optimizer, training=True)
         best.note(state.global_step, result)
         guards.check(result)
         if main:
@@ -296,6 +302,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         if state.global_step == 0:
             evaluate()  # the baseline, so the summary and metrics.jsonl show how far training moved it
         model.train()
+        optimizer_mode(optimizer, training=True)
         with progress:
             while state.global_step < total_steps:
                 if world == 1 and stop.requested:  # Ctrl-C during an evaluation or a save
@@ -414,7 +421,8 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                     raise _StopAfterStep
         final_eval = early if early is not None else evaluate()
         state.last_metrics.update(final_eval)
-        checkpoint = save() if cfg.save_strategy != "no" else None
+        checkpoint = save(training_after=False) if cfg.save_strategy != "no" else None
+        optimizer_mode(optimizer, training=False)  # the final model: a schedule-free optimizer's averaged weights
     except _StopAfterStep:
         done = last_saved is not None and last_saved.name == f"checkpoint-{state.global_step}"
         saved = (last_saved if done else save()) if state.global_step > 0 else None

@@ -62,6 +62,8 @@ def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
             (no_decay if param.ndim < 2 or any(key in name.lower() for key in NO_DECAY) else decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     cls, kwargs = optimizer_class(cfg, model)
+    if "model" in kwargs:  # LOMO and AdaLomo take the model, as transformers' Trainer hands it to them
+        return cls(kwargs.pop("model"), **kwargs)
     return cls(groups, **kwargs)
 
 
@@ -145,6 +147,19 @@ def advance_schedule(scheduler, updated: bool) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
         scheduler.step()
+
+
+def optimizer_mode(optimizer, training: bool) -> None:
+    """Schedule-free optimizers (`schedule_free_adamw`, `schedule_free_radam`, `schedule_free_sgd`: schedulefree's, Defazio
+    et al. 2024, arXiv:2405.15682) take their steps at one point and evaluate at another, the average: `train()` before
+    steps and `eval()` before an evaluation, as transformers' Trainer calls them, and before a save, as the authors ask
+    (a checkpoint and the final model hold the averaged weights). Other optimizers have neither method."""
+    inner = optimizer
+    while not callable(getattr(inner, "train", None)) and hasattr(inner, "optimizer"):  # accelerate's, DeepSpeed's wrappers
+        inner = inner.optimizer
+    switch = getattr(inner, "train" if training else "eval", None)
+    if callable(switch):
+        switch()
 
 
 def step_was_skipped(optimizer) -> bool:
