@@ -93,3 +93,20 @@ def test_schedule_free_adamw_trains_and_resumes_exactly(make_config, cli, tmp_pa
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     final = _weights(straight)  # the final model, in output_dir: the averaged weights, as the last checkpoint holds them
     assert final.keys() == a.keys() and all(torch.equal(final[name], a[name]) for name in a)
+
+
+def test_a_resume_with_another_micro_batch_size_trains_the_rest_of_the_epoch(make_config, cli, tmp_path, addition_files,
+                                                                               capsys):
+    """Until 2026-11-28 the checkpoint's position counted micro-batches of the old size: 5 of 10 became 5 of 5, the
+    epoch's second half was never trained and the run ended at once."""
+    data = dict(datasets=[{"path": str(addition_files["train"]), "split": "train[:40]"}], num_epochs=1, max_steps=None, save_steps=5,
+                gradient_accumulation_steps=1)
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    assert cli("train", make_config(output_dir=str(first), micro_batch_size=4, **data)) == 0
+    resumed.mkdir()
+    shutil.copytree(first / "checkpoint-5", resumed / "checkpoint-5")
+    capsys.readouterr()
+    assert cli("train", make_config(output_dir=str(resumed), micro_batch_size=8, resume_from_checkpoint="auto", **data)) == 0
+    out = capsys.readouterr().out
+    assert "the checkpoint's data made 10 micro-batches an epoch, this run's makes 5" in " ".join(out.split())
+    assert [m["step"] for m in read_metrics(resumed / "metrics.jsonl") if "loss" in m] == [6, 7]

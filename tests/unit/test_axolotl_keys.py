@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import pad_batch
-from rlft.train.loop import every
+from rlft.train.step_counts import every
 
 
 def test_an_empty_key_means_unset(config):

@@ -94,7 +94,7 @@ def test_impossible_settings_are_refused_with_the_fix(config_problems):
 
 
 def test_strategies_set_the_schedules(config):
-    from rlft.train.loop import schedules
+    from rlft.train.step_counts import schedules
 
     assert schedules(config(), 10) == (None, None)
     assert schedules(config(**EVAL, eval_strategy="epoch", save_strategy="epoch"), 10) == (10, 10)

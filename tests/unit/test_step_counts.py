@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlft.data.batches import BatchPlan, PlanCursor
-from rlft.train.loop import steps_per_epoch, total_steps_for
+from rlft.train.step_counts import steps_per_epoch, total_steps_for
 
 
 def _cfg(**keys):
@@ -56,7 +56,7 @@ def test_a_resume_counts_the_steps_the_micro_batches_left_take_now():
     as a fresh count), another accumulation on as many processes, a second resume after 2 -> 1 processes, and the
     GRPO family and max_steps (left as counted)."""
     from rlft.train.checkpoint import TrainState
-    from rlft.train.loop import total_steps_resumed
+    from rlft.train.step_counts import total_steps_resumed
 
     cfg = _cfg(gradient_accumulation_steps=2, num_epochs=2)
     same = TrainState(global_step=3, epoch=0, batch_in_epoch=6, world_size=1)  # 12 micro-batches an epoch, 2 a step
@@ -76,8 +76,30 @@ def test_an_epoch_end_on_uneven_shards_is_not_counted_twice():
     6; resharded to 1 process that is 12, past the plan's 11: the cursor moves to the next epoch, and the count takes
     the whole second epoch (11 micro-batches, 6 steps of 2), none of it skipped."""
     from rlft.train.checkpoint import TrainState
-    from rlft.train.loop import total_steps_resumed
+    from rlft.train.step_counts import total_steps_resumed
 
     cfg = _cfg(gradient_accumulation_steps=2, num_epochs=2)
     written = TrainState(global_step=3, epoch=0, batch_in_epoch=6, world_size=2)
     assert total_steps_resumed(cfg, _recipe(11), written, 1, total_steps_for(cfg, 11)) == 3 + 6
+
+
+def test_a_resume_with_another_micro_batch_size_goes_on_from_the_same_rows():
+    """40 rows in micro-batches of 4 (10 an epoch), saved after 5 (rows 0-19 of the epoch's order). Resumed with
+    micro-batches of 8 (5 an epoch) it goes on at micro-batch 3 (rows 24-39 of the same order: 20-23 share a batch with
+    rows already trained, so they are skipped rather than trained twice), and the run still ends with its epoch."""
+    from rlft.train.checkpoint import TrainState
+    from rlft.train.step_counts import continue_position, total_steps_resumed
+
+    cfg = _cfg(micro_batch_size=8, num_epochs=1, gradient_accumulation_steps=1)
+    recipe = SimpleNamespace(train_plan=BatchPlan(list(range(40)), 8, seed=0, pad_id=0), draws_per_step=None)
+    written = TrainState(global_step=5, epoch=0, batch_in_epoch=5, world_size=1, plan_batches=10, total_steps=8)
+    assert total_steps_resumed(cfg, recipe, written, 1, total_steps_for(cfg, 5)) == 5 + 2
+    note = continue_position(cfg, written, recipe, 1)
+    assert (written.epoch, written.batch_in_epoch, written.plan_batches) == (0, 3, 5)
+    assert "the checkpoint's data made 10 micro-batches an epoch, this run's makes 5" in note
+    order, before = recipe.train_plan.epoch_order(0), BatchPlan(list(range(40)), 4, seed=0, pad_id=0).epoch_order(0)
+    assert sum(order[3:], []) == sum(before[6:], [])  # the same permutation: rows 24-39, none of them trained before
+    unchanged = TrainState(global_step=5, epoch=0, batch_in_epoch=3, world_size=1, plan_batches=5)
+    assert continue_position(cfg, unchanged, recipe, 1) == "" and unchanged.batch_in_epoch == 3
+    older = TrainState(global_step=5, epoch=0, batch_in_epoch=3, world_size=1)  # written before plan_batches: as it was
+    assert continue_position(cfg, older, recipe, 1) == "" and older.batch_in_epoch == 3

@@ -41,8 +41,12 @@ class BatchPlan:
 
     def __len__(self) -> int:
         """Micro-batches per epoch on this process."""
-        batches = math.ceil(len(self.items) / self.micro_batch_size)
-        return math.ceil(batches / self.world)
+        return math.ceil(self.global_batches / self.world)
+
+    @property
+    def global_batches(self) -> int:
+        """Micro-batches per epoch over all processes: a checkpoint keeps it, so a resume sees a plan that changed."""
+        return math.ceil(len(self.items) / self.micro_batch_size)
 
     def epoch_order(self, epoch: int) -> list[list[int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
@@ -123,6 +127,13 @@ class PlanCursor:
     def collate(self, drawn: tuple[list[int], dict[str, Any]]) -> dict[str, Any]:
         indices, extras = drawn
         return {**self.plan.batch(indices), **extras}
+
+    def replan(self, old_batches: int, new_batches: int) -> None:
+        """Continue a position in a plan of `old_batches` micro-batches an epoch in one of `new_batches` (another
+        micro_batch_size, sequence_len, packing or data): the same share of the epoch, rounded up (rows are skipped
+        rather than repeated; with only micro_batch_size changed the rows are exactly those not yet trained)."""
+        if old_batches and old_batches != new_batches:
+            self.batch_in_epoch = -(-self.batch_in_epoch * new_batches // old_batches)
 
     def reshard(self, old_world: int, new_world: int) -> None:
         """Continue a position written by `old_world` processes with `new_world` (same micro-batch size): the

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from rlft.train.best import BestCheckpoint
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
                                  trains_in_bf16, unused_parameters_named)
 from rlft.train.recipe import Recipe
+from rlft.train.step_counts import (continue_position, epochs_steps, plan_batches, schedules, steps_per_epoch, total_steps_for,
+                                    total_steps_resumed)
 from rlft.train.watch import RunGuards, StopRequest
 
 
@@ -53,63 +54,8 @@ class LoopResult:
     final_from: Path | None = None  # load_best_model_at_end: the checkpoint the final model's weights came from
 
 
-def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
-    """Optimizer steps in one epoch of `micro_batches_per_epoch` plan batches, `draws_per_step` per step (default
-    gradient_accumulation_steps; a fraction where one plan batch feeds several steps), rounded up."""
-    return max(1, math.ceil(micro_batches_per_epoch / Fraction(draws_per_step or cfg.gradient_accumulation_steps)))
-
-
-def epochs_steps(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
-    """Optimizer steps of num_epochs of plan batches (max_steps aside), rounded up to a whole step. A step's window of
-    micro-batches runs on into the next epoch's order rather than ending short at an epoch's end, so rounding each
-    epoch up instead would train the first batches of one more epoch per epoch. A stream has no epochs: its run's
-    max_steps stand for one, whatever num_epochs says (Axolotl counts max_steps)."""
-    if getattr(cfg, "streamed", False):
-        return cfg.max_steps
-    draws = Fraction(draws_per_step or cfg.gradient_accumulation_steps)
-    return max(1, math.ceil(Fraction(str(cfg.num_epochs)) * micro_batches_per_epoch / draws))
-
-
-def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
-    """Optimizer steps of the run: max_steps, else `epochs_steps`."""
-    return cfg.max_steps or epochs_steps(cfg, micro_batches_per_epoch, draws_per_step)
-
-
-def total_steps_resumed(cfg, recipe: Recipe, written: TrainState, world: int, total_steps: int) -> int:
-    """A resumed num_epochs run whose recipe draws from the loop's cursor (the GRPO family's prompts are not split by
-    process): the steps done plus the steps that the micro-batches left take at today's process count and
-    accumulation. `total_steps_for` alone counts the whole run at today's global batch, and trains past (or stops
-    short of) the last epoch when the process count or `gradient_accumulation_steps` changed, at this resume or an
-    earlier one. With nothing changed both give the same count."""
-    if cfg.max_steps or recipe.draws_per_step is not None:
-        return total_steps
-    cursor = PlanCursor(recipe.train_plan, written.epoch, written.batch_in_epoch)
-    cursor.reshard(written.world_size, world)
-    plan = len(recipe.train_plan)
-    # an epoch's end on uneven shards: the padding batch resharded can count past the plan's length
-    left = Fraction(str(cfg.num_epochs)) * plan - (cursor.epoch * plan + min(cursor.batch_in_epoch, plan))
-    return written.global_step + max(0, math.ceil(left / cfg.gradient_accumulation_steps))
-
-
 class _StopAfterStep(Exception):
     """Ctrl-C was noted and the step in progress has finished: save and stop."""
-
-
-def every(steps: int | None, per_epoch: int | None, epoch_steps: int) -> int | None:
-    """Steps between evals (or saves): `eval_steps`, or an epoch's steps split `evals_per_epoch` ways (at least 1)."""
-    if steps:
-        return steps
-    return max(1, epoch_steps // per_epoch) if per_epoch else None
-
-
-def schedules(cfg, epoch_steps: int) -> tuple[int | None, int | None]:
-    """Steps between evaluations and between saves (None: none before the end): the *_steps and *_per_epoch keys,
-    or `eval_strategy` / `save_strategy: epoch`, once an epoch."""
-    def per_epoch(count, strategy):
-        return count or (1 if strategy == "epoch" else None)
-
-    return (every(cfg.eval_steps, per_epoch(cfg.evals_per_epoch, cfg.eval_strategy), epoch_steps),
-            every(cfg.save_steps, per_epoch(cfg.saves_per_epoch, cfg.save_strategy), epoch_steps))
 
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -176,23 +122,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     runs = compiled_forward(cfg, model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
     initial = output_dir / INIT_FOLDER if changes_base(unwrapped) else None  # PiSSA, OLoRA: checkpoints convert the adapter
 
-    state = TrainState(total_steps=total_steps, world_size=world)
+    state = TrainState(total_steps=total_steps, world_size=world, plan_batches=plan_batches(recipe))
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer, scheduler, getattr(accelerator, "scaler", None))
         state.total_steps = total_steps
         recipe.load_state_dict(state.recipe_state)
         recipe.load_files(resume_from)
-        note = changed_learning_rate(resume_from, scheduler)
-        if state.world_size != world:
-            before = state.batch_in_epoch
-            cursor_state = PlanCursor(plan, state.epoch, state.batch_in_epoch)
-            cursor_state.reshard(state.world_size, world)
-            state.batch_in_epoch = cursor_state.batch_in_epoch
-            skipped = state.batch_in_epoch * world - before * state.world_size
-            note += (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
-                     + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even" if skipped else "")
-                     + (f"; {total_steps} steps in all)" if not cfg.max_steps else ")"))
-            state.world_size = world
+        note = changed_learning_rate(resume_from, scheduler) + continue_position(cfg, state, recipe, world)
         console.print(f"[bold]Resumed[/] from {resume_from} at step {state.global_step}{note}")
     elif cfg.resume_from_checkpoint == "auto":
         console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {output_dir}; starting fresh")
