@@ -875,3 +875,52 @@ def test_remove_columns_given_as_one_name_removes_that_column_only(workdir, tmp_
                       trl={"num_generations": 2, "reward_funcs": ["r.f"]})
     [example], _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", prompt_steps(cfg))
     assert "question" not in example["columns"] and example["columns"]["q"] == 1 and example["columns"]["ion"] == 2
+
+
+TOOL_TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}({{ t.function.parameters | tojson }}){% endfor %}"
+                 "</tools>{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+def test_chat_rows_take_the_system_and_tools_columns_as_axolotl_does(data_config, tok):
+    """Axolotl's chat_template strategy puts a `system` column (field_system) before the messages unless they start
+    with a system turn, and passes a `tools` column (field_tools) to the chat template; until 2026-11-28 rlft dropped
+    both without a word. The system turn and the tools are shown, never trained."""
+    cfg = data_config({"path": "x.jsonl", "type": "chat_template"})
+    row = {"system": "Be brief.", "tools": json.dumps([{**WEATHER, "function": {**WEATHER["function"], "parameters": '{"type": "object"}'}}]),
+           "messages": CHAT[:2]}
+    record = convert(cfg, tok)(row)
+    assert record == {"messages": [{"role": "system", "content": "Be brief."}, *CHAT[:2]], "tools": [WEATHER]}
+    own = convert(cfg, tok)({"system": "ignored", "messages": [{"role": "system", "content": "own"}, *CHAT[:2]]})
+    assert own == {"messages": [{"role": "system", "content": "own"}, *CHAT[:2]]}
+    dropped = data_config({"path": "x.jsonl", "type": "chat_template", "drop_system_message": True})
+    assert convert(dropped, tok)({"system": "Be brief.", "messages": CHAT[:2]}) == {"messages": CHAT[:2]}
+
+    original = tok.chat_template
+    tok.chat_template = TOOL_TEMPLATE
+    try:
+        example = tokenize_record(record, tok, False, ["assistant"], "turn")
+    finally:
+        tok.chat_template = original
+    assert tok.decode(example["input_ids"]).startswith('<tools>weather({"type": "object"})</tools><|im_start|>system\nBe brief.')
+    assert trained_text(example, tok) == "hello there<|im_end|>"
+    for bad, message in (("[1, 2]", r"field 'tools' must be a list of tool schemas"), ("{not json", r"field 'tools' is text but not JSON")):
+        with pytest.raises(RowError, match=message):
+            convert(cfg, tok)({"tools": bad, "messages": CHAT[:2]})
+
+
+def test_grpo_chat_prompts_show_the_rows_tools_and_keep_the_column(tmp_path, data_config, tok):
+    from rlft.data.prepare import prompt_steps
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "rain?"}], "tools": [WEATHER], "answer": "no"}) + "\n")
+    cfg = data_config({"path": str(path), "type": "chat_template"}, rl="grpo", micro_batch_size=2,
+                      trl={"num_generations": 2, "reward_funcs": ["r.f"]})
+    original = tok.chat_template
+    tok.chat_template = TOOL_TEMPLATE
+    try:
+        [example], _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", prompt_steps(cfg))
+    finally:
+        tok.chat_template = original
+    assert tok.decode(example["prompt_ids"]).startswith("<tools>weather(")
+    assert example["columns"]["tools"] == [WEATHER] and example["columns"]["answer"] == "no"

@@ -19,7 +19,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 class Ds:  # a chat_template dataset entry's settings, as its defaults
     field_messages, message_property_mappings, message_field_role, message_field_content = "messages", None, None, None
-    roles, drop_system_message = None, False
+    roles, drop_system_message, field_tools = None, False, "tools"
 
 
 def trained(tokenizer, example) -> list[str]:

@@ -397,3 +397,18 @@ def test_an_optimizer_of_the_model_gets_the_model(config, monkeypatch):
     monkeypatch.setattr(optim, "optimizer_class", lambda cfg, model=None: (TakesTheModel, {"model": model, "lr": 0.5}))
     built = optim.build_optimizer(config(), model)
     assert built.model is model and built.lr == 0.5
+
+
+def test_the_schedule_arguments_table_is_transformers():
+    import inspect
+
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    from rlft.train.optim import SCHEDULE_ARGUMENTS
+
+    for name, (optional, required) in SCHEDULE_ARGUMENTS.items():
+        parameters = inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]).parameters
+        own = {k: p for k, p in parameters.items() if k not in ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")}
+        assert set(optional) | set(required) == set(own), name
+        assert set(required) == {k for k, p in own.items() if p.default is inspect.Parameter.empty}, name

@@ -362,7 +362,6 @@ DATASET = {
     'field_human': ('dataset', None),
     'field_model': ('dataset', None),
     'field_thinking': ('dataset', None),
-    'field_tools': ('dataset', None),
     'input_format': ('dataset', None),
     'input_transform': ('dataset', None),
     'length': ('dataset', 1000),

@@ -79,7 +79,10 @@ class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.D
         "Row format: a built-in dotted name (`chat_template`, `alpaca`, `completion`, `chatml.intel`, ...), "
         "a user transform `module.fn` importable from the working directory, or a mapping (user-defined).",
     )
-    field_messages: str = field("messages", "chat_template: column holding the message list (dotted path allowed).")
+    field_messages: str = field("messages", "chat_template: column holding the message list (dotted path allowed); a "
+                                "`system` column leads the chat unless it starts with a system turn, as in Axolotl.")
+    field_tools: str = field("tools", "chat_template: column holding the tools the chat template shows (a list of tool "
+                             "schemas, or its JSON text).")
     message_property_mappings: Optional[dict[str, str]] = field(
         None, "chat_template: message key for each canonical property, e.g. {role: from, content: value}."
     )

@@ -14,6 +14,7 @@ working directory (called as `fn(cfg, dataset_idx=i)`, returning `transform_fn` 
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -149,9 +150,39 @@ def chat_template_format(ds, chunks: bool = False) -> RowFormat:
                 out.append({"role": role, "content": content})
                 continue
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
-        return {"messages": out}
+        # as Axolotl's chat_template strategy: a system column leads the chat unless it starts with its own system turn,
+        # and a tools column goes to the chat template (which shows the model the tools it may call)
+        first_role = role_names.get(messages[0].get(mapping["role"]), messages[0].get(mapping["role"]))
+        system = row.get("system")
+        if system not in (None, "") and first_role != "system" and not ds.drop_system_message:
+            out.insert(0, {"role": "system", "content": text(system, "system")})
+        tools = row.get(ds.field_tools)
+        return {"messages": out, **({"tools": tool_list(tools, ds.field_tools)} if tools not in (None, "", []) else {})}
 
     return convert
+
+
+def tool_list(value: Any, name: str) -> list[dict[str, Any]]:
+    """A row's tools for the chat template: a list of tool schemas, or its JSON text (function parameters may be JSON
+    text too, as Axolotl reads them)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RowError(f"field {name!r} is text but not JSON ({exc.msg}): give a list of tool schemas") from None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise RowError(f"field {name!r} must be a list of tool schemas (mappings), got {_short(value)}")
+    tools = []
+    for tool in value:
+        function = tool.get("function")
+        if isinstance(function, dict) and isinstance(function.get("parameters"), str):
+            try:
+                tool = {**tool, "function": {**function, "parameters": json.loads(function["parameters"])}}
+            except json.JSONDecodeError as exc:
+                raise RowError(f"field {name!r}: the parameters of {function.get('name', 'a tool')!r} are not JSON "
+                               f"({exc.msg})") from None
+        tools.append(tool)
+    return tools
 
 
 UNRENDERED_FIELDS = ("tool_calls", "reasoning_content", "function_call")  # message fields that SFT rows do not carry

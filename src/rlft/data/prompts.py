@@ -21,7 +21,11 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
     elif ds.type in ("chat_template", "chat_template.default"):
         messages = chat_template_format(ds)
         field = ds.field_messages.split(".")[0]
-        convert = lambda row: {**{k: v for k, v in row.items() if k != field}, "prompt": messages(row)["messages"]}  # noqa: E731
+
+        def convert(row: dict) -> dict:  # the other columns go on to the reward functions; the tools, parsed, also to the template
+            chat = messages(row)
+            return {**{k: v for k, v in row.items() if k != field}, "prompt": chat["messages"],
+                    **({ds.field_tools: chat["tools"]} if "tools" in chat else {})}
     elif isinstance(ds.type, str):
         found = user_transform(ds.type, cfg, index, where)
         if found is None:
@@ -66,8 +70,11 @@ def prompt_text(prompt: str | list, tokenizer, chat_template_kwargs: dict | None
     return prompt, not (tokenizer.bos_token is not None and prompt.startswith(tokenizer.bos_token))
 
 
-def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
+def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None, tools_field: str = "tools") -> dict[str, Any]:
     prompt = record["prompt"]
+    tools = record.get(tools_field)
+    if isinstance(prompt, list) and isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools):
+        chat_template_kwargs = {**(chat_template_kwargs or {}), "tools": tools}  # the chat template shows them
     text, special = prompt_text(prompt, tokenizer, chat_template_kwargs)
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids")}

@@ -85,7 +85,7 @@ class LengthReport:
 SENTINEL = "\u2063RLFT-CONTENT\u2063"
 
 
-def _content_spans(tokenizer, messages: list[dict[str, str]], text: str) -> list[tuple[int, int] | None]:
+def _content_spans(tokenizer, messages: list[dict[str, str]], text: str, **kwargs: Any) -> list[tuple[int, int] | None]:
     """Character span of each message's content in `text`, or None where the template does not render it.
 
     The conversation is rendered again with one message's content replaced by a sentinel; the text before the content
@@ -94,7 +94,7 @@ def _content_spans(tokenizer, messages: list[dict[str, str]], text: str) -> list
     it (a reasoning block re-rendered or dropped: Qwen3, DeepSeek-R1), the rendered turn is looked for between the
     previous content and the next: its visible answer, and the rendered `<think>` block before it.
     """
-    probes = [render_chat(tokenizer, [dict(m, content=SENTINEL) if i == index else m for i, m in enumerate(messages)])
+    probes = [render_chat(tokenizer, [dict(m, content=SENTINEL) if i == index else m for i, m in enumerate(messages)], **kwargs)
               .find(SENTINEL) for index in range(len(messages))]
     spans: list[tuple[int, int] | None] = []
     cursor = 0
@@ -126,12 +126,12 @@ def _locate(text: str, raw: str, start: int, cursor: int, bound: int) -> tuple[i
 
 
 def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_to_train: set[str], train_on_eos: str,
-                    eot_tokens: list[str] | None = None) -> list[bool]:
-    """True for every character that carries the loss."""
+                    eot_tokens: list[str] | None = None, **kwargs: Any) -> list[bool]:
+    """True for every character that carries the loss (`kwargs`: the chat template's, e.g. the row's tools)."""
     markers = [m for m in (eot_tokens or [end_of_turn_token(tokenizer)]) if m]
     marked = [False] * len(text)
     last_index = len(messages) - 1
-    for index, (message, span) in enumerate(zip(messages, _content_spans(tokenizer, messages, text))):
+    for index, (message, span) in enumerate(zip(messages, _content_spans(tokenizer, messages, text, **kwargs))):
         trained = message["role"] in roles_to_train
         if span is None:
             if trained:  # a template that drops or rewrites an untrained turn (a system message) costs nothing
@@ -183,12 +183,14 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
     if is_mistral_common(tokenizer):
         return _mistral_record(record, tokenizer, train_on_inputs, roles_to_train, train_on_eos)
     if "messages" in record:
-        rendered = render_chat(tokenizer, record["messages"])
+        tools = {"tools": record["tools"]} if record.get("tools") else {}
+        rendered = render_chat(tokenizer, record["messages"], **tools)
         encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(encoded["input_ids"])
         if train_on_inputs:
             return {"input_ids": ids, "labels": list(ids)}
-        marked = _chat_char_mask(tokenizer, rendered, record["messages"], set(roles_to_train), train_on_eos, eot_tokens)
+        marked = _chat_char_mask(tokenizer, rendered, record["messages"], set(roles_to_train), train_on_eos, eot_tokens,
+                                 **tools)
         labels = [tok if any(marked[start:end]) else IGNORE for tok, (start, end) in zip(ids, encoded["offset_mapping"])]
         return {"input_ids": ids, "labels": labels}
     if "segments" in record:  # input_output: the texts as written, no special tokens added
@@ -220,6 +222,9 @@ def _mistral_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
         raise RowError("with tokenizer_use_mistral_common, rows are chat messages (type: chat_template) or text (type: "
                        "completion): mistral-common encodes conversations itself and has no prompt/completion or "
                        "template-free (input_output) form")
+    if record.get("tools"):
+        raise RowError("a tools column with tokenizer_use_mistral_common: rlft does not pass tools to mistral-common yet; "
+                       "leave the column out (remove_columns in a transform, or field_tools naming no column)")
     if not record["messages"]:  # only a system message, dropped (drop_system_message): nothing to train
         return {"input_ids": [], "labels": []}
     try:

@@ -96,15 +96,22 @@ def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
 
 
 MIN_LR_SCHEDULES = ("cosine", "cosine_with_min_lr", "cosine_warmup_with_min_lr")
+# each schedule's own arguments in transformers (required ones without a default), read here without importing
+# transformers.optimization, which loads transformers' model modules: seconds of the launcher's start-up.
+# tests/unit/test_optim.py checks the table against transformers' functions.
+SCHEDULE_ARGUMENTS = {
+    "linear": ((), ()), "cosine": (("num_cycles",), ()), "cosine_with_restarts": (("num_cycles",), ()),
+    "polynomial": (("lr_end", "power"), ()), "constant": ((), ()), "constant_with_warmup": ((), ()),
+    "inverse_sqrt": (("timescale",), ()), "cosine_with_min_lr": (("num_cycles", "min_lr", "min_lr_rate"), ()),
+    "cosine_warmup_with_min_lr": (("num_cycles", "min_lr", "min_lr_rate", "warmup_lr_rate"), ()),
+    "warmup_stable_decay": (("num_stable_steps", "warmup_type", "decay_type", "min_lr_ratio", "num_cycles"), ("num_decay_steps",)),
+}
 
 
 def scheduler_problem(cfg) -> str | None:
     """What transformers would refuse in the schedule's keys after the model has loaded (a missing or misspelt
     `lr_scheduler_kwargs` entry), or drop without a word (`cosine_min_lr_ratio` on another schedule; any kwargs of
     `constant` and `constant_with_warmup`, which transformers does not pass on)."""
-    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
-    from transformers.trainer_utils import SchedulerType
-
     name, given = cfg.lr_scheduler, set(cfg.lr_scheduler_kwargs or {})
     if cfg.cosine_min_lr_ratio and name not in MIN_LR_SCHEDULES:
         return (f"cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is {name}: remove "
@@ -114,13 +121,11 @@ def scheduler_problem(cfg) -> str | None:
                 if given else None)
     if name == "cosine" and cfg.cosine_min_lr_ratio:
         name = "cosine_with_min_lr"
-    parameters = inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]).parameters
-    own = {key: p for key, p in parameters.items() if key not in ("optimizer", "num_warmup_steps", "num_training_steps",
-                                                                      "last_epoch")}
-    if unknown := sorted(given - set(own)):
+    optional, required = SCHEDULE_ARGUMENTS[name]
+    if unknown := sorted(given - set(optional) - set(required)):
         return (f"lr_scheduler_kwargs: {', '.join(unknown)} is not an argument of the {name} schedule; it takes "
-                f"{', '.join(own) or 'none'}")
-    if missing := [key for key, p in own.items() if p.default is inspect.Parameter.empty and key not in given]:
+                f"{', '.join(required + optional) or 'none'}")
+    if missing := [key for key in required if key not in given]:
         return f"lr_scheduler_kwargs: the {name} schedule needs {', '.join(missing)}, e.g. lr_scheduler_kwargs: {{{missing[0]}: 100}}"
     return None
 
