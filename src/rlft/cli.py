@@ -117,10 +117,15 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     from rlft.config import load_config
+    from rlft.config.schema import nemo_gym_enabled
     from rlft.data.prepare import ebft_steps, prepare_data, preference_steps, prompt_steps, sft_steps
     from rlft.models.loading import check_context_length, load_tokenizer
 
     cfg = load_config(args.config, args.overrides)
+    if nemo_gym_enabled(cfg):
+        raise ConfigError("rlft preprocess prepares datasets:, and with NeMo Gym on the prompts are nemo_gym_datasets' "
+                          "tasks, which the running Gym servers route: `rlft train` prepares them (and starts the servers "
+                          "with nemo_gym_auto_start); `rlft validate` checks the config")
     check_context_length(cfg)
     steps = {"sft": sft_steps, "grpo": prompt_steps, "gdpo": prompt_steps, "ebft": ebft_steps}.get(cfg.method)
     steps = steps(cfg) if steps else preference_steps(cfg.method)

@@ -33,3 +33,14 @@ def test_a_sequence_len_beyond_the_models_context_is_refused_before_any_work(cli
     assert cli("train", make_config(sequence_len=4096)) == 1
     out = capsys.readouterr()
     assert "longer than the model's context" in out.err and "rlft train" not in out.out  # before the plan
+
+
+def test_preprocess_with_nemo_gym_on_says_where_its_prompts_come_from(cli, capsys, make_config):
+    """With NeMo Gym the prompts are nemo_gym_datasets' tasks, routed by the running Gym servers; preprocess used to
+    prepare datasets: instead and fail on an empty list with advice about sequence_len."""
+    config = make_config(rl="grpo", micro_batch_size=8, max_steps=1, sequence_len=None, plugins=["axolotl.integrations.nemo_gym.NemoGymPlugin"],
+                         nemo_gym_auto_start=False, nemo_gym_datasets=[{"path": "tasks.jsonl", "server_name": "math"}],
+                         trl={"num_generations": 4, "reward_funcs": ["axolotl.integrations.nemo_gym.rewards.reward_env"]})
+    assert cli("preprocess", config) == 1
+    assert "rlft preprocess prepares datasets:, and with NeMo Gym on the prompts are nemo_gym_datasets' tasks" in \
+        " ".join(capsys.readouterr().err.split())

@@ -924,3 +924,12 @@ def test_grpo_chat_prompts_show_the_rows_tools_and_keep_the_column(tmp_path, dat
         tok.chat_template = original
     assert tok.decode(example["prompt_ids"]).startswith("<tools>weather(")
     assert example["columns"]["tools"] == [WEATHER] and example["columns"]["answer"] == "no"
+
+
+def test_chat_train_on_eos_last_is_the_last_trained_turns_marker(tok):
+    """Axolotl's `last` is the end-of-turn marker of the last trained turn (it skips untrained turns); a chat that
+    ends with a user turn keeps the assistant's marker trained, not the user's."""
+    example = tokenize_record({"messages": CHAT[:3]}, tok, False, ["assistant"], "last")
+    assert trained_text(example, tok) == "hello there<|im_end|>"
+    positions = trained_positions(example)
+    assert positions == list(range(positions[0], positions[0] + len(positions)))  # the marker right after the answer

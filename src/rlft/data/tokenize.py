@@ -130,7 +130,7 @@ def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_
     """True for every character that carries the loss (`kwargs`: the chat template's, e.g. the row's tools)."""
     markers = [m for m in (eot_tokens or [end_of_turn_token(tokenizer)]) if m]
     marked = [False] * len(text)
-    last_index = len(messages) - 1
+    last: tuple[int, int] | None = None  # `last`: the marker of the last trained turn that has one, as in Axolotl
     for index, (message, span) in enumerate(zip(messages, _content_spans(tokenizer, messages, text, **kwargs))):
         trained = message["role"] in roles_to_train
         if span is None:
@@ -142,12 +142,14 @@ def _chat_char_mask(tokenizer, text: str, messages: list[dict[str, str]], roles_
         start, end = span
         if trained:
             marked[start:end] = [True] * (end - start)
-        eos_wanted = {"turn": trained, "all": True, "last": index == last_index, "none": False}[train_on_eos]
-        if eos_wanted:
-            gap = len(text[end:]) - len(text[end:].lstrip())  # the marker follows the content (and any whitespace)
-            eot = next((m for m in markers if text.startswith(m, end + gap)), None)
-            if eot:
-                marked[end + gap : end + gap + len(eot)] = [True] * len(eot)
+        gap = len(text[end:]) - len(text[end:].lstrip())  # the marker follows the content (and any whitespace)
+        eot = next((m for m in markers if text.startswith(m, end + gap)), None)
+        if eot and {"turn": trained, "all": True, "last": False, "none": False}[train_on_eos]:
+            marked[end + gap : end + gap + len(eot)] = [True] * len(eot)
+        if eot and trained:
+            last = (end + gap, end + gap + len(eot))
+    if train_on_eos == "last" and last:
+        marked[last[0] : last[1]] = [True] * (last[1] - last[0])
     return marked
 
 
@@ -239,14 +241,15 @@ def _mistral_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
     if train_on_inputs:
         return {"input_ids": ids, "labels": list(ids)}
     labels = [IGNORE] * len(ids)
-    last = len(spans) - 1
+    closes = [end > start and ids[end - 1] == tokenizer.eos_token_id for _, start, end in spans]  # an assistant turn's EOS
+    # `last`: the EOS of the last trained turn that has one, as in Axolotl
+    last = max((i for i, (role, _, _) in enumerate(spans) if role in roles_to_train and closes[i]), default=-1)
     for index, (role, start, end) in enumerate(spans):
         trained = role in roles_to_train
-        closed = end > start and ids[end - 1] == tokenizer.eos_token_id  # an assistant turn ends with EOS
-        content_end = end - 1 if closed else end
+        content_end = end - 1 if closes[index] else end
         if trained:
             labels[start:content_end] = ids[start:content_end]
-        if closed and {"turn": trained, "all": True, "last": index == last, "none": False}[train_on_eos]:
+        if closes[index] and {"turn": trained, "all": True, "last": index == last, "none": False}[train_on_eos]:
             labels[end - 1] = ids[end - 1]
     return {"input_ids": ids, "labels": labels}
 
