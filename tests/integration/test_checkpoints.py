@@ -446,3 +446,32 @@ def test_save_only_model_writes_weights_that_cannot_resume(make_config, cli, add
     assert cli("train", make_config(max_steps=2, resume_from_checkpoint="auto")) == 0  # auto starts afresh, and says why
     printed = capsys.readouterr()
     assert "auto skips" in printed.out + printed.err and "they cannot resume: a new run can start from their weights" in printed.out
+
+
+def test_a_rolled_back_resume_sets_the_abandoned_checkpoints_aside_with_their_log(make_config, cli, tmp_path, capsys):
+    """Resumed from checkpoint-2 while 4 and 6 exist: the log is cut back to step 2 at once, so 4 and 6 go aside (with
+    the log as it was) before anything else; a crash before the next save used to leave `auto` to pick checkpoint-6,
+    whose log lines were gone."""
+    out = tmp_path / "out"
+    assert cli("train", make_config(max_steps=6, save_steps=2)) == 0
+    capsys.readouterr()
+    assert cli("train", make_config(max_steps=6, save_steps=2, resume_from_checkpoint=str(out / "checkpoint-2"))) == 0
+    assert "held checkpoints after step 2, the continuation this run replaces: moved to" in " ".join(capsys.readouterr().out.split())
+    [aside] = out.glob("rolled-back-*")
+    assert sorted(p.name for p in aside.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert [m["step"] for m in read_metrics(aside / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4, 5, 6]
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+def test_resuming_a_finished_run_trains_evaluates_and_saves_nothing_again(make_config, cli, tmp_path, capsys):
+    out = tmp_path / "out"
+    settings = dict(max_steps=4, save_steps=2, val_set_size=8, eval_steps=2)
+    assert cli("train", make_config(**settings)) == 0
+    log = (out / "metrics.jsonl").read_text()
+    written = (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert cli("train", make_config(resume_from_checkpoint="auto", **settings)) == 0
+    assert "is this run's last step (4): nothing more to train" in capsys.readouterr().out
+    assert (out / "metrics.jsonl").read_text() == log  # no second final evaluation
+    assert (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns == written

@@ -44,15 +44,37 @@ def set_aside_earlier_run(output_dir: Path) -> Path | None:
     earlier = [path for path in output_dir.glob("checkpoint-*") if _NAME.match(path.name) and path.is_dir()]
     if not earlier:
         return None
-    stamp, number = time.strftime("%Y%m%d-%H%M%S"), 1
-    folder = output_dir / f"previous-run-{stamp}"
-    while folder.exists():
-        number += 1
-        folder = output_dir / f"previous-run-{stamp}-{number}"
-    folder.mkdir()
+    folder = _new_folder(output_dir, "previous-run")
     for path in earlier + [output_dir / "metrics.jsonl", output_dir / "completions.jsonl"]:
         if path.exists():
             path.rename(folder / path.name)
+    return folder
+
+
+def set_aside_later_checkpoints(output_dir: Path, step: int) -> Path | None:
+    """A run resumed from an older checkpoint than its newest (rolled back) moves the later ones, with a copy of its
+    logs as they were, into `rolled-back-<date>-<time>/`: the log is cut back to `step` at once, and should this run
+    stop before its first save, `resume_from_checkpoint: auto` must not take up the abandoned continuation. Returns
+    the folder, None when there was nothing to move."""
+    later = [path for path in list_checkpoints(output_dir) if _step_of(path) > step]
+    if not later:
+        return None
+    folder = _new_folder(output_dir, "rolled-back")
+    for path in later:
+        path.rename(folder / path.name)
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        if (output_dir / name).exists():
+            shutil.copy2(output_dir / name, folder / name)
+    return folder
+
+
+def _new_folder(output_dir: Path, prefix: str) -> Path:
+    stamp, number = time.strftime("%Y%m%d-%H%M%S"), 1
+    folder = output_dir / f"{prefix}-{stamp}"
+    while folder.exists():
+        number += 1
+        folder = output_dir / f"{prefix}-{stamp}-{number}"
+    folder.mkdir()
     return folder
 
 

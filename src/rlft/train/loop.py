@@ -23,7 +23,7 @@ from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, checkpoint_problem, load_checkpoint,
                                    load_weights, read_state, save_checkpoint)
-from rlft.train.checkpoint_folders import clean_staging, set_aside_earlier_run
+from rlft.train.checkpoint_folders import clean_staging, set_aside_earlier_run, set_aside_later_checkpoints
 from rlft.train.metrics import MetricsLog, PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
 from rlft.train.optim import (advance_schedule, build_optimizer, build_scheduler, optimizer_mode, step_was_skipped,
                               stepping_optimizer)
@@ -138,6 +138,10 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
         console.print(f"{resume_from} is where this run stopped early ({guards.key} had not improved on {guards.best:.4f} for "
                       f"{guards.stale} evaluations): nothing more to train")
         total_steps = state.global_step
+    elif resume_from is not None and state.global_step >= total_steps:
+        console.print(f"{resume_from} is this run's last step ({total_steps}): nothing more to train")
+    # a finished run resumed (a requeue script that always resumes): its final evaluation and checkpoint exist already
+    finished = resume_from is not None and state.global_step >= total_steps
     # load_best_model_at_end, save_strategy: best; a best of another folder's run is not one of this folder's checkpoints
     moved = resume_from is not None and resume_from.parent.resolve() != output_dir.resolve()
     best = BestCheckpoint(cfg, None if moved else state.best)
@@ -148,6 +152,9 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                       + ("to go on with that run, resume from there)" if resumable else
                          "they cannot resume: a new run can start from their weights)"), markup=False, soft_wrap=True)
     elif main and resume_from is not None:  # what was logged after the checkpoint is trained again: log it once
+        if not moved and (aside := set_aside_later_checkpoints(output_dir, state.global_step)):
+            console.print(f"note: {output_dir} held checkpoints after step {state.global_step}, the continuation this run "
+                          f"replaces: moved to {aside}, with the logs as they were", markup=False, soft_wrap=True)
         log.truncate_after(state.global_step)
     if main and resume_from is None and log.path.exists():  # a run that saved nothing: keep its log aside, do not mix
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))
@@ -355,9 +362,13 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 # with several processes: the same sum on every one; at the last step the run ends as it would anyway
                 if (stopping or (world == 1 and stop.requested)) and state.global_step < total_steps:
                     raise _StopAfterStep
-        final_eval = early if early is not None else evaluate()
-        state.last_metrics.update(final_eval)
-        checkpoint = save(training_after=False) if cfg.save_strategy != "no" else None
+        if finished:
+            final_eval = {key: value for key, value in state.last_metrics.items() if key.startswith("eval/")}
+            checkpoint = resume_from if resume_from.parent.resolve() == output_dir.resolve() else save(training_after=False)
+        else:
+            final_eval = early if early is not None else evaluate()
+            state.last_metrics.update(final_eval)
+            checkpoint = save(training_after=False) if cfg.save_strategy != "no" else None
         optimizer_mode(optimizer, training=False)  # the final model: a schedule-free optimizer's averaged weights
     except _StopAfterStep:
         done = last_saved is not None and last_saved.name == f"checkpoint-{state.global_step}"
