@@ -475,3 +475,17 @@ def test_resuming_a_finished_run_trains_evaluates_and_saves_nothing_again(make_c
     assert "is this run's last step (4): nothing more to train" in capsys.readouterr().out
     assert (out / "metrics.jsonl").read_text() == log  # no second final evaluation
     assert (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns == written
+
+
+def test_a_resume_whose_watched_metric_is_not_reported_stops_before_training(make_config, cli, tmp_path, capsys):
+    """A fresh run learns at its step-0 evaluation that metric_for_best_model is not reported; a resumed run has none,
+    and used to find out at its first periodic evaluation, after steps it could not keep. The run's log tells."""
+    out = tmp_path / "out"
+    settings = dict(max_steps=4, save_steps=2, val_set_size=8, eval_steps=2, early_stopping_patience=3)
+    assert cli("train", make_config(**settings)) == 0
+    capsys.readouterr()
+    assert cli("train", make_config(resume_from_checkpoint=str(out / "checkpoint-2"), metric_for_best_model="acuracy",
+                                    **{**settings, "max_steps": 6})) == 1
+    assert "load_best_model_at_end watches eval/acuracy, which this run's evaluation does not report" in \
+        " ".join(capsys.readouterr().err.split())
+    assert max(m["step"] for m in read_metrics(out / "metrics.jsonl")) == 2

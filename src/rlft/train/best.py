@@ -25,6 +25,19 @@ def metric_value(results: dict[str, float], key: str, reader: str) -> float:
     return results[key]
 
 
+def check_logged_metric(cfg, log: Path) -> None:
+    """A resumed run has no evaluation before its first step, where a fresh run learns whether its evaluation reports
+    the metric that load_best_model_at_end, save_strategy: best or early_stopping_patience watch: the run's log tells
+    (its evaluations so far), so a misspelt metric_for_best_model stops the run before it trains steps it cannot keep."""
+    from rlft.train.metrics import read_metrics
+
+    readers = [name for name, on in (("load_best_model_at_end", loads_best_model(cfg)), ("save_strategy: best",
+               cfg.save_strategy == "best"), ("early_stopping_patience", bool(cfg.early_stopping_patience))) if on]
+    evaluated = {key for line in read_metrics(log) for key in line if key.startswith("eval/")}
+    if readers and evaluated:
+        metric_value({key: 0.0 for key in evaluated}, best_metric(cfg)[0], readers[0])
+
+
 def better(value: float, best: float | None, higher: bool) -> bool:
     """Strictly better than `best` (None: nothing yet); a tie keeps the earlier one, as in transformers, and NaN is
     never better."""

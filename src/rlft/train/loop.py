@@ -32,7 +32,7 @@ from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
 from rlft.models.qat import fake_quant_schedule
 from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
-from rlft.train.best import BestCheckpoint
+from rlft.train.best import BestCheckpoint, check_logged_metric
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,
                                  trains_in_bf16, unused_parameters_named)
 from rlft.train.recipe import Recipe
@@ -156,6 +156,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             console.print(f"note: {output_dir} held checkpoints after step {state.global_step}, the continuation this run "
                           f"replaces: moved to {aside}, with the logs as they were", markup=False, soft_wrap=True)
         log.truncate_after(state.global_step)
+        check_logged_metric(cfg, log.path)
     if main and resume_from is None and log.path.exists():  # a run that saved nothing: keep its log aside, do not mix
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))
     timer = PhaseTimer()
