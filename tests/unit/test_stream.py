@@ -194,7 +194,7 @@ def test_bad_rows_and_empty_streams_name_the_place(tmp_path, gpt2_tokenizer):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text"}) + "\n")
     cfg = _cfg(tmp_path, pretraining_dataset=[{"path": str(bad)}])
-    no_text = r"pretraining_dataset\[0\] .*line 2: no text in column 'text' \(the row's columns: body\)"
+    no_text = r"pretraining_dataset\[0\] .*line 2: no text in column 'text' \(the row's columns: body, text\)"  # text: null, as read whole
     with pytest.raises(DataError, match=no_text):
         StreamedBatches(cfg, gpt2_tokenizer, _collate).step(1)
     bad.write_text(json.dumps({"text": "fine"}) + "\n{oops\n")
@@ -302,3 +302,15 @@ def test_axolotls_short_form_and_keys_validate():
     assert "rename the key" in dict(unsupported_settings(old)[0])["pretrain_multipack_buffer_size"]
     sharded = build_config({"base_model": "m", "pretraining_dataset": [{"path": "c4", "shards": 4}], "max_steps": 5})
     assert "pretraining_dataset[0].shards" in dict(unsupported_settings(sharded)[0])  # an Axolotl dataset key rlft refuses
+
+
+def test_streamed_json_lines_get_the_keys_of_the_rows_before_them_as_null(tmp_path, data_config):
+    """A file read whole gives every row every key of the file (null where a row lacks it); a stream gives each row the
+    keys seen so far, so a transform reading row["input"] works the same streamed (the rows before carried it)."""
+    from rlft.data.stream import StreamSource
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"instruction": "a", "input": "x", "output": "1"}\n{"instruction": "b", "output": "2"}\n')
+    source = StreamSource(data_config({"path": str(path)}).datasets[0], "datasets[0]", lambda rows: rows)
+    assert [row for _, row in source.rows()] == [{"instruction": "a", "input": "x", "output": "1"},
+                                                {"instruction": "b", "input": None, "output": "2"}]

@@ -78,9 +78,13 @@ def _row_slice(spec: str | None, where: str) -> tuple[int, int | None]:
 
 def _read(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
     """(place, row) of a dataset entry, lazily; what a reader raises while it reads becomes a DataError naming the
-    dataset."""
+    dataset. A row lacking a key that rows before it had gets it as null, as a file read whole has every key of the
+    file in every row (transforms written for that read `row["input"]` of every row)."""
+    seen: dict[str, None] = {}
     try:
-        yield from _open(ds, split, where)
+        for place, row in _open(ds, split, where):
+            seen.update(dict.fromkeys(row))
+            yield place, {**dict.fromkeys(seen), **row} if len(row) < len(seen) else row
     except DataError:
         raise
     except Exception as exc:  # datasets and pyarrow raise many types for a file or dataset they cannot read
