@@ -139,6 +139,17 @@ def test_sft_two_processes_equal_one(sft, strategy, monkeypatch):
         assert sum(p.numel() for p in model.parameters()) > 100_000
 
 
+def test_prepared_data_is_written_by_the_nodes_first_process_and_read_by_the_other(sft):
+    """With dataset_prepared_path the first process of a node tokenises and writes the entry, the others wait for it
+    and read it (tests/unit/test_cache.py tests the waiting); the run trains what one process does."""
+    config, expected, folder = sft
+    train(config("prepared", 2, dataset_prepared_path=str(folder / "prepared-data")))
+    got = losses(folder / "prepared")
+    assert max(abs(got[s] - expected[s]) for s in expected) < 1e-5
+    entries = list((folder / "prepared-data").iterdir())
+    assert len(entries) == 1 and (entries[0] / "reports.json").is_file(), entries
+
+
 def test_a_streamed_run_on_two_processes_equals_one(sft, addition_files):
     """`pretraining_dataset`: every process reads every row, and each trains its share of the micro-batches one
     process trains in turn (rlft.data.stream): the 1-process losses and evaluations."""

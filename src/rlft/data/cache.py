@@ -4,7 +4,8 @@ The cache key hashes everything that can change the prepared rows: the config wi
 that only steer training (learning rate, steps, logging, output...), the tokenizer (its vocabulary,
 special tokens and chat template), each local data file's path, size and modification time, the
 source of rlft's data code and of the user transforms the datasets name. Entries are plain JSON lines (never pickles: a cache folder from
-elsewhere cannot run code), written to a temporary folder and renamed, so a crash leaves no half entry.
+elsewhere cannot run code), written to a temporary folder and renamed, so a crash leaves no half entry. With several
+processes on a node, the first (LOCAL_RANK 0) prepares the entry and the others wait for it and read it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -92,6 +94,18 @@ def cache_key(cfg, tokenizer) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def _local_rank() -> int:
+    """This process's place on its node when several train together (torchrun, accelerate launch), else 0."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+
+
+def _wait_for(path: Path, poll_s: float = 0.5) -> None:
+    """Until the node's first process has written `path` (its entry appears whole: renamed into place). A process that
+    fails stops the others (the launcher), so there is no time limit, as there is none on preparing the data."""
+    while not path.exists():
+        time.sleep(poll_s)
+
+
 def cached(cfg, tokenizer, prepare: Callable[[], Any], console: Console | None = None):
     """The prepared data of this config from `dataset_prepared_path`, or `prepare()` written there."""
     from rlft.data.prepare import PreparedData
@@ -99,6 +113,8 @@ def cached(cfg, tokenizer, prepare: Callable[[], Any], console: Console | None =
 
     console = console or Console(stderr=True)
     folder = Path(cfg.dataset_prepared_path).expanduser() / cache_key(cfg, tokenizer)
+    if _local_rank() > 0:  # the node's first process prepares the entry; the others read it (no tokenising N times)
+        _wait_for(folder / "reports.json")
     if (folder / "reports.json").exists():
         console.print(f"prepared data reused from {folder} (config, data and tokenizer unchanged)", markup=False, highlight=False)
         load = lambda name: [json.loads(line) for line in (folder / name).read_text().splitlines()]  # noqa: E731

@@ -1,0 +1,28 @@
+"""dataset_prepared_path with several processes on a node: the first writes the entry, the others wait and read it."""
+
+import threading
+import time
+
+import rlft.data.cache as cache
+
+
+def test_the_other_processes_of_a_node_wait_for_the_first_and_read_its_entry(config, tok, write_jsonl, tmp_path, monkeypatch):
+    from rlft.data.prepare import prepare_sft_data
+
+    data = write_jsonl([{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(6)], "train.jsonl")
+    cfg = config(datasets=[{"path": str(data)}], dataset_prepared_path=str(tmp_path / "prepared"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert cache._local_rank() == 1
+    got = {}
+    waiting = threading.Thread(target=lambda: got.update(data=prepare_sft_data(cfg, tok)), daemon=True)
+    waiting.start()
+    time.sleep(1.0)
+    assert waiting.is_alive() and not (tmp_path / "prepared").exists()  # waits, and tokenises nothing itself
+    monkeypatch.setenv("LOCAL_RANK", "0")  # the node's first process
+    first = prepare_sft_data(cfg, tok)
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and got["data"].train == first.train
+    assert len(list((tmp_path / "prepared").iterdir())) == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cache._local_rank() == 0  # one process: LOCAL_RANK alone means nothing
