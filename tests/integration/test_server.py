@@ -383,3 +383,37 @@ def test_sigterm_stops_the_server_cleanly(server):
     assert process.wait(timeout=30) == 0
     assert "rollout server stopped (SIGTERM)" in server["log"].read_text()
 
+
+
+def test_a_compiled_server_samples_as_the_eager_engine_before_and_after_a_weight_push(tmp_path):
+    """`torch_compile: true` serves through the compiled decode step (static KV cache), as in-process runs do: the same
+    tokens as the eager engine at the same seed, log-probs within float rounding, and after a full weight push the new
+    weights (a compiled step that kept the old ones as constants would go on sampling from them)."""
+    folder = _model_folder(tmp_path / "model", 128)
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({"base_model": str(folder), "datasets": [{"path": "unused.jsonl"}], "torch_compile": True,
+                                      "vllm": {"host": "127.0.0.1", "api_key": TOKEN}}))
+    trained = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    port, log = free_port(), tmp_path / "server.log"
+    process = run_cli("vllm-serve", str(config), "--port", str(port), log=log)
+    try:
+        wait_for_health(process, port, log)
+        assert "decode step compiled (torch_compile)" in log.read_text()
+        remote = RemoteEngine("127.0.0.1", port, token=TOKEN, timeout=300)
+        params = SamplingParams(max_new_tokens=10, temperature=1.0)
+        for version, state in ((0, None), (1, trained.state_dict())):
+            if state is not None:
+                remote.load_weights(state, version=version)
+            served = remote.generate(PROMPTS, params, num_samples=2, seed=11)
+            torch.manual_seed(11)
+            local = _local(folder, state).generate(PROMPTS, params, 2)
+            assert served.completion_ids == local.completion_ids, version
+            assert max(abs(a - b) for got, want in zip(served.logprobs, local.logprobs) for a, b in zip(got, want)) < 1e-4
+            assert served.weight_versions == [version] * 4
+        remote.close()
+    finally:
+        kill_group(process)

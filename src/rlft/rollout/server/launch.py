@@ -77,7 +77,9 @@ def serve(cfg, console, *, backend_name: str) -> int:
     app = build_app(backend, model_name=model_name, token=token, ends=ends)
     shown = f"[{host}]" if ":" in host else host
     console.print(f"serving {model_name} on http://{shown}:{port} (backend {backend.name}, dtype "
-                  f"{str(backend.dtype).removeprefix('torch.')}, max_model_len {backend.max_model_len})", highlight=False, markup=False, soft_wrap=True)
+                  f"{str(backend.dtype).removeprefix('torch.')}, max_model_len {backend.max_model_len}"
+                  f"{', decode step compiled (torch_compile)' if getattr(backend, 'compiled', False) else ''})",
+                  highlight=False, markup=False, soft_wrap=True)
     if generated:
         saved = save_generated_token(token, port)
         console.print(f"token for weight updates (the server listens beyond loopback and none was set): {token}\n"

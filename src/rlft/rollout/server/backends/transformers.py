@@ -51,6 +51,11 @@ class TransformersBackend(ThreadedBackend):
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._thread = EngineThread(self._run_batch)
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the decode step runs compiled (torch_compile: a static KV cache; CUDA graphs on a GPU)."""
+        return bool(self._engine.compiled)
+
     @classmethod
     def from_config(cls, cfg) -> "TransformersBackend":
         from rlft.models.loading import load_model, load_tokenizer
