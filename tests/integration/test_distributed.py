@@ -143,7 +143,17 @@ def test_prepared_data_is_written_by_the_nodes_first_process_and_read_by_the_oth
     """With dataset_prepared_path the first process of a node tokenises and writes the entry, the others wait for it
     and read it (tests/unit/test_cache.py tests the waiting); the run trains what one process does."""
     config, expected, folder = sft
-    train(config("prepared", 2, dataset_prepared_path=str(folder / "prepared-data")))
+    work = folder / "prepared-work"
+    work.mkdir()
+    # a transform that leaves the rows as they are and notes each process that prepares them
+    (work / "counting.py").write_text("import os\n\ndef rows(cfg, dataset_idx=0):\n"
+                                      "    with open('prepared-by.txt', 'a') as out:\n"
+                                      "        out.write(os.environ.get('RANK', '0') + '\\n')\n"
+                                      "    return lambda row: {'prompt': row['prompt'], 'completion': row['completion']}\n")
+    base = yaml.safe_load(config("prepared", 2).read_text())
+    dataset = {**base["datasets"][0], "type": "counting.rows"}
+    train(config("prepared", 2, datasets=[dataset], dataset_prepared_path=str(folder / "prepared-data")), cwd=work)
+    assert (work / "prepared-by.txt").read_text().split() == ["0"]  # one process prepared; the other read its entry
     got = losses(folder / "prepared")
     assert max(abs(got[s] - expected[s]) for s in expected) < 1e-5
     entries = list((folder / "prepared-data").iterdir())

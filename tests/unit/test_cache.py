@@ -14,10 +14,13 @@ def test_the_other_processes_of_a_node_wait_for_the_first_and_read_its_entry(con
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert cache._local_rank() == 1
-    got = {}
+    got, entered = {}, threading.Event()
+    wait_for = cache._wait_for
+    monkeypatch.setattr(cache, "_wait_for", lambda path: (entered.set(), wait_for(path)))
     waiting = threading.Thread(target=lambda: got.update(data=prepare_sft_data(cfg, tok)), daemon=True)
     waiting.start()
-    time.sleep(1.0)
+    assert entered.wait(timeout=30)  # it decided to wait (as LOCAL_RANK 1) before this thread plays the first process
+    time.sleep(0.5)
     assert waiting.is_alive() and not (tmp_path / "prepared").exists()  # waits, and tokenises nothing itself
     monkeypatch.setenv("LOCAL_RANK", "0")  # the node's first process
     first = prepare_sft_data(cfg, tok)

@@ -830,6 +830,7 @@ def test_a_file_path_with_data_files_is_refused_not_half_read(write_jsonl, data_
     path = write_jsonl(ROWS)
     with pytest.raises(DataError, match=r"data_files are read inside a folder `path`, and .*rows.jsonl is a file"):
         load_rows(entry(data_config, path=str(path), data_files=["other.jsonl"]), 0)
+    assert len(load_rows(entry(data_config, path=str(path), data_files=[str(path)]), 0)) == len(ROWS)  # the file itself
 
 
 def test_a_tokenizer_without_a_chat_template_is_a_message_naming_the_row(tmp_path, data_config, tok):
@@ -933,3 +934,12 @@ def test_chat_train_on_eos_last_is_the_last_trained_turns_marker(tok):
     assert trained_text(example, tok) == "hello there<|im_end|>"
     positions = trained_positions(example)
     assert positions == list(range(positions[0], positions[0] + len(positions)))  # the marker right after the answer
+
+
+def test_a_row_of_only_system_messages_under_drop_system_message_is_dropped_as_untrained(tmp_path, data_config, tok):
+    """Nothing is left to render: the row trains nothing (counted as such), and no message blames a missing template."""
+    rows = [{"messages": CHAT}, {"messages": [{"role": "system", "content": "only this"}]}]
+    path, cfg = _tokenize_file(tmp_path, data_config, tok, "".join(json.dumps(r) + "\n" for r in rows), type="chat_template",
+                               drop_system_message=True)
+    examples, report = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets")
+    assert len(examples) == 1 and report.dropped.get("no_target") == 1

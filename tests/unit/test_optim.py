@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, NotImplementedYet
 from rlft.train.optim import build_optimizer, build_scheduler, warmup_steps
 
 # total 14 steps, 4 warm-up steps. transformers' curves: warm-up s/W = 0, 0.25, 0.5, 0.75; then decay over steps 4..14
@@ -378,25 +378,12 @@ def test_schedule_keys_transformers_would_refuse_or_drop_are_named_before_the_mo
     assert scheduler_problem(config(lr_scheduler_kwargs={"min_lr": 1e-5})).startswith(
         "lr_scheduler_kwargs: min_lr is not an argument of the cosine schedule")
     assert scheduler_problem(config(cosine_min_lr_ratio=0.1, lr_scheduler_kwargs={"min_lr": 1e-5})) is None  # cosine_with_min_lr
+    assert scheduler_problem(config(lr_scheduler="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": 1e-5, "min_lr_rate": 0.1})) == (
+        "lr_scheduler_kwargs: min_lr and min_lr_rate both set the final learning rate: keep one")
     assert scheduler_problem(config(lr_scheduler="linear", cosine_min_lr_ratio=0.1)).startswith(
         "cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is linear")
     assert scheduler_problem(config(lr_scheduler="constant_with_warmup", lr_scheduler_kwargs={"num_cycles": 2})) == (
         "lr_scheduler_kwargs: constant_with_warmup takes none (transformers would drop ['num_cycles']): remove them")
-
-
-def test_an_optimizer_of_the_model_gets_the_model(config, monkeypatch):
-    """transformers gives LOMO and AdaLomo `{"model": model}` and its Trainer passes the model in place of the
-    parameter groups; so does rlft."""
-    import rlft.train.optim as optim
-
-    class TakesTheModel:
-        def __init__(self, model, lr=1e-3):
-            self.model, self.lr = model, lr
-
-    model = torch.nn.Linear(2, 2)
-    monkeypatch.setattr(optim, "optimizer_class", lambda cfg, model=None: (TakesTheModel, {"model": model, "lr": 0.5}))
-    built = optim.build_optimizer(config(), model)
-    assert built.model is model and built.lr == 0.5
 
 
 def test_the_schedule_arguments_table_is_transformers():
@@ -412,3 +399,12 @@ def test_the_schedule_arguments_table_is_transformers():
         own = {k: p for k, p in parameters.items() if k not in ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")}
         assert set(optional) | set(required) == set(own), name
         assert set(required) == {k for k, p in own.items() if p.default is inspect.Parameter.empty}, name
+
+
+def test_optimizers_the_loop_cannot_drive_are_refused_before_the_model_loads(config):
+    from rlft.train.unbuilt import refuse_unbuilt
+
+    with pytest.raises(NotImplementedYet, match=r"optimizer: lomo updates the weights inside the backward pass"):
+        refuse_unbuilt(config(optimizer="lomo"))
+    with pytest.raises(NotImplementedYet, match=r"optimizer: schedule_free_adamw with deepspeed: ZeRO keeps"):
+        refuse_unbuilt(config(optimizer="schedule_free_adamw", deepspeed="deepspeed_configs/zero2.json"))

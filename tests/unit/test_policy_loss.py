@@ -435,3 +435,15 @@ def test_bad_arguments():
         policy_loss(x["logps"], x["old_logps"], torch.zeros(2), x["mask"])
     with pytest.raises(ValueError, match="epsilon"):
         policy_loss(*args, epsilon=-0.1)
+
+
+def test_k3_keeps_its_value_and_gradient_for_a_token_far_likelier_than_the_reference():
+    """d = ref - logp = -24: k3 = e^-24 + 24 - 1 ~ 23, with gradient 1 - e^-24 in logp (pulled back). Clamping d at -20
+    gave 19 and no gradient; d = +30 stays finite (the exponent is capped)."""
+    logp = torch.tensor([-1.0, -1.0], requires_grad=True)
+    ref = torch.tensor([-25.0, -15.0])
+    kl = k3_kl(logp, ref)
+    assert kl[0].item() == pytest.approx(math.exp(-24) + 23, rel=1e-6)
+    kl.sum().backward()
+    assert logp.grad[0].item() == pytest.approx(1.0, abs=1e-6)
+    assert torch.isfinite(k3_kl(torch.tensor([-31.0]), torch.tensor([-1.0]))).all()

@@ -560,3 +560,15 @@ def test_discopop_stays_finite_where_its_exponent_overflows():
     assert out.losses.tolist() == pytest.approx([1000.0, 100.0, 0.5 * math.log(2) + 0.5])
     out.losses.sum().backward()
     assert torch.isfinite(z.grad).all()
+
+
+def test_wpo_weights_are_capped_at_one():
+    """WPO's authors and TRL cap the weight at 1: with the aligned term a token likelier than the distribution's
+    average (p = 0.5 among 100 tokens of 0.005: log p - log sum p^2 = log 0.5 - log 0.2525) would weigh 1.98 per answer."""
+    logp = torch.tensor([[math.log(0.5)]])
+    mask = torch.tensor([[1]])
+    sum_sq = torch.tensor([[math.log(0.5 ** 2 + 100 * 0.005 ** 2)]])
+    uncapped = math.exp(2 * (math.log(0.5) - math.log(0.2525)))
+    assert uncapped == pytest.approx(3.92, abs=0.01)
+    assert wpo_weights(logp, mask, logp, mask, chosen_token_log_sum_sq_probs=sum_sq,
+                       rejected_token_log_sum_sq_probs=sum_sq).item() == 1.0

@@ -99,6 +99,11 @@ def test_a_resume_with_another_micro_batch_size_goes_on_from_the_same_rows():
     assert "the checkpoint's data made 10 micro-batches an epoch, this run's makes 5" in note
     order, before = recipe.train_plan.epoch_order(0), BatchPlan(list(range(40)), 4, seed=0, pad_id=0).epoch_order(0)
     assert sum(order[3:], []) == sum(before[6:], [])  # the same permutation: rows 24-39, none of them trained before
+    # the plan and the process count changed together: one rounding in global units (4 -> 5 of 101, on 1 process)
+    both = TrainState(global_step=1, epoch=0, batch_in_epoch=1, world_size=4, plan_batches=100, total_steps=99)
+    wider = SimpleNamespace(train_plan=BatchPlan(list(range(101)), 1, seed=0, pad_id=0), draws_per_step=None)
+    continue_position(cfg, both, wider, 1)
+    assert both.batch_in_epoch == 5
     unchanged = TrainState(global_step=5, epoch=0, batch_in_epoch=3, world_size=1, plan_batches=5)
     assert continue_position(cfg, unchanged, recipe, 1) == "" and unchanged.batch_in_epoch == 3
     older = TrainState(global_step=5, epoch=0, batch_in_epoch=3, world_size=1)  # written before plan_batches: as it was

@@ -69,7 +69,8 @@ class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.D
         None, "File format; inferred from the file extension when unset."
     )
     data_files: Optional[Union[str, list[str]]] = field(
-        None, "Files to read, relative to `path` when `path` is a folder, else to the working directory."
+        None, "Files to read, relative to `path` when `path` is a folder, else to the working directory (beside a file `path`, "
+        "only that file itself)."
     )
     name: Optional[str] = field(None, "Dataset configuration name (hub datasets with several configs).")
     split: str = field("train", "Split with an optional slice: `train`, `train[:1%]`, `train[10:100]`.")

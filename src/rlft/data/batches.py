@@ -128,18 +128,15 @@ class PlanCursor:
         indices, extras = drawn
         return {**self.plan.batch(indices), **extras}
 
-    def replan(self, old_batches: int, new_batches: int) -> None:
-        """Continue a position in a plan of `old_batches` micro-batches an epoch in one of `new_batches` (another
-        micro_batch_size, sequence_len, packing or data): the same share of the epoch, rounded up (rows are skipped
-        rather than repeated; with only micro_batch_size changed the rows are exactly those not yet trained)."""
-        if old_batches and old_batches != new_batches:
-            self.batch_in_epoch = -(-self.batch_in_epoch * new_batches // old_batches)
-
-    def reshard(self, old_world: int, new_world: int) -> None:
-        """Continue a position written by `old_world` processes with `new_world` (same micro-batch size): the
-        global micro-batches consumed are kept; a remainder that does not divide is skipped, never repeated."""
-        if old_world != new_world:
-            self.batch_in_epoch = -(-self.batch_in_epoch * old_world // new_world)
+    def reshard(self, old_world: int, new_world: int, old_batches: int = 0, new_batches: int = 0) -> None:
+        """Continue a position written by `old_world` processes with `new_world`: the global micro-batches consumed are
+        kept; a remainder that does not divide is skipped, never repeated. Where the plan had `old_batches` micro-
+        batches an epoch (over all processes) and has `new_batches` now (another micro_batch_size, sequence_len,
+        packing or data), the same share of the epoch, rounded up likewise (0: not known, taken as unchanged)."""
+        consumed = self.batch_in_epoch * old_world
+        if old_batches and new_batches and old_batches != new_batches:
+            consumed = -(-consumed * new_batches // old_batches)
+        self.batch_in_epoch = -(-consumed // new_world)
 
     @property
     def epochs_done(self) -> float:

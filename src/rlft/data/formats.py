@@ -48,11 +48,11 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], **kwargs: Any) -> str
         return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except TemplateError as exc:  # e.g. raise_exception("roles must alternate"), or an undefined key
         raise RowError(f"the chat template rejected the messages: {exc}") from None
-    except ValueError as exc:
-        if "chat_template" not in str(exc) and "chat template" not in str(exc):
-            raise
-        raise RowError("the tokenizer has no chat template to render these messages: set `chat_template: chatml` (or "
-                       "llama3, or jinja with chat_template_jinja), or use a model whose tokenizer has one") from None
+    except ValueError as exc:  # transformers: no template, an empty conversation, several templates and no default
+        if not getattr(tokenizer, "chat_template", None):
+            raise RowError("the tokenizer has no chat template to render these messages: set `chat_template: chatml` (or "
+                           "llama3, or jinja with chat_template_jinja), or use a model whose tokenizer has one") from None
+        raise RowError(f"the chat template cannot render the messages: {str(exc).splitlines()[0][:200]}") from None
 
 
 def fields_of(row: dict[str, Any]) -> list[str]:

@@ -183,7 +183,7 @@ def locate(ds, where: str) -> tuple[str, Any]:
     elif path is not None and path.is_dir():
         files = [str(path / f) for f in data_files]
     elif path is not None and path.is_file():
-        if data_files:
+        if data_files and {str(Path(f).expanduser().resolve()) for f in data_files} != {str(path.resolve())}:
             raise DataError(f"{where}: data_files are read inside a folder `path`, and {path} is a file: list every file "
                             "in data_files with path: their folder (or leave data_files out)")
         files = [str(path)]

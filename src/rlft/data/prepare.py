@@ -126,14 +126,13 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
         try:
             record = convert(fields)
             example, outcome = steps.fit(steps.tokenize(record, tokenizer, ds), cfg)
-            text = json.dumps(example) if example else ""
         except RowError as exc:
             return {"example": "", "outcome": "error", "error": f"{place}: {exc}"}
         except _Identical:
             return {"example": "", "outcome": "identical", "error": ""}
-        except TypeError as exc:  # json: a column the rows carry on (prompts keep every column) holds no plain JSON value
-            if "JSON serializable" not in str(exc):
-                raise
+        try:
+            text = json.dumps(example) if example else ""
+        except TypeError as exc:  # a column the rows carry on (prompts keep every column) holds no plain JSON value
             values = {**example, **(example.get("columns") or {})}  # a prompt keeps the row's other columns there
             bad = sorted(key for key, value in values.items() if key != "columns" and not _plain_json(value))
             return {"example": "", "outcome": "error", "error": (

@@ -185,6 +185,8 @@ def tokenize_record(record: Record, tokenizer, train_on_inputs: bool, roles_to_t
     if is_mistral_common(tokenizer):
         return _mistral_record(record, tokenizer, train_on_inputs, roles_to_train, train_on_eos)
     if "messages" in record:
+        if not record["messages"]:  # only system messages, dropped (drop_system_message): nothing to train
+            return {"input_ids": [], "labels": []}
         tools = {"tools": record["tools"]} if record.get("tools") else {}
         rendered = render_chat(tokenizer, record["messages"], **tools)
         encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)

@@ -40,11 +40,12 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     k3 = exp(d) - d - 1,  d = ref_logp - logp.
 
     Unbiased for KL(pi || pi_ref) under samples of pi, and >= 0 everywhere (e^d >= 1 + d), 0 where the two agree.
-    d is clamped to +-20 as in Cosmos-RL so a token the reference finds impossible cannot overflow; nothing realistic
-    reaches that. The reference is detached.
+    Only the exponent is capped (d at 20, as Cosmos-RL caps log-ratios) so it cannot overflow; the linear term keeps its
+    value and gradient, so a token far likelier under the policy than the reference (d << 0) is still pulled back.
+    (Until 2026-11-28 d itself was clamped at +-20, which zeroed that gradient.) The reference is detached.
     """
-    diff = (ref_logps.detach() - logps).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    return torch.exp(diff) - diff - 1
+    diff = ref_logps.detach() - logps
+    return torch.exp(diff.clamp(max=LOG_RATIO_LIMIT)) - diff - 1
 
 
 def _masked_mean(values: torch.Tensor, weights: torch.Tensor) -> float:

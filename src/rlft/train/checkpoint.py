@@ -45,7 +45,7 @@ from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, Uns
                                     restore_rng, rng_state, save_scheduler, scheduler_state)
 
 STATE_FILE = "trainer_state.json"
-HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
+GROUP_STATE = ("train_mode", "k", "weight_sum", "lr_max", "scheduled_lr")  # schedule-free optimizers' running state
 SCALER_FILE = "scaler.pt"  # fp16 runs: the loss scaler's scale and growth counter
 REQUIRED = ("model", STATE_FILE)
 # this version's name, or an earlier version's
@@ -388,9 +388,10 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler=None) -> T
     with `load_weights`). Every process calls it; each restores its own RNG (rank 0's when it wrote none)."""
     rank = launched()[0]
     # today's hyperparameters (learning_rate, betas, weight_decay, ...): a run resumed with a lower learning rate after
-    # a divergence must train with it, not with the checkpoint's (which the optimizer and schedule states carry). Only
-    # these: schedule-free optimizers keep their own state in the groups too (train_mode, k, weight_sum, lr_max)
-    today = [{key: group[key] for key in HYPERPARAMETERS if key in group} for group in optimizer.param_groups]
+    # a divergence must train with it, not with the checkpoint's (which the optimizer and schedule states carry); not
+    # the state schedule-free optimizers keep in the groups (train_mode, k, weight_sum, lr_max, scheduled_lr)
+    today = [{key: value for key, value in group.items() if key != "params" and key not in GROUP_STATE}
+             for group in optimizer.param_groups]
     base_lrs = list(scheduler.base_lrs)
     try:
         if (folder / "optimizer").is_dir():

@@ -18,6 +18,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from rlft.config.best_model import has_eval_set
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
 from rlft.errors import TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
@@ -139,13 +140,17 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                       f"{guards.stale} evaluations): nothing more to train")
         total_steps = state.global_step
     elif resume_from is not None and state.global_step >= total_steps:
-        console.print(f"{resume_from} is this run's last step ({total_steps}): nothing more to train")
+        console.print(f"{resume_from} (step {state.global_step}) is at or past this run's last step ({total_steps}): nothing "
+                      "more to train")
     # a finished run resumed (a requeue script that always resumes): its final evaluation and checkpoint exist already
-    finished = resume_from is not None and state.global_step >= total_steps
+    finished = resume_from is not None and state.global_step >= total_steps and (
+        any(key.startswith("eval/") for key in state.last_metrics) or not has_eval_set(cfg) or cfg.eval_strategy == "no")
     # load_best_model_at_end, save_strategy: best; a best of another folder's run is not one of this folder's checkpoints
     moved = resume_from is not None and resume_from.parent.resolve() != output_dir.resolve()
     best = BestCheckpoint(cfg, None if moved else state.best)
     log = MetricsLog(cfg, output_dir, enabled=main)
+    if resume_from is not None:  # every process, before the log is cut back: a refused resume changes nothing
+        check_logged_metric(cfg, log.path)
     if main and resume_from is None and (aside := set_aside_earlier_run(output_dir)):  # with its metrics.jsonl
         resumable = any(checkpoint_problem(path) is None for path in aside.glob("checkpoint-*"))
         console.print(f"note: {output_dir} held an earlier run's checkpoints: moved to {aside} ("
@@ -156,7 +161,6 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
             console.print(f"note: {output_dir} held checkpoints after step {state.global_step}, the continuation this run "
                           f"replaces: moved to {aside}, with the logs as they were", markup=False, soft_wrap=True)
         log.truncate_after(state.global_step)
-        check_logged_metric(cfg, log.path)
     if main and resume_from is None and log.path.exists():  # a run that saved nothing: keep its log aside, do not mix
         log.path.rename(log.path.with_name("metrics.previous.jsonl"))
     timer = PhaseTimer()
@@ -364,8 +368,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                 if (stopping or (world == 1 and stop.requested)) and state.global_step < total_steps:
                     raise _StopAfterStep
         if finished:
-            final_eval = {key: value for key, value in state.last_metrics.items() if key.startswith("eval/")}
-            checkpoint = resume_from if resume_from.parent.resolve() == output_dir.resolve() else save(training_after=False)
+            checkpoint = resume_from if not moved else save(training_after=False) if cfg.save_strategy != "no" else None
         else:
             final_eval = early if early is not None else evaluate()
             state.last_metrics.update(final_eval)

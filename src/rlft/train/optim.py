@@ -62,8 +62,6 @@ def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
             (no_decay if param.ndim < 2 or any(key in name.lower() for key in NO_DECAY) else decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     cls, kwargs = optimizer_class(cfg, model)
-    if "model" in kwargs:  # LOMO and AdaLomo take the model, as transformers' Trainer hands it to them
-        return cls(kwargs.pop("model"), **kwargs)
     return cls(groups, **kwargs)
 
 
@@ -125,6 +123,8 @@ def scheduler_problem(cfg) -> str | None:
     if unknown := sorted(given - set(optional) - set(required)):
         return (f"lr_scheduler_kwargs: {', '.join(unknown)} is not an argument of the {name} schedule; it takes "
                 f"{', '.join(required + optional) or 'none'}")
+    if {"min_lr", "min_lr_rate"} <= given:
+        return "lr_scheduler_kwargs: min_lr and min_lr_rate both set the final learning rate: keep one"
     if missing := [key for key in required if key not in given]:
         return f"lr_scheduler_kwargs: the {name} schedule needs {', '.join(missing)}, e.g. lr_scheduler_kwargs: {{{missing[0]}: 100}}"
     return None

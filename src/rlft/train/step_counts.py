@@ -47,8 +47,7 @@ def total_steps_resumed(cfg, recipe: Recipe, written: TrainState, world: int, to
     if cfg.max_steps or recipe.draws_per_step is not None:
         return total_steps
     cursor = PlanCursor(recipe.train_plan, written.epoch, written.batch_in_epoch)
-    cursor.replan(written.plan_batches, plan_batches(recipe))
-    cursor.reshard(written.world_size, world)
+    cursor.reshard(written.world_size, world, written.plan_batches, plan_batches(recipe))
     plan = len(recipe.train_plan)
     # an epoch's end on uneven shards: the padding batch resharded can count past the plan's length
     left = Fraction(str(cfg.num_epochs)) * plan - (cursor.epoch * plan + min(cursor.batch_in_epoch, plan))
@@ -60,25 +59,23 @@ def continue_position(cfg, state: TrainState, recipe: Recipe, world: int) -> str
     and says what changed: the plan (another micro_batch_size, sequence_len, packing or data: the same share of the
     epoch) and the process count (the global micro-batches consumed kept, the optimizer state re-sharded)."""
     note, now = "", plan_batches(recipe)
-    if state.plan_batches and now and state.plan_batches != now:
-        cursor = PlanCursor(recipe.train_plan, state.epoch, state.batch_in_epoch)
-        cursor.replan(state.plan_batches, now)
+    replanned = bool(state.plan_batches and now and state.plan_batches != now)
+    before = state.batch_in_epoch
+    cursor = PlanCursor(recipe.train_plan, state.epoch, state.batch_in_epoch)
+    cursor.reshard(state.world_size, world, state.plan_batches, now)
+    state.batch_in_epoch = cursor.batch_in_epoch
+    if replanned:
         note += (f" (the checkpoint's data made {state.plan_batches} micro-batches an epoch, this run's makes {now}: "
                  "micro_batch_size, sequence_len, packing or the data changed. It goes on from the same share of epoch "
-                 f"{state.epoch + 1}, micro-batch {cursor.batch_in_epoch} of today's plan, rows skipped rather than "
-                 "trained twice)")
-        state.batch_in_epoch = cursor.batch_in_epoch
-    state.plan_batches = now
+                 f"{state.epoch + 1}, global micro-batch {state.batch_in_epoch * world} of today's plan, rounded up; "
+                 "today's batches are not those of the checkpoint's plan, so rows around that point may be skipped or "
+                 "trained again)")
     if state.world_size != world:
-        before = state.batch_in_epoch
-        cursor = PlanCursor(recipe.train_plan, state.epoch, state.batch_in_epoch)
-        cursor.reshard(state.world_size, world)
-        state.batch_in_epoch = cursor.batch_in_epoch
-        skipped = state.batch_in_epoch * world - before * state.world_size
+        skipped = 0 if replanned else state.batch_in_epoch * world - before * state.world_size
         note += (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
                  + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even" if skipped else "")
                  + (f"; {state.total_steps} steps in all)" if not cfg.max_steps else ")"))
-        state.world_size = world
+    state.plan_batches, state.world_size = now, world
     return note
 
 

@@ -53,6 +53,15 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if cfg.optimizer in AXOLOTL_OPTIMIZERS:
         raise NotImplementedYet(f"optimizer: {cfg.optimizer} is one of Axolotl's own optimizers, not built into rlft: use one of "
                                 "transformers' names (adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit, ...)")
+    if "lomo" in cfg.optimizer:
+        raise NotImplementedYet(f"optimizer: {cfg.optimizer} updates the weights inside the backward pass, driven by its "
+                                "fused_backward (transformers' Trainer calls it with the learning rate); rlft's loop does "
+                                "not, so it would ignore the schedule, clipping and accumulation: use adamw_torch_fused, "
+                                "adafactor or an 8-bit AdamW")
+    if "schedule_free" in cfg.optimizer and cfg.deepspeed:
+        raise NotImplementedYet(f"optimizer: {cfg.optimizer} with deepspeed: ZeRO keeps the optimizer's weights as its own "
+                                "fp32 partitions, so switching to the averaged weights for evaluations and saves would "
+                                "not reach the model; use it without deepspeed (plain or fsdp), or another optimizer")
     if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
     if problem := scheduler_problem(cfg):
