@@ -924,7 +924,7 @@ def test_grpo_chat_prompts_show_the_rows_tools_and_keep_the_column(tmp_path, dat
     finally:
         tok.chat_template = original
     assert tok.decode(example["prompt_ids"]).startswith("<tools>weather(")
-    assert example["columns"]["tools"] == [WEATHER] and example["columns"]["answer"] == "no"
+    assert example["columns"] == {"tools": [WEATHER], "answer": "no"}  # the column as the row had it, for the rewards
 
 
 def test_chat_train_on_eos_last_is_the_last_trained_turns_marker(tok):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlft.data.formats import RowError, fields_of, get_field, text, text_field
-from rlft.data.prompts import prompt_text, resolve_prompt_format, tokenize_prompt
+from rlft.data.prompts import prompt_text, resolve_prompt_format, template_kwargs, tokenize_prompt
 from rlft.data.tokenize import encode_text, split_answers
 
 PROMPT_FIELDS = ("input", "prompt", "question")
@@ -84,7 +84,7 @@ def resolve_structured(ds, cfg, index: int, where: str, tokenizer) -> Callable[[
 def tokenize_structured(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
     example = tokenize_prompt(record, tokenizer, chat_template_kwargs)
     # the ground truth as the model would write it after the prompt (tokenised in context, not alone)
-    rendered, special = prompt_text(record["prompt"], tokenizer, chat_template_kwargs)
+    rendered, special = prompt_text(record["prompt"], tokenizer, template_kwargs(record, chat_template_kwargs))
     whole = tokenizer(rendered + record["ground_truth"], add_special_tokens=special)["input_ids"]
     prompt = example["prompt_ids"]
     if whole[: len(prompt)] == prompt:

@@ -171,7 +171,8 @@ def tool_list(value: Any, name: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise RowError(f"field {name!r} is text but not JSON ({exc.msg}): give a list of tool schemas") from None
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
-        raise RowError(f"field {name!r} must be a list of tool schemas (mappings), got {_short(value)}")
+        raise RowError(f"field {name!r} must be a list of tool schemas (mappings) for the chat template, got {_short(value)} "
+                       "(to leave the column out of the template, set field_tools to a name the rows lack)")
     tools = []
     for tool in value:
         function = tool.get("function")

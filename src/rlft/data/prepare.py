@@ -82,9 +82,7 @@ def prompt_steps(cfg) -> MethodSteps:
     def fit(example, cfg):
         return (example, "ok") if budget is None else fit_prompt(example, budget, cfg.excess_length_strategy)
 
-    return MethodSteps(resolve_prompt_format,
-                       lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs,
-                                                                     ds.field_tools if ds is not None else "tools"), fit)
+    return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
 
 
 def ebft_steps(cfg) -> MethodSteps:

@@ -15,6 +15,9 @@ from rlft.data.formats import (RowError, bind_tokenizer, call_transform, chat_te
 from rlft.errors import DataError
 
 
+CHAT_TOOLS = "_chat_tools"  # a prompt record's parsed tools for the chat template (the tools column itself stays a column)
+
+
 def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dict], dict]:
     if ds.type is None:
         convert: Callable[[dict], dict] = dict
@@ -22,10 +25,10 @@ def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callabl
         messages = chat_template_format(ds)
         field = ds.field_messages.split(".")[0]
 
-        def convert(row: dict) -> dict:  # the other columns go on to the reward functions; the tools, parsed, also to the template
+        def convert(row: dict) -> dict:  # the other columns go on to the reward functions as they are
             chat = messages(row)
             return {**{k: v for k, v in row.items() if k != field}, "prompt": chat["messages"],
-                    **({ds.field_tools: chat["tools"]} if "tools" in chat else {})}
+                    **({CHAT_TOOLS: chat["tools"]} if "tools" in chat else {})}
     elif isinstance(ds.type, str):
         found = user_transform(ds.type, cfg, index, where)
         if found is None:
@@ -70,14 +73,18 @@ def prompt_text(prompt: str | list, tokenizer, chat_template_kwargs: dict | None
     return prompt, not (tokenizer.bos_token is not None and prompt.startswith(tokenizer.bos_token))
 
 
-def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None, tools_field: str = "tools") -> dict[str, Any]:
+def template_kwargs(record: dict[str, Any], chat_template_kwargs: dict | None) -> dict | None:
+    """The chat template's keyword arguments for a prompt: the config's, and the row's tools (a chat_template dataset's
+    tools column, parsed), which the template shows the model."""
+    tools = record.get(CHAT_TOOLS)
+    return {**(chat_template_kwargs or {}), "tools": tools} if tools else chat_template_kwargs
+
+
+def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
     prompt = record["prompt"]
-    tools = record.get(tools_field)
-    if isinstance(prompt, list) and isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools):
-        chat_template_kwargs = {**(chat_template_kwargs or {}), "tools": tools}  # the chat template shows them
-    text, special = prompt_text(prompt, tokenizer, chat_template_kwargs)
+    text, special = prompt_text(prompt, tokenizer, template_kwargs(record, chat_template_kwargs))
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
-    columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids")}
+    columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids", CHAT_TOOLS)}
     return {"prompt_ids": ids, "prompt": prompt, "columns": columns}
 
 
