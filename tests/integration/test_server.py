@@ -162,6 +162,10 @@ def test_bad_requests_get_json_errors(server):
     assert none.status_code == 400 and "n=0" in none.json()["error"]
     malformed = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert malformed.status_code == 400 and "error" in malformed.json()
+    # an empty stop string is no stop (it would end every completion after its first token)
+    empty_stop = httpx.post(url + "/generate", json={"prompt_ids": [[65]], "n": 1, "max_tokens": 5, "stop": [""], "seed": 1,
+                                                      "temperature": 1.0})
+    assert empty_stop.status_code == 200 and len(empty_stop.json()["completion_ids"][0]) == 5
 
 
 def test_generation_equals_local_engine_with_the_same_seed(server, remote):

@@ -56,12 +56,19 @@ def test_an_episode_that_cannot_be_trained_on_is_masked_with_its_reason_and_no_r
         assert episode.env_mask == [0]
 
 
-def test_run_body_keeps_the_rows_settings_and_adds_the_runs():
-    row = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}], "temperature": 0.2}, "extra": None}
+def test_run_body_samples_at_the_runs_temperature_and_top_p_whatever_the_row_says():
+    """As Axolotl sends it: the trainer's log-probs assume the run's temperature and top_p, so a task file's own (Gym's
+    google_search has 0.6, critpt a greedy 0.0) must not win; a null is no setting; the row's max_output_tokens stays."""
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}], "temperature": 0.2, "top_p": None},
+           "extra": None}
     body = run_body(row, "agent_a", SamplingParams(max_new_tokens=64, temperature=0.8, top_p=1.0))
     assert body["agent_ref"] == {"type": "responses_api_agents", "name": "agent_a"} and "extra" not in body
-    assert body["responses_create_params"]["temperature"] == 0.2  # the row's own
+    assert body["responses_create_params"]["temperature"] == 0.8
     assert body["responses_create_params"]["max_output_tokens"] == 64 and body["responses_create_params"]["top_p"] == 0.999
+    nulls = {"responses_create_params": {"input": [], "max_output_tokens": None}}
+    assert run_body(nulls, "a", SamplingParams(max_new_tokens=64))["responses_create_params"]["max_output_tokens"] == 64
+    own = {"responses_create_params": {"input": [], "max_output_tokens": 16}}
+    assert run_body(own, "a", SamplingParams(max_new_tokens=64))["responses_create_params"]["max_output_tokens"] == 16
 
 
 def play(path: str, body: dict) -> tuple[int, dict]:

@@ -77,6 +77,10 @@ class RemoteEngine:
                 "stop_token_ids": list(params.stop_token_ids), "stop": list(params.stop_strings), "seed": seed}
         out = self._watched("POST", "/generate", json=body)
         self._check_served(out["weight_version"], out.get("weight_checksum"))
+        if any(not isinstance(value, (int, float)) or value != value for row in out["logprobs"] for value in row):
+            from rlft.rollout.local import NOT_FINITE
+
+            raise RolloutError(NOT_FINITE)  # a backend passed NaN on (JSON null)
         expanded = [ids for ids in prompt_ids for _ in range(num_samples)]
         return Rollout(expanded, out["completion_ids"], out["logprobs"], out["truncated"],
                        weight_versions=[out["weight_version"]] * len(expanded))
@@ -107,7 +111,8 @@ class RemoteEngine:
 
         `checksum` is `weights_checksum` of the tensors as saved there (in the server's dtype).
         """
-        out = self._watched("POST", "/update_weights_from_path", json={"path": str(path), "version": version, "checksum": checksum})
+        out = self._watched("POST", "/update_weights_from_path",  # absolute: the server may run in another directory
+                            json={"path": str(Path(path).resolve()), "version": version, "checksum": checksum})
         self._confirm(out, version, checksum, "weights")
 
     def load_adapter(self, folder: str | Path, version: int, checksum: str | None = None) -> None:
@@ -119,7 +124,8 @@ class RemoteEngine:
         stored = load_file(str(Path(folder) / "adapter_model.safetensors")) if (Path(folder) / "adapter_model.safetensors").exists() else None
         if checksum is None and stored is not None:
             checksum = weights_checksum(stored)
-        out = self._watched("POST", "/load_lora_adapter", json={"lora_path": str(folder), "version": version, "checksum": checksum})
+        out = self._watched("POST", "/load_lora_adapter",  # absolute: the server may run in another directory
+                            json={"lora_path": str(Path(folder).resolve()), "version": version, "checksum": checksum})
         if checksum and out.get("received_checksum") != checksum:
             raise RolloutError(f"LoRA sync of version {version}: the server read checksum {out.get('received_checksum')} "
                                f"from {folder}, the trainer saved {checksum}")

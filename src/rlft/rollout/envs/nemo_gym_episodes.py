@@ -87,13 +87,15 @@ def stitch(answer: Any, fallback_prompt: list[int], eos: int, max_turns: int | N
 
 
 def run_body(row: dict[str, Any], agent: str, sampling: SamplingParams) -> dict[str, Any]:
-    """The `/run` request: the task row with its agent and the run's sampling settings (the row's own win)."""
+    """The `/run` request: the task row with its agent and the run's sampling settings, as Axolotl sends it. The
+    temperature and top_p are always the run's (the trainer's log-probs assume them; a task file's own, e.g. 0.6 or a
+    greedy 0.0, would bias the loss); `max_output_tokens` is the row's where it sets one."""
     body = {key: value for key, value in row.items() if value is not None}
     body.setdefault("agent_ref", {"type": "responses_api_agents", "name": agent})
-    params = dict(body.get("responses_create_params") or {})
+    params = {key: value for key, value in (body.get("responses_create_params") or {}).items() if value is not None}
     params.setdefault("max_output_tokens", sampling.max_new_tokens)
-    params.setdefault("temperature", sampling.temperature)
-    params.setdefault("top_p", sampling.top_p if sampling.top_p < 1.0 else 0.999)  # Axolotl's: 1.0 reads as unset
+    params["temperature"] = sampling.temperature
+    params["top_p"] = sampling.top_p if sampling.top_p < 1.0 else 0.999  # Axolotl's: 1.0 reads as unset
     body["responses_create_params"] = params
     return body
 

@@ -117,6 +117,6 @@ def generation_request(backend: ServingBackend, prompts: list[list[int]], *, n: 
             raise ServerError(400, message)
     params = SamplingParams(
         max_new_tokens=min(max_tokens or room, room), temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p,
-        repetition_penalty=repetition_penalty, stop_token_ids=tuple(stop_token_ids), stop_strings=tuple(stop),
+        repetition_penalty=repetition_penalty, stop_token_ids=tuple(stop_token_ids), stop_strings=tuple(s for s in stop if s),
     )
     return GenerationRequest([list(ids) for ids in prompts], n, params, seed, top_logprobs)
