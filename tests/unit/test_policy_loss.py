@@ -447,3 +447,26 @@ def test_k3_keeps_its_value_and_gradient_for_a_token_far_likelier_than_the_refer
     kl.sum().backward()
     assert logp.grad[0].item() == pytest.approx(1.0, abs=1e-6)
     assert torch.isfinite(k3_kl(torch.tensor([-31.0]), torch.tensor([-1.0]))).all()
+
+
+def test_importance_weights_at_padded_positions_are_never_read():
+    """Padded positions may hold anything (a NaN sampling log-prob from a server gives a NaN weight there): like every
+    other per-token input, the weights are replaced there before any arithmetic."""
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0]])
+    kwargs = dict(advantages=torch.tensor([1.0]), mask=mask, loss_type="grpo")
+    clean = policy_loss(logp, None, is_weights=torch.tensor([[1.0, 1.0]]), **kwargs)
+    poisoned = policy_loss(logp, None, is_weights=torch.tensor([[1.0, float("nan")]]), **kwargs)
+    assert torch.isfinite(poisoned.loss_sum) and poisoned.loss_sum.item() == clean.loss_sum.item()
+
+
+def test_entropy_over_logits_a_model_masks_with_minus_inf_is_finite():
+    from rlft.models.logprobs import logps_from_logits
+
+    logits = torch.tensor([[[1.0, 2.0, float("-inf")]]], requires_grad=True)
+    batch = {"input_ids": torch.tensor([[1]]), "completion_width": 1}
+    logps, entropy = logps_from_logits(logits, batch, 1.0, with_entropy=True, grad_entropy=True)
+    p = torch.softmax(torch.tensor([1.0, 2.0]), -1)
+    assert entropy.item() == pytest.approx(float(-(p * p.log()).sum()), rel=1e-6)
+    (logps.sum() + entropy.sum()).backward()
+    assert torch.isfinite(logits.grad).all()

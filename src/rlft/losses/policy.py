@@ -240,7 +240,7 @@ def policy_loss(
         keep = _as_tokens("sequence_keep", sequence_keep.detach().to(logp.dtype), shape, True)
         per_token = per_token * torch.where(valid, keep, zero)
     if is_weights is not None:
-        per_token = per_token * _as_tokens("is_weights", is_weights.detach().to(logp.dtype), shape, True)
+        per_token = per_token * torch.where(valid, _as_tokens("is_weights", is_weights.detach().to(logp.dtype), shape, True), zero)
 
     metrics: dict[str, float] = {}
     if ref_logps is not None:

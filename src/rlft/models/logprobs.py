@@ -201,8 +201,8 @@ def logps_from_logits(logits: torch.Tensor, batch: dict[str, Any], temperature: 
     entropy = None
     if with_entropy:
         context = torch.enable_grad() if grad_entropy else torch.no_grad()
-        with context:
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        with context:  # an entry a model masks with -inf has p = 0 and adds nothing (0 * -inf would be NaN)
+            entropy = -(log_probs.exp() * torch.where(torch.isinf(log_probs), 0.0, log_probs)).sum(-1)
     return logps, entropy
 
 
