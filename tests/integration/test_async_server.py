@@ -197,6 +197,38 @@ def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_pa
             kill_group(trainer)
 
 
+def test_a_server_that_dies_between_checkpoints_leaves_the_steps_trained_saved(served, tmp_path, warm_model):
+    """No periodic save before the server dies: the run writes a checkpoint of the steps it finished (without the
+    engine: nothing is pushed or drained), says where, and a resume goes on from it."""
+    port = free_port()
+    root = tmp_path
+    (root / "rewards_async.py").write_text(REWARD)
+    config = write(served, root, "lost", {"max_steps": 500, "save_steps": 1000, "vllm": {"port": port},
+                                          "trl": {"vllm_server_port": port}})
+    server_log = root / "server.log"
+    server = run_cli("vllm-serve", str(config), log=server_log)
+    trainer = None
+    try:
+        wait_for_health(server, port, server_log)
+        trainer = _train_process(config, root / "train.log")
+        metrics = root / "lost" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and sum('"loss"' in line for line in metrics.read_text().splitlines()) >= 2):
+            assert time.monotonic() < deadline and trainer.poll() is None, (root / "train.log").read_text()[-2000:]
+            time.sleep(0.05)
+        kill_group(server)
+        code = trainer.wait(timeout=60)
+        text = " ".join((root / "train.log").read_text().split())
+        assert code == 1 and "Traceback" not in text and "stopped answering" in text
+        saved = sorted(root.glob("lost/checkpoint-*"))
+        assert len(saved) == 1 and f"steps trained are saved in {saved[0]}" in text
+        assert json.loads((saved[0] / "trainer_state.json").read_text())["global_step"] >= 2
+    finally:
+        kill_group(server)
+        if trainer is not None:
+            kill_group(trainer)
+
+
 def test_no_server_says_what_to_start(served, cli, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(served["root"])
     port = free_port()

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlft.config.best_model import has_eval_set
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
-from rlft.errors import TrainingDiverged, TrainingInterrupted
+from rlft.errors import RolloutError, TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, checkpoint_problem, load_checkpoint,
                                    load_weights, read_state, save_checkpoint)
@@ -382,6 +382,16 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
                   if cfg.save_only_model else "resume with --resume_from_checkpoint=auto")
         where = f"checkpoint saved to {saved}; {resume}" if saved else "no step had finished, nothing to save"
         raise TrainingInterrupted(f"interrupted at step {state.global_step}/{total_steps}: {where}") from None
+    except RolloutError as exc:  # a rollout server that died: keep the steps trained since the last checkpoint
+        if world > 1 or state.global_step == 0 or cfg.save_only_model:
+            raise
+        done = last_saved is not None and last_saved.name == f"checkpoint-{state.global_step}"
+        recipe.engine_lost()
+        saved = last_saved if done else save()
+        log.close()
+        raise RolloutError(f"{exc}\nthe {state.global_step} steps trained are saved in {saved}: resume with "
+                           "--resume_from_checkpoint=auto once it answers again (the rollouts in flight are sampled "
+                           "again)") from None
     except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step
         log.close()
         resume = "" if cfg.save_only_model else "; resume with --resume_from_checkpoint=auto"

@@ -102,6 +102,9 @@ class Recipe:
     def state_dict(self) -> dict[str, Any]:
         return {}
 
+    def engine_lost(self) -> None:
+        """The rollout engine stopped answering: the checkpoint saved next must not need it."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved."""
 

@@ -36,6 +36,7 @@ class RolloutFeed:
         start = max(1, int(max_steps * s.reroll_start_fraction)) if max_steps and s.reroll_start_fraction < 1.0 else None
         self.reroll = RerollQueue(start, s.reroll_max_groups)
         self.step = 0  # optimizer steps done (the policy's weight version)
+        self.lost = False  # the engine stopped answering (a checkpoint is still written, without it)
         producer.run_engine = self.prefetcher.call
         producer.inject = self._inject
         producer.after_scoring = self._after_scoring
@@ -99,6 +100,9 @@ class RolloutFeed:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, policy) -> dict[str, Any]:
+        if self.lost:  # the engine stopped answering: nothing can be pushed or drained; a resume samples those again
+            return {"pending": [], "draws": self.producer.draws, "weight_version": self.step,
+                    "reroll": self.reroll.state_dict(), "replay": self.replay.state_dict() if self.replay else {}}
         self.sync_now(policy)
         pending = self.prefetcher.drain()  # every batch in flight finishes; they are saved, not re-sampled
         return {"pending": [batch.to_state() for batch in pending], "draws": self.producer.draws,

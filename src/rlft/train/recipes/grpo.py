@@ -146,6 +146,10 @@ class GRPORecipe(Recipe):
         behind = broadcast_object(self.feed.weight_sync.pushed != self.feed.step if self.feed else None)
         return self.whole(model) if behind else model
 
+    def engine_lost(self) -> None:
+        if self.feed is not None:
+            self.feed.lost = True
+
     def start(self, model) -> None:
         s, version = self.settings, self._restored.get("weight_version", 0) or 0
         self.model, self.step = model, self._restored.get("step", 0)
