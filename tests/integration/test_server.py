@@ -166,6 +166,15 @@ def test_bad_requests_get_json_errors(server):
     empty_stop = httpx.post(url + "/generate", json={"prompt_ids": [[65]], "n": 1, "max_tokens": 5, "stop": [""], "seed": 1,
                                                       "temperature": 1.0})
     assert empty_stop.status_code == 200 and len(empty_stop.json()["completion_ids"][0]) == 5
+    # OpenAI's and vLLM's servers read a null as the default
+    nulls = httpx.post(url + "/v1/completions", json={"prompt": [PROMPTS[0]], "max_tokens": 2, "temperature": None,
+                                                      "top_p": None, "n": None, "top_k": None})
+    assert nulls.status_code == 200 and len(nulls.json()["choices"]) == 1, nulls.text
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "prompt_token_ids": ["a"],
+                                                  "generation_token_ids": [1]}, {"role": "user", "content": "more"}]
+    bad_ids = httpx.post(url + "/v1/chat/completions", json={"messages": turns, "max_tokens": 2})
+    assert bad_ids.status_code == 400 and "must be lists of token ids" in bad_ids.json()["error"]
+    assert "Traceback" not in server["log"].read_text()
 
 
 def test_generation_equals_local_engine_with_the_same_seed(server, remote):

@@ -298,6 +298,7 @@ def worker_runner(tmp_path_factory):
     finally:
         os.chdir(previous)  # the workers run in the runner's directory, whatever ours is
     with runner:
+        runner.score(["p"] * 4, ["a", "b", "c", "d"], [[1]] * 4, {})  # started: a test run alone (-k) sees warm workers too
         yield runner
     sys.path[:] = previous_path
     sys.modules.pop(SHARED_MODULE, None)

@@ -19,11 +19,13 @@ from rlft.errors import ConfigError
 from rlft.rollout.engine import RolloutEngine
 
 
-def server_token(cfg, port: int) -> str | None:
-    """vllm.api_key, else RLFT_SERVER_TOKEN, else the token a server on this machine generated for that port."""
+def server_token(cfg, port: int, host: str = "127.0.0.1") -> str | None:
+    """vllm.api_key, else RLFT_SERVER_TOKEN, else the token a server on this machine generated for that port (only for
+    a server on this machine: it is not sent elsewhere)."""
     from rlft.rollout.server.security import local_token
 
-    return cfg.vllm.api_key or os.environ.get("RLFT_SERVER_TOKEN") or local_token(port)
+    here = host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
+    return cfg.vllm.api_key or os.environ.get("RLFT_SERVER_TOKEN") or (local_token(port) if here else None)
 
 
 def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] | None, bool]:
@@ -38,7 +40,7 @@ def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] 
     def connect(policy, version: int) -> RolloutEngine:
         from rlft.rollout.remote import RemoteEngine
 
-        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port))
+        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port, s.server_host))
         wait_for_server(engine, s, console)
         engine.check_serves(policy)  # another model behind that port: say so before sending it weights
         return engine

@@ -74,7 +74,7 @@ def nemo_gym_servers(cfg, console: Console):
     if cfg.nemo_gym_multi_turn:  # the Gym model server the agents ask points at rlft's rollout server
         s = rl_settings(cfg)
         policy = {"base_url": f"http://{s.server_host}:{s.server_port}/v1", "model": str(cfg.base_model),
-                  "api_key": server_token(cfg, s.server_port) or "EMPTY"}
+                  "api_key": server_token(cfg, s.server_port, s.server_host) or "EMPTY"}
     return GymServers(cfg, console, policy)
 
 

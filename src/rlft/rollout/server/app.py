@@ -43,7 +43,12 @@ def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], g
 
     @functools.wraps(endpoint)  # FastAPI reads the wrapped signature: body models and parameters stay as declared
     async def json_endpoint(*args, **kwargs) -> Response:
-        payload = await endpoint(*args, **kwargs)
+        try:
+            payload = await endpoint(*args, **kwargs)
+        except (ServerError, HTTPException):
+            raise
+        except Exception as exc:  # answered here: past the app's handlers Starlette re-raises, and uvicorn prints a traceback
+            return JSONResponse({"error": f"internal error in {path}: {type(exc).__name__}: {exc}"}, status_code=500)
         # off the event loop: a batch of 512 long completions takes seconds to write, and /health must answer meanwhile
         return Response(await asyncio.to_thread(_json, payload), media_type="application/json")
 

@@ -59,7 +59,11 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
                     and m.get("prompt_token_ids")), default=None)
         if last is None:
             return ids
-        sampled = [int(t) for t in messages[last]["prompt_token_ids"]] + [int(t) for t in messages[last]["generation_token_ids"]]
+        try:
+            sampled = [int(t) for t in messages[last]["prompt_token_ids"]] + [int(t) for t in messages[last]["generation_token_ids"]]
+        except (TypeError, ValueError):
+            raise ServerError(400, f"messages[{last}]: prompt_token_ids and generation_token_ids must be lists of token ids "
+                                   "(integers)") from None
         return splice_sampled_turn(ids, render(clean[: last + 1], tools, False, kwargs), sampled, set(tokenizer.all_special_ids))
 
     def usage(prompts: list[list[int]], out: Generated) -> dict[str, int]:

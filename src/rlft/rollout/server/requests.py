@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from rlft.rollout.server.protocol import GenerationRequest, ServerError, ServingBackend
 from rlft.rollout.types import SamplingParams
@@ -44,7 +44,13 @@ class LoadAdapterBody(Body):
 
 
 class OpenAISamplingBody(Body):
-    """The sampling fields both OpenAI routes take (vLLM's extensions included)."""
+    """The sampling fields both OpenAI routes take (vLLM's extensions included); a null is the default, as OpenAI's and
+    vLLM's servers read it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
 
     model: Optional[str] = None
     n: int = 1
