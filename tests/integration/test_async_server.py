@@ -167,12 +167,13 @@ def test_two_training_processes_against_the_server_equal_one(served, tmp_path, s
         assert abs(first[step][0] - second[step][0]) < 1e-5 and first[step][1] == second[step][1], (step, first, second)
 
 
-def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_path, warm_model):
+def _kill_the_server_mid_run(served, root, name: str, save_steps: int, trained) -> tuple[int, str, float]:
+    """Train against a server of its own until `trained(output_dir)` holds, then kill the server: (the trainer's exit
+    code, its output, seconds from the kill to its exit)."""
     port = free_port()
-    root = tmp_path
     (root / "rewards_async.py").write_text(REWARD)
-    config = write(served, root, "dies", {"max_steps": 500, "save_steps": 1, "vllm": {"port": port},
-                                          "trl": {"vllm_server_port": port}})
+    config = write(served, root, name, {"max_steps": 500, "save_steps": save_steps, "vllm": {"port": port},
+                                        "trl": {"vllm_server_port": port}})
     server_log = root / "server.log"
     server = run_cli("vllm-serve", str(config), log=server_log)
     trainer = None
@@ -180,53 +181,41 @@ def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_pa
         wait_for_health(server, port, server_log)
         trainer = _train_process(config, root / "train.log")
         deadline = time.monotonic() + 120
-        while not (root / "dies" / "checkpoint-2" / "trainer_state.json").exists():
+        while not trained(root / name):
             assert time.monotonic() < deadline and trainer.poll() is None, (root / "train.log").read_text()[-2000:]
             time.sleep(0.05)
         kill_group(server)
         killed = time.monotonic()
         code = trainer.wait(timeout=60)
-        assert time.monotonic() - killed < 10
-        text = (root / "train.log").read_text()
-        assert code == 1 and "Traceback" not in text
-        assert "stopped answering" in text and "rlft vllm-serve" in text
-        assert (root / "dies" / "checkpoint-2" / "trainer_state.json").exists()  # nothing trained is lost
+        return code, (root / "train.log").read_text(), time.monotonic() - killed
     finally:
         kill_group(server)
         if trainer is not None:
             kill_group(trainer)
+
+
+def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_path, warm_model):
+    code, text, seconds = _kill_the_server_mid_run(served, tmp_path, "dies", 1,
+                                                   lambda out: (out / "checkpoint-2" / "trainer_state.json").exists())
+    assert seconds < 10
+    assert code == 1 and "Traceback" not in text
+    assert "stopped answering" in text and "rlft vllm-serve" in text
+    assert (tmp_path / "dies" / "checkpoint-2" / "trainer_state.json").exists()  # nothing trained is lost
 
 
 def test_a_server_that_dies_between_checkpoints_leaves_the_steps_trained_saved(served, tmp_path, warm_model):
     """No periodic save before the server dies: the run writes a checkpoint of the steps it finished (without the
-    engine: nothing is pushed or drained), says where, and a resume goes on from it."""
-    port = free_port()
-    root = tmp_path
-    (root / "rewards_async.py").write_text(REWARD)
-    config = write(served, root, "lost", {"max_steps": 500, "save_steps": 1000, "vllm": {"port": port},
-                                          "trl": {"vllm_server_port": port}})
-    server_log = root / "server.log"
-    server = run_cli("vllm-serve", str(config), log=server_log)
-    trainer = None
-    try:
-        wait_for_health(server, port, server_log)
-        trainer = _train_process(config, root / "train.log")
-        metrics = root / "lost" / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and sum('"loss"' in line for line in metrics.read_text().splitlines()) >= 2):
-            assert time.monotonic() < deadline and trainer.poll() is None, (root / "train.log").read_text()[-2000:]
-            time.sleep(0.05)
-        kill_group(server)
-        code = trainer.wait(timeout=60)
-        text = " ".join((root / "train.log").read_text().split())
-        assert code == 1 and "Traceback" not in text and "stopped answering" in text
-        saved = sorted(root.glob("lost/checkpoint-*"))
-        assert len(saved) == 1 and f"steps trained are saved in {saved[0]}" in text
-        assert json.loads((saved[0] / "trainer_state.json").read_text())["global_step"] >= 2
-    finally:
-        kill_group(server)
-        if trainer is not None:
-            kill_group(trainer)
+    engine: nothing is pushed or drained) and says where."""
+    def two_steps(out):
+        metrics = out / "metrics.jsonl"
+        return metrics.exists() and sum('"loss"' in line for line in metrics.read_text().splitlines()) >= 2
+
+    code, text, _ = _kill_the_server_mid_run(served, tmp_path, "lost", 1000, two_steps)
+    text = " ".join(text.split())
+    assert code == 1 and "Traceback" not in text and "stopped answering" in text
+    saved = sorted(tmp_path.glob("lost/checkpoint-*"))
+    assert len(saved) == 1 and f"steps trained are saved in {saved[0]}" in text
+    assert json.loads((saved[0] / "trainer_state.json").read_text())["global_step"] >= 2
 
 
 def test_no_server_says_what_to_start(served, cli, tmp_path, capsys, monkeypatch):
