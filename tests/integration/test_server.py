@@ -256,6 +256,20 @@ def test_lora_sync_is_verified_and_a_rank_above_the_limit_refused(server, remote
     again = remote.generate(PROMPTS, params, num_samples=2, seed=5)
     assert (again.completion_ids, again.logprobs) == (local.completion_ids, local.logprobs)
 
+    # an adapter of another shape that PEFT cannot wrap (modules the model lacks): the same, not the bare base
+    import json
+
+    foreign = server["root"] / "adapter-r2-foreign"
+    _adapter(foreign, server["folder"], 2)
+    config = json.loads((foreign / "adapter_config.json").read_text())
+    (foreign / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["no_such_proj"]}))
+    with pytest.raises(RolloutError, match="cannot be applied to the served model"):
+        remote.load_adapter(foreign, version=6)
+    info = remote.weight_info()
+    assert info["lora"] == {"rank": 4, "version": 3} and info["weight_version"] == 3
+    again = remote.generate(PROMPTS, params, num_samples=2, seed=5)
+    assert (again.completion_ids, again.logprobs) == (local.completion_ids, local.logprobs)
+
 
 @pytest.mark.parametrize("lora_sync", [False, True])
 def test_a_new_runs_first_push_replaces_everything_the_server_held(server, remote, tmp_path, lora_sync):

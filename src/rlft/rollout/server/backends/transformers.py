@@ -141,17 +141,21 @@ class TransformersBackend(ThreadedBackend):
                         self.lora)
             if _adapter_shape(adapter.config) != _adapter_shape(self._lora_config):
                 self._unwrap()
-        if self._lora_config is None:
-            self._wrap(adapter.config)
         try:
+            if self._lora_config is None:
+                self._wrap(adapter.config)
             readback = self._set_adapter_tensors(adapter)
-        except ServerError:
-            self._unwrap()
+        except Exception as exc:  # a wrap PEFT refuses (target modules the model lacks) too: serve what was served
+            if self._lora_config is not None:
+                self._unwrap()
             if previous is not None:
                 self._wrap(previous[0])
                 _set_state(self._engine.model, previous[1])
                 self.lora = previous[2]
-            raise
+            if isinstance(exc, ServerError):
+                raise
+            raise ServerError(400, f"{adapter.folder}: the adapter cannot be applied to the served model "
+                                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
         checksum = weights_checksum(readback)
         self.weight_version, self.weight_checksum = version, checksum
         self.lora = {"rank": adapter.rank, "version": version}
