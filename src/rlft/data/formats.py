@@ -152,9 +152,8 @@ def chat_template_format(ds, chunks: bool = False) -> RowFormat:
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
         # as Axolotl's chat_template strategy: a system column leads the chat unless it starts with its own system turn,
         # and a tools column goes to the chat template (which shows the model the tools it may call)
-        first_role = role_names.get(messages[0].get(mapping["role"]), messages[0].get(mapping["role"]))
         system = row.get("system")
-        if system not in (None, "") and first_role != "system" and not ds.drop_system_message:
+        if system not in (None, "") and not ds.drop_system_message and (not out or out[0]["role"] != "system"):
             out.insert(0, {"role": "system", "content": text(system, "system")})
         tools = row.get(ds.field_tools)
         return {"messages": out, **({"tools": tool_list(tools, ds.field_tools)} if tools not in (None, "", []) else {})}
