@@ -33,9 +33,17 @@ Each mode runs --repeat times (alternating) after a 2-step warm-up of each; the 
 mode's run with the smallest median step, the JSON keeps every run and the 1-minute load average
 (a shared 2-core machine is noisy: check it before trusting a number).
 
+Strided mode's two ways to the vocabulary (--compare-logits, with --vocab N for a real tokenizer's output layer; the
+text keeps the byte tokenizer's ids): the policy's log-probs and document NLL read through the output layer at the
+read positions only, a chunk at a time (rlft.rollout.strided_scores, the default for a vocabulary of 4,096 entries or
+more), against the model's whole (B*n, T, V) logits (the path below that size, and the only one before). Alternating
+runs of the strided mode alone; the median step of each, then one more run of each under a resident-memory sampler
+for its peak above the start (bench/common.py `peak_memory`), and whether the losses agree.
+
 Usage (from the repository root):
   .venv/bin/python bench/ebft.py --size S --steps 20
-Results: a table on stdout and bench/results/ebft-<size>.json.
+  .venv/bin/python bench/ebft.py --compare-logits --vocab 32768 --steps 10
+Results: a table on stdout and bench/results/ebft-<size>.json (ebft-paths-<size>-v<vocab>.json with --compare-logits).
 """
 
 from __future__ import annotations
@@ -67,7 +75,8 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.loop  # noqa: F401
 import rlft.train.recipes.ebft  # noqa: F401
 import rlft.train.run
-from common import RESULTS, make_model, median, quiet, rlft_keys
+from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys
+from rlft.models import head
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
@@ -222,6 +231,39 @@ def print_report(res: dict) -> None:
     print(f"  generated tokens/s over time/generate: {sd['generate_tokens_per_s']:,.0f}")
 
 
+def compare_logits(args, model_dir: Path, tmp: Path) -> dict:
+    """Strided runs through the output layer and through the model's logits, alternating; then each one's peak."""
+    paths = {"output layer": 4096, "model logits": 10**9}  # head.MIN_VOCAB for each path
+
+    def run(path: str, out: Path, steps: int) -> dict:
+        head.MIN_VOCAB = paths[path]
+        return run_strided(model_dir, out, steps, args.seed)
+
+    for path in paths:
+        run(path, tmp / f"warm-{path}", 2)
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict]] = {path: [] for path in paths}
+    for index in range(args.repeat):
+        for path in paths:
+            runs[path].append(run(path, tmp / f"{path}-{index}", args.steps))
+            print(f"run {index + 1}/{args.repeat} {path}: median step {runs[path][-1]['median_step_s'] * 1e3:.1f} ms", flush=True)
+    peaks = {path: peak_memory(run, path, tmp / f"peak-{path}", 3) for path in paths}
+    load_after = os.getloadavg()
+    best = {path: min(path_runs, key=lambda r: r["median_step_s"]) for path, path_runs in runs.items()}
+    first, second = (best[path]["losses"] for path in paths)
+    agree = max(abs(a - b) / (1 + abs(b)) for a, b in zip(first, second))
+    print(f"\nstrided EBFT {args.size}, vocabulary {args.vocab or 'byte (260)'}: T={best['output layer']['median_total_len']:.0f} "
+          f"columns x {best['output layer']['median_rows']:.0f} rows; load {load_before[0]:.2f}/{load_after[0]:.2f}")
+    print(f"  {'path':14s} {'median step (ms)':>17s} {'peak above start (MiB)':>23s}")
+    for path in paths:
+        print(f"  {path:14s} {best[path]['median_step_s'] * 1e3:17.1f} {peaks[path]:23.1f}")
+    print(f"  step ratio (model logits / output layer) {best['model logits']['median_step_s'] / best['output layer']['median_step_s']:.2f}x; "
+          f"largest relative loss difference over {len(first)} steps {agree:.1e}")
+    return {"paths": {path: {"min_vocab": paths[path], "peak_memory_mib": peaks[path], **best[path]} for path in paths},
+            "largest_relative_loss_difference": agree, "load_average_1m_before_after": [load_before[0], load_after[0]],
+            "all_runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="S")
@@ -230,10 +272,28 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per mode, alternating; the fastest is shown")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/ebft-<size>.json)")
+    parser.add_argument("--vocab", type=int, default=None, help="output layer entries (default: the byte tokenizer's)")
+    parser.add_argument("--compare-logits", action="store_true",
+                        help="strided mode only: the output-layer path against the model's logits")
     args = parser.parse_args()
     quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compare_logits:
+        with tempfile.TemporaryDirectory(prefix="rlft-bench-ebft-") as tmp:
+            model_dir = make_model(Path(tmp) / "model", args.size, args.seed, args.vocab)
+            result = compare_logits(args, model_dir, Path(tmp))
+        report = {"benchmark": "ebft strided paths", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "command": "bench/ebft.py " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v is not None),
+                  "size": args.size, "vocab": args.vocab, "steps": args.steps, "repeat": args.repeat,
+                  "strided_settings": STRIDED, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                  "machine": platform.processor() or platform.machine(),
+                  "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, **result}
+        out = args.out or RESULTS / f"ebft-paths-{args.size}-v{args.vocab or 260}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
 
     prompts = [{"prompt": row["prompt"], "completion": row["completion"]} for row in split_rows()[0]]
     with tempfile.TemporaryDirectory(prefix="rlft-bench-ebft-") as tmp:

@@ -122,6 +122,26 @@ def test_strided_flex_attention_on_a_cpu_trains_what_sdpa_trains(warm_model, cli
     assert losses[True] == losses[False] and len(losses[True]) == 3
 
 
+def test_strided_loss_through_the_output_layer_trains_what_the_logits_train(warm_model, cli, tmp_path, monkeypatch, repo_root):
+    """The strided recipe's chunked output-layer path (rlft.rollout.strided_scores; the byte vocabulary is under
+    MIN_VOCAB, so it is lowered here) gives the losses, metrics and held-out CE of the model's own logits."""
+    from rlft.models import head
+
+    monkeypatch.chdir(repo_root)
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
+        out = tmp_path / f"fused-{fused}"
+        assert cli("train", "examples/ebft-strided.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
+                   "--max_steps=3", "--eval_steps=3", "--logging_steps=1") == 0
+        runs[fused] = [{k: v for k, v in m.items() if k in ("loss", "ebft/rl_loss", "ebft/ce_loss", "eval/ce_loss")}
+                       for m in _metrics(out) if "loss" in m or "eval/ce_loss" in m]
+    assert len(runs[True]) == len(runs[False]) == 5  # 3 steps, 2 evaluations
+    for fused, plain in zip(runs[True], runs[False]):
+        assert fused.keys() == plain.keys()
+        assert all(abs(fused[k] - plain[k]) <= 1e-4 * (1 + abs(plain[k])) for k in plain), (fused, plain)
+
+
 def test_strided_documents_shorter_than_one_block(warm_model, cli, tmp_path, capsys):
     rows = [{"text": "1+1=2"}] * 4
     config = _config(tmp_path, warm_model, rows, ebft={"mode": "strided", "feature_layers": [0.5, 1.0], "context_length": 8,

@@ -241,12 +241,22 @@ def gather_generated_logps(logits: Tensor, sequences: Tensor, layout: StridedLay
     if num_blocks == 0:
         return logits.new_zeros((batch, 0, gen_len), dtype=torch.float32)
     picked = logits[:, layout.read_positions().to(logits.device).reshape(-1)]  # (B, K·G, V) in [k, t] order
-    targets = generated_targets(sequences, layout).reshape(batch, -1, 1)
-    read = lambda p: torch.log_softmax(process_logits(picked, None, SamplingParams(  # noqa: E731
-        max_new_tokens=gen_len, temperature=temperature, top_p=p)), -1).gather(-1, targets).view(batch, num_blocks, gen_len)
+    targets = generated_targets(sequences, layout).reshape(batch, -1)
+    return nucleus_logps(picked, targets, temperature, top_p).view(batch, num_blocks, gen_len)
+
+
+def nucleus_logps(logits: Tensor, targets: Tensor, temperature: float, top_p: float,
+                  fallback: str = "when_needed") -> Tensor:
+    """log_softmax of `process_logits` (temperature, then the top-p nucleus) read at `targets` (logits' shape without
+    the vocabulary axis); a target outside the nucleus gets its temperature log-prob. `fallback="always"` computes
+    those every time instead of only when a target fell out (no branch on the values)."""
+    read = lambda p: torch.log_softmax(process_logits(logits, None, SamplingParams(  # noqa: E731
+        max_new_tokens=1, temperature=temperature, top_p=p)), -1).gather(-1, targets[..., None]).squeeze(-1)
     logps = read(top_p)
+    if top_p >= 1.0:
+        return logps
     dropped = torch.isinf(logps)
-    return torch.where(dropped, read(1.0), logps) if top_p < 1.0 and bool(dropped.any()) else logps
+    return torch.where(dropped, read(1.0), logps) if fallback == "always" or bool(dropped.any()) else logps
 
 
 def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tuple[Tensor, Tensor]:

@@ -226,7 +226,8 @@ class EBFTStridedRecipe(Recipe):
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         """The loss is already a mean over this micro-batch: one unit."""
         from rlft.losses.ebft import strided_ebft_loss
-        from rlft.rollout.strided import document_nll, gather_generated_logps, generate_blocks
+        from rlft.rollout.strided import generate_blocks
+        from rlft.rollout.strided_scores import strided_scores
 
         e = self.ebft
         layout = self._layout(batch)
@@ -240,19 +241,17 @@ class EBFTStridedRecipe(Recipe):
         generated = time.perf_counter()
         advantages, metrics = self._rewards(model, rollout, layout)
         rewarded = time.perf_counter()
-        logits = model(input_ids=rollout.sequences, attention_mask=rollout.attention, position_ids=rollout.position_ids,
-                       use_cache=False).logits
-        gen_logps = gather_generated_logps(logits, rollout.sequences, layout, e.temperature, top_p=e.top_p)
+        scores = strided_scores(model, {"input_ids": rollout.sequences, "attention_mask": rollout.attention,
+                                        "position_ids": rollout.position_ids})
+        gen_logps = scores.generated_logps(rollout.sequences, layout, e.temperature, top_p=e.top_p)
         gen_mask = rollout.block_valid[..., None].expand_as(gen_logps).float()
         doc_nll = doc_mask = None
         if e.ce_coef:
             doc_ids = batch["input_ids"].repeat_interleave(e.n_samples_per_prompt, 0)
-            doc_nll, doc_mask = document_nll(logits, doc_ids, rollout.doc_attention)
             # prompt+completion documents: cross-entropy on the completion only (target index i+1 >= prompt length)
-            prompts = batch["prompt_length"].repeat_interleave(e.n_samples_per_prompt, 0).to(doc_mask.device)
-            targets = torch.arange(1, doc_mask.size(1) + 1, device=doc_mask.device)
-            doc_mask = doc_mask & (targets[None, :] >= prompts[:, None])
-            doc_nll = doc_nll * doc_mask
+            prompts = batch["prompt_length"].repeat_interleave(e.n_samples_per_prompt, 0).to(doc_ids.device)
+            targets = torch.arange(1, doc_ids.size(1), device=doc_ids.device)
+            doc_nll, doc_mask = scores.document_nll(doc_ids, rollout.doc_attention, keep=targets[None, :] >= prompts[:, None])
         loss, loss_metrics = strided_ebft_loss(gen_logps, gen_mask, advantages.detach(), doc_nll, doc_mask,
                                                rl_coef=e.rl_coef, ce_coef=e.ce_coef)
         metrics.update(loss_metrics)
@@ -266,12 +265,13 @@ class EBFTStridedRecipe(Recipe):
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out document cross-entropy and the feature-matching (CFM) loss of fresh samples (normalised features)."""
-        from rlft.rollout.strided import document_nll, generate_blocks
+        from rlft.rollout.strided import generate_blocks
+        from rlft.rollout.strided_scores import strided_scores
 
         nll_total, tokens, cfm, blocks = 0.0, 0, 0.0, 0
         for index, batch in enumerate(batches):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-            nll, mask = document_nll(logits, batch["input_ids"], batch["attention_mask"])
+            scores = strided_scores(model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
+            nll, mask = scores.document_nll(batch["input_ids"], batch["attention_mask"])
             nll_total, tokens = nll_total + float(nll.sum()), tokens + int(mask.sum())
             layout = self._layout(batch)
             if layout.num_blocks > 0:
