@@ -100,12 +100,25 @@ def _import(module_name: str, subject: str) -> ModuleType:
         ) from exc
 
 
-def _module_file(module_name: str) -> str:
+def module_origin(module_name: str) -> str | None:
+    """The file `module_name` would be imported from (the working directory first, as `_import` does) without running
+    it, or None when there is none (no such module, a built-in one, or a broken parent package)."""
+    cwd = str(Path.cwd())
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
     try:
         spec = importlib.util.find_spec(module_name)
-    except Exception:  # noqa: BLE001 - a broken parent package: the name is all we have
+    except Exception:  # noqa: BLE001 - no such module, or a parent package that fails to import
         spec = None
-    return spec.origin if spec is not None and spec.origin else f"{module_name}.py"
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    return spec.origin if spec is not None and spec.origin else None
+
+
+def _module_file(module_name: str) -> str:
+    return module_origin(module_name) or f"{module_name}.py"
 
 
 def _missing_attribute_message(module, module_name: str, attr: str, name: str, module_file: str | None) -> str:

@@ -59,21 +59,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def _user_code(cfg) -> list[str]:
     """The source of every user transform (`type: module.fn`) the datasets name, found as rlft imports it (the working
     directory first): an edit of the transform changes the prepared rows."""
-    import importlib.util
-    import sys
+    from rlft.usercode import module_origin
 
     texts = []
     for ds in list(cfg.datasets) + list(cfg.test_datasets or []):
         module = ds.type.rpartition(".")[0] if isinstance(ds.type, str) else ""
-        if not module:
-            continue
-        sys.path.insert(0, str(Path.cwd()))
-        try:
-            origin = getattr(importlib.util.find_spec(module), "origin", None)
-        except (ImportError, ValueError):  # a built-in format's name (chatml.intel): no such module
-            origin = None
-        finally:
-            sys.path.remove(str(Path.cwd()))
+        origin = module_origin(module) if module else None  # None for a built-in format's name (chatml.intel)
         if origin and Path(origin).is_file():
             texts.append(hashlib.sha256(Path(origin).read_bytes()).hexdigest())
     return texts

@@ -106,6 +106,11 @@ SCHEDULE_ARGUMENTS = {
 }
 
 
+def schedule_name(cfg) -> str:
+    """transformers' name for the config's schedule: `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
+    return "cosine_with_min_lr" if cfg.lr_scheduler == "cosine" and cfg.cosine_min_lr_ratio else cfg.lr_scheduler
+
+
 def scheduler_problem(cfg) -> str | None:
     """What transformers would refuse in the schedule's keys after the model has loaded (a missing or misspelt
     `lr_scheduler_kwargs` entry), or drop without a word (`cosine_min_lr_ratio` on another schedule; any kwargs of
@@ -117,8 +122,7 @@ def scheduler_problem(cfg) -> str | None:
     if name in ("constant", "constant_with_warmup"):
         return (f"lr_scheduler_kwargs: {name} takes none (transformers would drop {sorted(given)}): remove them"
                 if given else None)
-    if name == "cosine" and cfg.cosine_min_lr_ratio:
-        name = "cosine_with_min_lr"
+    name = schedule_name(cfg)
     optional, required = SCHEDULE_ARGUMENTS[name]
     if unknown := sorted(given - set(optional) - set(required)):
         return (f"lr_scheduler_kwargs: {', '.join(unknown)} is not an argument of the {name} schedule; it takes "
@@ -131,12 +135,10 @@ def scheduler_problem(cfg) -> str | None:
 
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int, epoch_steps: int | None = None):
-    """`transformers.get_scheduler` with the config's warm-up (`warmup_steps`); `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
+    """`transformers.get_scheduler` for `schedule_name(cfg)` with the config's warm-up (`warmup_steps`)."""
     from transformers import get_scheduler
 
-    name, kwargs = cfg.lr_scheduler, dict(cfg.lr_scheduler_kwargs or {})
-    if name == "cosine" and cfg.cosine_min_lr_ratio:
-        name = "cosine_with_min_lr"
+    name, kwargs = schedule_name(cfg), dict(cfg.lr_scheduler_kwargs or {})
     if name in ("cosine_with_min_lr", "cosine_warmup_with_min_lr") and "min_lr" not in kwargs:
         kwargs.setdefault("min_lr_rate", cfg.cosine_min_lr_ratio)
     return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(cfg, total_steps, epoch_steps), num_training_steps=total_steps,
