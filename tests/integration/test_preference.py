@@ -412,3 +412,36 @@ def test_a_reward_model_with_shared_prompts_trains_what_padded_pairs_train(warm_
     computed = lambda m: m["mfu"] * m["step_time_s"] / m["tokens"]  # noqa: E731  (mfu_peak_flops 1: MFU counts a prompt once)
     for once, twice in zip(*(([m for m in runs[name] if "mfu" in m]) for name in ("once", "twice"))):
         assert once["tokens"] == twice["tokens"] and 0.5 < computed(once) / computed(twice) < 0.9
+
+
+def test_a_pissa_reference_is_the_initial_adapter_not_a_copy(warm_model, cli, tmp_path):
+    """PiSSA rewrites the base, so the reference is the policy with its initial adapter (no second model): it trains
+    what a copy of the model as reference trains (rl_adapter_ref_model: true), and a resume keeps it."""
+    import shutil
+
+    from accelerate import Accelerator
+    from rich.console import Console
+
+    from rlft.config import load_config
+    from rlft.models.loading import load_tokenizer
+    from rlft.train.run import preference_setup
+
+    pissa = dict(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, peft_init_lora_weights="pissa",
+                 max_steps=4, save_steps=2, micro_batch_size=2, learning_rate=1e-3)
+    cfg = load_config(_pair_config(tmp_path, warm_model, _pairs(12), **pissa))
+    _, recipe, _ = preference_setup(cfg, load_tokenizer(cfg), Accelerator(cpu=True), None, Console(quiet=True))
+    assert recipe.reference.model is None and recipe.reference.initial
+    losses = {}
+    for copy in (False, True):
+        out = tmp_path / f"copy-{copy}"
+        assert cli("train", _pair_config(tmp_path, warm_model, _pairs(12), output_dir=str(out), rl_adapter_ref_model=copy, **pissa)) == 0
+        losses[copy] = [m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+    assert losses[False][0] == pytest.approx(0.693147, abs=1e-5)  # policy == reference at step 1
+    assert losses[False] == pytest.approx(losses[True], rel=1e-4, abs=1e-5)
+    assert all(abs(loss - 0.693147) > 1e-3 for loss in losses[False][1:])  # a reference that followed the policy: ln 2
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "copy-False" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    assert cli("train", _pair_config(tmp_path, warm_model, _pairs(12), output_dir=str(tmp_path / "resumed"),
+                                     resume_from_checkpoint="auto", **pissa)) == 0
+    resumed = [m["loss"] for m in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if "loss" in m]
+    assert resumed[-2:] == pytest.approx(losses[False][-2:], rel=1e-5, abs=1e-6)

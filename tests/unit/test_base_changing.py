@@ -137,7 +137,8 @@ def test_an_adapter_as_trained_on_a_residual_base_is_refused_as_lora_model_dir(t
 
 def test_the_reference_of_a_base_rewriting_init_is_the_base_itself(tmp_path):
     """With PiSSA or OLoRA, the policy with its adapter disabled is the residual W - s B0 A0, not the starting model:
-    the reference (DPO family, GRPO's KL, EBFT's frozen network) is a frozen copy of the base instead."""
+    the reference (DPO family, GRPO's KL, EBFT's frozen network) is the policy with its initial adapter instead,
+    which is the starting model however far the adapter has trained (no copy of the model)."""
     from accelerate import Accelerator
 
     from rlft.config import build_config
@@ -150,11 +151,12 @@ def test_the_reference_of_a_base_rewriting_init_is_the_base_itself(tmp_path):
     LlamaForCausalLM(LlamaConfig.from_pretrained(folder)).save_pretrained(folder)  # seeded weights to load
     ids = torch.tensor([[49, 43, 50, 61]])
     original = logits(LlamaForCausalLM.from_pretrained(folder).eval(), ids)
-    for init, copied in (("pissa", True), ("olora", True), (True, False)):
+    for init, initial in (("pissa", True), ("olora", True), (True, False)):
         cfg = build_config({"base_model": str(folder), "datasets": [{"path": "rows.jsonl"}], "adapter": "lora", "lora_r": 4,
                             "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"], "peft_init_lora_weights": init})
         policy, frozen = policy_and_frozen(cfg, byte_tokenizer(), Accelerator(cpu=True), None, need_frozen=True)
-        assert frozen.is_copy is copied
+        assert not frozen.is_copy and bool(frozen.initial) is initial
+        move(policy)
         with frozen.view(policy) as reference:
             torch.testing.assert_close(logits(reference.eval(), ids), original)
 
@@ -169,3 +171,38 @@ def test_base_rewriting_inits_that_cannot_work_are_refused():
     with pytest.raises(ConfigError, match="olora with a quantized base and trl.use_vllm"):
         build_config({**base_keys, "rl": "grpo", "adapter": "qlora", "load_in_4bit": True, "peft_init_lora_weights": "olora",
                       "trl": {"use_vllm": True, "vllm_lora_sync": True, "reward_funcs": ["r.f"]}})
+
+
+@pytest.mark.parametrize("init, extra", [("pissa", {}), ("olora", {}), ("pissa_niter_2", {"modules_to_save": ["lm_head"]}),
+                                         ("pissa", {"use_dora": True, "lora_dropout": 0.5})])
+def test_the_initial_adapter_view_is_the_original_model_and_leaves_training_alone(init, extra):
+    """The reference of a PiSSA/OLoRA run (FrozenPolicy.initial_trainables): the residual base with the initial adapter
+    is the original model, whatever the adapter has trained since; the trained tensors, a backward pending on them and
+    the training mode are as they were (lora_dropout is off inside the view, as in a frozen copy)."""
+    from rlft.models.frozen import FrozenPolicy
+
+    model = trained(init, **extra).train()
+    frozen = FrozenPolicy.initial_trainables(model)
+    ids = torch.randint(0, 120, (2, 12), generator=torch.Generator().manual_seed(3))
+    move(model)  # training moved the adapter
+    trained_values = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    torch.manual_seed(4)
+    loss = model(ids).logits.logsumexp(-1).mean()  # a forward whose backward waits until after the view
+    with torch.no_grad(), frozen.view(model) as network:
+        assert not network.training
+        reference = network(ids).logits
+    assert model.training
+    torch.testing.assert_close(reference, logits(base(), ids), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(reference, logits(model.eval(), ids), atol=1e-3)  # the trained adapter differs
+    model.train()
+    loss.backward()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p.detach(), trained_values[name]) and p.grad is not None, name
+    expected = trained(init, **extra).train()
+    move(expected)
+    torch.manual_seed(4)
+    expected(ids).logits.logsumexp(-1).mean().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), expected.named_parameters()):
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, q.grad, msg=name)

@@ -1,10 +1,13 @@
 """The frozen policy: the initial weights, as a reference for KL terms and as EBFT's feature network.
 
-One of three things, chosen once at set-up:
+One of four things, chosen once at set-up:
   * a separate `ref_model` folder, loaded frozen;
   * the policy itself with its LoRA adapter disabled: the frozen base, no second copy in memory
     (valid while the adapter is never merged into the base weights);
-  * a frozen deep copy of the initial policy (full fine-tuning).
+  * the policy itself with its trainable tensors at their initial values, for an adapter whose init rewrote the base
+    (PiSSA, OLoRA: the residual base plus the initial adapter B0 A0 is the original model; disabling the adapter
+    would leave the residual). Only the adapter's tensors are kept twice, not the model;
+  * a frozen deep copy of the initial policy (full fine-tuning, a reference that moves, sharded parameters).
 `view(policy)` yields the network to run; `reset` / `mix` move a copy towards the policy
 (Cosmos-RL reference reset, TR-DPO soft update).
 """
@@ -23,8 +26,10 @@ from rlft.models.weights import merged_weights
 
 
 class FrozenPolicy:
-    def __init__(self, copy_: torch.nn.Module | None = None):
-        self.model = copy_  # None: the policy with its adapter disabled
+    def __init__(self, copy_: torch.nn.Module | None = None,
+                 initial: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] | None = None):
+        self.model = copy_  # None: a view of the policy (its adapter disabled, or its `initial` values)
+        self.initial = initial  # id(parameter) -> (the policy's parameter, its value at set-up)
 
     @classmethod
     def copy_of(cls, model: torch.nn.Module) -> "FrozenPolicy":
@@ -33,6 +38,11 @@ class FrozenPolicy:
     @classmethod
     def adapter_disabled(cls) -> "FrozenPolicy":
         return cls(None)
+
+    @classmethod
+    def initial_trainables(cls, model: torch.nn.Module) -> "FrozenPolicy":
+        """The policy with every tensor it trains at its value now (call it right after the adapter is attached)."""
+        return cls(None, {id(p): (p, p.detach().clone()) for p in model.parameters() if p.requires_grad})
 
     @property
     def is_copy(self) -> bool:
@@ -45,6 +55,10 @@ class FrozenPolicy:
             yield self.model
             return
         base = getattr(policy, "module", policy)
+        if self.initial is not None:
+            with _initial_values(base, self.initial):
+                yield policy
+            return
         if not callable(getattr(base, "disable_adapter", None)):
             raise ValueError("the frozen policy is the adapter-disabled view, but the policy has no adapter")
         with base.disable_adapter():
@@ -53,6 +67,8 @@ class FrozenPolicy:
     def to(self, device) -> "FrozenPolicy":
         if self.model is not None:
             self.model.to(device)
+        if self.initial is not None:
+            self.initial = {key: (p, value.to(device)) for key, (p, value) in self.initial.items()}
         return self
 
     @torch.no_grad()
@@ -89,6 +105,30 @@ class FrozenPolicy:
             return False
         load_model(self.model, str(path), device=str(next(self.model.parameters()).device))
         return True
+
+
+@contextmanager
+def _initial_values(model: torch.nn.Module, initial: dict[int, tuple[torch.nn.Parameter, torch.Tensor]]) -> Iterator[None]:
+    """`model` with the parameters in `initial` replaced by their initial values, in eval mode (no dropout: a copy
+    would be in eval mode), restored afterwards. The trained tensors are not written to: the slots that hold them
+    point elsewhere for a while, so a backward pending on them still finds them as they were."""
+    swapped = []
+    was_training = model.training
+    try:
+        for module in model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None and id(param) in initial:
+                    value = initial[id(param)][1].to(device=param.device, dtype=param.dtype)
+                    module._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+                    swapped.append((module, name, param))
+        if len({id(param) for _, _, param in swapped}) != len(initial):  # a parameter replaced since set-up
+            raise RuntimeError("the frozen network's initial adapter no longer matches the policy's parameters")
+        model.eval()
+        yield
+    finally:
+        for module, name, param in swapped:
+            module._parameters[name] = param
+        model.train(was_training)
 
 
 class ReferenceMoves:

@@ -142,8 +142,7 @@ def _train(cfg, console: Console) -> LoopResult:
         base = str(init_base.resolve()) if init_base else base_model_source(cfg)
         model.peft_config["default"].base_model_name_or_path = base
         model.peft_config["default"].revision = hub_revision(cfg, base).get("revision")  # online: the hub id's revision
-    sharded = (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or \
-        getattr(deepspeed_settings(cfg), "stage", 0) == 3
+    sharded = shards_parameters(cfg, accelerator)
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
@@ -235,7 +234,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
 
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
     reference = None
-    if method in ("dpo", "ipo", "kto"):
+    initial = method in ("dpo", "ipo", "kto") and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
+    if method in ("dpo", "ipo", "kto") and not initial:
         if cfg.ref_model:
             reference = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
         elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
@@ -248,6 +248,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
             reference = FrozenPolicy.copy_of(model)
     if cfg.adapter:
         model = attach_adapter(model, cfg)
+        if initial:
+            reference = FrozenPolicy.initial_trainables(model)
     if cfg.disable_dropout:
         disable_dropout(model)
         if reference is not None and reference.model is not None:
@@ -271,6 +273,18 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     return model, recipe, data
 
 
+def shards_parameters(cfg, accelerator) -> bool:
+    """Whether the processes hold shards of the parameters (FSDP2 on several processes, DeepSpeed ZeRO-3)."""
+    return (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or getattr(deepspeed_settings(cfg), "stage", 0) == 3
+
+
+def keeps_initial_adapter(cfg, accelerator) -> bool:
+    """Whether the frozen network is the policy with its adapter's initial tensors (FrozenPolicy.initial_trainables):
+    an adapter whose init rewrote the base (PiSSA, OLoRA) with whole parameters, rather than a copy of the model.
+    Sharded parameters live in the sharding's own tensors, which a view cannot swap: those keep the copy."""
+    return bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(cfg) and not shards_parameters(cfg, accelerator)
+
+
 def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
     """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
     initial weights: `ref_model`, the policy with its adapter disabled (None: no copy), or a frozen copy."""
@@ -278,7 +292,8 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
 
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
     frozen = None
-    if need_frozen:
+    initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
+    if need_frozen and not initial:
         if cfg.ref_model:
             frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
         elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
@@ -287,6 +302,8 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
             frozen = FrozenPolicy.copy_of(model)
     if cfg.adapter:
         model = attach_adapter(model, cfg)
+        if initial:
+            frozen = FrozenPolicy.initial_trainables(model)
     if cfg.disable_dropout:
         disable_dropout(model)
     model.to(accelerator.device)
