@@ -36,7 +36,7 @@ mode's run with the smallest median step, the JSON keeps every run and the 1-min
 Strided mode's two ways to the vocabulary (--compare-logits, with --vocab N for a real tokenizer's output layer; the
 text keeps the byte tokenizer's ids): the policy's log-probs and document NLL read through the output layer at the
 read positions only, a chunk at a time (rlft.rollout.strided_scores, the default for a vocabulary of 4,096 entries or
-more), against the model's whole (B*n, T, V) logits (the path below that size, and the only one before). Alternating
+more, forced here for smaller ones), against the model's whole (B*n, T, V) logits (the path below that size, and the only one before). Alternating
 runs of the strided mode alone; the median step of each, then one more run of each under a resident-memory sampler
 for its peak above the start (bench/common.py `peak_memory`), and whether the losses agree.
 
@@ -233,7 +233,7 @@ def print_report(res: dict) -> None:
 
 def compare_logits(args, model_dir: Path, tmp: Path) -> dict:
     """Strided runs through the output layer and through the model's logits, alternating; then each one's peak."""
-    paths = {"output layer": 4096, "model logits": 10**9}  # head.MIN_VOCAB for each path
+    paths = {"output layer": 1, "model logits": 10**9}  # head.MIN_VOCAB for each path (1: also the byte vocabulary)
 
     def run(path: str, out: Path, steps: int) -> dict:
         head.MIN_VOCAB = paths[path]

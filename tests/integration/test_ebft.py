@@ -126,14 +126,21 @@ def test_strided_loss_through_the_output_layer_trains_what_the_logits_train(warm
     """The strided recipe's chunked output-layer path (rlft.rollout.strided_scores; the byte vocabulary is under
     MIN_VOCAB, so it is lowered here) gives the losses, metrics and held-out CE of the model's own logits."""
     from rlft.models import head
+    from rlft.rollout import strided_scores
 
     monkeypatch.chdir(repo_root)
+    calls = []
+    for name in ("linear_token_logps", "linear_token_nll"):  # the chunked functions: counted, to know which path ran
+        original = getattr(strided_scores, name)
+        monkeypatch.setattr(strided_scores, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     runs = {}
     for fused in (True, False):
         monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
         out = tmp_path / f"fused-{fused}"
         assert cli("train", "examples/ebft-strided.yaml", f"--base_model={warm_model}", f"--output_dir={out}",
                    "--max_steps=3", "--eval_steps=3", "--logging_steps=1") == 0
+        assert {"linear_token_logps", "linear_token_nll"} <= set(calls) if fused else not calls
+        calls.clear()
         runs[fused] = [{k: v for k, v in m.items() if k in ("loss", "ebft/rl_loss", "ebft/ce_loss", "eval/ce_loss")}
                        for m in _metrics(out) if "loss" in m or "eval/ce_loss" in m]
     assert len(runs[True]) == len(runs[False]) == 5  # 3 steps, 2 evaluations

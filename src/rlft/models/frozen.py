@@ -42,7 +42,7 @@ class FrozenPolicy:
     @classmethod
     def initial_trainables(cls, model: torch.nn.Module) -> "FrozenPolicy":
         """The policy with every tensor it trains at its value now (call it right after the adapter is attached)."""
-        return cls(None, {id(p): (p, p.detach().clone()) for p in model.parameters() if p.requires_grad})
+        return cls(None, {id(p): (p, _frozen(p)) for p in model.parameters() if p.requires_grad})
 
     @property
     def is_copy(self) -> bool:
@@ -50,7 +50,8 @@ class FrozenPolicy:
 
     @contextmanager
     def view(self, policy: torch.nn.Module) -> Iterator[torch.nn.Module]:
-        """The frozen network; `policy` (possibly DDP-wrapped) is used only when it is the adapter-disabled view."""
+        """The frozen network; `policy` (possibly DDP-wrapped) is used only when the frozen network is a view of it
+        (its adapter disabled, or its initial tensors swapped in)."""
         if self.model is not None:
             yield self.model
             return
@@ -68,7 +69,7 @@ class FrozenPolicy:
         if self.model is not None:
             self.model.to(device)
         if self.initial is not None:
-            self.initial = {key: (p, value.to(device)) for key, (p, value) in self.initial.items()}
+            self.initial = {key: (p, _frozen(value, device)) for key, (p, value) in self.initial.items()}
         return self
 
     @torch.no_grad()
@@ -107,20 +108,29 @@ class FrozenPolicy:
         return True
 
 
+def _frozen(tensor: torch.Tensor, device=None, dtype=None) -> torch.nn.Parameter:
+    """A copy of `tensor` as a parameter without gradient (on `device`, in `dtype` where given)."""
+    return torch.nn.Parameter(tensor.detach().to(device=device, dtype=dtype, copy=True), requires_grad=False)
+
+
 @contextmanager
-def _initial_values(model: torch.nn.Module, initial: dict[int, tuple[torch.nn.Parameter, torch.Tensor]]) -> Iterator[None]:
+def _initial_values(model: torch.nn.Module, initial: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]]) -> Iterator[None]:
     """`model` with the parameters in `initial` replaced by their initial values, in eval mode (no dropout: a copy
-    would be in eval mode), restored afterwards. The trained tensors are not written to: the slots that hold them
-    point elsewhere for a while, so a backward pending on them still finds them as they were."""
-    swapped = []
-    was_training = model.training
+    would be in eval mode), restored afterwards, every module's mode as it was. The trained tensors are not written
+    to: the slots that hold them point elsewhere for a while, so a backward pending on them still finds them as they
+    were. An initial value is cast once to the device and dtype its parameter has now (DeepSpeed's bf16 cast)."""
+    swapped, modes = [], [(module, module.training) for module in model.modules()]
     try:
         for module in model.modules():
             for name, param in list(module._parameters.items()):
-                if param is not None and id(param) in initial:
-                    value = initial[id(param)][1].to(device=param.device, dtype=param.dtype)
-                    module._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
-                    swapped.append((module, name, param))
+                if param is None or id(param) not in initial:
+                    continue
+                value = initial[id(param)][1]
+                if (value.device, value.dtype) != (param.device, param.dtype):
+                    value = _frozen(value, param.device, param.dtype)
+                    initial[id(param)] = (param, value)
+                module._parameters[name] = value
+                swapped.append((module, name, param))
         if len({id(param) for _, _, param in swapped}) != len(initial):  # a parameter replaced since set-up
             raise RuntimeError("the frozen network's initial adapter no longer matches the policy's parameters")
         model.eval()
@@ -128,7 +138,8 @@ def _initial_values(model: torch.nn.Module, initial: dict[int, tuple[torch.nn.Pa
     finally:
         for module, name, param in swapped:
             module._parameters[name] = param
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 class ReferenceMoves:

@@ -1,8 +1,8 @@
 """EBFT structured mode's reward: feature matching against the ground-truth completion.
 
 For each prompt, the G sampled completions and the ground truth are embedded (prompt + completion)
-by the frozen feature network (the policy with its LoRA adapter disabled, or a frozen copy of the
-initial policy), pooled by `embed_method`, and scored with `losses.ebft.feature_matching_rewards`:
+by the frozen feature network (the policy with its LoRA adapter disabled or, for PiSSA and OLoRA, with its
+initial adapter; or a frozen copy of the initial policy), pooled by `embed_method`, and scored with `losses.ebft.feature_matching_rewards`:
 r_j = alignment_coef * 2 cos(phi_j, phi_gt) - diversity_coef * 2/(n-1) sum_{j'!=j} phi_j . phi_j'.
 It is a scorer in place of GRPO's reward functions, so advantages and the policy loss are GRPO's.
 """
@@ -34,12 +34,13 @@ class FeatureMatchingReward:
         self.frozen = frozen
         self.batch_size = batch_size
         self.names, self.weights = ["feature_matching"], [1.0]
-        # the adapter-disabled view runs the very module being trained: only where training runs, never in a background thread
+        # a view (adapter disabled, or the initial adapter) runs the very module being trained: only where training runs,
+        # never in a background thread
         self.needs_policy = not frozen.is_copy
         self.policy = None
 
     def attach_policy(self, policy) -> None:
-        """The policy whose base weights (adapter disabled) are the feature network; also where features are computed."""
+        """The policy of which the feature network is a view (`FrozenPolicy.view`); also where features are computed."""
         self.policy = policy
 
     def close(self) -> None:

@@ -25,6 +25,9 @@ from rlft.rollout.strided import (StridedLayout, document_nll, gather_generated_
                                   nucleus_logps)
 
 
+NUCLEUS_TENSORS = 8  # vocabulary-wide tensors per position in the nucleus (scores, sort, softmax, cumsum, masks...)
+
+
 class StridedScores:
     """One forward's (B, T, V) logits, or its (B, T, H) last hidden state and the output layer to apply to it."""
 
@@ -45,9 +48,10 @@ class StridedScores:
         if top_p >= 1.0:
             logps, _ = linear_token_logps(read, weight, bias, targets, temperature, with_entropy=False)
         else:  # the nucleus is a sort per position: each chunk's logits are rebuilt in the backward, not kept
-            chunk = chunk_rows(weight.size(0))
+            chunk = max(1, chunk_rows(weight.size(0)) // NUCLEUS_TENSORS)
             logps = torch.cat([checkpoint(_chunk_nucleus_logps, read[start:start + chunk], weight, bias,
-                                          targets[start:start + chunk], temperature, top_p, use_reentrant=False)
+                                          targets[start:start + chunk], temperature, top_p, use_reentrant=False,
+                                          preserve_rng_state=False)  # nothing random in it
                                for start in range(0, read.size(0), chunk)])
         return logps.view(rows, num_blocks, gen_len)
 

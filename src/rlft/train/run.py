@@ -287,7 +287,8 @@ def keeps_initial_adapter(cfg, accelerator) -> bool:
 
 def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
     """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
-    initial weights: `ref_model`, the policy with its adapter disabled (None: no copy), or a frozen copy."""
+    initial weights: `ref_model`, the policy with its adapter disabled or with its initial adapter (PiSSA, OLoRA; no
+    copy either way), or a frozen copy."""
     from rlft.models.loading import attach_adapter, disable_dropout, load_model
 
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
@@ -368,7 +369,7 @@ def nemo_gym_prompts(cfg, tokenizer, console: Console):
 
 
 def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
-    """EBFT: the frozen feature network is the initial policy (adapter disabled, or a frozen copy)."""
+    """EBFT: the frozen feature network is the initial policy (adapter disabled, the initial adapter, or a frozen copy)."""
     from rlft.data.prepare import ebft_steps, prepare_data
     from rlft.train.engines import engine_factory
 

@@ -2,7 +2,8 @@
 
 Pairs go through the policy in one forward (chosen rows, then rejected rows); sequence log-probs
 are sums over completion tokens only. Reference log-probs come from the policy with its LoRA
-adapter disabled (no second model), from a frozen copy, or were precomputed once into the examples.
+adapter disabled or with its initial PiSSA/OLoRA adapter (no second model), from a frozen copy, or were
+precomputed once into the examples.
 """
 
 from __future__ import annotations
