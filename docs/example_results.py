@@ -2,6 +2,8 @@
 
     PYTHONPATH=src .venv/bin/python docs/example_results.py             # everything (tens of minutes on 2 cores)
     PYTHONPATH=src .venv/bin/python docs/example_results.py dpo grpo    # some of them
+    PYTHONPATH=src .venv/bin/python docs/example_results.py --out docs/example-results-other.json quickstart grpo
+                                                                        # into another file (another machine)
 
 Runs the offline quickstart first (the other examples start from its checkpoints), then each
 example from the repository root with its own config into outputs/example-results/NAME, and
@@ -42,13 +44,16 @@ def eval_lines(output_dir: Path) -> dict[str, dict[str, float]]:
     return {str(m["step"]): {k: v for k, v in m.items() if k.startswith("eval/")} for m in lines if any(k.startswith("eval/") for k in m)}
 
 
-def main(names: list[str]) -> int:
+def main(names: list[str], results_file: Path = RESULTS) -> int:
     import os
+    import platform
 
     from rlft.cli import main as rlft
 
     os.chdir(ROOT)
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    if results_file != RESULTS:  # the main file's numbers are the docs'; another records where it ran
+        results["machine"] = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()}
     if not names or "quickstart" in names:
         from rlft.quickstart import run_quickstart
 
@@ -61,11 +66,22 @@ def main(names: list[str]) -> int:
             print(f"{name}: the run failed", file=sys.stderr)
             return 1
         results[name] = eval_lines(out)
-        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    print(f"written {RESULTS}")
+        results_file.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    results_file.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(f"written {results_file}")
     return 0
 
 
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    if "--out" in args:
+        at = args.index("--out")
+        raise SystemExit(main(args[:at] + args[at + 2:], Path(args[at + 1]).resolve()))
+    raise SystemExit(main(args))

@@ -1,8 +1,8 @@
 """EBFT feature network and features: layer indices, hidden-state features, pooling (spec/ebft.md §1-2).
 
-The feature map phi(context : completion) is read from intermediate hidden states of the frozen initial
-policy (`rlft.models.frozen`): the selected layers (`ebft.feature_layers`, fractions of depth) concatenated along the feature axis, pooled
-over positions (`ebft.embed_method`). Everything here runs without gradient.
+The feature map phi(context : completion) is read from intermediate hidden states of the frozen initial policy
+(`rlft.models.frozen`): the selected layers (`ebft.feature_layers`, fractions of depth) concatenated along the feature
+axis, pooled over positions (`ebft.embed_method`). Everything here runs without gradient.
 """
 
 from __future__ import annotations

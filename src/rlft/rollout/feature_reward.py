@@ -2,7 +2,8 @@
 
 For each prompt, the G sampled completions and the ground truth are embedded (prompt + completion)
 by the frozen feature network (the policy with its LoRA adapter disabled or, for PiSSA and OLoRA, with its
-initial adapter; or a frozen copy of the initial policy), pooled by `embed_method`, and scored with `losses.ebft.feature_matching_rewards`:
+initial adapter; or a frozen copy of the initial policy), pooled by `embed_method`, and scored with
+`losses.ebft.feature_matching_rewards`:
 r_j = alignment_coef * 2 cos(phi_j, phi_gt) - diversity_coef * 2/(n-1) sum_{j'!=j} phi_j . phi_j'.
 It is a scorer in place of GRPO's reward functions, so advantages and the policy loss are GRPO's.
 """

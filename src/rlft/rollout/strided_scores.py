@@ -58,19 +58,14 @@ class StridedScores:
     def document_nll(self, doc_ids: Tensor, doc_attention: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(B, L−1) next-token NLL of the document and its mask, as `strided.document_nll` gives them, restricted to
         the targets where `keep` (B, L−1) is True; entries outside the mask are 0."""
-        if self.logits is not None:
-            nll, mask = document_nll(self.logits, doc_ids, doc_attention)
-        else:
-            mask = doc_attention[:, 1:].bool() & doc_attention[:, :-1].bool()
-            if keep is not None:
-                mask = mask & keep
-            picked = self.hidden[:, : doc_ids.size(1) - 1][mask]
-            values = linear_token_nll(picked, self.head.weight, self.head.bias, doc_ids[:, 1:][mask])
-            nll = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, values)
+        mask = doc_attention[:, 1:].bool() & doc_attention[:, :-1].bool()  # as strided.document_nll's
         if keep is not None:
             mask = mask & keep
-            nll = nll * mask
-        return nll, mask
+        if self.logits is not None:
+            return document_nll(self.logits, doc_ids, doc_attention)[0] * mask, mask
+        values = linear_token_nll(self.hidden[:, : doc_ids.size(1) - 1][mask], self.head.weight, self.head.bias,
+                                  doc_ids[:, 1:][mask])
+        return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, values), mask
 
 
 def _chunk_nucleus_logps(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
