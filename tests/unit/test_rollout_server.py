@@ -231,3 +231,75 @@ def test_an_adapter_on_base_weights_in_an_unknown_state_is_refused():
     with pytest.raises(ServerError, match="unknown state .* send a full update") as refused:
         asyncio.run(backend.load_adapter(None, 3))
     assert refused.value.status == 409
+
+
+def test_a_request_the_engine_refuses_fails_alone():
+    """A batch that fails as a whole is run again request by request: the refused one gets its error, the others
+    their results (a vLLM batch fails whole for one bad request)."""
+    from concurrent.futures import Future
+
+    from rlft.rollout.server.engine_thread import EngineThread
+
+    calls = []
+
+    def run_batch(requests):
+        calls.append(list(requests))
+        if "bad" in requests:
+            raise ValueError("the engine refuses 'bad'")
+        return [f"out-{request}" for request in requests]
+
+    thread = EngineThread(run_batch)
+    futures = [Future() for _ in range(3)]
+    try:
+        thread._flush(list(zip(["a", "bad", "c"], futures)))
+    finally:
+        thread.stop()
+    assert [f.result() for f in (futures[0], futures[2])] == ["out-a", "out-c"]
+    with pytest.raises(ValueError, match="refuses 'bad'"):
+        futures[1].result()
+    assert calls == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
+
+
+def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path):
+    """The engine stops (a crashed vLLM engine core, here the engine thread ended): /health says so with 503, and a
+    trainer's generation waiting on it fails at the first health check with the server's reason, not after ~10 s of
+    unanswered checks or never."""
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.errors import RolloutError
+    from rlft.models.tiny import write_tiny_model
+    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.rollout.remote import RemoteEngine
+    from rlft.rollout.server.app import build_app
+    from rlft.rollout.server.backends.transformers import TransformersBackend
+    from rlft.rollout.types import SamplingParams
+
+    write_tiny_model(tmp_path / "m", "XS")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path / "m"))
+    backend = TransformersBackend(model, byte_tokenizer(), model_name="m", dtype=torch.float32, max_model_len=64, max_lora_rank=4)
+    server = uvicorn.Server(uvicorn.Config(build_app(backend, model_name="m", token=None, ends=(0,)), host="127.0.0.1",
+                                           port=0, log_level="error"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    engine = RemoteEngine("127.0.0.1", port, timeout=60, health_interval=0.2)
+    try:
+        assert engine.health()["ok"]
+        assert len(engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2)).completion_ids) == 1
+        backend._thread.stop()  # nothing takes the queue any more: a generation would wait for ever
+        answer = httpx.get(f"http://127.0.0.1:{port}/health/", timeout=5)
+        assert answer.status_code == 503 and answer.json()["status"] == "unhealthy"
+        assert "the engine is dead: its engine thread has stopped" in answer.json()["error"]
+        started = time.monotonic()
+        with pytest.raises(RolloutError, match="reports: the engine is dead: its engine thread has stopped"):
+            engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2))
+        assert time.monotonic() - started < 5
+    finally:
+        engine.close()
+        server.should_exit = True

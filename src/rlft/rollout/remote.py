@@ -2,7 +2,8 @@
 
 Every call has a timeout, and a long call (generation, a weight update) is watched: while it runs,
 `/health` is asked every ~2 s, and after 3 unanswered checks in a row the call fails with a
-RolloutError, so a dead or hung server is noticed within ~10 s instead of at the next timeout.
+RolloutError, so a dead or hung server is noticed within ~10 s instead of at the next timeout; a server
+that answers 503 (its engine is dead) fails the call at the first check.
 Weight syncs are verified: the server reads back what it loaded and returns its checksum, which must
 equal the checksum of what was sent; every generation reports the (version, checksum) it sampled
 with, and a checksum other than the one sent for that version stops the run.
@@ -175,6 +176,14 @@ class RemoteEngine:
         return RolloutError(f"the rollout server at {self.host}:{self.port} stopped answering (it died or hangs): restart it "
                             "with `rlft vllm-serve CONFIG`; the last checkpoint is kept")
 
+    def _dead_engine(self, probe: httpx.Response) -> RolloutError:
+        try:
+            reason = probe.json().get("error", "its engine is dead")
+        except (ValueError, AttributeError):
+            reason = probe.text[:300]
+        return RolloutError(f"the rollout server at {self.host}:{self.port} reports: {reason} (`rlft vllm-serve CONFIG`); "
+                            "the last checkpoint is kept")
+
     def _call(self, method: str, path: str, timeout: float | None = None, **kwargs) -> Any:
         try:
             response = self._http.request(method, path, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT, **kwargs)
@@ -218,7 +227,10 @@ class RemoteEngine:
                 break
             next_probe = time.monotonic() + self.health_interval  # a slow probe does not stretch the schedule
             try:
-                self._probe.get("/health").raise_for_status()
+                probe = self._probe.get("/health")
+                if probe.status_code == 503:  # it answers, and says its engine is dead: waiting will not help
+                    raise self._dead_engine(probe)
+                probe.raise_for_status()
                 failures = 0
             except httpx.ConnectError:
                 raise self._died() from None  # refused: the process is gone

@@ -49,6 +49,8 @@ def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], g
             raise
         except Exception as exc:  # answered here: past the app's handlers Starlette re-raises, and uvicorn prints a traceback
             return JSONResponse({"error": f"internal error in {path}: {type(exc).__name__}: {exc}"}, status_code=500)
+        if isinstance(payload, Response):  # a status of its own (/health of a dead engine)
+            return payload
         # off the event loop: a batch of 512 long completions takes seconds to write, and /health must answer meanwhile
         return Response(await asyncio.to_thread(_json, payload), media_type="application/json")
 
@@ -78,8 +80,12 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     def weight_state() -> dict[str, Any]:
         return {"weight_version": backend.weight_version, "weight_checksum": backend.weight_checksum}
 
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "backend": backend.name, **weight_state(), "dtype": dtype_name(backend.dtype)}
+    async def health() -> dict[str, Any] | Response:
+        state = {"model": model_name, "backend": backend.name, **weight_state(), "dtype": dtype_name(backend.dtype)}
+        if reason := backend.dead():  # 503, as Axolotl's server answers for dead workers: a trainer stops at once
+            return JSONResponse({"status": "unhealthy", "error": f"the engine is dead: {reason}: restart the server",
+                                 **state}, status_code=503)
+        return {"status": "ok", **state}
 
     async def weight_info() -> dict[str, Any]:
         return {**weight_state(), "dtype": dtype_name(backend.dtype), "lora_dtype": dtype_name(backend.lora_dtype),

@@ -3,7 +3,8 @@
 HTTP handlers never block the event loop: they put an item on the queue and await its future. The
 thread takes everything waiting at once; consecutive generation requests become one batch (the
 backend decodes compatible ones together) and a weight change is run between two batches, never
-inside one.
+inside one. A batch that fails as a whole is run again request by request, so that one request the
+engine rejects fails alone.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class EngineThread:
         self._queue.put((function, future))
         return future.result()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._queue.put(_STOP)
         self._thread.join(timeout)
@@ -78,8 +83,11 @@ class EngineThread:
     def _flush(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
         if not batch:
             return
+        requests = [request for request, _ in batch]
         try:
-            results = self._run_batch([request for request, _ in batch])
+            results = self._run_batch(requests)
+        except Exception as exc:  # noqa: BLE001 - one request the engine refuses must not fail the others with it
+            results = [exc] if len(batch) == 1 else [self._alone(request) for request in requests]
         except BaseException as exc:  # noqa: BLE001 - handed to every waiting request, never lost
             results = [exc] * len(batch)
         for (_, future), result in zip(batch, results):
@@ -87,6 +95,13 @@ class EngineThread:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+
+    def _alone(self, request: GenerationRequest) -> "Generated | BaseException":
+        try:
+            return self._run_batch([request])[0]
+        except Exception as exc:  # noqa: BLE001 - this request's own failure
+            return exc
 
 
 def _settle(future: Future, function: Callable[[], Any]) -> None:
@@ -118,6 +133,10 @@ class ThreadedBackend:
             raise ServerError(409, "the served base weights are in an unknown state (a full update failed part-way): send "
                                    "a full update before an adapter, or restart the server")
         return await self._thread.call(lambda: self._load_adapter(adapter, version))
+
+    def dead(self) -> str | None:
+        """Why the engine can no longer generate (the server answers /health with 503 and this reason), else None."""
+        return None if self._thread.alive else "its engine thread has stopped"
 
     def close(self) -> None:
         self._thread.stop()

@@ -84,6 +84,8 @@ class ServingBackend(Protocol):
 
     async def reset_prefix_cache(self) -> None: ...
 
+    def dead(self) -> str | None: ...  # why the engine can no longer generate; None while it can
+
     def close(self) -> None: ...
 
 

@@ -132,6 +132,14 @@ class VLLMBackend(ThreadedBackend):
                    shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype, tied=_tied_names(skeleton),
                    max_lora_rank=max_lora_rank, enable_lora=enable_lora)
 
+    def dead(self) -> str | None:
+        """Also when vLLM's engine-core process has exited: its client's monitor sets `engine_dead` (vLLM 0.3x, a
+        process of its own unless VLLM_ENABLE_V1_MULTIPROCESSING=0), and every later call would fail."""
+        core = getattr(self._llm.llm_engine, "engine_core", None)
+        if getattr(getattr(core, "resources", None), "engine_dead", False):
+            return "vLLM's engine-core process has exited (its log above says why)"
+        return super().dead()
+
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         if not self._enable_lora:
             raise ServerError(400, "this server was started without LoRA support: set trl.vllm_lora_sync: true in the "
