@@ -37,14 +37,16 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, log: Path, python: str = sys.executable) -> CliProcess | subprocess.Popen:
+def run_cli(*args: str, log: Path, python: str = sys.executable, env: dict[str, str] | None = None) -> CliProcess | subprocess.Popen:
     """`rlft ARGS` in a new session (its own process group), output to `log`: forked with its imports done
-    (`tests/cli_process.py`), or with `python`, another environment's interpreter (the vLLM one), `python -m rlft.cli`."""
+    (`tests/cli_process.py`), or with `python`, another environment's interpreter (the vLLM one), `python -m rlft.cli`.
+    `env`: variables set for it on top of `server_env()`."""
+    environment = {**server_env(), **(env or {})}
     if python == sys.executable:
-        return CliProcess(*args, stdout=log, env=server_env(), cwd=REPO)
+        return CliProcess(*args, stdout=log, env=environment, cwd=REPO)
     with open(log, "wb") as out:
         return subprocess.Popen([python, "-m", "rlft.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=server_env(), cwd=REPO, start_new_session=True)
+                                env=environment, cwd=REPO, start_new_session=True)
 
 
 def wait_for_health(process: subprocess.Popen, port: int, log: Path, timeout: float = 120.0) -> None:

@@ -193,3 +193,42 @@ def test_repeated_training_pushes_keep_a_tied_output_layer_in_step(vllm_server):
         trained["model.embed_tokens.weight"].add_(0.05)
     engine.load_weights(trained, 14)
     assert _engine_vs_trainer(engine, model, params)[0] < 1e-4
+
+
+def test_a_dead_engine_core_answers_503_and_stops_the_trainers_call(vllm_model, tmp_path):
+    """On a GPU vLLM runs its engine core in a process of its own, which can die (an out-of-memory kill, a CUDA
+    error) while the server's HTTP process lives on. The CPU build runs it so too here (VLLM_ENABLE_V1_MULTIPROCESSING)
+    and the test kills it: /health answers 503 with the reason, and a trainer's generation fails with it."""
+    import time
+
+    import psutil
+
+    from rlft.errors import RolloutError
+
+    port = free_port()
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({"base_model": str(vllm_model), "datasets": [{"path": "unused.jsonl"}],
+                                      "vllm": {"host": "127.0.0.1", "port": port, "dtype": "float32", "max_model_len": 64}}))
+    log = tmp_path / "server.log"
+    process = run_cli("vllm-serve", str(config), "--backend", "vllm", log=log, python=VLLM_PYTHON,
+                      env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    engine = None
+    try:
+        wait_for_health(process, port, log, timeout=300)
+        engine = RemoteEngine("127.0.0.1", port, health_interval=0.5)
+        assert len(engine.generate(PROMPTS, SamplingParams(max_new_tokens=2)).completion_ids) == 2
+        cores = [p for p in psutil.Process(process.pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline()) + p.name()]
+        assert cores, [p.cmdline() for p in psutil.Process(process.pid).children(recursive=True)]
+        for core in cores:
+            core.kill()
+        deadline = time.monotonic() + 60
+        while (answer := httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)).status_code != 503:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.5)
+        assert answer.json()["status"] == "unhealthy" and "engine-core process has exited" in answer.json()["error"]
+        with pytest.raises(RolloutError, match="engine-core process has exited"):
+            engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+    finally:
+        if engine is not None:
+            engine.close()
+        kill_group(process)

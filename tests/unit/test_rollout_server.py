@@ -261,9 +261,9 @@ def test_a_request_the_engine_refuses_fails_alone():
 
 
 def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path):
-    """The engine stops (a crashed vLLM engine core, here the engine thread ended): /health says so with 503, and a
-    trainer's generation waiting on it fails at the first health check with the server's reason, not after ~10 s of
-    unanswered checks or never."""
+    """The engine dies (vLLM's engine core exits, or the engine thread ends): /health says so with 503, a generation
+    waiting on it fails at the trainer's next health check with the server's reason (not after ~10 s of unanswered
+    checks, or never), and later work is refused with 503 at once."""
     import threading
     import time
 
@@ -289,17 +289,29 @@ def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path)
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
     engine = RemoteEngine("127.0.0.1", port, timeout=60, health_interval=0.2)
+    gate = threading.Event()
     try:
         assert engine.health()["ok"]
         assert len(engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2)).completion_ids) == 1
-        backend._thread.stop()  # nothing takes the queue any more: a generation would wait for ever
-        answer = httpx.get(f"http://127.0.0.1:{port}/health/", timeout=5)
-        assert answer.status_code == 503 and answer.json()["status"] == "unhealthy"
-        assert "the engine is dead: its engine thread has stopped" in answer.json()["error"]
+        run_batch = backend._thread._run_batch
+        backend._thread._run_batch = lambda requests: (gate.wait(), run_batch(requests))[1]  # the next batch hangs...
+        reason: list[str] = []
+        backend.dead = lambda: reason[0] if reason else None
+        threading.Timer(0.5, reason.append, ["its engine core has exited"]).start()  # ...and the engine dies under it
         started = time.monotonic()
-        with pytest.raises(RolloutError, match="reports: the engine is dead: its engine thread has stopped"):
+        with pytest.raises(RolloutError, match="reports: the engine is dead: its engine core has exited: restart the server"):
             engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2))
         assert time.monotonic() - started < 5
+        gate.set()
+        answer = httpx.get(f"http://127.0.0.1:{port}/health/", timeout=5)
+        assert answer.status_code == 503 and answer.json()["status"] == "unhealthy"
+        assert answer.json()["error"] == "the engine is dead: its engine core has exited: restart the server"
+        del backend.dead  # the thread itself ends: the base check sees it
+        backend._thread.stop()
+        assert "its engine thread has stopped" in httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["error"]
+        with pytest.raises(RolloutError, match=r"refused /generate \(503\): the engine is dead"):
+            engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2))
     finally:
+        gate.set()
         engine.close()
         server.should_exit = True

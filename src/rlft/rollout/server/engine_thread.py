@@ -123,20 +123,28 @@ class ThreadedBackend:
         return self._shapes
 
     async def generate(self, request: GenerationRequest) -> Generated:
+        self._check_alive()
         return await self._thread.generate(request)
 
     async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+        self._check_alive()
         return await self._thread.call(lambda: self._load_weights(tensors, version))
 
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         if getattr(self, "weight_version", None) == UNKNOWN_VERSION:  # an adapter on a half-loaded base: no valid version
             raise ServerError(409, "the served base weights are in an unknown state (a full update failed part-way): send "
                                    "a full update before an adapter, or restart the server")
+        self._check_alive()
         return await self._thread.call(lambda: self._load_adapter(adapter, version))
 
     def dead(self) -> str | None:
         """Why the engine can no longer generate (the server answers /health with 503 and this reason), else None."""
         return None if self._thread.alive else "its engine thread has stopped"
+
+    def _check_alive(self) -> None:
+        """503 for work sent to a dead engine, rather than an error from inside it (or a wait for ever)."""
+        if reason := self.dead():
+            raise ServerError(503, f"the engine is dead: {reason}: restart the server")
 
     def close(self) -> None:
         self._thread.stop()
