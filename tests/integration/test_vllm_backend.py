@@ -225,8 +225,8 @@ def test_a_dead_engine_core_answers_503_and_stops_the_trainers_call(vllm_model, 
         while (answer := httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)).status_code != 503:
             assert time.monotonic() < deadline, answer.text
             time.sleep(0.5)
-        assert answer.json()["status"] == "unhealthy" and "engine-core process has exited" in answer.json()["error"]
-        with pytest.raises(RolloutError, match="engine-core process has exited"):
+        assert answer.json()["status"] == "unhealthy" and "vLLM's engine core has stopped" in answer.json()["error"]
+        with pytest.raises(RolloutError, match="vLLM's engine core has stopped"):
             engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
     finally:
         if engine is not None:

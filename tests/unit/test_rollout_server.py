@@ -223,6 +223,9 @@ def test_an_adapter_on_base_weights_in_an_unknown_state_is_refused():
     from rlft.rollout.server.engine_thread import ThreadedBackend
 
     class Backend(ThreadedBackend):
+        def dead(self):  # no engine thread here; an alive one
+            return None
+
         def _load_adapter(self, adapter, version):
             raise AssertionError("must not be reached")
 
@@ -297,15 +300,21 @@ def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path)
         backend._thread._run_batch = lambda requests: (gate.wait(), run_batch(requests))[1]  # the next batch hangs...
         reason: list[str] = []
         backend.dead = lambda: reason[0] if reason else None
+        waiting: list[httpx.Response] = []  # a client without the trainer's probe (an OpenAI route, NeMo Gym)
+        other = threading.Thread(target=lambda: waiting.append(httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions", json={"model": "m", "prompt": [49, 43], "max_tokens": 2}, timeout=20)))
+        other.start()
         threading.Timer(0.5, reason.append, ["its engine core has exited"]).start()  # ...and the engine dies under it
         started = time.monotonic()
-        with pytest.raises(RolloutError, match="reports: the engine is dead: its engine core has exited: restart the server"):
-            engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2))
+        with pytest.raises(RolloutError, match="the engine is dead: its engine core has exited"):  # the probe, or the
+            engine.generate([[49, 43, 50, 61]], SamplingParams(max_new_tokens=2))  # server's own check of the batch
         assert time.monotonic() - started < 5
-        gate.set()
         answer = httpx.get(f"http://127.0.0.1:{port}/health/", timeout=5)
         assert answer.status_code == 503 and answer.json()["status"] == "unhealthy"
-        assert answer.json()["error"] == "the engine is dead: its engine core has exited: restart the server"
+        assert answer.json()["error"] == "the engine is dead: its engine core has exited"
+        other.join(5)  # answered by the server's own check, not left waiting on the batch
+        assert waiting and waiting[0].status_code == 503 and "its engine core has exited" in waiting[0].json()["error"]
+        gate.set()
         del backend.dead  # the thread itself ends: the base check sees it
         backend._thread.stop()
         assert "its engine thread has stopped" in httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["error"]

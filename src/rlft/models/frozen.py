@@ -27,7 +27,7 @@ from rlft.models.weights import merged_weights
 
 class FrozenPolicy:
     def __init__(self, copy_: torch.nn.Module | None = None,
-                 initial: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] | None = None):
+                 initial: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] | None = None):
         self.model = copy_  # None: a view of the policy (its adapter disabled, or its `initial` values)
         self.initial = initial  # id(parameter) -> (the policy's parameter, its value at set-up)
 

@@ -30,6 +30,15 @@ TOKEN_ENV = "RLFT_SERVER_TOKEN"
 _GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
+def _says_unhealthy(response: httpx.Response) -> bool:
+    """An rlft server's own 503 (`"status": "unhealthy"`), not a proxy's."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return False
+    return isinstance(payload, dict) and payload.get("status") == "unhealthy"
+
+
 class RemoteEngine:
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 3600.0, *,
                  bucket_bytes: int = 64 * 2**20, health_interval: float = 2.0, health_failures: int = 3,
@@ -177,12 +186,8 @@ class RemoteEngine:
                             "with `rlft vllm-serve CONFIG`; the last checkpoint is kept")
 
     def _dead_engine(self, probe: httpx.Response) -> RolloutError:
-        try:
-            reason = probe.json().get("error", "its engine is dead")
-        except (ValueError, AttributeError):
-            reason = probe.text[:300]
-        return RolloutError(f"the rollout server at {self.host}:{self.port} reports: {reason} (`rlft vllm-serve CONFIG`); "
-                            "the last checkpoint is kept")
+        return RolloutError(f"the rollout server at {self.host}:{self.port} reports: {probe.json().get('error')}: restart "
+                            "it (`rlft vllm-serve CONFIG`); the last checkpoint is kept")
 
     def _call(self, method: str, path: str, timeout: float | None = None, **kwargs) -> Any:
         try:
@@ -228,7 +233,7 @@ class RemoteEngine:
             next_probe = time.monotonic() + self.health_interval  # a slow probe does not stretch the schedule
             try:
                 probe = self._probe.get("/health")
-                if probe.status_code == 503:  # it answers, and says its engine is dead: waiting will not help
+                if probe.status_code == 503 and _says_unhealthy(probe):  # its engine is dead: waiting will not help
                     raise self._dead_engine(probe)
                 probe.raise_for_status()
                 failures = 0

@@ -83,7 +83,7 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     async def health() -> dict[str, Any] | Response:
         state = {"model": model_name, "backend": backend.name, **weight_state(), "dtype": dtype_name(backend.dtype)}
         if reason := backend.dead():  # 503, as Axolotl's server answers for dead workers: a trainer stops at once
-            return JSONResponse({"status": "unhealthy", "error": f"the engine is dead: {reason}: restart the server",
+            return JSONResponse({"status": "unhealthy", "error": f"the engine is dead: {reason}",
                                  **state}, status_code=503)
         return {"status": "ok", **state}
 

@@ -50,8 +50,9 @@ class ColocatedEngine:
                 "lora": self.backend.lora}
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "engine": f"colocated {self.backend.name}", "version": self.backend.weight_version,
-                "checksum": self.backend.weight_checksum}
+        dead = self.backend.dead()
+        return {"ok": dead is None, "engine": f"colocated {self.backend.name}", "version": self.backend.weight_version,
+                "checksum": self.backend.weight_checksum, **({"error": f"the engine is dead: {dead}"} if dead else {})}
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_samples: int = 1,
                  seed: int | None = None) -> Rollout:

@@ -13,7 +13,7 @@ import asyncio
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 import torch
 
@@ -100,7 +100,7 @@ class EngineThread:
     def _alone(self, request: GenerationRequest) -> "Generated | BaseException":
         try:
             return self._run_batch([request])[0]
-        except Exception as exc:  # noqa: BLE001 - this request's own failure
+        except BaseException as exc:  # noqa: BLE001 - this request's own failure, handed to it
             return exc
 
 
@@ -123,19 +123,17 @@ class ThreadedBackend:
         return self._shapes
 
     async def generate(self, request: GenerationRequest) -> Generated:
-        self._check_alive()
-        return await self._thread.generate(request)
+        return await self._while_alive(lambda: self._thread.generate(request))
 
     async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
-        self._check_alive()
-        return await self._thread.call(lambda: self._load_weights(tensors, version))
+        return await self._while_alive(lambda: self._thread.call(lambda: self._load_weights(tensors, version)))
 
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
+        self._check_alive()
         if getattr(self, "weight_version", None) == UNKNOWN_VERSION:  # an adapter on a half-loaded base: no valid version
             raise ServerError(409, "the served base weights are in an unknown state (a full update failed part-way): send "
                                    "a full update before an adapter, or restart the server")
-        self._check_alive()
-        return await self._thread.call(lambda: self._load_adapter(adapter, version))
+        return await self._while_alive(lambda: self._thread.call(lambda: self._load_adapter(adapter, version)))
 
     def dead(self) -> str | None:
         """Why the engine can no longer generate (the server answers /health with 503 and this reason), else None."""
@@ -144,7 +142,18 @@ class ThreadedBackend:
     def _check_alive(self) -> None:
         """503 for work sent to a dead engine, rather than an error from inside it (or a wait for ever)."""
         if reason := self.dead():
-            raise ServerError(503, f"the engine is dead: {reason}: restart the server")
+            raise ServerError(503, f"the engine is dead: {reason}")
+
+    async def _while_alive(self, start: Callable[[], Awaitable[T]], poll_s: float = 1.0) -> T:
+        """`start()`'s result, or a 503 once the engine dies under it: work caught in a dead engine (vLLM leaves a batch
+        in flight waiting for ever when its engine-core process is killed) is answered, not left hanging."""
+        self._check_alive()
+        work = asyncio.ensure_future(start())
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=poll_s)
+            if done:
+                return work.result()
+            self._check_alive()
 
     def close(self) -> None:
         self._thread.stop()

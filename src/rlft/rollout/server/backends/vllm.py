@@ -133,11 +133,12 @@ class VLLMBackend(ThreadedBackend):
                    max_lora_rank=max_lora_rank, enable_lora=enable_lora)
 
     def dead(self) -> str | None:
-        """Also when vLLM's engine-core process has exited: its client's monitor sets `engine_dead` (vLLM 0.3x, a
-        process of its own unless VLLM_ENABLE_V1_MULTIPROCESSING=0), and every later call would fail."""
+        """Also when vLLM's engine core has stopped: its client sets `engine_dead` (vLLM 0.3x) when the engine-core
+        process exits (a process of its own unless VLLM_ENABLE_V1_MULTIPROCESSING=0) or reports a fatal error, and every
+        later call would fail, or wait for ever."""
         core = getattr(self._llm.llm_engine, "engine_core", None)
         if getattr(getattr(core, "resources", None), "engine_dead", False):
-            return "vLLM's engine-core process has exited (its log above says why)"
+            return "vLLM's engine core has stopped (its process exited or hit a fatal error: the server's log says why)"
         return super().dead()
 
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
@@ -147,7 +148,7 @@ class VLLMBackend(ThreadedBackend):
         return await super().load_adapter(adapter, version)
 
     async def reset_prefix_cache(self) -> None:
-        await self._thread.call(self._llm.reset_prefix_cache)
+        await self._while_alive(lambda: self._thread.call(self._llm.reset_prefix_cache))
 
     # ---------------------------------------------------------------- on the engine thread
 
@@ -169,7 +170,14 @@ class VLLMBackend(ThreadedBackend):
                     stop_token_ids=list(p.stop_token_ids), stop=list(p.stop_strings) or None, ignore_eos=True,
                     seed=seed, logprobs=request.top_logprobs, detokenize=bool(p.stop_strings),
                 ))
-        outputs = self._llm.generate(prompts, sampling_params=sampling, use_tqdm=False, lora_request=self._lora_request)
+        try:
+            outputs = self._llm.generate(prompts, sampling_params=sampling, use_tqdm=False, lora_request=self._lora_request)
+        except Exception:
+            self._abort_unfinished()  # else the next call's outputs would include them, and be matched by position
+            raise
+        if len(outputs) != len(prompts):
+            self._abort_unfinished()
+            raise ServerError(500, f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts: nothing was kept")
         results: list[Generated | BaseException] = []
         position = 0
         for request in requests:
@@ -184,6 +192,16 @@ class VLLMBackend(ThreadedBackend):
             results.append(Generated(ids, logprobs, [c.finish_reason == "length" for c in completions], tops,
                                      self.weight_version, self.weight_checksum))
         return results
+
+    def _abort_unfinished(self) -> None:
+        """Drop the requests a failed `generate` left in vLLM (its engine keeps them when a step raises part-way)."""
+        engine = self._llm.llm_engine
+        left = list(getattr(getattr(engine, "output_processor", None), "request_states", {}))
+        if left:
+            try:
+                engine.abort_request(left)
+            except Exception:  # noqa: BLE001 - a dead engine cannot abort; dead() reports it
+                pass
 
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
         from safetensors.torch import save_file
