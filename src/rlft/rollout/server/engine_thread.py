@@ -96,7 +96,6 @@ class EngineThread:
             else:
                 future.set_result(result)
 
-
     def _alone(self, request: GenerationRequest) -> "Generated | BaseException":
         try:
             return self._run_batch([request])[0]
@@ -153,7 +152,9 @@ class ThreadedBackend:
             done, _ = await asyncio.wait({work}, timeout=poll_s)
             if done:
                 return work.result()
-            self._check_alive()
+            if self.dead():
+                work.cancel()  # nobody waits for it any more
+                self._check_alive()
 
     def close(self) -> None:
         self._thread.stop()
