@@ -411,7 +411,6 @@ def test_sigterm_stops_the_server_cleanly(server):
     assert "rollout server stopped (SIGTERM)" in server["log"].read_text()
 
 
-
 def test_a_compiled_server_samples_as_the_eager_engine_before_and_after_a_weight_push(tmp_path):
     """`torch_compile: true` serves through the compiled decode step (static KV cache), as in-process runs do: the same
     tokens as the eager engine at the same seed, log-probs within float rounding, and after a full weight push the new

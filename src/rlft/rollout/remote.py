@@ -87,7 +87,7 @@ class RemoteEngine:
                 "stop_token_ids": list(params.stop_token_ids), "stop": list(params.stop_strings), "seed": seed}
         out = self._watched("POST", "/generate", json=body)
         self._check_served(out["weight_version"], out.get("weight_checksum"))
-        if any(not isinstance(value, (int, float)) or value != value for row in out["logprobs"] for value in row):
+        if any(None in row for row in out["logprobs"]):  # the server writes NaN as JSON null (allow_nan=False)
             from rlft.rollout.local import NOT_FINITE
 
             raise RolloutError(NOT_FINITE)  # a backend passed NaN on (JSON null)

@@ -62,7 +62,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
         raise NotImplementedYet(f"optimizer: {cfg.optimizer} with deepspeed: ZeRO keeps the optimizer's weights as its own "
                                 "fp32 partitions, so switching to the averaged weights for evaluations and saves would "
                                 "not reach the model; use it without deepspeed (plain or fsdp), or another optimizer")
-    if not any(key in cfg.optimizer for key in ("galore", "apollo", "lomo")):  # those need the model to resolve
+    if not any(key in cfg.optimizer for key in ("galore", "apollo")):  # those need the model to resolve
         optimizer_class(cfg)  # a missing package is said now, before the model loads
     if problem := scheduler_problem(cfg):
         raise ConfigError(problem)
