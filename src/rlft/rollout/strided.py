@@ -268,8 +268,13 @@ def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tupl
     """
     seq_len = doc_ids.size(1)
     logps = torch.log_softmax(logits[:, : seq_len - 1].float(), -1).gather(-1, doc_ids[:, 1:, None]).squeeze(-1)
-    mask = doc_attention[:, 1:].bool() & doc_attention[:, :-1].bool()
+    mask = document_mask(doc_attention)
     return torch.where(mask, -logps, torch.zeros_like(logps)), mask
+
+
+def document_mask(doc_attention: Tensor) -> Tensor:
+    """(B, L−1) bool: the next-token targets `document_nll` counts (the target and the position before it not pads)."""
+    return doc_attention[:, 1:].bool() & doc_attention[:, :-1].bool()
 
 
 def model_attention(model, layout: StridedLayout, doc_attention: Tensor, mask: Tensor, num_samples: int,

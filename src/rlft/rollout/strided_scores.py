@@ -21,8 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 from rlft.losses.linear_ce import chunk_rows, linear_token_logps, linear_token_nll
 from rlft.models.head import forward_hidden, output_layer
-from rlft.rollout.strided import (StridedLayout, document_nll, gather_generated_logps, generated_targets,
-                                  nucleus_logps)
+from rlft.rollout.strided import (StridedLayout, document_mask, document_nll, gather_generated_logps,
+                                  generated_targets, nucleus_logps)
 
 
 NUCLEUS_TENSORS = 8  # vocabulary-wide tensors per position in the nucleus (scores, sort, softmax, cumsum, masks...)
@@ -58,7 +58,7 @@ class StridedScores:
     def document_nll(self, doc_ids: Tensor, doc_attention: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(B, L−1) next-token NLL of the document and its mask, as `strided.document_nll` gives them, restricted to
         the targets where `keep` (B, L−1) is True; entries outside the mask are 0."""
-        mask = doc_attention[:, 1:].bool() & doc_attention[:, :-1].bool()  # as strided.document_nll's
+        mask = document_mask(doc_attention)
         if keep is not None:
             mask = mask & keep
         if self.logits is not None:
