@@ -209,7 +209,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     from rlft.data.preference import assign_kl_completions
     from rlft.errors import DataError
     from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
-    from rlft.models.loading import attach_adapter, disable_dropout, load_model
+    from rlft.models.loading import disable_dropout, load_model
     from rlft.models.shared_prompts import prompt_sharing
     from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
 
@@ -233,23 +233,10 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
             assign_kl_completions(data.eval)
 
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    reference = None
-    initial = method in ("dpo", "ipo", "kto") and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
-    if method in ("dpo", "ipo", "kto") and not initial:
-        if cfg.ref_model:
-            reference = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
-            reference = FrozenPolicy.adapter_disabled()  # no second model in memory (PiSSA's would be its residual)
-        elif cfg.precompute_ref_log_probs and not cfg.adapter:
-            # reference values are computed before any update (and before a checkpoint is loaded on resume):
-            # the policy itself still holds the initial weights, so no copy is needed
-            reference = FrozenPolicy(model)
-        else:
-            reference = FrozenPolicy.copy_of(model)
-    if cfg.adapter:
-        model = attach_adapter(model, cfg)
-        if initial:
-            reference = FrozenPolicy.initial_trainables(model)
+    # precomputed reference values are computed before any update (and before a checkpoint is loaded on resume): in
+    # full fine-tuning the policy itself still holds the initial weights then, so no copy is needed
+    model, reference = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=method in ("dpo", "ipo", "kto"),
+                                          unchanged_policy=bool(cfg.precompute_ref_log_probs))
     if cfg.disable_dropout:
         disable_dropout(model)
         if reference is not None and reference.model is not None:
@@ -285,26 +272,38 @@ def keeps_initial_adapter(cfg, accelerator) -> bool:
     return bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(cfg) and not shards_parameters(cfg, accelerator)
 
 
-def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
-    """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
-    initial weights: `ref_model`, the policy with its adapter disabled or with its initial adapter (PiSSA, OLoRA; no
-    copy either way), or a frozen copy."""
-    from rlft.models.loading import attach_adapter, disable_dropout, load_model
+def attach_with_frozen(cfg, tokenizer, model, accelerator, *, need_frozen: bool, unchanged_policy: bool = False):
+    """The model with its adapter attached (where the config has one) and, when `need_frozen`, the frozen network of its
+    initial weights: `ref_model`; the policy with its adapter disabled (no second model; PiSSA's and OLoRA's would be
+    the residual base), or with its initial adapter for those (`keeps_initial_adapter`); the policy itself in full
+    fine-tuning when `unchanged_policy` (read before any update); else a frozen copy, taken before the adapter."""
+    from rlft.models.loading import attach_adapter
 
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    frozen = None
     initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
+    frozen = None
     if need_frozen and not initial:
         if cfg.ref_model:
             frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
         elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
-            frozen = FrozenPolicy.adapter_disabled()  # PiSSA's and OLoRA's would be the residual, not the base
+            frozen = FrozenPolicy.adapter_disabled()
+        elif unchanged_policy and not cfg.adapter:
+            frozen = FrozenPolicy(model)
         else:
             frozen = FrozenPolicy.copy_of(model)
     if cfg.adapter:
         model = attach_adapter(model, cfg)
         if initial:
             frozen = FrozenPolicy.initial_trainables(model)
+    return model, frozen
+
+
+def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
+    """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
+    initial weights (`attach_with_frozen`), both on the device."""
+    from rlft.models.loading import disable_dropout, load_model
+
+    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    model, frozen = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=need_frozen)
     if cfg.disable_dropout:
         disable_dropout(model)
     model.to(accelerator.device)
