@@ -486,7 +486,7 @@ def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny
     """TRL's trainers add router_aux_loss_coef x the load-balancing loss of the pairs' forward (chosen and rejected rows
     in one batch) to the mean preference loss: rlft's loss per pair is the same sum."""
     from rlft.config.rl import preference_beta
-    from rlft.losses import preference as L
+    from rlft.losses.preference.dpo import dpo_loss
     from rlft.models import head
     from rlft.models.loading import load_model, load_tokenizer
     from rlft.train.recipes.preference import PairRecipe, sequence_logps
@@ -514,7 +514,7 @@ def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny
     assert float(out.loss_sum) / out.units == pytest.approx(float(plain.loss_sum) / 2 + coef * float(forward.aux_loss), rel=1e-5)
     if method == "dpo":  # and the preference loss alone is the paper's, from the same sequence log-probs
         logps = sequence_logps(model, batch).logps
-        expected = L.dpo_loss(logps[:2], logps[2:], batch["ref_chosen"], batch["ref_rejected"], loss_types=["sigmoid"],
+        expected = dpo_loss(logps[:2], logps[2:], batch["ref_chosen"], batch["ref_rejected"], loss_types=["sigmoid"],
                               beta=preference_beta(cfg)).losses.mean()
         assert float(plain.loss_sum) / 2 == pytest.approx(float(expected), rel=1e-5)
 

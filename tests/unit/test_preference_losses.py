@@ -7,20 +7,11 @@ import math
 import pytest
 import torch
 
-from rlft.losses.preference import (
-    DPO_LOSS_TYPES,
-    bco_reward_mean_update,
-    bradley_terry_loss,
-    check_kto_labels,
-    cpo_loss,
-    dpo_loss,
-    kto_imbalance_warning,
-    kto_loss,
-    ld_dpo_logps,
-    orpo_loss,
-    token_log_sum_squared_probs,
-    wpo_weights,
-)
+from rlft.losses.preference.dpo import DPO_LOSS_TYPES, bco_reward_mean_update, dpo_loss
+from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning, kto_loss
+from rlft.losses.preference.reference_free import cpo_loss, orpo_loss
+from rlft.losses.preference.reward_model import bradley_terry_loss
+from rlft.losses.preference.weighting import ld_dpo_logps, token_log_sum_squared_probs, wpo_weights
 
 
 def sig(z: float) -> float:
@@ -505,13 +496,13 @@ def test_config_and_losses_list_the_same_dpo_loss_types():
     from typing import get_args
 
     from rlft.config.sections import DPOLossType
-    from rlft.losses.preference import DPO_LOSS_TYPES
+    from rlft.losses.preference.dpo import DPO_LOSS_TYPES
 
     assert set(get_args(DPOLossType)) == set(DPO_LOSS_TYPES)
 
 
 def test_chosen_nll_per_pair_or_over_the_batch_tokens():
-    from rlft.losses.preference import chosen_nll
+    from rlft.losses.preference.rows import chosen_nll
 
     logps, lengths = torch.tensor([-4.0, -6.0]), torch.tensor([2, 6])
     # the papers: each answer's token mean (2.0, 1.0), then the mean over pairs 1.5
@@ -529,7 +520,7 @@ def test_orpo_sequence_span_is_trls_cross_entropy_over_prompt_and_answer(tmp_pat
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlft.data.preference import pair_batch
-    from rlft.losses.preference import chosen_nll
+    from rlft.losses.preference.rows import chosen_nll
     from rlft.models.tiny import write_tiny_model
     from rlft.train.recipes.preference import sequence_logps
 

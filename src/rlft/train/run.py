@@ -208,7 +208,7 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     from rlft.data.prepare import prepare_data, preference_steps
     from rlft.data.preference import assign_kl_completions
     from rlft.errors import DataError
-    from rlft.losses.preference import check_kto_labels, kto_imbalance_warning
+    from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
     from rlft.models.loading import disable_dropout, load_model
     from rlft.models.shared_prompts import prompt_sharing
     from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load

@@ -19,7 +19,11 @@ import torch
 
 from rlft.config.rl import orpo_lambda, preference_beta
 from rlft.data.preference import example_length, kto_batch, pair_batch, shared_pair_inputs
-from rlft.losses import preference as L
+from rlft.losses.preference.dpo import bco_reward_mean_update, dpo_loss
+from rlft.losses.preference.kto import kto_loss
+from rlft.losses.preference.reference_free import cpo_loss, orpo_loss
+from rlft.losses.preference.rows import chosen_nll
+from rlft.losses.preference.weighting import ld_dpo_logps, token_log_sum_squared_probs, wpo_weights
 from rlft.losses.linear_ce import linear_token_nll
 from rlft.losses.sft import IGNORE, token_nll
 from rlft.models.head import forward_hidden, output_layer, router_loss
@@ -92,7 +96,7 @@ def sequence_logps(model, batch: dict[str, Any], prefix: str = "", wpo: bool = F
     with torch.no_grad():
         per_position = logits[:, :-1].float().mean(-1)
         mean_logits = (per_position * mask).sum(-1) / lengths.clamp_min(1)
-        sum_sq = L.token_log_sum_squared_probs(logits[:, :-1]) if wpo else None
+        sum_sq = token_log_sum_squared_probs(logits[:, :-1]) if wpo else None
     return SequenceLogps(-nll.sum(-1), lengths, -nll, mask, mean_logits, sum_sq, whole, whole_lengths, router_loss(model, outputs))
 
 
@@ -148,7 +152,7 @@ class PairRecipe(Recipe):
 
     def _split(self, out: SequenceLogps, pairs: int, ld_alpha: float | None):
         if ld_alpha is not None:
-            return L.ld_dpo_logps(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:], ld_alpha)
+            return ld_dpo_logps(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:], ld_alpha)
         return out.logps[:pairs], out.logps[pairs:]
 
     def reference_logps(self, policy, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +167,8 @@ class PairRecipe(Recipe):
         whole = self.method == "orpo" and cfg.orpo_nll_span == "sequence"  # TRL's span: prompt and answer
         out = sequence_logps(model, batch, wpo=cfg.dpo_use_weighting, whole_rows=pairs if whole else 0)
         lengths_c, lengths_r = out.lengths[:pairs].float(), out.lengths[pairs:].float()
-        chosen_nll = (L.chosen_nll(out.sequence_logps, out.sequence_lengths, cfg.chosen_nll_average) if whole else
-                      L.chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average))
+        nll = (chosen_nll(out.sequence_logps, out.sequence_lengths, cfg.chosen_nll_average) if whole else
+               chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average))
         if self.method in ("dpo", "ipo"):
             chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
             started = clock()
@@ -172,36 +176,36 @@ class PairRecipe(Recipe):
             reference_time = None if "ref_chosen" in batch else clock() - started
             weights = None
             if cfg.dpo_use_weighting:  # the paper's calibrated weight (log sum p^2 per position), as TRL
-                weights = L.wpo_weights(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:],
-                                        chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
-                                        rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
+                weights = wpo_weights(out.token_logps[:pairs], out.mask[:pairs], out.token_logps[pairs:], out.mask[pairs:],
+                                      chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
+                                      rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
             if model.training:  # evaluation must not move the running mean
                 beta = preference_beta(cfg)
                 self._bco_update(beta * (chosen - ref_chosen.to(chosen)), beta * (rejected - ref_rejected.to(rejected)),
                                  counted=not batch.get("padding"))
-            result = L.dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
-                                beta=preference_beta(cfg), loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
-                                chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=chosen_nll,
-                                bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
+            result = dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
+                              beta=preference_beta(cfg), loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
+                              chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=nll,
+                              bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         elif self.method == "orpo":
             weight = orpo_lambda(cfg)
-            result = L.orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
-                                 chosen_nll, alpha=weight)
+            result = orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
+                               nll, alpha=weight)
             losses = result.losses
             # TRL's ORPO rewards: beta * average log-prob of each completion
             chosen_rewards = (weight * out.logps[:pairs] / lengths_c.clamp_min(1)).detach()
             rejected_rewards = (weight * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
         else:  # simpo / cpo
             loss_type = cfg.cpo_loss_type or "simpo"
-            result = L.cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=preference_beta(cfg),
-                                gamma=cfg.simpo_gamma, label_smoothing=cfg.dpo_label_smoothing, cpo_alpha=cfg.cpo_alpha,
-                                chosen_nll=chosen_nll)
+            result = cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=preference_beta(cfg),
+                              gamma=cfg.simpo_gamma, label_smoothing=cfg.dpo_label_smoothing, cpo_alpha=cfg.cpo_alpha,
+                              chosen_nll=nll)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         metrics = pair_metrics(chosen_rewards, rejected_rewards, out, pairs)
         if self.method == "orpo":
             metrics["log_odds_ratio"] = float(result.log_odds_ratio.detach().mean())
-            metrics["nll_loss"] = float(chosen_nll.detach().mean())
+            metrics["nll_loss"] = float(nll.detach().mean())
         if self.method in ("dpo", "ipo") and reference_time is not None:
             metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
         # an MoE router's load-balancing loss (model_config: {output_router_logits: true}) of the pairs' forward
@@ -224,7 +228,7 @@ class PairRecipe(Recipe):
         if "bco_pair" in self.loss_types:
             rewards = torch.cat([chosen_rewards, rejected_rewards]).detach().reshape(-1).tolist() if counted else []
             gathered = torch.tensor(gather_objects(rewards), dtype=torch.float64)
-            self.bco_mean, self.bco_count = L.bco_reward_mean_update(self.bco_mean, self.bco_count, gathered)
+            self.bco_mean, self.bco_count = bco_reward_mean_update(self.bco_mean, self.bco_count, gathered)
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         return _weighted_eval(self, model, batches)
@@ -269,8 +273,8 @@ class KTORecipe(Recipe):
         started = clock()
         ref, ref_kl = self.reference_logps(model, batch)
         reference_time = None if "ref_logps" in batch else clock() - started
-        result = L.kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=preference_beta(self.cfg),
-                            desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
+        result = kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=preference_beta(self.cfg),
+                          desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
         desirable, logps = batch["desirable"], out.logps.detach()
         metrics = {"kl": float(result.kl.detach())}
         if desirable.any():

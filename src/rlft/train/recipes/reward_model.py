@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from rlft.losses.preference import bradley_terry_loss
+from rlft.losses.preference.reward_model import bradley_terry_loss
 from rlft.models.reward import pair_scores
 from rlft.train.parallel import eval_share, gather_objects
 from rlft.train.recipe import LossOutput, Recipe
