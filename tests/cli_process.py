@@ -41,7 +41,7 @@ def _fork_server():
     if _context is None:
         import torch
 
-        if not torch.cuda.is_available():  # as `rlft.cli.main` sets it on a CPU machine, before DeepSpeed is imported
+        if not torch.cuda.is_available():  # as `rlft.cli.environment` sets it on a CPU machine, before DeepSpeed is imported
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)

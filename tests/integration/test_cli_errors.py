@@ -98,7 +98,7 @@ def test_the_command_ignores_a_ctrl_c_after_main_has_returned(monkeypatch):
 
     import rlft.cli
 
-    monkeypatch.setattr(rlft.cli, "main", lambda: 3)
+    monkeypatch.setattr(rlft.cli, "main", lambda argv, state: 3)
     previous = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(SystemExit) as exit_:
@@ -128,11 +128,11 @@ def test_a_ctrl_c_in_the_instant_the_command_ends_prints_no_traceback(where, mon
             raise KeyboardInterrupt
         return real(sig, handler)
 
-    def interrupted_main():
+    def interrupted_main(argv, state):
         raise KeyboardInterrupt
 
     ignoring = "SIGINT is being ignored" in where
-    monkeypatch.setattr(rlft.cli, "main", (lambda: 0) if ignoring else interrupted_main)
+    monkeypatch.setattr(rlft.cli, "main", (lambda argv, state: 0) if ignoring else interrupted_main)
     previous = signal.getsignal(signal.SIGINT)
     try:
         if ignoring:
