@@ -18,14 +18,13 @@ from fastapi import FastAPI
 
 from rlft.rollout.server.protocol import Generated, ServerError, ServingBackend
 from rlft.rollout.server.requests import ChatBody, CompletionBody, TokenizeBody, generation_request
+from rlft.rollout.server.routes import add_route
 from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
 
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
 def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, ends: tuple[int, ...]) -> None:
-    from rlft.rollout.server.app import add_route  # the one place that knows the trailing-slash rule
-
     tokenizer = backend.tokenizer
     created = int(time.time())
 
