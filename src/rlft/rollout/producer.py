@@ -59,9 +59,15 @@ class RolloutProducer:
     def __init__(self, engine: RolloutEngine, scorer: Scorer, prompts: PromptSource, settings, tokenizer,
                  sampling: SamplingParams, rollout_func: Callable | None = None,
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
-                 seed: int = 0, environment: Environment | None = None):
+                 seed: int = 0, environment: Environment | None = None,
+                 inject: Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], int]] | None = None,
+                 after_scoring: Callable[[ScoredBatch], ScoredBatch] | None = None,
+                 run_engine: Callable[[Callable[[], Any]], Any] | None = None):
         """`settings` is `rlft.config.rl.RLSettings`; `sampling_for(prompts, sampling)` may adapt the sampling
-        parameters to a prompt batch (EBFT's adaptive_max_tokens). `seed` seeds every draw's sampling."""
+        parameters to a prompt batch (EBFT's adaptive_max_tokens). `seed` seeds every draw's sampling. The hooks of
+        the trainer's feed (`rlft.train.rollout_feed`): `inject(prompts)` gives the prompts with re-rolled ones put
+        in and how many; `after_scoring(scored)` the batch after the replay buffer; `run_engine(job)` runs engine
+        work where the engine lives (its prefetch thread). Without them: no re-roll, no replay, work run inline."""
         self.environment = environment
         self.engine, self.scorer, self.prompts, self.settings = engine, scorer, prompts, settings
         self.tokenizer, self.sampling, self.rollout_func = tokenizer, sampling, rollout_func
@@ -71,10 +77,9 @@ class RolloutProducer:
         self.seed = seed
         self.generations = 0  # generation batches scored so far
         self.draws = 0  # prompt batches drawn so far (a draw's index seeds its sampling)
-        # re-roll: (prompts, how many were replaced by re-rolled ones)
-        self.inject: Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], int]] = lambda prompts: (prompts, 0)
-        self.after_scoring: Callable[[ScoredBatch], ScoredBatch] = lambda scored: scored  # replay buffer
-        self.run_engine: Callable[[Callable[[], Any]], Any] = lambda job: job()  # where engine work runs (Prefetcher.call)
+        self.inject = inject or (lambda prompts: (prompts, 0))
+        self.after_scoring = after_scoring or (lambda scored: scored)
+        self.run_engine = run_engine or (lambda job: job())
 
     # ------------------------------------------------------------------ the batch
     def produce(self) -> ScoredBatch:

@@ -27,9 +27,12 @@ from rlft.train.weight_sync import WeightSync
 
 
 class RolloutFeed:
-    def __init__(self, producer: RolloutProducer, weight_sync: WeightSync, settings, max_steps: int | None, seed: int):
+    def __init__(self, make_producer: Callable[..., RolloutProducer], weight_sync: WeightSync, settings,
+                 max_steps: int | None, seed: int):
+        """`make_producer(inject=, after_scoring=, run_engine=)` builds the producer with this feed's hooks: re-roll,
+        the replay buffer, and engine work on the prefetcher."""
         s = settings
-        self.producer, self.weight_sync, self.settings = producer, weight_sync, s
+        self.weight_sync, self.settings = weight_sync, s
         self.depth = s.prefetch_depth if s.async_prefetch else 0
         self.prefetcher = Prefetcher(self.depth)
         self.replay = ReplayBuffer(s.replay_buffer_size, seed) if s.replay_buffer_size > 0 else None
@@ -37,9 +40,7 @@ class RolloutFeed:
         self.reroll = RerollQueue(start, s.reroll_max_groups)
         self.step = 0  # optimizer steps done (the policy's weight version)
         self.lost = False  # the engine stopped answering (a checkpoint is still written, without it)
-        producer.run_engine = self.prefetcher.call
-        producer.inject = self._inject
-        producer.after_scoring = self._after_scoring
+        self.producer = make_producer(inject=self._inject, after_scoring=self._after_scoring, run_engine=self.prefetcher.call)
 
     # ------------------------------------------------------------------ batches
     def next_batch(self) -> ScoredBatch:

@@ -342,12 +342,11 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
+    sharing = group_sharing(cfg, [model, reference.model if reference else None])
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
-                        remote_engine=remote, environment=environment)
-    recipe.share_prompts, sharing = group_sharing(cfg, [model, reference.model if reference else None])
-    recipe.share_costs = forward_costs(model) if recipe.share_prompts and cfg.share_prompts is None else None
-    recipe.rows_apart = rows_apart(cfg, model)
-    recipe.plan_rows = (("prompts", sharing),)
+                        remote_engine=remote, environment=environment, sharing=sharing,
+                        share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
+                        rows_apart=rows_apart(cfg, model))
     return model, recipe, data
 
 

@@ -70,19 +70,21 @@ def row_inputs(row: TrainingRow) -> dict[str, Any]:
 
 
 class GRPORecipe(Recipe):
-    share_prompts = False  # each group's prompt once in a micro-batch (`share_prompts`; set by `rlft train`)
-    share_costs: tuple[int, int] | None = None  # the model's forward costs: share where that takes fewer FLOPs
-    rows_apart = False  # flattened rows attend each on its own (per-row SDPA): shared groups then one sequence each
-
     def __init__(self, cfg, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
                  make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False,
-                 environment: Environment | None = None):
+                 environment: Environment | None = None, sharing: tuple[bool, str] | None = None,
+                 share_costs: tuple[int, int] | None = None, rows_apart: bool = False):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
-        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server)."""
+        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `sharing`: each
+        group's prompt once in a micro-batch (`share_prompts`), and the plan's line; `share_costs`: the model's forward
+        costs (share only where that takes fewer FLOPs); `rows_apart`: flattened rows attend each on its own."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
+        self.share_prompts, self.share_costs, self.rows_apart = bool(sharing and sharing[0]), share_costs, rows_apart
+        if sharing is not None:
+            self.plan_rows = (("prompts", sharing[1]),)
         self.settings = s = rl_settings(cfg)
         self.reference_moves = ReferenceMoves(reference, s)  # Cosmos-RL's reset, TR-DPO's soft update
         self.completions = CompletionLog(cfg.output_dir, tokenizer, bool(s.log_completions), s.num_completions_to_print or 0)
@@ -157,16 +159,16 @@ class GRPORecipe(Recipe):
         if self.rank != 0:  # the other processes train on what rank 0 broadcasts
             return
         engine = self.make_engine(policy, version)
-        self.producer = RolloutProducer(engine, self.scorer, self.prompts, s, self.tokenizer, self.sampling,
-                                        self.rollout_func, self.sampling_for, seed=self.cfg.seed,
-                                        environment=self.environment)
-        self.producer.generations = self._restored.get("generations", 0)
-        if self._restored:  # a resume generates the batches after its checkpoint again
-            self.completions.resume(self.producer.generations)
         # the in-process engine copies only what trains (the adapter, for LoRA) already: vllm_lora_sync is its default
         lora_folder = Path(self.cfg.output_dir) / "lora_sync" if s.lora_sync and self.remote_engine else None
         sync = WeightSync(engine, every=s.sync_interval, plain=self.remote_engine, lora_folder=lora_folder)
-        self.feed = RolloutFeed(self.producer, sync, s, self.cfg.max_steps, self.cfg.seed)
+        self.feed = RolloutFeed(lambda **hooks: RolloutProducer(
+            engine, self.scorer, self.prompts, s, self.tokenizer, self.sampling, self.rollout_func, self.sampling_for,
+            seed=self.cfg.seed, environment=self.environment, **hooks), sync, s, self.cfg.max_steps, self.cfg.seed)
+        self.producer = self.feed.producer
+        self.producer.generations = self._restored.get("generations", 0)
+        if self._restored:  # a resume generates the batches after its checkpoint again
+            self.completions.resume(self.producer.generations)
         self.feed.load_state_dict(self._restored.get("feed", {}), self.step)
         if self.remote_engine:  # it serves whatever it held before (another run's weights or adapter): send all of ours
             sync.reset(policy, version)
