@@ -6,11 +6,14 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.config import build_config, deep_merge, load_config, parse_overrides, read_yaml
 from rlft.errors import ConfigError
 from rlft.models.generation import generate_texts
+from rlft.models.loading import load_for_inference, load_tokenizer
 from rlft.tasks.addition import exact_match, read_jsonl
+from rlft.train.run import train
 
 DEFAULT_CONFIG = Path("examples/quickstart/sft.yaml")
 
@@ -38,11 +41,6 @@ def quickstart_config(config_path: Path, overrides: list[str] | None):
 
 
 def run_quickstart(config_path: Path = DEFAULT_CONFIG, overrides: list[str] | None = None, console: Console | None = None) -> dict[str, float]:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from rlft.models.loading import load_for_inference, load_tokenizer
-    from rlft.train.run import train
-
     console = console or Console()
     cfg = quickstart_config(Path(config_path), overrides)
     rows = read_jsonl(Path(cfg.test_datasets[0].path))

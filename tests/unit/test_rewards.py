@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from rlft.errors import ConfigError, RolloutError
-from rlft.rollout.rewards import RewardRunner, load_reward_functions
+from rlft.rollout.rewards.loading import load_reward_functions
+from rlft.rollout.rewards.runner import RewardRunner
 
 # The seeds' examples, verbatim (docs/rlhf.qmd, GRPO section).
 SEED_REWARDS_PY = '''

@@ -17,6 +17,7 @@ from rlft.errors import RolloutError
 from rlft.models.head import without_router_logits
 from rlft.models.logprobs import draw_tokens, process_logits
 from rlft.models.masks import safe_attention
+from rlft.rollout.compiled import CompiledDecoder
 from rlft.rollout.types import Rollout, SamplingParams
 
 NOT_FINITE = ("the policy's next-token distribution held NaN while sampling: its weights or logits are not finite (a "
@@ -64,8 +65,6 @@ class LocalEngine:
         self.compiled = compiled
         self.decoder = None
         if compiled is not None:
-            from rlft.rollout.compiled import CompiledDecoder
-
             self.decoder = CompiledDecoder(self.model, _cache_keyword(self.model), *compiled)
 
     @classmethod

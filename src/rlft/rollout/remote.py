@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save
 
 from rlft.errors import RolloutError
 from rlft.models.weights import architecture_digest, weights_checksum
+from rlft.rollout.local import NOT_FINITE
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
 from rlft.rollout.types import Rollout, SamplingParams
 
@@ -88,8 +89,6 @@ class RemoteEngine:
         out = self._watched("POST", "/generate", json=body)
         self._check_served(out["weight_version"], out.get("weight_checksum"))
         if any(None in row for row in out["logprobs"]):  # the server writes NaN as JSON null (allow_nan=False)
-            from rlft.rollout.local import NOT_FINITE
-
             raise RolloutError(NOT_FINITE)  # a backend passed NaN on (JSON null)
         expanded = [ids for ids in prompt_ids for _ in range(num_samples)]
         return Rollout(expanded, out["completion_ids"], out["logprobs"], out["truncated"],

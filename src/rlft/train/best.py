@@ -15,6 +15,8 @@ from typing import Any
 
 from rlft.config.best_model import best_metric, loads_best_model
 from rlft.errors import ConfigError
+from rlft.train.checkpoint import weights_problem
+from rlft.train.metrics import read_metrics
 
 
 def metric_value(results: dict[str, float], key: str, reader: str) -> float:
@@ -29,8 +31,6 @@ def check_logged_metric(cfg, log: Path) -> None:
     """A resumed run has no evaluation before its first step, where a fresh run learns whether its evaluation reports
     the metric that load_best_model_at_end, save_strategy: best or early_stopping_patience watch: the run's log tells
     (its evaluations so far), so a misspelt metric_for_best_model stops the run before it trains steps it cannot keep."""
-    from rlft.train.metrics import read_metrics
-
     readers = [name for name, on in (("load_best_model_at_end", loads_best_model(cfg)), ("save_strategy: best",
                cfg.save_strategy == "best"), ("early_stopping_patience", bool(cfg.early_stopping_patience))) if on]
     evaluated = {key for line in read_metrics(log) for key in line if key.startswith("eval/")}
@@ -97,8 +97,6 @@ class BestCheckpoint:
 def final_checkpoint(state, output_dir: Path, warn) -> Path | None:
     """The checkpoint whose weights become the final model, when it is not the last step's; None otherwise. A best
     checkpoint that is gone or incomplete (removed by hand) is named in a warning and the last step's weights stay."""
-    from rlft.train.checkpoint import weights_problem
-
     best = state.best
     if best.get("step") is None or best["step"] == state.global_step:  # (save_strategy: best keeps only eval_best)
         return None

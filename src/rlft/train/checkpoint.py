@@ -41,6 +41,8 @@ from rlft.errors import CheckpointError
 from rlft.models.base_changing import RESUME_FOLDER, convert_folder, keep_for_resume
 from rlft.train import zero
 from rlft.train.checkpoint_folders import list_checkpoints, pruned
+from rlft.train.optim import optimizer_mode
+from rlft.train.parallel import barrier, broadcast_object, gathered_state_dict, peer_failure
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
                                     restore_rng, rng_state, save_scheduler, scheduler_state)
 
@@ -81,8 +83,6 @@ def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optim
     the training state's record, no optimizer, schedule, RNG or recipe state, so it cannot resume. `initial_adapter`
     (PiSSA, OLoRA): `model/` holds the adapter converted to load on the original base, and the checkpoint keeps the
     adapter as trained for resuming (rlft.models.base_changing)."""
-    from rlft.train.parallel import barrier, gathered_state_dict, peer_failure
-
     rank = launched()[0]
     final = output_dir / f"checkpoint-{state.global_step}"
     staging = output_dir / f".tmp-checkpoint-{state.global_step}"
@@ -211,8 +211,6 @@ def load_optimizer(model, optimizer, folder: Path) -> None:
                               "either way: point base_model at its model/ folder to start afresh from them)")
     if written_by_deepspeed:
         return zero.load_optimizer(model, folder)
-    from rlft.train.optim import optimizer_mode
-
     # torch initialises the state to load into with a step at learning rate 0, and only when the state is empty: a
     # schedule-free optimizer steps only in train mode, and its mode switch leaves empty entries behind
     optimizer_mode(optimizer, training=True)
@@ -323,8 +321,6 @@ def agreed_resume(setting: str | None, output_dir: Path, warn: Callable[[str], N
     """`resolve_resume` on the main process, its choice (or its refusal) taken by every process: each one looking
     for itself could pick another checkpoint (a save still landing on a shared filesystem, one rank's stale view),
     and the ranks would load different steps' weights."""
-    from rlft.train.parallel import broadcast_object
-
     found, problem = None, None
     if launched()[0] == 0:
         try:

@@ -17,13 +17,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rlft.config.rl import rl_settings
 from rlft.errors import ConfigError
 from rlft.rollout.engine import RolloutEngine
+from rlft.rollout.remote import RemoteEngine
+from rlft.rollout.server.colocated import ColocatedEngine
+from rlft.rollout.server.security import local_token
 
 
 def server_token(cfg, port: int, host: str = "127.0.0.1") -> str | None:
     """vllm.api_key, else RLFT_SERVER_TOKEN, else the token a server on this machine generated for that port (only for
     a server on this machine: it is not sent elsewhere)."""
-    from rlft.rollout.server.security import local_token
-
     here = host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
     return cfg.vllm.api_key or os.environ.get("RLFT_SERVER_TOKEN") or (local_token(port) if here else None)
 
@@ -38,8 +39,6 @@ def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] 
         return colocated_vllm(cfg), True
 
     def connect(policy, version: int) -> RolloutEngine:
-        from rlft.rollout.remote import RemoteEngine
-
         engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port, s.server_host))
         wait_for_server(engine, s, console)
         engine.check_serves(policy)  # another model behind that port: say so before sending it weights
@@ -69,8 +68,6 @@ def colocated_vllm(cfg) -> Callable[..., RolloutEngine]:
             "`pip install 'rlft[vllm]' -c constraints.txt` on a machine with a CUDA GPU, use vllm_mode: server with "
             "`rlft vllm-serve CONFIG` (its transformers backend runs anywhere), or set trl.use_vllm: false for rlft's "
             "in-process transformers engine") from None
-    from rlft.rollout.server.colocated import ColocatedEngine
-
     def make(policy, version: int) -> RolloutEngine:
         return ColocatedEngine.from_config(cfg, version=version)
 

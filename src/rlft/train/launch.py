@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from rlft.errors import ConfigError, RlftError, Terminated
+from rlft.heap import collector_paused
 
 
 def launch_command(config: str, overrides: list[str], processes: int, nodes: int = 1, node_rank: int = 0,
@@ -127,9 +128,7 @@ def launcher_main() -> None:
     it exits without the interpreter's last collections, which walk torch's million objects for nothing: 0.4 s of
     every launch's end on a 2-core machine. Failures raise as in accelerate's own command (the relay drops that
     traceback)."""
-    from rlft.heap import collector_paused
-
-    with collector_paused():
+    with collector_paused():  # accelerate's launcher imports torch (seconds): only this launcher process needs it
         from accelerate.commands.launch import main
     sys.argv[0] = "accelerate launch"
     main()

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+from rlft.config.trackers import tracker_specs
 
 # Dense peak FLOP/s per device. CPU figures are per core, measured on an AVX-512/AMX Xeon (spec/platform.md §5).
 PEAK_FLOPS = {
@@ -105,10 +108,6 @@ class MetricsLog:
     (accelerate's TensorBoard, W&B, MLflow, Comet, Trackio and SwanLab trackers: config/trackers.py)."""
 
     def __init__(self, cfg, output_dir: Path, enabled: bool = True) -> None:
-        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
-
-        from rlft.config.trackers import tracker_specs
-
         self.enabled = enabled
         self.path = output_dir / "metrics.jsonl"
         self.trackers = []

@@ -17,30 +17,29 @@ Every collective runs on the main thread, in the same order on every rank.
 from __future__ import annotations
 
 import os
+import socket
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.errors import ConfigError
+from rlft.train.launch import check_devices
 from rlft.train.zero import gathered_state_dict as zero_gathered_state_dict
 from rlft.train.zero import is_deepspeed, zero3_parameters
 
 
 def make_accelerator(cfg):
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
     cuda = torch.cuda.is_available()
     if cfg.fp16 and not cuda:
         raise ConfigError("fp16: true needs a CUDA GPU (CPUs have no fast float16 path): use bf16 or fp32")
     processes = launched()[1]
     if cuda:  # started by torchrun or accelerate launch directly: the same check as `rlft train --num-processes`
-        from rlft.train.launch import check_devices
-
         check_devices(int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
     bf16 = trains_in_bf16(cfg) and not cfg.deepspeed  # DeepSpeed keeps bf16 weights itself: no autocast on top
     if cuda:
@@ -48,8 +47,6 @@ def make_accelerator(cfg):
     # a rank that hangs (not one that dies: the launcher stops the others at once) fails the others after ddp_timeout
     handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
     if processes > 1 and ddp_options(cfg):
-        from accelerate.utils import DistributedDataParallelKwargs
-
         handlers.append(DistributedDataParallelKwargs(**ddp_options(cfg)))
     accelerator = Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda,
                               kwargs_handlers=handlers)
@@ -71,6 +68,8 @@ def cuda_settings(cfg) -> None:
     on PyTorch's memory-efficient kernel instead of cuDNN's. cuDNN's builds a plan for every new batch shape, and its
     backward has returned NaN gradients with attention masks on Hopper GPUs (pytorch/pytorch#196678,
     huggingface/trl#7181); rlft's GRPO on an H200 got one at its first step (docs/training.md#attention)."""
+    # transformers takes seconds to import: not at the top, since `rlft train --num-processes N` imports this module
+    # to check a config before it launches the processes
     from transformers.utils import is_torch_tf32_available
 
     if cfg.tf32 is True or (cfg.tf32 == "auto" and is_torch_tf32_available()):
@@ -115,8 +114,6 @@ def strategy(cfg, processes: int) -> str | None:
 def _single_process_group() -> None:
     if dist.is_initialized():
         return
-    import socket
-
     with socket.socket() as probe:  # a free port on this machine only
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -126,7 +123,7 @@ def _single_process_group() -> None:
 
 
 def is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # seconds to import: only where a model may be sharded
 
     return isinstance(model, FSDPModule)
 
@@ -151,6 +148,8 @@ def check_layer_classes(cfg) -> None:
     settings = fsdp_settings(cfg)
     if settings is None or not settings.wrap_layers:
         return
+    # transformers (and models.loading, which imports it) take seconds: imported here, only for a config that names
+    # layer classes, so that the launching command stays quick otherwise (see cuda_settings)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlft.models.loading import base_model_source, hub_revision, model_source
@@ -164,7 +163,7 @@ def check_layer_classes(cfg) -> None:
 def shard_model(model: torch.nn.Module, settings) -> torch.nn.Module:
     """Apply FSDP2 in place: each decoder layer (`fsdp_transformer_layer_cls_to_wrap`, else the model's own
     `_no_split_modules`) becomes a unit, then the root. Names the model's layer classes when one is missing."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # seconds to import (is_sharded)
 
     classes = layer_classes(model, settings)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -218,7 +217,7 @@ def gradient_sync(model, sync: bool) -> Iterator[None]:
 def gathered_state_dict(model) -> dict[str, torch.Tensor] | None:
     """A sharded (FSDP2, ZeRO-3) model's whole state dict, on the CPU of rank 0 (empty elsewhere): a collective, every
     rank calls it. None for a model that is whole on every rank already (one process, DDP, ZeRO-1/2)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # as shard_model's
 
     module = getattr(model, "module", model) if is_deepspeed(model) else model
     if zero3_parameters(module):

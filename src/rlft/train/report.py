@@ -11,6 +11,7 @@ from rlft.config.best_model import best_metric, loads_best_model
 from rlft.config.schema import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_keys, liger_summary
+from rlft.models.qat import describe
 from rlft.train.loop import LoopResult
 from rlft.train.step_counts import epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
@@ -44,8 +45,6 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     table = _key_value_table(f"rlft train: {cfg.method}")
     table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
     if cfg.qat:
-        from rlft.models.qat import describe
-
         table.add_row("qat", describe(cfg.qat))
     if cfg.uses_mistral_common:
         table.add_row("tokenizer", "mistral-common: each chat encoded by its own instruct tokenizer, no chat template" + (

@@ -6,25 +6,51 @@ import contextlib
 from pathlib import Path
 
 import torch
+from accelerate.utils import set_seed
 from rich.console import Console
+from transformers.integrations.neftune import neftune_post_forward_hook
 
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
+from rlft.config.rl import rl_settings
 from rlft.config.schema import nemo_gym_enabled
-from rlft.errors import ConfigError, ModelError, NotImplementedYet
+from rlft.data.preference import assign_kl_completions
+from rlft.data.prepare import (ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data,
+                               prepare_streamed_sft_data, prompt_steps)
+from rlft.errors import ConfigError, DataError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
+from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
 from rlft.models.base_changing import convert_folder, is_converted, rewrites_base, save_initial_adapter
 from rlft.models.checkpointing import checkpoints, offloads
+from rlft.models.freeze import freeze_except
 from rlft.models.frozen import FrozenPolicy
+from rlft.models.loading import (attach_adapter, base_model_source, check_context_length, disable_dropout, hub_revision,
+                                 load_model, load_tokenizer)
+from rlft.models.reference import load_reference_model
+from rlft.models.reward import load_reward_model
+from rlft.models.shared_prompts import forward_costs, group_sharing, prompt_sharing, reward_sharing
 from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
+from rlft.rollout.envs.nemo_gym import agent_servers, resource_servers, task_rows
+from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
+from rlft.rollout.envs.nemo_gym_launch import GymServers
+from rlft.rollout.feature_reward import FeatureMatchingReward
+from rlft.rollout.rewards.loading import load_reward_functions
+from rlft.rollout.rewards.runner import RewardRunner
+from rlft.rollout.scoring import FunctionScorer
+from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.best import copy_model_files, final_checkpoint
+from rlft.train.engines import engine_factory, server_token
 from rlft.train.loop import LoopResult, run_loop
-from rlft.train.watch import SetupInterrupts
 from rlft.train.parallel import gathered_state_dict, make_accelerator
+from rlft.train.recipes.ebft import EBFTStridedRecipe, EBFTStructuredRecipe
+from rlft.train.recipes.grpo import GRPORecipe
+from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
+from rlft.train.recipes.reward_model import RewardModelRecipe
+from rlft.train.recipes.sft import SFTRecipe
 from rlft.train.report import print_plan, print_summary
 from rlft.train.unbuilt import refuse_unbuilt
-
+from rlft.train.watch import SetupInterrupts
 
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
@@ -66,10 +92,6 @@ def nemo_gym_servers(cfg, console: Console):
     """NeMo Gym's servers for this run when `nemo_gym_auto_start` asks for them, else nothing to start."""
     if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or launched()[0] != 0:
         return contextlib.nullcontext()
-    from rlft.config.rl import rl_settings
-    from rlft.rollout.envs.nemo_gym_launch import GymServers
-    from rlft.train.engines import server_token
-
     policy = None
     if cfg.nemo_gym_multi_turn:  # the Gym model server the agents ask points at rlft's rollout server
         s = rl_settings(cfg)
@@ -80,10 +102,6 @@ def nemo_gym_servers(cfg, console: Console):
 
 def _setup(cfg, console: Console):
     """Accelerator, tokenizer, data, model and recipe of a run (the model not yet wrapped), and the frozen init base."""
-    from accelerate.utils import set_seed
-
-    from rlft.models.loading import check_context_length, load_tokenizer
-
     check_context_length(cfg)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
@@ -93,26 +111,14 @@ def _setup(cfg, console: Console):
     shard = (accelerator.process_index, accelerator.num_processes)
 
     if cfg.method == "sft":
-        from rlft.data.prepare import prepare_sft_data, prepare_streamed_sft_data
-        from rlft.models.loading import load_model
-        from rlft.train.recipes.sft import SFTRecipe
-
         data = prepare_streamed_sft_data(cfg, tokenizer) if cfg.streamed else prepare_sft_data(cfg, tokenizer)
         model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
         recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard, tokenizer if cfg.streamed else None)
     elif cfg.method == "reward_model":
-        from rlft.data.prepare import prepare_data, preference_steps
-        from rlft.models.reward import load_reward_model
-        from rlft.train.recipes.reward_model import RewardModelRecipe
-
         data = prepare_data(cfg, tokenizer, preference_steps("reward_model"))
         model = load_reward_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
         if cfg.disable_dropout:
-            from rlft.models.loading import disable_dropout
-
             disable_dropout(model)
-        from rlft.models.shared_prompts import reward_sharing
-
         sharing = reward_sharing(cfg, model, data.train + data.eval, compile_options(cfg) is not None)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard, sharing)
     elif cfg.method in ("grpo", "gdpo"):
@@ -125,15 +131,11 @@ def _setup(cfg, console: Console):
 
 
 def _train(cfg, console: Console) -> LoopResult:
-    with collector_paused():  # imports and the model: no garbage to find (rlft/heap.py)
-        from rlft.models.loading import base_model_source, hub_revision
-
+    with collector_paused():  # the model and its data: no garbage to find (rlft/heap.py)
         accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
     if cfg.unfrozen_parameters:
         freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
     if cfg.neftune_noise_alpha:  # NEFTune: transformers' hook, so the noise is the one its Trainer (and Axolotl) adds
-        from transformers.integrations.neftune import neftune_post_forward_hook
-
         embeddings = model.get_input_embeddings()
         embeddings.neftune_noise_alpha = cfg.neftune_noise_alpha
         embeddings.register_forward_hook(neftune_post_forward_hook)
@@ -166,7 +168,7 @@ def _train(cfg, console: Console) -> LoopResult:
         result.final_from = final_checkpoint(result.state, output_dir, warn)  # load_best_model_at_end, when not the last
         if result.final_from is not None:
             copy_model_files(result.final_from / "model", output_dir)  # as that checkpoint saved it (PiSSA's converted)
-            if init_adapter is not None and not is_converted(output_dir):  # a checkpoint of an rlft before 2026-11-27
+            if init_adapter is not None and not is_converted(output_dir):  # a checkpoint that kept the adapter unconverted
                 convert_folder(output_dir, init_adapter)
         else:
             model.save_pretrained(output_dir, safe_serialization=True, state_dict=weights)
@@ -205,14 +207,6 @@ def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
 
 def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, reference and recipe for dpo / ipo / kto / orpo / simpo."""
-    from rlft.data.prepare import prepare_data, preference_steps
-    from rlft.data.preference import assign_kl_completions
-    from rlft.errors import DataError
-    from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
-    from rlft.models.loading import disable_dropout, load_model
-    from rlft.models.shared_prompts import prompt_sharing
-    from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
-
     method = cfg.method
     data = prepare_data(cfg, tokenizer, preference_steps(method))
     for report in data.reports:
@@ -277,8 +271,6 @@ def attach_with_frozen(cfg, tokenizer, model, accelerator, *, need_frozen: bool,
     initial weights: `ref_model`; the policy with its adapter disabled (no second model; PiSSA's and OLoRA's would be
     the residual base), or with its initial adapter for those (`keeps_initial_adapter`); the policy itself in full
     fine-tuning when `unchanged_policy` (read before any update); else a frozen copy, taken before the adapter."""
-    from rlft.models.loading import attach_adapter
-
     initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
     frozen = None
     if need_frozen and not initial:
@@ -300,8 +292,6 @@ def attach_with_frozen(cfg, tokenizer, model, accelerator, *, need_frozen: bool,
 def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
     """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
     initial weights (`attach_with_frozen`), both on the device."""
-    from rlft.models.loading import disable_dropout, load_model
-
     model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
     model, frozen = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=need_frozen)
     if cfg.disable_dropout:
@@ -314,15 +304,6 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
 
 def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
-    from rlft.config.rl import rl_settings
-    from rlft.data.prepare import prepare_data, prompt_steps
-    from rlft.models.shared_prompts import forward_costs, group_sharing
-    from rlft.rollout.rewards import RewardRunner, load_reward_functions
-    from rlft.rollout.scoring import FunctionScorer
-    from rlft.train.engines import engine_factory
-    from rlft.rollout.user_rollouts import load_rollout_func
-    from rlft.train.recipes.grpo import GRPORecipe
-
     trl = cfg.trl
     if not trl.reward_funcs:
         raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
@@ -334,8 +315,6 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
     environment = None
     if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
-        from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
-
         environment = NemoGymAgents(tokenizer.eos_token_id, cfg.nemo_gym_run_timeout, cfg.nemo_gym_max_turns,
                                     rl_settings(cfg).max_completion_length)
     model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
@@ -353,9 +332,6 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
 def nemo_gym_prompts(cfg, tokenizer, console: Console):
     """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
     NeMo Gym head server names, tokenised and fitted as any prompt dataset."""
-    from rlft.data.prepare import prepare_records, prompt_steps
-    from rlft.rollout.envs.nemo_gym import agent_servers, resource_servers, task_rows
-
     if cfg.datasets:
         console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
                       markup=False)
@@ -368,62 +344,20 @@ def nemo_gym_prompts(cfg, tokenizer, console: Console):
 
 def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
     """EBFT: the frozen feature network is the initial policy (adapter disabled, the initial adapter, or a frozen copy)."""
-    from rlft.data.prepare import ebft_steps, prepare_data
-    from rlft.train.engines import engine_factory
-
     make_engine, remote = engine_factory(cfg, console) if cfg.ebft.mode == "structured" else (None, False)
     data = prepare_data(cfg, tokenizer, ebft_steps(cfg))
     model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
     shard = (accelerator.process_index, accelerator.num_processes)
     if cfg.ebft.mode == "strided":
-        from rlft.train.recipes.ebft import EBFTStridedRecipe
-
         return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, shard), data
-    from rlft.config.rl import rl_settings
-    from rlft.rollout.feature_reward import FeatureMatchingReward
-    from rlft.train.recipes.ebft import EBFTStructuredRecipe
-
     scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
     reference = frozen if rl_settings(cfg).beta else None  # the same frozen initial policy serves the KL term
     return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard, make_engine, remote), data
 
 
-def load_reference_model(cfg, tokenizer, policy):
-    """The separate `ref_model` folder with as many embedding rows as the `policy`; refused unless each of its tokens has
-    the policy's id (the run may have added tokens: `tokens:`, chat-template markers). Each row's logit counts in
-    log-softmax's normaliser, so spare rows beyond the tokenizer (Qwen ships 151,936 for 151,665 tokens) are kept, and
-    rows the policy grew for added tokens are copied from it: the same folder as policy and reference gives the same
-    log-probs."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlft.errors import ModelError
-    from rlft.models.loading import hub_revision, model_config, model_source
-
-    source = model_source(cfg, cfg.ref_model, "ref_model")
-    ref_vocab, vocab = AutoTokenizer.from_pretrained(source, **hub_revision(cfg, source)).get_vocab(), tokenizer.get_vocab()
-    if any(vocab.get(token) != index for token, index in ref_vocab.items()):  # tokens the run added (tokens:) may follow
-        raise ModelError(
-            f"ref_model {source} has a different tokenizer vocabulary ({len(ref_vocab)} tokens) from the policy's "
-            f"({len(tokenizer)}): log-prob ratios need the same tokens on both sides. Use a reference of the same family"
-        )
-    settings = {"config": model_config(cfg, source)} if cfg.overrides_of_model_config else {}
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **settings, **hub_revision(cfg, source))
-    own, rows = model.get_input_embeddings().num_embeddings, policy.get_input_embeddings().num_embeddings
-    if own != rows:
-        model.resize_token_embeddings(rows, mean_resizing=False)
-        with torch.no_grad():
-            for get in ("get_input_embeddings", "get_output_embeddings"):
-                mine, theirs = getattr(model, get)(), getattr(policy, get)()
-                if own < rows and mine is not None and theirs is not None:
-                    mine.weight[own:] = theirs.weight[own:]
-    return model.eval().requires_grad_(False)
-
-
 def freeze_unmatched(cfg, model, console: Console | None) -> None:
     """`unfrozen_parameters`: freeze the parameters no pattern matches (rlft.models.freeze); warn of patterns that
     match none."""
-    from rlft.models.freeze import freeze_except
-
     try:
         frozen = freeze_except(model, cfg.unfrozen_parameters)
     except ValueError as exc:

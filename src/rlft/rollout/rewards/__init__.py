@@ -6,33 +6,7 @@
 * `workers`: the persistent pool of "spawn" worker processes used when `num_workers > 1`;
 * `runner`: RewardRunner, which scores completions with every function; a function that raises or
   hangs must not kill the run silently (the rules are in its module docstring).
+
+Nothing is imported here: the spawned worker processes import `workers` (and so this package) and need neither torch
+nor the models that the runner and the reward-model scorer bring.
 """
-
-from __future__ import annotations
-
-from rlft.rollout.rewards.calling import (
-    EXCLUDED_COLUMNS,
-    RESERVED_ARGUMENTS,
-    BadReturn,
-    as_trl_completions,
-    coerce_scores,
-    describe_exception,
-    is_conversational_prompt,
-)
-from rlft.rollout.rewards.loading import RewardFunction, RewardModelScorer, load_reward_functions
-from rlft.rollout.rewards.runner import RewardRunner, RewardScores
-
-__all__ = [
-    "EXCLUDED_COLUMNS",
-    "RESERVED_ARGUMENTS",
-    "BadReturn",
-    "RewardFunction",
-    "RewardModelScorer",
-    "RewardRunner",
-    "RewardScores",
-    "as_trl_completions",
-    "coerce_scores",
-    "describe_exception",
-    "is_conversational_prompt",
-    "load_reward_functions",
-]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlft.errors import ConfigError, ModelError
+from rlft.models.reward import load_reward_for_scoring, score_texts
 from rlft.rollout.rewards.calling import RESERVED_ARGUMENTS, _invoke
 from rlft.usercode import UserCodeError, load_user_function
 
@@ -157,8 +158,6 @@ class RewardModelScorer:
         self.batch_size = batch_size
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
-        from rlft.models.reward import score_texts
-
         texts = [self._prompt_text(p) + _completion_text(c) for p, c in zip(prompts, completions)]
         return score_texts(self.model, self.tokenizer, texts, batch_size=self.batch_size)
 
@@ -182,8 +181,6 @@ def _reward_model_function(name: str, folder: Path, weight: float, key: str, dev
         if not any((model_folder / f).exists() for f in ("adapter_config.json", "config.json")):
             _fail(key, f"{name!r} is a folder ({folder.resolve()}) but holds no config.json or adapter_config.json, so it is "
                        "not a reward model; give a trained reward-model folder or a `module.fn` reward function")
-    from rlft.models.reward import load_reward_for_scoring
-
     try:
         model, tokenizer = load_reward_for_scoring(name, device=device)
     except ModelError as exc:

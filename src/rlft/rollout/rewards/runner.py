@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlft.errors import ConfigError, RolloutError, Terminated
 from rlft.rollout.rewards.calling import (
     EXCLUDED_COLUMNS,
@@ -49,6 +51,7 @@ from rlft.rollout.rewards.calling import (
 )
 from rlft.rollout.rewards.loading import RewardFunction
 from rlft.rollout.rewards.workers import _Job, _WorkerPool
+from rlft.rollout.scoring import column_stats
 
 logger = logging.getLogger("rlft.rewards")
 
@@ -115,8 +118,6 @@ class RewardRunner:
 
     @property
     def weights(self):
-        import torch
-
         return torch.tensor([f.weight for f in self.functions], dtype=torch.float32)
 
     @property
@@ -146,8 +147,6 @@ class RewardRunner:
     def score(self, prompts: list, completions: list, completion_ids: list[list[int]],
               columns: Mapping[str, list] | None = None) -> RewardScores:
         """Call every function on all N rows; `values` is (N, K) in row order, K = functions in config order."""
-        import torch
-
         rows = len(completions)
         columns = self._check_inputs(prompts, completions, completion_ids, columns)
         completions = as_trl_completions(prompts, completions)
@@ -394,8 +393,6 @@ class RewardRunner:
         return failures
 
     def _metrics(self, values, state: _CallState) -> dict[str, float]:
-        from rlft.rollout.scoring import column_stats
-
         metrics: dict[str, float] = {}
         for k, function in enumerate(self.functions):
             prefix = f"rewards/{function.name}"

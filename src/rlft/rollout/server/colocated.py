@@ -15,6 +15,7 @@ import torch
 
 from rlft.errors import RolloutError
 from rlft.models.weights import weights_checksum
+from rlft.rollout.server.backends import load_backend
 from rlft.rollout.server.protocol import GenerationRequest, ServerError
 from rlft.rollout.server.transfer import check_against_model, read_adapter_folder
 from rlft.rollout.types import Rollout, SamplingParams
@@ -37,8 +38,6 @@ class ColocatedEngine:
 
     @classmethod
     def from_config(cls, cfg, version: int = 0) -> "ColocatedEngine":
-        from rlft.rollout.server.backends import load_backend
-
         return cls(load_backend(cfg, "vllm"), version)
 
     @property

@@ -12,8 +12,15 @@ import sys
 import time
 from typing import Any
 
+import uvicorn
+
 from rlft.errors import ConfigError, RlftError
 from rlft.heap import collector_paused
+from rlft.models.loading import hub_revision
+from rlft.models.tokenizer import end_ids
+from rlft.rollout.server.app import build_app
+from rlft.rollout.server.backends import choose_backend, load_backend
+from rlft.rollout.server.security import TOKEN_ENV, resolve_token, save_generated_token
 
 
 # `vllm:` keys that only vLLM reads (the transformers backend decodes on one device, adapters in the served dtype)
@@ -42,12 +49,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(cfg, console, *, backend_name: str) -> int:
-    import uvicorn
-
-    from rlft.rollout.server.app import build_app
-    from rlft.rollout.server.backends import choose_backend, load_backend
-    from rlft.rollout.server.security import TOKEN_ENV, resolve_token, save_generated_token
-
     settings = cfg.vllm
     if (settings.data_parallel_size or 1) > 1:
         raise ConfigError("vllm.data_parallel_size > 1 is not supported by rlft's server: start one server per replica "
@@ -69,9 +70,6 @@ def serve(cfg, console, *, backend_name: str) -> int:
     except BaseException:
         sock.close()
         raise
-    from rlft.models.loading import hub_revision
-    from rlft.models.tokenizer import end_ids
-
     model_name = str(cfg.base_model)
     ends = end_ids(model_name, backend.tokenizer, **hub_revision(cfg, model_name))  # base_model's, at revision_of_model
     app = build_app(backend, model_name=model_name, token=token, ends=ends)

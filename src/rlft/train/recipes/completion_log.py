@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from rlft.rollout.types import ScoredBatch
+from rlft.train.metrics import truncate_after
 
 
 def completion_records(scored: ScoredBatch, tokenizer, generation: int) -> list[dict[str, Any]]:
@@ -35,8 +36,6 @@ class CompletionLog:
 
     def resume(self, generation: int) -> None:
         """Drop the records of generation batches after `generation`: the resumed run generates those again."""
-        from rlft.train.metrics import truncate_after
-
         if self.to_file:
             truncate_after(Path(self.output_dir) / "completions.jsonl", generation)
 

@@ -14,7 +14,13 @@ from typing import Any, Callable
 
 import torch
 
+from rlft.data.batches import BatchPlan
+from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards, strided_ebft_loss
+from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count
 from rlft.models.logprobs import completion_batch, completion_logps
+from rlft.rollout.feature_reward import layer_slices
+from rlft.rollout.strided import generate_blocks, model_attention, strided_layout
+from rlft.rollout.strided_scores import strided_scores
 from rlft.rollout.types import SamplingParams, TrainingRow
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.grpo import GRPORecipe
@@ -153,8 +159,6 @@ class EBFTStridedRecipe(Recipe):
     name = "ebft"
 
     def __init__(self, cfg, data, tokenizer, frozen, shard: tuple[int, int] = (0, 1)):
-        from rlft.data.batches import BatchPlan
-
         self.cfg, self.ebft, self.tokenizer, self.frozen = cfg, cfg.ebft, tokenizer, frozen
         self.health = EBFTHealth()
         self.pending: list[str] = []
@@ -176,8 +180,6 @@ class EBFTStridedRecipe(Recipe):
         return pending
 
     def _layout(self, batch: dict[str, Any]):
-        from rlft.rollout.strided import strided_layout
-
         e = self.ebft
         prompts = batch["prompt_length"]
         first = torch.where(prompts > 0, prompts + e.min_completion_prefix, torch.full_like(prompts, e.context_length))
@@ -187,11 +189,6 @@ class EBFTStridedRecipe(Recipe):
 
     def _rewards(self, model, rollout, layout, whiten: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-block advantages (B·n, K) from the frozen network's features (`whiten` overrides use_whitening)."""
-        from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards
-        from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count
-        from rlft.rollout.feature_reward import layer_slices
-        from rlft.rollout.strided import model_attention
-
         e, n = self.ebft, self.ebft.n_samples_per_prompt
         with torch.no_grad(), self.frozen.view(model) as network:
             layers = feature_layer_indices(hidden_layer_count(network), list(e.feature_layers))
@@ -225,10 +222,6 @@ class EBFTStridedRecipe(Recipe):
 
     def loss(self, model, batch: dict[str, Any]) -> LossOutput:
         """The loss is already a mean over this micro-batch: one unit."""
-        from rlft.losses.ebft import strided_ebft_loss
-        from rlft.rollout.strided import generate_blocks
-        from rlft.rollout.strided_scores import strided_scores
-
         e = self.ebft
         layout = self._layout(batch)
         if layout.num_blocks <= 0:
@@ -265,9 +258,6 @@ class EBFTStridedRecipe(Recipe):
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out document cross-entropy and the feature-matching (CFM) loss of fresh samples (normalised features)."""
-        from rlft.rollout.strided import generate_blocks
-        from rlft.rollout.strided_scores import strided_scores
-
         nll_total, tokens, cfm, blocks = 0.0, 0, 0.0, 0
         for index, batch in enumerate(batches):
             scores = strided_scores(model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})

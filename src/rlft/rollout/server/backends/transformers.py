@@ -9,8 +9,10 @@ Log-probs come from the distribution actually sampled (`process_logits`), as in 
 from __future__ import annotations
 
 import torch
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
 from rlft.errors import ConfigError
+from rlft.models.loading import load_model, load_tokenizer
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
 from rlft.rollout.compiled import compile_options
 from rlft.rollout.local import LocalEngine
@@ -58,8 +60,6 @@ class TransformersBackend(ThreadedBackend):
 
     @classmethod
     def from_config(cls, cfg) -> "TransformersBackend":
-        from rlft.models.loading import load_model, load_tokenizer
-
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         tokenizer = load_tokenizer(cfg)
         model = load_model(cfg, tokenizer, device_type, with_adapter=False, serving=True)
@@ -133,8 +133,6 @@ class TransformersBackend(ThreadedBackend):
 
     @torch.no_grad()
     def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
-        from peft import get_peft_model_state_dict
-
         previous = None  # the adapter served now, to serve again unchanged if this one is refused half-way
         if self._lora_config is not None:
             previous = (self._lora_config, {k: v.clone() for k, v in get_peft_model_state_dict(self._engine.model).items()},
@@ -162,8 +160,6 @@ class TransformersBackend(ThreadedBackend):
         return checksum
 
     def _wrap(self, config: dict) -> None:
-        from peft import LoraConfig, get_peft_model
-
         known = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
         known.update(inference_mode=True, init_lora_weights=True)  # the tensors come next: no PiSSA/OLoRA init on this base
         model = get_peft_model(self._engine.model, LoraConfig(**known), autocast_adapter_dtype=False)
@@ -179,8 +175,6 @@ class TransformersBackend(ThreadedBackend):
         self._lora_config, self.lora = None, None
 
     def _set_adapter_tensors(self, adapter: AdapterFiles) -> dict[str, torch.Tensor]:
-        from peft import get_peft_model_state_dict
-
         model = self._engine.model
         expected = get_peft_model_state_dict(model)
         missing = sorted(set(expected) - set(adapter.tensors))
@@ -203,8 +197,6 @@ class TransformersBackend(ThreadedBackend):
 
 
 def _set_state(model, tensors: dict[str, torch.Tensor]) -> None:
-    from peft import set_peft_model_state_dict
-
     set_peft_model_state_dict(model, tensors)
 
 

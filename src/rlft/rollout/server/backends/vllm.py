@@ -22,8 +22,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.errors import ConfigError
+from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
@@ -36,8 +39,6 @@ def _reload_from_file(worker, path: str) -> None:
     loads, then re-runs the layer's post-load processing: needed wherever vLLM repacks weights after loading (its
     CPU build packs linear weights for oneDNN and frees the originals; quantized kernels do the same). Layers
     absent from the file keep their weights. Older vLLMs without it get the weights through `load_weights`."""
-    from safetensors.torch import load_file
-
     runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
     model = runner.get_model()
     weights = load_file(path, device=str(next(model.parameters()).device))
@@ -75,10 +76,7 @@ class VLLMBackend(ThreadedBackend):
 
     @classmethod
     def from_config(cls, cfg) -> "VLLMBackend":
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from vllm import LLM
-
-        from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
+        from vllm import LLM  # optional (rlft[vllm]) and heavy: imported only when this backend starts
 
         settings = cfg.vllm
         if cfg.random_init:
@@ -153,7 +151,7 @@ class VLLMBackend(ThreadedBackend):
     # ---------------------------------------------------------------- on the engine thread
 
     def _run_batch(self, requests: list[GenerationRequest]) -> list[Generated | BaseException]:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional, as in from_config
         from vllm.inputs import TokensPrompt
 
         prompts, sampling = [], []
@@ -204,8 +202,6 @@ class VLLMBackend(ThreadedBackend):
                 pass
 
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
-        from safetensors.torch import save_file
-
         checksum = weights_checksum(tensors)  # of what was sent and verified
         for names in self._tied:  # vLLM's reload keeps the old weights of a layer it gets nothing for: send every name
             given = next((name for name in names if name in tensors), None)
@@ -230,7 +226,7 @@ class VLLMBackend(ThreadedBackend):
         return checksum
 
     def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
-        from vllm.lora.request import LoRARequest
+        from vllm.lora.request import LoRARequest  # optional, as in from_config
 
         self._lora_ids += 1  # a new id per version: vLLM caches adapters by id
         request = LoRARequest(lora_name=f"rlft-v{version}", lora_int_id=self._lora_ids, lora_path=adapter.folder)
