@@ -10,7 +10,6 @@ import torch
 from rlft.losses.advantages import (
     group_advantages,
     normalise_scale,
-    overlong_buffer_length,
     overlong_penalty,
     zero_variance_groups,
 )
@@ -265,14 +264,6 @@ def test_overlong_penalty_rejects_bad_buffers():
             overlong_penalty(torch.tensor([5]), 10, buffer, 1.0)
     with pytest.raises(ValueError, match="max_completion_length"):
         overlong_penalty(torch.tensor([5]), 0, 1, 1.0)
-
-
-def test_overlong_buffer_default():
-    assert overlong_buffer_length(None, 256) == 64
-    assert overlong_buffer_length(None, 3) == 1
-    assert overlong_buffer_length(16, 256) == 16
-    # the default never penalises a completion shorter than 3/4 of the limit
-    assert overlong_penalty(torch.tensor([192]), 256, overlong_buffer_length(None, 256), 1.0).item() == 0.0
 
 
 def test_the_overlong_penalty_leaves_an_unscorable_row_unscorable():

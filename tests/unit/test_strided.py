@@ -10,13 +10,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.rollout.strided import (
-    block_values_to_tokens,
     deinterleave,
     document_nll,
     gather_generated_logps,
     generate_blocks,
     generated_targets,
-    interleave,
     model_attention,
     model_attention_mask,
     strided_attention,
@@ -171,7 +169,6 @@ def test_rollout_shapes_and_layout(rollout, batch):
         for t in range(3):
             assert torch.equal(rollout.sequences[:, 24 + t * 6 + k], rollout.generated[:, k, t])
     assert torch.equal(generated_targets(rollout.sequences, layout), rollout.generated)
-    assert torch.equal(interleave(rollout.generated), rollout.sequences[:, 24:])
     assert rollout.block_valid.tolist() == [[True] * 6] * 2 + [[True] * 5 + [False]] * 2
     assert not torch.equal(rollout.generated[0], rollout.generated[1])  # the two samples differ
 
@@ -184,18 +181,6 @@ def test_a_loss_logps_equal_sampling_logps(model, rollout, batch):
     # the plain next-token shift over the step-major layout (axolotl, §6.1) reads other columns: caught here
     shifted = torch.log_softmax(logits[:, 23:-1] / TEMPERATURE, -1).gather(-1, rollout.sequences[:, 24:, None])
     assert (deinterleave(shifted.squeeze(-1), 6) - rollout.sampled_logps).abs().max() > 1e-2
-
-
-def test_b_each_token_gets_its_own_blocks_advantage():
-    num_blocks, gen_len = 5, 3
-    advantages = torch.arange(num_blocks, dtype=torch.float).expand(2, num_blocks)  # advantage = block index
-    tokens = block_values_to_tokens(advantages, gen_len)  # (B, K·G) in the order of sequences[:, L:]
-    for t in range(gen_len):
-        for k in range(num_blocks):
-            assert tokens[:, t * num_blocks + k].tolist() == [k, k]
-    assert torch.equal(deinterleave(tokens, num_blocks), advantages[..., None].expand(2, num_blocks, gen_len))
-    block_major = advantages.repeat_interleave(gen_len, dim=1)  # axolotl's mapping (§6.2): caught here
-    assert not torch.equal(block_major, tokens)
 
 
 def test_c_parallel_blocks_equal_each_block_generated_alone(model, rollout, batch):

@@ -8,8 +8,8 @@ when all its K entries are NaN; it gets advantage 0 and takes no part in any mea
 Standard deviations are Bessel-corrected (divide by n - 1) and NaN-skipping, as TRL's `nanstd`; a set with fewer than
 two scorable values has std NaN. A std counts as zero when |std| <= 1e-8 (`torch.isclose(std, 0)`, as TRL) or is NaN.
 
-Where TRL 1.8 (spec/axolotl-rl.md §B), Cosmos-RL (spec/peers.md §2) and the papers differ, the docstrings say which
-is followed and why.
+Where TRL 1.8 (https://github.com/huggingface/trl), Cosmos-RL (https://github.com/nvidia-cosmos/cosmos-rl) and the
+papers differ, the docstrings say which is followed and why.
 """
 
 from __future__ import annotations
@@ -205,16 +205,6 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
         values = values.float()
     _check_groups(values.numel(), group_size)
     return _is_zero_std(nanstd(values.view(-1, group_size), dim=1))
-
-
-def overlong_buffer_length(buffer_length: int | None, max_completion_length: int) -> int:
-    """The configured `overlong_buffer_length`, or max_completion_length // 4 (at least 1) when unset.
-
-    DAPO used a 4K buffer for a 20K limit; Cosmos's default of 4096 against a 2048 limit penalises every completion,
-    so the default here scales with the limit instead."""
-    if buffer_length is not None:
-        return int(buffer_length)
-    return max(1, int(max_completion_length) // 4)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_length: int, factor: float) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """EBFT (energy-based fine-tuning by feature matching): whitening, feature-matching rewards, advantages, strided loss.
 
 Paper: Jelassi et al., "Energy-Based Fine-Tuning", https://arxiv.org/abs/2603.12248. Reference code ("REF"):
-github.com/sjelassi/ebft_openrlhf. Spec: spec/ebft.md.
+github.com/sjelassi/ebft_openrlhf.
 
 A frozen feature network maps context + completion to a vector phi. The conditional feature-matching loss is
     L_CFM(theta) = E_(c,y) || E_{y^ ~ p_theta(.|c)} phi(y^) - phi(y) ||^2,
@@ -14,8 +14,8 @@ Every function is pure: features, rewards, log-probs and masks in, tensors out. 
 (one context each, or one (document, block) pair in strided mode), n samples per group, D features (the selected hidden
 layers concatenated). Rewards are computed without gradient (the inputs are detached).
 
-Where Axolotl (`core/trainers/ebft`) and REF differ, REF is followed unless the docstring says why not
-(spec/ebft.md §6).
+Where Axolotl (`core/trainers/ebft`, https://github.com/axolotl-ai-cloud/axolotl) and REF differ, REF is followed unless
+the docstring says why not.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def whiten(samples: torch.Tensor, ground_truth: torch.Tensor) -> tuple[torch.Ten
     phi~ = (Sigma^+)^{1/2} phi, Sigma = Phi^T Phi / n). Phi~ = V U^T: with n independent samples its rows are
     orthonormal, so whitened sample-sample dot products are 0 and the diversity term only penalises (near-)duplicates.
 
-    Choice (spec §6.6): the ground truth is whitened in D-space, g~ = g U S^+ U^T (g projected onto the samples' span,
+    Choice: the ground truth is whitened in D-space, g~ = g U S^+ U^T (g projected onto the samples' span,
     rescaled per direction), as the paper appendix and Axolotl do. REF instead applies the n x n operator to n copies of
     g, which gives a scalar multiple of the raw g: under the cosine of the alignment term, REF compares whitened samples
     with the unwhitened ground-truth direction. The appendix form is the defined one; a g orthogonal to every sample
@@ -203,7 +203,7 @@ def feature_matching_rewards(
     Features phi~, g~:
         use_whitening false: phi~ = phi / ||phi||, g~ = g / ||g||, the WHOLE concatenated vector normalised jointly as
             REF (`critic.py`). Axolotl strided normalises each layer then concatenates (norm sqrt(n_layers)), which
-            over-weights diversity by up to n_layers against the cosine alignment (spec §6.5); Axolotl structured does
+            over-weights diversity by up to n_layers against the cosine alignment; Axolotl structured does
             not normalise per layer either, so both readings agree here.
         use_whitening true: phi~, g~ = `whiten_groups` (D-space, see `whiten`); n = 1 raises ValueError.
             layer_count > 1 splits D into that many equal slices (one per hidden layer) and whitens each on its own,
@@ -264,7 +264,7 @@ def ebft_advantages(
         as the sum of both directions / 2).
         n = 2: no pair is left without j, so the diversity baseline is 0 (as REF) and b_j = alignment_coef * a_other.
         n = 1: no baseline at all, A = r (reinforce), as REF and Axolotl.
-        Axolotl's rloo, r_j - (sum_i r_i - r_j)/(n-1), puts s_ij into the baseline of sample j (spec §6.7): its
+        Axolotl's rloo, r_j - (sum_i r_i - r_j)/(n-1), puts s_ij into the baseline of sample j: its
         baseline is not independent of the sample, which biases the gradient. Not followed.
     grpo (alias group_norm, Axolotl strided): A = (r - mean r) / (std r + 1e-8), std Bessel-corrected; exactly 0 for a
         group of equal rewards (std <= 1e-8) and for n = 1. REF's group_norm divides by a std over the block axis
@@ -332,10 +332,10 @@ def strided_ebft_loss(
     """Strided-mode EBFT loss (REF `models/loss.py::EBFTPolicyLoss`), on-policy REINFORCE plus document CE.
 
     gen_logps (B, K, Gt): log-prob of generated token t of block k in row b, read where sampling read its logits and
-        at the sampling temperature (spec §6.1, §6.3: the recipe's job). gen_mask (B, K, Gt): 1 for real tokens.
+        at the sampling temperature (the recipe's job: `rlft.rollout.strided`). gen_mask (B, K, Gt): 1 for real tokens.
     advantages (B, K): one per block, applied to that block's own tokens only: A[b, k] weights gen_logps[b, k, :].
         (Axolotl expanded block-major over a step-major layout, giving token (t, k) the advantage of block
-        floor((tK + k)/G): spec §6.2. Keeping the block axis explicit here makes that mapping impossible.)
+        floor((tK + k)/G). Keeping the block axis explicit here makes that mapping impossible.)
     doc_nll (B, L-1), doc_mask (B, L-1): per-token NLL of the document (next-token targets) and where it counts
         (no pads, and only the completion for prompt/completion data). May be None when ce_coef is 0.
 

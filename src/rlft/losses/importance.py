@@ -85,7 +85,7 @@ def importance_weights(
                                                           up-weight tokens the engine over-sampled).
         mode mask       rho <- 0 where rho > C or rho < 1/C, else rho   (masked IS, TRL's `*_mask`: a true mask).
                                                           Axolotl's async trainer lifts the zeros back to 1/C
-                                                          (spec/axolotl-rl.md §H2), so its mask modes do not mask;
+                                                          (its `fast_async` trainer), so its mask modes do not mask;
                                                           rlft follows TRL and the masked-IS literature.
     Each log-ratio (d_t, or the sequence sum) is clamped to +-20 before exp. Positions outside the mask get weight 1
     (the loss ignores them); an empty row has sum 0, so rho = 1 at sequence level.
@@ -138,7 +138,7 @@ def decoupled_weights(
     mask: torch.Tensor,
     cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Behaviour weights of decoupled PPO (AReaL, Fu et al. 2025, https://arxiv.org/abs/2505.24298 §5; Cosmos-RL
+    """Behaviour weights of decoupled PPO (AReaL, Fu et al. 2025, https://arxiv.org/abs/2505.24298 Section 5; Cosmos-RL
     `use_decoupled_loss` + `behav_imp_weight_cap`).
 
     The PPO ratio is taken against the proximal policy (old, the trainer at scoring time) and the whole term is
@@ -175,7 +175,7 @@ def off_policy_sequence_mask(
     mask: torch.Tensor,
     threshold: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Off-policy sequence masking (OPSM, DeepSeek-V3.2 tech report §3.1, https://arxiv.org/abs/2512.02556; TRL /
+    """Off-policy sequence masking (OPSM, DeepSeek-V3.2 tech report Section 3.1, https://arxiv.org/abs/2512.02556; TRL /
     Axolotl `off_policy_mask_threshold`, Cosmos-RL `off_policy_masking_delta`).
 
     A sequence with a negative advantage that the current policy already finds much less likely than the sampler did is

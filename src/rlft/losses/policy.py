@@ -11,7 +11,7 @@ meant to train).
 Accumulation contract: `policy_loss` returns (loss_sum, units). The training loop adds loss_sum over the micro-batches
 of one optimizer step and divides by the sum of units; each loss_type picks them so the quotient is that type's
 normalisation over the whole accumulated batch (see `policy_loss`). References: TRL 1.8 `GRPOTrainer._compute_loss`
-(spec/axolotl-rl.md §A7), Cosmos-RL `compute_loss` (spec/peers.md §2).
+(https://github.com/huggingface/trl), Cosmos-RL `compute_loss` (https://github.com/nvidia-cosmos/cosmos-rl).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     Unbiased for KL(pi || pi_ref) under samples of pi, and >= 0 everywhere (e^d >= 1 + d), 0 where the two agree.
     Only the exponent is capped (d at 20, as Cosmos-RL caps log-ratios) so it cannot overflow; the linear term keeps its
     value and gradient, so a token far likelier under the policy than the reference (d << 0) is still pulled back.
-    (Until 2026-11-28 d itself was clamped at +-20, which zeroed that gradient.) The reference is detached.
+    (Clamping d itself at +-20 would zero that gradient.) The reference is detached.
     """
     diff = ref_logps.detach() - logps
     return torch.exp(diff.clamp(max=LOG_RATIO_LIMIT)) - diff - 1
@@ -95,7 +95,7 @@ def policy_loss(
     Importance ratio (`importance_sampling_level`):
         token     r_t = exp(logp_t - old_t)                                       PPO / GRPO
         sequence  s_i = exp(sum_t m_t (logp_t - old_t) / sum_t m_t); every token gets the GSPO-token form
-                  r_t = sg(s_i) exp(logp_t - sg(logp_t)) (GSPO https://arxiv.org/abs/2507.18071 §4.3): value s_i,
+                  r_t = sg(s_i) exp(logp_t - sg(logp_t)) (GSPO https://arxiv.org/abs/2507.18071 Section 4.3): value s_i,
                   gradient per token. Under every aggregation below this has the same value and gradient as TRL's
                   broadcast of s_i, and it leaves room for token-level advantages.
         Log-ratios are clamped to +-20 (Cosmos-RL) so exp never overflows.
@@ -123,7 +123,7 @@ def policy_loss(
         l *= sg(is_weights)                  external IS correction (vLLM / async staleness, `rlft.losses.importance`),
                                              on the policy term only, as TRL multiplies before adding the KL
         l += beta * k3(logp, ref)            KL to the reference (beta > 0 needs ref_logps), not IS-weighted (TRL).
-                                             bias_correction_kl (DeepSeek-V3.2 §3.1 unbiased KL estimate, TRL
+                                             bias_correction_kl (DeepSeek-V3.2 Section 3.1 unbiased KL estimate, TRL
                                              `use_bias_correction_kl`, Cosmos `unbiased_kl_estimate`): the k3 term is
                                              multiplied by the token ratio exp(logp_t - old_t) (clamped log-ratio as
                                              above), with gradient through logp as TRL. At both levels the *token*
@@ -131,7 +131,7 @@ def policy_loss(
                                              TRL multiplies by its importance weight, the sequence ratio under GSPO).
         l -= entropy_coeff * H_t             entropy bonus (Cosmos-RL `entropy_coeff`)
         l += positive_nll_coef * (-logp_t)   on tokens of sequences with A > 0 (VAPO positive-example LM loss,
-                                             https://arxiv.org/abs/2504.05118 §4.3, Cosmos `positive_nll_coef`).
+                                             https://arxiv.org/abs/2504.05118 Section 4.3, Cosmos `positive_nll_coef`).
                                              VAPO and Cosmos select "reward > 0" and average over the positive tokens
                                              alone; here A > 0 selects (the loss sees no rewards) and the term is
                                              aggregated with the loss_type below, so its weight is relative to all

@@ -1,19 +1,19 @@
 """What the producer keeps between generation batches: the replay buffer and the re-roll queue.
 
-* Replay (`replay_buffer_size`, Axolotl's fast async trainer, spec axolotl-rl.md §A9): prompt groups with a
+* Replay (`replay_buffer_size`, as Axolotl's fast async GRPO trainer keeps it): prompt groups with a
   learning signal are kept, scored by how much they teach, score = sum_i |A_i| * sum_k std_k (advantages of
   the group's rows, per-reward-function std across the group). A group with no signal (every reward function
   constant within it) is replaced by a stored group drawn with probability proportional to its score. Unlike
   Axolotl, a replayed group is moved in whole (prompt, completions, sampling log-probs, rewards, advantages,
-  weight version): rows are lists of their own length, so nothing is re-padded or misaligned (§H4). Its old
+  weight version): rows are lists of their own length, so nothing is re-padded or misaligned. Its old
   log-probs are the current policy's like every other row's (replay_recompute_logps: true), or, with
   replay_recompute_logps: false, the sampling log-probs recorded with the group (no forward pass for it; the
   PPO ratio then measures the whole distance from the weights that sampled it). Its weight version stays the
   one that sampled it, so the importance-sampling correction and allowed_outdated_steps see how stale it is.
-* Re-roll (`reroll_start_fraction`, `reroll_max_groups`, §A10): a prompt whose every completion scored 0
+* Re-roll (`reroll_start_fraction`, `reroll_max_groups`, as Axolotl names them): a prompt whose every completion scored 0
   on every reward function is queued; from `reroll_start_fraction * max_steps` on, up to `reroll_max_groups`
   queued prompts replace the last prompts of each new draw, so they are sampled again. (Axolotl queues them
-  but never injects them back: §H3.)
+  but never injects them back.)
 
 Both are checkpointed with the recipe state and change nothing when disabled.
 """
@@ -92,7 +92,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._heap = [(score, number, entry) for score, number, entry in state.get("heap", [])]
-        for score, entry in state.get("entries", []):  # checkpoints written before the heap order was kept
+        for score, entry in state.get("entries", []):  # a state of (score, entry) pairs without their heap order
             heapq.heappush(self._heap, (score, next(self._counter), entry))
         self._counter = itertools.count(max((number for _, number, _ in self._heap), default=-1) + 1)
         if "generator" in state:

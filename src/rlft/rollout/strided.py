@@ -1,4 +1,4 @@
-"""Strided block-parallel generation for EBFT strided mode (spec `ebft.md` §2, §6.1–6.4).
+"""Strided block-parallel generation for EBFT strided mode (https://arxiv.org/abs/2603.12248).
 
 A document x of L tokens gets anchors a_k = A0 + k·s (k < K). Block k conditions on the whole
 prefix x[0:a_k] (nested prefixes, not windows) and generates G tokens that stand in for the
@@ -19,16 +19,16 @@ Generation reads the logits of token (t, k) at column a_k − 1 when t = 0 and a
 L + (t−1)·K + k when t ≥ 1 (the previous token of the same block). The loss must read its
 log-probs at exactly those columns, at the sampling temperature (`gather_generated_logps`):
 the plain next-token shift over the interleaved layout scores token (t, k) from the hidden state
-of an unrelated token (axolotl bug, spec §6.1; §6.3 for the temperature). Block values
-(advantages) map to tokens step-major, `repeat(1, G)`, not block-major (§6.2).
+of an unrelated token (as Axolotl's strided trainer does). Each block's value (its advantage)
+weights that block's own tokens, never those of a neighbouring block.
 
 Documents are RIGHT-padded in this mode: anchors are shared columns, so every row's document
-must start at column 0. Anchors in a row's padding are flagged invalid (`block_valid`, §6.4).
+must start at column 0. Anchors in a row's padding are flagged invalid (`block_valid`).
 
 The mask reaches the model in the form its attention implementation reads (`model_attention`):
 a boolean (B, 1, T, T) tensor for SDPA, an additive float one for eager, and a flex_attention
 BlockMask built from the same rule (`flex_block_mask`) for flex_attention. Training with
-flex_attention needs a GPU (PyTorch has no flex_attention backward on a CPU, `platform.md` §4):
+flex_attention needs a GPU (PyTorch has no flex_attention backward on a CPU):
 on a CPU `rlft train` runs SDPA with the identical dense mask.
 """
 
@@ -85,7 +85,7 @@ class StridedLayout:
         """(K, G) long: column whose logits predict token (t, k), indexed [k, t].
 
         a_k − 1 for t = 0 (the last document token the block sees); L + (t−1)·K + k for t ≥ 1
-        (the block's own previous token). Sampling and the loss both read here (spec §6.1).
+        (the block's own previous token). Sampling and the loss both read here.
         """
         columns = self.token_columns()
         return torch.cat([self.anchors[:, None] - 1, columns[:, :-1]], dim=1)
@@ -105,7 +105,7 @@ def strided_layout(valid_lengths: Tensor, seq_len: int, *, stride: int, context_
     anchors shared by all rows (axolotl does the same with max_prompt_len_in_batch), so no block
     of any row starts inside its prompt. K ≤ 0 gives a layout with K = 0 (the caller skips the
     batch: the loss is zero). `block_valid[b, k]` = a_k + G ≤ valid_lengths[b]: no anchors whose
-    target reaches into padding (spec §6.4).
+    target reaches into padding.
     """
     if stride < 1 or generate_max_len < 1:
         raise ValueError(f"strided layout needs stride ≥ 1 and generate_max_len ≥ 1, got {stride}, {generate_max_len}")
@@ -204,20 +204,6 @@ def deinterleave(values: Tensor, num_blocks: int) -> Tensor:
     return values.unflatten(1, (-1, num_blocks)).transpose(1, 2)
 
 
-def interleave(values: Tensor) -> Tensor:
-    """Inverse of `deinterleave`: (B, K, G, ...) → step-major (B, K·G, ...), [b, t·K + k] = values[b, k, t]."""
-    return values.transpose(1, 2).flatten(1, 2)
-
-
-def block_values_to_tokens(values: Tensor, generate_max_len: int) -> Tensor:
-    """Per-block values (B, K) (advantages) → per generated token (B, K·G) in step-major order.
-
-    Token t·K + k gets block k's value: `repeat(1, G)` as REF tiles it; axolotl's
-    `repeat_interleave(G)` gives it block ⌊(t·K + k)/G⌋'s (spec §6.2).
-    """
-    return values.repeat(1, generate_max_len)
-
-
 def generated_targets(sequences: Tensor, layout: StridedLayout) -> Tensor:
     """(B, K, G) generated token ids, [b, k, t] = sequences[b, L + t·K + k]."""
     if layout.num_blocks == 0:
@@ -230,7 +216,7 @@ def gather_generated_logps(logits: Tensor, sequences: Tensor, layout: StridedLay
     """(B, K, G) log-probs of the generated tokens, differentiable, from full-sequence logits (B, T, V).
 
     log_softmax(logits / temperature) read at `layout.read_positions()`, the columns sampling
-    read (spec §6.1), at the sampling temperature (§6.3; REF divides generated-token logits by T).
+    read, at the sampling temperature (the reference code divides generated-token logits by T).
     temperature ≤ 0 (greedy) reads at T = 1, as sampling records it. With `top_p` < 1 the
     distribution is the renormalised nucleus, exactly what `generate_blocks` records; a sampled token
     that this forward's nucleus leaves out (its logits differ from sampling's in the last bits: another
@@ -260,7 +246,7 @@ def nucleus_logps(logits: Tensor, targets: Tensor, temperature: float, top_p: fl
 
 
 def document_nll(logits: Tensor, doc_ids: Tensor, doc_attention: Tensor) -> tuple[Tensor, Tensor]:
-    """Next-token NLL of the document (B, L−1) at temperature 1, and its mask (pads excluded, §6.4).
+    """Next-token NLL of the document (B, L−1) at temperature 1, and its mask (pads excluded).
 
     `logits` may cover the whole strided sequence (B, T, V); only columns 0..L−2 are read
     (document tokens attend only the document, so these equal a plain causal forward).

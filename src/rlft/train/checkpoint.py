@@ -64,7 +64,7 @@ class TrainState:
     tokens_seen: int = 0
     total_steps: int = 0
     world_size: int = 1  # processes that wrote it; the data position is per process
-    plan_batches: int = 0  # micro-batches an epoch over all processes (0: not known, written before 2026-11-28)
+    plan_batches: int = 0  # micro-batches an epoch over all processes (0: not recorded in the checkpoint)
     last_metrics: dict[str, Any] = field(default_factory=dict)
     recipe_state: dict[str, Any] = field(default_factory=dict)  # e.g. running statistics of a loss
     guards: dict[str, Any] = field(default_factory=dict)  # the loss watchdog's and early stopping's counters

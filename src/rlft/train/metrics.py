@@ -21,7 +21,7 @@ from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
 from rlft.config.trackers import tracker_specs
 
-# Dense peak FLOP/s per device. CPU figures are per core, measured on an AVX-512/AMX Xeon (spec/platform.md §5).
+# Dense peak FLOP/s per device. CPU figures are per core, measured on an AVX-512/AMX Xeon.
 PEAK_FLOPS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
     "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},

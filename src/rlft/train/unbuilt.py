@@ -4,7 +4,9 @@ starts any training process."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 
 import torch
 
@@ -18,20 +20,12 @@ from rlft.models.liger import liger_problems
 from rlft.rollout.compiled import compile_options
 from rlft.train.optim import optimizer_class, scheduler_problem
 
-BUILT_METHODS = {"sft", "dpo", "ipo", "kto", "orpo", "simpo", "reward_model", "grpo", "gdpo", "ebft"}
 UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
-METHOD_ISSUES = {"dpo": "#3", "ipo": "#3", "kto": "#3", "orpo": "#3", "simpo": "#3", "reward_model": "#3",
-                 "grpo": "#4", "gdpo": "#4", "ebft": "#5"}
 
 
 def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     """Stop before loading anything when the config asks for something not built yet (`processes`: the training
     processes, by default those the launcher started)."""
-    if cfg.method not in BUILT_METHODS:
-        raise NotImplementedYet(
-            f"{cfg.method!r} training is not implemented yet (planned in issue {METHOD_ISSUES[cfg.method]}); "
-            "`rlft validate` accepts the config, `rlft train` does not run it yet"
-        )
     if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
         raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
     if cfg.method == "ebft" and cfg.trl.reward_funcs:
@@ -82,9 +76,6 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
 def missing_build_tools(cfg) -> list[str]:
     """What `deepspeed:` and `torch_compile` need that this machine lacks: the DeepSpeed package, and on a CPU a C++
     compiler for inductor's kernels, one sentence each. (DeepSpeed compiles nothing here: `rlft.train.zero.initialize`.)"""
-    import importlib.util
-    import shutil
-
     problems = []
     if cfg.deepspeed and importlib.util.find_spec("deepspeed") is None:
         problems.append(f"deepspeed: {cfg.deepspeed} asks for DeepSpeed, which is not installed: pip install -c "

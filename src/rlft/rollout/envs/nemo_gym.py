@@ -6,7 +6,7 @@ The servers are NeMo Gym's own (`ng_run`, from the `nemo-gym` package). rlft ask
 (`GET /global_config_dict_yaml` on `nemo_gym_head_port`) where each resource server listens, turns every row of
 `nemo_gym_datasets` into a prompt (the first user message of `responses_create_params.input`) whose columns carry
 the row and its server's `/verify` URL, and scores each completion by posting the row with a Responses-API
-shaped answer to that URL (spec axolotl-rl.md §E3). The reward function needs nothing but its columns, so it
+shaped answer to that URL. The reward function needs nothing but its columns, so it
 also runs in reward worker processes.
 
 A verification that fails (an error status, a timeout, a refused connection after retries, a response without a

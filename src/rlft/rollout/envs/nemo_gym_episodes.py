@@ -1,4 +1,4 @@
-"""NeMo Gym multi-turn episodes: the agent server's `/run` plays one episode, rlft trains on it (spec §E4).
+"""NeMo Gym multi-turn episodes: the agent server's `/run` plays one episode, rlft trains on it.
 
 The agent (e.g. Gym's simple_agent) asks its model server for each turn; that model server calls rlft's rollout
 server (`/v1/chat/completions`), which answers with the turn's `prompt_token_ids`, `generation_token_ids` and

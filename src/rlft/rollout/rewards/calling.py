@@ -1,6 +1,6 @@
 """Calling one reward function as TRL does, and checking what it returned.
 
-Calling convention (TRL `GRPOTrainer._calculate_rewards`, spec axolotl-rl.md §D)::
+Calling convention (TRL `GRPOTrainer._calculate_rewards`, https://github.com/huggingface/trl)::
 
     fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
 
@@ -10,7 +10,7 @@ Calling convention (TRL `GRPOTrainer._calculate_rewards`, spec axolotl-rl.md §D
 * `completion_ids[i]` is the list of sampled token ids;
 * `columns` are every other dataset column (all but prompt, completion, completion_ids), one entry
   per completion. TRL's `trainer_state`, `log_extra` and `log_metric` are not passed (as in
-  Axolotl's reward workers, spec §A11).
+  Axolotl's reward workers).
 
 The function returns one score per completion; `None` (or NaN) means "cannot score this one" and
 becomes NaN, which the NaN-aware aggregation skips, as in TRL.
