@@ -7,6 +7,7 @@ the exact distribution it was drawn from (`process_logits`).
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 from typing import Any, Mapping, NamedTuple
 
@@ -38,8 +39,6 @@ class Decoded(NamedTuple):
 def _cache_keyword(model) -> str:
     """The name the model's forward takes its KV cache by: `cache` since transformers 5.24 (`past_key_values`, its
     earlier name, still works there but warns on every call)."""
-    import inspect
-
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(type(target).forward).parameters else "past_key_values"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from transformers import GenerationConfig
 
 from rlft.errors import RolloutError
 from rlft.models.head import without_router_logits
@@ -82,8 +83,6 @@ def generation_config(params: SamplingParams, tokenizer):
     Every filter is set explicitly, off included (top_k 0, min_p 0): `generate` fills unset fields from the model's
     generation_config.json or its own defaults (top_k 50), which would sample from another distribution than the
     one rlft computes the log-probs of."""
-    from transformers import GenerationConfig
-
     return GenerationConfig(
         max_new_tokens=params.max_new_tokens, do_sample=params.temperature > 0, temperature=params.temperature or 1.0,
         top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0, min_p=params.min_p,

@@ -34,7 +34,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed.checkpoint as dcp
+from peft import set_peft_model_state_dict
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
@@ -188,9 +193,6 @@ def _inner(optimizer):
 
 def save_optimizer(model, optimizer, folder: Path) -> None:
     """The optimizer state keyed by parameter names, each process writing its shard (a collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     if zero.is_deepspeed(model):
         return zero.save_optimizer(model, folder)
     with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", which it is
@@ -200,9 +202,6 @@ def save_optimizer(model, optimizer, folder: Path) -> None:
 
 def load_optimizer(model, optimizer, folder: Path) -> None:
     """Load a state `save_optimizer` wrote, re-sharded for however many processes run now."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
     written_by_deepspeed = (folder / zero.INDEX).is_file()
     if written_by_deepspeed != zero.is_deepspeed(model):
         raise CheckpointError(f"{folder.parent} was written {'with' if written_by_deepspeed else 'without'} DeepSpeed and "
@@ -255,8 +254,6 @@ def weights_problem(folder: Path) -> str | None:
     if not weights:
         return "model/ holds no .safetensors weights"
     weights += list((folder / RESUME_FOLDER).glob("*.safetensors"))  # PiSSA, OLoRA: the adapter as trained
-    from safetensors import safe_open
-
     for file in weights:
         try:
             with safe_open(str(file), framework="pt") as handle:
@@ -344,8 +341,6 @@ def _mismatch(exc: RuntimeError) -> str:
 
 def load_weights(model, folder: Path) -> None:
     """Load checkpoint weights into an already-built model (full weights or a PEFT adapter)."""
-    from safetensors.torch import load_file
-
     files = sorted(folder.glob("*.safetensors"))
     state: dict[str, torch.Tensor] = {}
     for file in files:
@@ -354,8 +349,6 @@ def load_weights(model, folder: Path) -> None:
         except Exception as exc:
             raise CheckpointError(f"{file} is unreadable ({exc}): use another checkpoint") from None
     if (folder / "adapter_config.json").exists():
-        from peft import set_peft_model_state_dict
-
         try:
             result = set_peft_model_state_dict(model, state)
         except RuntimeError as exc:  # torch: "size mismatch for ...": another lora_r, or another base model's widths

@@ -48,7 +48,7 @@ def launch_command(config: str, overrides: list[str], processes: int, nodes: int
 
 def check_devices(per_node: int) -> None:
     """More processes on this node than visible GPUs cannot each have one: refused (CPU-only machines take any count)."""
-    import torch
+    import torch  # seconds to import: this module stays light for the launching command (launcher_main)
 
     if torch.cuda.is_available() and per_node > torch.cuda.device_count():
         raise ConfigError(f"{per_node} training processes on this node but {torch.cuda.device_count()} visible GPU(s): start "

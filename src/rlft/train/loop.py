@@ -89,6 +89,7 @@ def compiled_forward(cfg, model):
         return model
     varlen.install()
     mode, backend = options
+    # torch._inductor is imported only for torch_compile (seconds)
     from torch._inductor import config as inductor  # TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 autotunes without a mode
     from torch._inductor import list_mode_options
 

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, StorageMeta
 
 SCHEDULER_FILE = "scheduler.json"
 # numpy arrays (the RNG state in rng.pt of earlier versions): rebuilding an array runs no code
@@ -121,8 +123,6 @@ def read_index(folder: Path):
 
 class SafeReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
         metadata = read_index(Path(self.path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -140,8 +140,6 @@ class SafePlanner(DefaultLoadPlanner):
             raise UnsafeState(f"optimizer value {read_item.dest_index.fqn} holds objects that load only by running "
                               "code from the file") from None
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element
-
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
@@ -167,8 +165,6 @@ def optimizer_files_problem(folder: Path) -> str | None:
 
 def _values_problem(folder: Path, index) -> str | None:
     """Read the index's non-tensor values (small: learning rates, betas) as a load would, safely."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
     for key, info in index.storage_data.items():
         if not isinstance(index.state_dict_metadata.get(key.fqn), BytesStorageMetadata) or info.transform_descriptors:
             continue

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from rlft.config.parallel import DeepSpeedSettings
 
@@ -63,7 +66,7 @@ def engine_config(settings: DeepSpeedSettings, cfg, processes: int, bf16: bool, 
 def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimizer, processes: int, bf16: bool):
     """`deepspeed.initialize` on the model and rlft's optimizer: (engine, ZeRO optimizer)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")  # said, not guessed with a warning
-    import deepspeed
+    import deepspeed  # optional (rlft[deepspeed]) and slow to import: only for a `deepspeed:` run
     import deepspeed.ops
 
     # On a CPU DeepSpeed would compile its shared-memory collectives with g++ on first use (45 s on 2 cores), which only
@@ -106,8 +109,7 @@ def local_values(param: torch.Tensor) -> torch.Tensor:
 def gathered_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A ZeRO-3 module's whole state dict on the CPU of rank 0 (empty elsewhere), gathered one parameter at a time:
     a collective, every rank calls it."""
-    import deepspeed
-    import torch.distributed as dist
+    import deepspeed  # optional, as in initialize
 
     rank0 = dist.get_rank() == 0
     owner = next((p._z3_optimizer for p in module.parameters() if hasattr(p, "_z3_optimizer")), None)
@@ -157,9 +159,7 @@ def _state_keys(engine) -> tuple[list[str], dict[str, Any]]:
 def save_optimizer(engine, folder: Path) -> None:
     """Each trained parameter's whole optimizer state (and fp32 master weights when the model trains in bf16),
     written by one process (parameter i by rank i mod processes). A collective: every rank calls it."""
-    import torch.distributed as dist
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-    from safetensors.torch import save_file
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state  # optional, as in initialize
 
     rank, world = dist.get_rank(), dist.get_world_size()
     keys, scalars = _state_keys(engine)
@@ -213,8 +213,7 @@ def _link(engine) -> None:
 
 def load_optimizer(engine, folder: Path) -> None:
     """Load what `save_optimizer` wrote, written by any number of processes, into this run's partitions."""
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-    from safetensors import safe_open
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state  # optional, as in initialize
 
     index = json.loads((folder / INDEX).read_text())
     _prime(engine)
@@ -241,8 +240,6 @@ def load_optimizer(engine, folder: Path) -> None:
 
 def optimizer_files_problem(folder: Path) -> str | None:
     """Why the ZeRO optimizer folder cannot be read (an unreadable index, a missing or unreadable shard), or None."""
-    from safetensors import safe_open
-
     try:
         index = json.loads((folder / INDEX).read_text())
         owners = set(index["owners"].values())
