@@ -187,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from rlft.models.generation import generate_texts
     from rlft.models.loading import load_for_inference
-    from rlft.models.mistral_common import is_mistral_common
+    from rlft.data.mistral_common import is_mistral_common
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--num-samples", args.num_samples)):
         if value < 1:

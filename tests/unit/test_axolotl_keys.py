@@ -286,7 +286,7 @@ def test_the_cache_key_sees_a_written_sequence_len_and_the_user_transforms_code(
 
 def test_every_axolotl_template_name_validates_and_unshipped_ones_are_refused_in_train(config):
     from rlft.config.axolotl_keys import unsupported_settings
-    from rlft.models.chat_templates import NOT_SHIPPED, TEMPLATES
+    from rlft.data.chat_templates import NOT_SHIPPED, TEMPLATES
 
     names = [line for line in (DATA / "axolotl_chat_templates.txt").read_text().splitlines() if line and not line.startswith("#")]
     assert len(names) > 30
@@ -336,7 +336,7 @@ def test_every_key_that_names_base_models_repository_takes_its_revision_online_a
     through the cached snapshot, online through from_pretrained's revision; the end-of-answer ids read v2's
     generation config."""
     from rlft.models.loading import adapter_base, hub_revision, model_source, resolve_source
-    from rlft.models.tokenizer import end_ids
+    from rlft.data.tokenizer import end_ids
 
     main, v2 = two_revisions
     cfg = config(base_model="someorg/tiny", revision_of_model="v2")
@@ -594,7 +594,7 @@ def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.rollout.local import LocalEngine
     from rlft.rollout.types import SamplingParams
 

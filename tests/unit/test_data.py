@@ -675,7 +675,7 @@ def test_dataset_exact_deduplication_keeps_the_first_of_identical_examples(tmp_p
     """Axolotl's dataset_exact_deduplication: identical prepared examples once per split, and no eval example that is
     also a training example; without the key nothing is dropped."""
     from rlft.data.prepare import prepare_sft_data
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     rows = [{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": "4"},
             {"prompt": "1+1=", "completion": "2"}, {"prompt": "3+3=", "completion": "6"}]
@@ -696,7 +696,7 @@ def test_dataset_exact_deduplication_keeps_the_first_of_identical_examples(tmp_p
 
 
 def _trained(template: str, messages: list[dict], train_on_eos: str = "turn") -> str:
-    from rlft.models.tokenizer import apply_chat_template_setting, byte_tokenizer
+    from rlft.data.tokenizer import apply_chat_template_setting, byte_tokenizer
 
     tokenizer = byte_tokenizer()
     apply_chat_template_setting(tokenizer, template, None)
@@ -728,7 +728,7 @@ def test_chat_reasoning_blocks_in_content_train_as_the_template_renders_them():
 
 
 def test_a_template_that_drops_an_untrained_message_is_fine_and_a_trained_one_it_rewrites_is_an_error():
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] != 'system' %}<{{ m['role'] }}>"

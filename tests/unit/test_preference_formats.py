@@ -14,7 +14,8 @@ from rlft.data.preference_formats import (
     resolve_preference_format,
 )
 from rlft.errors import DataError
-from rlft.models.tokenizer import LLAMA3_TEMPLATE, byte_tokenizer
+from rlft.data.chat_templates import LLAMA3_TEMPLATE
+from rlft.data.tokenizer import byte_tokenizer
 
 WHERE = "datasets[0] (pairs.jsonl)"
 

@@ -256,7 +256,7 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
         assert recipe.train_plan.batch([0, 1])["flat_input_ids"].shape == shape
     from rlft.config import build_config
     from rlft.models.shared_prompts import forward_costs
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.rollout.types import TrainingRow
     from rlft.train.recipes.grpo import GRPORecipe
 

@@ -46,7 +46,7 @@ def _files(ds) -> list[list[Any]]:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    from rlft.models.mistral_common import fingerprint, is_mistral_common
+    from rlft.data.mistral_common import fingerprint, is_mistral_common
 
     if is_mistral_common(tokenizer):
         return fingerprint(tokenizer)
@@ -76,10 +76,8 @@ def cache_key(cfg, tokenizer) -> str:
     config = cfg.model_dump(mode="json", exclude=TRAINING_ONLY)
     # what depends on whether a key was written, not only on its value: an online-RL prompt's token budget
     config["prompt_budget"] = prompt_budget(cfg) if cfg.method in ("grpo", "gdpo", "ebft") else None
-    # rlft's own code that decides ids and labels: the data package, and the end-of-turn markers and chat templates
-    models = Path(__file__).parent.parent / "models"
-    sources = sorted(Path(__file__).parent.glob("*.py")) + [models / "tokenizer.py", models / "chat_templates.py", models / "mistral_common.py"]
-    code = "".join(p.read_text() for p in sources)
+    # rlft's own code that decides ids and labels: the data package (formats, tokenisation, chat templates, end-of-turn markers)
+    code = "".join(p.read_text() for p in sorted(Path(__file__).parent.rglob("*.py")))
     parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], tokenizer_fingerprint(tokenizer),
              hashlib.sha256(code.encode()).hexdigest(), _user_code(cfg)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]

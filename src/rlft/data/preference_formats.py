@@ -316,7 +316,7 @@ def dataset_chat_template(ds) -> str | None:
     name = getattr(ds, "chat_template", None)
     if not name or name == "tokenizer_default":
         return None
-    from rlft.models.tokenizer import apply_chat_template_setting
+    from rlft.data.tokenizer import apply_chat_template_setting
 
     holder = SimpleNamespace(chat_template=None)
     apply_chat_template_setting(holder, name, getattr(ds, "chat_template_jinja", None))

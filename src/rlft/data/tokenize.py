@@ -9,7 +9,7 @@ Llama-2/Mistral-style templates put the separating space and the first word of t
 token (`[/INST] Paris` -> `▁Paris`), whose first character is template text.
 
 With `tokenizer_use_mistral_common`, mistral-common encodes a chat itself (no template, control tokens only as ids):
-each message's ids are trained by its role (`rlft.models.mistral_common.chat_ids`).
+each message's ids are trained by its role (`rlft.data.mistral_common.chat_ids`).
 
 Prompt + answer records (SFT `prompt`/`completion`, the preference formats, KTO, EBFT) are tokenised
 as ONE text, the way the model sees it at inference, and cut where the answer begins (`split_answers`):
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlft.data.formats import Record, RowError, render_chat, text
-from rlft.models.mistral_common import chat_ids, is_mistral_common
-from rlft.models.tokenizer import end_of_turn_token
+from rlft.data.mistral_common import chat_ids, is_mistral_common
+from rlft.data.tokenizer import end_of_turn_token
 
 IGNORE = -100
 

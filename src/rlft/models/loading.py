@@ -21,7 +21,7 @@ from rlft.errors import ConfigError, ModelError
 from rlft.models.base_changing import is_converted
 from rlft.models.checkpointing import checkpoints, enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.tokenizer import apply_chat_template_setting
+from rlft.data.tokenizer import apply_chat_template_setting
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -153,7 +153,7 @@ def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
     source = model_source(cfg, cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
     if cfg.uses_mistral_common:  # its own conversation encoding: no template, no added tokens (refused by validate)
-        from rlft.models.mistral_common import load_mistral_tokenizer
+        from rlft.data.mistral_common import load_mistral_tokenizer
 
         return load_mistral_tokenizer(source, **hub_revision(cfg, source))
     try:
@@ -422,7 +422,7 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
             model = AutoModelForCausalLM.from_pretrained(source)
         except OSError as exc:
             raise ModelError(f"cannot load a model from {source}: {exc}") from None
-    from rlft.models.mistral_common import has_mistral_files, load_mistral_tokenizer
+    from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
 
     if has_mistral_files(source):  # a tokenizer_use_mistral_common run's output: its tekken.json / tokenizer.model.v*
         return model.to(device).eval(), load_mistral_tokenizer(source, mode="test")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformers import LlamaConfig
 
-from rlft.models.tokenizer import byte_tokenizer
+from rlft.data.tokenizer import byte_tokenizer
 
 SIZES = {
     "XS": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256),

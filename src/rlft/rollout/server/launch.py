@@ -70,7 +70,7 @@ def serve(cfg, console, *, backend_name: str) -> int:
         sock.close()
         raise
     from rlft.models.loading import hub_revision
-    from rlft.models.tokenizer import end_ids
+    from rlft.data.tokenizer import end_ids
 
     model_name = str(cfg.base_model)
     ends = end_ids(model_name, backend.tokenizer, **hub_revision(cfg, model_name))  # base_model's, at revision_of_model

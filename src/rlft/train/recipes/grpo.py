@@ -30,7 +30,7 @@ from rlft.data.collate import flatten_rows, pad_multiple
 from rlft.models.logprobs import (completion_batch, completion_logps, completion_scores, filters_active, sampled_logps,
                                  shared_completion_inputs)
 from rlft.models.loading import hub_revision
-from rlft.models.tokenizer import end_ids
+from rlft.data.tokenizer import end_ids
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.compiled import compile_options
 from rlft.rollout.local import LocalEngine

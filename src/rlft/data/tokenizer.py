@@ -12,44 +12,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the templates below are read before anything loads (config checks): transformers is imported on use
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from rlft.errors import ConfigError, ModelError
+from rlft.data.chat_templates import CHATML_TEMPLATE, TEMPLATES, add_missing_markers
+from rlft.errors import ConfigError
 
 BYTE_SPECIALS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-# `{% generation %}` marks assistant text, so transformers can return assistant-token masks too. Tools follow the
-# Hermes convention of Qwen's ChatML templates: the tool list in a system turn, calls as
-# <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the assistant turn (what `rlft vllm-serve` parses back),
-# results as <tool_response> in a user turn. Without tools the output is plain ChatML.
-CHATML_TEMPLATE = (
-    "{% if tools %}{{ '<|im_start|>system\n' }}"
-    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
-    "{{ '# Tools\n\nTo call a function, answer <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
-    "\n</tool_call>\n\n<tools>' }}{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
-    "{{ '\n</tools><|im_end|>\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{% if tools and loop.first and message['role'] == 'system' %}"
-    "{% elif message['role'] == 'tool' %}"
-    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
-    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] or '' }}"
-    "{% for call in message['tool_calls'] or [] %}{{ '\n' if message['content'] or not loop.first else '' }}"
-    "{{ '<tool_call>\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' + (call['function']['arguments'] | tojson) + '}\n</tool_call>' }}"
-    "{% endfor %}{{ '<|im_end|>' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-LLAMA3_TEMPLATE = (
-    "{{ bos_token if bos_token else '' }}"
-    "{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
-    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
-
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -75,8 +41,6 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def apply_chat_template_setting(tokenizer: PreTrainedTokenizerBase, name: str, jinja: str | None) -> None:
     """Set the tokenizer's chat template from the `chat_template` / `chat_template_jinja` keys."""
-    from rlft.models.chat_templates import TEMPLATES, add_missing_markers
-
     if name.startswith("tokenizer_default_fallback_"):  # the tokenizer's own template, else the named one
         if getattr(tokenizer, "chat_template", None):
             return
@@ -99,14 +63,6 @@ def apply_chat_template_setting(tokenizer: PreTrainedTokenizerBase, name: str, j
             raise ConfigError(f"chat template file not found: {candidate}")
         source = candidate.read_text()
     tokenizer.chat_template = source
-
-
-def require_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelError(
-            f"{where} needs a chat template but the tokenizer has none: set `chat_template: chatml` "
-            "(or llama3, or jinja with chat_template_jinja)"
-        )
 
 
 def end_ids(model, tokenizer: PreTrainedTokenizerBase, **revision: str) -> tuple[int, ...]:
