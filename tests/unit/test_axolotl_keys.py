@@ -73,7 +73,7 @@ def test_pad_to_sequence_len_applies_to_pair_batches_not_to_online_rl(config, co
 
 @pytest.mark.parametrize("packing, eval_packing, packed", [(True, None, True), (True, False, False), (False, True, True)])
 def test_eval_sample_packing_follows_sample_packing_unless_set(config, packing, eval_packing, packed):
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.train.recipes.sft import SFTRecipe
 
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}] * 4

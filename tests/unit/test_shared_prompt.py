@@ -241,7 +241,7 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
     under one (T, T) mask."""
     from types import SimpleNamespace
 
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.models.varlen import rows_apart
     from rlft.train.recipes.preference import PairRecipe
 

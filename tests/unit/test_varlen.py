@@ -80,7 +80,7 @@ def test_packed_rows_under_flash_attention_come_as_one_row_whose_position_ids_gi
     (`prepare_fa_kwargs_from_position_ids`), and attending within them gives the padded rows' loss."""
     from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
 
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.train.recipes.sft import SFTRecipe
 
     documents = sft_documents((5, 8, 3, 6, 9), 128)

@@ -93,7 +93,8 @@ def _setup(cfg, console: Console):
     shard = (accelerator.process_index, accelerator.num_processes)
 
     if cfg.method == "sft":
-        from rlft.data.prepare import prepare_sft_data, prepare_streamed_sft_data
+        from rlft.data.prepare import prepare_sft_data
+        from rlft.data.stream import prepare_streamed_sft_data
         from rlft.models.loading import load_model
         from rlft.train.recipes.sft import SFTRecipe
 
