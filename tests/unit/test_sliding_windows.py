@@ -17,7 +17,7 @@ from layout_checks import (assert_same_completion_results, assert_same_grads, as
                            parameter_grads, sft_documents, sft_results, tiny_of_type)
 from rlft.data.collate import flatten_rows, pad_batch, packed_batch
 from rlft.errors import ModelError
-from rlft.models.masks import sliding_window, unmaskable_layers
+from rlft.models.attention import sliding_window, unmaskable_layers
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 
 # the checked decoders that can have a sliding window: all layers windowed, or windowed and full layers mixed

@@ -110,3 +110,12 @@ def router_loss(model: torch.nn.Module, outputs: Any) -> tuple[torch.Tensor, flo
                               "would add nothing to the loss; remove it (or set model_config: {output_router_logits: false})")
         return None
     return aux, float(getattr(config, "router_aux_loss_coef", 0.0))
+
+
+def score_head(model) -> torch.nn.Module | None:
+    """The layer that turns the last hidden states into scores (`score`, under DDP or PEFT too), or None."""
+    network = getattr(model, "module", model)
+    if hasattr(network, "get_base_model"):
+        network = network.get_base_model()
+    head = getattr(network, "score", None)
+    return head if isinstance(head, torch.nn.Module) else None

@@ -17,11 +17,15 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlft.config.parallel import launched
+from rlft.config.schema import ROUTER_LOSS_METHODS
+from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
+from rlft.data.tokenizer import apply_chat_template_setting
 from rlft.errors import ConfigError, ModelError
+from rlft.models.attention import unmaskable_layers
 from rlft.models.base_changing import is_converted
 from rlft.models.checkpointing import checkpoints, enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
-from rlft.data.tokenizer import apply_chat_template_setting
+from rlft.models.qat import check_qat, prepare_qat
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -153,8 +157,6 @@ def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
     source = model_source(cfg, cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
     if cfg.uses_mistral_common:  # its own conversation encoding: no template, no added tokens (refused by validate)
-        from rlft.data.mistral_common import load_mistral_tokenizer
-
         return load_mistral_tokenizer(source, **hub_revision(cfg, source))
     try:
         tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
@@ -217,8 +219,6 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     check_attention(attention, training=True, device_type=device_type)
     check_liger(cfg, device_type)
     if cfg.qat and not serving:
-        from rlft.models.qat import check_qat
-
         check_qat(cfg, device_type)
     if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
@@ -259,8 +259,6 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         check_router_loss(cfg, model, device_type)
     apply_liger(model, cfg)
     if cfg.qat and not serving:  # torchao's fake-quantized layers; the weights keep their names (rlft.models.qat)
-        from rlft.models.qat import prepare_qat
-
         prepare_qat(model, cfg.qat)
     if checkpoints(cfg):
         enable_checkpointing(model, cfg, device_type)
@@ -273,8 +271,6 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
 def check_own_masks(cfg, model) -> None:
     """Packed, flattened and strided batches run through masks that rlft builds (rlft.models.masks.per_layer_type):
     a model with attention layers other than full and sliding-window ones cannot take them (ModelError)."""
-    from rlft.models.masks import unmaskable_layers
-
     flash = cfg.effective_attn_implementation.startswith("flash_attention")
     strided = cfg.rl == "ebft" and cfg.ebft.mode == "strided"
     if (strided or (not flash and (cfg.sample_packing or cfg.flat_batches))) and (kinds := unmaskable_layers(model)):
@@ -291,8 +287,6 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     family's rows, which start with their prompts' left padding, get a (B, 1, T, T) mask of rlft's own
     (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused there, whether
     model_config or config.json sets it."""
-    from rlft.config.schema import ROUTER_LOSS_METHODS
-
     if not getattr(model.config, "output_router_logits", False):
         return
     if cfg.method in ("grpo", "gdpo") and device_type == "cuda" and cfg.effective_attn_implementation == "sdpa":
@@ -422,8 +416,6 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
             model = AutoModelForCausalLM.from_pretrained(source)
         except OSError as exc:
             raise ModelError(f"cannot load a model from {source}: {exc}") from None
-    from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
-
     if has_mistral_files(source):  # a tokenizer_use_mistral_common run's output: its tekken.json / tokenizer.model.v*
         return model.to(device).eval(), load_mistral_tokenizer(source, mode="test")
     tokenizer = AutoTokenizer.from_pretrained(source)

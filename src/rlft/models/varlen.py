@@ -27,6 +27,9 @@ import contextlib
 import torch
 
 from rlft.errors import ModelError
+from rlft.models.attention import attention_implementation, sliding_window
+from rlft.models.compile import compile_options
+from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 
 DOCUMENTS = "rlft_documents"  # the forward keyword that carries the boundaries down to the attention function
 KEYWORDS_DROPPED = ("stablelm",)  # its decoder layers call attention without the forward's keywords
@@ -42,9 +45,6 @@ def runs_documents(model) -> bool:
     keywords to its attention in transformers' own modeling code (not a checkpoint's remote code of the same type),
     not a compiled forward (which would recompile for every new set of lengths), and transformers' own SDPA in place
     (`install`)."""
-    from rlft.models.masks import attention_implementation
-    from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
-
     network = getattr(model, "module", model)
     network = network.get_base_model() if hasattr(network, "get_base_model") else network  # PEFT
     kind = getattr(getattr(network, "config", None), "model_type", None)
@@ -56,16 +56,12 @@ def runs_documents(model) -> bool:
 def rows_apart(cfg, model) -> bool:
     """Whether this run's flattened batches attend each row on its own (`runs_documents`, and no compiled training
     forward, which gets the block mask): what a layout's cost is estimated from (`rlft.models.shared_prompts`)."""
-    from rlft.rollout.compiled import compile_options
-
     return compile_options(cfg) is None and runs_documents(model)
 
 
 def layer_window(module, kwargs: dict) -> int | None:
     """The sliding window of the attention layer `module` (None: full attention): the one the layer passes its
     attention function (`kwargs`, what flash-attention gets), else the config's for the layer."""
-    from rlft.models.masks import sliding_window
-
     if "sliding_window" in kwargs:
         return kwargs["sliding_window"]
     window, everywhere = sliding_window(module)

@@ -31,23 +31,14 @@ from typing import Any
 
 import torch
 
+from rlft.models.compile import RECOMPILE_LIMIT
 from rlft.models.head import without_router_logits
 from rlft.models.masks import safe_attention
 
 LENGTH_BUCKET = 64  # cache lengths are multiples of this: one compiled graph serves many prompt widths
-# graphs that one compiled function keeps (dynamo's default is 8): of a decoder's step, the batch sizes of training,
-# evaluation and the last chunk, and each cache growth; of the training forward (rlft.train.loop), its batch shapes
-RECOMPILE_LIMIT = 64
 # guards on the process's state that every compiled graph keeps (grad mode, deterministic algorithms, ...)
 STATE_GUARDS = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE",
                           "AUTOGRAD_SAVED_TENSORS_HOOKS", "SHAPE_ENV"})
-
-
-def compile_options(cfg) -> tuple[str | None, str] | None:
-    """(mode, backend) of the compiled decode step when `torch_compile` asks for it on this machine, else None."""
-    if cfg.torch_compile is True or (cfg.torch_compile == "auto" and torch.cuda.is_available()):
-        return cfg.torch_compile_mode, cfg.torch_compile_backend or "inductor"
-    return None
 
 
 class CompiledDecoder:

@@ -17,7 +17,7 @@ from rlft.models.base_changing import convert_folder, is_converted, rewrites_bas
 from rlft.models.checkpointing import checkpoints, offloads
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.train.best import copy_model_files, final_checkpoint
 from rlft.train.loop import LoopResult, run_loop
 from rlft.train.watch import SetupInterrupts

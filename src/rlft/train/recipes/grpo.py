@@ -32,7 +32,7 @@ from rlft.models.logprobs import (completion_batch, completion_logps, completion
 from rlft.models.loading import hub_revision
 from rlft.data.tokenizer import end_ids
 from rlft.rollout.engine import RolloutEngine
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer

@@ -12,7 +12,7 @@ import torch
 
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
