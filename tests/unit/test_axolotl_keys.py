@@ -553,7 +553,8 @@ def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir
 
     from rlft.models import head
     from rlft.models.loading import load_model, load_tokenizer
-    from rlft.models.logprobs import completion_batch, left_padded_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import left_padded_inputs
     from rlft.train.recipes.grpo import GRPORecipe
 
     monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)

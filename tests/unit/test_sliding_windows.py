@@ -83,7 +83,8 @@ def test_flattened_and_shared_completions_keep_the_window(kind, vocab, no_window
     """batch_flattening and GRPO groups sharing their prompt: the padded rows' log-probs, entropies, sampling log-probs
     and gradients. At 4,096 entries the log-probs go through the output layer (`completion_scores`), which crashed on
     the masks of a model mixing windowed and full layers (one per layer type) until 2026-11-26."""
-    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import shared_completion_inputs
 
     g = torch.Generator().manual_seed(7)
     ids = lambda n: torch.randint(3, 128, (n,), generator=g).tolist()  # noqa: E731

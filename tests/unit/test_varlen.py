@@ -45,7 +45,7 @@ def _rows(vocab=128):
 def test_every_checked_model_type_attends_per_document_and_gets_the_padded_results(kind, calls):
     """batch_flattening: the flattened rows reach SDPA one document at a time (9, 9, 5, 4 tokens, per layer), with the
     padded rows' log-probs, entropies, sampling log-probs and gradients."""
-    from rlft.models.logprobs import completion_batch
+    from rlft.data.collate import completion_batch
 
     model = tiny_of_type(kind)  # eval mode: GPT-2's and Seed-OSS's attention dropout would draw differently
     batch = completion_batch(_rows(), pad_id=0)
@@ -200,7 +200,7 @@ def test_a_lora_model_attends_per_document_too(calls):
     gradients of the LoRA weights are the padded rows'."""
     from peft import LoraConfig, get_peft_model
 
-    from rlft.models.logprobs import completion_batch
+    from rlft.data.collate import completion_batch
 
     model = get_peft_model(tiny_of_type("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                               init_lora_weights=False))

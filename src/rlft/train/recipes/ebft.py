@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from rlft.models.logprobs import completion_batch, completion_logps
+from rlft.data.collate import completion_batch
+from rlft.models.logprobs import completion_logps
 from rlft.rollout.types import SamplingParams, TrainingRow
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.grpo import GRPORecipe
