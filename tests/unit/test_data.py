@@ -8,11 +8,11 @@ import sys
 import pytest
 from datasets import Dataset, DatasetDict
 
-from rlft.data.formats import resolve_sft_format
+from rlft.data.formats.sft import resolve_sft_format
 from rlft.data.loading import load_rows, unpack
 from rlft.data.prepare import prepare_sft_data, tokenize_dataset
 from rlft.data.tokenize import IGNORE, tokenize_record
-from rlft.data.formats import RowError
+from rlft.data.formats.rows import RowError
 from rlft.errors import DataError
 
 ROWS = [{"n": i, "text": f"row {i}"} for i in range(10)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlft.data.formats import RowError, chat_template_format
+from rlft.data.formats.rows import RowError, chat_template_format
 from rlft.data.tokenize import IGNORE, tokenize_record
 from rlft.data.mistral_common import ENCODERS, chat_ids, fingerprint, has_mistral_files
 

@@ -132,7 +132,7 @@ def test_chat_prompt_ids_are_the_start_of_the_training_ids(mistral_tokenizer):
 
 
 def test_ebft_ground_truth_is_tokenised_after_its_prompt(mistral_tokenizer):
-    from rlft.data.ebft_formats import tokenize_structured
+    from rlft.data.formats.ebft import tokenize_structured
 
     tokenizer = with_template(mistral_tokenizer, CHATML)
     example = tokenize_structured({"prompt": CHAT[:1], "ground_truth": "Paris"}, tokenizer, None)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlft.data.collate import pad_batch, shared_prompt_rows
-from rlft.data.formats import RowError, text
+from rlft.data.formats.rows import RowError, text
 from rlft.data.tokenize import IGNORE, split_answers
 
 

@@ -14,12 +14,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlft.data import ebft_formats as E
 from rlft.data.cache import cached
-from rlft.data.formats import RowError, resolve_sft_format
+from rlft.data.formats import ebft as E
+from rlft.data.formats.preference.fields import is_degenerate_pair
+from rlft.data.formats.preference.resolve import resolve_preference_format
+from rlft.data.formats.rows import RowError
+from rlft.data.formats.sft import resolve_sft_format
 from rlft.data.loading import PLACE, describe, load_rows, unpack
 from rlft.data.preference import example_length, fit_completions, tokenize_kto, tokenize_pair
-from rlft.data.preference_formats import is_degenerate_pair, resolve_preference_format
 from rlft.data.prepared import LengthReport, PreparedData
 from rlft.data.prompts import fit_prompt, prompt_budget, resolve_prompt_format, tokenize_prompt
 from rlft.data.tokenize import fit_length, tokenize_record

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlft.config.rl import rl_settings
-from rlft.data.formats import (RowError, bind_tokenizer, call_transform, chat_template_format, fields_of, render_chat, text,
-                               user_transform)
+from rlft.data.formats.rows import (RowError, bind_tokenizer, call_transform, chat_template_format, fields_of, render_chat, text,
+                                    user_transform)
 from rlft.errors import DataError
 
 

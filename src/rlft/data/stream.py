@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from rlft.data.cache import tokenizer_fingerprint
 from rlft.data.collate import pack_examples
-from rlft.data.formats import RowError
+from rlft.data.formats.rows import RowError
 from rlft.data.loading import json_line, load_saved, locate, parse_split, read_json_rows
 from rlft.data.prepare import sft_steps, tokenize_test_datasets
 from rlft.data.prepared import LengthReport, PreparedData

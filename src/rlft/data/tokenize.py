@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlft.data.formats import Record, RowError, render_chat, text
+from rlft.data.formats.rows import Record, RowError, render_chat, text
 from rlft.data.mistral_common import chat_ids, is_mistral_common
 from rlft.data.tokenizer import end_of_turn_token
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, fields_of, get_field, text, text_field
+from rlft.data.formats.rows import RowError, fields_of, get_field, text, text_field
 from rlft.data.prompts import prompt_text, resolve_prompt_format, template_kwargs, tokenize_prompt
 from rlft.data.tokenize import encode_text, split_answers
 
