@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from datasets import load_dataset
+
 from rlft.data.cache import tokenizer_fingerprint
 from rlft.data.collate import pack_examples
 from rlft.data.formats.rows import RowError
@@ -97,8 +99,6 @@ def _read(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
 def _open(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
     """JSON lines line by line (a .json file whole, as `rlft.data.loading` reads it), other files and hub datasets
     through `datasets`' streaming mode, a `save_to_disk` folder memory-mapped; found as `rlft.data.loading` finds them."""
-    from datasets import load_dataset
-
     kind, found = locate(ds, where)
     if kind == "saved":
         rows = load_saved(found, split, where)

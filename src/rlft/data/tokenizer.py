@@ -7,10 +7,9 @@ files, no training): the tokenizer of the tiny models used by tests and the offl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the templates below are read before anything loads (config checks): transformers is imported on use
-    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from rlft.data.chat_templates import CHATML_TEMPLATE, TEMPLATES, add_missing_markers
 from rlft.errors import ConfigError
@@ -20,10 +19,6 @@ BYTE_SPECIALS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: ids 0-255 are bytes, 256-259 are `BYTE_SPECIALS`; ChatML template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     byte_to_char = bytes_to_unicode()
     core = Tokenizer(models.BPE(vocab={byte_to_char[i]: i for i in range(256)}, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -70,8 +65,6 @@ def end_ids(model, tokenizer: PreTrainedTokenizerBase, **revision: str) -> tuple
     or a list: Gemma's <end_of_turn> beside <eos>, Qwen's <|im_end|> beside <|endoftext|>), where vLLM and
     transformers' `generate` stop too. `model`: a loaded model, or its folder or hub name (read from its
     generation_config.json, at `revision` for a hub id; without that file, the tokenizer's EOS alone)."""
-    from transformers import GenerationConfig
-
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     config = getattr(model, "generation_config", None)
     if config is None and isinstance(model, (str, Path)):

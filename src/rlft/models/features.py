@@ -8,6 +8,7 @@ axis, pooled over positions (`ebft.embed_method`). Everything here runs without 
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from rlft.models.masks import safe_attention
 
@@ -51,8 +52,6 @@ def hidden_layer_count(model) -> int:
 
 def _sharded(model: torch.nn.Module) -> bool:
     """Whether FSDP2 shards `model`'s weights (DTensors between forwards)."""
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 

@@ -13,6 +13,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from rlft.errors import ConfigError
 
@@ -33,8 +34,6 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 def _output_layer(model: torch.nn.Module) -> tuple[torch.nn.Linear | None, str]:
     """(output_layer's answer, why it is None)."""
-    from torch.distributed.tensor import DTensor
-
     network = _network(model)
     if network in _NOT_PLAIN:
         return None, "its logits are not the output layer's product (soft-capped or scaled)"

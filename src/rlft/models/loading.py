@@ -6,6 +6,7 @@ optimizer updates are never rounded to 16 bits.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
@@ -14,7 +15,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+import transformers
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+from safetensors import safe_open
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from rlft.config.parallel import launched
 from rlft.config.schema import ROUTER_LOSS_METHODS
@@ -49,9 +56,6 @@ def resolve_source(name: str | None, key: str, revision: str | None = None) -> s
     if looks_like_path:
         raise ModelError(f"{key}: folder {local} does not exist (relative paths are read from {Path.cwd()})")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
         try:  # downloaded before: the local Hugging Face cache holds it
             return snapshot_download(name, revision=revision, local_files_only=True)
         except (LocalEntryNotFoundError, ValueError):
@@ -98,8 +102,6 @@ def model_config(cfg, source: str, **settings: Any):
     config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source), **settings)
     for key, value in (cfg.overrides_of_model_config or {}).items():
         if not hasattr(config, key):
-            import difflib
-
             close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
             raise ConfigError(f"model_config.{key}: {type(config).__name__} has no setting of that name"
                               + (f" (did you mean {close[0]}?)" if close else "") + ": fix the name or remove it")
@@ -144,8 +146,6 @@ def check_context_length(cfg) -> None:
 
 def transformers_class(name: str, key: str):
     """A class of transformers by name (`model_type`, `tokenizer_type`)."""
-    import transformers
-
     found = getattr(transformers, name, None)
     if found is None:
         raise ModelError(f"{key}: transformers {transformers.__version__} has no class {name!r}; check the spelling, or leave "
@@ -321,8 +321,6 @@ def disable_dropout(model: torch.nn.Module) -> None:
 def _quantization_kwargs(cfg) -> dict[str, Any]:
     if not (cfg.load_in_4bit or cfg.load_in_8bit):
         return {}
-    from transformers import BitsAndBytesConfig
-
     if cfg.load_in_8bit:
         return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
     return {
@@ -333,8 +331,6 @@ def _quantization_kwargs(cfg) -> dict[str, Any]:
 
 
 def lora_config(cfg, task_type: str = "CAUSAL_LM"):
-    from peft import LoraConfig
-
     if cfg.lora_target_linear:
         targets: Any = "all-linear"
     else:  # parameters alone: no modules (PEFT would otherwise pick its default modules for the model type)
@@ -357,8 +353,6 @@ def lora_config(cfg, task_type: str = "CAUSAL_LM"):
 
 def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") -> Any:
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
-    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
-
     if cfg.load_in_4bit or cfg.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if checkpoints(cfg):
@@ -384,8 +378,6 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
 def _saved_embedding_rows(base: PreTrainedModel, folder: Path) -> int | None:
     """The input embedding's row count in an adapter folder that saved the embeddings (PEFT does when the run resized
     them), else None."""
-    from safetensors import safe_open
-
     file = folder / "adapter_model.safetensors"
     name = next((n for n, m in base.named_modules() if m is base.get_input_embeddings()), None)
     if not file.exists() or name is None:
@@ -403,8 +395,6 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
     source = resolve_source(str(folder) if folder.exists() else path, "model")
     adapter_file = Path(source) / ADAPTER_CONFIG
     if adapter_file.exists():
-        from peft import PeftModel
-
         base_source, revision = adapter_base(Path(source))
         base = AutoModelForCausalLM.from_pretrained(base_source, **revision)
         rows = _saved_embedding_rows(base, Path(source))

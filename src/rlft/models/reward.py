@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlft.errors import ModelError
@@ -77,8 +78,6 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
     source = resolve_source(str(folder) if folder.exists() else path, "reward model")
     adapter_file = Path(source) / "adapter_config.json"
     if adapter_file.exists():
-        from peft import PeftModel
-
         base_source, revision = adapter_base(Path(source))
         base = AutoModelForSequenceClassification.from_pretrained(base_source, num_labels=1, **revision)
         model = PeftModel.from_pretrained(base, source)
