@@ -1,7 +1,7 @@
 """Liger Kernel's Triton kernels, switched on by Axolotl's `liger_*` keys (its LigerPlugin; Hsu et al. 2024,
 arXiv:2410.10989): RoPE, RMSNorm, LayerNorm and the gated MLP of the loaded model, and a fused linear cross-entropy.
 
-CUDA GPUs only: Triton has no CPU backend (liger-kernel on a CPU raises "0 active drivers", spec/platform.md §1.5).
+CUDA GPUs only: Triton has no CPU backend (liger-kernel on a CPU raises "0 active drivers").
 The layers are replaced with liger's `apply_liger_kernel_to_<model type>(model=...)`, which patches the loaded
 model and its module's classes, so a reference or frozen copy loaded later in the process gets the same layers and
 agrees with the policy. Liger's cross-entropy switches replace the loss of the model's own `labels=` path, which

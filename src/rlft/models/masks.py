@@ -3,7 +3,7 @@
 Under the causal and padding masks, a left padding position attends to no key at all. CUDA attention kernels have
 returned NaN for such a row, in the forward (memory-efficient SDPA: pytorch/pytorch#110213, unslothai/unsloth#9848)
 or in the backward (cuDNN SDPA: rlft's GRPO on an H200, docs/training.md#attention). 0 x NaN then carries it into
-the real rows and into every gradient. transformers used to let such rows attend to every key and no longer does.
+the real rows and into every gradient. transformers leaves such rows without a key to attend to.
 So for SDPA on a CUDA device, a 2-D mask with left padding becomes the 4-D boolean mask in which each padding query
 attends to itself: the real positions' attention is unchanged, and no real position reads a padding position's
 output. Other implementations get the 2-D mask as before (eager adds a finite minimum, flash-attention drops the

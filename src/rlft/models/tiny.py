@@ -1,6 +1,6 @@
 """Tiny Llama-style model folders (config + byte tokenizer, no weights) for tests and the quickstart.
 
-Sizes follow `spec/platform.md` §3.1: XS trains a B8xT128 step in ~25 ms on 2 cores, S in ~50 ms.
+Sizes: XS trains a B8xT128 step in ~25 ms on 2 cores, S in ~50 ms.
 Train them from random weights with `random_init: true`.
 """
 
