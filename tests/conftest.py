@@ -41,7 +41,7 @@ def tiny_moe_dir(tmp_path_factory) -> Path:
     transformers 5 holds each layer's experts as one 3D tensor per projection."""
     from transformers import MixtralConfig
 
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     folder = tmp_path_factory.mktemp("models") / "tiny-moe"
     tokenizer = byte_tokenizer()
@@ -190,7 +190,7 @@ def mistral_tokenizer():
 def mistral_common_v7():
     """mistral-common's v7 SentencePiece instruct tokenizer (32768 pieces, [SYSTEM_PROMPT] and [INST] control tokens)
     through transformers' MistralCommonBackend, as `tokenizer_use_mistral_common: true` loads it."""
-    from rlft.models.mistral_common import load_mistral_tokenizer
+    from rlft.data.mistral_common import load_mistral_tokenizer
 
     _tokenizer_file("mistral-common-v7/tokenizer.model.v7")
     return load_mistral_tokenizer(str(TOKENIZER_FILES / "mistral-common-v7"))
@@ -199,7 +199,7 @@ def mistral_common_v7():
 @pytest.fixture(scope="session")
 def mistral_common_tekken():
     """mistral-common's v3 tekken tokenizer (tekken_240911.json, 131072 entries): the system prompt joins the last user turn."""
-    from rlft.models.mistral_common import load_mistral_tokenizer
+    from rlft.data.mistral_common import load_mistral_tokenizer
 
     _tokenizer_file("mistral-common-tekken/tekken.json")
     return load_mistral_tokenizer(str(TOKENIZER_FILES / "mistral-common-tekken"))

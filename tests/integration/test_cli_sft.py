@@ -347,7 +347,7 @@ def _windowed_model(folder):
     tokenizer: the addition rows (8-11 tokens) are longer than its window."""
     from transformers import Gemma3TextConfig
 
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

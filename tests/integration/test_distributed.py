@@ -288,7 +288,7 @@ def test_a_vision_tower_without_gradients_needs_ddp_find_unused_parameters(tmp_p
     from transformers import Gemma3Config, SiglipVisionConfig
     from transformers.models.gemma3 import Gemma3TextConfig
 
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     text = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

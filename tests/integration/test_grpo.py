@@ -177,7 +177,8 @@ def test_loss_units_match_the_policy_loss(warm_model):
     from transformers import AutoModelForCausalLM
 
     from rlft.losses.policy import policy_loss
-    from rlft.models.logprobs import completion_batch, completion_logps
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import completion_logps
     from rlft.train.recipes.grpo import GRPORecipe
 
     model = AutoModelForCausalLM.from_pretrained(warm_model)

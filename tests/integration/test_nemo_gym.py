@@ -76,7 +76,7 @@ def tool_model(tmp_path_factory):
     """A tiny model that answers a weather question with a get_weather call, and a tool result with "Cold."."""
     from rlft.cli import main
     from rlft.models.tiny import write_tiny_model
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     root = tmp_path_factory.mktemp("tool-model")
     tokenizer = byte_tokenizer()

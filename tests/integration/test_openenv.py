@@ -64,7 +64,7 @@ def test_environment_poses_and_scores(openenv_url, example_path):
 def test_prompt_tokens_match_the_dataset_prompt(example_path):
     from examples.openenv.rollout import prompt_ids, question, reset_arguments, with_question
     from rlft.data.prompts import tokenize_prompt
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     assert prompt_ids("15+34=", tokenizer, None) == tokenize_prompt({"prompt": "15+34="}, tokenizer, None)["prompt_ids"]

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.errors import RolloutError
 from rlft.models.tiny import write_tiny_model
-from rlft.models.tokenizer import byte_tokenizer
+from rlft.data.tokenizer import byte_tokenizer
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.remote import RemoteEngine
@@ -137,7 +137,7 @@ def test_openai_routes_tokenize_and_shapes(server):
 def test_an_answer_sent_back_with_its_sampled_ids_is_put_back_as_those_ids(server):
     """Token in, token out (what NeMo Gym's model server relies on): the next prompt extends the ids the model saw and
     wrote, even when the chat template renders the answer differently (here: other spacing than was sampled)."""
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     url, tokenizer = server["url"], byte_tokenizer()  # the served model's tokenizer
     first = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}],

@@ -18,7 +18,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from rlft.models.logprobs import completion_batch, completion_forward, logps_from_logits, sampled_logps
+from rlft.data.collate import completion_batch
+from rlft.models.logprobs import completion_forward, logps_from_logits, sampled_logps
 from rlft.rollout.remote import RemoteEngine
 from rlft.rollout.types import SamplingParams
 from rlft.train.metrics import read_metrics

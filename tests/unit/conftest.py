@@ -46,7 +46,7 @@ def config_problems() -> Callable[..., list[tuple[str, str]]]:
 
 @pytest.fixture(scope="session")
 def tok():
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     return byte_tokenizer()
 

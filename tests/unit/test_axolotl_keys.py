@@ -73,7 +73,7 @@ def test_pad_to_sequence_len_applies_to_pair_batches_not_to_online_rl(config, co
 
 @pytest.mark.parametrize("packing, eval_packing, packed", [(True, None, True), (True, False, False), (False, True, True)])
 def test_eval_sample_packing_follows_sample_packing_unless_set(config, packing, eval_packing, packed):
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.train.recipes.sft import SFTRecipe
 
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}] * 4
@@ -286,7 +286,7 @@ def test_the_cache_key_sees_a_written_sequence_len_and_the_user_transforms_code(
 
 def test_every_axolotl_template_name_validates_and_unshipped_ones_are_refused_in_train(config):
     from rlft.config.axolotl_keys import unsupported_settings
-    from rlft.models.chat_templates import NOT_SHIPPED, TEMPLATES
+    from rlft.data.chat_templates import NOT_SHIPPED, TEMPLATES
 
     names = [line for line in (DATA / "axolotl_chat_templates.txt").read_text().splitlines() if line and not line.startswith("#")]
     assert len(names) > 30
@@ -336,7 +336,7 @@ def test_every_key_that_names_base_models_repository_takes_its_revision_online_a
     through the cached snapshot, online through from_pretrained's revision; the end-of-answer ids read v2's
     generation config."""
     from rlft.models.loading import adapter_base, hub_revision, model_source, resolve_source
-    from rlft.models.tokenizer import end_ids
+    from rlft.data.tokenizer import end_ids
 
     main, v2 = two_revisions
     cfg = config(base_model="someorg/tiny", revision_of_model="v2")
@@ -553,7 +553,8 @@ def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir
 
     from rlft.models import head
     from rlft.models.loading import load_model, load_tokenizer
-    from rlft.models.logprobs import completion_batch, left_padded_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import left_padded_inputs
     from rlft.train.recipes.grpo import GRPORecipe
 
     monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
@@ -594,7 +595,7 @@ def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.rollout.local import LocalEngine
     from rlft.rollout.types import SamplingParams
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from rlft.models.chat_templates import NOT_SHIPPED, TEMPLATES
+from rlft.data.chat_templates import NOT_SHIPPED, TEMPLATES
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "chat_template_renders.json").read_text(encoding="utf-8"))
 FIXED_DATE = datetime(2025, 1, 31)  # what strftime_now returned when the JSON was written (see its "about")

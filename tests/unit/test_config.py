@@ -628,7 +628,7 @@ def test_nemo_gym_refuses_evaluation_keys_it_would_ignore(config_problems):
 def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, config_problems):
     """Axolotl's Qwen 3.5 EBFT examples pass vLLM's stop_token_ids; the in-process engine stops on them as on EOS."""
     from rlft.config.rl import rl_settings
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.config.rl import sampling_params
 
     tok = byte_tokenizer()
@@ -648,7 +648,7 @@ def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path, monkeyp
     of them, and so does rlft's engine (the run's stop ids); a folder without the file: the tokenizer's EOS."""
     import json
 
-    from rlft.models.tokenizer import byte_tokenizer, end_ids
+    from rlft.data.tokenizer import byte_tokenizer, end_ids
 
     tok = byte_tokenizer()
     assert end_ids(tmp_path, tok) == (tok.eos_token_id,)

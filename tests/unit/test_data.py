@@ -8,11 +8,11 @@ import sys
 import pytest
 from datasets import Dataset, DatasetDict
 
-from rlft.data.formats import resolve_sft_format
+from rlft.data.formats.sft import resolve_sft_format
 from rlft.data.loading import load_rows, unpack
 from rlft.data.prepare import prepare_sft_data, tokenize_dataset
 from rlft.data.tokenize import IGNORE, tokenize_record
-from rlft.data.formats import RowError
+from rlft.data.formats.rows import RowError
 from rlft.errors import DataError
 
 ROWS = [{"n": i, "text": f"row {i}"} for i in range(10)]
@@ -675,7 +675,7 @@ def test_dataset_exact_deduplication_keeps_the_first_of_identical_examples(tmp_p
     """Axolotl's dataset_exact_deduplication: identical prepared examples once per split, and no eval example that is
     also a training example; without the key nothing is dropped."""
     from rlft.data.prepare import prepare_sft_data
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     rows = [{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": "4"},
             {"prompt": "1+1=", "completion": "2"}, {"prompt": "3+3=", "completion": "6"}]
@@ -696,7 +696,7 @@ def test_dataset_exact_deduplication_keeps_the_first_of_identical_examples(tmp_p
 
 
 def _trained(template: str, messages: list[dict], train_on_eos: str = "turn") -> str:
-    from rlft.models.tokenizer import apply_chat_template_setting, byte_tokenizer
+    from rlft.data.tokenizer import apply_chat_template_setting, byte_tokenizer
 
     tokenizer = byte_tokenizer()
     apply_chat_template_setting(tokenizer, template, None)
@@ -728,7 +728,7 @@ def test_chat_reasoning_blocks_in_content_train_as_the_template_renders_them():
 
 
 def test_a_template_that_drops_an_untrained_message_is_fine_and_a_trained_one_it_rewrites_is_an_error():
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] != 'system' %}<{{ m['role'] }}>"
@@ -764,7 +764,7 @@ def test_grpo_prompts_are_limited_only_where_the_config_sets_sequence_len(data_c
     """Axolotl keeps every GRPO prompt whatever its length (its seed configs ask for 512-token completions with the
     default sequence_len of 512): with sequence_len unset, rlft keeps them too; set, a prompt may use sequence_len -
     max_completion_length tokens; skip_prepare_dataset keeps every prompt."""
-    from rlft.data.prepare import prompt_budget
+    from rlft.data.prompts import prompt_budget
 
     base = {"rl": "grpo", "micro_batch_size": 2, "trl": {"num_generations": 2, "reward_funcs": ["r.f"], "max_completion_length": 512}}
     assert prompt_budget(data_config({"path": "x.jsonl"}, **base)) is None

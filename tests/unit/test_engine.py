@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlft.models.tokenizer import byte_tokenizer
+from rlft.data.tokenizer import byte_tokenizer
 from rlft.models.logprobs import process_logits
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.types import SamplingParams

@@ -7,11 +7,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.config.loading import build_config
-from rlft.data.collate import documents_mask, flatten_rows
+from rlft.data.collate import completion_batch, documents_mask, flatten_rows
 from rlft.models import head
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
                            parameter_grads, sft_documents, sft_results)
-from rlft.models.logprobs import completion_batch
 
 
 def flatten_completion_batch(batch, block_mask):

@@ -261,7 +261,7 @@ def test_token_logps_with_no_rows_and_without_grad():
 
 
 def grpo_batch(filters: bool):
-    from rlft.models.logprobs import completion_batch
+    from rlft.data.collate import completion_batch
 
     g = torch.Generator().manual_seed(3)
     rows = []

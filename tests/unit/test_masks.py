@@ -39,7 +39,8 @@ def test_a_padding_query_attends_to_itself_and_real_queries_keep_their_keys():
 @pytest.mark.parametrize("kind", ["llama", "gemma3_text"])  # Gemma 3: a 3-token window on its first layer
 def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, monkeypatch, kind):
     from rlft.models.features import hidden_features
-    from rlft.models.logprobs import completion_batch, completion_logps
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import completion_logps
     from rlft.rollout.compiled import CompiledDecoder
     from rlft.rollout.local import LocalEngine
     from rlft.rollout.types import SamplingParams

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlft.data.formats import RowError, chat_template_format
+from rlft.data.formats.rows import RowError, chat_template_format
 from rlft.data.tokenize import IGNORE, tokenize_record
-from rlft.models.mistral_common import ENCODERS, chat_ids, fingerprint, has_mistral_files
+from rlft.data.mistral_common import ENCODERS, chat_ids, fingerprint, has_mistral_files
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
         {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Spain?"},
@@ -122,7 +122,7 @@ def test_a_system_turn_v3_does_not_encode_cannot_be_trained(mistral_common_tekke
 
 
 def test_fingerprint_and_files(mistral_common_v7, mistral_common_tekken, tmp_path):
-    from rlft.models.mistral_common import load_mistral_tokenizer
+    from rlft.data.mistral_common import load_mistral_tokenizer
 
     assert fingerprint(mistral_common_v7) != fingerprint(mistral_common_tekken)
     again = load_mistral_tokenizer(str(mistral_common_v7._tokenizer_path.parent))
@@ -160,7 +160,7 @@ def v13_tekken(folder, names: list[str]):
     tokenizers, whose files are not on the package registry: for the chunk path only."""
     import json
 
-    from rlft.models.mistral_common import load_mistral_tokenizer
+    from rlft.data.mistral_common import load_mistral_tokenizer
     from tests.conftest import _tokenizer_file
 
     data = json.loads(_tokenizer_file("mistral-common-tekken/tekken.json").read_text())
@@ -191,7 +191,7 @@ def test_thinking_chunks_are_trained_with_their_answer(thinking_tekken):
 
 def test_loading_errors_say_what_is_missing(tiny_model_dir, monkeypatch):
     from rlft.errors import ModelError
-    from rlft.models import mistral_common
+    from rlft.data import mistral_common
 
     with pytest.raises(ModelError, match=r"No tokenizer file found \(it needs tekken.json or a tokenizer.model.v\* file; set "
                                          "tokenizer_use_mistral_common: false"):
@@ -213,7 +213,7 @@ def test_a_mistral_common_that_encodes_differently_is_named(mistral_common_v7, m
     """The per-message counts must add up to the whole encoding after the start token; a version where they do not is
     refused by name, never trained with shifted masks."""
     from rlft.errors import ModelError
-    from rlft.models import mistral_common
+    from rlft.data import mistral_common
 
     # as if a version encoded system messages through an encoder rlft does not count
     monkeypatch.setattr(mistral_common, "ENCODERS", {k: v for k, v in ENCODERS.items() if v != "system"})

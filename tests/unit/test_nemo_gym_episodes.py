@@ -134,7 +134,7 @@ def test_hermes_tool_calls_are_parsed_and_their_arguments_decoded_for_the_templa
 
 
 def test_the_chatml_template_renders_tools_and_a_call_exactly_as_the_model_writes_it():
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]

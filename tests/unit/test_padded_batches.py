@@ -51,7 +51,7 @@ def test_pad_to_multiple_of_rounds_each_batch_width_up(config, monkeypatch):
 
 
 def test_the_sft_and_dpo_recipes_pad_their_batches_to_the_multiple(config):
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.train.recipes.preference import PairRecipe
     from rlft.train.recipes.sft import SFTRecipe
 

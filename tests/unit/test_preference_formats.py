@@ -5,16 +5,12 @@ from __future__ import annotations
 import pytest
 
 from rlft.config import build_config
-from rlft.data.formats import RowError
-from rlft.data.preference_formats import (
-    KTO_FORMATS,
-    PREFERENCE_FORMATS,
-    is_degenerate_pair,
-    parse_label,
-    resolve_preference_format,
-)
+from rlft.data.formats.rows import RowError
+from rlft.data.formats.preference.fields import is_degenerate_pair, parse_label
+from rlft.data.formats.preference.resolve import KTO_FORMATS, PREFERENCE_FORMATS, resolve_preference_format
 from rlft.errors import DataError
-from rlft.models.tokenizer import LLAMA3_TEMPLATE, byte_tokenizer
+from rlft.data.chat_templates import LLAMA3_TEMPLATE
+from rlft.data.tokenizer import byte_tokenizer
 
 WHERE = "datasets[0] (pairs.jsonl)"
 

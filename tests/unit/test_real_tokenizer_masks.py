@@ -132,7 +132,7 @@ def test_chat_prompt_ids_are_the_start_of_the_training_ids(mistral_tokenizer):
 
 
 def test_ebft_ground_truth_is_tokenised_after_its_prompt(mistral_tokenizer):
-    from rlft.data.ebft_formats import tokenize_structured
+    from rlft.data.formats.ebft import tokenize_structured
 
     tokenizer = with_template(mistral_tokenizer, CHATML)
     example = tokenize_structured({"prompt": CHAT[:1], "ground_truth": "Paris"}, tokenizer, None)
@@ -167,12 +167,12 @@ def test_generate_chat_sees_the_ids_training_saw(mistral_tokenizer):
     assert tokenizer.convert_ids_to_tokens(training[len(model.seen[0])]) == "▁Paris"
 
 
-@pytest.mark.parametrize("name", sorted(__import__("rlft.models.chat_templates", fromlist=["TEMPLATES"]).TEMPLATES))
+@pytest.mark.parametrize("name", sorted(__import__("rlft.data.chat_templates", fromlist=["TEMPLATES"]).TEMPLATES))
 def test_named_templates_add_their_markers_and_train_only_the_answers(mistral_tokenizer, name):
     """Every shipped named template on the SentencePiece tokenizer: markers become single tokens (added as special
     tokens where missing), the answers and the end-of-turn marker are trained, nothing of the user turns is."""
-    from rlft.models.chat_templates import TEMPLATES
-    from rlft.models.tokenizer import apply_chat_template_setting, end_of_turn_token
+    from rlft.data.chat_templates import TEMPLATES
+    from rlft.data.tokenizer import apply_chat_template_setting, end_of_turn_token
 
     tokenizer = copy.deepcopy(mistral_tokenizer)
     apply_chat_template_setting(tokenizer, name, None)
@@ -188,11 +188,11 @@ def test_named_templates_add_their_markers_and_train_only_the_answers(mistral_to
 
 
 def test_a_template_the_tokenizer_has_wins_over_the_fallback(mistral_tokenizer):
-    from rlft.models.tokenizer import apply_chat_template_setting
+    from rlft.data.tokenizer import apply_chat_template_setting
 
     tokenizer = copy.deepcopy(mistral_tokenizer)
     apply_chat_template_setting(tokenizer, "tokenizer_default_fallback_chatml", None)
-    assert tokenizer.chat_template == __import__("rlft.models.chat_templates", fromlist=["TEMPLATES"]).TEMPLATES["chatml"][0]
+    assert tokenizer.chat_template == __import__("rlft.data.chat_templates", fromlist=["TEMPLATES"]).TEMPLATES["chatml"][0]
     tokenizer.chat_template = MISTRAL_V1
     apply_chat_template_setting(tokenizer, "tokenizer_default_fallback_chatml", None)
     assert tokenizer.chat_template == MISTRAL_V1

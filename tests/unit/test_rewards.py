@@ -345,7 +345,7 @@ def test_a_crashed_worker_is_replaced(worker_runner):
 def test_reward_model_folder_as_reward_function(tmp_path, workdir):
     from transformers import AutoModelForSequenceClassification, LlamaConfig
 
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

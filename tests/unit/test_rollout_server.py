@@ -126,7 +126,7 @@ def test_colocated_engine_loads_verified_weights_and_adapters_in_process(tmp_pat
 
     from rlft.errors import RolloutError
     from rlft.models.tiny import write_tiny_model
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.rollout.server.backends.transformers import TransformersBackend
     from rlft.rollout.server.colocated import ColocatedEngine
     from rlft.rollout.types import SamplingParams
@@ -161,7 +161,7 @@ def test_a_pissa_adapter_pushed_with_its_residual_base_gives_the_trainer_s_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlft.models.tiny import write_tiny_model
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.models.weights import plain_state_dict
     from rlft.rollout.server.backends.transformers import TransformersBackend
     from rlft.rollout.server.colocated import ColocatedEngine
@@ -276,7 +276,7 @@ def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path)
 
     from rlft.errors import RolloutError
     from rlft.models.tiny import write_tiny_model
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.rollout.remote import RemoteEngine
     from rlft.rollout.server.app import build_app
     from rlft.rollout.server.backends.transformers import TransformersBackend

@@ -8,8 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.losses.importance import importance_weights
-from rlft.models.logprobs import (completion_batch, completion_forward, filters_active, logps_from_logits,
-                                  sampled_logps, tokens_seen)
+from rlft.data.collate import completion_batch
+from rlft.models.logprobs import completion_forward, filters_active, logps_from_logits, sampled_logps, tokens_seen
 from rlft.models.logprobs import process_logits
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.types import SamplingParams

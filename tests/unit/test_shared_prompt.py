@@ -190,7 +190,8 @@ def group_rows(vocab: int):
 def test_shared_group_prompts_give_each_completions_own_log_probs_and_gradients(vocab, attention, one_sequence, monkeypatch):
     """GRPO: the completions of one prompt after one copy of it give the padded rows' log-probs, entropies, sampling
     log-probs under top-k and repetition penalty, and gradients."""
-    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import shared_completion_inputs
 
     monkeypatch.setattr(head, "MIN_VOCAB", 4096)
     model = tiny(vocab, attention)
@@ -203,7 +204,8 @@ def test_shared_group_prompts_give_each_completions_own_log_probs_and_gradients(
 
 
 def test_rows_without_a_shared_prompt_keep_their_layout():
-    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import shared_completion_inputs
 
     rows = group_rows(50)
     alone = [rows[0], rows[1], rows[-1]]  # three different prompts
@@ -216,7 +218,8 @@ def test_a_micro_batch_shares_only_where_that_takes_fewer_flops():
     """Per micro-batch, against the rows as they are: four 2-token completions after a 40-token prompt share it; four
     60-token completions after a 2-token prompt would make a 242-token sequence whose attention outweighs the 6
     prompt tokens saved, and stay rows of their own."""
-    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import shared_completion_inputs
     from rlft.models.shared_prompts import forward_costs
 
     costs = forward_costs(tiny())
@@ -241,7 +244,7 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
     under one (T, T) mask."""
     from types import SimpleNamespace
 
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.models.varlen import rows_apart
     from rlft.train.recipes.preference import PairRecipe
 
@@ -256,7 +259,7 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
         assert recipe.train_plan.batch([0, 1])["flat_input_ids"].shape == shape
     from rlft.config import build_config
     from rlft.models.shared_prompts import forward_costs
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.rollout.types import TrainingRow
     from rlft.train.recipes.grpo import GRPORecipe
 

@@ -17,7 +17,7 @@ from layout_checks import (assert_same_completion_results, assert_same_grads, as
                            parameter_grads, sft_documents, sft_results, tiny_of_type)
 from rlft.data.collate import flatten_rows, pad_batch, packed_batch
 from rlft.errors import ModelError
-from rlft.models.masks import sliding_window, unmaskable_layers
+from rlft.models.attention import sliding_window, unmaskable_layers
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 
 # the checked decoders that can have a sliding window: all layers windowed, or windowed and full layers mixed
@@ -83,7 +83,8 @@ def test_flattened_and_shared_completions_keep_the_window(kind, vocab, no_window
     """batch_flattening and GRPO groups sharing their prompt: the padded rows' log-probs, entropies, sampling log-probs
     and gradients. At 4,096 entries the log-probs go through the output layer (`completion_scores`), which crashed on
     the masks of a model mixing windowed and full layers (one per layer type) until 2026-11-26."""
-    from rlft.models.logprobs import completion_batch, shared_completion_inputs
+    from rlft.data.collate import completion_batch
+    from rlft.models.logprobs import shared_completion_inputs
 
     g = torch.Generator().manual_seed(7)
     ids = lambda n: torch.randint(3, 128, (n,), generator=g).tolist()  # noqa: E731

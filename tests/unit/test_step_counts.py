@@ -31,7 +31,7 @@ def test_a_grpo_epoch_counts_the_steps_each_plan_batch_feeds():
     """A plan batch is one step's prompts; num_iterations reuses each generation batch, and a generation_batch_size
     of k steps' rows splits into k windows: an epoch of 6 plan batches is 6 x 2 x 2 = 24 steps with both (it was 6)."""
     from rlft.config import build_config
-    from rlft.models.tokenizer import byte_tokenizer
+    from rlft.data.tokenizer import byte_tokenizer
     from rlft.train.recipes.grpo import GRPORecipe
 
     prompts = [{"prompt_ids": [3, 4], "prompt": "p", "columns": {}}] * 12

@@ -283,7 +283,7 @@ def test_document_nll_excludes_pads_and_matches_a_causal_forward(model, rollout,
 def test_axolotl_strided_transforms_by_name(config):
     """Axolotl's strided examples name their transforms: ebft_pretrain.transform reads `question`, else `text`;
     ebft_strided_structured.transform reads a prompt and a completion; anything else is refused by name."""
-    from rlft.data.ebft_formats import resolve_strided
+    from rlft.data.formats.ebft import resolve_strided
     from rlft.errors import DataError
 
     cfg = config(rl="ebft", ebft={"mode": "strided"}, datasets=[{"path": "x.jsonl", "type": "ebft_pretrain.transform"}])

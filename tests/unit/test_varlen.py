@@ -45,7 +45,7 @@ def _rows(vocab=128):
 def test_every_checked_model_type_attends_per_document_and_gets_the_padded_results(kind, calls):
     """batch_flattening: the flattened rows reach SDPA one document at a time (9, 9, 5, 4 tokens, per layer), with the
     padded rows' log-probs, entropies, sampling log-probs and gradients."""
-    from rlft.models.logprobs import completion_batch
+    from rlft.data.collate import completion_batch
 
     model = tiny_of_type(kind)  # eval mode: GPT-2's and Seed-OSS's attention dropout would draw differently
     batch = completion_batch(_rows(), pad_id=0)
@@ -80,7 +80,7 @@ def test_packed_rows_under_flash_attention_come_as_one_row_whose_position_ids_gi
     (`prepare_fa_kwargs_from_position_ids`), and attending within them gives the padded rows' loss."""
     from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
 
-    from rlft.data.prepare import PreparedData
+    from rlft.data.prepared import PreparedData
     from rlft.train.recipes.sft import SFTRecipe
 
     documents = sft_documents((5, 8, 3, 6, 9), 128)
@@ -200,7 +200,7 @@ def test_a_lora_model_attends_per_document_too(calls):
     gradients of the LoRA weights are the padded rows'."""
     from peft import LoraConfig, get_peft_model
 
-    from rlft.models.logprobs import completion_batch
+    from rlft.data.collate import completion_batch
 
     model = get_peft_model(tiny_of_type("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                               init_lora_weights=False))

@@ -449,7 +449,7 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
                                                   "one above where set"))
     if cfg.attn_implementation and cfg.attn_implementation not in ATTENTION:
         refused.append((f"attn_implementation: {cfg.attn_implementation}", f"not built in rlft: use one of {', '.join(ATTENTION)}"))
-    from rlft.models.chat_templates import NOT_SHIPPED
+    from rlft.data.chat_templates import NOT_SHIPPED
 
     if cfg.chat_template in NOT_SHIPPED:
         refused.append((f"chat_template: {cfg.chat_template}", "a vision template; use a text template or tokenizer_default "

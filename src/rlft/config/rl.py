@@ -221,7 +221,7 @@ def rl_settings(cfg) -> RLSettings:
 
 
 def sampling_params(settings: RLSettings, ends: tuple[int, ...]):
-    """The run's `SamplingParams`; a completion ends at any of `ends` (`rlft.models.tokenizer.end_ids`) unless
+    """The run's `SamplingParams`; a completion ends at any of `ends` (`rlft.data.tokenizer.end_ids`) unless
     `ignore_eos`, and at the config's own stop ids and strings."""
     from rlft.rollout.types import SamplingParams
 

@@ -427,7 +427,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @field_validator("chat_template")
     @classmethod
     def _chat_template_known(cls, value: str) -> str:
-        from rlft.models.chat_templates import NAMES
+        from rlft.data.chat_templates import NAMES
 
         if value in NAMES or value.endswith((".jinja", ".j2")) or value.startswith("tokenizer_default_fallback_"):
             return value

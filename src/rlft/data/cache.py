@@ -20,6 +20,11 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from rlft.data.mistral_common import fingerprint, is_mistral_common
+from rlft.data.prepared import LengthReport, PreparedData
+from rlft.data.prompts import prompt_budget
+from rlft.usercode import module_origin
+
 TRAINING_ONLY = {
     "learning_rate", "optimizer", "lr_scheduler", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "cosine_min_lr_ratio",
     "max_steps", "num_epochs", "logging_steps", "eval_steps", "save_steps", "evals_per_epoch", "saves_per_epoch",
@@ -46,8 +51,6 @@ def _files(ds) -> list[list[Any]]:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    from rlft.models.mistral_common import fingerprint, is_mistral_common
-
     if is_mistral_common(tokenizer):
         return fingerprint(tokenizer)
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -59,8 +62,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def _user_code(cfg) -> list[str]:
     """The source of every user transform (`type: module.fn`) the datasets name, found as rlft imports it (the working
     directory first): an edit of the transform changes the prepared rows."""
-    from rlft.usercode import module_origin
-
     texts = []
     for ds in list(cfg.datasets) + list(cfg.test_datasets or []):
         module = ds.type.rpartition(".")[0] if isinstance(ds.type, str) else ""
@@ -71,15 +72,11 @@ def _user_code(cfg) -> list[str]:
 
 
 def cache_key(cfg, tokenizer) -> str:
-    from rlft.data.prepare import prompt_budget
-
     config = cfg.model_dump(mode="json", exclude=TRAINING_ONLY)
     # what depends on whether a key was written, not only on its value: an online-RL prompt's token budget
     config["prompt_budget"] = prompt_budget(cfg) if cfg.method in ("grpo", "gdpo", "ebft") else None
-    # rlft's own code that decides ids and labels: the data package, and the end-of-turn markers and chat templates
-    models = Path(__file__).parent.parent / "models"
-    sources = sorted(Path(__file__).parent.glob("*.py")) + [models / "tokenizer.py", models / "chat_templates.py", models / "mistral_common.py"]
-    code = "".join(p.read_text() for p in sources)
+    # rlft's own code that decides ids and labels: the data package (formats, tokenisation, chat templates, end-of-turn markers)
+    code = "".join(p.read_text() for p in sorted(Path(__file__).parent.rglob("*.py")))
     parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], tokenizer_fingerprint(tokenizer),
              hashlib.sha256(code.encode()).hexdigest(), _user_code(cfg)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
@@ -99,9 +96,6 @@ def _wait_for(path: Path, poll_s: float = 0.5) -> None:
 
 def cached(cfg, tokenizer, prepare: Callable[[], Any], console: Console | None = None):
     """The prepared data of this config from `dataset_prepared_path`, or `prepare()` written there."""
-    from rlft.data.prepare import PreparedData
-    from rlft.data.tokenize import LengthReport
-
     console = console or Console(stderr=True)
     folder = Path(cfg.dataset_prepared_path).expanduser() / cache_key(cfg, tokenizer)
     if _local_rank() > 0:  # the node's first process prepares the entry; the others read it (no tokenising N times)

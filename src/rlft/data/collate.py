@@ -12,6 +12,8 @@ builds the mask (`documents_mask`) only for an attention that needs it (`rlft.mo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rlft.data.tokenize import IGNORE
@@ -185,3 +187,35 @@ def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_ma
         lengths = real.sum(-1)
         flat["flat_documents"] = torch.cat([lengths.new_zeros(1), lengths[lengths > 0].cumsum(0)])
     return {prefix + key: value for key, value in flat.items()}
+
+
+def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
+    """Model inputs for rows of {prompt_ids, completion_ids, mask, advantage}, and the per-token lists named in
+    `values` (e.g. old_logps) as (B, C) tensors when every row has them. Prompts are left-padded, completions
+    right-padded; `multiple` (pad_to_multiple_of) widens the completion part so the whole width is a multiple of it."""
+    prompt_width = max(len(r["prompt_ids"]) for r in rows)
+    completion_width = max(1, max(len(r["completion_ids"]) for r in rows))
+    completion_width = padded_to(prompt_width + completion_width, 0, multiple) - prompt_width
+    count = len(rows)
+    input_ids = torch.full((count, prompt_width + completion_width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    completion_mask = torch.zeros((count, completion_width), dtype=torch.float32)
+    for row, r in enumerate(rows):
+        p, c = r["prompt_ids"], r["completion_ids"]
+        input_ids[row, prompt_width - len(p) : prompt_width] = torch.tensor(p)
+        attention[row, prompt_width - len(p) : prompt_width + len(c)] = 1
+        if c:
+            input_ids[row, prompt_width : prompt_width + len(c)] = torch.tensor(c)
+            completion_mask[row, : len(c)] = torch.tensor(r["mask"], dtype=torch.float32)
+    batch = {
+        "input_ids": input_ids, "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp_min(0),
+        "completion_mask": completion_mask, "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
+        "completion_width": completion_width, "num_tokens": int(attention.sum()),
+    }
+    for key in values:
+        if all(r.get(key) is not None for r in rows):
+            tensor = torch.zeros((count, completion_width), dtype=torch.float32)
+            for row, r in enumerate(rows):
+                tensor[row, : len(r[key])] = torch.tensor(r[key], dtype=torch.float32)
+            batch[key] = tensor
+    return batch

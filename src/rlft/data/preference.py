@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlft.data.collate import pad_batch, shared_prompt_rows
-from rlft.data.formats import RowError, text
+from rlft.data.formats.rows import RowError, text
 from rlft.data.tokenize import IGNORE, split_answers
 
 
@@ -46,7 +46,7 @@ def tokenize_kto(record: dict[str, Any], tokenizer) -> dict[str, Any]:
 
 
 def fit_completions(example: dict[str, Any], keys: tuple[str, ...], sequence_len: int, strategy: str) -> tuple[dict | None, str]:
-    """Apply excess_length_strategy to prompt + each completion in `keys` (Axolotl's rule, spec §C1).
+    """Apply excess_length_strategy to prompt + each completion in `keys` (Axolotl's rule).
 
     truncate cuts completions to sequence_len - len(prompt); a prompt that alone fills the window is dropped.
     """

@@ -14,18 +14,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlft.config.rl import rl_settings
-from rlft.data.formats import RowError, resolve_sft_format
+from rlft.data.cache import cached
+from rlft.data.formats import ebft as E
+from rlft.data.formats.preference.fields import is_degenerate_pair
+from rlft.data.formats.preference.resolve import resolve_preference_format
+from rlft.data.formats.rows import RowError
+from rlft.data.formats.sft import resolve_sft_format
 from rlft.data.loading import PLACE, describe, load_rows, unpack
-from rlft.data.tokenize import LengthReport, fit_length, tokenize_record
+from rlft.data.preference import example_length, fit_completions, tokenize_kto, tokenize_pair
+from rlft.data.prepared import LengthReport, PreparedData
+from rlft.data.prompts import fit_prompt, prompt_budget, resolve_prompt_format, tokenize_prompt
+from rlft.data.tokenize import fit_length, tokenize_record
 from rlft.errors import DataError
-
-
-@dataclass
-class PreparedData:
-    train: list[dict[str, Any]]
-    eval: list[dict[str, Any]]
-    reports: list[LengthReport]
 
 
 @dataclass
@@ -45,9 +45,6 @@ def sft_steps(cfg) -> MethodSteps:
 
 
 def preference_steps(method: str) -> MethodSteps:
-    from rlft.data.preference import fit_completions, tokenize_kto, tokenize_pair
-    from rlft.data.preference_formats import is_degenerate_pair, resolve_preference_format
-
     def resolve(ds, cfg, index, where, tokenizer):
         return resolve_preference_format(ds, cfg, index, where, tokenizer, method)
 
@@ -64,19 +61,8 @@ def preference_steps(method: str) -> MethodSteps:
                        lambda example, cfg: fit_completions(example, ("chosen_ids", "rejected_ids"), cfg.sequence_len, cfg.excess_length_strategy))
 
 
-def prompt_budget(cfg) -> int | None:
-    """The tokens an online-RL prompt may use: `sequence_len - max_completion_length` where the config sets
-    `sequence_len`; None (every prompt kept, as Axolotl keeps every GRPO prompt) where it leaves it at its default, or
-    with `skip_prepare_dataset`. `rlft validate` refuses a set `sequence_len` that leaves no room."""
-    if cfg.skip_prepare_dataset or "sequence_len" not in cfg.model_fields_set:
-        return None
-    return cfg.sequence_len - rl_settings(cfg).max_completion_length
-
-
 def prompt_steps(cfg) -> MethodSteps:
     """Online RL prompts: the prompt plus every other column (for the reward functions)."""
-    from rlft.data.prompts import fit_prompt, resolve_prompt_format, tokenize_prompt
-
     budget = prompt_budget(cfg)
 
     def fit(example, cfg):
@@ -87,9 +73,6 @@ def prompt_steps(cfg) -> MethodSteps:
 
 def ebft_steps(cfg) -> MethodSteps:
     """EBFT rows: prompts with a ground truth (structured) or documents (strided)."""
-    from rlft.data import ebft_formats as E
-    from rlft.data.prompts import fit_prompt
-
     ebft = cfg.ebft
     if ebft.mode == "strided":
         return MethodSteps(E.resolve_strided, lambda record, tokenizer, ds: E.tokenize_strided(record, tokenizer),
@@ -187,8 +170,6 @@ def _length(example: dict[str, Any]) -> int:
         return len(example["input_ids"])
     if "columns" in example:  # a prompt
         return len(example["prompt_ids"])
-    from rlft.data.preference import example_length
-
     return example_length(example)
 
 
@@ -196,8 +177,6 @@ def prepare_data(cfg, tokenizer, steps: MethodSteps | None = None) -> PreparedDa
     """Every training dataset merged (shuffled once, seeded), plus the eval split or test_datasets
     (from the `dataset_prepared_path` cache when it holds this config's data)."""
     if cfg.dataset_prepared_path:
-        from rlft.data.cache import cached
-
         return cached(cfg, tokenizer, lambda: _prepare_data(cfg, tokenizer, steps))
     return _prepare_data(cfg, tokenizer, steps)
 
@@ -226,7 +205,7 @@ def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
         random.Random(cfg.seed).shuffle(train)
     evaluation: list[dict[str, Any]] = []
     if cfg.test_datasets:
-        evaluation = _test_data(cfg, tokenizer, steps, reports)
+        evaluation = tokenize_test_datasets(cfg, tokenizer, steps, reports)
     elif cfg.val_set_size:
         size = int(cfg.val_set_size) if cfg.val_set_size >= 1 else max(1, math.ceil(cfg.val_set_size * len(train)))
         if size >= len(train):
@@ -237,23 +216,13 @@ def _prepare_data(cfg, tokenizer, steps: MethodSteps | None) -> PreparedData:
     return PreparedData(train=train, eval=evaluation, reports=reports)
 
 
-def _test_data(cfg, tokenizer, steps: MethodSteps | None, reports: list[LengthReport]) -> list[dict[str, Any]]:
+def tokenize_test_datasets(cfg, tokenizer, steps: MethodSteps | None, reports: list[LengthReport]) -> list[dict[str, Any]]:
     evaluation = []
     for index, ds in enumerate(cfg.test_datasets or []):
         examples, report = tokenize_dataset(ds, index, cfg, tokenizer, "test_datasets", steps)
         evaluation.extend(examples)
         reports.append(report)
     return evaluation
-
-
-def prepare_streamed_sft_data(cfg, tokenizer) -> PreparedData:
-    """A streamed run's data before training: its test_datasets (the training rows are read as it goes,
-    `rlft.data.stream`; the first of each dataset is read here, as a check)."""
-    from rlft.data.stream import check_sources
-
-    check_sources(cfg, tokenizer)  # a wrong path, format or column stops here, before the model loads
-    reports: list[LengthReport] = []
-    return PreparedData(train=[], eval=_test_data(cfg, tokenizer, sft_steps(cfg), reports), reports=reports)
 
 
 def deduplicate(train: list[dict[str, Any]], evaluation: list[dict[str, Any]],

@@ -21,9 +21,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from datasets import load_dataset
+
+from rlft.data.cache import tokenizer_fingerprint
 from rlft.data.collate import pack_examples
-from rlft.data.formats import RowError
+from rlft.data.formats.rows import RowError
 from rlft.data.loading import json_line, load_saved, locate, parse_split, read_json_rows
+from rlft.data.prepare import sft_steps, tokenize_test_datasets
+from rlft.data.prepared import LengthReport, PreparedData
 from rlft.data.tokenize import IGNORE
 from rlft.errors import DataError
 
@@ -94,8 +99,6 @@ def _read(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
 def _open(ds, split: str, where: str) -> Iterator[tuple[str, dict]]:
     """JSON lines line by line (a .json file whole, as `rlft.data.loading` reads it), other files and hub datasets
     through `datasets`' streaming mode, a `save_to_disk` folder memory-mapped; found as `rlft.data.loading` finds them."""
-    from datasets import load_dataset
-
     kind, found = locate(ds, where)
     if kind == "saved":
         rows = load_saved(found, split, where)
@@ -164,8 +167,6 @@ def pretrain_converter(ds, tokenizer, sequence_len: int, counts: StreamCounts) -
 
 def sft_converter(ds, index: int, cfg, tokenizer, counts: StreamCounts, where: str) -> Convert:
     """A `datasets:` entry's rows through SFT's own format, tokenisation and length rules (`rlft.data.prepare`)."""
-    from rlft.data.prepare import sft_steps
-
     steps = sft_steps(cfg)
     to_record = steps.resolve(ds, cfg, index, where, tokenizer)
 
@@ -207,11 +208,17 @@ def check_sources(cfg, tokenizer) -> None:
             raise DataError(f"{source.where}, {exc}") from None
 
 
+def prepare_streamed_sft_data(cfg, tokenizer) -> PreparedData:
+    """A streamed run's data before training: its test_datasets (the training rows are read as it goes; the first
+    of each dataset is read here, as a check)."""
+    check_sources(cfg, tokenizer)  # a wrong path, format or column stops here, before the model loads
+    reports: list[LengthReport] = []
+    return PreparedData(train=[], eval=tokenize_test_datasets(cfg, tokenizer, sft_steps(cfg), reports), reports=reports)
+
+
 def stream_settings(cfg, tokenizer) -> dict[str, Any]:
     """What decides a stream's micro-batches (not the process count or accumulation): a checkpoint keeps it, and a
     resume with other values says so."""
-    from rlft.data.cache import tokenizer_fingerprint
-
     entries = [cfg.pretraining_dataset[0]] if cfg.pretraining_dataset else list(cfg.datasets)
     keys = ("seed", "streaming_multipack_buffer_size", "micro_batch_size", "sequence_len", "sample_packing",
             "pretrain_multipack_attn", "shuffle_merged_datasets", "excess_length_strategy", "train_on_inputs",

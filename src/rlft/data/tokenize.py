@@ -9,7 +9,7 @@ Llama-2/Mistral-style templates put the separating space and the first word of t
 token (`[/INST] Paris` -> `▁Paris`), whose first character is template text.
 
 With `tokenizer_use_mistral_common`, mistral-common encodes a chat itself (no template, control tokens only as ids):
-each message's ids are trained by its role (`rlft.models.mistral_common.chat_ids`).
+each message's ids are trained by its role (`rlft.data.mistral_common.chat_ids`).
 
 Prompt + answer records (SFT `prompt`/`completion`, the preference formats, KTO, EBFT) are tokenised
 as ONE text, the way the model sees it at inference, and cut where the answer begins (`split_answers`):
@@ -19,69 +19,13 @@ start of every text it encodes; BPE merges across the boundary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from rlft.data.formats import Record, RowError, render_chat, text
-from rlft.models.mistral_common import chat_ids, is_mistral_common
-from rlft.models.tokenizer import end_of_turn_token
+from rlft.data.formats.rows import Record, RowError, render_chat, text
+from rlft.data.mistral_common import chat_ids, is_mistral_common
+from rlft.data.tokenizer import end_of_turn_token
 
 IGNORE = -100
-
-
-DROP_REASONS = {"too_long": "too long", "no_target": "without trained tokens", "identical": "chosen == rejected",
-                "too_short": "shorter than one EBFT block",
-                "duplicate": "duplicates of earlier training rows, all datasets (dataset_exact_deduplication)",
-                "duplicate_eval": "eval rows repeating an earlier eval row or a training row (dataset_exact_deduplication)"}
-
-
-@dataclass
-class LengthReport:
-    """What formatting and length handling did to one dataset."""
-
-    name: str
-    rows: int = 0
-    kept: int = 0
-    truncated: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)  # reason (DROP_REASONS key) -> rows
-    lengths: list[int] = field(default_factory=list)
-
-    @property
-    def dropped_too_long(self) -> int:
-        return self.dropped.get("too_long", 0)
-
-    @property
-    def dropped_no_target(self) -> int:
-        return self.dropped.get("no_target", 0)
-
-    def dropped_text(self) -> str:
-        parts = [f"{count} {DROP_REASONS[reason]}" for reason, count in self.dropped.items() if count]
-        return ", ".join(parts) if parts else "0"
-
-    def summary(self) -> dict[str, Any]:
-        ordered = sorted(self.lengths)
-        stats: dict[str, Any] = {}
-        if ordered:
-            stats = {
-                "min": ordered[0],
-                "mean": round(sum(ordered) / len(ordered), 1),
-                "p50": ordered[len(ordered) // 2],
-                "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
-                "max": ordered[-1],
-                "total_tokens": sum(ordered),
-            }
-        return {
-            "dataset": self.name,
-            "rows": self.rows,
-            "kept": self.kept,
-            "dropped_too_long": self.dropped_too_long,
-            "dropped_no_target": self.dropped_no_target,
-            "dropped_identical": self.dropped.get("identical", 0),
-            "truncated": self.truncated,
-            "tokens": stats,
-        }
-
-
 SENTINEL = "\u2063RLFT-CONTENT\u2063"
 
 

@@ -1,4 +1,4 @@
-"""EBFT feature network and features: layer indices, hidden-state features, pooling (spec/ebft.md §1-2).
+"""EBFT feature network and features: layer indices, hidden-state features, pooling.
 
 The feature map phi(context : completion) is read from intermediate hidden states of the frozen initial policy
 (`rlft.models.frozen`): the selected layers (`ebft.feature_layers`, fractions of depth) concatenated along the feature
@@ -8,6 +8,7 @@ axis, pooled over positions (`ebft.embed_method`). Everything here runs without 
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from rlft.models.masks import safe_attention
 
@@ -51,8 +52,6 @@ def hidden_layer_count(model) -> int:
 
 def _sharded(model: torch.nn.Module) -> bool:
     """Whether FSDP2 shards `model`'s weights (DTensors between forwards)."""
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
@@ -101,7 +100,7 @@ def hidden_features(
 
     One forward with output_hidden_states, under torch.no_grad, with the model in eval mode (dropout off) and its
     training mode restored afterwards. `hidden_states[idx]`: index 0 is the embedding output, idx the output of block
-    idx (use `feature_layer_indices`). No per-layer normalisation (spec §6.5: the rewards normalise jointly).
+    idx (use `feature_layer_indices`). No per-layer normalisation (the rewards normalise the features jointly).
 
     attention_mask: the usual (B, S) padding mask. With left padding pass position_ids = cumsum(mask) - 1 (clamped at
     0) so every row's real tokens sit at positions 0.. as they would unpadded. attention_4d: a (B, 1 or heads, S, S)
@@ -176,7 +175,7 @@ def pool(
     """Pool per-token features (B, S, D) over each row's valid tokens (attention_mask 1) -> (B, D), or (B, 3D).
 
     Padding-side safe: valid tokens are found from the mask, never as positions 0..mask.sum()-1 (Axolotl's
-    last_token reads index mask.sum()-1, which is a pad under left padding: spec §6.11). With v valid tokens:
+    last_token reads index mask.sum()-1, which is a pad under left padding). With v valid tokens:
         last_token       the last valid token
         mean_pooling     mean over all valid tokens (prompt included)
         completion_mean  mean over valid tokens at positions >= completion_start[b]; completion_start is an ABSOLUTE

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors.torch import load_model, save_model
 
 from rlft.errors import CheckpointError
 from rlft.models.weights import merged_weights
@@ -89,8 +90,6 @@ class FrozenPolicy:
 
     def save(self, path: Path) -> None:
         """The copy's weights, as it has moved (tied weights once), into a safetensors file."""
-        from safetensors.torch import save_model
-
         save_model(self.model, str(path))
 
     def saved_bytes(self) -> int:
@@ -100,8 +99,6 @@ class FrozenPolicy:
 
     def load(self, path: Path) -> bool:
         """The copy's weights from `save`'s file; False where there is none."""
-        from safetensors.torch import load_model
-
         if not path.is_file():
             return False
         load_model(self.model, str(path), device=str(next(self.model.parameters()).device))

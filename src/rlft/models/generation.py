@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlft.models.head import without_router_logits
-from rlft.models.tokenizer import end_ids
+from rlft.data.tokenizer import end_ids
 
 
 def generate_texts(model, tokenizer, prompts: list[str] | list[list[int]], max_new_tokens: int = 64, temperature: float = 0.0,

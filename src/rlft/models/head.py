@@ -13,6 +13,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from rlft.errors import ConfigError
 
@@ -33,8 +34,6 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 def _output_layer(model: torch.nn.Module) -> tuple[torch.nn.Linear | None, str]:
     """(output_layer's answer, why it is None)."""
-    from torch.distributed.tensor import DTensor
-
     network = _network(model)
     if network in _NOT_PLAIN:
         return None, "its logits are not the output layer's product (soft-capped or scaled)"
@@ -110,3 +109,12 @@ def router_loss(model: torch.nn.Module, outputs: Any) -> tuple[torch.Tensor, flo
                               "would add nothing to the loss; remove it (or set model_config: {output_router_logits: false})")
         return None
     return aux, float(getattr(config, "router_aux_loss_coef", 0.0))
+
+
+def score_head(model) -> torch.nn.Module | None:
+    """The layer that turns the last hidden states into scores (`score`, under DDP or PEFT too), or None."""
+    network = getattr(model, "module", model)
+    if hasattr(network, "get_base_model"):
+        network = network.get_base_model()
+    head = getattr(network, "score", None)
+    return head if isinstance(head, torch.nn.Module) else None

@@ -1,7 +1,7 @@
 """Liger Kernel's Triton kernels, switched on by Axolotl's `liger_*` keys (its LigerPlugin; Hsu et al. 2024,
 arXiv:2410.10989): RoPE, RMSNorm, LayerNorm and the gated MLP of the loaded model, and a fused linear cross-entropy.
 
-CUDA GPUs only: Triton has no CPU backend (liger-kernel on a CPU raises "0 active drivers", spec/platform.md §1.5).
+CUDA GPUs only: Triton has no CPU backend (liger-kernel on a CPU raises "0 active drivers").
 The layers are replaced with liger's `apply_liger_kernel_to_<model type>(model=...)`, which patches the loaded
 model and its module's classes, so a reference or frozen copy loaded later in the process gets the same layers and
 agrees with the policy. Liger's cross-entropy switches replace the loss of the model's own `labels=` path, which
@@ -68,7 +68,7 @@ def liger_switches(cfg, parameters) -> tuple[dict[str, bool], list[str]]:
 
 
 def _apply_function(model_type: str):
-    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN  # liger-kernel: optional (rlft[liger])
 
     function = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if function is None:
@@ -117,7 +117,7 @@ def liger_linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, b
     """`rlft.losses.linear_ce.linear_cross_entropy_sum` through Liger's Triton kernel: the summed NLL of `targets`
     under softmax(hidden @ weight.T + bias), logits never held for more than one chunk. The weight is used in the
     hidden states' dtype (what autocast gives a plain matmul); gradients accumulate in float32."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy  # optional (rlft[liger])
 
     dtype = hidden.dtype
     return liger_fused_linear_cross_entropy(hidden, weight.to(dtype), targets, None if bias is None else bias.to(dtype),

@@ -6,6 +6,7 @@ optimizer updates are never rounded to 16 bits.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
@@ -14,14 +15,24 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+import transformers
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+from safetensors import safe_open
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from rlft.config.parallel import launched
+from rlft.config.schema import ROUTER_LOSS_METHODS
+from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
+from rlft.data.tokenizer import apply_chat_template_setting
 from rlft.errors import ConfigError, ModelError
+from rlft.models.attention import unmaskable_layers
 from rlft.models.base_changing import is_converted
 from rlft.models.checkpointing import checkpoints, enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.tokenizer import apply_chat_template_setting
+from rlft.models.qat import check_qat, prepare_qat
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -45,9 +56,6 @@ def resolve_source(name: str | None, key: str, revision: str | None = None) -> s
     if looks_like_path:
         raise ModelError(f"{key}: folder {local} does not exist (relative paths are read from {Path.cwd()})")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
         try:  # downloaded before: the local Hugging Face cache holds it
             return snapshot_download(name, revision=revision, local_files_only=True)
         except (LocalEntryNotFoundError, ValueError):
@@ -94,8 +102,6 @@ def model_config(cfg, source: str, **settings: Any):
     config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source), **settings)
     for key, value in (cfg.overrides_of_model_config or {}).items():
         if not hasattr(config, key):
-            import difflib
-
             close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
             raise ConfigError(f"model_config.{key}: {type(config).__name__} has no setting of that name"
                               + (f" (did you mean {close[0]}?)" if close else "") + ": fix the name or remove it")
@@ -140,8 +146,6 @@ def check_context_length(cfg) -> None:
 
 def transformers_class(name: str, key: str):
     """A class of transformers by name (`model_type`, `tokenizer_type`)."""
-    import transformers
-
     found = getattr(transformers, name, None)
     if found is None:
         raise ModelError(f"{key}: transformers {transformers.__version__} has no class {name!r}; check the spelling, or leave "
@@ -153,8 +157,6 @@ def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
     source = model_source(cfg, cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
     if cfg.uses_mistral_common:  # its own conversation encoding: no template, no added tokens (refused by validate)
-        from rlft.models.mistral_common import load_mistral_tokenizer
-
         return load_mistral_tokenizer(source, **hub_revision(cfg, source))
     try:
         tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
@@ -217,8 +219,6 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     check_attention(attention, training=True, device_type=device_type)
     check_liger(cfg, device_type)
     if cfg.qat and not serving:
-        from rlft.models.qat import check_qat
-
         check_qat(cfg, device_type)
     if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
@@ -259,8 +259,6 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
         check_router_loss(cfg, model, device_type)
     apply_liger(model, cfg)
     if cfg.qat and not serving:  # torchao's fake-quantized layers; the weights keep their names (rlft.models.qat)
-        from rlft.models.qat import prepare_qat
-
         prepare_qat(model, cfg.qat)
     if checkpoints(cfg):
         enable_checkpointing(model, cfg, device_type)
@@ -273,8 +271,6 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
 def check_own_masks(cfg, model) -> None:
     """Packed, flattened and strided batches run through masks that rlft builds (rlft.models.masks.per_layer_type):
     a model with attention layers other than full and sliding-window ones cannot take them (ModelError)."""
-    from rlft.models.masks import unmaskable_layers
-
     flash = cfg.effective_attn_implementation.startswith("flash_attention")
     strided = cfg.rl == "ebft" and cfg.ebft.mode == "strided"
     if (strided or (not flash and (cfg.sample_packing or cfg.flat_batches))) and (kinds := unmaskable_layers(model)):
@@ -291,8 +287,6 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     family's rows, which start with their prompts' left padding, get a (B, 1, T, T) mask of rlft's own
     (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused there, whether
     model_config or config.json sets it."""
-    from rlft.config.schema import ROUTER_LOSS_METHODS
-
     if not getattr(model.config, "output_router_logits", False):
         return
     if cfg.method in ("grpo", "gdpo") and device_type == "cuda" and cfg.effective_attn_implementation == "sdpa":
@@ -327,8 +321,6 @@ def disable_dropout(model: torch.nn.Module) -> None:
 def _quantization_kwargs(cfg) -> dict[str, Any]:
     if not (cfg.load_in_4bit or cfg.load_in_8bit):
         return {}
-    from transformers import BitsAndBytesConfig
-
     if cfg.load_in_8bit:
         return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
     return {
@@ -339,8 +331,6 @@ def _quantization_kwargs(cfg) -> dict[str, Any]:
 
 
 def lora_config(cfg, task_type: str = "CAUSAL_LM"):
-    from peft import LoraConfig
-
     if cfg.lora_target_linear:
         targets: Any = "all-linear"
     else:  # parameters alone: no modules (PEFT would otherwise pick its default modules for the model type)
@@ -363,8 +353,6 @@ def lora_config(cfg, task_type: str = "CAUSAL_LM"):
 
 def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") -> Any:
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
-    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
-
     if cfg.load_in_4bit or cfg.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if checkpoints(cfg):
@@ -390,8 +378,6 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
 def _saved_embedding_rows(base: PreTrainedModel, folder: Path) -> int | None:
     """The input embedding's row count in an adapter folder that saved the embeddings (PEFT does when the run resized
     them), else None."""
-    from safetensors import safe_open
-
     file = folder / "adapter_model.safetensors"
     name = next((n for n, m in base.named_modules() if m is base.get_input_embeddings()), None)
     if not file.exists() or name is None:
@@ -409,8 +395,6 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
     source = resolve_source(str(folder) if folder.exists() else path, "model")
     adapter_file = Path(source) / ADAPTER_CONFIG
     if adapter_file.exists():
-        from peft import PeftModel
-
         base_source, revision = adapter_base(Path(source))
         base = AutoModelForCausalLM.from_pretrained(base_source, **revision)
         rows = _saved_embedding_rows(base, Path(source))
@@ -422,8 +406,6 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
             model = AutoModelForCausalLM.from_pretrained(source)
         except OSError as exc:
             raise ModelError(f"cannot load a model from {source}: {exc}") from None
-    from rlft.models.mistral_common import has_mistral_files, load_mistral_tokenizer
-
     if has_mistral_files(source):  # a tokenizer_use_mistral_common run's output: its tekken.json / tokenizer.model.v*
         return model.to(device).eval(), load_mistral_tokenizer(source, mode="test")
     tokenizer = AutoTokenizer.from_pretrained(source)

@@ -1,6 +1,6 @@
 """The one home of per-token log-probs and entropy of completions under a model.
 
-Rows are [prompt left-padded | completion right-padded] (`completion_batch`). With a real-size vocabulary the
+Rows are [prompt left-padded | completion right-padded] (`rlft.data.collate.completion_batch`). With a real-size vocabulary the
 forward builds no logits block at all: the output layer is applied to the completion tokens' positions only, in
 chunks (`completion_scores`, `rlft.losses.linear_ce.linear_token_logps`). Otherwise (a small vocabulary, a sharded
 or adapted output layer, soft-capped logits) only the last C + 1 positions' logits are computed (`logits_to_keep`),
@@ -21,38 +21,6 @@ from rlft.models.masks import safe_attention, with_model_mask
 from rlft.models.shared_prompts import sequences_flops
 
 
-def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
-    """Model inputs for rows of {prompt_ids, completion_ids, mask, advantage}, and the per-token lists named in
-    `values` (e.g. old_logps) as (B, C) tensors when every row has them. Prompts are left-padded, completions
-    right-padded; `multiple` (pad_to_multiple_of) widens the completion part so the whole width is a multiple of it."""
-    prompt_width = max(len(r["prompt_ids"]) for r in rows)
-    completion_width = max(1, max(len(r["completion_ids"]) for r in rows))
-    completion_width = padded_to(prompt_width + completion_width, 0, multiple) - prompt_width
-    count = len(rows)
-    input_ids = torch.full((count, prompt_width + completion_width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    completion_mask = torch.zeros((count, completion_width), dtype=torch.float32)
-    for row, r in enumerate(rows):
-        p, c = r["prompt_ids"], r["completion_ids"]
-        input_ids[row, prompt_width - len(p) : prompt_width] = torch.tensor(p)
-        attention[row, prompt_width - len(p) : prompt_width + len(c)] = 1
-        if c:
-            input_ids[row, prompt_width : prompt_width + len(c)] = torch.tensor(c)
-            completion_mask[row, : len(c)] = torch.tensor(r["mask"], dtype=torch.float32)
-    batch = {
-        "input_ids": input_ids, "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp_min(0),
-        "completion_mask": completion_mask, "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
-        "completion_width": completion_width, "num_tokens": int(attention.sum()),
-    }
-    for key in values:
-        if all(r.get(key) is not None for r in rows):
-            tensor = torch.zeros((count, completion_width), dtype=torch.float32)
-            for row, r in enumerate(rows):
-                tensor[row, : len(r[key])] = torch.tensor(r[key], dtype=torch.float32)
-            batch[key] = tensor
-    return batch
-
-
 def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], pad_id: int, one_sequence: bool = False,
                              multiple: int = 1, costs: tuple[int, int] | None = None,
                              rows_apart: bool = False) -> dict[str, torch.Tensor] | None:
@@ -64,7 +32,7 @@ def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], 
     attending on its own (`rows_apart`: per-row SDPA, `rlft.models.varlen`, each row costing its own length).
 
     Returned as the `flat_*` keys that `model_inputs` and `completion_scores` read; `flat_index` (B, width) gives each
-    slot of `completion_batch`'s layout the position in the forward's flattened outputs that holds its values: left
+    slot of `rlft.data.collate.completion_batch`'s layout the position in the forward's flattened outputs that holds its values: left
     padding points at the prompt's first token, right padding at the completion's last (an empty completion's at the
     prompt's last), and the completion mask hides them."""
     groups: dict[tuple[int, ...], list[int]] = {}

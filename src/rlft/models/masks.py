@@ -3,7 +3,7 @@
 Under the causal and padding masks, a left padding position attends to no key at all. CUDA attention kernels have
 returned NaN for such a row, in the forward (memory-efficient SDPA: pytorch/pytorch#110213, unslothai/unsloth#9848)
 or in the backward (cuDNN SDPA: rlft's GRPO on an H200, docs/training.md#attention). 0 x NaN then carries it into
-the real rows and into every gradient. transformers used to let such rows attend to every key and no longer does.
+the real rows and into every gradient. transformers leaves such rows without a key to attend to.
 So for SDPA on a CUDA device, a 2-D mask with left padding becomes the 4-D boolean mask in which each padding query
 attends to itself: the real positions' attention is unchanged, and no real position reads a padding position's
 output. Other implementations get the 2-D mask as before (eager adds a finite minimum, flash-attention drops the
@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import torch
 
-
-def attention_implementation(model) -> str:
-    """The attention implementation a (possibly DDP-wrapped) transformers model runs: sdpa, eager, flex_attention, ..."""
-    model = getattr(model, "module", model)
-    return getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+from rlft.data.collate import documents_mask
+from rlft.models.attention import attention_implementation, sliding_window
+from rlft.models.varlen import DOCUMENTS, runs_documents, unread_mask
 
 
 def model_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
@@ -36,24 +34,6 @@ def model_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
     dtype = next(model.parameters()).dtype
     dtype = dtype if dtype.is_floating_point else torch.float32
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
-def unmaskable_layers(model) -> list[str]:
-    """`model`'s kinds of layers other than full and sliding-window attention (chunked attention in Llama 4; recurrent
-    or convolutional layers in Qwen3-Next, LFM2, ...): a mask rlft builds cannot describe them."""
-    config = getattr(getattr(model, "module", model), "config", None)
-    return sorted(set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
-
-
-def sliding_window(model) -> tuple[int | None, bool]:
-    """(window, every layer): the sliding window of `model`'s windowed attention layers (None if it has none), and
-    whether all its layers are windowed (else it mixes windowed and full layers through `config.layer_types`)."""
-    config = getattr(getattr(model, "module", model), "config", None)
-    layers = getattr(config, "layer_types", None) or ()
-    window = getattr(config, "sliding_window", None)
-    if not window or getattr(config, "use_sliding_window", True) is False or (layers and "sliding_attention" not in layers):
-        return None, False
-    return window, all(kind == "sliding_attention" for kind in layers)
 
 
 def per_layer_type(model, build):
@@ -85,8 +65,6 @@ def with_model_mask(model, inputs: dict) -> dict:
     finds them from the position ids; otherwise they get their block-causal mask (`rlft.data.collate.documents_mask`). A 4-D mask (that one, or a prompt-sharing
     batch's) is limited to each layer's sliding window (`per_layer_type`) and put in the form the model's attention
     reads (`model_attention_mask`). Other inputs as they are."""
-    from rlft.models.varlen import DOCUMENTS, runs_documents, unread_mask
-
     inputs = dict(inputs)
     documents = inputs.pop("documents", None)
     if documents is not None and inputs.get("attention_mask") is None:
@@ -97,8 +75,6 @@ def with_model_mask(model, inputs: dict) -> dict:
             return inputs
         if runs_documents(model):
             return {**inputs, "attention_mask": unread_mask(ids), DOCUMENTS: documents}
-        from rlft.data.collate import documents_mask
-
         inputs["attention_mask"] = documents_mask(documents, *ids.shape)
     mask = inputs.get("attention_mask")
     if mask is None or mask.dim() != 4:

@@ -5,19 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlft.errors import ModelError
 from rlft.models.checkpointing import checkpoints, enable_checkpointing
+from rlft.models.head import score_head
 from rlft.models.liger import apply_liger, check_liger
-from rlft.models.loading import (adapter_base, base_model_source, check_attention, check_router_loss, fit_embeddings,
-                                 hub_revision, model_config, resolve_source)
+from rlft.models.loading import (adapter_base, attach_adapter, base_model_source, check_attention, check_router_loss,
+                                 fit_embeddings, hub_revision, model_config, resolve_source)
+from rlft.models.logprobs import model_inputs
+from rlft.models.masks import with_model_mask
 
 
 def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):
     """`AutoModelForSequenceClassification` with num_labels=1 on base_model (or random init), adapter optional."""
-    from rlft.models.loading import attach_adapter
-
     attention = cfg.effective_attn_implementation
     check_attention(attention, training=True, device_type=device_type)
     check_liger(cfg, device_type)
@@ -50,15 +52,6 @@ def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | No
     return model
 
 
-def score_head(model) -> torch.nn.Module | None:
-    """The layer that turns the last hidden states into scores (`score`, under DDP or PEFT too), or None."""
-    network = getattr(model, "module", model)
-    if hasattr(network, "get_base_model"):
-        network = network.get_base_model()
-    head = getattr(network, "score", None)
-    return head if isinstance(head, torch.nn.Module) else None
-
-
 def pair_scores(model, batch: dict, pad_id: int) -> torch.Tensor:
     """(2B,) float scores of `pair_batch`'s rows (chosen, then rejected), each at its last token that is not padding,
     as transformers' sequence classification pools them. With each prompt shared (`shared_pair_inputs`) one sequence
@@ -66,9 +59,6 @@ def pair_scores(model, batch: dict, pad_id: int) -> torch.Tensor:
     read from the score head as the forward computes them, and each row's is taken at the same token."""
     if "flat_input_ids" not in batch:
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, 0].float()
-    from rlft.models.logprobs import model_inputs
-    from rlft.models.masks import with_model_mask
-
     seen: list[torch.Tensor] = []
     handle = score_head(model).register_forward_hook(lambda _module, _inputs, output: seen.append(output))
     try:
@@ -88,8 +78,6 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
     source = resolve_source(str(folder) if folder.exists() else path, "reward model")
     adapter_file = Path(source) / "adapter_config.json"
     if adapter_file.exists():
-        from peft import PeftModel
-
         base_source, revision = adapter_base(Path(source))
         base = AutoModelForSequenceClassification.from_pretrained(base_source, num_labels=1, **revision)
         model = PeftModel.from_pretrained(base, source)

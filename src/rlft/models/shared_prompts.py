@@ -14,7 +14,8 @@ from typing import Any
 from rlft.config.schema import prompt_sharing_problem
 from rlft.data.preference import example_length, shared_length
 from rlft.errors import ConfigError
-from rlft.models.masks import attention_implementation
+from rlft.models.attention import attention_implementation
+from rlft.models.head import score_head
 
 # Decoders whose attention takes a 4-D mask as given and whose positions come from the position ids alone, checked
 # with a tiny model each in tests/unit/test_shared_prompt.py: for these, answers after one shared prompt get the
@@ -99,8 +100,6 @@ def reward_sharing(cfg, model, examples: list[dict[str, Any]], compiled: bool) -
     """`prompt_sharing` for a reward model, which also needs its scores read from its `score` head during the forward
     (`rlft.models.reward.pair_scores`): not under torch_compile, whose compiled forward would have to be retraced for
     the hook every step."""
-    from rlft.models.reward import score_head
-
     problem = ("torch_compile: the scores are read from the score head during the forward, which a compiled forward "
                "would retrace every step" if compiled else
                None if score_head(model) is not None else "the model has no `score` layer to read each answer's score from")

@@ -1,6 +1,6 @@
 """Tiny Llama-style model folders (config + byte tokenizer, no weights) for tests and the quickstart.
 
-Sizes follow `spec/platform.md` §3.1: XS trains a B8xT128 step in ~25 ms on 2 cores, S in ~50 ms.
+Sizes: XS trains a B8xT128 step in ~25 ms on 2 cores, S in ~50 ms.
 Train them from random weights with `random_init: true`.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformers import LlamaConfig
 
-from rlft.models.tokenizer import byte_tokenizer
+from rlft.data.tokenizer import byte_tokenizer
 
 SIZES = {
     "XS": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256),

@@ -25,8 +25,15 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.attention.varlen as torch_varlen
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AttentionInterface
+from transformers.integrations import sdpa_attention
 
 from rlft.errors import ModelError
+from rlft.models.attention import attention_implementation, sliding_window
+from rlft.models.compile import compile_options
+from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 
 DOCUMENTS = "rlft_documents"  # the forward keyword that carries the boundaries down to the attention function
 KEYWORDS_DROPPED = ("stablelm",)  # its decoder layers call attention without the forward's keywords
@@ -42,9 +49,6 @@ def runs_documents(model) -> bool:
     keywords to its attention in transformers' own modeling code (not a checkpoint's remote code of the same type),
     not a compiled forward (which would recompile for every new set of lengths), and transformers' own SDPA in place
     (`install`)."""
-    from rlft.models.masks import attention_implementation
-    from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
-
     network = getattr(model, "module", model)
     network = network.get_base_model() if hasattr(network, "get_base_model") else network  # PEFT
     kind = getattr(getattr(network, "config", None), "model_type", None)
@@ -56,16 +60,12 @@ def runs_documents(model) -> bool:
 def rows_apart(cfg, model) -> bool:
     """Whether this run's flattened batches attend each row on its own (`runs_documents`, and no compiled training
     forward, which gets the block mask): what a layout's cost is estimated from (`rlft.models.shared_prompts`)."""
-    from rlft.rollout.compiled import compile_options
-
     return compile_options(cfg) is None and runs_documents(model)
 
 
 def layer_window(module, kwargs: dict) -> int | None:
     """The sliding window of the attention layer `module` (None: full attention): the one the layer passes its
     attention function (`kwargs`, what flash-attention gets), else the config's for the layer."""
-    from rlft.models.masks import sliding_window
-
     if "sliding_window" in kwargs:
         return kwargs["sliding_window"]
     window, everywhere = sliding_window(module)
@@ -82,8 +82,6 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
     row). All documents run through one flash-attention call where `flash_dtype` allows, else the documents of one
     length run as one SDPA batch; the mask the forward was given is not read. query (B, H, T, d) -> (B, T, H, d),
     as transformers' attention functions return it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     bounds = kwargs.pop(DOCUMENTS, None)
     if bounds is None:
         if is_unread(attention_mask):
@@ -92,8 +90,8 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
                                "attention. Add its model type to KEYWORDS_DROPPED in rlft/models/varlen.py, or train "
                                "on padded rows (batch_flattening: false, sample_packing: false)")
         with short_rows_kernel(query, key):
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                          is_causal=is_causal, **kwargs)
+            return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                                         scaling=scaling, is_causal=is_causal, **kwargs)
     if query.shape[2] != key.shape[2]:
         raise ValueError("packed or flattened rows attend per row only without a KV cache (use_cache=False)")
     if not (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
@@ -114,8 +112,8 @@ def documents_attention(module, query: torch.Tensor, key: torch.Tensor, value: t
         if window is not None and length > window:  # causal, each query's keys fewer than `window` positions back
             mask = torch.ones(1, 1, length, length, dtype=torch.bool, device=query.device).tril().triu(1 - window)
         pick = lambda x: x[index].transpose(1, 2)  # noqa: E731  (n, h, L, d)
-        out, _ = sdpa_attention_forward(module, pick(queries), pick(keys), pick(values), mask, dropout=dropout,
-                                        scaling=scaling, is_causal=mask is None, **kwargs)
+        out, _ = sdpa_attention.sdpa_attention_forward(module, pick(queries), pick(keys), pick(values), mask,
+                                                       dropout=dropout, scaling=scaling, is_causal=mask is None, **kwargs)
         outputs.append(out.reshape(-1, heads, size))
     return torch.cat(outputs)[inverse].view(rows, width, heads, size), None
 
@@ -126,8 +124,6 @@ def short_rows_kernel(query: torch.Tensor, key: torch.Tensor):
     (a compiled SFT step at size S, rows of 11-14 tokens: 15.0 against 17.1 ms, `bench/short_rows.py`). Eager
     forwards, longer rows (whose (T, T) scores the math path holds whole) and other devices keep SDPA's choice. The
     bound is on the padded key length. Not where the compiled forward autotunes its GEMMs (SHORT_ROWS_MATH)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     if SHORT_ROWS_MATH and torch.compiler.is_compiling() and query.device.type == "cpu" and key.shape[2] <= MATH_KEYS:
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()
@@ -139,8 +135,6 @@ def flash_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dro
     (autocast's, as SDPA would run: under autocast the rotary embedding leaves queries and keys in float32), head
     sizes flash-attention takes without padding, no dropout (it runs without), nothing SDPA would have added (a bias,
     sinks, soft-capping)."""
-    from torch.backends.cuda import SDPAParams, can_use_flash_attention
-
     extras = ("position_bias", "s_aux", "sinks", "softcap")
     if not query.is_cuda or dropout != 0.0 or any(kwargs.get(name) is not None for name in extras):
         return None
@@ -151,8 +145,9 @@ def flash_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dro
     if not query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256 or query.shape[-1] % 8 or torch.version.hip:
         return None
     stand_in = lambda x: x.new_empty((1, x.shape[1], 1, x.shape[-1]), dtype=dtype)  # noqa: E731  (device, heads, size)
-    params = SDPAParams(stand_in(query), stand_in(key), stand_in(value), None, 0.0, True, key.shape[1] != query.shape[1])
-    return dtype if can_use_flash_attention(params, False) else None
+    params = torch.backends.cuda.SDPAParams(stand_in(query), stand_in(key), stand_in(value), None, 0.0, True,
+                                            key.shape[1] != query.shape[1])
+    return dtype if torch.backends.cuda.can_use_flash_attention(params, False) else None
 
 
 def flash_documents(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bounds: torch.Tensor,
@@ -160,13 +155,11 @@ def flash_documents(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     """Causal attention within each document between `bounds`, all documents in one flash-attention call.
     queries (N, H, d), keys and values (N, H_kv, d) -> (N, H, d). A sliding window of W attends to W keys, the
     query's own among them, as transformers' masks do (flash-attention counts the W - 1 before it)."""
-    from torch.nn.attention.varlen import varlen_attn
-
     starts, longest = flash_bounds(bounds)
     starts = starts.to(queries.device)
-    return varlen_attn(queries, keys, values, starts, starts, longest, longest, scale=scaling,
-                       window_size=(-1, 0) if window is None else (window - 1, 0),
-                       enable_gqa=keys.shape[1] != queries.shape[1])
+    return torch_varlen.varlen_attn(queries, keys, values, starts, starts, longest, longest, scale=scaling,
+                                    window_size=(-1, 0) if window is None else (window - 1, 0),
+                                    enable_gqa=keys.shape[1] != queries.shape[1])
 
 
 def unread_mask(input_ids: torch.Tensor) -> torch.Tensor:
@@ -224,8 +217,6 @@ def flash_bounds(bounds: torch.Tensor) -> tuple[torch.Tensor, int]:
 def install() -> bool:
     """Route transformers' "sdpa" attention through `documents_attention` (once per process). False, and nothing
     changed, where another library has already replaced that entry: the batch then runs under its block mask."""
-    from transformers import AttentionInterface
-
     current = AttentionInterface._global_mapping.get("sdpa")
     if current is documents_attention:
         return True

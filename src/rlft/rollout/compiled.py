@@ -30,24 +30,18 @@ import types
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
 
+from rlft.models.compile import RECOMPILE_LIMIT
 from rlft.models.head import without_router_logits
 from rlft.models.masks import safe_attention
 
 LENGTH_BUCKET = 64  # cache lengths are multiples of this: one compiled graph serves many prompt widths
-# graphs that one compiled function keeps (dynamo's default is 8): of a decoder's step, the batch sizes of training,
-# evaluation and the last chunk, and each cache growth; of the training forward (rlft.train.loop), its batch shapes
-RECOMPILE_LIMIT = 64
 # guards on the process's state that every compiled graph keeps (grad mode, deterministic algorithms, ...)
 STATE_GUARDS = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE",
                           "AUTOGRAD_SAVED_TENSORS_HOOKS", "SHAPE_ENV"})
-
-
-def compile_options(cfg) -> tuple[str | None, str] | None:
-    """(mode, backend) of the compiled decode step when `torch_compile` asks for it on this machine, else None."""
-    if cfg.torch_compile is True or (cfg.torch_compile == "auto" and torch.cuda.is_available()):
-        return cfg.torch_compile_mode, cfg.torch_compile_backend or "inductor"
-    return None
 
 
 class CompiledDecoder:
@@ -79,17 +73,12 @@ class CompiledDecoder:
         """The compiled step. On a CPU its one query attends through SDPA's math path, whose products and softmax
         inductor fuses into the step, where the CPU flash kernel is a call of its own. The prefill, whose (T, T) scores
         the math path would hold whole, keeps SDPA's choice."""
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         with sdpa_kernel(SDPBackend.MATH) if self.device.type == "cpu" else contextlib.nullcontext():
             return self._forward(input_ids, attention_mask, position_ids, cache_position, cache)
 
     def _cache_for(self, batch: int, needed: int) -> tuple[int, Any]:
         """(length, cache) for `batch` rows: the batch size's cache if it holds `needed` positions, else a longer one in
         its place (the old one freed first)."""
-        from transformers import StaticCache
-        from transformers.cache_utils import StaticLayer
-
         length, cache = self._caches.get(batch, (0, None))
         if length < needed:
             self._caches.pop(batch, None)
@@ -140,7 +129,7 @@ def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: boo
     faster decode steps), and `store_reused_rows` runs on the graph."""
     guards = {"guard_filter_fn": decoder_guards} if whole else {}
     if backend == "inductor":  # a mode is its inductor options (torch.compile takes a mode or options, not both)
-        from torch._inductor import list_mode_options
+        from torch._inductor import list_mode_options  # on use: importing inductor takes seconds
 
         options = {**list_mode_options(mode or "default", False), **guards}
         if cpu and mode is None:

@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from rlft.models.logprobs import draw_tokens, process_logits
-from rlft.models.masks import attention_implementation, model_attention_mask, per_layer_type, within_window
+from rlft.models.attention import attention_implementation
+from rlft.models.masks import model_attention_mask, per_layer_type, within_window
 from rlft.rollout.types import SamplingParams
 
 

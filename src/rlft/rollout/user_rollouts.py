@@ -24,7 +24,8 @@ from transformers import GenerationConfig
 
 from rlft.errors import RolloutError
 from rlft.models.head import without_router_logits
-from rlft.models.logprobs import completion_batch, completion_scores, filters_active, sampled_logps
+from rlft.data.collate import completion_batch
+from rlft.models.logprobs import completion_scores, filters_active, sampled_logps
 from rlft.rollout.types import Rollout, SamplingParams
 from rlft.usercode import UserCodeError, load_user_function
 

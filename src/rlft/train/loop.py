@@ -31,7 +31,7 @@ from rlft.train.optim import (advance_schedule, build_optimizer, build_scheduler
 from rlft.models import varlen
 from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
 from rlft.models.qat import fake_quant_schedule
-from rlft.rollout.compiled import RECOMPILE_LIMIT, compile_options
+from rlft.models.compile import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
 from rlft.train.best import BestCheckpoint, check_logged_metric
 from rlft.train.parallel import (gradient_sync, max_across, mean_metrics, precision, shard_model, sum_across,

@@ -15,8 +15,8 @@ from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.rl import rl_settings
 from rlft.config.schema import nemo_gym_enabled
 from rlft.data.preference import assign_kl_completions
-from rlft.data.prepare import (ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data,
-                               prepare_streamed_sft_data, prompt_steps)
+from rlft.data.prepare import ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
+from rlft.data.stream import prepare_streamed_sft_data
 from rlft.errors import ConfigError, DataError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
@@ -30,7 +30,7 @@ from rlft.models.reference import load_reference_model
 from rlft.models.reward import load_reward_model
 from rlft.models.shared_prompts import forward_costs, group_sharing, prompt_sharing, reward_sharing
 from rlft.models.varlen import rows_apart
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.rollout.envs.nemo_gym import agent_servers, resource_servers, task_rows
 from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
 from rlft.rollout.envs.nemo_gym_launch import GymServers

@@ -17,7 +17,7 @@ from rlft.config.schema import AXOLOTL_OPTIMIZERS
 from rlft.config.trackers import missing_tracker_packages
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.liger import liger_problems
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.train.optim import optimizer_class, scheduler_problem
 
 UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}

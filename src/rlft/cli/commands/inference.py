@@ -10,7 +10,7 @@ from rlft.cli.exit import CommandState
 from rlft.errors import ConfigError, RlftError
 from rlft.models.generation import generate_texts
 from rlft.models.loading import load_for_inference
-from rlft.models.mistral_common import is_mistral_common
+from rlft.data.mistral_common import is_mistral_common
 from rlft.models.reward import load_reward_for_scoring, score_texts
 
 

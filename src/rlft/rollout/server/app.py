@@ -27,7 +27,7 @@ from rlft.rollout.server.transfer import (BucketedTransfer, check_against_model,
 
 
 def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...]) -> FastAPI:
-    """`ends`: the token ids that end an answer (`rlft.models.tokenizer.end_ids` of the served model)."""
+    """`ends`: the token ids that end an answer (`rlft.data.tokenizer.end_ids` of the served model)."""
     app = FastAPI(title="rlft rollout server", redirect_slashes=False)
     guard = token_guard(token)
     transfer = BucketedTransfer()

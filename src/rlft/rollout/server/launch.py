@@ -17,7 +17,7 @@ import uvicorn
 from rlft.errors import ConfigError, RlftError
 from rlft.heap import collector_paused
 from rlft.models.loading import hub_revision
-from rlft.models.tokenizer import end_ids
+from rlft.data.tokenizer import end_ids
 from rlft.rollout.server.app import build_app
 from rlft.rollout.server.backends import choose_backend, load_backend
 from rlft.rollout.server.security import TOKEN_ENV, resolve_token, save_generated_token

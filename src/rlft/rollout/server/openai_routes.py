@@ -5,7 +5,7 @@ Besides the OpenAI fields, every choice carries `prompt_token_ids`, `generation_
 model server looks first): what a trainer needs to learn from an agent's calls. With `tools` in a chat
 request, Hermes `<tool_call>` blocks in the answer come back as `tool_calls` (rollout/server/tool_calls.py).
 These routes stop at the model's end-of-text ids as OpenAI servers do (the tokenizer's EOS and those of the model's
-generation_config.json: `rlft.models.tokenizer.end_ids`); `/generate` stops only at the ids it is sent. The `model` field of a request is not checked.
+generation_config.json: `rlft.data.tokenizer.end_ids`); `/generate` stops only at the ids it is sent. The `model` field of a request is not checked.
 """
 
 from __future__ import annotations

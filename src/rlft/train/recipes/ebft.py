@@ -17,7 +17,8 @@ import torch
 from rlft.data.batches import BatchPlan
 from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards, strided_ebft_loss
 from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count
-from rlft.models.logprobs import completion_batch, completion_logps
+from rlft.data.collate import completion_batch
+from rlft.models.logprobs import completion_logps
 from rlft.rollout.feature_reward import layer_slices
 from rlft.rollout.strided import generate_blocks, model_attention, strided_layout
 from rlft.rollout.strided_scores import strided_scores

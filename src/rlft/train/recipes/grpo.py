@@ -26,13 +26,12 @@ from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy, ReferenceMoves
-from rlft.data.collate import flatten_rows, pad_multiple
-from rlft.models.logprobs import (completion_batch, completion_logps, completion_scores, filters_active, sampled_logps,
-                                 shared_completion_inputs)
+from rlft.data.collate import completion_batch, flatten_rows, pad_multiple
+from rlft.models.logprobs import completion_logps, completion_scores, filters_active, sampled_logps, shared_completion_inputs
 from rlft.models.loading import hub_revision
-from rlft.models.tokenizer import end_ids
+from rlft.data.tokenizer import end_ids
 from rlft.rollout.engine import RolloutEngine
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from rlft.data.prepare import PreparedData
+from rlft.data.prepared import PreparedData
 from rlft.data.batches import BatchPlan, rows_collate
 from rlft.data.collate import pad_multiple, packed_batch, padded_width
 from rlft.data.stream import StreamedBatches, StreamPlan

@@ -14,7 +14,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft
 from rlft.errors import ConfigError
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
-from rlft.rollout.compiled import compile_options
+from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError

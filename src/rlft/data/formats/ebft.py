@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.data.formats import RowError, fields_of, get_field, text, text_field
+from rlft.data.formats.rows import RowError, fields_of, get_field, text, text_field
 from rlft.data.prompts import prompt_text, resolve_prompt_format, template_kwargs, tokenize_prompt
 from rlft.data.tokenize import encode_text, split_answers
+from rlft.errors import DataError
 
 PROMPT_FIELDS = ("input", "prompt", "question")
 ANSWER_FIELDS = ("output", "completion", "answer", "ground_truth")
@@ -104,8 +105,6 @@ def resolve_strided(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dic
         return lambda row: {"text": _first(row, ("question", "text"), "text")}
     if ds.type in (None, "completion", "completion.default"):
         return lambda row: {"text": text_field(row, ds.field)}
-    from rlft.errors import DataError
-
     raise DataError(f"{where}: type {ds.type!r} is not a strided EBFT format: use ebft_strided_structured.transform, "
                     "ebft_pretrain.transform, completion (raw text in `field`), or no type")
 

@@ -10,9 +10,13 @@ role's ids carry the loss.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from rlft.errors import ModelError
 
@@ -41,7 +45,7 @@ def load_mistral_tokenizer(source: str, mode: str = "finetuning", **revision: st
     if importlib.util.find_spec("mistral_common") is None:
         raise ModelError("tokenizer_use_mistral_common needs the mistral-common package: "
                          "pip install -c constraints.txt 'rlft[mistral]'")
-    from transformers.tokenization_mistral_common import MistralCommonBackend
+    from transformers.tokenization_mistral_common import MistralCommonBackend  # needs mistral-common, an optional package
 
     try:
         return MistralCommonBackend.from_pretrained(source, mode=mode, **revision)
@@ -58,8 +62,7 @@ def chat_ids(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list
     conversation it refuses (roles out of order, a last turn that is not the assistant's in finetuning mode, a chunk
     this tokenizer version cannot encode) raises ValueError with its reason.
     """
-    from mistral_common.exceptions import MistralCommonException
-    from pydantic import ValidationError
+    from mistral_common.exceptions import MistralCommonException  # an optional package (rlft[mistral])
 
     instruct = tokenizer.tokenizer.instruct_tokenizer
     counted: list[tuple[str, int]] = []
@@ -100,14 +103,10 @@ def chat_ids(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list
 
 
 def _version() -> str:
-    from importlib.metadata import version
-
     return version("mistral-common")
 
 
 def fingerprint(tokenizer) -> str:
     """What identifies the tokenizer for the prepared-data cache: its file's bytes, its version and mode."""
-    import hashlib
-
     path = Path(tokenizer._tokenizer_path)
     return f"mistral-common {_version()} {tokenizer.mode.value} {hashlib.sha256(path.read_bytes()).hexdigest()}"

@@ -11,7 +11,39 @@ vision templates (`NOT_SHIPPED`) validate; `train` refuses them: rlft trains tex
 
 from __future__ import annotations
 
-from rlft.models.tokenizer import CHATML_TEMPLATE, LLAMA3_TEMPLATE
+# `{% generation %}` marks assistant text, so transformers can return assistant-token masks too. Tools follow the
+# Hermes convention of Qwen's ChatML templates: the tool list in a system turn, calls as
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the assistant turn (what `rlft vllm-serve` parses back),
+# results as <tool_response> in a user turn. Without tools the output is plain ChatML.
+CHATML_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nTo call a function, answer <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "\n</tool_call>\n\n<tools>' }}{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools><|im_end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] or '' }}"
+    "{% for call in message['tool_calls'] or [] %}{{ '\n' if message['content'] or not loop.first else '' }}"
+    "{{ '<tool_call>\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' + (call['function']['arguments'] | tojson) + '}\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token if bos_token else '' }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
 
 
 def _turns(body: str, generation: str = "", head: str = "{{ bos_token }}", tail: str = "") -> str:

@@ -1,10 +1,4 @@
-"""Row formats: turn a raw dataset row into a canonical record.
-
-Canonical SFT records are one of:
-  {"messages": [{"role", "content"}, ...]}   chat, tokenised with the chat template
-  {"prompt": str, "completion": str}        prompt masked, completion (+EOS) trained
-  {"text": str}                             every token trained (+EOS)
-  {"segments": [(str, bool), ...]}          each text tokenised alone, trained where True (Axolotl's input_output)
+"""Reading raw dataset rows, shared by every method's formats: fields, texts, chat messages, user transforms.
 
 `type:` is resolved like Axolotl: a built-in dotted name, else a user `module.fn` importable from the
 working directory (called as `fn(cfg, dataset_idx=i)`, returning `transform_fn` or
@@ -15,24 +9,15 @@ from __future__ import annotations
 
 import inspect
 import json
-from pathlib import Path
 from typing import Any, Callable
+
+from jinja2 import TemplateError
 
 from rlft.errors import DataError
 from rlft.usercode import UserCodeError, load_user_function
 
 Record = dict[str, Any]
 RowFormat = Callable[[dict[str, Any]], Record]
-
-ALPACA_PROMPT = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-)
-ALPACA_PROMPT_NO_INPUT = (
-    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Response:\n"
-)
 
 
 class RowError(Exception):
@@ -42,8 +27,6 @@ class RowError(Exception):
 def render_chat(tokenizer, messages: list[dict[str, Any]], **kwargs: Any) -> str:
     """The chat template's text of `messages`; a template that cannot render them (a role order it refuses, a key it
     needs) is that row's error."""
-    from jinja2 import TemplateError
-
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except TemplateError as exc:  # e.g. raise_exception("roles must alternate"), or an undefined key
@@ -95,16 +78,19 @@ def text(value: Any, name: str, *, optional: bool = False) -> str:
         raise RowError(f"field {name!r} is missing or null, expected text")
     kind = {list: "a list", dict: "a mapping", bool: "a boolean", int: "a number", float: "a number"}.get(type(value),
                                                                                                    type(value).__name__)
-    raise RowError(f"field {name!r} is {kind} ({_short(value)}), expected text")
+    raise RowError(f"field {name!r} is {kind} ({short(value)}), expected text")
 
 
 def text_field(row: dict[str, Any], dotted: str) -> str:
     return text(get_field(row, dotted), dotted)
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     shown = repr(value)
     return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+UNRENDERED_FIELDS = ("tool_calls", "reasoning_content", "function_call")  # message fields that SFT rows do not carry
 
 
 def chat_template_format(ds, chunks: bool = False) -> RowFormat:
@@ -146,7 +132,7 @@ def chat_template_format(ds, chunks: bool = False) -> RowFormat:
                             if not isinstance(chunk, dict) or chunk.get("type") not in ("text", "thinking")), None)
                 if bad is not None:  # an image or audio chunk would train on its placeholder ids, its data thrown away
                     raise RowError(f"{where}.{mapping['content']}[{bad}] must be a text or thinking chunk ({{\"type\": "
-                                   f"\"text\", \"text\": ...}}: rlft trains text models), got {_short(content[bad])}")
+                                   f"\"text\", \"text\": ...}}: rlft trains text models), got {short(content[bad])}")
                 out.append({"role": role, "content": content})
                 continue
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
@@ -170,7 +156,7 @@ def tool_list(value: Any, name: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise RowError(f"field {name!r} is text but not JSON ({exc.msg}): give a list of tool schemas") from None
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
-        raise RowError(f"field {name!r} must be a list of tool schemas (mappings) for the chat template, got {_short(value)} "
+        raise RowError(f"field {name!r} must be a list of tool schemas (mappings) for the chat template, got {short(value)} "
                        "(to leave the column out of the template, set field_tools to a name the rows lack)")
     tools = []
     for tool in value:
@@ -183,90 +169,6 @@ def tool_list(value: Any, name: str) -> list[dict[str, Any]]:
                                f"({exc.msg})") from None
         tools.append(tool)
     return tools
-
-
-UNRENDERED_FIELDS = ("tool_calls", "reasoning_content", "function_call")  # message fields that SFT rows do not carry
-
-
-def alpaca_format(ds) -> RowFormat:
-    def convert(row: dict[str, Any]) -> Record:
-        instruction = text_field(row, "instruction")
-        extra = text(row.get("input"), "input", optional=True)
-        prompt = (ALPACA_PROMPT if extra else ALPACA_PROMPT_NO_INPUT).format(instruction=instruction, input=extra)
-        return {"prompt": prompt, "completion": text_field(row, "output")}
-
-    return convert
-
-
-def completion_format(ds) -> RowFormat:
-    def convert(row: dict[str, Any]) -> Record:
-        return {"text": text_field(row, ds.field)}
-
-    return convert
-
-
-def input_output_format(ds) -> RowFormat:
-    """Axolotl's template-free `input_output`: {"segments": [{"text": str, "label": bool}, ...]}, each segment's text
-    tokenised as it is (no BOS or EOS added: the texts carry their own), its tokens trained where `label` is true."""
-
-    def convert(row: dict[str, Any]) -> Record:
-        segments = row.get("segments")
-        if not isinstance(segments, list) or not segments:
-            raise RowError(f"type: input_output needs a non-empty `segments` list (the row has {fields_of(row)})")
-        kept = []
-        for index, segment in enumerate(segments):
-            words, label = (segment.get("text"), segment.get("label")) if isinstance(segment, dict) else (None, None)
-            # 1 and 0 count as true and false, as Axolotl tests the label's truth
-            if not isinstance(words, str) or type(label) not in (bool, int) or label not in (0, 1):
-                raise RowError(f"segments[{index}] must be {{\"text\": str, \"label\": true|false}}, got {_short(segment)}")
-            kept.append((words, bool(label)))
-        return {"segments": kept}
-
-    return convert
-
-
-def prompt_completion_format(ds, chunks: bool = False) -> RowFormat:
-    """Rows that already hold `prompt` and `completion` strings (or `messages`, or `text`)."""
-
-    def convert(row: dict[str, Any]) -> Record:
-        for keys in (("messages",), ("prompt", "completion"), ("text",)):
-            if all(key in row and row[key] is not None for key in keys):
-                if keys == ("messages",):
-                    return chat_template_format(ds, chunks)(row)
-                return {key: text(row[key], key) for key in keys}
-        raise RowError(f"no `type:` set and the row has none of messages / prompt+completion / text (it has {fields_of(row)})")
-
-    return convert
-
-
-def user_defined_sft_format(spec) -> RowFormat:
-    def convert(row: dict[str, Any]) -> Record:
-        values = {
-            "instruction": text_field(row, spec.field_instruction),
-            "input": text(row.get(spec.field_input), spec.field_input, optional=True) if spec.field_input else "",
-            "system": (text(row.get(spec.field_system), spec.field_system, optional=True) if spec.field_system else "")
-            or spec.system_prompt or "",
-        }
-        try:
-            prompt = (spec.format if values["input"] else spec.no_input_format).format(**values)
-            if values["system"]:
-                prompt = spec.system_format.format(system=values["system"]) + prompt
-        except (KeyError, IndexError, ValueError) as exc:  # a placeholder it does not fill, or a lone brace
-            raise RowError(f"the dataset type's format / no_input_format / system_format cannot be filled ({type(exc).__name__}: "
-                           f"{exc}): its placeholders are {{instruction}}, {{input}} and {{system}}; write a literal brace "
-                           "as {{ or }}") from None
-        return {"prompt": prompt, "completion": text_field(row, spec.field_output)}
-
-    return convert
-
-
-SFT_FORMATS: dict[str, Callable[[Any], RowFormat]] = {
-    "chat_template": chat_template_format,
-    "chat_template.default": chat_template_format,
-    "alpaca": alpaca_format,
-    "completion": completion_format,
-    "input_output": input_output_format,
-}
 
 
 def user_transform(name: str, cfg, index: int, where: str) -> tuple[Callable, dict[str, Any]] | None:
@@ -303,29 +205,3 @@ def bind_tokenizer(transform: Callable, tokenizer) -> Callable:
         if name in parameters:
             return lambda row: transform(row, **{name: tokenizer})
     return transform
-
-
-def resolve_sft_format(ds, cfg, index: int, where: str, tokenizer) -> RowFormat:
-    """The function that turns one raw row of dataset `ds` into a canonical SFT record."""
-    from rlft.config import UserDefinedType
-
-    chunks = bool(cfg.uses_mistral_common)  # mistral-common encodes typed content chunks itself
-    if ds.type is None:
-        return prompt_completion_format(ds, chunks)
-    if isinstance(ds.type, UserDefinedType):
-        return user_defined_sft_format(ds.type)
-    if ds.type in ("chat_template", "chat_template.default"):
-        return chat_template_format(ds, chunks)
-    if ds.type in SFT_FORMATS:
-        return SFT_FORMATS[ds.type](ds)
-    found = user_transform(ds.type, cfg, index, where)
-    if found is None:
-        known = ", ".join(sorted(SFT_FORMATS))
-        raise DataError(
-            f"{where}: unknown type {ds.type!r}: SFT formats are {known}; a user transform `module.fn` "
-            f"must be importable from {Path.cwd()}"
-        )
-    transform, _ = found
-    transform = bind_tokenizer(transform, tokenizer)
-    canonical = prompt_completion_format(ds, chunks)
-    return lambda row: canonical(call_transform(transform, ds.type, row))
