@@ -37,7 +37,6 @@ def _complete(folder):
 def test_every_process_resumes_from_the_main_process_choice(tmp_path, monkeypatch):
     """`auto` is resolved on the main process only; another process takes its choice even where its own view of the
     folder differs, refuses one it cannot see, and raises the main process's refusal instead of waiting for it."""
-    import rlft.train.parallel as parallel
 
     shared, mine = tmp_path / "shared", tmp_path / "mine"
     chosen = _complete(shared / "checkpoint-4")
@@ -46,16 +45,16 @@ def test_every_process_resumes_from_the_main_process_choice(tmp_path, monkeypatc
     monkeypatch.setattr(checkpoint, "checkpoint_problem",
                         lambda folder: None if (folder / checkpoint.STATE_FILE).is_file() else "it does not exist")
     monkeypatch.setattr(checkpoint, "launched", lambda: (1, 2))
-    monkeypatch.setattr(parallel, "broadcast_object", lambda value: (chosen, None))  # rank 0's pick
+    monkeypatch.setattr(checkpoint, "broadcast_object", lambda value: (chosen, None))  # rank 0's pick
     assert checkpoint.agreed_resume("auto", mine) == chosen
-    monkeypatch.setattr(parallel, "broadcast_object", lambda value: (mine / "checkpoint-9", None))
+    monkeypatch.setattr(checkpoint, "broadcast_object", lambda value: (mine / "checkpoint-9", None))
     with pytest.raises(CheckpointError, match="process 1 cannot see .*checkpoint-9.*every node sees"):
         checkpoint.agreed_resume("auto", mine)
-    monkeypatch.setattr(parallel, "broadcast_object", lambda value: (None, "resume_from_checkpoint: x is not usable"))
+    monkeypatch.setattr(checkpoint, "broadcast_object", lambda value: (None, "resume_from_checkpoint: x is not usable"))
     with pytest.raises(CheckpointError, match="x is not usable"):
         checkpoint.agreed_resume("auto", mine)
     monkeypatch.setattr(checkpoint, "launched", lambda: (0, 1))  # one process: resolves for itself
-    monkeypatch.setattr(parallel, "broadcast_object", lambda value: value)
+    monkeypatch.setattr(checkpoint, "broadcast_object", lambda value: value)
     assert checkpoint.agreed_resume("auto", shared) == chosen
     with pytest.raises(CheckpointError, match="is not a usable checkpoint"):
         checkpoint.agreed_resume(str(tmp_path / "missing"), shared)
