@@ -117,7 +117,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     from rlft.config import load_config
-    from rlft.config.schema import nemo_gym_enabled
+    from rlft.config.plugins import nemo_gym_enabled
     from rlft.data.prepare import ebft_steps, prepare_data, preference_steps, prompt_steps, sft_steps
     from rlft.models.loading import check_context_length, load_tokenizer
 

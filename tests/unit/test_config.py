@@ -580,7 +580,7 @@ NEMO = {"rl": "grpo", "micro_batch_size": 8, "plugins": ["axolotl.integrations.n
 
 def test_nemo_gym_config_of_the_guide_validates_without_datasets(config):
     cfg = config(**{**NEMO, "datasets": []})
-    from rlft.config.schema import nemo_gym_enabled
+    from rlft.config.plugins import nemo_gym_enabled
 
     assert nemo_gym_enabled(cfg) and cfg.nemo_gym_head_port == 11000 and cfg.nemo_gym_verify_timeout == 30
 
@@ -629,7 +629,7 @@ def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, co
     """Axolotl's Qwen 3.5 EBFT examples pass vLLM's stop_token_ids; the in-process engine stops on them as on EOS."""
     from rlft.config.rl import rl_settings
     from rlft.models.tokenizer import byte_tokenizer
-    from rlft.config.rl import sampling_params
+    from rlft.rollout.types import sampling_params
 
     tok = byte_tokenizer()
     s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7, 9], "stop": "###"}}))

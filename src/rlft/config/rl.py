@@ -220,19 +220,6 @@ def rl_settings(cfg) -> RLSettings:
     )
 
 
-def sampling_params(settings: RLSettings, ends: tuple[int, ...]):
-    """The run's `SamplingParams`; a completion ends at any of `ends` (`rlft.models.tokenizer.end_ids`) unless
-    `ignore_eos`, and at the config's own stop ids and strings."""
-    from rlft.rollout.types import SamplingParams
-
-    return SamplingParams(
-        max_new_tokens=settings.max_completion_length, temperature=settings.temperature, top_p=settings.top_p,
-        top_k=settings.top_k, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-        stop_token_ids=(() if settings.ignore_eos else tuple(ends)) + settings.stop_token_ids,
-        stop_strings=settings.stop_strings,
-    )
-
-
 def preference_beta(cfg) -> float:
     """β of the DPO family, IPO (τ), KTO and SimPO/CPO, with Axolotl's precedence: `trl.beta` where set, else `rl_beta`."""
     return cfg.trl.beta if cfg.trl.beta is not None else cfg.rl_beta

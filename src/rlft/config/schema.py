@@ -6,20 +6,24 @@ Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in `combi
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import AliasChoices, TypeAdapter, ValidationError, field_validator, model_validator
 
-from rlft.config import axolotl_keys
-from rlft.config.best_model import best_model_problems
-from rlft.models.base_changing import rewriting
-from rlft.models.checkpointing import checkpoints
+from rlft.config.activation_checkpointing import checkpoints
+from rlft.config.axolotl_tables import DATASET, TOP_LEVEL, known_only
 from rlft.config.base import Section, field, planned
+from rlft.config.best_model import best_model_problems
+from rlft.config.lora_inits import LORA_INITS, REFUSED_LORA_INITS, rewriting
+from rlft.config.optimizers import check_optimizer
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
-from rlft.config.trackers import TrackerFields
-from rlft.config.sections import EBFTConfig, NemoGymFields, PreferenceFields, QATConfig, TRLConfig, VLLMConfig
+from rlft.config.plugins import CCE_PLUGIN, NEMO_GYM_PLUGIN, cut_cross_entropy, nemo_gym_enabled
 from rlft.config.rl import DEFAULTS as RL_DEFAULTS
+from rlft.config.sections import (EBFTConfig, NemoGymFields, PreferenceFields, QATConfig, TRLConfig, VLLMConfig,
+                                  combination_problem)
+from rlft.config.template_names import NAMES as CHAT_TEMPLATE_NAMES
+from rlft.config.trackers import TrackerFields
+from rlft.config.unfrozen import parse_pattern
 
 RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
 ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
@@ -28,9 +32,6 @@ AXOLOTL_ATTENTION = ("xformers", "sage", "fp8")
 # transformers' schedules (`get_scheduler`), less the two that need a metric at every step
 Scheduler = Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial", "inverse_sqrt",
                     "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
-# Axolotl's own optimizers (its CustomSupportedOptimizers): they validate, `train` names an alternative
-AXOLOTL_OPTIMIZERS = ("optimi_adamw", "ao_adamw_4bit", "ao_adamw_8bit", "ao_adamw_fp8", "adopt_adamw", "came_pytorch", "muon",
-                      "dion", "sinkgd", "flash_adamw", "flash_adam", "flash_sgd", "flash_sgdw", "flash_lion", "q_galore_adamw8bit")
 
 
 class UserDefinedType(Section):
@@ -59,7 +60,7 @@ class UserDefinedType(Section):
     completion_format: str = field("{completion}", "KTO: how the completion is rendered.")
 
 
-class DatasetConfig(axolotl_keys.known_only("AxolotlDatasetKeys", axolotl_keys.DATASET)):
+class DatasetConfig(known_only("AxolotlDatasetKeys", DATASET)):
     """One entry of `datasets:` / `test_datasets:`."""
 
     path: Optional[str] = field(
@@ -127,7 +128,7 @@ def _as_bool(value: Any) -> bool | None:
         return None
 
 
-class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.known_only("AxolotlKeys", axolotl_keys.TOP_LEVEL)):
+class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, known_only("AxolotlKeys", TOP_LEVEL)):
     """The whole config file."""
 
     # --- model ---
@@ -427,11 +428,9 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @field_validator("chat_template")
     @classmethod
     def _chat_template_known(cls, value: str) -> str:
-        from rlft.models.chat_templates import NAMES
-
-        if value in NAMES or value.endswith((".jinja", ".j2")) or value.startswith("tokenizer_default_fallback_"):
+        if value in CHAT_TEMPLATE_NAMES or value.endswith((".jinja", ".j2")) or value.startswith("tokenizer_default_fallback_"):
             return value
-        raise ValueError(f"expected one of {', '.join(NAMES)} or a path to a .jinja file")
+        raise ValueError(f"expected one of {', '.join(CHAT_TEMPLATE_NAMES)} or a path to a .jinja file")
 
     @field_validator("tokenizer_type")
     @classmethod
@@ -450,18 +449,7 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @field_validator("optimizer")
     @classmethod
     def _optimizer_known(cls, value: str) -> str:
-        from rlft.train.optim import ALIASES, TORCH_ADAMW, optimizer_names
-
-        if value in TORCH_ADAMW or value in ALIASES or value == "adam":  # no need to import transformers' list
-            return value
-        names = optimizer_names()
-        if value in names or value in AXOLOTL_OPTIMIZERS:
-            return value
-        import difflib
-
-        guess = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
-        raise ValueError(f"unknown optimizer {value!r}" + (f": did you mean {guess[0]!r}?" if guess else "")
-                         + " (transformers' names, e.g. adamw_torch, adamw_torch_fused, adafactor, adamw_bnb_8bit)")
+        return check_optimizer(value)
 
     @field_validator("micro_batch_size", "gradient_accumulation_steps", "sequence_len", "logging_steps")
     @classmethod
@@ -513,8 +501,6 @@ class RlftConfig(PreferenceFields, NemoGymFields, TrackerFields, axolotl_keys.kn
     @field_validator("unfrozen_parameters")
     @classmethod
     def _patterns(cls, value: Optional[list[str]]) -> Optional[list[str]]:
-        from rlft.models.freeze import parse_pattern
-
         for text in value or []:
             parse_pattern(text)
         return value
@@ -759,8 +745,6 @@ def _mistral_common_problems(cfg: RlftConfig):
 def _qat_problems(cfg: RlftConfig):
     if cfg.qat is None:
         return
-    from rlft.models.qat import combination_problem
-
     problem = combination_problem(cfg.qat.activation, cfg.qat.weight, cfg.qat.group_size)
     if problem:
         yield f"qat: {problem}"
@@ -843,16 +827,6 @@ def _neftune_problems(cfg: RlftConfig):
                f"trainers only), not {cfg.method}: remove it")
 
 
-REFUSED_LORA_INITS = {
-    "loftq": "LoftQ replaces the base weights with their 4-bit rounding, and its adapter fits only that rounded base, "
-             "which rlft does not save: on the original base the trained adapter would be wrong",
-    "eva": "EVA initialises the adapter from a pass over training data (PEFT's initialize_lora_eva_weights), which rlft "
-           "does not run: the adapter would start as plain LoRA",
-    "corda": "CorDA needs a pass over training data first (PEFT's preprocess_corda), which rlft does not run",
-}
-LORA_INITS = re.compile(r"gaussian|orthogonal|mica|olora|pissa(_niter_\d+)?")
-
-
 def _lora_init_problems(cfg: RlftConfig):
     init = cfg.peft_init_lora_weights
     if isinstance(init, bool) or init is None:
@@ -886,8 +860,6 @@ def _unfrozen_problems(cfg: RlftConfig):
     if cfg.adapter:
         yield ("unfrozen_parameters chooses the weights a full fine-tune trains, and with an adapter only the adapter "
                "trains: remove one (lora_modules_to_save trains whole modules beside LoRA)")
-    from rlft.models.freeze import parse_pattern
-
     ranged = [text for text in cfg.unfrozen_parameters if parse_pattern(text).rows is not None]
     if ranged and cfg.weight_decay:
         yield (f"unfrozen_parameters {ranged[0]!r} trains some rows of a parameter by zeroing the other rows' gradients, and "
@@ -895,27 +867,6 @@ def _unfrozen_problems(cfg: RlftConfig):
     if ranged and (cfg.deepspeed or cfg.fsdp or cfg.fsdp_config):
         yield (f"unfrozen_parameters {ranged[0]!r}: row ranges are built for one process and DDP, not for fsdp or "
                "deepspeed: drop the range (the whole parameter trains) or train without sharding")
-
-
-NEMO_GYM_PLUGIN = "axolotl.integrations.nemo_gym.NemoGymPlugin"
-LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"  # its liger_* keys are fields of RlftConfig
-CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"  # rlft's losses do what it does
-
-
-def cut_cross_entropy(cfg) -> bool:
-    """`cut_cross_entropy`, or (unset) whether the Cut Cross-Entropy plugin is listed: its key defaults to true there."""
-    return plugin_switch(cfg, "cut_cross_entropy", CCE_PLUGIN)
-
-
-def plugin_switch(cfg, key: str, plugin: str) -> bool:
-    """A plugin's on/off key as Axolotl reads it: its value when set, else whether the plugin is listed."""
-    value = getattr(cfg, key)
-    return bool(value) if value is not None else plugin in (cfg.plugins or [])
-
-
-def nemo_gym_enabled(cfg) -> bool:
-    """`nemo_gym_enabled`, or (unset) whether the NeMo Gym plugin is listed, as Axolotl decides."""
-    return plugin_switch(cfg, "nemo_gym_enabled", NEMO_GYM_PLUGIN)
 
 
 def _nemo_gym_problems(cfg: RlftConfig):

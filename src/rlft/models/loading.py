@@ -16,10 +16,11 @@ from typing import Any, Iterator
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError, ModelError
 from rlft.models.base_changing import is_converted
-from rlft.models.checkpointing import checkpoints, enable_checkpointing
+from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.tokenizer import apply_chat_template_setting
 

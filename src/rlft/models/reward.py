@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from rlft.config.activation_checkpointing import checkpoints
 from rlft.errors import ModelError
-from rlft.models.checkpointing import checkpoints, enable_checkpointing
+from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.loading import (adapter_base, base_model_source, check_attention, check_router_loss, fit_embeddings,
                                  hub_revision, model_config, resolve_source)

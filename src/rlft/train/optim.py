@@ -15,19 +15,10 @@ import warnings
 
 import torch
 
+from rlft.config.optimizers import ALIASES, TORCH_ADAMW
 from rlft.errors import ConfigError
 
 NO_DECAY = ("bias", "norm", "layernorm", "ln_")
-# names rlft adds to transformers' list
-ALIASES = {"adamw": "adamw_torch"}
-# what transformers' Trainer.get_optimizer_cls_and_kwargs gives these names (torch.optim.AdamW), without importing its
-# Trainer: seconds of every run's start-up. tests/unit/test_optim.py checks that the two agree.
-TORCH_ADAMW = {"adamw_torch": {}, "adamw_torch_fused": {"fused": True}}
-
-def optimizer_names() -> list[str]:
-    from transformers.training_args import OptimizerNames
-
-    return sorted({name.value for name in OptimizerNames} | set(ALIASES) | {"adam"})
 
 
 def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, dict]:

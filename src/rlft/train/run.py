@@ -8,13 +8,14 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
-from rlft.config.schema import nemo_gym_enabled
+from rlft.config.plugins import nemo_gym_enabled
 from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.models.base_changing import convert_folder, is_converted, rewrites_base, save_initial_adapter
-from rlft.models.checkpointing import checkpoints, offloads
+from rlft.models.checkpointing import offloads
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.varlen import rows_apart
 from rlft.rollout.compiled import compile_options
