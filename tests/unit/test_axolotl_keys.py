@@ -107,8 +107,9 @@ def test_every_top_level_axolotl_key_is_known():
 def test_every_dataset_trl_and_vllm_axolotl_key_is_known():
     import json
 
-    from rlft.config.schema import DatasetConfig
-    from rlft.config.sections import TRLConfig, VLLMConfig
+    from rlft.config.sections.datasets import DatasetConfig
+    from rlft.config.sections.trl import TRLConfig
+    from rlft.config.sections.vllm import VLLMConfig
 
     nested = json.loads((DATA / "axolotl_nested_keys.json").read_text())
     for parent, model in (("datasets[]", DatasetConfig), ("trl", TRLConfig), ("vllm", VLLMConfig)):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from rlft.config.sections import combination_problem
+from rlft.config.sections.qat import combination_problem
 from rlft.errors import ModelError
 from rlft.models.qat import check_qat, describe, fake_quant_schedule, prepare_qat, set_fake_quant
 

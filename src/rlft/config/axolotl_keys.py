@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from rlft.config.axolotl_tables import DATASET, TOP_LEVEL, TRL, VLLM, refusal
 from rlft.config.plugins import IMPLEMENTED as IMPLEMENTED_PLUGINS
-from rlft.config.schema import ATTENTION
+from rlft.config.sections.model import ATTENTION
 from rlft.config.template_names import NOT_SHIPPED
 
 

@@ -16,8 +16,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlft.config.base import Section
-from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig, RlftConfig, UserDefinedType, combination_problems
-from rlft.config.sections import NemoGymDataset
+from rlft.config.rules import combination_problems
+from rlft.config.schema import RlftConfig
+from rlft.config.sections.datasets import DatasetConfig, PretrainingDatasetConfig, UserDefinedType
+from rlft.config.sections.nemo_gym import NemoGymDataset
 from rlft.errors import ConfigError
 
 _TYPE_WORDS = {

@@ -292,7 +292,7 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     family's rows, which start with their prompts' left padding, get a (B, 1, T, T) mask of rlft's own
     (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused there, whether
     model_config or config.json sets it."""
-    from rlft.config.schema import ROUTER_LOSS_METHODS
+    from rlft.config.rules.batching import ROUTER_LOSS_METHODS
 
     if not getattr(model.config, "output_router_logits", False):
         return
