@@ -408,6 +408,24 @@ def test_rollout_and_is_keys_are_built_not_planned(config):
         refuse_unbuilt(config(**GRPO, trl={"vllm_group_port": 6000}))
 
 
+def test_the_rules_judge_the_trl_keys_as_the_run_resolves_them(config, config_problems, monkeypatch):
+    """variant and defaults are applied before the cross-field rules run: the rules see the values the run trains
+    with, and each default has one home (rlft.config.rl.DEFAULTS), shared by the rules and rl_settings."""
+    from rlft.config import rl
+    from rlft.config.rl import rl_settings, trl_options
+
+    cfg = config(**GRPO, trl={"variant": "dapo", "beta": 0.05})
+    options = trl_options(cfg)
+    assert (options["epsilon_high"], options["overlong_penalty"], options["filter_reward_metric"]) == (0.28, True, "reward")
+    assert options["beta"] == 0.05  # a key the user sets wins over the variant
+    assert options["num_generations"] == rl.DEFAULTS["num_generations"]
+    s = rl_settings(cfg)
+    assert (s.epsilon_high, s.beta, s.num_generations, s.loss_type) == (0.28, 0.05, 8, "dapo")
+    monkeypatch.setitem(rl.DEFAULTS, "num_generations", 1)
+    assert ("combination", "trl.num_generations is 1: group-relative advantages need at least 2 completions per "
+            "prompt") in config_problems(**GRPO)
+
+
 def test_rl_settings_defaults_for_a_sync_run(config):
     from rlft.config.rl import rl_settings
 

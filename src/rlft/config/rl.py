@@ -20,7 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "loss_type": "dapo", "epsilon": 0.2, "beta": 0.0, "multi_objective_aggregation": "sum_then_normalize",
     "advantage_estimator": "grpo", "importance_sampling_level": "token", "mask_truncated_completions": False,
     "positive_nll_coef": 0.0,
-    # rollout engine and async (Axolotl's async-trainer defaults, spec/axolotl-rl.md §A1)
+    # rollout engine and async (Axolotl's async-trainer defaults)
     "vllm_mode": "server", "vllm_server_timeout": 240.0, "vllm_sync_interval": 1, "prefetch_depth": 1,
     "streaming_partial_batch": False, "streaming_min_groups": 1, "vllm_importance_sampling_mode": "token_truncate",
     "vllm_importance_sampling_cap": 3.0, "use_bias_correction_kl": False,
@@ -137,8 +137,9 @@ class RLSettings:
         raise AttributeError(name)
 
 
-def rl_settings(cfg) -> RLSettings:
-    """Resolve `cfg.trl` (+ `variant`, `rl: gdpo`, batch sizes) into the settings a run uses."""
+def trl_options(cfg) -> dict[str, Any]:
+    """Every `trl:` key as a run reads it: the `variant`'s options where the key is not set, then `DEFAULTS` where it is
+    still None, then `rl_beta`, `rl: gdpo` and RLOO's scaling. The cross-field rules judge these values."""
     trl = cfg.trl
     options = {name: getattr(trl, name) for name in type(trl).model_fields}
     if trl.variant:
@@ -154,6 +155,14 @@ def rl_settings(cfg) -> RLSettings:
         options["multi_objective_aggregation"] = "normalize_then_sum"
     if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
         options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
+    return options
+
+
+def rl_settings(cfg) -> RLSettings:
+    """Resolve `cfg.trl` (`trl_options`, then the importance-sampling switch and batch sizes) into the settings a run
+    uses."""
+    trl = cfg.trl
+    options = trl_options(cfg)
     scale = "none" if options["unbiased_advantage"] else options["scale_rewards"]
     group = options["num_generations"]
     # every training process trains micro_batch_size x gradient_accumulation_steps completions per optimizer step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlft.config.plugins import NEMO_GYM_PLUGIN, nemo_gym_enabled
+from rlft.config.rl import trl_options
 
 
 def nemo_gym_problems(cfg):
@@ -35,7 +36,7 @@ def nemo_gym_problems(cfg):
         if cfg.nemo_gym_max_turns is not None:
             yield "nemo_gym_max_turns limits multi-turn episodes: set nemo_gym_multi_turn: true, or remove it"
         return
-    if not cfg.trl.use_vllm or (cfg.trl.vllm_mode or "server") != "server":
+    if not cfg.trl.use_vllm or trl_options(cfg)["vllm_mode"] != "server":
         yield ("nemo_gym_multi_turn: true: the Gym agent calls the policy over HTTP, so it needs rlft's rollout server: set "
                "trl.use_vllm: true and trl.vllm_mode: server, and start `rlft vllm-serve <config>` (docs/environments.md)")
     verify = [name for name in cfg.trl.reward_funcs or [] if str(name).endswith("reward_nemo_gym_verify")]

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 from rlft.config.parallel import launched
-from rlft.config.rl import DEFAULTS as RL_DEFAULTS
+from rlft.config.rl import trl_options
 
 
 def online_problems(cfg):
+    """The rules of online RL. Keys a run resolves (`variant`, defaults) are judged as resolved (`trl_options`): what
+    the run will do; a rule about a key the user wrote reads `cfg.trl`."""
+    options = trl_options(cfg)
     if cfg.rl == "ebft":
-        yield from _ebft_problems(cfg)
+        yield from _ebft_problems(cfg, options)
     if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
-        yield from _grpo_problems(cfg)
+        yield from _grpo_problems(cfg, options)
 
 
-def _ebft_problems(cfg):
+def _ebft_problems(cfg, options):
     ebft = cfg.ebft
     if "ebft" not in cfg.model_fields_set:
         yield "rl: ebft needs an `ebft:` section (at least `mode: structured` or `mode: strided`) saying how features are matched"
-    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else (cfg.trl.num_generations or RL_DEFAULTS["num_generations"])
+    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else options["num_generations"]
     if ebft.use_whitening and group < 2:
         yield f"ebft.use_whitening needs at least 2 samples per group to estimate a second moment; the group size is {group}"
     if ebft.mode == "strided" and ebft.embed_method in ("concat", "completion_mean"):
@@ -35,27 +38,27 @@ def rows_per_step(cfg) -> int:
     return cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
 
 
-def _grpo_problems(cfg):
+def _grpo_problems(cfg, options):
     trl = cfg.trl
-    completion = trl.max_completion_length or RL_DEFAULTS["max_completion_length"]
+    completion = options["max_completion_length"]
     if "sequence_len" in cfg.model_fields_set and not cfg.skip_prepare_dataset and cfg.sequence_len <= completion:
         yield (f"sequence_len {cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length {completion} "
                "(a prompt may use sequence_len - max_completion_length tokens): raise sequence_len, or remove it (prompts "
                "are then kept whatever their length, as in Axolotl)")
-    if trl.aipo_rho is not None and trl.loss_type == "cispo":
+    if trl.aipo_rho is not None and options["loss_type"] == "cispo":
         yield "trl.aipo_rho replaces the clipped ratio, cispo clips it its own way: use one of them"
     if trl.reward_weights is not None and trl.reward_funcs is not None and len(trl.reward_weights) != len(trl.reward_funcs):
         yield f"trl.reward_weights has {len(trl.reward_weights)} entries for {len(trl.reward_funcs)} trl.reward_funcs: give one weight per function"
-    if trl.temperature is not None and trl.temperature <= 0:
+    if options["temperature"] <= 0:
         yield "trl.temperature must be > 0 for online RL: the log-probs of greedy decoding are not a distribution to train on"
     resets = [k for k in ("reference_reset_interval", "sync_ref_model") if getattr(trl, k)]
     if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
         yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
                "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")
-    groups = trl.num_generations if trl.num_generations is not None else RL_DEFAULTS["num_generations"]
-    if groups is not None and groups < 2:
+    groups = options["num_generations"]
+    if groups < 2:
         yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"
-    if trl.generation_batch_size is None and groups:
+    if trl.generation_batch_size is None:
         per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
         if per_step % groups:
             yield (
@@ -64,7 +67,7 @@ def _grpo_problems(cfg):
                 f"(each prompt's {groups} completions must land in the same step): change micro_batch_size "
                 "or gradient_accumulation_steps, or set trl.generation_batch_size"
             )
-    elif trl.generation_batch_size is not None and groups and trl.generation_batch_size % groups:
+    elif trl.generation_batch_size % groups:
         yield f"trl.generation_batch_size = {trl.generation_batch_size} must be divisible by trl.num_generations = {groups}"
     if trl.generation_batch_size is not None:
         step_rows = rows_per_step(cfg)
@@ -77,13 +80,13 @@ def _grpo_problems(cfg):
                    "both too): keep one of them")
     if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
         yield "rl: gdpo normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
-    yield from _rollout_problems(cfg)
+    yield from _rollout_problems(cfg, options)
 
 
-def _rollout_problems(cfg):
+def _rollout_problems(cfg, options):
     """Rollout engine, async, importance-sampling and replay keys of the `trl:` section."""
     trl = cfg.trl
-    depth = trl.prefetch_depth if trl.prefetch_depth is not None else RL_DEFAULTS["prefetch_depth"]
+    depth = options["prefetch_depth"]
     if trl.async_prefetch and depth < 1:
         yield (f"trl.prefetch_depth is {depth} with trl.async_prefetch: true: prefetch_depth counts the rollout batches "
                "generated ahead and must be >= 1 (1 is the usual choice), or set async_prefetch: false")
@@ -92,12 +95,12 @@ def _rollout_problems(cfg):
         # num_iterations times
         step_rows = rows_per_step(cfg)
         windows = -(-trl.generation_batch_size // step_rows) if trl.generation_batch_size else 1
-        per_batch = (trl.steps_per_generation or 1) * windows * (trl.num_iterations or 1)
-        oldest = depth * per_batch + (trl.vllm_sync_interval or 1) - 1
+        per_batch = options["steps_per_generation"] * windows * options["num_iterations"]
+        oldest = depth * per_batch + options["vllm_sync_interval"] - 1
         if trl.allowed_outdated_steps < oldest:
             yield (f"trl.allowed_outdated_steps = {trl.allowed_outdated_steps} is below the age of every prefetched batch: "
                    f"prefetch_depth = {depth} batches of {per_batch} optimizer step(s) with vllm_sync_interval = "
-                   f"{trl.vllm_sync_interval or 1} trains on rollouts up to {oldest} steps old, so every batch would be "
+                   f"{options['vllm_sync_interval']} trains on rollouts up to {oldest} steps old, so every batch would be "
                    "dropped; raise allowed_outdated_steps or lower prefetch_depth / vllm_sync_interval")
     if trl.use_vllm and cfg.adapter == "qlora" and not trl.vllm_lora_sync:
         yield ("adapter: qlora with trl.use_vllm sends merged weights, which a 4-bit base cannot give: set "
@@ -118,8 +121,8 @@ def _rollout_problems(cfg):
     if trl.streaming_min_groups is not None and not trl.streaming_partial_batch:
         yield ("trl.streaming_min_groups sizes the chunks of streaming scoring: set trl.streaming_partial_batch: true, "
                "or remove streaming_min_groups")
-    filters = [f"trl.{key}" for key, off in (("top_k", (None, 0, -1)), ("top_p", (None, 1.0)), ("min_p", (None, 0.0)),
-                                              ("repetition_penalty", (None, 1.0))) if getattr(trl, key) not in off]
+    filters = [f"trl.{key}" for key, off in (("top_k", (0, -1)), ("top_p", (1.0,)), ("min_p", (0.0,)),
+                                              ("repetition_penalty", (1.0,))) if options[key] not in off]
     if trl.replay_buffer_size and not trl.replay_recompute_logps and filters:
         yield (f"trl.replay_recompute_logps: false with {', '.join(filters)}: a replayed row would keep the log-probs "
                "recorded when it was sampled, which are of the filtered distribution, while the PPO ratio compares "
