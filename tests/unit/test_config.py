@@ -779,3 +779,18 @@ def test_test_datasets_with_val_set_size_is_refused(config_problems, config):
     assert ("combination", "test_datasets and val_set_size are both set: evaluation takes test_datasets, so val_set_size "
             "would hold nothing out; keep one") in problems
     assert config(test_datasets=[{"path": "eval.jsonl"}]).val_set_size == 0.0
+
+
+def test_every_method_has_a_spec(config):
+    """rlft.config.methods holds one spec per value of `method` (`sft`, `reward_model`, every `rl:`), EBFT's in each mode."""
+    import typing
+
+    from rlft.config.methods import METHODS, method_spec, spec_of
+    from rlft.config.schema import RlMethod
+
+    assert set(METHODS) == {"sft", "reward_model", *typing.get_args(RlMethod)}
+    assert config(rl="dpo").method == "dpo" and spec_of(config(reward_model=True)).sequence_classification
+    structured, strided = method_spec("ebft"), method_spec("ebft", "strided")
+    assert (structured.mode, structured.engine, structured.flattens) == ("structured", True, True)
+    assert (strided.mode, strided.engine, strided.flattens, strided.data) == ("strided", False, False, "text")
+    assert [name for name, spec in METHODS.items() if spec.needs_reference] == ["dpo", "ipo", "kto"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlft.config.axolotl_tables import DATASET, TOP_LEVEL, TRL, VLLM, refusal
+from rlft.config.methods import spec_of
 from rlft.config.plugins import IMPLEMENTED as IMPLEMENTED_PLUGINS
 from rlft.config.sections.model import ATTENTION
 from rlft.config.template_names import NOT_SHIPPED
@@ -63,11 +64,12 @@ def unsupported_settings(cfg) -> tuple[list[tuple[str, str]], list[str]]:
         refused.append((f"chat_template: {cfg.chat_template}", "a vision template; use a text template or tokenizer_default "
                         "(rlft trains text-only models)"))
     model_type = cfg.model_type or "AutoModelForCausalLM"
-    if cfg.method == "reward_model" and model_type not in ("AutoModelForCausalLM", "AutoModelForSequenceClassification"):
+    spec = spec_of(cfg)
+    if spec.sequence_classification and model_type not in ("AutoModelForCausalLM", "AutoModelForSequenceClassification"):
         refused.append((f"model_type: {model_type}", "reward models load as AutoModelForSequenceClassification (one score head)"))
-    elif cfg.method != "reward_model" and not model_type.endswith("ForCausalLM"):
+    elif not spec.sequence_classification and not model_type.endswith("ForCausalLM"):
         refused.append((f"model_type: {model_type}", "rlft trains causal language models: AutoModelForCausalLM or a *ForCausalLM class"))
-    if cfg.skip_prepare_dataset and cfg.rl not in ("grpo", "gdpo") and not (cfg.rl == "ebft" and cfg.ebft.mode == "structured"):
+    if cfg.skip_prepare_dataset and not spec.engine:
         refused.append(("skip_prepare_dataset", "applies to prompt datasets (grpo, gdpo, structured ebft); other methods need "
                                                 "rows tokenised and fitted to sequence_len"))
     if cfg.gradient_checkpointing == "offload_disk":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlft.config.methods import method_spec
 from rlft.config.parallel import launched
 
 # `trl:` keys whose schema default is None, and the value that then applies (TRL's GRPOConfig defaults,
@@ -151,7 +152,7 @@ def trl_options(cfg) -> dict[str, Any]:
             options[key] = value
     if trl.beta is None and "rl_beta" in cfg.model_fields_set:  # Axolotl's precedence: trl.beta, else rl_beta
         options["beta"] = cfg.rl_beta
-    if cfg.rl == "gdpo":
+    if method_spec(cfg.method).normalises_each_reward:
         options["multi_objective_aggregation"] = "normalize_then_sum"
     if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
         options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
@@ -182,7 +183,7 @@ def rl_settings(cfg) -> RLSettings:
     is_level, is_mode = options["vllm_importance_sampling_mode"].split("_", 1)
     # all-zero advantages leave nothing to learn only without a KL, an entropy or EBFT's cross-entropy term (TRL steps
     # on every batch); trainer.args sees the resolved value
-    ebft_ce = cfg.rl == "ebft" and bool(cfg.ebft.ce_coef)
+    ebft_ce = method_spec(cfg.method).feature_matching and bool(cfg.ebft.ce_coef)
     options["skip_zero_advantage_batches"] = bool(options["skip_zero_advantage_batches"] and not options["beta"]
                                                   and not options["entropy_coeff"] and not ebft_ce)
     # one config drives `rlft vllm-serve` and `rlft train`: unless trl.vllm_server_* is set, connect where vllm: listens

@@ -14,7 +14,8 @@ from pydantic import TypeAdapter, ValidationError, field_validator, model_valida
 
 from rlft.config.axolotl_tables import TOP_LEVEL, known_only
 from rlft.config.base import field, planned
-from rlft.config.rules.batching import PREFERENCE_METHODS, flattens_batches
+from rlft.config.methods import RL_METHODS, method_spec
+from rlft.config.rules.batching import flattens_batches
 from rlft.config.sections.data import DataFields
 from rlft.config.sections.ebft import EBFTConfig
 from rlft.config.sections.loop import LoopFields
@@ -26,7 +27,7 @@ from rlft.config.sections.trl import TRLConfig
 from rlft.config.sections.vllm import VLLMConfig
 from rlft.config.trackers import TrackerFields
 
-RlMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "ebft"]
+RlMethod = Literal[RL_METHODS]
 
 
 def _as_bool(value: Any) -> bool | None:
@@ -44,7 +45,7 @@ class RlftConfig(LoopFields, DataFields, ModelFields, PreferenceFields, NemoGymF
     """The whole config file."""
 
     # --- methods ---
-    rl: Optional[RlMethod] = field(None, "The method: unset for SFT, else dpo, ipo, kto, orpo, simpo, grpo, gdpo, ebft.")
+    rl: Optional[RlMethod] = field(None, f"The method: unset for SFT, else {', '.join(RL_METHODS)}.")
     trl: TRLConfig = field(default_factory=TRLConfig, description="Online-RL (GRPO family) options.")
     ebft: EBFTConfig = field(default_factory=EBFTConfig, description="Energy-based fine-tuning options.")
     qat: Optional[QATConfig] = field(None, "Quantization-aware training through torchao's fake quantizers (Axolotl's "
@@ -129,7 +130,7 @@ class RlftConfig(LoopFields, DataFields, ModelFields, PreferenceFields, NemoGymF
         """How micro-batches are flattened (`batch_flattening`): None (padded rows), "varlen" (flash-attention finds the
         rows from the position ids) or "mask" (a block-diagonal causal mask, for SDPA and eager attention)."""
         flash = self.effective_attn_implementation.startswith("flash_attention")
-        if self.method in PREFERENCE_METHODS:  # TRL's and Axolotl's key for the DPO trainer's padding-free batches
+        if method_spec(self.method).preference:  # TRL's and Axolotl's key for the DPO trainer's padding-free batches
             on = bool(self.dpo_padding_free)
         else:
             on = flattens_batches(self) and (self.batch_flattening is True or (

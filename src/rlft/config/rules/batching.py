@@ -3,17 +3,15 @@ rules on those keys."""
 
 from __future__ import annotations
 
-PREFERENCE_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo")
-PAIR_METHODS = ("dpo", "ipo", "orpo", "simpo")  # trained on (prompt, chosen, rejected)
-SHARING_METHODS = (*PAIR_METHODS, "reward_model", "grpo", "gdpo")  # several answers to one prompt in a micro-batch
-ROUTER_LOSS_METHODS = ("sft", *PREFERENCE_METHODS, "grpo", "gdpo")  # an MoE router's load-balancing loss joins theirs
+from rlft.config.methods import method_spec, names_where, spec_of
 
 
 def prompt_sharing_problem(cfg) -> str | None:
     """Why this config's answers cannot share their prompt (`share_prompts`), or None (the model may still say no:
     `rlft.models.shared_prompts.shared_prompt_problem`)."""
-    if cfg.method not in SHARING_METHODS:
-        return f"it applies to {', '.join(SHARING_METHODS[:-1])} and {SHARING_METHODS[-1]}, not {cfg.method}"
+    if not method_spec(cfg.method).shares_prompts:
+        sharing = names_where("shares_prompts")
+        return f"it applies to {', '.join(sharing[:-1])} and {sharing[-1]}, not {cfg.method}"
     attention = cfg.effective_attn_implementation
     if attention not in ("sdpa", "eager"):
         return f"it needs SDPA or eager attention (they read the mask that keeps the answers apart), not {attention}"
@@ -27,26 +25,27 @@ def prompt_sharing_problem(cfg) -> str | None:
 
 def flattens_batches(cfg) -> bool:
     """Whether the method's micro-batches can be flattened by `batch_flattening` (SFT, the GRPO family, structured EBFT)."""
-    return cfg.method == "sft" or cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided")
+    return spec_of(cfg).flattens
 
 
 def batching_problems(cfg):
+    spec = spec_of(cfg)
     for key in ("sample_packing", "eval_sample_packing"):
-        if getattr(cfg, key) and cfg.method != "sft":
+        if getattr(cfg, key) and not spec.packs:
             yield f"{key} applies to SFT only, not {cfg.method}"
     if cfg.group_by_length and cfg.sample_packing:
         yield "group_by_length and sample_packing: packing already fills rows from documents of any length; keep one"
-    if cfg.group_by_length and cfg.method not in ("sft", "reward_model", *PREFERENCE_METHODS):
+    if cfg.group_by_length and not spec.groups_by_length:
         yield f"group_by_length groups SFT, preference and reward-model batches (rollouts are not drawn by length), not {cfg.method}"
     if cfg.batch_flattening is True and cfg.sample_packing:
         yield "batch_flattening and sample_packing both remove padding: keep one (sample_packing also fills rows across batches)"
     flattened = flattens_batches(cfg)
     if cfg.batch_flattening is True and not flattened:
-        instead = "use dpo_padding_free: true" if cfg.method in PREFERENCE_METHODS else "remove it"
+        instead = "use dpo_padding_free: true" if spec.preference else "remove it"
         yield (f"batch_flattening applies to SFT and to the GRPO family's rollouts (and structured EBFT), not {cfg.method}"
-               f"{' in strided mode' if cfg.rl == 'ebft' else ''}: {instead}")
-    if cfg.dpo_padding_free and cfg.method not in PREFERENCE_METHODS:
-        yield (f"dpo_padding_free applies to the preference methods (dpo, ipo, kto, orpo, simpo), not {cfg.method}"
+               f"{f' in {spec.mode} mode' if spec.mode else ''}: {instead}")
+    if cfg.dpo_padding_free and not spec.preference:
+        yield (f"dpo_padding_free applies to the preference methods ({', '.join(names_where('preference'))}), not {cfg.method}"
                f"{': use batch_flattening: true' if flattened else ''}")
-    if cfg.pad_to_sequence_len and cfg.method in ("grpo", "gdpo", "ebft"):
+    if cfg.pad_to_sequence_len and spec.generates:
         yield f"pad_to_sequence_len applies to SFT, preference and reward-model batches, not {cfg.method}"

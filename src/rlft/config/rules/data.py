@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rlft.config.methods import method_spec
+
 
 def streaming_problems(cfg):
     for key, entries in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets or [])):
@@ -33,7 +35,7 @@ def streaming_problems(cfg):
                "texts are cut into pieces of sequence_len tokens, never truncated or refused: remove it")
     if any(raw) and cfg.sequence_len < 2:
         yield f"{streamed} of raw text needs sequence_len >= 2 (a piece of one token predicts nothing)"
-    if cfg.method != "sft":
+    if not method_spec(cfg.method).packs:
         yield f"{streamed} is built for SFT, not {cfg.method}: remove it and list the data under datasets:"
     if not cfg.max_steps:
         yield f"{streamed}: a stream has no length to count epochs in: set max_steps"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.plugins import CCE_PLUGIN, cut_cross_entropy, nemo_gym_enabled
-from rlft.config.rules.batching import ROUTER_LOSS_METHODS
+from rlft.config.methods import method_spec
 from rlft.config.sections.datasets import UserDefinedType
 from rlft.config.sections.qat import combination_problem
 
@@ -22,7 +22,7 @@ def essentials(cfg):
 
 def model_config_problems(cfg):
     settings = cfg.overrides_of_model_config or {}
-    if settings.get("output_router_logits") and cfg.method not in ROUTER_LOSS_METHODS:
+    if settings.get("output_router_logits") and not method_spec(cfg.method).router_loss:
         yield (f"model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, "
                f"the preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO) and the GRPO family; for {cfg.method} it is not "
                "built: remove it")
@@ -43,7 +43,7 @@ def mistral_common_problems(cfg):
         return
     why = ("tokenizer_use_mistral_common" if cfg.tokenizer_use_mistral_common else
            "tokenizer_use_mistral_common (on for a Magistral model unless set to false)")
-    if cfg.method != "sft":
+    if not method_spec(cfg.method).packs:
         yield (f"{why} is built for SFT; {cfg.method} renders prompts as text through a chat template, which a "
                "mistral-common tokenizer does not have: set tokenizer_use_mistral_common: false to use the model's "
                "transformers tokenizer")
@@ -75,7 +75,7 @@ def qat_problems(cfg):
         yield (f"qat: {' and '.join(micro)} with {cfg.qat.weight}: torchao's {cfg.qat.weight.upper()} layers have no "
                "embedding version and no switch to train without rounding (Axolotl's switch skips them): use int4 or "
                "float8 weights, or remove it")
-    if cfg.method != "sft":
+    if not method_spec(cfg.method).qat:
         yield f"qat is built for SFT (as Axolotl's QAT examples train), not {cfg.method}: remove the qat section"
     if cfg.adapter:
         yield (f"qat with adapter: {cfg.adapter}: quantization-aware training adapts the full weights to their rounding, "
@@ -112,6 +112,6 @@ def kernel_problems(cfg):
 
 
 def neftune_problems(cfg):
-    if cfg.neftune_noise_alpha and cfg.method not in ("sft", "reward_model"):
+    if cfg.neftune_noise_alpha and not method_spec(cfg.method).neftune:
         yield (f"neftune_noise_alpha noises the embeddings of SFT and reward-model training (Axolotl passes it to those "
                f"trainers only), not {cfg.method}: remove it")

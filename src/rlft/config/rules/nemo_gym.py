@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlft.config.methods import method_spec
 from rlft.config.plugins import NEMO_GYM_PLUGIN, nemo_gym_enabled
 from rlft.config.rl import trl_options
 
@@ -16,7 +17,7 @@ def nemo_gym_problems(cfg):
             yield (f"nemo_gym_datasets is set but NeMo Gym is off: add plugins: [{NEMO_GYM_PLUGIN}] (or nemo_gym_enabled: "
                    "true), or remove nemo_gym_datasets")
         return
-    if cfg.rl not in ("grpo", "gdpo"):
+    if not method_spec(cfg.method).reward_functions:
         yield f"NeMo Gym environments score online-RL rollouts: set rl: grpo (or gdpo), not {cfg.rl or 'sft'}"
     if cfg.dataset_exact_deduplication:
         yield ("dataset_exact_deduplication applies to datasets:, not to NeMo Gym's task files (nemo_gym_datasets): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlft.config.methods import spec_of
 from rlft.config.parallel import launched
 from rlft.config.rl import trl_options
 
@@ -9,11 +10,11 @@ from rlft.config.rl import trl_options
 def online_problems(cfg):
     """The rules of online RL. Keys a run resolves (`variant`, defaults) are judged as resolved (`trl_options`): what
     the run will do; a rule about a key the user wrote reads `cfg.trl`."""
-    options = trl_options(cfg)
-    if cfg.rl == "ebft":
+    spec, options = spec_of(cfg), trl_options(cfg)
+    if spec.feature_matching:
         yield from _ebft_problems(cfg, options)
-    if cfg.rl in ("grpo", "gdpo") or (cfg.rl == "ebft" and cfg.ebft.mode != "strided"):
-        yield from _grpo_problems(cfg, options)
+    if spec.engine:
+        yield from _grpo_problems(cfg, spec, options)
 
 
 def _ebft_problems(cfg, options):
@@ -38,7 +39,7 @@ def rows_per_step(cfg) -> int:
     return cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
 
 
-def _grpo_problems(cfg, options):
+def _grpo_problems(cfg, spec, options):
     trl = cfg.trl
     completion = options["max_completion_length"]
     if "sequence_len" in cfg.model_fields_set and not cfg.skip_prepare_dataset and cfg.sequence_len <= completion:
@@ -78,8 +79,8 @@ def _grpo_problems(cfg, options):
         if trl.steps_per_generation is not None:
             yield ("trl.generation_batch_size and trl.steps_per_generation both size the generation batch (TRL refuses "
                    "both too): keep one of them")
-    if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
-        yield "rl: gdpo normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
+    if spec.normalises_each_reward and trl.multi_objective_aggregation == "sum_then_normalize":
+        yield f"rl: {spec.name} normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
     yield from _rollout_problems(cfg, options)
 
 
