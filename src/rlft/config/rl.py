@@ -128,7 +128,7 @@ class RLSettings:
         """The policy term is weighted by exp(old - sampling): IS correction or the decoupled loss."""
         return self.is_correction or self.decoupled_loss
 
-    def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`, as earlier rlft versions
+    def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`: user rollout functions index it
         return self.raw[name]
 
     def __getattr__(self, name: str) -> Any:  # `trainer.args.<any trl key>` for user rollout functions

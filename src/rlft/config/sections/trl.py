@@ -244,7 +244,7 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     use_bias_correction_kl: Optional[bool] = field(
         None,
         "Multiply the k3 KL term by the token ratio exp(logp - old) (DeepSeek-V3.2 unbiased KL estimate, "
-        "https://arxiv.org/abs/2512.02556 §3.1; TRL); None -> false.",
+        "https://arxiv.org/abs/2512.02556; TRL); None -> false.",
     )
     reference_reset_interval: Optional[int] = field(
         None,
