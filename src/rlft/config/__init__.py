@@ -1,7 +1,7 @@
 """The config language: schema, loading, overrides and checks. Of rlft it imports only `rlft.errors`.
 
 `rlft.config.schema.RlftConfig` is the whole file, joined from the key families in `rlft.config.sections`;
-`rlft.config.rules` holds the cross-field checks.
+`rlft.config.rules` holds the cross-field checks, `rlft.config.methods` what each training method is.
 """
 
 from rlft.config.base import planned_settings
