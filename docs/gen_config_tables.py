@@ -16,8 +16,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
-from rlft.config.schema import PretrainingDatasetConfig
-from rlft.config.sections import EBFTConfig, NemoGymDataset, NemoGymFields, PreferenceFields, QATConfig, TRLConfig, VLLMConfig
+from rlft.config.sections.datasets import PretrainingDatasetConfig
+from rlft.config.sections.ebft import EBFTConfig
+from rlft.config.sections.nemo_gym import NemoGymDataset, NemoGymFields
+from rlft.config.sections.preference import PreferenceFields
+from rlft.config.sections.qat import QATConfig
+from rlft.config.sections.trl import TRLConfig
+from rlft.config.sections.vllm import VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
@@ -94,7 +99,7 @@ def own_fields(model: type[BaseModel], *exclude: type[BaseModel]) -> list[str]:
 
 def axolotl_only() -> str:
     """The Axolotl keys rlft knows but does not run, by reason (config/axolotl_keys.py)."""
-    from rlft.config.axolotl_keys import DATASET, REASONS, SPECIFIC, TOP_LEVEL, TRL, VLLM
+    from rlft.config.axolotl_tables import DATASET, REASONS, SPECIFIC, TOP_LEVEL, TRL, VLLM
 
     groups: dict[str, list[str]] = {}
     for prefix, table_ in (("", TOP_LEVEL), ("datasets[].", DATASET), ("trl.", TRL), ("vllm.", VLLM)):

@@ -107,8 +107,9 @@ def test_every_top_level_axolotl_key_is_known():
 def test_every_dataset_trl_and_vllm_axolotl_key_is_known():
     import json
 
-    from rlft.config.schema import DatasetConfig
-    from rlft.config.sections import TRLConfig, VLLMConfig
+    from rlft.config.sections.datasets import DatasetConfig
+    from rlft.config.sections.trl import TRLConfig
+    from rlft.config.sections.vllm import VLLMConfig
 
     nested = json.loads((DATA / "axolotl_nested_keys.json").read_text())
     for parent, model in (("datasets[]", DatasetConfig), ("trl", TRLConfig), ("vllm", VLLMConfig)):
@@ -133,7 +134,7 @@ def test_axolotl_only_keys_validate_and_train_refuses_them_with_reasons(config):
                                           ({"cut_cross_entropy": True}, True), ({}, False)])
 def test_the_cut_cross_entropy_plugin_runs_and_turns_its_key_on_as_in_axolotl(config, settings, on):
     from rlft.config.axolotl_keys import unsupported_settings
-    from rlft.config.schema import cut_cross_entropy
+    from rlft.config.plugins import cut_cross_entropy
 
     cfg = config(**settings)
     assert unsupported_settings(cfg) == ([], [])
@@ -286,7 +287,8 @@ def test_the_cache_key_sees_a_written_sequence_len_and_the_user_transforms_code(
 
 def test_every_axolotl_template_name_validates_and_unshipped_ones_are_refused_in_train(config):
     from rlft.config.axolotl_keys import unsupported_settings
-    from rlft.data.chat_templates import NOT_SHIPPED, TEMPLATES
+    from rlft.config.template_names import NOT_SHIPPED
+    from rlft.data.chat_templates import TEMPLATES
 
     names = [line for line in (DATA / "axolotl_chat_templates.txt").read_text().splitlines() if line and not line.startswith("#")]
     assert len(names) > 30

@@ -17,7 +17,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from rlft.data.chat_templates import NOT_SHIPPED, TEMPLATES
+from rlft.config.template_names import NAMES, NOT_SHIPPED, TEMPLATE_NAMES
+from rlft.data.chat_templates import TEMPLATES
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "chat_template_renders.json").read_text(encoding="utf-8"))
 FIXED_DATE = datetime(2025, 1, 31)  # what strftime_now returned when the JSON was written (see its "about")
@@ -99,6 +100,13 @@ def test_template_settings_a_layout_leaves_out_are_named():
             render(TEMPLATES[name][0], chat, **kwargs)
     with pytest.raises(jinja2.TemplateError, match="`name`"):
         render(TEMPLATES["jamba"][0], [{"role": "user", "content": "Hi", "name": "bob"}])
+
+
+def test_the_config_names_every_template_written_here_in_order():
+    """`chat_template:` validates against the names in rlft.config (the config reads no template text): the same names
+    as the templates written here, in the same order (`rlft validate` lists them so)."""
+    assert TEMPLATE_NAMES == tuple(TEMPLATES)
+    assert NAMES == ("tokenizer_default", "jinja", *TEMPLATES, *NOT_SHIPPED)
 
 
 def test_vision_templates_are_refused_in_train_as_vision_templates(config):

@@ -408,6 +408,24 @@ def test_rollout_and_is_keys_are_built_not_planned(config):
         refuse_unbuilt(config(**GRPO, trl={"vllm_group_port": 6000}))
 
 
+def test_the_rules_judge_the_trl_keys_as_the_run_resolves_them(config, config_problems, monkeypatch):
+    """variant and defaults are applied before the cross-field rules run: the rules see the values the run trains
+    with, and each default has one home (rlft.config.rl.DEFAULTS), shared by the rules and rl_settings."""
+    from rlft.config import rl
+    from rlft.config.rl import rl_settings, trl_options
+
+    cfg = config(**GRPO, trl={"variant": "dapo", "beta": 0.05})
+    options = trl_options(cfg)
+    assert (options["epsilon_high"], options["overlong_penalty"], options["filter_reward_metric"]) == (0.28, True, "reward")
+    assert options["beta"] == 0.05  # a key the user sets wins over the variant
+    assert options["num_generations"] == rl.DEFAULTS["num_generations"]
+    s = rl_settings(cfg)
+    assert (s.epsilon_high, s.beta, s.num_generations, s.loss_type) == (0.28, 0.05, 8, "dapo")
+    monkeypatch.setitem(rl.DEFAULTS, "num_generations", 1)
+    assert ("combination", "trl.num_generations is 1: group-relative advantages need at least 2 completions per "
+            "prompt") in config_problems(**GRPO)
+
+
 def test_rl_settings_defaults_for_a_sync_run(config):
     from rlft.config.rl import rl_settings
 
@@ -580,7 +598,7 @@ NEMO = {"rl": "grpo", "micro_batch_size": 8, "plugins": ["axolotl.integrations.n
 
 def test_nemo_gym_config_of_the_guide_validates_without_datasets(config):
     cfg = config(**{**NEMO, "datasets": []})
-    from rlft.config.schema import nemo_gym_enabled
+    from rlft.config.plugins import nemo_gym_enabled
 
     assert nemo_gym_enabled(cfg) and cfg.nemo_gym_head_port == 11000 and cfg.nemo_gym_verify_timeout == 30
 
@@ -629,7 +647,7 @@ def test_generation_kwargs_stop_token_ids_end_completions_besides_eos(config, co
     """Axolotl's Qwen 3.5 EBFT examples pass vLLM's stop_token_ids; the in-process engine stops on them as on EOS."""
     from rlft.config.rl import rl_settings
     from rlft.data.tokenizer import byte_tokenizer
-    from rlft.config.rl import sampling_params
+    from rlft.rollout.types import sampling_params
 
     tok = byte_tokenizer()
     s = rl_settings(config(**GRPO, trl={"generation_kwargs": {"stop_token_ids": [7, 9], "stop": "###"}}))
@@ -761,3 +779,18 @@ def test_test_datasets_with_val_set_size_is_refused(config_problems, config):
     assert ("combination", "test_datasets and val_set_size are both set: evaluation takes test_datasets, so val_set_size "
             "would hold nothing out; keep one") in problems
     assert config(test_datasets=[{"path": "eval.jsonl"}]).val_set_size == 0.0
+
+
+def test_every_method_has_a_spec(config):
+    """rlft.config.methods holds one spec per value of `method` (`sft`, `reward_model`, every `rl:`), EBFT's in each mode."""
+    import typing
+
+    from rlft.config.methods import METHODS, method_spec, spec_of
+    from rlft.config.schema import RlMethod
+
+    assert set(METHODS) == {"sft", "reward_model", *typing.get_args(RlMethod)}
+    assert config(rl="dpo").method == "dpo" and spec_of(config(reward_model=True)).sequence_classification
+    structured, strided = method_spec("ebft"), method_spec("ebft", "strided")
+    assert (structured.mode, structured.engine, structured.flattens) == ("structured", True, True)
+    assert (strided.mode, strided.engine, strided.flattens, strided.data) == ("strided", False, False, "text")
+    assert [name for name, spec in METHODS.items() if spec.needs_reference] == ["dpo", "ipo", "kto"]

@@ -8,8 +8,11 @@ import typing
 import annotated_types as at
 import pytest
 
-from rlft.config.schema import DatasetConfig, RlftConfig
-from rlft.config.sections import EBFTConfig, TRLConfig, VLLMConfig
+from rlft.config.schema import RlftConfig
+from rlft.config.sections.datasets import DatasetConfig
+from rlft.config.sections.ebft import EBFTConfig
+from rlft.config.sections.trl import TRLConfig
+from rlft.config.sections.vllm import VLLMConfig
 
 SECTIONS = (("", RlftConfig), ("trl.", TRLConfig), ("vllm.", VLLMConfig), ("ebft.", EBFTConfig), ("datasets[].", DatasetConfig))
 # checked by a validator of their own, with a message that says more than the bound

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlft.models.freeze import freeze_except, parse_pattern
+from rlft.config.unfrozen import parse_pattern
+from rlft.models.freeze import freeze_except
 
 
 def _model() -> LlamaForCausalLM:

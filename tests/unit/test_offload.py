@@ -162,7 +162,7 @@ def test_a_model_with_its_own_checkpointing_code_keeps_it_and_refuses_offloading
 def test_fsdp_activation_checkpointing_is_checkpointing():
     """fsdp_config.activation_checkpointing means gradient_checkpointing (docs/distributed.md): the model is
     checkpointed when it loads (also on one process), and activation_offloading may go with it."""
-    from rlft.models.checkpointing import checkpoints
+    from rlft.config.activation_checkpointing import checkpoints
 
     fsdp = {"fsdp_version": 2, "fsdp_config": {"activation_checkpointing": True}}
     cfg = build_config({**BASE, **fsdp, "activation_offloading": True})

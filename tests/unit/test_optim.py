@@ -235,7 +235,8 @@ def test_torchs_adamw_is_what_transformers_gives(config, name):
 
     from transformers import Trainer, TrainingArguments
 
-    from rlft.train.optim import ALIASES, optimizer_class
+    from rlft.config.optimizers import ALIASES
+    from rlft.train.optim import optimizer_class
 
     cfg = config(optimizer=name, learning_rate=2e-4, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}

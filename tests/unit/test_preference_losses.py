@@ -495,7 +495,7 @@ def test_config_and_losses_list_the_same_dpo_loss_types():
     """config/ and losses/ import nothing of each other (DESIGN: layers), so the list is written twice: keep it equal."""
     from typing import get_args
 
-    from rlft.config.sections import DPOLossType
+    from rlft.config.sections.preference import DPOLossType
     from rlft.losses.preference.dpo import DPO_LOSS_TYPES
 
     assert set(get_args(DPOLossType)) == set(DPO_LOSS_TYPES)

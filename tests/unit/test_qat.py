@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from rlft.config.sections.qat import combination_problem
 from rlft.errors import ModelError
-from rlft.models.qat import check_qat, combination_problem, describe, fake_quant_schedule, prepare_qat, set_fake_quant
+from rlft.models.qat import check_qat, describe, fake_quant_schedule, prepare_qat, set_fake_quant
 
 def tiny(seed: int = 0):
     torch.manual_seed(seed)

@@ -190,7 +190,7 @@ def test_a_pissa_adapter_pushed_with_its_residual_base_gives_the_trainer_s_model
 
 
 def test_vllm_only_keys_exist_in_the_vllm_section():
-    from rlft.config.sections import VLLMConfig
+    from rlft.config.sections.vllm import VLLMConfig
     from rlft.rollout.server.launch import VLLM_ONLY
 
     assert VLLM_ONLY <= set(VLLMConfig.model_fields)

@@ -4,7 +4,7 @@ the keys as Axolotl and transformers read them."""
 
 from __future__ import annotations
 
-BEST_MODEL_METHODS = ("sft", "reward_model")  # Axolotl's causal builder turns it on; its RL builder never does
+from rlft.config.methods import method_spec
 
 
 def has_eval_set(cfg) -> bool:
@@ -16,7 +16,7 @@ def axolotl_loads_best(cfg) -> bool:
     `load_best_model_at_end` is true or `early_stopping_patience` is set (its schema's default is false), and the run
     has one eval source, save steps and eval steps, the first a multiple of the second. `saves_per_epoch` /
     `evals_per_epoch` count there as fractions of the run, 1 / (per_epoch * num_epochs), and only below 1."""
-    if cfg.method not in BEST_MODEL_METHODS or bool(cfg.test_datasets) == (cfg.val_set_size > 0):
+    if not method_spec(cfg.method).best_model or bool(cfg.test_datasets) == (cfg.val_set_size > 0):
         return False
     if not (cfg.load_best_model_at_end or cfg.early_stopping_patience):
         return False
@@ -82,8 +82,8 @@ def best_model_problems(cfg):
     watching = [key for key, on in (("early_stopping_patience", cfg.early_stopping_patience),
                                     ("load_best_model_at_end", loads_best_model(cfg)),
                                     ("save_strategy: best", cfg.save_strategy == "best")) if on]
-    reports = {"grpo": "reward", "gdpo": "reward", "ebft": "ce_loss"}.get(cfg.method)
-    if watching and reports and cfg.metric_for_best_model is None:
+    reports = method_spec(cfg.method).eval_metric
+    if watching and reports != "loss" and cfg.metric_for_best_model is None:
         yield (f"{watching[0]} watches eval/loss, which {cfg.method}'s evaluation does not report: set "
                f"metric_for_best_model: {reports} (eval/{reports}{', higher is better' if reports == 'reward' else ''})")
     if not watching:

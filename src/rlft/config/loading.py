@@ -16,7 +16,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlft.config.base import Section
-from rlft.config.schema import RlftConfig, combination_problems
+from rlft.config.rules import combination_problems
+from rlft.config.schema import RlftConfig
+from rlft.config.sections.datasets import DatasetConfig, PretrainingDatasetConfig, UserDefinedType
+from rlft.config.sections.nemo_gym import NemoGymDataset
 from rlft.errors import ConfigError
 
 _TYPE_WORDS = {
@@ -222,15 +225,11 @@ def _format_loc(loc: list[Any]) -> str:
 
 def _entry_model(key: str) -> type[BaseModel] | None:
     """The model of one entry of a dataset list (`datasets`, `test_datasets`, `pretraining_dataset`), else None."""
-    from rlft.config.schema import DatasetConfig, PretrainingDatasetConfig
-
     return {"datasets": DatasetConfig, "test_datasets": DatasetConfig, "pretraining_dataset": PretrainingDatasetConfig}.get(key)
 
 
 def _section_for(loc: list[Any]) -> type[BaseModel]:
     """The model class that owns the key at `loc` (walks nested sections and lists)."""
-    from rlft.config.schema import UserDefinedType
-
     model: type[BaseModel] = RlftConfig
     for part in loc[:-1]:
         if isinstance(part, int):
@@ -246,8 +245,6 @@ def _section_for(loc: list[Any]) -> type[BaseModel]:
         elif isinstance(info.annotation, type) and issubclass(info.annotation, Section):
             model = info.annotation
         elif "NemoGymDataset" in annotation:
-            from rlft.config.sections import NemoGymDataset
-
             model = NemoGymDataset
     return model
 

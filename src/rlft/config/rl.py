@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlft.config.methods import method_spec
 from rlft.config.parallel import launched
 
 # `trl:` keys whose schema default is None, and the value that then applies (TRL's GRPOConfig defaults,
@@ -20,7 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "loss_type": "dapo", "epsilon": 0.2, "beta": 0.0, "multi_objective_aggregation": "sum_then_normalize",
     "advantage_estimator": "grpo", "importance_sampling_level": "token", "mask_truncated_completions": False,
     "positive_nll_coef": 0.0,
-    # rollout engine and async (Axolotl's async-trainer defaults, spec/axolotl-rl.md §A1)
+    # rollout engine and async (Axolotl's async-trainer defaults)
     "vllm_mode": "server", "vllm_server_timeout": 240.0, "vllm_sync_interval": 1, "prefetch_depth": 1,
     "streaming_partial_batch": False, "streaming_min_groups": 1, "vllm_importance_sampling_mode": "token_truncate",
     "vllm_importance_sampling_cap": 3.0, "use_bias_correction_kl": False,
@@ -127,7 +128,7 @@ class RLSettings:
         """The policy term is weighted by exp(old - sampling): IS correction or the decoupled loss."""
         return self.is_correction or self.decoupled_loss
 
-    def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`, as earlier rlft versions
+    def __getitem__(self, name: str) -> Any:  # `trainer.args["max_completion_length"]`: user rollout functions index it
         return self.raw[name]
 
     def __getattr__(self, name: str) -> Any:  # `trainer.args.<any trl key>` for user rollout functions
@@ -137,8 +138,9 @@ class RLSettings:
         raise AttributeError(name)
 
 
-def rl_settings(cfg) -> RLSettings:
-    """Resolve `cfg.trl` (+ `variant`, `rl: gdpo`, batch sizes) into the settings a run uses."""
+def trl_options(cfg) -> dict[str, Any]:
+    """Every `trl:` key as a run reads it: the `variant`'s options where the key is not set, then `DEFAULTS` where it is
+    still None, then `rl_beta`, `rl: gdpo` and RLOO's scaling. The cross-field rules judge these values."""
     trl = cfg.trl
     options = {name: getattr(trl, name) for name in type(trl).model_fields}
     if trl.variant:
@@ -150,10 +152,18 @@ def rl_settings(cfg) -> RLSettings:
             options[key] = value
     if trl.beta is None and "rl_beta" in cfg.model_fields_set:  # Axolotl's precedence: trl.beta, else rl_beta
         options["beta"] = cfg.rl_beta
-    if cfg.rl == "gdpo":
+    if method_spec(cfg.method).normalises_each_reward:
         options["multi_objective_aggregation"] = "normalize_then_sum"
     if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
         options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
+    return options
+
+
+def rl_settings(cfg) -> RLSettings:
+    """Resolve `cfg.trl` (`trl_options`, then the importance-sampling switch and batch sizes) into the settings a run
+    uses."""
+    trl = cfg.trl
+    options = trl_options(cfg)
     scale = "none" if options["unbiased_advantage"] else options["scale_rewards"]
     group = options["num_generations"]
     # every training process trains micro_batch_size x gradient_accumulation_steps completions per optimizer step
@@ -173,7 +183,7 @@ def rl_settings(cfg) -> RLSettings:
     is_level, is_mode = options["vllm_importance_sampling_mode"].split("_", 1)
     # all-zero advantages leave nothing to learn only without a KL, an entropy or EBFT's cross-entropy term (TRL steps
     # on every batch); trainer.args sees the resolved value
-    ebft_ce = cfg.rl == "ebft" and bool(cfg.ebft.ce_coef)
+    ebft_ce = method_spec(cfg.method).feature_matching and bool(cfg.ebft.ce_coef)
     options["skip_zero_advantage_batches"] = bool(options["skip_zero_advantage_batches"] and not options["beta"]
                                                   and not options["entropy_coeff"] and not ebft_ce)
     # one config drives `rlft vllm-serve` and `rlft train`: unless trl.vllm_server_* is set, connect where vllm: listens
@@ -217,19 +227,6 @@ def rl_settings(cfg) -> RLSettings:
         replay_buffer_size=options["replay_buffer_size"], replay_recompute_logps=options["replay_recompute_logps"],
         reroll_start_fraction=options["reroll_start_fraction"], reroll_max_groups=options["reroll_max_groups"],
         raw=options,
-    )
-
-
-def sampling_params(settings: RLSettings, ends: tuple[int, ...]):
-    """The run's `SamplingParams`; a completion ends at any of `ends` (`rlft.data.tokenizer.end_ids`) unless
-    `ignore_eos`, and at the config's own stop ids and strings."""
-    from rlft.rollout.types import SamplingParams
-
-    return SamplingParams(
-        max_new_tokens=settings.max_completion_length, temperature=settings.temperature, top_p=settings.top_p,
-        top_k=settings.top_k, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-        stop_token_ids=(() if settings.ignore_eos else tuple(ends)) + settings.stop_token_ids,
-        stop_strings=settings.stop_strings,
     )
 
 

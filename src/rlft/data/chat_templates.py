@@ -311,10 +311,6 @@ TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
                                                "'<|END_OF_TURN_TOKEN|>' }}")), _COHERE_MARKERS),
 }
 
-# Axolotl's vision templates: they validate; train refuses them (rlft trains text-only models)
-NOT_SHIPPED = ("llama3_2_vision", "pixtral", "llava", "qwen2_vl")
-NAMES = ("tokenizer_default", "jinja", *TEMPLATES, *NOT_SHIPPED)
-
 
 def add_missing_markers(tokenizer, name: str) -> list[str]:
     """Add the named template's markers the tokenizer lacks as special tokens; the ones added."""

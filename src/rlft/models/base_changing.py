@@ -19,20 +19,16 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlft.config.lora_inits import rewriting
+
 if TYPE_CHECKING:
     import torch
 
-BASE_CHANGING_INITS = ("pissa", "olora")
 INIT_FOLDER = "init-adapter"  # in output_dir: the adapter as initialised (B0, A0)
 RESUME_FOLDER = "adapter-as-trained"  # in a checkpoint: the adapter on the residual base, for resuming
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
 FACTOR_A = re.compile(r"\.lora_(embedding_)?A(\.|$)")  # (r, in): the new rows go below
 FACTOR_B = re.compile(r"\.lora_(embedding_)?B(\.|$)")  # (out, r): the new columns go to the right
-
-
-def rewriting(init) -> bool:
-    """Whether a LoRA init (PEFT's `init_lora_weights`: a bool or a name) rewrites the base weights."""
-    return isinstance(init, str) and init.startswith(BASE_CHANGING_INITS)
 
 
 def changes_base(model) -> bool:

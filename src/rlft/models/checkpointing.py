@@ -20,15 +20,6 @@ def offloads(cfg) -> bool:
     return cfg.activation_offloading in (True, "legacy", "hidden_states") or cfg.gradient_checkpointing == "offload"
 
 
-def checkpoints(cfg) -> bool:
-    """Whether the layers are checkpointed: `gradient_checkpointing`, or fsdp_config's `activation_checkpointing`, which
-    means the same (docs/distributed.md)."""
-    from rlft.config.parallel import fsdp_settings
-
-    settings = fsdp_settings(cfg)
-    return bool(cfg.gradient_checkpointing) or bool(settings is not None and settings.activation_checkpointing)
-
-
 def enable_checkpointing(model, cfg, device_type: str) -> None:
     """Checkpoint the model's decoder layers (non-reentrant unless `gradient_checkpointing_kwargs` says otherwise), their
     inputs offloaded to host memory when `activation_offloading` asks for it on a CUDA GPU."""

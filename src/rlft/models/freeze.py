@@ -12,39 +12,11 @@ which shrinks the rows it calls frozen.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
 
-_RANGE = re.compile(r"^(.+)\[([0-9]*)(?::([0-9]*))?\]$")
-
-
-@dataclass(frozen=True)
-class NamePattern:
-    text: str
-    regex: re.Pattern
-    rows: tuple[int, int | None] | None  # rows [start, end) that train; None: the whole parameter
-
-
-def parse_pattern(text: str) -> NamePattern:
-    """One `unfrozen_parameters` entry; ValueError naming what is wrong with it."""
-    name, rows = text, None
-    if found := _RANGE.match(text):
-        name, start, end = found.groups()
-        if end is None and start:  # [i]: one row
-            rows = (int(start), int(start) + 1)
-        elif end is not None:
-            rows = (int(start or 0), int(end) if end else None)
-        else:
-            raise ValueError(f"{text!r}: an empty row range []: write [start:end], [:end], [start:] or [i]")
-        if rows[1] is not None and rows[0] >= rows[1]:
-            raise ValueError(f"{text!r}: the row range ends at or before its start")
-    try:
-        regex = re.compile(re.sub(r"\.(?!\+)", r"\\.", name))
-    except re.error as exc:
-        raise ValueError(f"{text!r} is not a regular expression ({exc})") from None
-    return NamePattern(text, regex, rows)
+from rlft.config.unfrozen import parse_pattern
 
 
 @dataclass

@@ -23,14 +23,15 @@ from safetensors import safe_open
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel,
                           PreTrainedTokenizerBase)
 
+from rlft.config.activation_checkpointing import checkpoints
+from rlft.config.methods import method_spec
 from rlft.config.parallel import launched
-from rlft.config.schema import ROUTER_LOSS_METHODS
 from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
 from rlft.data.tokenizer import apply_chat_template_setting
 from rlft.errors import ConfigError, ModelError
 from rlft.models.attention import unmaskable_layers
 from rlft.models.base_changing import is_converted
-from rlft.models.checkpointing import checkpoints, enable_checkpointing
+from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.qat import check_qat, prepare_qat
 
@@ -283,7 +284,7 @@ def check_own_masks(cfg, model) -> None:
 def check_router_loss(cfg, model, device_type: str) -> None:
     """A mixture-of-experts model whose config.json sets output_router_logits computes its router's load-balancing loss
     in every forward: the methods that add it are SFT, the preference methods and the GRPO family, on rows with a mask
-    each (`model_config` setting it is checked with the config: `rlft.config.schema`). On a GPU under SDPA, the GRPO
+    each (`model_config` setting it is checked with the config: `rlft.config.rules`). On a GPU under SDPA, the GRPO
     family's rows, which start with their prompts' left padding, get a (B, 1, T, T) mask of rlft's own
     (`rlft.models.masks.safe_attention`), which transformers' router loss cannot read: refused there, whether
     model_config or config.json sets it."""
@@ -297,7 +298,7 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     if "output_router_logits" in (cfg.overrides_of_model_config or {}):
         return
     fix = "or set model_config: {output_router_logits: false} to train without the router's loss"
-    if cfg.method not in ROUTER_LOSS_METHODS:
+    if not method_spec(cfg.method).router_loss:
         raise ConfigError(f"base_model's config sets output_router_logits: true (a mixture-of-experts router's load-balancing "
                           f"loss), which rlft adds to SFT, the preference methods and the GRPO family, not to {cfg.method}: "
                           f"{fix}")

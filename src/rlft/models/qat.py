@@ -22,29 +22,6 @@ import torch
 from rlft.errors import ModelError
 
 
-def combination_problem(activation: str | None, weight: str, group_size: int | None) -> str | None:
-    """Why torchao 0.18 cannot train this (activation, weight) pair of canonical names, or None: the pairs Axolotl's
-    `get_quantization_config` refuses, and MXFP4 / NVFP4 weights without activations of their format."""
-    if weight == "nvfp4" and group_size not in (None, 16):
-        return f"nvfp4 quantizes in groups of 16, and group_size is {group_size}: set group_size: 16"
-    if weight == "mxfp4" and group_size not in (None, 32):
-        return f"mxfp4 quantizes in blocks of 32, and group_size is {group_size}: set group_size: 32"
-    if weight == "mxfp4":
-        return None if activation == "mxfp4" else (
-            f"torchao rounds MXFP4 weights only together with MXFP4 activations: set activation_dtype: mxfp4, not "
-            f"{activation or 'unset'}")
-    if weight == "nvfp4":
-        return None if activation == "nvfp4" else (
-            f"torchao rounds NVFP4 weights only together with NVFP4 activations: set activation_dtype: nvfp4, not "
-            f"{activation or 'unset'}")
-    supported = {(None, "int4"), ("int8", "int4"), ("float8", "int4"), ("float8", "float8")}
-    if (activation, weight) not in supported:
-        shown = lambda name: name or "unset"  # noqa: E731
-        return (f"torchao has no QAT for activation_dtype {shown(activation)} with weight_dtype {weight}: use int4 weights "
-                "(activations unset, int8 or float8), float8 for both, nvfp4 or mxfp4")
-    return None
-
-
 def _configs(qat, embedding: bool = False):
     """torchao's QATConfig for the linear layers (or, `embedding`, for the embedding: weights only)."""
     from torchao.quantization.qat import QATConfig

@@ -8,8 +8,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from rlft.config.activation_checkpointing import checkpoints
 from rlft.errors import ModelError
-from rlft.models.checkpointing import checkpoints, enable_checkpointing
+from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.head import score_head
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.loading import (adapter_base, attach_adapter, base_model_source, check_attention, check_router_loss,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlft.config.schema import prompt_sharing_problem
+from rlft.config.rules.batching import prompt_sharing_problem
 from rlft.data.preference import example_length, shared_length
 from rlft.errors import ConfigError
 from rlft.models.attention import attention_implementation

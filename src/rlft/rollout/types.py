@@ -29,6 +29,17 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
 
 
+def sampling_params(settings, ends: tuple[int, ...]) -> SamplingParams:
+    """The run's `SamplingParams` from its `rlft.config.rl.RLSettings`; a completion ends at any of `ends`
+    (`rlft.data.tokenizer.end_ids`) unless `ignore_eos`, and at the config's own stop ids and strings."""
+    return SamplingParams(
+        max_new_tokens=settings.max_completion_length, temperature=settings.temperature, top_p=settings.top_p,
+        top_k=settings.top_k, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
+        stop_token_ids=(() if settings.ignore_eos else tuple(ends)) + settings.stop_token_ids,
+        stop_strings=settings.stop_strings,
+    )
+
+
 @dataclass
 class Rollout:
     """N sampled rows, prompt-major (the G samples of prompt 0 first). Every field has one entry per row."""

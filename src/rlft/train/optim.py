@@ -15,19 +15,11 @@ import warnings
 
 import torch
 
+from rlft.config.methods import method_spec
+from rlft.config.optimizers import ALIASES, TORCH_ADAMW
 from rlft.errors import ConfigError
 
 NO_DECAY = ("bias", "norm", "layernorm", "ln_")
-# names rlft adds to transformers' list
-ALIASES = {"adamw": "adamw_torch"}
-# what transformers' Trainer.get_optimizer_cls_and_kwargs gives these names (torch.optim.AdamW), without importing its
-# Trainer: seconds of every run's start-up. tests/unit/test_optim.py checks that the two agree.
-TORCH_ADAMW = {"adamw_torch": {}, "adamw_torch_fused": {"fused": True}}
-
-def optimizer_names() -> list[str]:
-    from transformers.training_args import OptimizerNames
-
-    return sorted({name.value for name in OptimizerNames} | set(ALIASES) | {"adam"})
 
 
 def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, dict]:
@@ -66,7 +58,6 @@ def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 DEFAULT_WARMUP_RATIO, DEFAULT_WARMUP_CAP = 0.03, 100  # Axolotl's warm-up when neither key is set
-RATIO_METHODS = ("grpo", "ebft")  # Axolotl counts no steps for these: transformers applies the warm-up as a ratio
 
 
 def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
@@ -80,11 +71,11 @@ def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
     `int(warmup_ratio * steps)`, else `min(int(0.03 * steps), 100)`. A count of 1 (not a ratio's) becomes 2."""
     if cfg.warmup_steps is not None:
         steps = cfg.warmup_steps
-    elif cfg.rl in RATIO_METHODS:
+    elif method_spec(cfg.method).warmup_as_ratio:  # Axolotl counts no steps: transformers applies a ratio
         return math.ceil((cfg.warmup_ratio if cfg.warmup_ratio is not None else DEFAULT_WARMUP_RATIO) * total_steps)
     else:
         counted = epoch_steps or total_steps
-        if cfg.max_steps and not cfg.rl:
+        if cfg.max_steps and not method_spec(cfg.method).rl:
             counted = min(counted, cfg.max_steps)
         if cfg.warmup_ratio is not None:
             steps = int(cfg.warmup_ratio * counted)

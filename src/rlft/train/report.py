@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
-from rlft.config.schema import cut_cross_entropy
+from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_keys, liger_summary
 from rlft.models.qat import describe

@@ -10,10 +10,11 @@ from accelerate.utils import set_seed
 from rich.console import Console
 from transformers.integrations.neftune import neftune_post_forward_hook
 
+from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
+from rlft.config.plugins import nemo_gym_enabled
 from rlft.config.rl import rl_settings
-from rlft.config.schema import nemo_gym_enabled
 from rlft.data.preference import assign_kl_completions
 from rlft.data.prepare import ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
 from rlft.data.stream import prepare_streamed_sft_data
@@ -21,7 +22,7 @@ from rlft.errors import ConfigError, DataError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
 from rlft.models.base_changing import convert_folder, is_converted, rewrites_base, save_initial_adapter
-from rlft.models.checkpointing import checkpoints, offloads
+from rlft.models.checkpointing import offloads
 from rlft.models.freeze import freeze_except
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.loading import (attach_adapter, base_model_source, check_context_length, disable_dropout, hub_revision,

@@ -12,8 +12,8 @@ import torch
 
 from rlft.config import planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
+from rlft.config.optimizers import AXOLOTL_OPTIMIZERS
 from rlft.config.parallel import launched, partitioned
-from rlft.config.schema import AXOLOTL_OPTIMIZERS
 from rlft.config.trackers import missing_tracker_packages
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.models.liger import liger_problems

@@ -9,7 +9,7 @@ from rich.table import Table
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState
 from rlft.config import load_config
-from rlft.config.schema import nemo_gym_enabled
+from rlft.config.plugins import nemo_gym_enabled
 from rlft.data.inspect import describe_examples
 from rlft.data.prepare import ebft_steps, prepare_data, preference_steps, prompt_steps, sft_steps
 from rlft.data.stream import preview

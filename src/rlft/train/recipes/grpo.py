@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from rlft.config.parallel import partitioned
-from rlft.config.rl import GENERATION_KWARGS, rl_settings, sampling_params
+from rlft.config.rl import GENERATION_KWARGS, rl_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
@@ -35,7 +35,7 @@ from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer
-from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow
+from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow, sampling_params
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.metrics import clock
 from rlft.train.recipe import LossOutput, Recipe

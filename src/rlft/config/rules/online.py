@@ -1,0 +1,133 @@
+"""Rules on online RL (the GRPO family and EBFT): the `trl:` and `ebft:` sections."""
+
+from __future__ import annotations
+
+from rlft.config.methods import spec_of
+from rlft.config.parallel import launched
+from rlft.config.rl import trl_options
+
+
+def online_problems(cfg):
+    """The rules of online RL. Keys a run resolves (`variant`, defaults) are judged as resolved (`trl_options`): what
+    the run will do; a rule about a key the user wrote reads `cfg.trl`."""
+    spec, options = spec_of(cfg), trl_options(cfg)
+    if spec.feature_matching:
+        yield from _ebft_problems(cfg, options)
+    if spec.engine:
+        yield from _grpo_problems(cfg, spec, options)
+
+
+def _ebft_problems(cfg, options):
+    ebft = cfg.ebft
+    if "ebft" not in cfg.model_fields_set:
+        yield "rl: ebft needs an `ebft:` section (at least `mode: structured` or `mode: strided`) saying how features are matched"
+    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else options["num_generations"]
+    if ebft.use_whitening and group < 2:
+        yield f"ebft.use_whitening needs at least 2 samples per group to estimate a second moment; the group size is {group}"
+    if ebft.mode == "strided" and ebft.embed_method in ("concat", "completion_mean"):
+        yield f"ebft.embed_method {ebft.embed_method!r} is for structured mode; strided mode pools a block: last_token or mean_pooling"
+    if ebft.mode == "strided" and ebft.temperature <= 0:
+        yield "ebft.temperature must be > 0: the REINFORCE term needs the sampling distribution's log-probs"
+    rollout_keys = [f"trl.{key}" for key in ("use_vllm", "async_prefetch") if getattr(cfg.trl, key)]
+    if ebft.mode == "strided" and rollout_keys:
+        yield (f"{' and '.join(rollout_keys)} with ebft.mode: strided: strided EBFT generates its blocks inside each "
+               "document in the trainer, not through a rollout engine; remove them (they apply to structured mode)")
+
+
+def rows_per_step(cfg) -> int:
+    """Completions one optimizer step trains: micro_batch_size x gradient_accumulation_steps x processes."""
+    return cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
+
+
+def _grpo_problems(cfg, spec, options):
+    trl = cfg.trl
+    completion = options["max_completion_length"]
+    if "sequence_len" in cfg.model_fields_set and not cfg.skip_prepare_dataset and cfg.sequence_len <= completion:
+        yield (f"sequence_len {cfg.sequence_len} leaves no room for prompts next to trl.max_completion_length {completion} "
+               "(a prompt may use sequence_len - max_completion_length tokens): raise sequence_len, or remove it (prompts "
+               "are then kept whatever their length, as in Axolotl)")
+    if trl.aipo_rho is not None and options["loss_type"] == "cispo":
+        yield "trl.aipo_rho replaces the clipped ratio, cispo clips it its own way: use one of them"
+    if trl.reward_weights is not None and trl.reward_funcs is not None and len(trl.reward_weights) != len(trl.reward_funcs):
+        yield f"trl.reward_weights has {len(trl.reward_weights)} entries for {len(trl.reward_funcs)} trl.reward_funcs: give one weight per function"
+    if options["temperature"] <= 0:
+        yield "trl.temperature must be > 0 for online RL: the log-probs of greedy decoding are not a distribution to train on"
+    resets = [k for k in ("reference_reset_interval", "sync_ref_model") if getattr(trl, k)]
+    if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
+        yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
+               "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")
+    groups = options["num_generations"]
+    if groups < 2:
+        yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"
+    if trl.generation_batch_size is None:
+        per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+        if per_step % groups:
+            yield (
+                f"micro_batch_size * gradient_accumulation_steps = {cfg.micro_batch_size} * "
+                f"{cfg.gradient_accumulation_steps} = {per_step} must be divisible by trl.num_generations = {groups} "
+                f"(each prompt's {groups} completions must land in the same step): change micro_batch_size "
+                "or gradient_accumulation_steps, or set trl.generation_batch_size"
+            )
+    elif trl.generation_batch_size % groups:
+        yield f"trl.generation_batch_size = {trl.generation_batch_size} must be divisible by trl.num_generations = {groups}"
+    if trl.generation_batch_size is not None:
+        step_rows = rows_per_step(cfg)
+        if trl.generation_batch_size % step_rows:
+            yield (f"trl.generation_batch_size = {trl.generation_batch_size} is not a whole number of optimizer steps' rows "
+                   f"(micro_batch_size * gradient_accumulation_steps * processes = {step_rows}): some steps would train "
+                   "on fewer rows; make it a multiple of that")
+        if trl.steps_per_generation is not None:
+            yield ("trl.generation_batch_size and trl.steps_per_generation both size the generation batch (TRL refuses "
+                   "both too): keep one of them")
+    if spec.normalises_each_reward and trl.multi_objective_aggregation == "sum_then_normalize":
+        yield f"rl: {spec.name} normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
+    yield from _rollout_problems(cfg, options)
+
+
+def _rollout_problems(cfg, options):
+    """Rollout engine, async, importance-sampling and replay keys of the `trl:` section."""
+    trl = cfg.trl
+    depth = options["prefetch_depth"]
+    if trl.async_prefetch and depth < 1:
+        yield (f"trl.prefetch_depth is {depth} with trl.async_prefetch: true: prefetch_depth counts the rollout batches "
+               "generated ahead and must be >= 1 (1 is the usual choice), or set async_prefetch: false")
+    if trl.async_prefetch and trl.allowed_outdated_steps is not None:
+        # optimizer steps per generation batch: its windows of one step's rows (generation_batch_size), each reused
+        # num_iterations times
+        step_rows = rows_per_step(cfg)
+        windows = -(-trl.generation_batch_size // step_rows) if trl.generation_batch_size else 1
+        per_batch = options["steps_per_generation"] * windows * options["num_iterations"]
+        oldest = depth * per_batch + options["vllm_sync_interval"] - 1
+        if trl.allowed_outdated_steps < oldest:
+            yield (f"trl.allowed_outdated_steps = {trl.allowed_outdated_steps} is below the age of every prefetched batch: "
+                   f"prefetch_depth = {depth} batches of {per_batch} optimizer step(s) with vllm_sync_interval = "
+                   f"{options['vllm_sync_interval']} trains on rollouts up to {oldest} steps old, so every batch would be "
+                   "dropped; raise allowed_outdated_steps or lower prefetch_depth / vllm_sync_interval")
+    if trl.use_vllm and cfg.adapter == "qlora" and not trl.vllm_lora_sync:
+        yield ("adapter: qlora with trl.use_vllm sends merged weights, which a 4-bit base cannot give: set "
+               "trl.vllm_lora_sync: true (the server keeps base_model's own weights and loads the adapter)")
+    if trl.vllm_lora_sync and cfg.adapter not in ("lora", "qlora"):
+        yield ("trl.vllm_lora_sync sends the LoRA adapter: set adapter: lora, or remove vllm_lora_sync to send full "
+               "weights")
+    if trl.vllm_lora_sync and cfg.vllm.max_lora_rank is not None and cfg.lora_r > cfg.vllm.max_lora_rank:
+        yield (f"lora_r = {cfg.lora_r} is above vllm.max_lora_rank = {cfg.vllm.max_lora_rank}: the server would refuse "
+               f"the adapter sent by trl.vllm_lora_sync; raise vllm.max_lora_rank to at least {cfg.lora_r}")
+    if trl.use_decoupled_loss and trl.vllm_importance_sampling_correction:
+        yield ("trl.use_decoupled_loss and trl.vllm_importance_sampling_correction: true both weight the policy term by "
+               "exp(old - sampling) log-probs: pick one (remove vllm_importance_sampling_correction, or "
+               "use_decoupled_loss)")
+    if trl.behav_imp_weight_cap is not None and not trl.use_decoupled_loss:
+        yield ("trl.behav_imp_weight_cap caps the decoupled loss's behaviour weight: set trl.use_decoupled_loss: true, "
+               "or remove behav_imp_weight_cap (the IS correction's cap is vllm_importance_sampling_cap)")
+    if trl.streaming_min_groups is not None and not trl.streaming_partial_batch:
+        yield ("trl.streaming_min_groups sizes the chunks of streaming scoring: set trl.streaming_partial_batch: true, "
+               "or remove streaming_min_groups")
+    filters = [f"trl.{key}" for key, off in (("top_k", (0, -1)), ("top_p", (1.0,)), ("min_p", (0.0,)),
+                                              ("repetition_penalty", (1.0,))) if options[key] not in off]
+    if trl.replay_buffer_size and not trl.replay_recompute_logps and filters:
+        yield (f"trl.replay_recompute_logps: false with {', '.join(filters)}: a replayed row would keep the log-probs "
+               "recorded when it was sampled, which are of the filtered distribution, while the PPO ratio compares "
+               "temperature-only ones (every ratio off 1); set replay_recompute_logps: true (the default)")
+    if trl.reroll_start_fraction < 1 and cfg.max_steps is None:
+        yield (f"trl.reroll_start_fraction = {trl.reroll_start_fraction} is a fraction of max_steps, which is not set: "
+               "set max_steps, or remove reroll_start_fraction (1.0 = no re-roll)")

@@ -1,0 +1,14 @@
+"""Rules on the warm-up, evaluation and checkpoint schedule keys."""
+
+from __future__ import annotations
+
+
+def schedule_problems(cfg):
+    if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
+        yield "warmup_steps and warmup_ratio are both set: keep one"
+    if cfg.test_datasets and cfg.val_set_size:  # as Axolotl refuses it: the held-out rows would be neither trained nor used
+        yield ("test_datasets and val_set_size are both set: evaluation takes test_datasets, so val_set_size would hold "
+               "nothing out; keep one")
+    for steps, per_epoch in (("eval_steps", "evals_per_epoch"), ("save_steps", "saves_per_epoch")):
+        if getattr(cfg, steps) and getattr(cfg, per_epoch):
+            yield f"{steps} and {per_epoch} are both set: keep one"

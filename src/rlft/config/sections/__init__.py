@@ -1,0 +1,1 @@
+"""The config sections: one module per family of keys; `rlft.config.schema.RlftConfig` joins them."""
