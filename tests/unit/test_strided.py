@@ -34,6 +34,21 @@ def _tiny_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:
     return LlamaForCausalLM(config).float().eval()
 
 
+@pytest.fixture
+def flex_reference(monkeypatch):
+    """transformers' flex_attention models run PyTorch's flex_attention unfused (its reference: the mask_mod evaluated
+    on the whole score matrix) instead of compiling it. On a CPU inductor's flex_attention kernel is PyTorch's own code,
+    which rlft never runs (training falls back to SDPA there), and its AVX2 build returns NaN rows for these masks
+    (seen with torch 2.13 on an AVX2-only AMD EPYC, and on an AVX-512 CPU with ATEN_CPU_CAPABILITY=avx2), where the
+    AVX-512 build is right; a GPU runs the compiled kernel (bench/gpu_check.py). What these tests prove is rlft's part:
+    the BlockMask's mask_mod is the strided rule."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as integration
+
+    monkeypatch.setattr(integration, "compile_friendly_flex_attention",
+                        lambda query, key, value, training=False, **kwargs: flex_attention(query, key, value, **kwargs))
+
+
 @pytest.fixture(scope="module")
 def model():
     return _tiny_llama()
@@ -247,7 +262,7 @@ def test_greedy_and_eager_attention_agree_with_sdpa(model, batch):
     torch.testing.assert_close(first.sampled_logps, second.sampled_logps, atol=1e-4, rtol=0)
 
 
-def test_flex_attention_block_mask_samples_and_scores_what_sdpa_does(model, rollout, batch):
+def test_flex_attention_block_mask_samples_and_scores_what_sdpa_does(model, rollout, batch, flex_reference):
     """A flex_attention model reads the strided rule as a BlockMask (every generation step's prefix, the full
     sequence, the frozen network's features) and gives SDPA's tokens, log-probs, logits and features. Forward only:
     a CPU has no flex_attention backward (a GPU run trains through it, bench/gpu_check.py)."""
