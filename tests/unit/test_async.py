@@ -85,7 +85,7 @@ def run_steps(recipe, model, steps: int, first_step: int = 0) -> list[dict]:
     out = []
     for step in range(first_step + 1, first_step + steps + 1):
         batches = recipe.prepare_step(model)
-        out.append({"ids": [b["input_ids"].tolist() for b in batches], "metrics": recipe.step_metrics()})
+        out.append({"ids": [b.inputs["input_ids"].tolist() for b in batches], "metrics": recipe.step_metrics()})
         recipe.after_optimizer_step(model, step)
     return out
 

@@ -394,7 +394,7 @@ def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(
 
     from layout_checks import tiny_of_type
     from rlft.models import varlen
-    from rlft.train.loop import compiled_forward
+    from rlft.train.wrap import compiled_forward
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", AttentionInterface._global_mapping["sdpa"])  # restored after
     monkeypatch.setattr(varlen, "SHORT_ROWS_MATH", True)

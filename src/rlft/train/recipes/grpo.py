@@ -21,7 +21,7 @@ import torch
 
 from rlft.config.parallel import partitioned
 from rlft.config.rl import GENERATION_KWARGS, rl_settings, sampling_params
-from rlft.data.batches import BatchPlan, PlanCursor
+from rlft.data.batches import BatchPlan, MicroBatch, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
 from rlft.losses.policy import policy_loss
@@ -220,7 +220,7 @@ class GRPORecipe(Recipe):
         self._restored = state
 
     # ------------------------------------------------------------------ a step
-    def prepare_step(self, model) -> list[dict[str, Any]]:
+    def prepare_step(self, model) -> list[MicroBatch]:
         if not self.queue:
             self._fill_queue(model)
         window = self.queue.pop(0)
@@ -228,8 +228,8 @@ class GRPORecipe(Recipe):
             self.fresh[self.empty_reason] = 1.0
         mine, count = my_micro_batches(window, self.rank, self.world, self.cfg.micro_batch_size, self.cfg.gradient_accumulation_steps)
         # a process with fewer rows than the others runs padding micro-batches (weight 0): collectives stay in step
-        padding = [{**self.micro_batch(window[:1]), "padding": True}] * count if count else []
-        return [self.micro_batch(rows) for rows in mine] + padding
+        padding = [MicroBatch.collated(self.micro_batch(window[:1]), padding=True)] * count if count else []
+        return [MicroBatch.collated(self.micro_batch(rows)) for rows in mine] + padding
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
         inputs, pad, multiple = [row_inputs(r) for r in rows], self.tokenizer.pad_token_id, pad_multiple(self.cfg)
