@@ -396,9 +396,9 @@ def test_replayed_rows_keep_their_recorded_logps_only_when_asked(tiny_llama, tok
     for _ in range(12):  # odd first tokens have signal and are stored; even ones are replaced by stored groups
         if replayed:
             break
-        recipe.queue = []
-        recipe._fill_queue(tiny_llama)
-        rows = [row for window in recipe.queue for row in window]
+        recipe.queue.windows = []
+        recipe.fill_queue(tiny_llama)
+        rows = [row for window in recipe.queue.windows for row in window]
         assert all(row.old_logps is not None for row in rows)
         replayed += [row for row in rows if row.replayed]
         fresh = [row for row in rows if not row.replayed]
@@ -464,8 +464,8 @@ def test_old_logps_are_cached_exactly_when_the_policy_moves_before_the_rows_are_
     recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
                         make_engine=lambda policy, version: FakeEngine())
     recipe.start(tiny_llama)
-    recipe._fill_queue(tiny_llama)
-    rows = [row for window in recipe.queue for row in window]
+    recipe.fill_queue(tiny_llama)
+    rows = [row for window in recipe.queue.windows for row in window]
     assert len(recipe.queue) == steps and rows
     assert all((row.old_logps is not None) is cached for row in rows)
 

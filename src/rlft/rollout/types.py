@@ -139,9 +139,10 @@ class ScoredBatch:
         return self.prompts[row // self.group_size]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingRow:
-    """One completion as the loss sees it, with where each value came from."""
+    """One completion as the loss sees it, with where each value came from. Never changed once made: a stage that adds a
+    value (the row queue's cached log-probs) makes a new row (`dataclasses.replace`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -149,7 +150,7 @@ class TrainingRow:
     advantage: float  # from ScoredBatch.advantages
     sampling_logps: list[float]  # from the engine that sampled the row (Rollout.logprobs)
     weight_version: int  # of that engine (Rollout.weight_versions)
-    old_logps: list[float] | None = None  # the trainer's, cached at scoring time when the policy moves before use
+    old_logps: list[float] | None = None  # the trainer's, cached when the policy moves before use (RowQueue)
     old_sampled_logps: list[float] | None = None  # the same under the engine's sampling filters (top-k/p, min-p, ...)
     ref_logps: list[float] | None = None  # the frozen reference (beta > 0)
     ground_truth_ids: list[int] | None = None  # EBFT structured with ce_coef

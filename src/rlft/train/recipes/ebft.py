@@ -83,7 +83,7 @@ class EBFTStructuredRecipe(GRPORecipe):
         super().start(model)
         # the feature network may be the policy with its adapter disabled: on rank 0, which scores, a whole model (the
         # unwrapped one, or the full copy of a sharded one) that it can run alone
-        self.scorer.attach_policy(self.twin if self.twin is not None else model)
+        self.scorer.attach_policy(self.engine.runnable(model))
 
     def step_metrics(self) -> dict[str, float]:
         metrics = super().step_metrics()
@@ -93,8 +93,8 @@ class EBFTStructuredRecipe(GRPORecipe):
     def rows_of(self, scored) -> list[TrainingRow]:
         rows = super().rows_of(scored)
         if self.ebft.ce_coef:
-            for index, row in enumerate(rows):
-                row.ground_truth_ids = scored.prompt_of(index)["ground_truth_ids"]
+            rows = [dataclasses.replace(row, ground_truth_ids=scored.prompt_of(index)["ground_truth_ids"])
+                    for index, row in enumerate(rows)]
         return rows
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
@@ -130,7 +130,8 @@ class EBFTStructuredRecipe(GRPORecipe):
             logps, _ = completion_logps(model, truth, 1.0, False)
             nll_total += float(-(logps * truth["completion_mask"]).sum())
             tokens += int(truth["completion_mask"].sum())
-            rollout = self.feed.engine_call(lambda: self.producer.engine.generate([p["prompt_ids"] for p in prompts], greedy, 1))
+            engine = self.engine.producer.engine
+            rollout = self.engine.feed.engine_call(lambda: engine.generate([p["prompt_ids"] for p in prompts], greedy, 1))
             for p, completion in zip(prompts, rollout.completion_ids):
                 hits += [t for t in completion if t not in ends] == [t for t in p["ground_truth_ids"] if t not in ends]
             count += len(prompts)
