@@ -37,7 +37,7 @@ def _rows(vocab=128):
     out = []
     for prompt, completion in ((5, 4), (2, 7), (5, 0), (3, 1)):
         ids = torch.randint(1, vocab, (prompt + completion,), generator=g).tolist()
-        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion, "advantage": 1.0})
+        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "loss_mask": [1] * completion, "advantage": 1.0})
     return out
 
 

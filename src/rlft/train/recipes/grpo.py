@@ -57,9 +57,8 @@ def training_rows(scored: ScoredBatch, mask_truncated: bool) -> list[TrainingRow
 
 
 def row_inputs(row: TrainingRow) -> dict[str, Any]:
-    return {"prompt_ids": row.prompt_ids, "completion_ids": row.completion_ids, "mask": row.loss_mask,
-            "advantage": row.advantage, "old_logps": row.old_logps, "old_sampled_logps": row.old_sampled_logps,
-            "ref_logps": row.ref_logps, "sampling_logps": row.sampling_logps}
+    """The row's fields that `completion_batch` reads, by their names."""
+    return {name: getattr(row, name) for name in ("prompt_ids", "completion_ids", "loss_mask", "advantage", *LOGP_VALUES)}
 
 
 class GRPORecipe(Recipe):
@@ -201,10 +200,10 @@ class GRPORecipe(Recipe):
         del scores
         is_weights, keep, metrics = self.off_policy_terms(logps, batch, sampled)
         if dropped is not None:
-            mask = batch["completion_mask"]
+            mask = batch["loss_mask"]
             metrics["sampling/outside_filters_fraction"] = round(float((dropped * mask).sum() / mask.sum().clamp_min(1)), 6)
         result = policy_loss(
-            logps, batch.get("old_logps", logps.detach()), batch["advantages"], batch["completion_mask"],
+            logps, batch.get("old_logps", logps.detach()), batch["advantage"], batch["loss_mask"],
             loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
             lower_bound_ratio=s.lower_bound_ratio, aipo_rho=s.aipo_rho, importance_sampling_level=s.importance_sampling_level,
             ref_logps=batch.get("ref_logps"), beta=s.beta, entropy=entropy, entropy_coeff=s.entropy_coeff,
@@ -221,7 +220,7 @@ class GRPORecipe(Recipe):
         penalty); with such filters on, the trainer's side of each comparison is taken from the same distribution
         (`sampled`: the current weights'; `old_sampled_logps`: cached at scoring time), so a ratio measures only
         the weights' difference and is 1 at zero staleness, not the filters' renormalisation."""
-        s, mask = self.settings, batch["completion_mask"]
+        s, mask = self.settings, batch["loss_mask"]
         current = sampled if sampled is not None else logps.detach()
         # not cached: the rows are trained on by the weights that scored them, so the old log-probs are the current ones
         old = batch.get("old_sampled_logps" if self.compares_sampled else "old_logps", current)
@@ -235,7 +234,7 @@ class GRPORecipe(Recipe):
                 weights, metrics = importance_weights(old, sampling, mask, level=s.is_level, mode=s.is_mode, cap=s.is_cap)
         if s.off_policy_mask_threshold is not None:
             reference = sampling if sampling is not None else old
-            keep, masked = off_policy_sequence_mask(current, reference, batch["advantages"], mask, s.off_policy_mask_threshold)
+            keep, masked = off_policy_sequence_mask(current, reference, batch["advantage"], mask, s.off_policy_mask_threshold)
             metrics.update(masked)
         return weights, keep, metrics
 
