@@ -18,7 +18,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from short_rows import alternate, parse  # noqa: E402
 
-import rlft.train.loop as loop  # noqa: E402
+import rlft.train.trainer as loop  # noqa: E402
 
 
 def main() -> None:

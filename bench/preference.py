@@ -78,7 +78,7 @@ import accelerate  # noqa: F401  (imported here so its import cost stays out of 
 import datasets
 import rlft.data.prepare  # noqa: F401
 import rlft.models.loading  # noqa: F401
-import rlft.train.loop  # noqa: F401
+import rlft.train.trainer  # noqa: F401
 import rlft.train.recipes.preference  # noqa: F401
 import rlft.train.run
 from rlft.config import build_config

@@ -65,7 +65,7 @@ import accelerate  # noqa: F401  (imported here so its import cost stays out of 
 import datasets
 import rlft.data.prepare  # noqa: F401
 import rlft.models.loading  # noqa: F401
-import rlft.train.loop  # noqa: F401
+import rlft.train.trainer  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
 from rlft.train.metrics import clock  # perf_counter once queued GPU work is done

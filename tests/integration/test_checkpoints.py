@@ -345,9 +345,9 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
 
     import torch
 
-    import rlft.train.loop as loop
+    import rlft.train.wrap as wrap
 
-    real = loop.build_optimizer
+    real = wrap.build_optimizer
 
     def faulty(cfg, model):
         optimizer = real(cfg, model)
@@ -371,7 +371,7 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
             optimizer.step = types.MethodType(poisoned_step, optimizer)  # a method, as the schedule's wrapper expects
         return optimizer
 
-    monkeypatch.setattr(loop, "build_optimizer", faulty)
+    monkeypatch.setattr(wrap, "build_optimizer", faulty)
     out = tmp_path / "out"
     assert cli("train", make_config(max_steps=3, save_steps=1)) == 1
     err = " ".join(capsys.readouterr().err.split())

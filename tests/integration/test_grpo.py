@@ -182,7 +182,7 @@ def test_loss_units_match_the_policy_loss(warm_model):
     from rlft.train.recipes.grpo import GRPORecipe
 
     model = AutoModelForCausalLM.from_pretrained(warm_model)
-    rows = [{"prompt_ids": [1, 2, 3][: n % 3 + 1], "completion_ids": [5] * (n % 4), "mask": [1] * (n % 4), "advantage": 0.5}
+    rows = [{"prompt_ids": [1, 2, 3][: n % 3 + 1], "completion_ids": [5] * (n % 4), "loss_mask": [1] * (n % 4), "advantage": 0.5}
             for n in range(6)]
     batch = completion_batch(rows, pad_id=0)
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo"):
@@ -195,7 +195,7 @@ def test_loss_units_match_the_policy_loss(warm_model):
             bias_correction_kl=False)
         out = recipe.loss(model, batch)
         logps, _ = completion_logps(model, batch, 1.0, False)
-        expected = policy_loss(logps, logps.detach(), batch["advantages"], batch["completion_mask"], loss_type=loss_type,
+        expected = policy_loss(logps, logps.detach(), batch["advantage"], batch["loss_mask"], loss_type=loss_type,
                                max_completion_length=4)
         assert out.units == pytest.approx(float(expected.units)), loss_type
         assert float(out.loss_sum) == pytest.approx(float(expected.loss_sum), abs=1e-5), loss_type

@@ -78,7 +78,7 @@ def vllm_server(tmp_path_factory, vllm_model):
 def _engine_vs_trainer(engine, model, params) -> tuple[float, float, list[int]]:
     """max |trainer - engine| log-prob over sampled tokens: on the sampled distribution, and temperature-only."""
     out = engine.generate(PROMPTS, params, 4, seed=3)
-    rows = [{"prompt_ids": p, "completion_ids": c, "mask": [1] * len(c), "advantage": 0.0}
+    rows = [{"prompt_ids": p, "completion_ids": c, "loss_mask": [1] * len(c), "advantage": 0.0}
             for p, c in zip(out.prompt_ids, out.completion_ids)]
     batch = completion_batch(rows, 0)
     with torch.no_grad():
@@ -88,7 +88,7 @@ def _engine_vs_trainer(engine, model, params) -> tuple[float, float, list[int]]:
     served = torch.zeros_like(sampled)
     for row, values in enumerate(out.logprobs):
         served[row, : len(values)] = torch.tensor(values)
-    mask = batch["completion_mask"]
+    mask = batch["loss_mask"]
     return float(((sampled - served) * mask).abs().max()), float(((plain - served) * mask).abs().max()), out.weight_versions
 
 

@@ -85,7 +85,7 @@ def run_steps(recipe, model, steps: int, first_step: int = 0) -> list[dict]:
     out = []
     for step in range(first_step + 1, first_step + steps + 1):
         batches = recipe.prepare_step(model)
-        out.append({"ids": [b["input_ids"].tolist() for b in batches], "metrics": recipe.step_metrics()})
+        out.append({"ids": [b.inputs["input_ids"].tolist() for b in batches], "metrics": recipe.step_metrics()})
         recipe.after_optimizer_step(model, step)
     return out
 
@@ -214,9 +214,8 @@ def test_rows_older_than_allowed_outdated_steps_are_dropped_and_counted(tok, tin
     recipe = make_recipe(tok, VersionedEngine(), tmp_path, async_prefetch=True, prefetch_depth=1, allowed_outdated_steps=1,
                          replay_buffer_size=4)
     recipe.start(tiny_llama)
-    recipe.step = 5
-    rows = recipe._within_staleness([SimpleNamespace(weight_version=v) for v in (1, 4, 5)])
-    assert [r.weight_version for r in rows] == [4, 5] and recipe.fresh["async/stale_rows_dropped"] == 1.0
+    rows, dropped = recipe.queue.within_staleness([SimpleNamespace(weight_version=v) for v in (1, 4, 5)], 5)
+    assert [r.weight_version for r in rows] == [4, 5] and dropped == 1
     recipe.close()
 
 
@@ -291,7 +290,7 @@ def test_reroll_queues_all_zero_groups_and_injects_them_from_the_start_step():
 def test_reroll_is_off_at_the_default_start_fraction(tok, tmp_path):
     recipe = make_recipe(tok, VersionedEngine(), tmp_path)
     recipe.start(torch.nn.Linear(1, 1))
-    assert not recipe.feed.reroll.enabled and recipe.feed.replay is None
+    assert not recipe.engine.feed.reroll.enabled and recipe.engine.feed.replay is None
 
 
 def test_colocate_without_vllm_says_how_to_install_it_or_use_the_transformers_engine():

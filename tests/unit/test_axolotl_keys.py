@@ -567,7 +567,7 @@ def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir
     rows = []
     for prompt, completion, advantage in ((5, 4, 1.0), (3, 2, -0.5), (5, 6, 0.25), (4, 3, -0.75)):
         ids = torch.randint(4, 200, (prompt + completion,), generator=g).tolist()
-        rows.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion,
+        rows.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "loss_mask": [1] * completion,
                      "advantage": advantage, "old_logps": [-5.5] * completion})
     batch = completion_batch(rows, pad_id=0, values=("old_logps",))
     recipe = GRPORecipe.__new__(GRPORecipe)

@@ -23,13 +23,13 @@ def rows(vocab: int):
     out = []
     for prompt, completion in shapes:
         ids = torch.randint(1, vocab, (prompt + completion,), generator=g).tolist()
-        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion, "advantage": 1.0})
+        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "loss_mask": [1] * completion, "advantage": 1.0})
     return out
 
 
 def test_the_flat_layout_by_hand():
-    batch = completion_batch([{"prompt_ids": [7, 8], "completion_ids": [9], "mask": [1], "advantage": 0.0},
-                              {"prompt_ids": [5], "completion_ids": [6, 4], "mask": [1, 1], "advantage": 0.0}], pad_id=0)
+    batch = completion_batch([{"prompt_ids": [7, 8], "completion_ids": [9], "loss_mask": [1], "advantage": 0.0},
+                              {"prompt_ids": [5], "completion_ids": [6, 4], "loss_mask": [1, 1], "advantage": 0.0}], pad_id=0)
     # padded: [7 8 | 9 0] and [0 5 | 6 4]
     flat = flatten_completion_batch(batch, block_mask=True)
     assert flat["flat_input_ids"].tolist() == [[7, 8, 9, 5, 6, 4]]

@@ -267,7 +267,7 @@ def grpo_batch(filters: bool):
     rows = []
     for prompt, completion, advantage in ((5, 4, 1.0), (3, 2, -0.5), (5, 6, 0.25), (4, 0, -1.0)):
         ids = torch.randint(0, VOCAB, (prompt + completion,), generator=g).tolist()
-        rows.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion,
+        rows.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "loss_mask": [1] * completion,
                      "advantage": advantage, "old_logps": [-1.5] * completion,
                      "sampling_logps": [-1.4] * completion})
     return completion_batch(rows, pad_id=0, values=("old_logps", "sampling_logps"))
@@ -305,7 +305,7 @@ def test_the_grpo_loss_through_the_output_layer_equals_the_models_logits(case, m
         if case == "reference":
             with torch.no_grad():
                 logps, entropy = completion_logps(model, batch, 0.8, with_entropy=True)
-            results.append((logps * batch["completion_mask"], entropy * batch["completion_mask"], {}))
+            results.append((logps * batch["loss_mask"], entropy * batch["loss_mask"], {}))
         else:
             out = recipe.loss(model, batch)
             out.loss_sum.backward()

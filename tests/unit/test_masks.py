@@ -49,8 +49,8 @@ def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, mo
     real_guard = masks.guarded_mask
     monkeypatch.setattr(masks, "guarded_mask", lambda *a, **k: calls.append(1) or real_guard(*a, **k))
     model = _model() if kind == "llama" else tiny_of_type(kind, vocab=260, window=3)
-    rows = [{"prompt_ids": [5, 6, 7, 8], "completion_ids": [9, 10], "mask": [1, 1], "advantage": 1.0},
-            {"prompt_ids": [11], "completion_ids": [12, 13, 14], "mask": [1, 1, 1], "advantage": -1.0}]
+    rows = [{"prompt_ids": [5, 6, 7, 8], "completion_ids": [9, 10], "loss_mask": [1, 1], "advantage": 1.0},
+            {"prompt_ids": [11], "completion_ids": [12, 13, 14], "loss_mask": [1, 1, 1], "advantage": -1.0}]
     batch = completion_batch(rows, pad_id=0)
     guard = masks.safe_attention(model, batch["attention_mask"])  # on: 4-D, one per layer type for Gemma 3
     assert (guard["sliding_attention"] if kind == "gemma3_text" else guard).dim() == 4

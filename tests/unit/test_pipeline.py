@@ -317,8 +317,9 @@ def test_recipe_queue_windows_and_reuse(tiny_llama, tok):
     recipe.start(tiny_llama)
     steps = [recipe.prepare_step(tiny_llama) for _ in range(4)]
     assert engine.calls == 1 and len(recipe.queue) == 0
-    assert all(len(step) == 1 and step[0]["input_ids"].shape[0] == 2 and "old_logps" in step[0] for step in steps)
-    assert torch.equal(steps[0][0]["input_ids"], steps[2][0]["input_ids"])  # the second pass reuses the first window
+    assert all(len(step) == 1 and step[0].inputs["input_ids"].shape[0] == 2 and "old_logps" in step[0].inputs
+               for step in steps)
+    assert torch.equal(steps[0][0].inputs["input_ids"], steps[2][0].inputs["input_ids"])  # the second pass reuses the first window
     state = recipe.state_dict()
     assert state["generations"] == 1 and state["prompts"] == {"epoch": 0, "batch_in_epoch": 2}
 
@@ -395,9 +396,9 @@ def test_replayed_rows_keep_their_recorded_logps_only_when_asked(tiny_llama, tok
     for _ in range(12):  # odd first tokens have signal and are stored; even ones are replaced by stored groups
         if replayed:
             break
-        recipe.queue = []
-        recipe._fill_queue(tiny_llama)
-        rows = [row for window in recipe.queue for row in window]
+        recipe.queue.windows = []
+        recipe.fill_queue(tiny_llama)
+        rows = [row for window in recipe.queue.windows for row in window]
         assert all(row.old_logps is not None for row in rows)
         replayed += [row for row in rows if row.replayed]
         fresh = [row for row in rows if not row.replayed]
@@ -423,12 +424,12 @@ def test_recipe_is_ratios_are_one_at_zero_staleness_with_sampling_filters(tiny_l
     recipe.start(tiny_llama)
     assert recipe.compares_sampled
     [batch] = recipe.prepare_step(tiny_llama)
-    metrics = recipe.loss(tiny_llama, batch).metrics
+    metrics = recipe.loss(tiny_llama, batch.inputs).metrics
     assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["sampling/is_masked_fraction"] == 0.0
     recipe.compares_sampled = False  # control: the temperature-only log-probs put the ratios off 1 (what TRL compares)
-    control = recipe.loss(tiny_llama, batch).metrics
+    control = recipe.loss(tiny_llama, batch.inputs).metrics
     assert control["sampling/importance_sampling_ratio/min"] < 1 - 1e-3
 
 
@@ -463,8 +464,8 @@ def test_old_logps_are_cached_exactly_when_the_policy_moves_before_the_rows_are_
     recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
                         make_engine=lambda policy, version: FakeEngine())
     recipe.start(tiny_llama)
-    recipe._fill_queue(tiny_llama)
-    rows = [row for window in recipe.queue for row in window]
+    recipe.fill_queue(tiny_llama)
+    rows = [row for window in recipe.queue.windows for row in window]
     assert len(recipe.queue) == steps and rows
     assert all((row.old_logps is not None) is cached for row in rows)
 

@@ -35,10 +35,10 @@ def _sample(model, params):
     torch.manual_seed(3)
     prompts = [[5, 6, 7], [9, 9], [2, 3, 4, 5, 6]]  # different lengths: left padding in the engine and the trainer
     rollout = LocalEngine(model, pad_id=0).generate(prompts, params, 2)
-    rows = [{"prompt_ids": p, "completion_ids": c, "mask": [1] * len(c), "advantage": 1.0}
+    rows = [{"prompt_ids": p, "completion_ids": c, "loss_mask": [1] * len(c), "advantage": 1.0}
             for p, c in zip(rollout.prompt_ids, rollout.completion_ids)]
     batch = completion_batch(rows, pad_id=0)
-    engine = torch.zeros_like(batch["completion_mask"])
+    engine = torch.zeros_like(batch["loss_mask"])
     for row, values in enumerate(rollout.logprobs):
         engine[row, : len(values)] = torch.tensor(values)
     return batch, engine
@@ -47,7 +47,7 @@ def _sample(model, params):
 @pytest.mark.parametrize("params", FILTERED, ids=["top_k", "top_p", "min_p", "repetition_penalty", "all"])
 def test_sampled_logps_are_the_engines_and_is_ratios_are_one(model, params):
     batch, engine = _sample(model, params)
-    mask = batch["completion_mask"]
+    mask = batch["loss_mask"]
     with torch.no_grad():
         logits, _ = completion_forward(model, batch)
         plain, _ = logps_from_logits(logits, batch, params.temperature, False)

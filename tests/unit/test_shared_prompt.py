@@ -181,7 +181,7 @@ def group_rows(vocab: int):
     first, second = ids(5), ids(2)
     out = [{"prompt_ids": prompt, "completion_ids": ids(n), "advantage": 1.0}
            for prompt, n in ((first, 4), (second, 6), (first, 1), (second, 0), (first, 7), (second, 3), (ids(3), 2))]
-    return [{**row, "mask": [1] * len(row["completion_ids"])} for row in out]
+    return [{**row, "loss_mask": [1] * len(row["completion_ids"])} for row in out]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -199,7 +199,7 @@ def test_shared_group_prompts_give_each_completions_own_log_probs_and_gradients(
     batch = completion_batch(rows, pad_id=0, multiple=4)
     shared = {**batch, **shared_completion_inputs(rows, batch, 0, one_sequence, multiple=4)}
     assert shared["flat_input_ids"].shape[0] == (1 if one_sequence else 3)  # two groups and the row alone
-    valid = batch["completion_mask"].bool()
+    valid = batch["loss_mask"].bool()
     assert_same_completion_results(completion_results(model, shared, valid), completion_results(model, batch, valid))
 
 
@@ -225,7 +225,7 @@ def test_a_micro_batch_shares_only_where_that_takes_fewer_flops():
     costs = forward_costs(tiny())
 
     def group(prompt: int, completion: int):
-        rows = [{"prompt_ids": [5] * prompt, "completion_ids": [6] * completion, "mask": [1] * completion, "advantage": 0.0}] * 4
+        rows = [{"prompt_ids": [5] * prompt, "completion_ids": [6] * completion, "loss_mask": [1] * completion, "advantage": 0.0}] * 4
         return rows, completion_batch(rows, 0)
 
     assert shared_completion_inputs(*group(40, 2), 0, costs=costs) is not None

@@ -89,11 +89,11 @@ def test_flattened_and_shared_completions_keep_the_window(kind, vocab, no_window
     g = torch.Generator().manual_seed(7)
     ids = lambda n: torch.randint(3, 128, (n,), generator=g).tolist()  # noqa: E731
     first, second = ids(5), ids(2)
-    rows = [{"prompt_ids": prompt, "completion_ids": ids(n), "advantage": 1.0, "mask": [1] * n}
+    rows = [{"prompt_ids": prompt, "completion_ids": ids(n), "advantage": 1.0, "loss_mask": [1] * n}
             for prompt, n in ((first, 4), (second, 6), (first, 7), (second, 3))]
     model = tiny_of_type(kind, vocab=vocab, window=WINDOW).train()
     batch = completion_batch(rows, pad_id=0)
-    valid = batch["completion_mask"].bool()
+    valid = batch["loss_mask"].bool()
     padded = completion_results(model, batch, valid)
     flat = {**batch, **flatten_rows(batch["input_ids"], batch["attention_mask"], True)}
     shared = {**batch, **shared_completion_inputs(rows, batch, 0)}

@@ -30,10 +30,11 @@ def test_steps_equal_drawing_one_by_one_across_epochs(shard, ahead):
             assert position == (one_by_one.epoch, one_by_one.batch_in_epoch)
             assert len(batches) == 3
             for got, want in zip(batches, expected):
-                assert got.keys() == want.keys() and got["sample_seed"] == want["sample_seed"]
-                assert got.get("padding") == want.get("padding")
-                padding.append(bool(got.get("padding")))
-                assert got["input_ids"].tolist() == want["input_ids"].tolist()
+                assert set(got.inputs) | {"num_tokens", "padding"} == set(want) | {"num_tokens", "padding"}
+                assert got.inputs["sample_seed"] == want["sample_seed"] and got.num_tokens == want["num_tokens"]
+                assert got.padding == bool(want.get("padding"))
+                padding.append(got.padding)
+                assert got.inputs["input_ids"].tolist() == want["input_ids"].tolist()
         assert any(padding) == (shard == (1, 2))
     finally:
         steps.close()
@@ -46,7 +47,7 @@ def test_the_next_step_is_collated_on_another_thread_while_this_one_runs():
     def collate(rows):
         threads.append(threading.current_thread().name)
         started.set()
-        return {"rows": len(rows)}
+        return {"rows": len(rows), "num_tokens": 0}
 
     steps = StepBatches(PlanCursor(_plan(collate=collate)), 2)
     try:
@@ -67,8 +68,8 @@ def test_on_a_cpu_each_step_is_collated_when_asked_for_in_the_callers_thread():
     """ahead=False: nothing is collated before `next` asks, and nothing off the caller's thread (a collating thread
     would take the cores the step computes on)."""
     threads = []
-    steps = StepBatches(PlanCursor(_plan(collate=lambda rows: threads.append(threading.current_thread().name) or {})), 2,
-                        ahead=False)
+    collate = lambda rows: threads.append(threading.current_thread().name) or {"num_tokens": 0}  # noqa: E731
+    steps = StepBatches(PlanCursor(_plan(collate=collate)), 2, ahead=False)
     for count in (2, 4):
         steps.next()
         threading.Event().wait(0.2)  # time for any collation running ahead to show
@@ -81,7 +82,7 @@ def test_a_collate_error_reaches_the_step_that_holds_the_row():
     def collate(rows):
         if any(len(r["input_ids"]) == 3 for r in rows):
             raise ValueError("row of 3")
-        return {"rows": len(rows)}
+        return {"rows": len(rows), "num_tokens": 0}
 
     cursor = PlanCursor(_plan(collate=collate))
     order = [len(r["input_ids"]) for batch in cursor.plan.epoch_order(0) for r in (cursor.plan.items[i] for i in batch)]
@@ -102,7 +103,7 @@ def test_ctrl_c_and_sigterm_go_to_the_main_thread():
     handlers are and whose waits they must interrupt."""
     masks = []
     steps = StepBatches(PlanCursor(_plan(collate=lambda rows: masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
-                                         or {"rows": len(rows)})), 1)
+                                         or {"rows": len(rows), "num_tokens": 0})), 1)
     try:
         steps.next()
     finally:

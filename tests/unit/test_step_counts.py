@@ -1,4 +1,4 @@
-"""How many optimizer steps `num_epochs` makes (`rlft.train.loop.total_steps_for`): num_epochs of data, rounded up to
+"""How many optimizer steps `num_epochs` makes (`rlft.train.step_counts.total_steps_for`): num_epochs of data, rounded up to
 one step, for the micro-batch recipes and for the GRPO family, whose plan batches each feed several steps."""
 
 from fractions import Fraction

@@ -37,7 +37,7 @@ def _rows(vocab=128):
     out = []
     for prompt, completion in ((5, 4), (2, 7), (5, 0), (3, 1)):
         ids = torch.randint(1, vocab, (prompt + completion,), generator=g).tolist()
-        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "mask": [1] * completion, "advantage": 1.0})
+        out.append({"prompt_ids": ids[:prompt], "completion_ids": ids[prompt:], "loss_mask": [1] * completion, "advantage": 1.0})
     return out
 
 
@@ -394,7 +394,7 @@ def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(
 
     from layout_checks import tiny_of_type
     from rlft.models import varlen
-    from rlft.train.loop import compiled_forward
+    from rlft.train.wrap import compiled_forward
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", AttentionInterface._global_mapping["sdpa"])  # restored after
     monkeypatch.setattr(varlen, "SHORT_ROWS_MATH", True)

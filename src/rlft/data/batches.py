@@ -9,11 +9,39 @@ from __future__ import annotations
 import math
 import signal
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from rlft.data.collate import pack_examples, packed_batch, pad_batch
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as the training loop runs it: the collated tensors a recipe's loss reads (`inputs`, by the
+    collator's names: input_ids (B, T), attention_mask (B, T), labels (B, T), ...), and what the loop counts."""
+
+    inputs: dict[str, Any]
+    num_tokens: int  # real (unpadded) tokens of its rows: tokens trained (`tokens`, tokens/s)
+    model_tokens: int  # tokens the forward computes, each shared prompt once: what MFU counts
+    padding: bool = False  # repeats another micro-batch so that collectives stay in step: weight 0, counted nowhere
+
+    @staticmethod
+    def collated(batch: dict[str, Any], padding: bool = False) -> "MicroBatch":
+        """A collator's batch: its `num_tokens` and `model_tokens` (when a prompt is computed once for its answers) become
+        fields, the rest the inputs."""
+        inputs = {k: v for k, v in batch.items() if k not in ("num_tokens", "model_tokens")}
+        tokens = int(batch["num_tokens"])
+        return MicroBatch(inputs, tokens, int(batch.get("model_tokens", tokens)), padding)
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        return MicroBatch(to_device(self.inputs, device), self.num_tokens, self.model_tokens, self.padding)
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The batch with its tensors on `device`."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class BatchPlan:
@@ -171,7 +199,7 @@ class StepBatches:
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[Future, tuple[int, int]] | None = None
 
-    def next(self) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+    def next(self) -> tuple[list[MicroBatch], tuple[int, int]]:
         """The next step's `count` micro-batches and the (epoch, batch_in_epoch) after them."""
         if not self.ahead:
             collate, position = self._draw()
@@ -182,10 +210,15 @@ class StepBatches:
         self._ahead = self._submit()
         return current[0].result(), current[1]
 
-    def _draw(self) -> tuple[Callable[[], list[dict[str, Any]]], tuple[int, int]]:
+    def _draw(self) -> tuple[Callable[[], list[MicroBatch]], tuple[int, int]]:
         """Draw the next step's micro-batches: (what collates them, the cursor's position after them)."""
         drawn = [self.cursor.draw() for _ in range(self.count)]
-        return (lambda: [self.cursor.collate(d) for d in drawn]), (self.cursor.epoch, self.cursor.batch_in_epoch)
+        return (lambda: [self._collate(d) for d in drawn]), (self.cursor.epoch, self.cursor.batch_in_epoch)
+
+    def _collate(self, drawn: tuple[list[int], dict[str, Any]]) -> MicroBatch:
+        indices, extras = drawn
+        return MicroBatch.collated(self.cursor.collate((indices, {k: v for k, v in extras.items() if k != "padding"})),
+                                   padding=bool(extras.get("padding")))
 
     def _submit(self) -> tuple[Future, tuple[int, int]]:
         collate, position = self._draw()

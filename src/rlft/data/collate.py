@@ -12,7 +12,7 @@ builds the mask (`documents_mask`) only for an attention that needs it (`rlft.mo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -189,8 +189,25 @@ def flatten_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, block_ma
     return {prefix + key: value for key, value in flat.items()}
 
 
-def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> dict[str, Any]:
-    """Model inputs for rows of {prompt_ids, completion_ids, mask, advantage}, and the per-token lists named in
+class CompletionBatch(TypedDict, total=False):
+    """`completion_batch`'s micro-batch of B rows: prompts of width P left-padded, completions of width C right-padded.
+    Its columns keep the names of the rows' fields (`rlft.rollout.types.TrainingRow`)."""
+
+    input_ids: torch.Tensor  # (B, P + C) long
+    attention_mask: torch.Tensor  # (B, P + C) long: 1 on real tokens
+    position_ids: torch.Tensor  # (B, P + C) long: 0 at each row's first real token
+    loss_mask: torch.Tensor  # (B, C) float: the completion tokens that train
+    advantage: torch.Tensor  # (B,) float
+    completion_width: int  # C
+    num_tokens: int  # real tokens (prompts and completions)
+    old_logps: torch.Tensor  # (B, C) float, each present when every row has it
+    old_sampled_logps: torch.Tensor
+    ref_logps: torch.Tensor
+    sampling_logps: torch.Tensor
+
+
+def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str, ...] = (), multiple: int = 1) -> CompletionBatch:
+    """Model inputs for rows of {prompt_ids, completion_ids, loss_mask, advantage}, and the per-token lists named in
     `values` (e.g. old_logps) as (B, C) tensors when every row has them. Prompts are left-padded, completions
     right-padded; `multiple` (pad_to_multiple_of) widens the completion part so the whole width is a multiple of it."""
     prompt_width = max(len(r["prompt_ids"]) for r in rows)
@@ -199,17 +216,17 @@ def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str,
     count = len(rows)
     input_ids = torch.full((count, prompt_width + completion_width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
-    completion_mask = torch.zeros((count, completion_width), dtype=torch.float32)
+    loss_mask = torch.zeros((count, completion_width), dtype=torch.float32)
     for row, r in enumerate(rows):
         p, c = r["prompt_ids"], r["completion_ids"]
         input_ids[row, prompt_width - len(p) : prompt_width] = torch.tensor(p)
         attention[row, prompt_width - len(p) : prompt_width + len(c)] = 1
         if c:
             input_ids[row, prompt_width : prompt_width + len(c)] = torch.tensor(c)
-            completion_mask[row, : len(c)] = torch.tensor(r["mask"], dtype=torch.float32)
-    batch = {
+            loss_mask[row, : len(c)] = torch.tensor(r["loss_mask"], dtype=torch.float32)
+    batch: CompletionBatch = {
         "input_ids": input_ids, "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp_min(0),
-        "completion_mask": completion_mask, "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
+        "loss_mask": loss_mask, "advantage": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
         "completion_width": completion_width, "num_tokens": int(attention.sum()),
     }
     for key in values:

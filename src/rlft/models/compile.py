@@ -1,4 +1,4 @@
-"""`torch_compile`: whether and how this run compiles its forwards (the training forward, `rlft.train.loop`, and the
+"""`torch_compile`: whether and how this run compiles its forwards (the training forward, `rlft.train.wrap`, and the
 rollout's decode step, `rlft.rollout.compiled`)."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
 DOCUMENTS = "rlft_documents"  # the forward keyword that carries the boundaries down to the attention function
 KEYWORDS_DROPPED = ("stablelm",)  # its decoder layers call attention without the forward's keywords
 MATH_KEYS = 64  # a compiled forward on a CPU attends over at most this many keys through SDPA's math path
-# off where the compiled forward autotunes its GEMMs (`torch_compile_mode: max-autotune`, rlft.train.loop): inductor's
+# off where the compiled forward autotunes its GEMMs (`torch_compile_mode: max-autotune`, rlft.train.wrap): inductor's
 # C++ batched-GEMM template then fixes one batch size into a graph compiled for any (torch 2.13: "Expected size for
 # first two dimensions of batch2 tensor" at the first batch of another size)
 SHORT_ROWS_MATH = True

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from rlft.losses.advantages import overlong_penalty
-from rlft.rollout.types import Rollout, Scores
+from rlft.rollout.types import RewardFailure, Rollout, Scores
 
 
 class Scorer(Protocol):
@@ -43,7 +43,7 @@ def weighted_total(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def make_scores(values: torch.Tensor, names: list[str], weights: list[float], metrics: dict[str, float] | None = None,
-                failures: list[dict[str, Any]] | None = None) -> Scores:
+                failures: list[RewardFailure] | None = None) -> Scores:
     weight_tensor = torch.tensor(weights, dtype=torch.float32)
     return Scores(values, list(names), weight_tensor, weighted_total(values, weight_tensor), dict(metrics or {}), list(failures or []))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -94,6 +94,18 @@ class SampledBatch:
                             state.get("injected", 0))
 
 
+class RewardFailure(TypedDict, total=False):
+    """How one reward function failed within one scoring call (`rlft.rollout.rewards.runner`), for the console."""
+
+    function: str  # its name
+    source: str  # where it is defined
+    error: str  # the first row's error
+    rows: int  # the rows it failed on
+    example: dict[str, Any]  # the first failing row: {"row": index, "prompt": text, "completion": text}, shortened
+    other_errors: list[str]  # the other distinct errors, when there were some
+    summary: str  # all of the above as the warning the run prints
+
+
 @dataclass
 class Scores:
     """Rewards of N rows: one column per reward function (NaN = unscorable), their weights and the weighted total."""
@@ -103,7 +115,7 @@ class Scores:
     weights: torch.Tensor  # (K,)
     total: torch.Tensor  # (N,) NaN-skipping weighted sum; NaN where every function was unscorable
     metrics: dict[str, float] = field(default_factory=dict)  # failure counts and the scorer's own metrics
-    failures: list[dict[str, Any]] = field(default_factory=list)  # {function, error, example}, for the console
+    failures: list[RewardFailure] = field(default_factory=list)  # one per reward function that failed, for the console
 
     def column(self, name: str) -> torch.Tensor | None:
         return self.total if name == "reward" else (self.values[:, self.names.index(name)] if name in self.names else None)
@@ -150,9 +162,10 @@ class ScoredBatch:
         return self.prompts[row // self.group_size]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingRow:
-    """One completion as the loss sees it, with where each value came from."""
+    """One completion as the loss sees it, with where each value came from. Never changed once made: a stage that adds a
+    value (the row queue's cached log-probs) makes a new row (`dataclasses.replace`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -160,7 +173,7 @@ class TrainingRow:
     advantage: float  # from ScoredBatch.advantages
     sampling_logps: list[float]  # from the engine that sampled the row (Rollout.logprobs)
     weight_version: int  # of that engine (Rollout.weight_versions)
-    old_logps: list[float] | None = None  # the trainer's, cached at scoring time when the policy moves before use
+    old_logps: list[float] | None = None  # the trainer's, cached when the policy moves before use (RowQueue)
     old_sampled_logps: list[float] | None = None  # the same under the engine's sampling filters (top-k/p, min-p, ...)
     ref_logps: list[float] | None = None  # the frozen reference (beta > 0)
     ground_truth_ids: list[int] | None = None  # EBFT structured with ce_coef

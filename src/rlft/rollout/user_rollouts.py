@@ -133,7 +133,7 @@ def completions_rollout(fn: Callable, name: str, model, tokenizer, prompts: list
     logprobs = []
     device = next(model.parameters()).device
     for start in range(0, len(expanded), LOGP_ROWS):  # a few rows at a time: (rows, C, V) logits stay small
-        rows = [{"prompt_ids": p, "completion_ids": c, "mask": [1] * len(c), "advantage": 0.0}
+        rows = [{"prompt_ids": p, "completion_ids": c, "loss_mask": [1] * len(c), "advantage": 0.0}
                 for p, c in zip(prompt_ids[start:start + LOGP_ROWS], completions[start:start + LOGP_ROWS])]
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                  for k, v in completion_batch(rows, tokenizer.pad_token_id).items()}

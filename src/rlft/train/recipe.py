@@ -2,8 +2,8 @@
 
 The loop calls, in order: `before_wrap(model)`, `start(model)` once the model is prepared and any checkpoint is loaded;
 per step `prepare_step(model)` (None: the loop draws `gradient_accumulation_steps` micro-batches from
-`train_plan`; a list: the recipe built them, an empty list skips the update), `loss(model, batch)`
-per micro-batch, `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()` and
+`train_plan`; a list of MicroBatch: the recipe built them, an empty list skips the update), `micro_batch_loss(model,
+batch)` per micro-batch (by default `loss(model, batch.inputs)`), `after_optimizer_step(model, step)`; `evaluate` every eval_steps; `state_dict()` and
 `save_files(folder)` at each checkpoint (`load_state_dict`, `load_files` on resume). `rlft train` (train/run.py)
 calls `close()` when the loop ends, also on failure.
 Recipes never print: `messages()` returns warnings for the loop to show, `final_warnings()` those
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rlft.data.batches import BatchPlan
+from rlft.data.batches import BatchPlan, MicroBatch
 
 
 @dataclass
@@ -57,13 +57,18 @@ class Recipe:
     def start(self, model: torch.nn.Module) -> None:
         """The model is prepared and any checkpoint (and `load_state_dict`) is loaded."""
 
-    def prepare_step(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+    def prepare_step(self, model: torch.nn.Module) -> list[MicroBatch] | None:
         """This step's micro-batches where the recipe builds them (online RL), else None: on every step or on none,
         since the loop draws from `train_plan` one step ahead once a step returned None."""
         return None
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> LossOutput:
+        """The loss of a micro-batch's inputs (`MicroBatch.inputs`)."""
         raise NotImplementedError
+
+    def micro_batch_loss(self, model: torch.nn.Module, batch: MicroBatch) -> LossOutput:
+        """What the loop calls per training micro-batch: `loss` of its inputs."""
+        return self.loss(model, batch.inputs)
 
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         return {}

@@ -12,7 +12,7 @@ from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_keys, liger_summary
 from rlft.models.qat import describe
-from rlft.train.loop import LoopResult
+from rlft.train.trainer import LoopResult
 from rlft.train.step_counts import epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
 from rlft.train.parallel import precision, strategy

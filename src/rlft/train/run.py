@@ -42,7 +42,7 @@ from rlft.rollout.scoring import FunctionScorer
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.best import copy_model_files, final_checkpoint
 from rlft.train.engines import engine_factory, server_token
-from rlft.train.loop import LoopResult, run_loop
+from rlft.train.trainer import LoopResult, Trainer
 from rlft.train.parallel import gathered_state_dict, make_accelerator
 from rlft.train.recipes.ebft import EBFTStridedRecipe, EBFTStructuredRecipe
 from rlft.train.recipes.grpo import GRPORecipe
@@ -158,7 +158,7 @@ def _train(cfg, console: Console) -> LoopResult:
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
                           "to a minute), then run faster", markup=False)
     try:
-        result = run_loop(cfg, recipe, model, tokenizer, accelerator, console)
+        result = Trainer(cfg, recipe, model, tokenizer, accelerator, console).run()
     finally:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():

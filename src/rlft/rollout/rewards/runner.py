@@ -52,6 +52,7 @@ from rlft.rollout.rewards.calling import (
 from rlft.rollout.rewards.loading import RewardFunction
 from rlft.rollout.rewards.workers import _Job, _WorkerPool
 from rlft.rollout.scoring import column_stats
+from rlft.rollout.types import RewardFailure
 
 logger = logging.getLogger("rlft.rewards")
 
@@ -63,7 +64,7 @@ class RewardScores:
     """`values` (N, K) float32: NaN = unscorable (None/NaN returned) or failed with failure_score None."""
 
     values: Any
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[RewardFailure] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
 
@@ -366,7 +367,7 @@ class RewardRunner:
             state.failure_events[k].append(
                 (first_row, f"BadScore: returned {kind} score {value} (scores must be finite numbers or None)", len(bad_rows)))
 
-    def _report_failures(self, state: _CallState) -> list[dict[str, Any]]:
+    def _report_failures(self, state: _CallState) -> list[RewardFailure]:
         failures = []
         for k, events in enumerate(state.failure_events):
             if not events:
@@ -374,7 +375,7 @@ class RewardRunner:
             function = self.functions[k]
             first_row, error, _ = min(events)
             distinct = sorted({e[1] for e in events})
-            record = {
+            record: RewardFailure = {
                 "function": function.name,
                 "source": function.where,
                 "error": error,

@@ -83,7 +83,7 @@ class EBFTStructuredRecipe(GRPORecipe):
         super().start(model)
         # the feature network may be the policy with its adapter disabled: on rank 0, which scores, a whole model (the
         # unwrapped one, or the full copy of a sharded one) that it can run alone
-        self.scorer.attach_policy(self.twin if self.twin is not None else model)
+        self.scorer.attach_policy(self.engine.runnable(model))
 
     def step_metrics(self) -> dict[str, float]:
         metrics = super().step_metrics()
@@ -93,8 +93,8 @@ class EBFTStructuredRecipe(GRPORecipe):
     def rows_of(self, scored) -> list[TrainingRow]:
         rows = super().rows_of(scored)
         if self.ebft.ce_coef:
-            for index, row in enumerate(rows):
-                row.ground_truth_ids = scored.prompt_of(index)["ground_truth_ids"]
+            rows = [dataclasses.replace(row, ground_truth_ids=scored.prompt_of(index)["ground_truth_ids"])
+                    for index, row in enumerate(rows)]
         return rows
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
@@ -102,7 +102,7 @@ class EBFTStructuredRecipe(GRPORecipe):
         if self.ebft.ce_coef:
             # one ground-truth row per prompt of this micro-batch, not one per sample (same mean NLL, 1/G of the work)
             unique = {(tuple(r.prompt_ids), tuple(r.ground_truth_ids)): r for r in rows}.values()
-            truth = [{"prompt_ids": r.prompt_ids, "completion_ids": r.ground_truth_ids, "mask": [1] * len(r.ground_truth_ids),
+            truth = [{"prompt_ids": r.prompt_ids, "completion_ids": r.ground_truth_ids, "loss_mask": [1] * len(r.ground_truth_ids),
                       "advantage": 0.0} for r in unique]
             batch.update({f"gt_{k}": v for k, v in completion_batch(truth, self.tokenizer.pad_token_id).items()})
         return batch
@@ -123,14 +123,15 @@ class EBFTStructuredRecipe(GRPORecipe):
         ends = {self.tokenizer.eos_token_id, *self.sampling.stop_token_ids}  # answers and ground truths, without end tokens
         for batch in batches:
             prompts = batch["prompts"]
-            rows = [{"prompt_ids": p["prompt_ids"], "completion_ids": p["ground_truth_ids"], "mask": [1] * len(p["ground_truth_ids"]),
+            rows = [{"prompt_ids": p["prompt_ids"], "completion_ids": p["ground_truth_ids"], "loss_mask": [1] * len(p["ground_truth_ids"]),
                      "advantage": 0.0} for p in prompts]
             truth = {k: v.to(next(model.parameters()).device) if isinstance(v, torch.Tensor) else v
                      for k, v in completion_batch(rows, self.tokenizer.pad_token_id).items()}
             logps, _ = completion_logps(model, truth, 1.0, False)
-            nll_total += float(-(logps * truth["completion_mask"]).sum())
-            tokens += int(truth["completion_mask"].sum())
-            rollout = self.feed.engine_call(lambda: self.producer.engine.generate([p["prompt_ids"] for p in prompts], greedy, 1))
+            nll_total += float(-(logps * truth["loss_mask"]).sum())
+            tokens += int(truth["loss_mask"].sum())
+            engine = self.engine.producer.engine
+            rollout = self.engine.feed.engine_call(lambda: engine.generate([p["prompt_ids"] for p in prompts], greedy, 1))
             for p, completion in zip(prompts, rollout.completion_ids):
                 hits += [t for t in completion if t not in ends] == [t for t in p["ground_truth_ids"] if t not in ends]
             count += len(prompts)
@@ -141,7 +142,7 @@ def ground_truth_nll(model, batch: dict[str, Any]) -> torch.Tensor:
     """Mean next-token NLL of the ground-truth completions (temperature 1) under the policy."""
     truth = {k[3:]: v for k, v in batch.items() if k.startswith("gt_")}
     logps, _ = completion_logps(model, truth, 1.0, False)
-    mask = truth["completion_mask"]
+    mask = truth["loss_mask"]
     return -(logps * mask).sum() / mask.sum().clamp_min(1)
 
 

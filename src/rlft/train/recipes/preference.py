@@ -30,7 +30,7 @@ from rlft.models.head import forward_hidden, output_layer, router_loss
 from rlft.models.logprobs import model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.masks import with_model_mask
-from rlft.data.batches import BatchPlan
+from rlft.data.batches import BatchPlan, MicroBatch
 from rlft.data.collate import flatten_rows, pad_multiple, padded_width
 from rlft.train.parallel import barrier, eval_share, gather_objects, sum_dicts
 from rlft.train.metrics import clock
@@ -161,7 +161,11 @@ class PairRecipe(Recipe):
         out = reference_logps(self.reference, policy, batch)
         return self._split(out, batch["input_ids"].shape[0] // 2, self.cfg.dpo_ld_alpha)
 
-    def loss(self, model, batch: dict[str, Any]) -> LossOutput:
+    def micro_batch_loss(self, model, batch: MicroBatch) -> LossOutput:
+        """A padding micro-batch (weight 0) leaves BCO's running mean as it is."""
+        return self.loss(model, batch.inputs, counted=not batch.padding)
+
+    def loss(self, model, batch: dict[str, Any], counted: bool = True) -> LossOutput:
         cfg = self.cfg
         pairs = batch["input_ids"].shape[0] // 2
         whole = self.method == "orpo" and cfg.orpo_nll_span == "sequence"  # TRL's span: prompt and answer
@@ -182,7 +186,7 @@ class PairRecipe(Recipe):
             if model.training:  # evaluation must not move the running mean
                 beta = preference_beta(cfg)
                 self._bco_update(beta * (chosen - ref_chosen.to(chosen)), beta * (rejected - ref_rejected.to(rejected)),
-                                 counted=not batch.get("padding"))
+                                 counted=counted)
             result = dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
                               beta=preference_beta(cfg), loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
                               chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=nll,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from rlft.data.prepared import PreparedData
-from rlft.data.batches import BatchPlan, rows_collate
+from rlft.data.batches import BatchPlan, MicroBatch, rows_collate
 from rlft.data.collate import pad_multiple, packed_batch, padded_width
 from rlft.data.stream import StreamedBatches, StreamPlan
 from rlft.losses.linear_ce import linear_cross_entropy_sum
@@ -63,9 +63,9 @@ class SFTRecipe(Recipe):
     def eval_batches(self) -> list[dict[str, Any]]:
         return self._eval_batches
 
-    def prepare_step(self, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+    def prepare_step(self, model: torch.nn.Module) -> list[MicroBatch] | None:
         """A streamed run's micro-batches for this step, else None (the loop draws them from `train_plan`)."""
-        return None if self.stream is None else self.stream.step(self.accumulation)
+        return None if self.stream is None else [MicroBatch.collated(b) for b in self.stream.step(self.accumulation)]
 
     def epochs_done(self, loop_epochs: float) -> float:
         return loop_epochs if self.stream is None else self.stream.epochs_done
