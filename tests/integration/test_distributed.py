@@ -18,7 +18,7 @@ import yaml
 from cli_process import CliProcess
 from rlft.train.metrics import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 FSDP = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
 # the files rlft ships, by the path Axolotl's configs use (zero2.json also moves the optimizer state to the CPU)
 STRATEGIES = {"ddp": {}, "fsdp": FSDP, "zero2": {"deepspeed": "deepspeed_configs/zero2.json"},

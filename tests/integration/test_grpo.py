@@ -454,6 +454,7 @@ def test_log_completions_writes_every_completion_and_prints_the_first_n(warm_mod
             assert f"{record['prompt']!r} -> {record['completion']!r}  [{module} " in printed
 
 
+@pytest.mark.compile
 def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, monkeypatch, capsys):
     """`torch_compile: true` decodes with a static KV cache and a compiled step, and trains through the compiled
     forward: the run samples the same completions and trains the same losses as the eager one (float32 rounding

@@ -37,7 +37,7 @@ from rlft.rollout.types import SamplingParams
 from rlft.train.metrics import read_metrics
 from server_utils import REPO, free_port, kill_group, kill_session, run_cli, server_env, wait_for_health
 
-pytestmark = [pytest.mark.slow, needs_gym]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.nemo_gym, needs_gym]
 SEEDS = REPO / "tests" / "data" / "seed_configs"  # the seed guide's YAML examples, verbatim
 ARITHMETIC = "resources_servers/reasoning_gym/data/train_basic_arithmetic.jsonl"  # where the guide's config reads it
 WEATHER = "resources_servers/example_single_tool_call/data/example.jsonl"

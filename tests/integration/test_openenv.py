@@ -14,7 +14,7 @@ pytest.importorskip("openenv", reason="openenv-core is not installed: pip instal
 from rlft.train.metrics import read_metrics  # noqa: E402
 from server_utils import REPO, free_port, kill_session, server_env, wait_for_health  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 EXAMPLE = "examples/openenv/openenv.yaml"
 
 

@@ -23,7 +23,7 @@ from rlft.rollout.remote import RemoteEngine
 from rlft.rollout.types import SamplingParams
 from server_utils import free_port, kill_group, run_cli, wait_for_health
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 TOKEN = "test-token"
 PROMPTS = [[49, 43, 50, 61], [55, 43, 56, 43, 57, 61]]  # "1+2=", "7+8+9="
 
@@ -411,6 +411,7 @@ def test_sigterm_stops_the_server_cleanly(server):
     assert "rollout server stopped (SIGTERM)" in server["log"].read_text()
 
 
+@pytest.mark.compile
 def test_a_compiled_server_samples_as_the_eager_engine_before_and_after_a_weight_push(tmp_path):
     """`torch_compile: true` serves through the compiled decode step (static KV cache), as in-process runs do: the same
     tokens as the eager engine at the same seed, log-probs within float rounding, and after a full weight push the new

@@ -27,7 +27,7 @@ from rlft.train.weight_sync import WeightSync
 from server_utils import free_port, kill_group, run_cli, wait_for_health
 
 VLLM_PYTHON = os.environ.get("RLFT_VLLM_PYTHON")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.vllm, pytest.mark.skipif(
     not VLLM_PYTHON, reason="RLFT_VLLM_PYTHON is not set: `make test-vllm` builds the vLLM CPU environment and runs these")]
 PROMPTS = [[49, 43, 50, 61], [55, 43, 56, 43, 57, 61]]
 REWARD = "def r(completions, **kwargs):\n    return [float(len(set(c))) for c in completions]\n"  # varies for a random model

@@ -589,6 +589,7 @@ def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir
         float(plain.loss_sum) / plain.units + coef * float(forward.aux_loss), rel=1e-5)
 
 
+@pytest.mark.compile
 def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny_moe_dir):
     """With output_router_logits on, transformers computes the router's loss in every forward from a mask as wide as
     the sequence, which a one-token step's router logits do not match: the engines decode without them, and sample

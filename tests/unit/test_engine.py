@@ -89,6 +89,7 @@ def test_stop_strings_end_a_sequence(engine):
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_the_compiled_decode_samples_what_the_eager_one_samples(engine):
     """torch_compile: the static-cache, compiled decode step draws the same tokens at the same seed, with the same
     log-probs (to float32 rounding), for greedy and filtered sampling alike; weights loaded later are the ones it
@@ -120,6 +121,7 @@ def test_the_compiled_decode_samples_what_the_eager_one_samples(engine):
         assert row_b == pytest.approx(row_a, abs=1e-5)
 
 
+@pytest.mark.compile
 def test_the_compiled_decode_of_a_sliding_window_model_samples_what_the_eager_one_samples_once_compiled():
     """Gemma 3 with a 3-token window on its first layer: the same tokens and log-probs as the eager engine, from one
     compiled graph. (transformers' sliding cache layer counts tokens in a Python int, which recompiled the step at
@@ -143,6 +145,7 @@ def test_the_compiled_decode_of_a_sliding_window_model_samples_what_the_eager_on
                 assert row_b == pytest.approx(row_a, abs=1e-5)
 
 
+@pytest.mark.compile
 def test_compiled_decoders_of_two_models_that_differ_inside_each_sample_what_their_eager_engines_sample():
     """Each compiled decoder keeps its own graphs, guarded by its tensors' shapes and the process's state only: two
     models whose inputs, cache and logits have one shape but whose MLPs differ in width (a graph of one run with the
@@ -169,6 +172,7 @@ def test_compiled_decoders_of_two_models_that_differ_inside_each_sample_what_the
             assert row_b == pytest.approx(row_a, abs=1e-5)
 
 
+@pytest.mark.compile
 def test_a_compiled_decode_step_keeps_only_its_tensors_and_the_process_state_as_guards(engine, monkeypatch):
     """The guards dynamo built for a real decode step, filtered: what remains checks the tensors the step is called
     with (never a parameter) and the process's state (grad mode among them); module attributes are not checked."""
@@ -190,6 +194,7 @@ def test_a_compiled_decode_step_keeps_only_its_tensors_and_the_process_state_as_
     assert {entry.guard_type for entry, keep in zip(entries, kept) if not keep} & {"TYPE_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT"}
 
 
+@pytest.mark.compile
 def test_a_decode_step_that_breaks_into_several_graphs_keeps_dynamos_own_guards(engine):
     """A forward with a graph break in every decoder layer (here a hook; in practice remote code or data-dependent
     experts) compiles each layer's frame on its own: under the narrow guards the second layer would run the first
@@ -212,6 +217,7 @@ def test_a_decode_step_that_breaks_into_several_graphs_keeps_dynamos_own_guards(
         assert row_b == pytest.approx(row_a, abs=1e-5)
 
 
+@pytest.mark.compile
 def test_the_prefill_computes_the_last_positions_logits_only(engine):
     """No (B, T, V) logits block for a batch of prompts: the output layer sees one position per row, eager and compiled
     (at a real vocabulary, 256 rows of 512-token prompts would otherwise hold tens of GB of logits)."""
@@ -230,6 +236,7 @@ def test_the_prefill_computes_the_last_positions_logits_only(engine):
         assert widths and set(widths) == {1}, widths
 
 
+@pytest.mark.compile
 def test_the_compiled_decoder_keeps_one_cache_per_batch_size_grown_to_the_longest(engine):
     """Prompt widths that need other cache lengths reuse the batch size's cache, or grow it (the old one freed): one
     cache per batch size, not one per length ever seen (a 7B model's cache for 256 rows of 1,536 tokens is ~22 GB).
@@ -266,6 +273,7 @@ def test_a_policy_whose_logits_are_nan_stops_sampling_with_the_fix(engine, sampl
                                                           generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.compile
 def test_on_a_cpu_the_compiled_step_stores_a_query_row_once_before_its_product_with_the_cache():
     """inductor computes a batched (1 x d) by (d x L) product on a CPU as a multiply and a sum over d in a loop over
     L, and inlines the row's producers into that loop: a decode step recomputed its query's rotary sine and cosine for

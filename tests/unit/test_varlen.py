@@ -341,6 +341,7 @@ def test_attention_both_ways_is_refused_for_packed_rows():
             documents_attention(module, q, q, q, None, is_causal=is_causal, rlft_documents=torch.tensor([0, 4]))
 
 
+@pytest.mark.compile
 def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(monkeypatch):
     """A compiled forward on a CPU over at most MATH_KEYS keys runs SDPA's math path, which inductor fuses into the
     graph, not the CPU flash-attention kernel; eager forwards and longer rows keep SDPA's choice. The compiled
@@ -385,6 +386,7 @@ def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.compile
 def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(monkeypatch):
     """`torch_compile_mode: max-autotune` on a CPU: inductor's C++ batched-GEMM template fixes one batch size into the
     graph compiled for any (torch 2.13: an SFT run at size S failed at the epoch's last, smaller batch with "Expected
