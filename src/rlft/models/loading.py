@@ -291,7 +291,8 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     model_config or config.json sets it."""
     if not getattr(model.config, "output_router_logits", False):
         return
-    if method_spec(cfg.method).engine and method_spec(cfg.method).router_loss and device_type == "cuda" and cfg.effective_attn_implementation == "sdpa":
+    if (method_spec(cfg.method).engine and method_spec(cfg.method).router_loss and device_type == "cuda"
+            and cfg.effective_attn_implementation == "sdpa"):
         raise ConfigError("output_router_logits with SDPA attention on a GPU: GRPO's rows start with their prompts' left "
                           "padding, for which rlft gives SDPA a 4-D mask of its own that transformers' router loss cannot "
                           "read; set attn_implementation: flash_attention_2 (or eager), or model_config: "
