@@ -1,6 +1,7 @@
 """What each training method is: one `MethodSpec` per value of `RlftConfig.method` (`sft`, `reward_model`, or the
-value of `rl:`), holding what the config's checks and the later layers decide by method. The recipe class that
-trains a method is the train layer's own table; nothing here imports beyond the config layer."""
+value of `rl:`), holding what the config's checks and the later layers decide by method. How a run of each
+method is set up and which recipe trains it is the train layer's own table (`rlft.train.methods.SETUPS`); nothing here
+imports beyond the config layer."""
 
 from __future__ import annotations
 
