@@ -144,7 +144,7 @@ def test_the_reference_of_a_base_rewriting_init_is_the_base_itself(tmp_path):
     from rlft.config import build_config
     from rlft.models.tiny import write_tiny_model
     from rlft.data.tokenizer import byte_tokenizer
-    from rlft.train.run import policy_and_frozen
+    from rlft.train.policy import policy_and_frozen
 
     folder = write_tiny_model(tmp_path / "m", "XS")
     torch.manual_seed(0)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from rlft.config.methods import spec_of
 from rlft.data.mistral_common import fingerprint, is_mistral_common
 from rlft.data.prepared import LengthReport, PreparedData
 from rlft.data.prompts import prompt_budget
@@ -74,7 +75,7 @@ def _user_code(cfg) -> list[str]:
 def cache_key(cfg, tokenizer) -> str:
     config = cfg.model_dump(mode="json", exclude=TRAINING_ONLY)
     # what depends on whether a key was written, not only on its value: an online-RL prompt's token budget
-    config["prompt_budget"] = prompt_budget(cfg) if cfg.method in ("grpo", "gdpo", "ebft") else None
+    config["prompt_budget"] = prompt_budget(cfg) if spec_of(cfg).generates else None
     # rlft's own code that decides ids and labels: the data package (formats, tokenisation, chat templates, end-of-turn markers)
     code = "".join(p.read_text() for p in sorted(Path(__file__).parent.rglob("*.py")))
     parts = [config, [_files(ds) for ds in list(cfg.datasets) + list(cfg.test_datasets or [])], tokenizer_fingerprint(tokenizer),

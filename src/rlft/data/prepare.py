@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlft.config.methods import spec_of
 from rlft.data.cache import cached
 from rlft.data.formats import ebft as E
 from rlft.data.formats.preference.fields import is_degenerate_pair
@@ -44,21 +45,27 @@ def sft_steps(cfg) -> MethodSteps:
     )
 
 
-def preference_steps(method: str) -> MethodSteps:
-    def resolve(ds, cfg, index, where, tokenizer):
-        return resolve_preference_format(ds, cfg, index, where, tokenizer, method)
-
-    if method == "kto":
-        return MethodSteps(resolve, lambda record, tokenizer, ds: tokenize_kto(record, tokenizer),
-                           lambda example, cfg: fit_completions(example, ("completion_ids",), cfg.sequence_len, cfg.excess_length_strategy))
-
+def pair_steps(cfg) -> MethodSteps:
+    """Preference pairs (DPO family, ORPO, SimPO, reward models); a pair with chosen == rejected is dropped."""
     def tokenize(record, tokenizer, ds):
         if is_degenerate_pair(record):
             raise _Identical()
         return tokenize_pair(record, tokenizer)
 
-    return MethodSteps(resolve, tokenize,
+    return MethodSteps(_preference_resolve(cfg.method), tokenize,
                        lambda example, cfg: fit_completions(example, ("chosen_ids", "rejected_ids"), cfg.sequence_len, cfg.excess_length_strategy))
+
+
+def unpaired_steps(cfg) -> MethodSteps:
+    """KTO rows: a prompt and one completion with its desirable label."""
+    return MethodSteps(_preference_resolve(cfg.method), lambda record, tokenizer, ds: tokenize_kto(record, tokenizer),
+                       lambda example, cfg: fit_completions(example, ("completion_ids",), cfg.sequence_len, cfg.excess_length_strategy))
+
+
+def _preference_resolve(method: str):
+    def resolve(ds, cfg, index, where, tokenizer):
+        return resolve_preference_format(ds, cfg, index, where, tokenizer, method)
+    return resolve
 
 
 def prompt_steps(cfg) -> MethodSteps:
@@ -71,20 +78,35 @@ def prompt_steps(cfg) -> MethodSteps:
     return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
 
 
-def ebft_steps(cfg) -> MethodSteps:
-    """EBFT rows: prompts with a ground truth (structured) or documents (strided)."""
-    ebft = cfg.ebft
-    if ebft.mode == "strided":
-        return MethodSteps(E.resolve_strided, lambda record, tokenizer, ds: E.tokenize_strided(record, tokenizer),
-                           lambda example, cfg: E.fit_strided(example, cfg.sequence_len, ebft.context_length,
-                                                              ebft.generate_max_len, ebft.min_completion_prefix,
-                                                              cfg.excess_length_strategy))
+def structured_steps(cfg) -> MethodSteps:
+    """Structured EBFT rows: prompts with a ground-truth answer."""
     budget = prompt_budget(cfg)
 
     def fit(example, cfg):
         return (example, "ok") if budget is None else fit_prompt(example, budget, cfg.excess_length_strategy)
 
     return MethodSteps(E.resolve_structured, lambda record, tokenizer, ds: E.tokenize_structured(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
+
+
+def strided_steps(cfg) -> MethodSteps:
+    """Strided EBFT rows: documents, in whose blocks the run generates."""
+    ebft = cfg.ebft
+    return MethodSteps(E.resolve_strided, lambda record, tokenizer, ds: E.tokenize_strided(record, tokenizer),
+                       lambda example, cfg: E.fit_strided(example, cfg.sequence_len, ebft.context_length,
+                                                          ebft.generate_max_len, ebft.min_completion_prefix,
+                                                          cfg.excess_length_strategy))
+
+
+# the steps of each kind of rows a method trains on (`MethodSpec.data`)
+STEPS: dict[str, Callable[[Any], MethodSteps]] = {
+    "sft": sft_steps, "pair": pair_steps, "unpaired": unpaired_steps, "prompt": prompt_steps,
+    "prompt_answer": structured_steps, "text": strided_steps,
+}
+
+
+def method_steps(cfg) -> MethodSteps:
+    """The steps of the rows this config's method trains on."""
+    return STEPS[spec_of(cfg).data](cfg)
 
 
 class _Identical(Exception):

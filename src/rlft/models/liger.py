@@ -17,6 +17,7 @@ import inspect
 
 import torch
 
+from rlft.config.methods import method_spec
 from rlft.errors import ModelError
 
 # Axolotl key -> the switch of liger's apply functions (liger_swiglu is Axolotl's older name of liger_glu_activation)
@@ -103,11 +104,12 @@ def liger_summary(cfg, model_type: str, logits_reason: str = "") -> str:
     if liger_loss(cfg) and getattr(cfg, "qat", None):  # the kernel would read the weight unrounded
         unused = ("; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
                   "takes the model's logits")
-    elif liger_loss(cfg) and cfg.method == "sft" and logits_reason:
+    elif liger_loss(cfg) and method_spec(cfg.method).fused_cross_entropy and logits_reason:
         unused = f"; not the fused linear cross-entropy: the loss takes the model's logits, because {logits_reason}"
     elif liger_loss(cfg):
-        done.append("fused linear cross-entropy" + ("" if cfg.method == "sft" else " (for SFT's loss; this method's chunked "
-                                                                                  "log-probs never build the logits either)"))
+        done.append("fused linear cross-entropy" + ("" if method_spec(cfg.method).fused_cross_entropy else
+                                                    " (for SFT's loss; this method's chunked log-probs never build the "
+                                                    "logits either)"))
     text = f"Liger: {', '.join(done) or 'nothing'}" + unused
     return text + (f"; {model_type} has no layer for {', '.join(absent)}" if absent else "")
 

@@ -24,7 +24,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsA
                           PreTrainedTokenizerBase)
 
 from rlft.config.activation_checkpointing import checkpoints
-from rlft.config.methods import method_spec
+from rlft.config.methods import method_spec, spec_of
 from rlft.config.parallel import launched
 from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
 from rlft.data.tokenizer import apply_chat_template_setting
@@ -142,7 +142,8 @@ def check_context_length(cfg) -> None:
     if found and cfg.sequence_len > found[1]:
         raise ConfigError(f"sequence_len {cfg.sequence_len} is longer than the model's context of {found[1]} tokens ({found[0]} in "
                           f"{source}/config.json): lower sequence_len to {found[1]} or less"
-                          + (" (prompts get sequence_len - trl.max_completion_length)" if cfg.rl in ("grpo", "gdpo") else ""))
+                          + (" (prompts get sequence_len - trl.max_completion_length)"
+                             if method_spec(cfg.method).reward_functions else ""))
 
 
 def transformers_class(name: str, key: str):
@@ -273,7 +274,7 @@ def check_own_masks(cfg, model) -> None:
     """Packed, flattened and strided batches run through masks that rlft builds (rlft.models.masks.per_layer_type):
     a model with attention layers other than full and sliding-window ones cannot take them (ModelError)."""
     flash = cfg.effective_attn_implementation.startswith("flash_attention")
-    strided = cfg.rl == "ebft" and cfg.ebft.mode == "strided"
+    strided = spec_of(cfg).strided_blocks
     if (strided or (not flash and (cfg.sample_packing or cfg.flat_batches))) and (kinds := unmaskable_layers(model)):
         raise ModelError(f"model type {model.config.model_type} has {', '.join(kinds)} layers: rlft builds the attention "
                          "masks of packed, flattened and strided batches itself and knows only full and sliding-window "
@@ -290,7 +291,8 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     model_config or config.json sets it."""
     if not getattr(model.config, "output_router_logits", False):
         return
-    if cfg.method in ("grpo", "gdpo") and device_type == "cuda" and cfg.effective_attn_implementation == "sdpa":
+    if (method_spec(cfg.method).engine and method_spec(cfg.method).router_loss and device_type == "cuda"
+            and cfg.effective_attn_implementation == "sdpa"):
         raise ConfigError("output_router_logits with SDPA attention on a GPU: GRPO's rows start with their prompts' left "
                           "padding, for which rlft gives SDPA a 4-D mask of its own that transformers' router loss cannot "
                           "read; set attn_implementation: flash_attention_2 (or eager), or model_config: "

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
+from rlft.config.methods import method_spec
 from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_keys, liger_summary
@@ -70,7 +71,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("kernels", liger_summary(cfg, model.config.model_type, logits_reason(model, sharded)))
     if cut_cross_entropy(cfg):
         table.add_row("loss", "cut_cross_entropy: " + ("a reward model's score head has one output, no vocabulary to cut"
-                                                       if cfg.method == "reward_model" else loss_path(model, sharded)))
+                                                       if method_spec(cfg.method).sequence_classification else loss_path(model, sharded)))
     if shared := strategy(cfg, accelerator.num_processes):
         table.add_row("processes", f"{accelerator.num_processes}: {shared}")
     for name, value in rows:

@@ -12,51 +12,33 @@ from transformers.integrations.neftune import neftune_post_forward_hook
 
 from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.axolotl_keys import unsupported_settings
-from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
+from rlft.config.methods import spec_of
+from rlft.config.parallel import launched
 from rlft.config.plugins import nemo_gym_enabled
 from rlft.config.rl import rl_settings
-from rlft.data.preference import assign_kl_completions
-from rlft.data.prepare import ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
-from rlft.data.stream import prepare_streamed_sft_data
-from rlft.errors import ConfigError, DataError, ModelError, NotImplementedYet
+from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
-from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
-from rlft.models.base_changing import convert_folder, is_converted, rewrites_base, save_initial_adapter
+from rlft.models.base_changing import convert_folder, is_converted, save_initial_adapter
 from rlft.models.checkpointing import offloads
 from rlft.models.freeze import freeze_except
-from rlft.models.frozen import FrozenPolicy
-from rlft.models.loading import (attach_adapter, base_model_source, check_context_length, disable_dropout, hub_revision,
-                                 load_model, load_tokenizer)
-from rlft.models.reference import load_reference_model
-from rlft.models.reward import load_reward_model
-from rlft.models.shared_prompts import forward_costs, group_sharing, prompt_sharing, reward_sharing
-from rlft.models.varlen import rows_apart
+from rlft.models.loading import base_model_source, check_context_length, hub_revision, load_tokenizer
 from rlft.models.compile import compile_options
-from rlft.rollout.envs.nemo_gym import agent_servers, resource_servers, task_rows
-from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
 from rlft.rollout.envs.nemo_gym_launch import GymServers
-from rlft.rollout.feature_reward import FeatureMatchingReward
-from rlft.rollout.rewards.loading import load_reward_functions
-from rlft.rollout.rewards.runner import RewardRunner
-from rlft.rollout.scoring import FunctionScorer
-from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.best import copy_model_files, final_checkpoint
-from rlft.train.engines import engine_factory, server_token
+from rlft.train.engines import server_token
+from rlft.train.methods import setup_of
 from rlft.train.trainer import LoopResult, Trainer
 from rlft.train.parallel import gathered_state_dict, make_accelerator
-from rlft.train.recipes.ebft import EBFTStridedRecipe, EBFTStructuredRecipe
-from rlft.train.recipes.grpo import GRPORecipe
-from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
-from rlft.train.recipes.reward_model import RewardModelRecipe
-from rlft.train.recipes.sft import SFTRecipe
+from rlft.train.policy import shards_parameters
 from rlft.train.report import print_plan, print_summary
 from rlft.train.unbuilt import refuse_unbuilt
 from rlft.train.watch import SetupInterrupts
 
+
 def train(cfg, console: Console | None = None) -> LoopResult:
     console = console or Console()
     refuse_unbuilt(cfg)
-    strided_flex = cfg.method == "ebft" and cfg.ebft.mode == "strided" and cfg.effective_attn_implementation == "flex_attention"
+    strided_flex = spec_of(cfg).strided_blocks and cfg.effective_attn_implementation == "flex_attention"
     if strided_flex and not torch.cuda.is_available():  # flex_attention has no backward on a CPU
         cfg = cfg.model_copy(update={"flex_attention": False, "attn_implementation": "sdpa"})
         if launched()[0] == 0:
@@ -76,7 +58,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
     derived = unsupported_settings(cfg)[1]
     if derived and launched()[0] == 0:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
-    if (cfg.adapter and cfg.lora_dropout and cfg.rl in ("grpo", "gdpo", "ebft") and cfg.disable_dropout
+    if (cfg.adapter and cfg.lora_dropout and spec_of(cfg).generates and cfg.disable_dropout
             and "disable_dropout" not in cfg.model_fields_set
             and launched()[0] == 0):
         console.print(f"note: lora_dropout {cfg.lora_dropout} is off in this run: disable_dropout is true by default for "
@@ -109,25 +91,7 @@ def _setup(cfg, console: Console):
     output_dir = Path(cfg.output_dir)
     tokenizer = load_tokenizer(cfg)
     init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
-    shard = (accelerator.process_index, accelerator.num_processes)
-
-    if cfg.method == "sft":
-        data = prepare_streamed_sft_data(cfg, tokenizer) if cfg.streamed else prepare_sft_data(cfg, tokenizer)
-        model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
-        recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard, tokenizer if cfg.streamed else None)
-    elif cfg.method == "reward_model":
-        data = prepare_data(cfg, tokenizer, preference_steps("reward_model"))
-        model = load_reward_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
-        if cfg.disable_dropout:
-            disable_dropout(model)
-        sharing = reward_sharing(cfg, model, data.train + data.eval, compile_options(cfg) is not None)
-        recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard, sharing)
-    elif cfg.method in ("grpo", "gdpo"):
-        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
-    elif cfg.method == "ebft":
-        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base, console)
-    else:
-        model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
+    model, recipe, data = setup_of(cfg)(cfg, tokenizer, accelerator, init_base, console)
     return accelerator, tokenizer, model, recipe, data, init_base
 
 
@@ -152,7 +116,7 @@ def _train(cfg, console: Console) -> LoopResult:
         print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
                    sharded)
         if compile_options(cfg) is not None:
-            engine = cfg.method in ("grpo", "gdpo") or (cfg.method == "ebft" and cfg.ebft.mode != "strided")
+            engine = spec_of(cfg).engine
             decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
                       cfg.trl.use_vllm else "")
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
@@ -204,156 +168,6 @@ def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
     for key, value in result.items():
         console.print(f"{key:<28} {value:.6g}", markup=False, highlight=False)
     return result
-
-
-def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
-    """Policy, reference and recipe for dpo / ipo / kto / orpo / simpo."""
-    method = cfg.method
-    data = prepare_data(cfg, tokenizer, preference_steps(method))
-    for report in data.reports:
-        if report.dropped.get("identical"):
-            console.print(f"warning: {report.name}: {report.dropped['identical']} pairs have chosen == rejected "
-                          "and were dropped (they carry no preference)", style="yellow", soft_wrap=True, markup=False)
-    if method == "kto":
-        desirable = sum(e["label"] for e in data.train)
-        try:
-            check_kto_labels(desirable, len(data.train) - desirable)
-        except ValueError as exc:
-            raise DataError(f"datasets: {exc}") from None
-        warning = kto_imbalance_warning(desirable, len(data.train) - desirable, cfg.kto_desirable_weight, cfg.kto_undesirable_weight)
-        if warning:
-            console.print(f"warning: {warning}", style="yellow", soft_wrap=True, markup=False)
-        assign_kl_completions(data.train)
-        if data.eval:
-            assign_kl_completions(data.eval)
-
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    # precomputed reference values are computed before any update (and before a checkpoint is loaded on resume): in
-    # full fine-tuning the policy itself still holds the initial weights then, so no copy is needed
-    model, reference = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=method in ("dpo", "ipo", "kto"),
-                                          unchanged_policy=bool(cfg.precompute_ref_log_probs))
-    if cfg.disable_dropout:
-        disable_dropout(model)
-        if reference is not None and reference.model is not None:
-            disable_dropout(reference.model)
-    if reference is not None:
-        reference.to(accelerator.device)
-    shard = (accelerator.process_index, accelerator.num_processes)
-    if method == "kto":
-        recipe = KTORecipe(cfg, data, tokenizer.pad_token_id, reference, shard)
-    else:
-        sharing = prompt_sharing(cfg, [model, reference.model if reference else None], data.train + data.eval)
-        recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing, rows_apart(cfg, model))
-    if cfg.precompute_ref_log_probs:
-        model.to(accelerator.device)
-        identity = [cfg.base_model, cfg.revision_of_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir,
-                    cfg.rl_adapter_ref_model, cfg.dpo_ld_alpha, method]
-        with accelerator.autocast():
-            precompute_or_load(recipe, model, data, tokenizer.pad_token_id, accelerator.device,
-                               cfg.eval_batch_size or cfg.micro_batch_size, Path(cfg.output_dir) / "ref_logps", identity, console)
-        recipe.reference = None  # every example carries its reference log-probs: free the copy
-    return model, recipe, data
-
-
-def shards_parameters(cfg, accelerator) -> bool:
-    """Whether the processes hold shards of the parameters (FSDP2 on several processes, DeepSpeed ZeRO-3)."""
-    return (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or getattr(deepspeed_settings(cfg), "stage", 0) == 3
-
-
-def keeps_initial_adapter(cfg, accelerator) -> bool:
-    """Whether the frozen network is the policy with its adapter's initial tensors (FrozenPolicy.initial_trainables):
-    an adapter whose init rewrote the base (PiSSA, OLoRA) with whole parameters, rather than a copy of the model.
-    Sharded parameters live in the sharding's own tensors, which a view cannot swap: those keep the copy."""
-    return bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(cfg) and not shards_parameters(cfg, accelerator)
-
-
-def attach_with_frozen(cfg, tokenizer, model, accelerator, *, need_frozen: bool, unchanged_policy: bool = False):
-    """The model with its adapter attached (where the config has one) and, when `need_frozen`, the frozen network of its
-    initial weights: `ref_model`; the policy with its adapter disabled (no second model; PiSSA's and OLoRA's would be
-    the residual base), or with its initial adapter for those (`keeps_initial_adapter`); the policy itself in full
-    fine-tuning when `unchanged_policy` (read before any update); else a frozen copy, taken before the adapter."""
-    initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
-    frozen = None
-    if need_frozen and not initial:
-        if cfg.ref_model:
-            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
-            frozen = FrozenPolicy.adapter_disabled()
-        elif unchanged_policy and not cfg.adapter:
-            frozen = FrozenPolicy(model)
-        else:
-            frozen = FrozenPolicy.copy_of(model)
-    if cfg.adapter:
-        model = attach_adapter(model, cfg)
-        if initial:
-            frozen = FrozenPolicy.initial_trainables(model)
-    return model, frozen
-
-
-def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
-    """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
-    initial weights (`attach_with_frozen`), both on the device."""
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    model, frozen = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=need_frozen)
-    if cfg.disable_dropout:
-        disable_dropout(model)
-    model.to(accelerator.device)
-    if frozen is not None:
-        frozen.to(accelerator.device)
-    return model, frozen
-
-
-def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
-    """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
-    trl = cfg.trl
-    if not trl.reward_funcs:
-        raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
-                          "directory, or a trained reward model folder)")
-    make_engine, remote = engine_factory(cfg, console)  # vllm_mode: colocate without vLLM stops here, before any loading
-    if trl.rollout_func:  # import it and check its form now, not after the model has loaded
-        load_rollout_func(trl.rollout_func, rl_settings(cfg))
-    functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
-    data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
-    environment = None
-    if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
-        environment = NemoGymAgents(tokenizer.eos_token_id, cfg.nemo_gym_run_timeout, cfg.nemo_gym_max_turns,
-                                    rl_settings(cfg).max_completion_length)
-    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
-    runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
-                          failure_score=trl.reward_failure_score)
-    shard = (accelerator.process_index, accelerator.num_processes)
-    sharing = group_sharing(cfg, [model, reference.model if reference else None])
-    recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
-                        remote_engine=remote, environment=environment, sharing=sharing,
-                        share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
-                        rows_apart=rows_apart(cfg, model))
-    return model, recipe, data
-
-
-def nemo_gym_prompts(cfg, tokenizer, console: Console):
-    """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
-    NeMo Gym head server names, tokenised and fitted as any prompt dataset."""
-    if cfg.datasets:
-        console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
-                      markup=False)
-    if cfg.nemo_gym_multi_turn:
-        records = task_rows(cfg, {}, agent_servers(cfg.nemo_gym_head_port))
-    else:
-        records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
-    return prepare_records(records, cfg, tokenizer, prompt_steps(cfg), "nemo_gym_datasets")
-
-
-def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
-    """EBFT: the frozen feature network is the initial policy (adapter disabled, the initial adapter, or a frozen copy)."""
-    make_engine, remote = engine_factory(cfg, console) if cfg.ebft.mode == "structured" else (None, False)
-    data = prepare_data(cfg, tokenizer, ebft_steps(cfg))
-    model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
-    shard = (accelerator.process_index, accelerator.num_processes)
-    if cfg.ebft.mode == "strided":
-        return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, shard), data
-    scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
-    reference = frozen if rl_settings(cfg).beta else None  # the same frozen initial policy serves the KL term
-    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard, make_engine, remote), data
 
 
 def freeze_unmatched(cfg, model, console: Console | None) -> None:

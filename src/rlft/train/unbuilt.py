@@ -12,6 +12,7 @@ import torch
 
 from rlft.config import planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
+from rlft.config.methods import method_spec
 from rlft.config.optimizers import AXOLOTL_OPTIMIZERS
 from rlft.config.parallel import launched, partitioned
 from rlft.config.trackers import missing_tracker_packages
@@ -26,9 +27,9 @@ UNBUILT_LOSS_TYPES = {"sapo", "luspo", "vespo"}
 def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     """Stop before loading anything when the config asks for something not built yet (`processes`: the training
     processes, by default those the launcher started)."""
-    if cfg.method in ("grpo", "gdpo", "ebft") and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
+    if method_spec(cfg.method).generates and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
         raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
-    if cfg.method == "ebft" and cfg.trl.reward_funcs:
+    if method_spec(cfg.method).feature_matching and cfg.trl.reward_funcs:
         raise NotImplementedYet("trl.reward_funcs with rl: ebft: the feature-matching reward replaces reward functions, and "
                                 "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
     processes = processes or launched()[1]
@@ -89,7 +90,7 @@ def missing_build_tools(cfg) -> list[str]:
 
 def parameter_lora_unbuilt(cfg) -> str | None:
     """What PEFT's LoRA on parameters is not built for in rlft yet (online RL, sharding, reference moves), or None."""
-    if cfg.method in ("grpo", "gdpo", "ebft"):
+    if method_spec(cfg.method).generates:
         return (f"with rl: {cfg.method}: sending parameter adapters' weights to the rollout engine is not built yet; use "
                 "lora_target_modules, or train the experts with SFT or a preference method")
     if cfg.fsdp or cfg.fsdp_config or cfg.deepspeed:

@@ -11,7 +11,7 @@ from rlft.cli.exit import CommandState
 from rlft.config import load_config
 from rlft.config.plugins import nemo_gym_enabled
 from rlft.data.inspect import describe_examples
-from rlft.data.prepare import ebft_steps, prepare_data, preference_steps, prompt_steps, sft_steps
+from rlft.data.prepare import method_steps, prepare_data
 from rlft.data.stream import preview
 from rlft.errors import ConfigError
 from rlft.models.loading import check_context_length, load_tokenizer
@@ -24,8 +24,7 @@ def preprocess(args: argparse.Namespace, state: CommandState) -> int:
                           "tasks, which the running Gym servers route: `rlft train` prepares them (and starts the servers "
                           "with nemo_gym_auto_start); `rlft validate` checks the config")
     check_context_length(cfg)
-    steps = {"sft": sft_steps, "grpo": prompt_steps, "gdpo": prompt_steps, "ebft": ebft_steps}.get(cfg.method)
-    steps = steps(cfg) if steps else preference_steps(cfg.method)
+    steps = method_steps(cfg)
     tokenizer = load_tokenizer(cfg)
     if cfg.streamed:  # nothing to prepare: the first buffer, to check the format and lengths
         examples, line = preview(cfg, tokenizer)

@@ -12,24 +12,24 @@ def online_problems(cfg):
     the run will do; a rule about a key the user wrote reads `cfg.trl`."""
     spec, options = spec_of(cfg), trl_options(cfg)
     if spec.feature_matching:
-        yield from _ebft_problems(cfg, options)
+        yield from _ebft_problems(cfg, spec, options)
     if spec.engine:
         yield from _grpo_problems(cfg, spec, options)
 
 
-def _ebft_problems(cfg, options):
+def _ebft_problems(cfg, spec, options):
     ebft = cfg.ebft
     if "ebft" not in cfg.model_fields_set:
         yield "rl: ebft needs an `ebft:` section (at least `mode: structured` or `mode: strided`) saying how features are matched"
-    group = ebft.n_samples_per_prompt if ebft.mode == "strided" else options["num_generations"]
+    group = ebft.n_samples_per_prompt if spec.strided_blocks else options["num_generations"]
     if ebft.use_whitening and group < 2:
         yield f"ebft.use_whitening needs at least 2 samples per group to estimate a second moment; the group size is {group}"
-    if ebft.mode == "strided" and ebft.embed_method in ("concat", "completion_mean"):
+    if spec.strided_blocks and ebft.embed_method in ("concat", "completion_mean"):
         yield f"ebft.embed_method {ebft.embed_method!r} is for structured mode; strided mode pools a block: last_token or mean_pooling"
-    if ebft.mode == "strided" and ebft.temperature <= 0:
+    if spec.strided_blocks and ebft.temperature <= 0:
         yield "ebft.temperature must be > 0: the REINFORCE term needs the sampling distribution's log-probs"
     rollout_keys = [f"trl.{key}" for key in ("use_vllm", "async_prefetch") if getattr(cfg.trl, key)]
-    if ebft.mode == "strided" and rollout_keys:
+    if spec.strided_blocks and rollout_keys:
         yield (f"{' and '.join(rollout_keys)} with ebft.mode: strided: strided EBFT generates its blocks inside each "
                "document in the trainer, not through a rollout engine; remove them (they apply to structured mode)")
 

@@ -40,5 +40,5 @@ def preference_problems(cfg):
         yield f"trl.beta is {cfg.method}'s beta here (it takes precedence over rl_beta, as in Axolotl) and must be > 0"
     for key, methods in METHOD_KEYS.items():  # a method's own key set for another method would do nothing
         value = getattr(cfg, key)
-        if key in cfg.model_fields_set and cfg.method not in methods and value != type(cfg).model_fields[key].default:
+        if key in cfg.model_fields_set and key not in spec.loss_keys and value != type(cfg).model_fields[key].default:
             yield f"{key}: {value} acts only with rl: {' or '.join(methods)}, and this config trains {cfg.method}: remove it"

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rlft.config.methods import method_spec
 from rlft.config.rl import orpo_lambda, preference_beta
 from rlft.data.preference import example_length, kto_batch, pair_batch, shared_pair_inputs
 from rlft.losses.preference.dpo import bco_reward_mean_update, dpo_loss
@@ -127,7 +128,7 @@ class PairRecipe(Recipe):
         self.name = self.method
         self.reference = reference
         self.precompute_time = 0.0  # seconds computing reference log-probs before training (precompute_ref_log_probs)
-        self.loss_types = list(cfg.dpo_loss_type or (["ipo"] if self.method == "ipo" else ["sigmoid"]))
+        self.loss_types = list(cfg.dpo_loss_type or method_spec(self.method).default_loss_types)
         self.bco_mean, self.bco_count = 0.0, 0
         self.share_prompt = sharing[0]
         self.plan_rows = (("prompts", sharing[1]),)
@@ -139,7 +140,7 @@ class PairRecipe(Recipe):
 
     @property
     def needs_reference(self) -> bool:
-        return self.method in ("dpo", "ipo")
+        return method_spec(self.method).needs_reference
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
@@ -168,12 +169,13 @@ class PairRecipe(Recipe):
     def loss(self, model, batch: dict[str, Any], counted: bool = True) -> LossOutput:
         cfg = self.cfg
         pairs = batch["input_ids"].shape[0] // 2
-        whole = self.method == "orpo" and cfg.orpo_nll_span == "sequence"  # TRL's span: prompt and answer
+        spec = method_spec(self.method)
+        whole = spec.odds_ratio and cfg.orpo_nll_span == "sequence"  # TRL's span: prompt and answer
         out = sequence_logps(model, batch, wpo=cfg.dpo_use_weighting, whole_rows=pairs if whole else 0)
         lengths_c, lengths_r = out.lengths[:pairs].float(), out.lengths[pairs:].float()
         nll = (chosen_nll(out.sequence_logps, out.sequence_lengths, cfg.chosen_nll_average) if whole else
                chosen_nll(out.logps[:pairs], lengths_c, cfg.chosen_nll_average))
-        if self.method in ("dpo", "ipo"):
+        if spec.needs_reference:  # the DPO family (IPO is one of its loss types): margins over the reference
             chosen, rejected = self._split(out, pairs, cfg.dpo_ld_alpha)
             started = clock()
             ref_chosen, ref_rejected = self.reference_logps(model, batch)
@@ -192,7 +194,7 @@ class PairRecipe(Recipe):
                               chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=nll,
                               bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
-        elif self.method == "orpo":
+        elif spec.odds_ratio:
             weight = orpo_lambda(cfg)
             result = orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
                                nll, alpha=weight)
@@ -207,10 +209,10 @@ class PairRecipe(Recipe):
                               chosen_nll=nll)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         metrics = pair_metrics(chosen_rewards, rejected_rewards, out, pairs)
-        if self.method == "orpo":
+        if spec.odds_ratio:
             metrics["log_odds_ratio"] = float(result.log_odds_ratio.detach().mean())
             metrics["nll_loss"] = float(nll.detach().mean())
-        if self.method in ("dpo", "ipo") and reference_time is not None:
+        if spec.needs_reference and reference_time is not None:
             metrics["time/reference"] = reference_time  # reference forwards, inside time/forward_backward
         # an MoE router's load-balancing loss (model_config: {output_router_logits: true}) of the pairs' forward
         return LossOutput(losses.sum(), self._units(batch), metrics).plus_router_loss(out.router)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from rlft.config.methods import method_spec
 from rlft.data.formats.preference.fields import Record, RowFormat, checked_text, required_text, system_text
 from rlft.data.formats.rows import RowError, chat_template_format, get_field, render_chat
 from rlft.data.tokenizer import apply_chat_template_setting
@@ -115,7 +116,7 @@ def chat_template_default(ds, tokenizer, method) -> RowFormat:
     chat = ChatRenderer(ds, tokenizer, dataset_chat_template(ds))
 
     def convert(row: dict[str, Any]) -> Record:
-        if method == "reward_model" and _is_bradley_terry(row, ds):
+        if method_spec(method).bradley_terry and _is_bradley_terry(row, ds):
             return bradley_terry_record(chat, row, ds.field_chosen, ds.field_rejected)
         return conversation_record(chat, row, ds.field_messages, ds.field_chosen, ds.field_rejected)
 

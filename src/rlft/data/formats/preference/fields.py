@@ -9,9 +9,6 @@ from rlft.data.formats.rows import Record, RowError, RowFormat, fields_of, get_f
 # A factory builds the row function of one dataset entry: (ds, tokenizer, method) -> row function.
 FormatFactory = Callable[[Any, Any, str], RowFormat]
 
-PAIR_METHODS = ("dpo", "ipo", "simpo", "orpo", "reward_model")
-METHODS = PAIR_METHODS + ("kto",)
-
 
 def required_text(row: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
     """A string field; empty (after strip) is an error unless allowed."""

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlft.config import UserDefinedType
+from rlft.config.methods import METHODS, method_spec
 from rlft.data.formats.preference.chat import (ChatRenderer, argilla_chat_record, bradley_terry_record,
                                                chat_template_argilla_chat, chat_template_default, conversation_record,
                                                dataset_chat_template, orpo_chat_template_argilla)
 from rlft.data.formats.preference.delimited import CHATML, LLAMA3, delimited_kto_formats, delimited_pair_formats, zephyr_nectar
-from rlft.data.formats.preference.fields import (METHODS, PAIR_METHODS, FormatFactory, Record, RowFormat, margin_of, parse_label,
-                                                 required_text, system_text)
+from rlft.data.formats.preference.fields import (FormatFactory, Record, RowFormat, margin_of, parse_label, required_text,
+                                                 system_text)
 from rlft.data.formats.rows import RowError, bind_tokenizer, call_transform, fields_of, get_field, user_transform
 from rlft.errors import DataError, RlftError
 
@@ -94,7 +95,7 @@ def canonical_pair(ds, tokenizer, method) -> RowFormat:
             prompt = None  # a blank prompt column beside whole conversations: their own user turns are the prompt
         # ready-made strings (a `messages` column beside a string prompt is not the prompt: it would be templated twice)
         if isinstance(chosen, str) and isinstance(rejected, str) and (messages is None or isinstance(prompt, str)):
-            if prompt is None and method != "reward_model":
+            if prompt is None and not method_spec(method).bradley_terry:
                 raise RowError(f"missing field 'prompt' (row has {fields_of(row)})")
             if prompt is None or isinstance(prompt, str):
                 return {"prompt": prompt or "", "chosen": required_text(row, "chosen"), "rejected": required_text(row, "rejected")}
@@ -105,7 +106,7 @@ def canonical_pair(ds, tokenizer, method) -> RowFormat:
         row = {key: value for key, value in row.items() if key != "prompt"}
         if messages is not None:
             return conversation_record(chat(), row, "messages", "chosen", "rejected")
-        if method == "reward_model" and isinstance(chosen, list) and isinstance(rejected, list):
+        if method_spec(method).bradley_terry and isinstance(chosen, list) and isinstance(rejected, list):
             return bradley_terry_record(chat(), row, "chosen", "rejected")
         return argilla_chat_record(chat(), row, "chosen", "rejected")
 
@@ -162,15 +163,25 @@ KTO_FORMATS: dict[str, FormatFactory] = {
 }
 
 
+# the built-in formats, and the reading of a row of no `type`, of each kind of preference rows (`MethodSpec.data`)
+ROWS: dict[str, tuple[dict[str, FormatFactory], FormatFactory]] = {
+    "pair": (PREFERENCE_FORMATS, canonical_pair),
+    "unpaired": (KTO_FORMATS, canonical_kto),
+}
+PREFERENCE_METHODS = tuple(name for name, spec in METHODS.items() if spec.data in ROWS)
+
+
+def _rows_of(method: str) -> tuple[dict[str, FormatFactory], FormatFactory]:
+    spec = METHODS.get(method)
+    if spec is None or spec.data not in ROWS:
+        raise DataError(f"no preference data formats for method {method!r}: expected one of {', '.join(PREFERENCE_METHODS)}")
+    formats, canonical = ROWS[spec.data]
+    return ({**formats, **ORPO_FORMATS} if spec.orpo_formats else formats), canonical
+
+
 def formats_for(method: str) -> dict[str, FormatFactory]:
     """The built-in `type:` names of a method."""
-    if method == "kto":
-        return KTO_FORMATS
-    if method == "orpo":
-        return {**PREFERENCE_FORMATS, **ORPO_FORMATS}
-    if method in PAIR_METHODS:
-        return PREFERENCE_FORMATS
-    raise DataError(f"no preference data formats for method {method!r}: expected one of {', '.join(METHODS)}")
+    return _rows_of(method)[0]
 
 
 def resolve_preference_format(ds, cfg, index: int, where: str, tokenizer, method: str) -> Callable[[dict], dict]:
@@ -178,8 +189,7 @@ def resolve_preference_format(ds, cfg, index: int, where: str, tokenizer, method
 
     `method` is dpo, ipo, simpo, orpo, kto or reward_model. Resolution follows Axolotl (see the package docstring).
     """
-    table = formats_for(method)
-    canonical = canonical_kto if method == "kto" else canonical_pair
+    table, canonical = _rows_of(method)
     kind = ds.type
     try:
         if kind is None:
@@ -196,7 +206,7 @@ def resolve_preference_format(ds, cfg, index: int, where: str, tokenizer, method
         if str(exc).startswith(where):
             raise
         raise type(exc)(f"{where}: {exc}") from exc
-    if method == "reward_model":
+    if method_spec(method).bradley_terry:
         return _with_margin(convert)
     return convert
 
