@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
+from rlft.config.parallel import rows_per_step
 from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_keys, liger_summary
@@ -59,7 +60,7 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     table.add_row("train / eval rows", f"{'streamed' if cfg.streamed else len(data.train)} / {len(data.eval)}")
     per_epoch = "max_steps: a stream has no epochs" if cfg.streamed else f"{per_epoch} per epoch"
     table.add_row("steps", f"{steps} ({per_epoch}{', packed rows' if cfg.sample_packing else ''})")
-    effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
+    effective = rows_per_step(cfg, accelerator.num_processes)
     table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
     table.add_row("schedule", schedule(cfg, steps, epochs_steps(cfg, micro_batches, draws_per_step)))
     if cfg.deepspeed:  # DeepSpeed holds the weights in bf16 and an fp32 copy in the optimizer
