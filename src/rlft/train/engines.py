@@ -14,7 +14,7 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlft.config.rl import rl_settings
+from rlft.config.settings import Settings
 from rlft.errors import ConfigError
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.remote import RemoteEngine
@@ -29,10 +29,10 @@ def server_token(cfg, port: int, host: str = "127.0.0.1") -> str | None:
     return cfg.vllm.api_key or os.environ.get("RLFT_SERVER_TOKEN") or (local_token(port) if here else None)
 
 
-def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] | None, bool]:
+def engine_factory(cfg, settings: Settings, console: Console) -> tuple[Callable[..., RolloutEngine] | None, bool]:
     """(make_engine(policy, version), whether that engine holds a plain model of its own); (None, False) for the
     default in-process engine."""
-    s = rl_settings(cfg)
+    s = settings.rl
     if not s.use_vllm:
         return None, False
     if s.vllm_mode == "colocate":

@@ -14,7 +14,7 @@ from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.plugins import nemo_gym_enabled
-from rlft.config.rl import rl_settings
+from rlft.config.settings import Settings, resolve
 from rlft.data.preference import assign_kl_completions
 from rlft.data.prepare import ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
 from rlft.data.stream import prepare_streamed_sft_data
@@ -82,26 +82,27 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         console.print(f"note: lora_dropout {cfg.lora_dropout} is off in this run: disable_dropout is true by default for "
                       f"rl: {cfg.rl} (TRL's GRPO keeps dropout on; set disable_dropout: false to keep it)", markup=False,
                       soft_wrap=True)
+    settings = resolve(cfg)
     try:
-        with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
-            return _train(cfg, console)
+        with SetupInterrupts(), nemo_gym_servers(cfg, settings, console):  # servers started for this run and stopped after it
+            return _train(cfg, settings, console)
     finally:
         release_heap()
 
 
-def nemo_gym_servers(cfg, console: Console):
+def nemo_gym_servers(cfg, settings: Settings, console: Console):
     """NeMo Gym's servers for this run when `nemo_gym_auto_start` asks for them, else nothing to start."""
     if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or launched()[0] != 0:
         return contextlib.nullcontext()
     policy = None
     if cfg.nemo_gym_multi_turn:  # the Gym model server the agents ask points at rlft's rollout server
-        s = rl_settings(cfg)
+        s = settings.rl
         policy = {"base_url": f"http://{s.server_host}:{s.server_port}/v1", "model": str(cfg.base_model),
                   "api_key": server_token(cfg, s.server_port, s.server_host) or "EMPTY"}
-    return GymServers(cfg, console, policy)
+    return GymServers(settings.nemo_gym, console, policy)
 
 
-def _setup(cfg, console: Console):
+def _setup(cfg, settings: Settings, console: Console):
     """Accelerator, tokenizer, data, model and recipe of a run (the model not yet wrapped), and the frozen init base."""
     check_context_length(cfg)
     accelerator = make_accelerator(cfg)
@@ -123,17 +124,17 @@ def _setup(cfg, console: Console):
         sharing = reward_sharing(cfg, model, data.train + data.eval, compile_options(cfg) is not None)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard, sharing)
     elif cfg.method in ("grpo", "gdpo"):
-        model, recipe, data = online_rl_setup(cfg, tokenizer, accelerator, init_base, console)
+        model, recipe, data = online_rl_setup(cfg, settings, tokenizer, accelerator, init_base, console)
     elif cfg.method == "ebft":
-        model, recipe, data = ebft_setup(cfg, tokenizer, accelerator, init_base, console)
+        model, recipe, data = ebft_setup(cfg, settings, tokenizer, accelerator, init_base, console)
     else:
         model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
     return accelerator, tokenizer, model, recipe, data, init_base
 
 
-def _train(cfg, console: Console) -> LoopResult:
+def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     with collector_paused():  # the model and its data: no garbage to find (rlft/heap.py)
-        accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
+        accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, settings, console)
     if cfg.unfrozen_parameters:
         freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
     if cfg.neftune_noise_alpha:  # NEFTune: transformers' hook, so the noise is the one its Trainer (and Axolotl) adds
@@ -187,8 +188,9 @@ def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
     refuse_unbuilt(cfg)
     if launched()[1] > 1:
         raise NotImplementedYet("rlft evaluate runs in one process: start it without a launcher")
-    with nemo_gym_servers(cfg, console):
-        accelerator, _, model, recipe, _, _ = _setup(cfg, console)
+    settings = resolve(cfg)
+    with nemo_gym_servers(cfg, settings, console):
+        accelerator, _, model, recipe, _, _ = _setup(cfg, settings, console)
         if not recipe.eval_batches:
             raise ConfigError("nothing to evaluate: give eval data with val_set_size or test_datasets")
         try:
@@ -303,22 +305,22 @@ def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_
     return model, frozen
 
 
-def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
     trl = cfg.trl
     if not trl.reward_funcs:
         raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
                           "directory, or a trained reward model folder)")
-    make_engine, remote = engine_factory(cfg, console)  # vllm_mode: colocate without vLLM stops here, before any loading
+    make_engine, remote = engine_factory(cfg, settings, console)  # vllm_mode: colocate without vLLM stops here, before any loading
     if trl.rollout_func:  # import it and check its form now, not after the model has loaded
-        load_rollout_func(trl.rollout_func, rl_settings(cfg))
+        load_rollout_func(trl.rollout_func, settings.rl)
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
-    data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
+    data = nemo_gym_prompts(cfg, settings, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
     environment = None
     if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
-        environment = NemoGymAgents(tokenizer.eos_token_id, cfg.nemo_gym_run_timeout, cfg.nemo_gym_max_turns,
-                                    rl_settings(cfg).max_completion_length)
-    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
+        gym = settings.nemo_gym
+        environment = NemoGymAgents(tokenizer.eos_token_id, gym.run_timeout, gym.max_turns, settings.rl.max_completion_length)
+    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(settings.rl.beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
@@ -330,29 +332,29 @@ def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console
     return model, recipe, data
 
 
-def nemo_gym_prompts(cfg, tokenizer, console: Console):
+def nemo_gym_prompts(cfg, settings: Settings, tokenizer, console: Console):
     """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
     NeMo Gym head server names, tokenised and fitted as any prompt dataset."""
     if cfg.datasets:
         console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
                       markup=False)
     if cfg.nemo_gym_multi_turn:
-        records = task_rows(cfg, {}, agent_servers(cfg.nemo_gym_head_port))
+        records = task_rows(settings.nemo_gym, {}, agent_servers(settings.nemo_gym.head_port))
     else:
-        records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
+        records = task_rows(settings.nemo_gym, resource_servers(settings.nemo_gym.head_port))
     return prepare_records(records, cfg, tokenizer, prompt_steps(cfg), "nemo_gym_datasets")
 
 
-def ebft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def ebft_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """EBFT: the frozen feature network is the initial policy (adapter disabled, the initial adapter, or a frozen copy)."""
-    make_engine, remote = engine_factory(cfg, console) if cfg.ebft.mode == "structured" else (None, False)
+    make_engine, remote = engine_factory(cfg, settings, console) if cfg.ebft.mode == "structured" else (None, False)
     data = prepare_data(cfg, tokenizer, ebft_steps(cfg))
     model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
     shard = (accelerator.process_index, accelerator.num_processes)
     if cfg.ebft.mode == "strided":
         return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, shard), data
     scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
-    reference = frozen if rl_settings(cfg).beta else None  # the same frozen initial policy serves the KL term
+    reference = frozen if settings.rl.beta else None  # the same frozen initial policy serves the KL term
     return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, shard, make_engine, remote), data
 
 
