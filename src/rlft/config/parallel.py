@@ -8,6 +8,7 @@ without their `fsdp_` prefix, as Axolotl and accelerate write them.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,6 @@ def deepspeed_file(setting: str) -> Path:
 def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
     """The DeepSpeed file `deepspeed:` names, read and checked against the config, or None when unset. Raises
     ValueError naming the file and the problem."""
-    import json
 
     if not cfg.deepspeed:
         return None

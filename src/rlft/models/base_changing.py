@@ -17,12 +17,12 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
 
 from rlft.config.lora_inits import rewriting
-
-if TYPE_CHECKING:
-    import torch
 
 INIT_FOLDER = "init-adapter"  # in output_dir: the adapter as initialised (B0, A0)
 RESUME_FOLDER = "adapter-as-trained"  # in a checkpoint: the adapter on the residual base, for resuming
@@ -46,8 +46,6 @@ def rewrites_base(cfg) -> bool:
 def save_initial_adapter(model, output_dir: Path) -> Path | None:
     """For inits that rewrite the base weights, the adapter as initialised, written as each run starts (a resumed run
     rebuilds the same one from the seed; a new run in the same output_dir must not convert against an older run's)."""
-    import shutil
-
     if not changes_base(model):
         return None
     init = model.peft_config["default"]
@@ -71,8 +69,6 @@ def is_converted(folder: Path) -> bool:
 
 def as_plain_lora(trained: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors of the rank-2r LoRA that gives, on the original base, what `trained` gives on the residual one."""
-    import torch
-
     converted = {}
     for name, tensor in trained.items():
         if FACTOR_A.search(name) or FACTOR_B.search(name):
@@ -95,8 +91,6 @@ def plain_lora_config(config: dict) -> dict:
 
 def convert_folder(folder: Path, initial_folder: Path) -> None:
     """Rewrite the adapter that `save_pretrained` wrote to `folder` as a plain LoRA on the original base."""
-    from safetensors.torch import load_file, save_file
-
     config = json.loads((folder / CONFIG).read_text())
     tensors = as_plain_lora(load_file(folder / WEIGHTS), load_file(initial_folder / WEIGHTS))
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, folder / WEIGHTS, metadata={"format": "pt"})
@@ -105,8 +99,6 @@ def convert_folder(folder: Path, initial_folder: Path) -> None:
 
 def keep_for_resume(model_folder: Path, checkpoint: Path) -> None:
     """Copy the adapter as trained out of a checkpoint's `model/` before it is converted."""
-    import shutil
-
     (checkpoint / RESUME_FOLDER).mkdir()
     for name in (WEIGHTS, CONFIG):
         shutil.copy2(model_folder / name, checkpoint / RESUME_FOLDER / name)

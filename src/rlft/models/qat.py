@@ -24,18 +24,18 @@ from rlft.errors import ModelError
 
 def _configs(qat, embedding: bool = False):
     """torchao's QATConfig for the linear layers (or, `embedding`, for the embedding: weights only)."""
-    from torchao.quantization.qat import QATConfig
+    from torchao.quantization.qat import QATConfig  # torchao: an optional package (the qat extra)
     from torchao.quantization.qat.fake_quantize_config import (Float8FakeQuantizeConfig, Int4WeightFakeQuantizeConfig,
                                                                 IntxFakeQuantizeConfig)
 
     activation = None if embedding else qat.activation
     if qat.weight == "mxfp4":  # weights and activations: torchao has no weight-only MX QAT
-        from torchao.prototype.qat import MXFakeQuantizeConfig
+        from torchao.prototype.qat import MXFakeQuantizeConfig  # optional, as above
 
         mx = MXFakeQuantizeConfig(dtype=torch.float4_e2m1fn_x2, block_size=32)
         return QATConfig(weight_config=mx, activation_config=mx)
     if qat.weight == "nvfp4":  # weights and activations: torchao has no weight-only NVFP4 QAT
-        from torchao.prototype.qat import NVFP4FakeQuantizeConfig
+        from torchao.prototype.qat import NVFP4FakeQuantizeConfig  # optional, as above
 
         return QATConfig(weight_config=NVFP4FakeQuantizeConfig(), activation_config=NVFP4FakeQuantizeConfig())
     if qat.weight == "float8":
@@ -88,7 +88,7 @@ def _plain(kind: type):
 def prepare_qat(model: torch.nn.Module, qat) -> int:
     """Swap the linear layers (and the embedding with `quantize_embedding`) for torchao's fake-quantized ones; returns
     how many layers were swapped. Weight tying (embedding and output layer) is kept."""
-    from torchao.quantization import quantize_
+    from torchao.quantization import quantize_  # torchao: an optional package (the qat extra)
 
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if qat.quantize_embedding and embedding is not None and type(embedding) is not torch.nn.Embedding:

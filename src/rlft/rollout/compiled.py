@@ -150,7 +150,7 @@ def store_reused_rows():
     cached position recomputed the query's rotary embedding (a sine and a cosine per element). The pass marks that
     input to be stored once before the loop (inductor's own flag for it). The values are the same. (Built on first
     use: importing inductor takes seconds, and the launching command imports this module.)"""
-    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files  # inductor: seconds to import
 
     class StoreReusedRows(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:

@@ -370,7 +370,7 @@ def flex_block_mask(layout: StridedLayout, doc_attention: Tensor, num_samples: i
     mask_mod is index arithmetic, so any prefix of the sequence (generation's growing widths) uses the same rule.
     Imported lazily. Any device, but only a GPU trains with it: PyTorch has no flex_attention backward on a CPU.
     """
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask  # only for flex_attention models
 
     _check_right_padded(doc_attention)
     total = layout.total_len if length is None else length

@@ -129,7 +129,7 @@ def launcher_main() -> None:
     every launch's end on a 2-core machine. Failures raise as in accelerate's own command (the relay drops that
     traceback)."""
     with collector_paused():  # accelerate's launcher imports torch (seconds): only this launcher process needs it
-        from accelerate.commands.launch import main
+        from accelerate.commands.launch import main  # noqa: PLC0415 (imports torch: the launcher only)
     sys.argv[0] = "accelerate launch"
     main()
     gc.freeze()

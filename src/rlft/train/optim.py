@@ -9,9 +9,11 @@ the HF Trainer and Axolotl. `lr_scheduler:` takes transformers' schedule names a
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import warnings
+from types import SimpleNamespace
 
 import torch
 
@@ -30,10 +32,7 @@ def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, di
         return torch.optim.Adam, adam
     if name in TORCH_ADAMW:
         return torch.optim.AdamW, {**adam, **TORCH_ADAMW[name]}
-    import dataclasses
-    from types import SimpleNamespace
-
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments  # transformers: seconds, off the launching command's path
 
     # TrainingArguments' defaults without building one (its __post_init__ sets up devices and process groups)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}
@@ -127,7 +126,7 @@ def scheduler_problem(cfg) -> str | None:
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int, epoch_steps: int | None = None):
     """`transformers.get_scheduler` for `schedule_name(cfg)` with the config's warm-up (`warmup_steps`)."""
-    from transformers import get_scheduler
+    from transformers import get_scheduler  # transformers: seconds, off the launching command's path
 
     name, kwargs = schedule_name(cfg), dict(cfg.lr_scheduler_kwargs or {})
     if name in ("cosine_with_min_lr", "cosine_warmup_with_min_lr") and "min_lr" not in kwargs:
@@ -175,6 +174,7 @@ def stepping_optimizer(optimizer):
     optimizer phase of a compiled SFT step at size S on 2 CPU cores took 2.25 ms through it, 1.75 ms without
     (`bench/optimizer_step.py`). Every rlft step syncs its gradients (the loop accumulates them itself), so the
     wrapper would call the same two methods. Any other optimizer (DeepSpeed's ZeRO optimizer) is returned as it is."""
+    # accelerate imports torch.distributed's machinery: off the launching command's path
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.utils import DistributedType
 

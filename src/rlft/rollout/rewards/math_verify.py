@@ -20,7 +20,7 @@ from typing import Any
 
 def math_verify_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float | None]:
     try:
-        from math_verify import parse, verify
+        from math_verify import parse, verify  # an optional package (the math extra)
     except ImportError:
         raise ImportError("math_verify_reward needs the math-verify package: pip install 'rlft[math]' -c constraints.txt") from None
     rewards: list[float | None] = []
