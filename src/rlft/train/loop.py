@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlft.config.best_model import has_eval_set
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
+from rlft.config.settings.model import model_settings
 from rlft.errors import RolloutError, TrainingDiverged, TrainingInterrupted
 from rlft.data.batches import PlanCursor, StepBatches
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, checkpoint_problem, load_checkpoint,
@@ -84,7 +85,7 @@ def compiled_forward(cfg, model):
     compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
     pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`), unless
     the mode autotunes GEMMs."""
-    options = compile_options(cfg)
+    options = compile_options(model_settings(cfg))
     if options is None:
         return model
     varlen.install()
@@ -178,7 +179,7 @@ def run_loop(cfg, recipe: Recipe, model, tokenizer, accelerator, console: Consol
     # on a GPU the next step's batches collate while this one computes; on a CPU that would take the step's own cores
     steps = StepBatches(cursor, ga, ahead=accelerator.device.type != "cpu")
     recipe.start(unwrapped)
-    fake_quant = fake_quant_schedule(cfg)  # qat.fake_quant_after_n_steps
+    fake_quant = fake_quant_schedule(cfg.qat)  # qat.fake_quant_after_n_steps
     fake_quant(unwrapped, state.global_step)  # also for the baseline evaluation
 
     def next_batches() -> list[dict[str, Any]]:

@@ -9,9 +9,10 @@ from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
 from rlft.config.parallel import rows_per_step
+from rlft.config.settings.model import ModelSettings
 from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
-from rlft.models.liger import liger_keys, liger_summary
+from rlft.models.liger import liger_summary
 from rlft.models.qat import describe
 from rlft.train.loop import LoopResult
 from rlft.train.step_counts import epochs_steps, steps_per_epoch, total_steps_for
@@ -37,7 +38,7 @@ def schedule(cfg, steps: int, epoch_steps: int) -> str:
     return f"learning rate {cfg.learning_rate:g}, {cfg.lr_scheduler}, {warmup} warm-up step{'s' * (warmup != 1)}{source}"
 
 
-def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step=None,
+def print_plan(console: Console, cfg, model_settings: ModelSettings, model, data, micro_batches: int, accelerator, draws_per_step=None,
                rows: tuple[tuple[str, str], ...] = (), sharded: bool = False) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -67,8 +68,8 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
-    if liger_keys(cfg):
-        table.add_row("kernels", liger_summary(cfg, model.config.model_type, logits_reason(model, sharded)))
+    if model_settings.liger:
+        table.add_row("kernels", liger_summary(model_settings, model.config.model_type, logits_reason(model, sharded)))
     if cut_cross_entropy(cfg):
         table.add_row("loss", "cut_cross_entropy: " + ("a reward model's score head has one output, no vocabulary to cut"
                                                        if cfg.method == "reward_model" else loss_path(model, sharded)))

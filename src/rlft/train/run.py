@@ -15,6 +15,7 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
 from rlft.config.plugins import nemo_gym_enabled
 from rlft.config.settings import Settings, resolve
+from rlft.config.settings.model import ModelSettings
 from rlft.data.preference import assign_kl_completions
 from rlft.data.prepare import ebft_steps, preference_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
 from rlft.data.stream import prepare_streamed_sft_data
@@ -22,7 +23,6 @@ from rlft.errors import ConfigError, DataError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
 from rlft.models.base_changing import convert_folder, is_converted, rewrites_base, save_initial_adapter
-from rlft.models.checkpointing import offloads
 from rlft.models.freeze import freeze_except
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.loading import (attach_adapter, base_model_source, check_context_length, disable_dropout, hub_revision,
@@ -67,7 +67,8 @@ def train(cfg, console: Console | None = None) -> LoopResult:
                       "H200 it was 2.5x slower per step than SDPA with the identical dense mask (1,016 columns; "
                       "bench/results/gpu_check-H200.json): flex_attention: false is faster and trains the same",
                       markup=False, highlight=False)
-    if offloads(cfg) and launched()[0] == 0:
+    settings = resolve(cfg)
+    if settings.model.offload_activations and launched()[0] == 0:
         console.print("note: activation_offloading: " + (
             "each checkpointed layer's input waits in pinned host memory from the forward to the backward"
             if torch.cuda.is_available() else "without a CUDA GPU nothing is moved (on a CPU the activations already live "
@@ -82,7 +83,6 @@ def train(cfg, console: Console | None = None) -> LoopResult:
         console.print(f"note: lora_dropout {cfg.lora_dropout} is off in this run: disable_dropout is true by default for "
                       f"rl: {cfg.rl} (TRL's GRPO keeps dropout on; set disable_dropout: false to keep it)", markup=False,
                       soft_wrap=True)
-    settings = resolve(cfg)
     try:
         with SetupInterrupts(), nemo_gym_servers(cfg, settings, console):  # servers started for this run and stopped after it
             return _train(cfg, settings, console)
@@ -104,31 +104,31 @@ def nemo_gym_servers(cfg, settings: Settings, console: Console):
 
 def _setup(cfg, settings: Settings, console: Console):
     """Accelerator, tokenizer, data, model and recipe of a run (the model not yet wrapped), and the frozen init base."""
-    check_context_length(cfg)
+    check_context_length(settings.model)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     output_dir = Path(cfg.output_dir)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(settings.model)
     init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
     shard = (accelerator.process_index, accelerator.num_processes)
 
     if cfg.method == "sft":
         data = prepare_streamed_sft_data(cfg, tokenizer) if cfg.streamed else prepare_sft_data(cfg, tokenizer)
-        model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+        model = load_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base)
         recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, shard, tokenizer if cfg.streamed else None)
     elif cfg.method == "reward_model":
         data = prepare_data(cfg, tokenizer, preference_steps("reward_model"))
-        model = load_reward_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+        model = load_reward_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base)
         if cfg.disable_dropout:
             disable_dropout(model)
-        sharing = reward_sharing(cfg, model, data.train + data.eval, compile_options(cfg) is not None)
+        sharing = reward_sharing(settings.data, model, data.train + data.eval, compile_options(settings.model) is not None)
         recipe = RewardModelRecipe(cfg, data, tokenizer.pad_token_id, shard, sharing)
     elif cfg.method in ("grpo", "gdpo"):
         model, recipe, data = online_rl_setup(cfg, settings, tokenizer, accelerator, init_base, console)
     elif cfg.method == "ebft":
         model, recipe, data = ebft_setup(cfg, settings, tokenizer, accelerator, init_base, console)
     else:
-        model, recipe, data = preference_setup(cfg, tokenizer, accelerator, init_base, console)
+        model, recipe, data = preference_setup(cfg, settings, tokenizer, accelerator, init_base, console)
     return accelerator, tokenizer, model, recipe, data, init_base
 
 
@@ -143,16 +143,16 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
         embeddings.register_forward_hook(neftune_post_forward_hook)
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
-        base = str(init_base.resolve()) if init_base else base_model_source(cfg)
+        base = str(init_base.resolve()) if init_base else base_model_source(settings.model)
         model.peft_config["default"].base_model_name_or_path = base
-        model.peft_config["default"].revision = hub_revision(cfg, base).get("revision")  # online: the hub id's revision
+        model.peft_config["default"].revision = hub_revision(settings.model, base).get("revision")  # online: the hub id's revision
     sharded = shards_parameters(cfg, accelerator)
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
+        print_plan(console, cfg, settings.model, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
                    sharded)
-        if compile_options(cfg) is not None:
+        if compile_options(settings.model) is not None:
             engine = cfg.method in ("grpo", "gdpo") or (cfg.method == "ebft" and cfg.ebft.mode != "strided")
             decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
                       cfg.trl.use_vllm else "")
@@ -208,7 +208,7 @@ def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
     return result
 
 
-def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def preference_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, reference and recipe for dpo / ipo / kto / orpo / simpo."""
     method = cfg.method
     data = prepare_data(cfg, tokenizer, preference_steps(method))
@@ -229,10 +229,10 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
         if data.eval:
             assign_kl_completions(data.eval)
 
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    model = load_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
     # precomputed reference values are computed before any update (and before a checkpoint is loaded on resume): in
     # full fine-tuning the policy itself still holds the initial weights then, so no copy is needed
-    model, reference = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=method in ("dpo", "ipo", "kto"),
+    model, reference = attach_with_frozen(cfg, settings.model, tokenizer, model, accelerator, need_frozen=method in ("dpo", "ipo", "kto"),
                                           unchanged_policy=bool(cfg.precompute_ref_log_probs))
     if cfg.disable_dropout:
         disable_dropout(model)
@@ -244,8 +244,8 @@ def preference_setup(cfg, tokenizer, accelerator, init_base: Path | None, consol
     if method == "kto":
         recipe = KTORecipe(cfg, data, tokenizer.pad_token_id, reference, shard)
     else:
-        sharing = prompt_sharing(cfg, [model, reference.model if reference else None], data.train + data.eval)
-        recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing, rows_apart(cfg, model))
+        sharing = prompt_sharing(settings.data, [model, reference.model if reference else None], data.train + data.eval)
+        recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, shard, sharing, rows_apart(settings.model, model))
     if cfg.precompute_ref_log_probs:
         model.to(accelerator.device)
         identity = [cfg.base_model, cfg.revision_of_model, cfg.random_init and cfg.seed, cfg.ref_model, cfg.lora_model_dir,
@@ -262,41 +262,44 @@ def shards_parameters(cfg, accelerator) -> bool:
     return (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or getattr(deepspeed_settings(cfg), "stage", 0) == 3
 
 
-def keeps_initial_adapter(cfg, accelerator) -> bool:
+def keeps_initial_adapter(cfg, model_settings: ModelSettings, accelerator) -> bool:
     """Whether the frozen network is the policy with its adapter's initial tensors (FrozenPolicy.initial_trainables):
     an adapter whose init rewrote the base (PiSSA, OLoRA) with whole parameters, rather than a copy of the model.
     Sharded parameters live in the sharding's own tensors, which a view cannot swap: those keep the copy."""
-    return bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(cfg) and not shards_parameters(cfg, accelerator)
+    return (bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(model_settings.adapter)
+            and not shards_parameters(cfg, accelerator))
 
 
-def attach_with_frozen(cfg, tokenizer, model, accelerator, *, need_frozen: bool, unchanged_policy: bool = False):
+def attach_with_frozen(cfg, model_settings: ModelSettings, tokenizer, model, accelerator, *, need_frozen: bool,
+                       unchanged_policy: bool = False):
     """The model with its adapter attached (where the config has one) and, when `need_frozen`, the frozen network of its
     initial weights: `ref_model`; the policy with its adapter disabled (no second model; PiSSA's and OLoRA's would be
     the residual base), or with its initial adapter for those (`keeps_initial_adapter`); the policy itself in full
     fine-tuning when `unchanged_policy` (read before any update); else a frozen copy, taken before the adapter."""
-    initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
+    initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, model_settings, accelerator)
     frozen = None
     if need_frozen and not initial:
         if cfg.ref_model:
-            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
+            frozen = FrozenPolicy(load_reference_model(model_settings, tokenizer, model))
+        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(model_settings.adapter):
             frozen = FrozenPolicy.adapter_disabled()
         elif unchanged_policy and not cfg.adapter:
             frozen = FrozenPolicy(model)
         else:
             frozen = FrozenPolicy.copy_of(model)
     if cfg.adapter:
-        model = attach_adapter(model, cfg)
+        model = attach_adapter(model, model_settings)
         if initial:
             frozen = FrozenPolicy.initial_trainables(model)
     return model, frozen
 
 
-def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
+def policy_and_frozen(cfg, model_settings: ModelSettings, tokenizer, accelerator, init_base: Path | None,
+                      need_frozen: bool):
     """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
     initial weights (`attach_with_frozen`), both on the device."""
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    model, frozen = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=need_frozen)
+    model = load_model(model_settings, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    model, frozen = attach_with_frozen(cfg, model_settings, tokenizer, model, accelerator, need_frozen=need_frozen)
     if cfg.disable_dropout:
         disable_dropout(model)
     model.to(accelerator.device)
@@ -320,15 +323,15 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
     if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
         gym = settings.nemo_gym
         environment = NemoGymAgents(tokenizer.eos_token_id, gym.run_timeout, gym.max_turns, settings.rl.max_completion_length)
-    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(settings.rl.beta))
+    model, reference = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, bool(settings.rl.beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     shard = (accelerator.process_index, accelerator.num_processes)
-    sharing = group_sharing(cfg, [model, reference.model if reference else None])
+    sharing = group_sharing(settings.data, [model, reference.model if reference else None])
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, shard, make_engine=make_engine,
                         remote_engine=remote, environment=environment, sharing=sharing,
                         share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
-                        rows_apart=rows_apart(cfg, model))
+                        rows_apart=rows_apart(settings.model, model))
     return model, recipe, data
 
 
@@ -349,7 +352,7 @@ def ebft_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path 
     """EBFT: the frozen feature network is the initial policy (adapter disabled, the initial adapter, or a frozen copy)."""
     make_engine, remote = engine_factory(cfg, settings, console) if cfg.ebft.mode == "structured" else (None, False)
     data = prepare_data(cfg, tokenizer, ebft_steps(cfg))
-    model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
+    model, frozen = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, need_frozen=True)
     shard = (accelerator.process_index, accelerator.num_processes)
     if cfg.ebft.mode == "strided":
         return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, shard), data

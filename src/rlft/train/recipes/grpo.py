@@ -21,6 +21,7 @@ import torch
 
 from rlft.config.parallel import partitioned
 from rlft.config.rl import GENERATION_KWARGS, rl_settings
+from rlft.config.settings.model import model_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
 from rlft.losses.importance import decoupled_weights, importance_weights, off_policy_sequence_mask
@@ -91,13 +92,13 @@ class GRPORecipe(Recipe):
         if unknown:
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
                                f"{', '.join(GENERATION_KWARGS)})")
-        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(cfg, cfg.base_model)))
+        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(model_settings(cfg), cfg.base_model)))
         # the off-policy terms compare the trainer with the engine: with sampling filters on, on the filtered distribution
         self.compares_sampled = filters_active(self.sampling) and (
             s.needs_sampling_correction or s.off_policy_mask_threshold is not None)
         self.sampling_for = sampling_for
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
-            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(cfg)))
+            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model_settings(cfg))))
         self.rollout_func = load_rollout_func(s.rollout_func, s) if s.rollout_func else None
         self.environment = environment
         identity = lambda rows: {"prompts": rows}  # noqa: E731
