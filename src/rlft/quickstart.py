@@ -9,6 +9,7 @@ from rich.console import Console
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.config import build_config, deep_merge, load_config, parse_overrides, read_yaml
+from rlft.config.settings.model import model_settings
 from rlft.errors import ConfigError
 from rlft.models.generation import generate_texts
 from rlft.models.loading import load_for_inference, load_tokenizer
@@ -44,7 +45,7 @@ def run_quickstart(config_path: Path = DEFAULT_CONFIG, overrides: list[str] | No
     console = console or Console()
     cfg = quickstart_config(Path(config_path), overrides)
     rows = read_jsonl(Path(cfg.test_datasets[0].path))
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(model_settings(cfg))
     torch.manual_seed(cfg.seed)
     untrained = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.base_model)).eval()
     before = held_out_accuracy(untrained, tokenizer, rows)

@@ -11,6 +11,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from rlft.config.settings.model import model_settings
 from rlft.tasks.addition import write_jsonl
 
 
@@ -125,8 +126,8 @@ def test_a_pissa_adapter_is_converted_from_the_best_checkpoint(overfit, cli, tmp
     best = min((2, 4, 6, 8), key=evals.get)
     assert best != 8
     cfg = load_config(config)
-    tokenizer = load_tokenizer(cfg)
-    trained = load_model(cfg, tokenizer, "cpu", init_base_dir=out / "init-base")
+    tokenizer = load_tokenizer(model_settings(cfg))
+    trained = load_model(model_settings(cfg), tokenizer, "cpu", init_base_dir=out / "init-base")
     load_weights(trained, resume_weights(out / f"checkpoint-{best}"))  # the adapter on the residual base
     final, _ = load_for_inference(str(out))  # the original base from disk + the converted adapter
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlft.config.settings.model import model_settings
 from rlft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -171,11 +172,11 @@ def test_lora_init_options_give_adapters_that_load_on_the_original_base(make_con
     assert cli("train", config) == 0
     out = tmp_path / "out"
     cfg = load_config(config)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(model_settings(cfg))
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
     for step, folder in ((2, out / "checkpoint-2" / "model"), (4, out)):
         set_seed(cfg.seed)  # as `rlft train` does before the model is built: the same (randomised) init
-        trained = load_model(cfg, tokenizer, "cpu", init_base_dir=out / "init-base")  # base + init, then trained weights
+        trained = load_model(model_settings(cfg), tokenizer, "cpu", init_base_dir=out / "init-base")  # base + init, then trained weights
         load_weights(trained, resume_weights(out / f"checkpoint-{step}"))
         loaded, _ = load_for_inference(str(folder))  # what a user loads: the base from disk + the saved adapter
         with torch.no_grad():

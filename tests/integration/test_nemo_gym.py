@@ -20,7 +20,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ from rich.console import Console
 
 from cli_process import CliProcess
 from gym_utils import VENV, gym_site, needs_gym
+from rlft.config.settings.rollout import NemoGymSettings
 from rlft.rollout.envs.nemo_gym import (AGENT_NAME, AGENT_URL, VERIFY_MODEL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_URL,
                                         agent_servers, resource_servers, reward_nemo_gym_verify)
 from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
@@ -121,9 +121,10 @@ def gym(tool_model, tmp_path_factory):
     server = run_cli("vllm-serve", str(config), log=server_log)
     try:
         wait_for_health(server, port, server_log)
-        cfg = SimpleNamespace(nemo_gym_dir=str(site), nemo_gym_config_paths=CONFIGS, nemo_gym_head_port=head,
-                              nemo_gym_server_timeout=300, nemo_gym_max_turns=4, output_dir=str(root))
-        servers = GymServers(cfg, Console(file=(root / "console.txt").open("w")),
+        gym = NemoGymSettings(dir=str(site), config_paths=tuple(CONFIGS), head_port=head, server_timeout=300,
+                              verify_timeout=30, run_timeout=60, max_turns=4, datasets=(), model_name=str(tool_model),
+                              seed=0, log=root / "nemo_gym" / "ng_run.log")
+        servers = GymServers(gym, Console(file=(root / "console.txt").open("w")),
                              {"base_url": f"http://127.0.0.1:{port}/v1", "api_key": "EMPTY", "model": str(tool_model)})
         with servers:
             session = servers.process.pid

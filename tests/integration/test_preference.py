@@ -8,6 +8,8 @@ import torch
 import yaml
 
 from metric_utils import trained_values
+from rlft.config.settings import resolve
+from rlft.config.settings.model import model_settings
 from rlft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -104,8 +106,8 @@ def test_lora_reference_is_the_policy_without_adapter(warm_model, tmp_path):
     for adapter, expect_copy in ((None, True), ("lora", False)):
         extra = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True, "lora_dropout": 0.2} if adapter else {}
         cfg = load_config(_pair_config(tmp_path, warm_model, _pairs(8), **extra))
-        tokenizer = load_tokenizer(cfg)
-        model, recipe, _ = pair_setup(cfg, tokenizer, Accelerator(cpu=True), None, Console(quiet=True))
+        tokenizer = load_tokenizer(model_settings(cfg))
+        model, recipe, _ = pair_setup(cfg, resolve(cfg), tokenizer, Accelerator(cpu=True), None, Console(quiet=True))
         assert (recipe.reference.model is not None) == expect_copy
         dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
         assert all(p == 0.0 for p in dropouts)  # disable_dropout (default): policy and reference agree
@@ -429,7 +431,7 @@ def test_a_pissa_reference_is_the_initial_adapter_not_a_copy(warm_model, cli, tm
     pissa = dict(adapter="lora", lora_r=4, lora_alpha=8, lora_target_linear=True, peft_init_lora_weights="pissa",
                  max_steps=4, save_steps=2, micro_batch_size=2, learning_rate=1e-3)
     cfg = load_config(_pair_config(tmp_path, warm_model, _pairs(12), **pissa))
-    _, recipe, _ = pair_setup(cfg, load_tokenizer(cfg), Accelerator(cpu=True), None, Console(quiet=True))
+    _, recipe, _ = pair_setup(cfg, resolve(cfg), load_tokenizer(model_settings(cfg)), Accelerator(cpu=True), None, Console(quiet=True))
     assert recipe.reference.model is None and recipe.reference.initial
     losses = {}
     for copy in (False, True):

@@ -297,6 +297,7 @@ def test_colocate_without_vllm_says_how_to_install_it_or_use_the_transformers_en
     import importlib.util
 
     from rlft.config import build_config
+    from rlft.config.settings import resolve
     from rlft.errors import ConfigError
     from rlft.train.engines import engine_factory
 
@@ -305,7 +306,7 @@ def test_colocate_without_vllm_says_how_to_install_it_or_use_the_transformers_en
     cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
                         "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True, "vllm_mode": "colocate"}})
     with pytest.raises(ConfigError, match=r"pip install 'rlft\[vllm\]'.*use_vllm: false"):
-        engine_factory(cfg, None)
+        engine_factory(cfg, resolve(cfg), None)
 
 
 def test_the_trainer_connects_where_the_same_configs_server_listens():

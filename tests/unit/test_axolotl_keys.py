@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlft.config.settings.model import adapter_settings, model_settings
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import pad_batch
 from rlft.train.step_counts import every
@@ -197,10 +198,10 @@ def test_model_and_tokenizer_classes_by_name(config, tiny_model_dir):
 
     cfg = config(base_model=str(tiny_model_dir), random_init=True, model_type="LlamaForCausalLM",
                  tokenizer_type="PreTrainedTokenizerFast", tokens=["<think>", "</think>"])
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(model_settings(cfg))
     assert type(tokenizer) is PreTrainedTokenizerFast
     assert tokenizer.convert_tokens_to_ids("<think>") >= 260  # added after the byte vocabulary
-    model = load_model(cfg, tokenizer, "cpu")
+    model = load_model(model_settings(cfg), tokenizer, "cpu")
     assert type(model) is LlamaForCausalLM and model.get_input_embeddings().num_embeddings >= len(tokenizer)
 
 
@@ -211,8 +212,8 @@ def test_embedding_rows_follow_axolotls_resize_keys(config, tiny_model_dir):
 
     def rows(**settings):
         cfg = config(base_model=str(tiny_model_dir), random_init=True, tokens=["<think>", "</think>"], **settings)
-        tokenizer = load_tokenizer(cfg)
-        model = load_model(cfg, tokenizer, "cpu")
+        tokenizer = load_tokenizer(model_settings(cfg))
+        model = load_model(model_settings(cfg), tokenizer, "cpu")
         return len(tokenizer), model.get_input_embeddings().weight.detach()
 
     length, grown = rows()
@@ -226,12 +227,12 @@ def test_embedding_rows_follow_axolotls_resize_keys(config, tiny_model_dir):
     assert (mean_resized[length - 2:] - old.mean(0)).norm() < (grown[length - 2:] - old.mean(0)).norm()
 
     cfg = config(base_model=str(tiny_model_dir), random_init=True)
-    tokenizer = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer, "cpu")
+    tokenizer = load_tokenizer(model_settings(cfg))
+    model = load_model(model_settings(cfg), tokenizer, "cpu")
     model.resize_token_embeddings(len(tokenizer) + 40)
-    fit_embeddings(model, cfg, tokenizer)
+    fit_embeddings(model, model_settings(cfg), tokenizer)
     assert model.get_input_embeddings().num_embeddings == len(tokenizer) + 40  # spare rows are kept
-    fit_embeddings(model, config(base_model=str(tiny_model_dir), shrink_embeddings=True, resize_token_embeddings_to_32x=True),
+    fit_embeddings(model, model_settings(config(base_model=str(tiny_model_dir), shrink_embeddings=True, resize_token_embeddings_to_32x=True)),
                    tokenizer)
     assert model.get_input_embeddings().num_embeddings == -(-len(tokenizer) // 32) * 32
 
@@ -241,7 +242,7 @@ def test_a_misspelt_class_is_a_clear_error(config, tiny_model_dir):
     from rlft.models.loading import load_tokenizer
 
     with pytest.raises(ModelError, match="tokenizer_type: transformers .* has no class 'LamaTokenizer'"):
-        load_tokenizer(config(base_model=str(tiny_model_dir), tokenizer_type="LamaTokenizer"))
+        load_tokenizer(model_settings(config(base_model=str(tiny_model_dir), tokenizer_type="LamaTokenizer")))
 
 
 # ------------------------------------------------------------------ dataset_prepared_path
@@ -322,7 +323,7 @@ def test_revision_of_model_picks_the_cached_snapshot_of_that_revision_offline(tw
 
     main, v2 = two_revisions
     assert resolve_source("someorg/tiny", "base_model") == str(main)
-    assert base_model_source(config(base_model="someorg/tiny", revision_of_model="v2")) == str(v2)
+    assert base_model_source(model_settings(config(base_model="someorg/tiny", revision_of_model="v2"))) == str(v2)
     assert config(model_revision="v2").revision_of_model == "v2"  # Axolotl's other name for it
     assert resolve_source("someorg/tiny", "base_model", "b" * 40) == str(v2)  # a commit hash names it too
     with pytest.raises(ModelError, match=r"'someorg/tiny' at revision 'v3' .*\(hf download someorg/tiny --revision v3\)"):
@@ -346,18 +347,18 @@ def test_every_key_that_names_base_models_repository_takes_its_revision_online_a
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "someorg/tiny", "revision": "v2"}))
     tokenizer = AutoTokenizer.from_pretrained(v2)
-    assert model_source(cfg, "someorg/tiny", "ref_model") == str(v2) and hub_revision(cfg, str(v2)) == {}
+    assert model_source(model_settings(cfg), "someorg/tiny", "ref_model") == str(v2) and hub_revision(model_settings(cfg), str(v2)) == {}
     assert adapter_base(adapter) == (str(v2), {})
     beside_folder = tmp_path / "other-tool"  # PEFT may record the adapter repository's revision beside a local base
     beside_folder.mkdir()
     (beside_folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(main), "revision": "v9"}))
     assert adapter_base(beside_folder) == (str(main), {})
-    assert end_ids(model_source(cfg, "someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id, 5)
-    assert end_ids("someorg/tiny", tokenizer, **hub_revision(cfg, "someorg/tiny")) == (tokenizer.eos_token_id, 5)  # GRPO's
+    assert end_ids(model_source(model_settings(cfg), "someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id, 5)
+    assert end_ids("someorg/tiny", tokenizer, **hub_revision(model_settings(cfg), "someorg/tiny")) == (tokenizer.eos_token_id, 5)  # GRPO's
     assert end_ids(resolve_source("someorg/tiny", "base_model"), tokenizer) == (tokenizer.eos_token_id,)  # main has none
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the hub id stays, and from_pretrained gets the revision
-    assert model_source(cfg, "someorg/tiny", "tokenizer_config") == "someorg/tiny"
-    assert hub_revision(cfg, "someorg/tiny") == {"revision": "v2"} and hub_revision(cfg, "otherorg/x") == {}
+    assert model_source(model_settings(cfg), "someorg/tiny", "tokenizer_config") == "someorg/tiny"
+    assert hub_revision(model_settings(cfg), "someorg/tiny") == {"revision": "v2"} and hub_revision(model_settings(cfg), "otherorg/x") == {}
     assert adapter_base(adapter) == ("someorg/tiny", {"revision": "v2"})
 
 
@@ -412,8 +413,8 @@ def test_reinit_weights_is_axolotls_name_for_random_init(config, config_problems
 def test_lora_fan_in_fan_out_reaches_peft(config):
     from rlft.models.loading import lora_config
 
-    assert lora_config(config(adapter="lora", lora_fan_in_fan_out=True)).fan_in_fan_out is True
-    assert lora_config(config(adapter="lora")).fan_in_fan_out is False
+    assert lora_config(adapter_settings(config(adapter="lora", lora_fan_in_fan_out=True))).fan_in_fan_out is True
+    assert lora_config(adapter_settings(config(adapter="lora"))).fan_in_fan_out is False
 
 
 def test_a_hub_id_missing_from_the_cache_is_a_clear_error_offline(tmp_path, monkeypatch):
@@ -440,7 +441,7 @@ def test_eot_tokens_are_added_as_special_tokens_and_trained_as_turn_ends(config,
     template = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<|end_of_turn|>' }}{% endfor %}"
     cfg = config(base_model=str(tiny_model_dir), chat_template="jinja", chat_template_jinja=template,
                  eot_tokens=["<|end_of_turn|>"])
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(model_settings(cfg))
     assert len(tokenizer("<|end_of_turn|>", add_special_tokens=False)["input_ids"]) == 1  # one token, not 15 bytes
     chat = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
 
@@ -469,7 +470,7 @@ def test_model_config_overrides_reach_the_model_and_the_router_loss_joins_sfts_a
     cfg = config(base_model=str(tiny_moe_dir), random_init=True,
                  model_config={"output_router_logits": True, "max_position_embeddings": 256})
     assert cfg.overrides_of_model_config == {"output_router_logits": True, "max_position_embeddings": 256}
-    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    model = load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     assert model.config.output_router_logits is True and model.config.max_position_embeddings == 256
     ids = torch.randint(4, 200, (3, 10), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -495,7 +496,7 @@ def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny
 
     monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
     cfg = config(base_model=str(tiny_moe_dir), random_init=True, rl=method, model_config={"output_router_logits": True})
-    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    model = load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     ids = torch.randint(4, 200, (4, 9), generator=torch.Generator().manual_seed(1))  # 2 chosen rows, then 2 rejected
     mask = torch.ones_like(ids)
     mask[3, 6:] = 0
@@ -527,7 +528,7 @@ def test_the_router_loss_joins_ktos_loss_from_the_completions_forward(config, ti
 
     cfg = config(base_model=str(tiny_moe_dir), random_init=True, rl="kto", micro_batch_size=4,
                  model_config={"output_router_logits": True})
-    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    model = load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     ids = torch.randint(4, 200, (3, 8), generator=torch.Generator().manual_seed(2))
     labels = ids.clone()
     labels[:, :3] = -100
@@ -562,7 +563,7 @@ def test_the_router_loss_joins_the_grpo_loss_as_trl_adds_it(config, tiny_moe_dir
     monkeypatch.setattr(head, "MIN_VOCAB", 1 if fused else 10**9)
     cfg = config(base_model=str(tiny_moe_dir), random_init=True, rl="grpo", micro_batch_size=8,
                  trl={"reward_funcs": ["r.f"]}, model_config={"output_router_logits": True})
-    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    model = load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     g = torch.Generator().manual_seed(4)
     rows = []
     for prompt, completion, advantage in ((5, 4, 1.0), (3, 2, -0.5), (5, 6, 0.25), (4, 3, -0.75)):
@@ -656,34 +657,34 @@ def test_a_router_loss_that_config_json_turns_on_is_checked_like_model_configs(c
     (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
                                                     "output_router_logits": True}))
     cfg = config(base_model=str(folder), random_init=True, rl="dpo")
-    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    model = load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     assert "output_router_logits: its router loss weighs the tokens by a mask per row" in shared_prompt_problem(model)
     with pytest.raises(ConfigError, match="rlft adds to SFT, the preference methods and the GRPO family, not to reward_model: "
                                           r"or set model_config: \{output_router_logits: false\}"):
-        check_router_loss(config(base_model=str(folder), reward_model=True), model, "cpu")
+        check_router_loss(model_settings(config(base_model=str(folder), reward_model=True)), model, "cpu")
     with pytest.raises(ConfigError, match="packed or flattened rows have only under flash-attention"):
-        check_router_loss(config(base_model=str(folder), sample_packing=True), model, "cpu")
+        check_router_loss(model_settings(config(base_model=str(folder), sample_packing=True)), model, "cpu")
     with pytest.raises(ConfigError, match="eval_sample_packing"):  # packed eval rows too
-        check_router_loss(config(base_model=str(folder), eval_sample_packing=True), model, "cpu")
+        check_router_loss(model_settings(config(base_model=str(folder), eval_sample_packing=True)), model, "cpu")
     grpo = config(base_model=str(folder), random_init=True, rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]})
-    assert load_model(grpo, load_tokenizer(grpo), "cpu").config.output_router_logits  # the GRPO family adds it
+    assert load_model(model_settings(grpo), load_tokenizer(model_settings(grpo)), "cpu").config.output_router_logits  # the GRPO family adds it
     # on a GPU under SDPA its left-padded rows get rlft's 4-D mask, which the router loss cannot read: refused there,
     # from config.json or model_config alike; flash-attention and eager read the rows' own mask
     for settings in ({}, {"model_config": {"output_router_logits": True}}):
         with pytest.raises(ConfigError, match="output_router_logits with SDPA attention on a GPU: .* set attn_implementation: "
                                               "flash_attention_2 \\(or eager\\)"):
-            check_router_loss(config(base_model=str(folder), rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]},
-                                     **settings), model, "cuda")
-    check_router_loss(config(base_model=str(folder), rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]},
-                             attn_implementation="eager"), model, "cuda")
+            check_router_loss(model_settings(config(base_model=str(folder), rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]},
+                                     **settings)), model, "cuda")
+    check_router_loss(model_settings(config(base_model=str(folder), rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["r.f"]},
+                             attn_implementation="eager")), model, "cuda")
     reward = config(base_model=str(folder), random_init=True, reward_model=True)
     with pytest.raises(ConfigError, match="not to reward_model"):  # the check runs where every trainer loads its model
-        load_reward_model(reward, load_tokenizer(reward), "cpu")
+        load_reward_model(model_settings(reward), load_tokenizer(model_settings(reward)), "cpu")
     with pytest.raises(ConfigError, match="not to reward_model"):
-        load_model(reward, load_tokenizer(reward), "cpu")
-    assert load_model(reward, load_tokenizer(reward), "cpu", serving=True).config.output_router_logits  # a server trains nothing
+        load_model(model_settings(reward), load_tokenizer(model_settings(reward)), "cpu")
+    assert load_model(model_settings(reward), load_tokenizer(model_settings(reward)), "cpu", serving=True).config.output_router_logits  # a server trains nothing
     off = config(base_model=str(folder), random_init=True, reward_model=True, model_config={"output_router_logits": False})
-    assert load_model(off, load_tokenizer(off), "cpu").config.output_router_logits is False
+    assert load_model(model_settings(off), load_tokenizer(model_settings(off)), "cpu").config.output_router_logits is False
 
 
 def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_refused(config, config_problems, tiny_moe_dir):
@@ -693,7 +694,7 @@ def test_a_misspelt_model_config_setting_and_the_router_loss_outside_sft_are_ref
     cfg = config(base_model=str(tiny_moe_dir), random_init=True, model_config={"output_router_logit": True})
     with pytest.raises(ConfigError, match=r"model_config.output_router_logit: MixtralConfig has no setting of that name "
                                           r"\(did you mean output_router_logits\?\): fix the name or remove it"):
-        load_model(cfg, load_tokenizer(cfg), "cpu")
+        load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     assert ("model_config.output_router_logits: the MoE router's load-balancing loss is added to the loss of SFT, the "
             "preference methods (DPO, IPO, KTO, ORPO, SimPO/CPO) and the GRPO family; for reward_model it is not built: "
             "remove it") in [
@@ -714,7 +715,7 @@ def test_a_model_config_value_the_model_cannot_take_is_named(config, tiny_model_
 
     cfg = config(base_model=str(tiny_model_dir), random_init=True, model_config={"hidden_act": "nope"})
     with pytest.raises(ConfigError, match=r"the model could not be built with model_config hidden_act \(KeyError: 'nope'\)"):
-        load_model(cfg, load_tokenizer(cfg), "cpu")
+        load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
 
 
 def test_a_mapping_in_model_config_merges_into_the_setting(config, tiny_model_dir):
@@ -723,7 +724,7 @@ def test_a_mapping_in_model_config_merges_into_the_setting(config, tiny_model_di
 
     cfg = config(base_model=str(tiny_model_dir), random_init=True,
                  model_config={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
-    model = load_model(cfg, load_tokenizer(cfg), "cpu")
+    model = load_model(model_settings(cfg), load_tokenizer(model_settings(cfg)), "cpu")
     assert model.config.rope_parameters == {"rope_theta": 10000.0, "rope_type": "linear", "factor": 2.0}
     assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.isfinite().all()
 
@@ -747,7 +748,7 @@ def test_lora_on_parameters_and_what_it_is_not_built_for(config, config_problems
         with pytest.raises(NotImplementedYet, match=f"lora_target_parameters {words}"):
             refuse_unbuilt(config(**lora, **settings))
     refuse_unbuilt(config(**lora, rl="dpo"))
-    single = lora_config(config(adapter="lora", lora_target_parameters="experts.down_proj"))
+    single = lora_config(adapter_settings(config(adapter="lora", lora_target_parameters="experts.down_proj")))
     assert single.target_parameters == ["experts.down_proj"] and single.target_modules == set()  # no module of PEFT's
 
 

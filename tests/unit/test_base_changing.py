@@ -12,6 +12,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlft.config.settings.model import model_settings
 from rlft.models.base_changing import (CONFIG, RESUME_FOLDER, WEIGHTS, as_plain_lora, changes_base, convert_folder,
                                        plain_lora_config, resume_weights, save_initial_adapter)
 
@@ -132,7 +133,7 @@ def test_an_adapter_as_trained_on_a_residual_base_is_refused_as_lora_model_dir(t
     cfg = build_config({"base_model": "m", "datasets": [{"path": "rows.jsonl"}], "adapter": "lora",
                         "lora_model_dir": str(tmp_path / "raw")})
     with pytest.raises(ModelError, match="holds a PiSSA or OLoRA adapter as trained"):
-        attach_adapter(base(), cfg)
+        attach_adapter(base(), model_settings(cfg))
 
 
 def test_the_reference_of_a_base_rewriting_init_is_the_base_itself(tmp_path):
@@ -154,7 +155,7 @@ def test_the_reference_of_a_base_rewriting_init_is_the_base_itself(tmp_path):
     for init, initial in (("pissa", True), ("olora", True), (True, False)):
         cfg = build_config({"base_model": str(folder), "datasets": [{"path": "rows.jsonl"}], "adapter": "lora", "lora_r": 4,
                             "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"], "peft_init_lora_weights": init})
-        policy, frozen = policy_and_frozen(cfg, byte_tokenizer(), Accelerator(cpu=True), None, need_frozen=True)
+        policy, frozen = policy_and_frozen(cfg, model_settings(cfg), byte_tokenizer(), Accelerator(cpu=True), None, need_frozen=True)
         assert not frozen.is_copy and bool(frozen.initial) is initial
         move(policy)
         with frozen.view(policy) as reference:

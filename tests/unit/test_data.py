@@ -764,7 +764,7 @@ def test_grpo_prompts_are_limited_only_where_the_config_sets_sequence_len(data_c
     """Axolotl keeps every GRPO prompt whatever its length (its seed configs ask for 512-token completions with the
     default sequence_len of 512): with sequence_len unset, rlft keeps them too; set, a prompt may use sequence_len -
     max_completion_length tokens; skip_prepare_dataset keeps every prompt."""
-    from rlft.data.prompts import prompt_budget
+    from rlft.config.settings.training import prompt_budget
 
     base = {"rl": "grpo", "micro_batch_size": 2, "trl": {"num_generations": 2, "reward_funcs": ["r.f"], "max_completion_length": 512}}
     assert prompt_budget(data_config({"path": "x.jsonl"}, **base)) is None

@@ -5,7 +5,8 @@ The kernels themselves are Triton GPU kernels: a GPU run checks their loss and s
 import pytest
 
 from rlft.errors import ConfigError
-from rlft.models.liger import liger_keys, liger_loss, liger_problems, liger_switches
+from rlft.config.settings.model import model_settings
+from rlft.models.liger import liger_loss, liger_problems, liger_switches
 
 LLAMA = ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "swiglu", "model")  # apply_liger_kernel_to_llama
 GEMMA = ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "geglu", "model")
@@ -14,34 +15,34 @@ GEMMA = ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "geg
 def test_axolotls_llama_keys_become_liger_switches_and_its_cross_entropy_stays_off(config):
     cfg = config(liger_rope=True, liger_rms_norm=True, liger_glu_activation=True, liger_layer_norm=True,
                  liger_fused_linear_cross_entropy=True)
-    switches, absent = liger_switches(cfg, LLAMA)
+    switches, absent = liger_switches(model_settings(cfg), LLAMA)
     # the model's own labels= loss is never called by rlft: liger's loss patches stay off, SFT calls the kernel itself
     assert switches == {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
                         "fused_linear_cross_entropy": False}
     assert absent == ["liger_layer_norm"]  # Llama has no LayerNorm: named in the plan, not an error (Axolotl's examples set it)
-    assert liger_loss(cfg) and liger_keys(cfg) == ["liger_rope", "liger_rms_norm", "liger_layer_norm", "liger_glu_activation",
+    assert liger_loss(model_settings(cfg)) and list(model_settings(cfg).liger) == ["liger_rope", "liger_rms_norm", "liger_layer_norm", "liger_glu_activation",
                                                    "liger_fused_linear_cross_entropy"]
 
 
 def test_the_gated_mlp_key_is_geglu_for_gemma_and_the_old_swiglu_name_works(config):
-    switches, absent = liger_switches(config(liger_swiglu=True), GEMMA)
+    switches, absent = liger_switches(model_settings(config(liger_swiglu=True)), GEMMA)
     assert switches["geglu"] is True and "swiglu" not in switches and absent == []
-    switches, _ = liger_switches(config(), LLAMA)
-    assert not any(switches.values()) and not liger_loss(config()) and liger_keys(config()) == []
+    switches, _ = liger_switches(model_settings(config()), LLAMA)
+    assert not any(switches.values()) and not liger_loss(model_settings(config())) and list(model_settings(config()).liger) == []
 
 
 def test_refused_without_a_gpu_or_without_the_package(config, monkeypatch):
     import importlib.util
 
-    assert liger_problems(config(), cuda=False) == []
+    assert liger_problems(model_settings(config()), cuda=False) == []
     cfg = config(liger_rope=True, liger_cross_entropy=True)
-    assert liger_problems(cfg, cuda=False) == [
+    assert liger_problems(model_settings(cfg), cuda=False) == [
         "liger_rope, liger_cross_entropy: Liger Kernel's kernels are Triton kernels for CUDA GPUs, and this machine has "
         "none: remove the liger_* keys here (rlft's losses never build the full logits on any device; "
         "docs/training.md#liger-kernel)"]
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
-    assert liger_problems(cfg, cuda=True) == ["liger_rope: needs the liger-kernel package: pip install -c constraints.txt "
+    assert liger_problems(model_settings(cfg), cuda=True) == ["liger_rope: needs the liger-kernel package: pip install -c constraints.txt "
                                               "'rlft[liger]'"]
 
 
@@ -79,10 +80,10 @@ def test_loading_a_model_checks_the_keys_first_and_nothing_is_patched_without_th
     from rlft.errors import ModelError
     from rlft.models.liger import apply_liger, check_liger
 
-    check_liger(config(), "cpu")
+    check_liger(model_settings(config()), "cpu")
     with pytest.raises(ModelError, match=r"liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"):
-        check_liger(config(liger_rms_norm=True), "cpu")
-    apply_liger(None, config())  # no liger_* key: returns before looking at the model (or importing liger)
+        check_liger(model_settings(config(liger_rms_norm=True)), "cpu")
+    apply_liger(None, model_settings(config()))  # no liger_* key: returns before looking at the model (or importing liger)
 
 
 def test_the_plan_says_the_fused_loss_is_not_used_with_qat(config, monkeypatch):
@@ -96,9 +97,9 @@ def test_the_plan_says_the_fused_loss_is_not_used_with_qat(config, monkeypatch):
 
     monkeypatch.setattr(liger, "_apply_function", lambda model_type: apply_liger_to_llama)
     keys = {"liger_rms_norm": True, "liger_fused_linear_cross_entropy": True}
-    assert liger.liger_summary(config(**keys), "llama") == "Liger: rms_norm, fused linear cross-entropy"
+    assert liger.liger_summary(model_settings(config(**keys)), "llama") == "Liger: rms_norm, fused linear cross-entropy"
     qat = {"activation_dtype": "int8", "weight_dtype": "int4", "group_size": 32}
-    assert liger.liger_summary(config(**keys, qat=qat), "llama") == (
+    assert liger.liger_summary(model_settings(config(**keys, qat=qat)), "llama") == (
         "Liger: rms_norm; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
         "takes the model's logits")
 
@@ -122,6 +123,6 @@ def test_the_plan_says_the_fused_loss_is_not_used_where_sft_takes_the_models_log
     why = logits_reason(model, sharded=True)
     assert "sharded" in why
     keys = {"liger_rms_norm": True, "liger_fused_linear_cross_entropy": True}
-    assert liger.liger_summary(config(**keys), "llama", logits_reason(model)) == "Liger: rms_norm, fused linear cross-entropy"
-    assert liger.liger_summary(config(**keys), "llama", why) == (
+    assert liger.liger_summary(model_settings(config(**keys)), "llama", logits_reason(model)) == "Liger: rms_norm, fused linear cross-entropy"
+    assert liger.liger_summary(model_settings(config(**keys)), "llama", why) == (
         f"Liger: rms_norm; not the fused linear cross-entropy: the loss takes the model's logits, because {why}")

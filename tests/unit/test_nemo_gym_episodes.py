@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
 
+from rlft.config.sections.nemo_gym import NemoGymDataset
+from rlft.config.settings.rollout import NemoGymSettings
 from rlft.errors import ConfigError
 from rlft.rollout.envs.nemo_gym import AGENT_NAME, AGENT_URL, VERIFY_ROW, task_rows
 from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents, run_body, stitch
@@ -107,9 +108,9 @@ def test_an_agent_that_is_down_is_a_failed_episode_not_an_exception():
 
 
 def _cfg(tmp_path, path, **entry):
-    return SimpleNamespace(nemo_gym_dir=str(tmp_path), seed=0, nemo_gym_verify_timeout=30, nemo_gym_model_name=None,
-                           base_model="tiny", nemo_gym_datasets=[SimpleNamespace(path=path, server_name="weather",
-                                                                                 max_samples=entry.get("max_samples"))])
+    return NemoGymSettings(dir=str(tmp_path), config_paths=(), head_port=11000, server_timeout=60, verify_timeout=30,
+                           run_timeout=60, max_turns=None, model_name="tiny", seed=0, log=tmp_path / "ng_run.log",
+                           datasets=(NemoGymDataset(path=path, server_name="weather", max_samples=entry.get("max_samples")),))
 
 
 def test_multi_turn_rows_go_to_the_agent_of_their_resource_server_or_the_one_they_name(tmp_path):
@@ -163,8 +164,9 @@ def test_auto_start_reads_the_servers_of_the_config_files_and_limits_agent_turns
                                      "weather_agent:\n  responses_api_agents:\n    simple_agent:\n      entrypoint: app.py\n")
     servers = configured_servers(tmp_path, ["a.yaml"])
     assert servers == {"weather": ("resources_servers", "weather"), "weather_agent": ("responses_api_agents", "simple_agent")}
-    cfg = SimpleNamespace(nemo_gym_config_paths=["a.yaml"], nemo_gym_head_port=11001, nemo_gym_max_turns=4)
-    args = overrides(cfg, servers, {"base_url": "http://127.0.0.1:8000/v1", "api_key": "k", "model": "m"})
+    gym = NemoGymSettings(dir=str(tmp_path), config_paths=("a.yaml",), head_port=11001, server_timeout=60, verify_timeout=30,
+                          run_timeout=60, max_turns=4, datasets=(), model_name="m", seed=0, log=tmp_path / "ng_run.log")
+    args = overrides(gym, servers, {"base_url": "http://127.0.0.1:8000/v1", "api_key": "k", "model": "m"})
     assert "+config_paths=[a.yaml]" in args and "+head_server={host: 127.0.0.1, port: 11001}" in args
     assert "+policy_base_url=http://127.0.0.1:8000/v1" in args
     assert "++weather_agent.responses_api_agents.simple_agent.max_steps=4" in args

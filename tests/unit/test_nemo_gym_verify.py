@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
 
+from rlft.config.sections.nemo_gym import NemoGymDataset
+from rlft.config.settings.rollout import NemoGymSettings
 from rlft.errors import ConfigError, DataError
 from rlft.rollout.envs.nemo_gym import (VERIFY_MODEL, VERIFY_ROW, VERIFY_TIMEOUT, VERIFY_URL, reward_env,
                                         reward_nemo_gym_verify, task_prompt, task_rows, verify_body)
@@ -80,9 +81,9 @@ def test_verify_body_keeps_the_row_and_replaces_the_input():
 
 
 def _cfg(tmp_path, path, server="math", **extra):
-    return SimpleNamespace(nemo_gym_dir=str(tmp_path), seed=0, nemo_gym_verify_timeout=5, nemo_gym_model_name=None,
-                           base_model="tiny", nemo_gym_datasets=[SimpleNamespace(path=path, server_name=server,
-                                                                                 max_samples=extra.get("max_samples"))])
+    return NemoGymSettings(dir=str(tmp_path), config_paths=(), head_port=11000, server_timeout=60, verify_timeout=5,
+                           run_timeout=60, max_turns=None, model_name="tiny", seed=0, log=tmp_path / "ng_run.log",
+                           datasets=(NemoGymDataset(path=path, server_name=server, max_samples=extra.get("max_samples")),))
 
 
 def test_task_rows_route_to_the_named_server_and_sample(tmp_path):

@@ -14,7 +14,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.config import build_config
-from rlft.models.checkpointing import enable_checkpointing, offloads
+from rlft.config.settings.model import model_settings
+from rlft.models.checkpointing import enable_checkpointing
 
 LAYERS, BATCH, WIDTH, HIDDEN = 3, 4, 48, 64
 BASE = {"base_model": "m", "datasets": [{"path": "rows.jsonl"}]}
@@ -67,7 +68,7 @@ def test_layer_inputs_are_handed_over_freed_and_the_gradients_unchanged(copying,
     grads = {}
     for offload in (False, True):
         net = model()
-        enable_checkpointing(net, config(reentrant, offload), "cuda")
+        enable_checkpointing(net, model_settings(config(reentrant, offload)), "cuda")
         loss = forward(net)
         if offload:
             # one hook per checkpointed layer, each handed that layer's input, which the forward no longer holds
@@ -85,7 +86,7 @@ def test_layer_inputs_are_handed_over_freed_and_the_gradients_unchanged(copying,
 def test_without_offloading_the_layer_inputs_stay_until_the_backward():
     """The control for the test above: checkpointing alone holds each layer's input (the saved-tensor hooks see it)."""
     net = model()
-    enable_checkpointing(net, config(False, False), "cuda")
+    enable_checkpointing(net, model_settings(config(False, False)), "cuda")
     seen = []
 
     def keep(tensor):
@@ -101,7 +102,7 @@ def test_without_offloading_the_layer_inputs_stay_until_the_backward():
 
 def test_nothing_moves_on_a_cpu(copying):
     net = model()
-    enable_checkpointing(net, config(False, True), "cpu")
+    enable_checkpointing(net, model_settings(config(False, True)), "cpu")
     loss = forward(net)
     loss.backward()
     assert not copying.made
@@ -111,10 +112,10 @@ def test_checkpointing_settings_reach_transformers(monkeypatch):
     calls = []
     monkeypatch.setattr(LlamaForCausalLM, "activation_checkpointing_enable", lambda self, **kwargs: calls.append(kwargs))
     net = model()
-    enable_checkpointing(net, build_config({**BASE, "gradient_checkpointing": True}), "cuda")
-    enable_checkpointing(net, config(True, "legacy"), "cuda")
-    enable_checkpointing(net, build_config({**BASE, "gradient_checkpointing": "offload"}), "cuda")
-    enable_checkpointing(net, config(False, True), "cpu")
+    enable_checkpointing(net, model_settings(build_config({**BASE, "gradient_checkpointing": True})), "cuda")
+    enable_checkpointing(net, model_settings(config(True, "legacy")), "cuda")
+    enable_checkpointing(net, model_settings(build_config({**BASE, "gradient_checkpointing": "offload"})), "cuda")
+    enable_checkpointing(net, model_settings(config(False, True)), "cpu")
     assert calls == [{"activation_checkpointing_kwargs": {"use_reentrant": False}, "offload": False},
                      {"activation_checkpointing_kwargs": {"use_reentrant": True}, "offload": True},
                      {"activation_checkpointing_kwargs": {"use_reentrant": False}, "offload": True},
@@ -129,10 +130,10 @@ def test_axolotl_settings_of_activation_offloading():
         build_config({**BASE, "activation_offloading": True})
     for value in (True, "legacy", "hidden_states"):
         cfg = build_config({**BASE, "activation_offloading": value, "gradient_checkpointing": True})
-        assert offloads(cfg) and not unsupported_settings(cfg)[0]
-    assert not offloads(build_config({**BASE, "gradient_checkpointing": True}))
+        assert model_settings(cfg).offload_activations and not unsupported_settings(cfg)[0]
+    assert not model_settings(build_config({**BASE, "gradient_checkpointing": True})).offload_activations
     legacy_alias = build_config({**BASE, "gradient_checkpointing": "offload"})  # Axolotl: checkpointing + offloading
-    assert offloads(legacy_alias) and not unsupported_settings(legacy_alias)[0]
+    assert model_settings(legacy_alias).offload_activations and not unsupported_settings(legacy_alias)[0]
     for settings, named in (({"activation_offloading": "disk", "gradient_checkpointing": True}, "activation_offloading: disk"),
                             ({"gradient_checkpointing": "offload_disk"}, "gradient_checkpointing: offload_disk")):
         refused = unsupported_settings(build_config({**BASE, **settings}))[0]
@@ -153,10 +154,10 @@ def test_a_model_with_its_own_checkpointing_code_keeps_it_and_refuses_offloading
     torch.manual_seed(0)
     net = OwnCheckpointing(LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                                        num_key_value_heads=2, vocab_size=300))
-    enable_checkpointing(net, config(True, False), "cuda")
+    enable_checkpointing(net, model_settings(config(True, False)), "cuda")
     assert calls == [{"use_reentrant": True}]
     with pytest.raises(ModelError, match="activation_offloading: OwnCheckpointing sets up gradient checkpointing"):
-        enable_checkpointing(net, config(False, True), "cuda")
+        enable_checkpointing(net, model_settings(config(False, True)), "cuda")
 
 
 def test_fsdp_activation_checkpointing_is_checkpointing():
@@ -166,7 +167,7 @@ def test_fsdp_activation_checkpointing_is_checkpointing():
 
     fsdp = {"fsdp_version": 2, "fsdp_config": {"activation_checkpointing": True}}
     cfg = build_config({**BASE, **fsdp, "activation_offloading": True})
-    assert checkpoints(cfg) and offloads(cfg)
+    assert checkpoints(cfg) and model_settings(cfg).offload_activations
     assert not checkpoints(build_config(BASE))
 
 
@@ -181,5 +182,5 @@ def test_a_quantized_base_keeps_the_checkpointing_rlft_set_up(monkeypatch):
                         lambda model, use_gradient_checkpointing=True, **kwargs: asked.append(use_gradient_checkpointing) or model)
     cfg = build_config({**BASE, "adapter": "qlora", "load_in_4bit": True, "lora_target_modules": ["q_proj"],
                         "gradient_checkpointing": True, "activation_offloading": True})
-    attach_adapter(model(), cfg)
+    attach_adapter(model(), model_settings(cfg))
     assert asked == [False]

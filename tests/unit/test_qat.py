@@ -88,7 +88,7 @@ def test_fake_quant_off_is_the_plain_model_and_the_schedule_turns_it_on():
     prepare_qat(model, qat("int8"))
     rounded = logits(model)
     assert (rounded - plain).abs().max() > 1e-3
-    follow = fake_quant_schedule(SimpleNamespace(qat=qat("int8", after=3)))
+    follow = fake_quant_schedule(qat("int8", after=3))
     for step, expected in ((0, plain), (2, plain), (3, rounded), (7, rounded)):
         follow(model, step)
         assert torch.allclose(logits(model), expected, atol=1e-6), step

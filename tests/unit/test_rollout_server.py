@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from rlft.config.settings.rollout import server_settings
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.backends import choose_backend
@@ -90,7 +91,7 @@ def test_vllm_backend_generates_and_loads_weights(tmp_path):
     model.save_pretrained(folder)
     cfg = build_config({"base_model": str(folder), "datasets": [{"path": "unused.jsonl"}],
                         "vllm": {"gpu_memory_utilization": 0.2, "enforce_eager": True, "dtype": "bfloat16"}})
-    backend = VLLMBackend.from_config(cfg)
+    backend = VLLMBackend.from_config(server_settings(cfg))
     try:
         request = generation_request(backend, [[49, 43, 50, 61]], n=3, max_tokens=8, temperature=1.0, top_p=0.9, top_k=20,
                                      min_p=0.0, repetition_penalty=1.0, stop_token_ids=[], stop=[], seed=1)

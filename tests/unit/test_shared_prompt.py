@@ -8,6 +8,8 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
                            parameter_grads, tiny_of_type)
+from rlft.config.settings.model import model_settings
+from rlft.config.settings.training import data_settings
 from rlft.config.loading import build_config
 from rlft.data.preference import pair_batch, shared_pair_inputs
 from rlft.errors import ConfigError
@@ -150,26 +152,26 @@ def test_for_a_7b_llama_the_weights_dominate():
 
 def test_on_by_default_where_the_model_allows_and_the_plan_says_so():
     examples = pairs(128)
-    assert prompt_sharing(config(), [tiny(), None], examples) == (
+    assert prompt_sharing(data_settings(config()), [tiny(), None], examples) == (
         True, "once per pair, both answers after it (share_prompts; 36% fewer forward FLOPs than twice)")
-    assert prompt_sharing(config(share_prompts=False), [tiny()], examples) == (False, "twice per pair (share_prompts: false)")
-    on, line = prompt_sharing(config(flash_attention=True), [tiny()], examples)
+    assert prompt_sharing(data_settings(config(share_prompts=False)), [tiny()], examples) == (False, "twice per pair (share_prompts: false)")
+    on, line = prompt_sharing(data_settings(config(flash_attention=True)), [tiny()], examples)
     assert not on and line == "twice per pair: it needs SDPA or eager attention (they read the mask that keeps the answers apart), not flash_attention_2"
     unchecked = tiny()
     unchecked.config.model_type = "qwen3_next"
-    on, line = prompt_sharing(config(), [tiny(), unchecked], examples)  # the reference model decides too
+    on, line = prompt_sharing(data_settings(config()), [tiny(), unchecked], examples)  # the reference model decides too
     assert not on and "model type qwen3_next is not one rlft has checked" in line
     with pytest.raises(ConfigError, match="share_prompts: model type qwen3_next .* set it to false"):
-        prompt_sharing(config(share_prompts=True), [unchecked], examples)
+        prompt_sharing(data_settings(config(share_prompts=True)), [unchecked], examples)
 
 
 def test_unset_it_stays_off_where_one_sequence_per_pair_would_cost_more():
     """A one-token prompt before two 200-token answers: the pair's 401-token sequence has 4x the attention pairs of a
     201-token row, and the small model's weights do not make up for it."""
     long_answers = [{"prompt_ids": [1], "chosen_ids": [2] * 200, "rejected_ids": [3] * 200}]
-    on, line = prompt_sharing(config(), [tiny()], long_answers)
+    on, line = prompt_sharing(data_settings(config()), [tiny()], long_answers)
     assert not on and line.startswith("twice per pair: once would take 72% more forward FLOPs (the answers are long")
-    assert prompt_sharing(config(share_prompts=True), [tiny()], long_answers) == (
+    assert prompt_sharing(data_settings(config(share_prompts=True)), [tiny()], long_answers) == (
         True, "once per pair, both answers after it (share_prompts; 72% more forward FLOPs than twice)")
 
 
@@ -248,10 +250,10 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
     from rlft.models.varlen import rows_apart
     from rlft.train.recipes.preference import PairRecipe
 
-    assert rows_apart(config(), tiny()) and not rows_apart(config(torch_compile=True), tiny())
+    assert rows_apart(model_settings(config()), tiny()) and not rows_apart(model_settings(config(torch_compile=True)), tiny())
     eager = tiny()
     eager.set_attn_implementation("eager")
-    assert not rows_apart(config(), eager)
+    assert not rows_apart(model_settings(config()), eager)
     pairs = [{"prompt_ids": [1] * 9, "chosen_ids": [2], "rejected_ids": [3, 3]}, {"prompt_ids": [4] * 7, "chosen_ids": [5], "rejected_ids": [6]}]
     cfg = config(rl="dpo", dpo_padding_free=True, micro_batch_size=2, share_prompts=True)
     for apart, shape in ((True, (2, 12)), (False, (1, 21))):
@@ -278,15 +280,15 @@ def test_grpo_plan_lines_and_refusals():
     from rlft.models.shared_prompts import group_sharing
 
     grpo = lambda **keys: config(rl="grpo", trl={"reward_funcs": ["m.f"], "num_generations": 4}, **keys)  # noqa: E731
-    assert group_sharing(grpo(), [tiny(), None]) == (True, "once per group where that saves forward FLOPs (share_prompts)")
-    assert group_sharing(grpo(share_prompts=True), [tiny()]) == (True, "once per group (share_prompts: true)")
-    assert group_sharing(grpo(share_prompts=False), [tiny()]) == (False, "once per completion (share_prompts: false)")
+    assert group_sharing(data_settings(grpo()), [tiny(), None]) == (True, "once per group where that saves forward FLOPs (share_prompts)")
+    assert group_sharing(data_settings(grpo(share_prompts=True)), [tiny()]) == (True, "once per group (share_prompts: true)")
+    assert group_sharing(data_settings(grpo(share_prompts=False)), [tiny()]) == (False, "once per completion (share_prompts: false)")
     unchecked = tiny()
     unchecked.config.model_type = "qwen3_next"
-    assert group_sharing(grpo(), [unchecked]) == (False, "once per completion: model type qwen3_next is not one rlft has "
+    assert group_sharing(data_settings(grpo()), [unchecked]) == (False, "once per completion: model type qwen3_next is not one rlft has "
                                                          "checked for it (SHARED_PROMPT_MODELS in rlft/models/shared_prompts.py)")
     with pytest.raises(ConfigError, match="share_prompts: model type qwen3_next"):
-        group_sharing(grpo(share_prompts=True), [unchecked])
+        group_sharing(data_settings(grpo(share_prompts=True)), [unchecked])
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -323,13 +325,13 @@ def test_reward_models_share_unless_compiled():
     model = LlamaForSequenceClassification(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                                        num_key_value_heads=1, intermediate_size=32, num_labels=1))
     rm = lambda **keys: build_config({"base_model": "m", "datasets": [{"path": "d.jsonl"}], "reward_model": True, **keys})  # noqa: E731
-    on, line = reward_sharing(rm(), model, pairs(64), compiled=False)
+    on, line = reward_sharing(data_settings(rm()), model, pairs(64), compiled=False)
     assert on and line.startswith("once per pair, both answers after it (share_prompts;")
-    assert reward_sharing(rm(), model, pairs(64), compiled=True) == (
+    assert reward_sharing(data_settings(rm()), model, pairs(64), compiled=True) == (
         False, "twice per pair: torch_compile: the scores are read from the score head during the forward, which a "
                "compiled forward would retrace every step")
     with pytest.raises(ConfigError, match="share_prompts: torch_compile"):
-        reward_sharing(rm(share_prompts=True), model, pairs(64), compiled=True)
+        reward_sharing(data_settings(rm(share_prompts=True)), model, pairs(64), compiled=True)
 
 
 @pytest.mark.parametrize("share", [False, True], ids=["prompt-twice", "prompt-once"])

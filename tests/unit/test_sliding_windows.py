@@ -15,6 +15,7 @@ import rlft.models.masks as masks
 import rlft.models.varlen as varlen
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
                            parameter_grads, sft_documents, sft_results, tiny_of_type)
+from rlft.config.settings.model import model_settings
 from rlft.data.collate import flatten_rows, pad_batch, packed_batch
 from rlft.errors import ModelError
 from rlft.models.attention import sliding_window, unmaskable_layers
@@ -135,8 +136,8 @@ def test_layer_types_rlft_cannot_mask_are_refused_before_training():
     assert sliding_window(holder) == (None, False)  # padded rows (the left-padding guard on a GPU) go on as before
     config = lambda **keys: build_config({"base_model": "m", "datasets": [{"path": "d.jsonl"}], **keys})  # noqa: E731
     with pytest.raises(ModelError, match=r"train this model on padded rows \(sample_packing, batch_flattening"):
-        check_own_masks(config(sample_packing=True), holder)
+        check_own_masks(model_settings(config(sample_packing=True)), holder)
     with pytest.raises(ModelError, match="model type qwen3_next has linear_attention layers"):
-        check_own_masks(config(batch_flattening=True, micro_batch_size=2), holder)
-    check_own_masks(config(), holder)  # padded rows: transformers builds the masks
-    check_own_masks(config(sample_packing=True), tiny_of_type("gemma3_text", window=WINDOW))
+        check_own_masks(model_settings(config(batch_flattening=True, micro_batch_size=2)), holder)
+    check_own_masks(model_settings(config()), holder)  # padded rows: transformers builds the masks
+    check_own_masks(model_settings(config(sample_packing=True)), tiny_of_type("gemma3_text", window=WINDOW))

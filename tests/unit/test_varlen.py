@@ -387,13 +387,11 @@ def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(
 
 
 @pytest.mark.compile
-def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(monkeypatch):
+def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(monkeypatch, config):
     """`torch_compile_mode: max-autotune` on a CPU: inductor's C++ batched-GEMM template fixes one batch size into the
     graph compiled for any (torch 2.13: an SFT run at size S failed at the epoch's last, smaller batch with "Expected
     size for first two dimensions of batch2 tensor"), so short rows keep SDPA's own kernel under the modes that
     autotune, or where inductor's settings autotune GEMMs; the other modes route them through the math path."""
-    from types import SimpleNamespace
-
     from layout_checks import tiny_of_type
     from rlft.models import varlen
     from rlft.train.wrap import compiled_forward
@@ -405,7 +403,7 @@ def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(
     q = torch.zeros(1, 2, 9, 8)
     for mode, math in (("max-autotune", False), (None, True), ("max-autotune-no-cudagraphs", False), ("default", True),
                        ("reduce-overhead", True)):
-        compiled = compiled_forward(SimpleNamespace(torch_compile=True, torch_compile_mode=mode, torch_compile_backend=None), model)
+        compiled = compiled_forward(config(torch_compile=True, torch_compile_mode=mode), model)
         assert compiled is not model and varlen.SHORT_ROWS_MATH is math
         with varlen.short_rows_kernel(q, q):
             assert torch.backends.cuda.flash_sdp_enabled() is not math, mode
@@ -413,5 +411,5 @@ def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(
 
     for key in ("max_autotune", "max_autotune_gemm"):  # as TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 sets them
         with inductor.patch({key: True}):
-            compiled_forward(SimpleNamespace(torch_compile=True, torch_compile_mode=None, torch_compile_backend=None), model)
+            compiled_forward(config(torch_compile=True), model)
             assert not varlen.SHORT_ROWS_MATH, key

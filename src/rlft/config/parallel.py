@@ -27,6 +27,17 @@ def launched() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rows_per_process(cfg) -> int:
+    """Rows one process trains per optimizer step: micro_batch_size x gradient_accumulation_steps."""
+    return cfg.micro_batch_size * cfg.gradient_accumulation_steps
+
+
+def rows_per_step(cfg, processes: int | None = None) -> int:
+    """Rows one optimizer step trains over all processes: micro_batch_size x gradient_accumulation_steps x processes,
+    the processes counted by `launched` (the launcher's WORLD_SIZE) unless given."""
+    return rows_per_process(cfg) * (processes or launched()[1])
+
+
 @dataclass(frozen=True)
 class FsdpSettings:
     layer_classes: tuple[str, ...]  # empty: the model's own `_no_split_modules` (its decoder layer)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlft.config.methods import method_spec
-from rlft.config.parallel import launched
+from rlft.config.parallel import rows_per_step
 
 # `trl:` keys whose schema default is None, and the value that then applies (TRL's GRPOConfig defaults,
 # except loss_type, where Axolotl's documented default is dapo)
@@ -166,9 +166,7 @@ def rl_settings(cfg) -> RLSettings:
     options = trl_options(cfg)
     scale = "none" if options["unbiased_advantage"] else options["scale_rewards"]
     group = options["num_generations"]
-    # every training process trains micro_batch_size x gradient_accumulation_steps completions per optimizer step
-    processes = launched()[1]
-    completions_per_step = options["generation_batch_size"] or cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
+    completions_per_step = options["generation_batch_size"] or rows_per_step(cfg)
     kwargs = options["generation_kwargs"] or {}
     metric = options["filter_reward_metric"]
     maximum = options["max_completion_length"]

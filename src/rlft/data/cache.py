@@ -23,7 +23,7 @@ from rich.console import Console
 from rlft.config.methods import spec_of
 from rlft.data.mistral_common import fingerprint, is_mistral_common
 from rlft.data.prepared import LengthReport, PreparedData
-from rlft.data.prompts import prompt_budget
+from rlft.config.settings.training import prompt_budget
 from rlft.usercode import module_origin
 
 TRAINING_ONLY = {

@@ -24,7 +24,8 @@ from rlft.data.formats.sft import resolve_sft_format
 from rlft.data.loading import PLACE, describe, load_rows, unpack
 from rlft.data.preference import example_length, fit_completions, tokenize_kto, tokenize_pair
 from rlft.data.prepared import LengthReport, PreparedData
-from rlft.data.prompts import fit_prompt, prompt_budget, resolve_prompt_format, tokenize_prompt
+from rlft.config.settings.training import prompt_budget
+from rlft.data.prompts import fit_prompt, resolve_prompt_format, tokenize_prompt
 from rlft.data.tokenize import fit_length, tokenize_record
 from rlft.errors import DataError
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlft.config.rl import rl_settings
 from rlft.data.formats.rows import (RowError, bind_tokenizer, call_transform, chat_template_format, fields_of, render_chat, text,
                                     user_transform)
 from rlft.errors import DataError
@@ -99,12 +98,3 @@ def fit_prompt(example: dict[str, Any], budget: int, strategy: str) -> tuple[dic
     if strategy == "drop":
         return None, "too_long"
     return {**example, "prompt_ids": example["prompt_ids"][-budget:]}, "truncated"
-
-
-def prompt_budget(cfg) -> int | None:
-    """The tokens an online-RL prompt may use: `sequence_len - max_completion_length` where the config sets
-    `sequence_len`; None (every prompt kept, as Axolotl keeps every GRPO prompt) where it leaves it at its default, or
-    with `skip_prepare_dataset`. `rlft validate` refuses a set `sequence_len` that leaves no room."""
-    if cfg.skip_prepare_dataset or "sequence_len" not in cfg.model_fields_set:
-        return None
-    return cfg.sequence_len - rl_settings(cfg).max_completion_length

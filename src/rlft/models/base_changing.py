@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlft.config.lora_inits import rewriting
+from rlft.config.settings.model import AdapterSettings
 
 INIT_FOLDER = "init-adapter"  # in output_dir: the adapter as initialised (B0, A0)
 RESUME_FOLDER = "adapter-as-trained"  # in a checkpoint: the adapter on the residual base, for resuming
@@ -37,10 +38,10 @@ def changes_base(model) -> bool:
     return config is not None and rewriting(config.init_lora_weights)
 
 
-def rewrites_base(cfg) -> bool:
+def rewrites_base(adapter: AdapterSettings) -> bool:
     """Whether the config's new adapter starts with an init that rewrites the base weights (an adapter from
     `lora_model_dir` keeps the init its folder names)."""
-    return bool(cfg.adapter) and rewriting(cfg.peft_init_lora_weights) and not cfg.lora_model_dir
+    return bool(adapter.kind) and rewriting(adapter.init_lora_weights) and not adapter.model_dir
 
 
 def save_initial_adapter(model, output_dir: Path) -> Path | None:

@@ -12,19 +12,15 @@ the activations already live in host memory.
 
 from __future__ import annotations
 
+from rlft.config.settings.model import ModelSettings
 from rlft.errors import ModelError
 
 
-def offloads(cfg) -> bool:
-    """Whether the config asks for activation offloading (Axolotl's `gradient_checkpointing: offload` does too)."""
-    return cfg.activation_offloading in (True, "legacy", "hidden_states") or cfg.gradient_checkpointing == "offload"
-
-
-def enable_checkpointing(model, cfg, device_type: str) -> None:
+def enable_checkpointing(model, settings: ModelSettings, device_type: str) -> None:
     """Checkpoint the model's decoder layers (non-reentrant unless `gradient_checkpointing_kwargs` says otherwise), their
     inputs offloaded to host memory when `activation_offloading` asks for it on a CUDA GPU."""
-    kwargs = cfg.gradient_checkpointing_kwargs or {"use_reentrant": False}
-    offload = offloads(cfg) and device_type == "cuda"
+    kwargs = dict(settings.checkpointing_kwargs)
+    offload = settings.offload_activations and device_type == "cuda"
     if model._is_overridden("gradient_checkpointing_enable"):  # a model's own code (trust_remote_code) sets it up
         if offload:
             raise ModelError(f"activation_offloading: {type(model).__name__} sets up gradient checkpointing with code of its "

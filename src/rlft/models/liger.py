@@ -18,27 +18,20 @@ import inspect
 import torch
 
 from rlft.config.methods import method_spec
+from rlft.config.settings.model import LIGER_LAYER_KEYS as LAYER_KEYS
+from rlft.config.settings.model import LIGER_LOSS_KEYS as LOSS_KEYS
+from rlft.config.settings.model import ModelSettings
 from rlft.errors import ModelError
 
-# Axolotl key -> the switch of liger's apply functions (liger_swiglu is Axolotl's older name of liger_glu_activation)
-LAYER_KEYS = {"liger_rope": "rope", "liger_rms_norm": "rms_norm", "liger_layer_norm": "layer_norm",
-              "liger_glu_activation": "swiglu", "liger_swiglu": "swiglu"}
-LOSS_KEYS = ("liger_cross_entropy", "liger_fused_linear_cross_entropy")
 
-
-def liger_keys(cfg) -> list[str]:
-    """The `liger_*` keys set to true, in LAYER_KEYS then LOSS_KEYS order."""
-    return [key for key in (*LAYER_KEYS, *LOSS_KEYS) if getattr(cfg, key, False)]
-
-
-def liger_loss(cfg) -> bool:
+def liger_loss(settings: ModelSettings) -> bool:
     """SFT's loss through Liger's fused linear cross-entropy kernel."""
-    return any(getattr(cfg, key, False) for key in LOSS_KEYS)
+    return any(key in settings.liger for key in LOSS_KEYS)
 
 
-def liger_problems(cfg, cuda: bool) -> list[str]:
+def liger_problems(settings: ModelSettings, cuda: bool) -> list[str]:
     """What keeps the `liger_*` keys from running here, one sentence each (checked before the model loads)."""
-    keys = liger_keys(cfg)
+    keys = settings.liger
     if not keys:
         return []
     if not cuda:
@@ -50,14 +43,14 @@ def liger_problems(cfg, cuda: bool) -> list[str]:
     return []
 
 
-def liger_switches(cfg, parameters) -> tuple[dict[str, bool], list[str]]:
+def liger_switches(settings: ModelSettings, parameters) -> tuple[dict[str, bool], list[str]]:
     """(keyword switches for liger's apply function, whose `parameters` are given; the keys naming a layer this
     model type does not have). Liger's own cross-entropy switches stay off: rlft does not call the model's loss."""
     switches = {name: False for name in ("rope", "rms_norm", "layer_norm", "swiglu", "geglu", "cross_entropy",
                                          "fused_linear_cross_entropy") if name in parameters}
     absent = []
     for key, name in LAYER_KEYS.items():
-        if not getattr(cfg, key, False):
+        if key not in settings.liger:
             continue
         if name == "swiglu" and "swiglu" not in parameters and "geglu" in parameters:  # Gemma's gated MLP is GeGLU
             name = "geglu"
@@ -78,36 +71,36 @@ def _apply_function(model_type: str):
     return function
 
 
-def check_liger(cfg, device_type: str) -> None:
+def check_liger(settings: ModelSettings, device_type: str) -> None:
     """Raise ModelError when the `liger_*` keys cannot run on this device (before a model loads)."""
-    problems = liger_problems(cfg, cuda=device_type == "cuda")
+    problems = liger_problems(settings, cuda=device_type == "cuda")
     if problems:
         raise ModelError(problems[0])
 
 
-def apply_liger(model: torch.nn.Module, cfg) -> None:
+def apply_liger(model: torch.nn.Module, settings: ModelSettings) -> None:
     """Replace the model's layers in place with Liger's kernels (nothing without `liger_*` keys)."""
-    if not liger_keys(cfg):
+    if not settings.liger:
         return
     function = _apply_function(model.config.model_type)
-    switches, _ = liger_switches(cfg, inspect.signature(function).parameters)
+    switches, _ = liger_switches(settings, inspect.signature(function).parameters)
     if any(switches.values()):
         function(model=model, **switches)
 
 
-def liger_summary(cfg, model_type: str, logits_reason: str = "") -> str:
+def liger_summary(settings: ModelSettings, model_type: str, logits_reason: str = "") -> str:
     """The plan's line: which kernels run, and which keys name a layer the model does not have. `logits_reason`: why
     SFT's loss takes the model's logits (models.head.logits_reason), so the fused linear cross-entropy cannot run."""
-    switches, absent = liger_switches(cfg, inspect.signature(_apply_function(model_type)).parameters)
+    switches, absent = liger_switches(settings, inspect.signature(_apply_function(model_type)).parameters)
     done = [name for name, on in switches.items() if on]
     unused = ""
-    if liger_loss(cfg) and getattr(cfg, "qat", None):  # the kernel would read the weight unrounded
+    if liger_loss(settings) and settings.qat:  # the kernel would read the weight unrounded
         unused = ("; not the fused linear cross-entropy: qat rounds the output layer in its own forward, so the loss "
                   "takes the model's logits")
-    elif liger_loss(cfg) and method_spec(cfg.method).fused_cross_entropy and logits_reason:
+    elif liger_loss(settings) and method_spec(settings.method).fused_cross_entropy and logits_reason:
         unused = f"; not the fused linear cross-entropy: the loss takes the model's logits, because {logits_reason}"
-    elif liger_loss(cfg):
-        done.append("fused linear cross-entropy" + ("" if method_spec(cfg.method).fused_cross_entropy else
+    elif liger_loss(settings):
+        done.append("fused linear cross-entropy" + ("" if method_spec(settings.method).fused_cross_entropy else
                                                     " (for SFT's loss; this method's chunked log-probs never build the "
                                                     "logits either)"))
     text = f"Liger: {', '.join(done) or 'nothing'}" + unused

@@ -23,9 +23,9 @@ from safetensors import safe_open
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel,
                           PreTrainedTokenizerBase)
 
-from rlft.config.activation_checkpointing import checkpoints
-from rlft.config.methods import method_spec, spec_of
+from rlft.config.methods import method_spec
 from rlft.config.parallel import launched
+from rlft.config.settings.model import AdapterSettings, ModelSettings
 from rlft.data.mistral_common import has_mistral_files, load_mistral_tokenizer
 from rlft.data.tokenizer import apply_chat_template_setting
 from rlft.errors import ConfigError, ModelError
@@ -70,21 +70,21 @@ def resolve_source(name: str | None, key: str, revision: str | None = None) -> s
     return name
 
 
-def model_source(cfg, name: str | None, key: str) -> str:
+def model_source(settings: ModelSettings, name: str | None, key: str) -> str:
     """A key that names a model repository (base_model, base_model_config, tokenizer_config, ref_model) resolved; at
     `revision_of_model` (Axolotl's key) where it names base_model's repository, online and offline alike."""
-    return resolve_source(name, key, cfg.revision_of_model if name == cfg.base_model else None)
+    return resolve_source(name, key, settings.revision if name == settings.base_model else None)
 
 
-def base_model_source(cfg) -> str:
+def base_model_source(settings: ModelSettings) -> str:
     """`base_model` resolved at `revision_of_model`, for the model, its config and its tokenizer."""
-    return model_source(cfg, cfg.base_model, "base_model")
+    return model_source(settings, settings.base_model, "base_model")
 
 
-def hub_revision(cfg, source: str) -> dict[str, str]:
+def hub_revision(settings: ModelSettings, source: str) -> dict[str, str]:
     """`from_pretrained`'s revision for a source that is `base_model`'s hub id (online, `model_source` returns it as it
     is; offline, from_pretrained finds the revision's snapshot in the cache itself); a folder holds its revision."""
-    return {"revision": cfg.revision_of_model} if cfg.revision_of_model and source == cfg.base_model else {}
+    return {"revision": settings.revision} if settings.revision and source == settings.base_model else {}
 
 
 def adapter_base(folder: Path) -> tuple[str, dict[str, str]]:
@@ -97,11 +97,11 @@ def adapter_base(folder: Path) -> tuple[str, dict[str, str]]:
     return source, ({"revision": revision} if revision and source == base else {})
 
 
-def model_config(cfg, source: str, **settings: Any):
+def model_config(settings: ModelSettings, source: str, **extra: Any):
     """The model's config from `source`, with Axolotl's `model_config` overrides set on it (before the model is built,
     so that settings read at construction, such as rope_scaling, take effect)."""
-    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source), **settings)
-    for key, value in (cfg.overrides_of_model_config or {}).items():
+    config = AutoConfig.from_pretrained(source, trust_remote_code=settings.trust_remote_code, **hub_revision(settings, source), **extra)
+    for key, value in settings.config_overrides.items():
         if not hasattr(config, key):
             close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
             raise ConfigError(f"model_config.{key}: {type(config).__name__} has no setting of that name"
@@ -118,32 +118,32 @@ def model_config(cfg, source: str, **settings: Any):
 
 
 @contextmanager
-def built_with_overrides(cfg) -> Iterator[None]:
+def built_with_overrides(settings: ModelSettings) -> Iterator[None]:
     """Around building a model: a value of `model_config` the model's code cannot take is named, not a traceback."""
     try:
         yield
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        if not cfg.overrides_of_model_config:
+        if not settings.config_overrides:
             raise
-        raise ConfigError(f"the model could not be built with model_config {', '.join(cfg.overrides_of_model_config)} "
+        raise ConfigError(f"the model could not be built with model_config {', '.join(settings.config_overrides)} "
                           f"({type(exc).__name__}: {exc}): fix the values or remove them") from None
 
 
-def check_context_length(cfg) -> None:
+def check_context_length(settings: ModelSettings) -> None:
     """Refuse a sequence_len longer than the model's context (read from its config.json) before any work."""
-    key = "base_model_config" if cfg.base_model_config else "base_model"
+    key = "base_model_config" if settings.base_model_config else "base_model"
     try:
-        source = model_source(cfg, cfg.base_model_config, key) if cfg.base_model_config else base_model_source(cfg)
-        config = model_config(cfg, source)  # model_config may set the context (max_position_embeddings)
+        source = model_source(settings, settings.base_model_config, key) if settings.base_model_config else base_model_source(settings)
+        config = model_config(settings, source)  # model_config may set the context (max_position_embeddings)
     except (OSError, ValueError, ModelError):
         return  # a model that cannot be read is reported where it loads, with its own message
     names = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
     found = next(((name, getattr(config, name)) for name in names if isinstance(getattr(config, name, None), int)), None)
-    if found and cfg.sequence_len > found[1]:
-        raise ConfigError(f"sequence_len {cfg.sequence_len} is longer than the model's context of {found[1]} tokens ({found[0]} in "
+    if found and settings.sequence_len > found[1]:
+        raise ConfigError(f"sequence_len {settings.sequence_len} is longer than the model's context of {found[1]} tokens ({found[0]} in "
                           f"{source}/config.json): lower sequence_len to {found[1]} or less"
                           + (" (prompts get sequence_len - trl.max_completion_length)"
-                             if method_spec(cfg.method).reward_functions else ""))
+                             if method_spec(settings.method).reward_functions else ""))
 
 
 def transformers_class(name: str, key: str):
@@ -155,29 +155,29 @@ def transformers_class(name: str, key: str):
     return found
 
 
-def load_tokenizer(cfg) -> PreTrainedTokenizerBase:
+def load_tokenizer(settings: ModelSettings) -> PreTrainedTokenizerBase:
     """The tokenizer of `tokenizer_config` or `base_model`, with special tokens and the chat template set."""
-    source = model_source(cfg, cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else base_model_source(cfg)
-    if cfg.uses_mistral_common:  # its own conversation encoding: no template, no added tokens (refused by validate)
-        return load_mistral_tokenizer(source, **hub_revision(cfg, source))
+    source = model_source(settings, settings.tokenizer_config, "tokenizer_config") if settings.tokenizer_config else base_model_source(settings)
+    if settings.mistral_common:  # its own conversation encoding: no template, no added tokens (refused by validate)
+        return load_mistral_tokenizer(source, **hub_revision(settings, source))
     try:
-        tokenizer = transformers_class(cfg.tokenizer_type or "AutoTokenizer", "tokenizer_type").from_pretrained(
-            source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
+        tokenizer = transformers_class(settings.tokenizer_type, "tokenizer_type").from_pretrained(
+            source, trust_remote_code=settings.trust_remote_code, **hub_revision(settings, source))
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load a tokenizer from {source}: {exc}") from None
-    if cfg.special_tokens:
-        tokenizer.add_special_tokens(dict(cfg.special_tokens))
-    if cfg.tokens:
-        tokenizer.add_tokens(list(cfg.tokens))
-    if cfg.eot_tokens:  # end-of-turn markers are single special tokens, never trained in pieces
-        missing = [token for token in cfg.eot_tokens if token not in tokenizer.get_vocab()]
+    if settings.special_tokens:
+        tokenizer.add_special_tokens(dict(settings.special_tokens))
+    if settings.tokens:
+        tokenizer.add_tokens(list(settings.tokens))
+    if settings.eot_tokens:  # end-of-turn markers are single special tokens, never trained in pieces
+        missing = [token for token in settings.eot_tokens if token not in tokenizer.get_vocab()]
         if missing:
             tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(f"the tokenizer of {source} has neither a pad nor an eos token: set special_tokens.pad_token")
         tokenizer.pad_token = tokenizer.eos_token
-    apply_chat_template_setting(tokenizer, cfg.chat_template, cfg.chat_template_jinja)
+    apply_chat_template_setting(tokenizer, settings.chat_template, settings.chat_template_jinja)
     return tokenizer
 
 
@@ -196,20 +196,20 @@ def check_attention(implementation: str, training: bool, device_type: str) -> No
         )
 
 
-def fit_embeddings(model: PreTrainedModel, cfg, tokenizer: PreTrainedTokenizerBase) -> None:
+def fit_embeddings(model: PreTrainedModel, settings: ModelSettings, tokenizer: PreTrainedTokenizerBase) -> None:
     """Grow the embedding rows to the tokenizer's length, as Axolotl does: rounded up to a multiple of 32 with
     `resize_token_embeddings_to_32x`, cut down to it only with `shrink_embeddings` (spare rows are kept otherwise).
     New rows are initialised as the model's own weights are (seeded), or from the old rows' mean and covariance
     with `mean_resizing_embeddings` (transformers' mean resizing; Axolotl's default is off)."""
     rows = model.get_input_embeddings().num_embeddings
-    target = -(-len(tokenizer) // 32) * 32 if cfg.resize_token_embeddings_to_32x else len(tokenizer)
-    if rows < target or (rows > target and cfg.shrink_embeddings):
+    target = -(-len(tokenizer) // 32) * 32 if settings.embeddings_to_32x else len(tokenizer)
+    if rows < target or (rows > target and settings.shrink_embeddings):
         with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed)  # the same new rows on every process and every run
-            model.resize_token_embeddings(target, mean_resizing=bool(cfg.mean_resizing_embeddings))
+            torch.manual_seed(settings.seed)  # the same new rows on every process and every run
+            model.resize_token_embeddings(target, mean_resizing=settings.mean_resizing_embeddings)
 
 
-def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None,
+def load_model(settings: ModelSettings, tokenizer: PreTrainedTokenizerBase, device_type: str, init_base_dir: Path | None = None,
                with_adapter: bool = True, serving: bool = False) -> PreTrainedModel:
     """Build the trainable model: base weights (or a seeded random init), attention, checkpointing, adapter.
 
@@ -217,72 +217,72 @@ def load_model(cfg, tokenizer: PreTrainedTokenizerBase, device_type: str, init_b
     inference, so it is written once to `init_base_dir` and loaded from there afterwards. `serving`: for the rollout
     server, which trains nothing (the router-loss check is the trainer's).
     """
-    attention = cfg.effective_attn_implementation
+    attention = settings.attention
     check_attention(attention, training=True, device_type=device_type)
-    check_liger(cfg, device_type)
-    if cfg.qat and not serving:
-        check_qat(cfg, device_type)
-    if (cfg.load_in_4bit or cfg.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
+    check_liger(settings, device_type)
+    if settings.qat and not serving:
+        check_qat(settings, device_type)
+    if (settings.load_in_4bit or settings.load_in_8bit) and (device_type != "cuda" or importlib.util.find_spec("bitsandbytes") is None):
         raise ModelError("load_in_4bit/load_in_8bit (QLoRA) need a CUDA GPU and the bitsandbytes package; use adapter: lora here")
-    source = base_model_source(cfg)
-    kwargs: dict[str, Any] = {"attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
-    causal = cfg.model_type and cfg.model_type.endswith("ForCausalLM")  # anything else is refused before loading
-    model_class = transformers_class(cfg.model_type, "model_type") if causal else AutoModelForCausalLM
+    source = base_model_source(settings)
+    kwargs: dict[str, Any] = {"attn_implementation": attention, "trust_remote_code": settings.trust_remote_code, "dtype": torch.float32}
+    causal = settings.model_type and settings.model_type.endswith("ForCausalLM")  # anything else is refused before loading
+    model_class = transformers_class(settings.model_type, "model_type") if causal else AutoModelForCausalLM
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
         model = model_class.from_pretrained(init_base_dir, **kwargs)
-    elif cfg.random_init:
-        config_source = model_source(cfg, cfg.base_model_config, "base_model_config") if cfg.base_model_config else source
-        config = model_config(cfg, config_source)
-        with torch.random.fork_rng(), built_with_overrides(cfg):
-            torch.manual_seed(cfg.seed)
+    elif settings.random_init:
+        config_source = model_source(settings, settings.base_model_config, "base_model_config") if settings.base_model_config else source
+        config = model_config(settings, config_source)
+        with torch.random.fork_rng(), built_with_overrides(settings):
+            torch.manual_seed(settings.seed)
             if model_class is AutoModelForCausalLM:
                 model = model_class.from_config(config, **kwargs)
             else:  # a concrete class: its code is in transformers, so no remote code to allow
                 model = model_class._from_config(config, **{k: v for k, v in kwargs.items() if k != "trust_remote_code"})
-        if init_base_dir is not None and cfg.adapter and launched()[0] == 0:
+        if init_base_dir is not None and settings.adapter.kind and launched()[0] == 0:
             # written whole, then renamed: other processes build the same seeded weights until the folder is there
             staging = init_base_dir.with_name(f".tmp-{init_base_dir.name}-{os.getpid()}")
             model.save_pretrained(staging)
             staging.rename(init_base_dir)
     else:
-        kwargs.update(_quantization_kwargs(cfg), **hub_revision(cfg, source))
-        if cfg.overrides_of_model_config:
-            kwargs["config"] = model_config(cfg, source)
+        kwargs.update(_quantization_kwargs(settings), **hub_revision(settings, source))
+        if settings.config_overrides:
+            kwargs["config"] = model_config(settings, source)
         try:
-            with built_with_overrides(cfg):
+            with built_with_overrides(settings):
                 model = model_class.from_pretrained(source, **kwargs)
         except OSError as exc:
             raise ModelError(
                 f"cannot load weights from {source}: {exc}. If the folder holds only config.json, set random_init: true"
             ) from None
-    fit_embeddings(model, cfg, tokenizer)
-    check_own_masks(cfg, model)
+    fit_embeddings(model, settings, tokenizer)
+    check_own_masks(settings, model)
     if not serving:
-        check_router_loss(cfg, model, device_type)
-    apply_liger(model, cfg)
-    if cfg.qat and not serving:  # torchao's fake-quantized layers; the weights keep their names (rlft.models.qat)
-        prepare_qat(model, cfg.qat)
-    if checkpoints(cfg):
-        enable_checkpointing(model, cfg, device_type)
+        check_router_loss(settings, model, device_type)
+    apply_liger(model, settings)
+    if settings.qat and not serving:  # torchao's fake-quantized layers; the weights keep their names (rlft.models.qat)
+        prepare_qat(model, settings.qat)
+    if settings.checkpointing:
+        enable_checkpointing(model, settings, device_type)
         model.config.use_cache = False
-    if cfg.adapter and with_adapter:
-        model = attach_adapter(model, cfg)
+    if settings.adapter.kind and with_adapter:
+        model = attach_adapter(model, settings)
     return model
 
 
-def check_own_masks(cfg, model) -> None:
+def check_own_masks(settings: ModelSettings, model) -> None:
     """Packed, flattened and strided batches run through masks that rlft builds (rlft.models.masks.per_layer_type):
     a model with attention layers other than full and sliding-window ones cannot take them (ModelError)."""
-    flash = cfg.effective_attn_implementation.startswith("flash_attention")
-    strided = spec_of(cfg).strided_blocks
-    if (strided or (not flash and (cfg.sample_packing or cfg.flat_batches))) and (kinds := unmaskable_layers(model)):
+    flash = settings.attention.startswith("flash_attention")
+    strided = method_spec(settings.method, settings.ebft_mode).strided_blocks
+    if (strided or (not flash and (settings.sample_packing or settings.flat_batches))) and (kinds := unmaskable_layers(model)):
         raise ModelError(f"model type {model.config.model_type} has {', '.join(kinds)} layers: rlft builds the attention "
                          "masks of packed, flattened and strided batches itself and knows only full and sliding-window "
                          "layers; train this model on padded rows (sample_packing, batch_flattening and "
                          "dpo_padding_free off)")
 
 
-def check_router_loss(cfg, model, device_type: str) -> None:
+def check_router_loss(settings: ModelSettings, model, device_type: str) -> None:
     """A mixture-of-experts model whose config.json sets output_router_logits computes its router's load-balancing loss
     in every forward: the methods that add it are SFT, the preference methods and the GRPO family, on rows with a mask
     each (`model_config` setting it is checked with the config: `rlft.config.rules`). On a GPU under SDPA, the GRPO
@@ -291,21 +291,21 @@ def check_router_loss(cfg, model, device_type: str) -> None:
     model_config or config.json sets it."""
     if not getattr(model.config, "output_router_logits", False):
         return
-    if (method_spec(cfg.method).engine and method_spec(cfg.method).router_loss and device_type == "cuda"
-            and cfg.effective_attn_implementation == "sdpa"):
+    spec = method_spec(settings.method)
+    if spec.engine and spec.router_loss and device_type == "cuda" and settings.attention == "sdpa":
         raise ConfigError("output_router_logits with SDPA attention on a GPU: GRPO's rows start with their prompts' left "
                           "padding, for which rlft gives SDPA a 4-D mask of its own that transformers' router loss cannot "
                           "read; set attn_implementation: flash_attention_2 (or eager), or model_config: "
                           "{output_router_logits: false} to train without the router's loss")
-    if "output_router_logits" in (cfg.overrides_of_model_config or {}):
+    if "output_router_logits" in settings.config_overrides:
         return
     fix = "or set model_config: {output_router_logits: false} to train without the router's loss"
-    if not method_spec(cfg.method).router_loss:
+    if not method_spec(settings.method).router_loss:
         raise ConfigError(f"base_model's config sets output_router_logits: true (a mixture-of-experts router's load-balancing "
-                          f"loss), which rlft adds to SFT, the preference methods and the GRPO family, not to {cfg.method}: "
+                          f"loss), which rlft adds to SFT, the preference methods and the GRPO family, not to {settings.method}: "
                           f"{fix}")
-    packed = cfg.sample_packing or cfg.eval_sample_packing or cfg.flat_batches
-    if not cfg.effective_attn_implementation.startswith("flash_attention") and packed:
+    packed = settings.sample_packing or settings.eval_sample_packing or settings.flat_batches
+    if not settings.attention.startswith("flash_attention") and packed:
         raise ConfigError("base_model's config sets output_router_logits: true, and transformers' router loss needs a mask per "
                           "row, which packed or flattened rows have only under flash-attention: turn sample_packing / "
                           "eval_sample_packing / "
@@ -321,10 +321,10 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-def _quantization_kwargs(cfg) -> dict[str, Any]:
-    if not (cfg.load_in_4bit or cfg.load_in_8bit):
+def _quantization_kwargs(settings: ModelSettings) -> dict[str, Any]:
+    if not (settings.load_in_4bit or settings.load_in_8bit):
         return {}
-    if cfg.load_in_8bit:
+    if settings.load_in_8bit:
         return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True)}
     return {
         "quantization_config": BitsAndBytesConfig(
@@ -333,35 +333,35 @@ def _quantization_kwargs(cfg) -> dict[str, Any]:
     }
 
 
-def lora_config(cfg, task_type: str = "CAUSAL_LM"):
-    if cfg.lora_target_linear:
+def lora_config(adapter: AdapterSettings, task_type: str = "CAUSAL_LM") -> LoraConfig:
+    if adapter.target_linear:
         targets: Any = "all-linear"
     else:  # parameters alone: no modules (PEFT would otherwise pick its default modules for the model type)
-        targets = cfg.lora_target_modules if cfg.lora_target_modules or not cfg.lora_target_parameters else []
-    init = True if cfg.peft_init_lora_weights is None else cfg.peft_init_lora_weights
+        targets = adapter.target_modules if adapter.target_modules or not adapter.target_parameters else []
+    init = True if adapter.init_lora_weights is None else adapter.init_lora_weights
     return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
         target_modules=targets,
-        target_parameters=[cfg.lora_target_parameters] if isinstance(cfg.lora_target_parameters, str) else cfg.lora_target_parameters,
-        modules_to_save=cfg.lora_modules_to_save,
-        fan_in_fan_out=bool(cfg.lora_fan_in_fan_out),
-        use_rslora=cfg.peft_use_rslora,
-        use_dora=cfg.peft_use_dora,
+        target_parameters=[adapter.target_parameters] if isinstance(adapter.target_parameters, str) else adapter.target_parameters,
+        modules_to_save=adapter.modules_to_save,
+        fan_in_fan_out=adapter.fan_in_fan_out,
+        use_rslora=adapter.use_rslora,
+        use_dora=adapter.use_dora,
         init_lora_weights=init,
         task_type=task_type,
     )
 
 
-def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") -> Any:
+def attach_adapter(model: PreTrainedModel, settings: ModelSettings, task_type: str = "CAUSAL_LM") -> Any:
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
-    if cfg.load_in_4bit or cfg.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
+    if settings.load_in_4bit or settings.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    if checkpoints(cfg):
+    if settings.checkpointing:
         model.enable_input_require_grads()
-    if cfg.lora_model_dir:
-        folder = Path(cfg.lora_model_dir).expanduser()
+    if settings.adapter.model_dir:
+        folder = Path(settings.adapter.model_dir).expanduser()
         if not (folder / ADAPTER_CONFIG).exists():
             raise ModelError(f"lora_model_dir: {folder} has no {ADAPTER_CONFIG}")
         if not is_converted(folder):
@@ -370,7 +370,7 @@ def attach_adapter(model: PreTrainedModel, cfg, task_type: str = "CAUSAL_LM") ->
                              "rlft checkpoint's model/ folder or final output")
         return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     try:
-        return get_peft_model(model, lora_config(cfg, task_type))
+        return get_peft_model(model, lora_config(settings.adapter, task_type))
     except ValueError as exc:
         raise ModelError(
             f"cannot attach LoRA: {exc}. Set lora_target_modules (e.g. [q_proj, v_proj]), lora_target_linear: true or "

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from rlft.config.sections.qat import QATConfig as QATSection
+from rlft.config.settings.model import ModelSettings
 from rlft.errors import ModelError
 
 
@@ -49,16 +51,16 @@ def _configs(qat, embedding: bool = False):
     return QATConfig(weight_config=weight, activation_config=activations)
 
 
-def check_qat(cfg, device_type: str) -> None:
+def check_qat(settings: ModelSettings, device_type: str) -> None:
     """Refuse what cannot run here, before the model loads."""
-    qat = cfg.qat
+    qat = settings.qat
     if importlib.util.find_spec("torchao") is None:
         raise ModelError("qat needs the torchao package: pip install -c constraints.txt 'rlft[qat]'")
     if qat.weight == "nvfp4" and (device_type != "cuda" or torch.cuda.get_device_capability() < (10, 0)):
         where = device_type if device_type != "cuda" else f"a GPU of compute capability {torch.cuda.get_device_capability()}"
         raise ModelError(f"qat with nvfp4 needs a Blackwell GPU (compute capability 10.0 or more: torchao's NVFP4 fake "
                          f"quantizer multiplies in FP4); on {where} use int4 weights (with int8 activations), float8 or mxfp4")
-    half = cfg.fp16 or cfg.bf16 is True or (cfg.bf16 == "auto" and device_type == "cuda")
+    half = settings.fp16 or settings.bf16 is True or (settings.bf16 == "auto" and device_type == "cuda")
     if qat.weight == "mxfp4" and half:
         raise ModelError("qat with mxfp4 under bf16/fp16: rlft keeps float32 weights and computes in bf16 under autocast, "
                          "and torchao's MXFP4 layer needs its input in its weights' dtype; set bf16: false (float32) or "
@@ -117,9 +119,10 @@ def set_fake_quant(model: torch.nn.Module, enabled: bool) -> None:
                 quantizer.enabled = enabled
 
 
-def fake_quant_schedule(cfg) -> Any:
-    """`follow(model, global_step)` for the loop: fake quantization on from step `fake_quant_after_n_steps`."""
-    after = cfg.qat.fake_quant_after_n_steps if cfg.qat else None
+def fake_quant_schedule(qat: QATSection | None) -> Any:
+    """`follow(model, global_step)` for the loop: fake quantization on from step `fake_quant_after_n_steps` of the `qat:`
+    section."""
+    after = qat.fake_quant_after_n_steps if qat else None
 
     def follow(model: torch.nn.Module, step: int) -> None:
         if after:

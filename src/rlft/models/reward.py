@@ -8,7 +8,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlft.config.activation_checkpointing import checkpoints
+from rlft.config.settings.model import ModelSettings
 from rlft.errors import ModelError
 from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.head import score_head
@@ -19,37 +19,37 @@ from rlft.models.logprobs import model_inputs
 from rlft.models.masks import with_model_mask
 
 
-def load_reward_model(cfg, tokenizer, device_type: str, init_base_dir: Path | None = None):
+def load_reward_model(settings: ModelSettings, tokenizer, device_type: str, init_base_dir: Path | None = None):
     """`AutoModelForSequenceClassification` with num_labels=1 on base_model (or random init), adapter optional."""
-    attention = cfg.effective_attn_implementation
+    attention = settings.attention
     check_attention(attention, training=True, device_type=device_type)
-    check_liger(cfg, device_type)
-    source = base_model_source(cfg)
-    kwargs = {"num_labels": 1, "attn_implementation": attention, "trust_remote_code": cfg.trust_remote_code, "dtype": torch.float32}
+    check_liger(settings, device_type)
+    source = base_model_source(settings)
+    kwargs = {"num_labels": 1, "attn_implementation": attention, "trust_remote_code": settings.trust_remote_code, "dtype": torch.float32}
     if init_base_dir is not None and (init_base_dir / "config.json").exists():
         model = AutoModelForSequenceClassification.from_pretrained(init_base_dir, **kwargs)
-    elif cfg.random_init:
-        config = model_config(cfg, source, num_labels=1)
+    elif settings.random_init:
+        config = model_config(settings, source, num_labels=1)
         with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed)
+            torch.manual_seed(settings.seed)
             model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention, dtype=torch.float32)
-        if init_base_dir is not None and cfg.adapter:
+        if init_base_dir is not None and settings.adapter.kind:
             model.save_pretrained(init_base_dir)
     else:
-        if cfg.overrides_of_model_config:
-            kwargs["config"] = model_config(cfg, source, num_labels=1)
+        if settings.config_overrides:
+            kwargs["config"] = model_config(settings, source, num_labels=1)
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs, **hub_revision(cfg, source))
+            model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs, **hub_revision(settings, source))
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load a reward model (sequence classification, 1 label) from {source}: {exc}") from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the score is read at the last non-pad token
-    fit_embeddings(model, cfg, tokenizer)
-    check_router_loss(cfg, model, device_type)
-    apply_liger(model, cfg)
-    if checkpoints(cfg):
-        enable_checkpointing(model, cfg, device_type)
-    if cfg.adapter:
-        model = attach_adapter(model, cfg, task_type="SEQ_CLS")
+    fit_embeddings(model, settings, tokenizer)
+    check_router_loss(settings, model, device_type)
+    apply_liger(model, settings)
+    if settings.checkpointing:
+        enable_checkpointing(model, settings, device_type)
+    if settings.adapter.kind:
+        model = attach_adapter(model, settings, task_type="SEQ_CLS")
     return model
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlft.config.rules.batching import prompt_sharing_problem
+from rlft.config.settings.training import DataSettings
 from rlft.data.preference import example_length, shared_length
 from rlft.errors import ConfigError
 from rlft.models.attention import attention_implementation
@@ -68,54 +68,54 @@ def sequences_flops(lengths, costs: tuple[int, int]) -> float:
     return float(sum(n * per_token + n * n * per_key for n in lengths))
 
 
-def sharing_problem(cfg, models: list, problem: str | None = None) -> str | None:
+def sharing_problem(data: DataSettings, models: list, problem: str | None = None) -> str | None:
     """Why answers cannot share their prompt with this config and these models (None entries skipped), or the method's
     own `problem`; with `share_prompts: true` that is a ConfigError."""
-    problem = problem or prompt_sharing_problem(cfg) or next(
+    problem = problem or data.sharing_problem or next(
         (problem for model in models if model is not None and (problem := shared_prompt_problem(model))), None)
-    if problem and cfg.share_prompts:
+    if problem and data.share_prompts:
         raise ConfigError(f"share_prompts: {problem}; remove the key (or set it to false)")
     return problem
 
 
-def prompt_sharing(cfg, models: list, examples: list[dict[str, Any]], problem: str | None = None) -> tuple[bool, str]:
+def prompt_sharing(data: DataSettings, models: list, examples: list[dict[str, Any]], problem: str | None = None) -> tuple[bool, str]:
     """Whether pairs share their prompt (`share_prompts`, `shared_pair_inputs`) with these models (policy first, then
     the reference; None entries skipped), and the plan's line saying so; `problem`: the method's own reason not to.
     Asked for explicitly but impossible: ConfigError. Unset, it is on where it is exact and takes fewer forward FLOPs
     (`sharing_flops`)."""
-    if cfg.share_prompts is False:
+    if data.share_prompts is False:
         return False, "twice per pair (share_prompts: false)"
-    problem = sharing_problem(cfg, models, problem)
+    problem = sharing_problem(data, models, problem)
     if problem:
         return False, f"twice per pair: {problem}"
     once, twice = sharing_flops(models[0], examples)
     change = f"{abs(1 - once / twice):.0%} {'fewer' if once <= twice else 'more'} forward FLOPs"
-    if once > twice and cfg.share_prompts is None:
+    if once > twice and data.share_prompts is None:
         return False, (f"twice per pair: once would take {change} (the answers are long next to their prompts, and a "
                        "sequence's attention grows with the square of its length); share_prompts: true forces it")
     return True, f"once per pair, both answers after it (share_prompts; {change} than twice)"
 
 
-def reward_sharing(cfg, model, examples: list[dict[str, Any]], compiled: bool) -> tuple[bool, str]:
+def reward_sharing(data: DataSettings, model, examples: list[dict[str, Any]], compiled: bool) -> tuple[bool, str]:
     """`prompt_sharing` for a reward model, which also needs its scores read from its `score` head during the forward
     (`rlft.models.reward.pair_scores`): not under torch_compile, whose compiled forward would have to be retraced for
     the hook every step."""
     problem = ("torch_compile: the scores are read from the score head during the forward, which a compiled forward "
                "would retrace every step" if compiled else
                None if score_head(model) is not None else "the model has no `score` layer to read each answer's score from")
-    return prompt_sharing(cfg, [model], examples, problem)
+    return prompt_sharing(data, [model], examples, problem)
 
 
-def group_sharing(cfg, models: list) -> tuple[bool, str]:
+def group_sharing(data: DataSettings, models: list) -> tuple[bool, str]:
     """Whether the GRPO family's completions of one prompt share it in their micro-batch (`share_prompts`,
     `rlft.models.logprobs.shared_completion_inputs`), and the plan's line. Unset, each micro-batch takes the layout
     with fewer estimated forward FLOPs; `true` shares wherever two rows have the same prompt."""
-    if cfg.share_prompts is False:
+    if data.share_prompts is False:
         return False, "once per completion (share_prompts: false)"
-    problem = sharing_problem(cfg, models)
+    problem = sharing_problem(data, models)
     if problem:
         return False, f"once per completion: {problem}"
-    if cfg.share_prompts:
+    if data.share_prompts:
         return True, "once per group (share_prompts: true)"
     return True, "once per group where that saves forward FLOPs (share_prompts)"
 

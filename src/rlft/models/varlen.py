@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations import sdpa_attention
 
+from rlft.config.settings.model import ModelSettings
 from rlft.errors import ModelError
 from rlft.models.attention import attention_implementation, sliding_window
 from rlft.models.compile import compile_options
@@ -57,10 +58,10 @@ def runs_documents(model) -> bool:
             and install())
 
 
-def rows_apart(cfg, model) -> bool:
+def rows_apart(settings: ModelSettings, model) -> bool:
     """Whether this run's flattened batches attend each row on its own (`runs_documents`, and no compiled training
     forward, which gets the block mask): what a layout's cost is estimated from (`rlft.models.shared_prompts`)."""
-    return compile_options(cfg) is None and runs_documents(model)
+    return compile_options(settings) is None and runs_documents(model)
 
 
 def layer_window(module, kwargs: dict) -> int | None:

@@ -14,7 +14,8 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlft.config.rl import rl_settings
+from rlft.config.settings import Settings
+from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.remote import RemoteEngine
@@ -29,14 +30,14 @@ def server_token(cfg, port: int, host: str = "127.0.0.1") -> str | None:
     return cfg.vllm.api_key or os.environ.get("RLFT_SERVER_TOKEN") or (local_token(port) if here else None)
 
 
-def engine_factory(cfg, console: Console) -> tuple[Callable[..., RolloutEngine] | None, bool]:
+def engine_factory(cfg, settings: Settings, console: Console) -> tuple[Callable[..., RolloutEngine] | None, bool]:
     """(make_engine(policy, version), whether that engine holds a plain model of its own); (None, False) for the
     default in-process engine."""
-    s = rl_settings(cfg)
+    s = settings.rl
     if not s.use_vllm:
         return None, False
     if s.vllm_mode == "colocate":
-        return colocated_vllm(cfg), True
+        return colocated_vllm(settings.server), True
 
     def connect(policy, version: int) -> RolloutEngine:
         engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port, s.server_host))
@@ -59,7 +60,7 @@ def wait_for_server(engine, s, console: Console) -> None:
         engine.wait_until_ready(s.server_timeout, on_progress=lambda elapsed: progress.update(task, completed=elapsed))
 
 
-def colocated_vllm(cfg) -> Callable[..., RolloutEngine]:
+def colocated_vllm(server: ServerSettings) -> Callable[..., RolloutEngine]:
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -69,6 +70,6 @@ def colocated_vllm(cfg) -> Callable[..., RolloutEngine]:
             "`rlft vllm-serve CONFIG` (its transformers backend runs anywhere), or set trl.use_vllm: false for rlft's "
             "in-process transformers engine") from None
     def make(policy, version: int) -> RolloutEngine:
-        return ColocatedEngine.from_config(cfg, version=version)
+        return ColocatedEngine.from_config(server, version=version)
 
     return make

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rlft.config.methods import METHODS, MethodSpec, method_spec, spec_of
 from rlft.config.plugins import nemo_gym_enabled
-from rlft.config.rl import rl_settings
+from rlft.config.settings import Settings
 from rlft.data.preference import assign_kl_completions
 from rlft.data.prepare import method_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
 from rlft.data.prepared import PreparedData
@@ -38,7 +38,7 @@ from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_l
 from rlft.train.recipes.reward_model import RewardModelRecipe
 from rlft.train.recipes.sft import SFTRecipe
 
-# (cfg, tokenizer, accelerator, init_base, console) -> (model, recipe, data); the model not yet wrapped
+# (cfg, settings, tokenizer, accelerator, init_base, console) -> (model, recipe, data); the model not yet wrapped
 Setup = Callable[[Any, Any, Any, Optional[Path], Console], tuple[Any, Recipe, PreparedData]]
 
 
@@ -46,33 +46,33 @@ def _shard(accelerator) -> tuple[int, int]:
     return accelerator.process_index, accelerator.num_processes
 
 
-def sft_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def sft_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     data = prepare_streamed_sft_data(cfg, tokenizer) if cfg.streamed else prepare_sft_data(cfg, tokenizer)
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+    model = load_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base)
     recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, _shard(accelerator), tokenizer if cfg.streamed else None)
     return model, recipe, data
 
 
-def reward_model_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def reward_model_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     data = prepare_data(cfg, tokenizer, method_steps(cfg))
-    model = load_reward_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base)
+    model = load_reward_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base)
     if cfg.disable_dropout:
         disable_dropout(model)
-    sharing = reward_sharing(cfg, model, data.train + data.eval, compile_options(cfg) is not None)
+    sharing = reward_sharing(settings.data, model, data.train + data.eval, compile_options(settings.model) is not None)
     return model, RewardModelRecipe(cfg, data, tokenizer.pad_token_id, _shard(accelerator), sharing), data
 
 
-def pair_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def pair_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, reference and recipe for the pair methods: dpo / ipo / orpo / simpo."""
     data = _preference_data(cfg, tokenizer, console)
-    model, reference = _preference_policy(cfg, tokenizer, accelerator, init_base)
-    sharing = prompt_sharing(cfg, [model, reference.model if reference else None], data.train + data.eval)
-    recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, _shard(accelerator), sharing, rows_apart(cfg, model))
+    model, reference = _preference_policy(cfg, settings, tokenizer, accelerator, init_base)
+    sharing = prompt_sharing(settings.data, [model, reference.model if reference else None], data.train + data.eval)
+    recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, _shard(accelerator), sharing, rows_apart(settings.model, model))
     _reference_logps(cfg, recipe, model, data, tokenizer, accelerator, console)
     return model, recipe, data
 
 
-def kto_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def kto_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, reference and recipe for kto: both labels present, and each row's mismatched completion for the KL
     reference point."""
     data = _preference_data(cfg, tokenizer, console)
@@ -87,7 +87,7 @@ def kto_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Cons
     assign_kl_completions(data.train)
     if data.eval:
         assign_kl_completions(data.eval)
-    model, reference = _preference_policy(cfg, tokenizer, accelerator, init_base)
+    model, reference = _preference_policy(cfg, settings, tokenizer, accelerator, init_base)
     recipe = KTORecipe(cfg, data, tokenizer.pad_token_id, reference, _shard(accelerator))
     _reference_logps(cfg, recipe, model, data, tokenizer, accelerator, console)
     return model, recipe, data
@@ -102,12 +102,12 @@ def _preference_data(cfg, tokenizer, console: Console) -> PreparedData:
     return data
 
 
-def _preference_policy(cfg, tokenizer, accelerator, init_base: Path | None):
+def _preference_policy(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None):
     """The policy and, for the methods with a reference, its frozen initial network, on the device."""
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    model = load_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
     # precomputed reference values are computed before any update (and before a checkpoint is loaded on resume): in
     # full fine-tuning the policy itself still holds the initial weights then, so no copy is needed
-    model, reference = attach_with_frozen(cfg, tokenizer, model, accelerator,
+    model, reference = attach_with_frozen(cfg, settings.model, tokenizer, model, accelerator,
                                           need_frozen=method_spec(cfg.method).needs_reference,
                                           unchanged_policy=bool(cfg.precompute_ref_log_probs))
     if cfg.disable_dropout:
@@ -133,60 +133,60 @@ def _reference_logps(cfg, recipe, model, data, tokenizer, accelerator, console: 
     recipe.reference = None  # every example carries its reference log-probs: free the copy
 
 
-def online_rl_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Policy, optional reference (beta > 0), reward functions and the GRPO-family recipe."""
     trl = cfg.trl
     if not trl.reward_funcs:
         raise ConfigError("trl.reward_funcs is empty: GRPO needs at least one reward function (`module.fn` in the working "
                           "directory, or a trained reward model folder)")
-    make_engine, remote = engine_factory(cfg, console)  # vllm_mode: colocate without vLLM stops here, before any loading
+    make_engine, remote = engine_factory(cfg, settings, console)  # vllm_mode: colocate without vLLM stops here, before any loading
     if trl.rollout_func:  # import it and check its form now, not after the model has loaded
-        load_rollout_func(trl.rollout_func, rl_settings(cfg))
+        load_rollout_func(trl.rollout_func, settings.rl)
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
-    data = nemo_gym_prompts(cfg, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
+    data = nemo_gym_prompts(cfg, settings, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
     environment = None
     if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
-        environment = NemoGymAgents(tokenizer.eos_token_id, cfg.nemo_gym_run_timeout, cfg.nemo_gym_max_turns,
-                                    rl_settings(cfg).max_completion_length)
-    model, reference = policy_and_frozen(cfg, tokenizer, accelerator, init_base, bool(rl_settings(cfg).beta))
+        gym = settings.nemo_gym
+        environment = NemoGymAgents(tokenizer.eos_token_id, gym.run_timeout, gym.max_turns, settings.rl.max_completion_length)
+    model, reference = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, bool(settings.rl.beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
-    sharing = group_sharing(cfg, [model, reference.model if reference else None])
+    sharing = group_sharing(settings.data, [model, reference.model if reference else None])
     recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, _shard(accelerator),
                         make_engine=make_engine, remote_engine=remote, environment=environment, sharing=sharing,
                         share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
-                        rows_apart=rows_apart(cfg, model))
+                        rows_apart=rows_apart(settings.model, model))
     return model, recipe, data
 
 
-def nemo_gym_prompts(cfg, tokenizer, console: Console):
+def nemo_gym_prompts(cfg, settings: Settings, tokenizer, console: Console):
     """Prompts from `nemo_gym_datasets` (they replace `datasets:`, as in Axolotl), routed to the resource servers the
     NeMo Gym head server names, tokenised and fitted as any prompt dataset."""
     if cfg.datasets:
         console.print("note: datasets: is replaced by nemo_gym_datasets (NeMo Gym is on), as in Axolotl", highlight=False,
                       markup=False)
     if cfg.nemo_gym_multi_turn:
-        records = task_rows(cfg, {}, agent_servers(cfg.nemo_gym_head_port))
+        records = task_rows(settings.nemo_gym, {}, agent_servers(settings.nemo_gym.head_port))
     else:
-        records = task_rows(cfg, resource_servers(cfg.nemo_gym_head_port))
+        records = task_rows(settings.nemo_gym, resource_servers(settings.nemo_gym.head_port))
     return prepare_records(records, cfg, tokenizer, prompt_steps(cfg), "nemo_gym_datasets")
 
 
-def ebft_structured_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def ebft_structured_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Structured EBFT: the frozen feature network is the initial policy (adapter disabled, the initial adapter, or a
     frozen copy); with beta > 0 it also serves the KL term."""
-    make_engine, remote = engine_factory(cfg, console)
+    make_engine, remote = engine_factory(cfg, settings, console)
     data = prepare_data(cfg, tokenizer, method_steps(cfg))
-    model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
+    model, frozen = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, need_frozen=True)
     scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
-    reference = frozen if rl_settings(cfg).beta else None  # the same frozen initial policy serves the KL term
+    reference = frozen if settings.rl.beta else None  # the same frozen initial policy serves the KL term
     return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, _shard(accelerator), make_engine, remote), data
 
 
-def ebft_strided_setup(cfg, tokenizer, accelerator, init_base: Path | None, console: Console):
+def ebft_strided_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     """Strided EBFT: blocks generated inside each document; the frozen feature network is the initial policy."""
     data = prepare_data(cfg, tokenizer, method_steps(cfg))
-    model, frozen = policy_and_frozen(cfg, tokenizer, accelerator, init_base, need_frozen=True)
+    model, frozen = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, need_frozen=True)
     return model, EBFTStridedRecipe(cfg, data, tokenizer, frozen, _shard(accelerator)), data
 
 

@@ -28,6 +28,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
 from rlft.config.parallel import deepspeed_settings, fsdp_settings, launched
+from rlft.config.settings.model import model_settings
 from rlft.errors import ConfigError
 from rlft.train.launch import check_devices
 from rlft.train.zero import gathered_state_dict as zero_gathered_state_dict
@@ -154,8 +155,9 @@ def check_layer_classes(cfg) -> None:
 
     from rlft.models.loading import base_model_source, hub_revision, model_source
 
-    source = model_source(cfg, cfg.base_model_config, "base_model_config") if cfg.base_model_config else base_model_source(cfg)
-    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
+    model = model_settings(cfg)
+    source = model_source(model, cfg.base_model_config, "base_model_config") if cfg.base_model_config else base_model_source(model)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(model, source))
     with torch.device("meta"):
         layer_classes(AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code), settings)
 

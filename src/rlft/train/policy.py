@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
+from rlft.config.settings.model import ModelSettings
 from rlft.models.base_changing import rewrites_base
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.loading import attach_adapter, disable_dropout, load_model
@@ -17,41 +18,44 @@ def shards_parameters(cfg, accelerator) -> bool:
     return (fsdp_settings(cfg) is not None and accelerator.num_processes > 1) or getattr(deepspeed_settings(cfg), "stage", 0) == 3
 
 
-def keeps_initial_adapter(cfg, accelerator) -> bool:
+def keeps_initial_adapter(cfg, model_settings: ModelSettings, accelerator) -> bool:
     """Whether the frozen network is the policy with its adapter's initial tensors (FrozenPolicy.initial_trainables):
     an adapter whose init rewrote the base (PiSSA, OLoRA) with whole parameters, rather than a copy of the model.
     Sharded parameters live in the sharding's own tensors, which a view cannot swap: those keep the copy."""
-    return bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(cfg) and not shards_parameters(cfg, accelerator)
+    return (bool(cfg.adapter) and not cfg.rl_adapter_ref_model and rewrites_base(model_settings.adapter)
+            and not shards_parameters(cfg, accelerator))
 
 
-def attach_with_frozen(cfg, tokenizer, model, accelerator, *, need_frozen: bool, unchanged_policy: bool = False):
+def attach_with_frozen(cfg, model_settings: ModelSettings, tokenizer, model, accelerator, *, need_frozen: bool,
+                       unchanged_policy: bool = False):
     """The model with its adapter attached (where the config has one) and, when `need_frozen`, the frozen network of its
     initial weights: `ref_model`; the policy with its adapter disabled (no second model; PiSSA's and OLoRA's would be
     the residual base), or with its initial adapter for those (`keeps_initial_adapter`); the policy itself in full
     fine-tuning when `unchanged_policy` (read before any update); else a frozen copy, taken before the adapter."""
-    initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, accelerator)
+    initial = need_frozen and not cfg.ref_model and keeps_initial_adapter(cfg, model_settings, accelerator)
     frozen = None
     if need_frozen and not initial:
         if cfg.ref_model:
-            frozen = FrozenPolicy(load_reference_model(cfg, tokenizer, model))
-        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(cfg):
+            frozen = FrozenPolicy(load_reference_model(model_settings, tokenizer, model))
+        elif cfg.adapter and not cfg.rl_adapter_ref_model and not rewrites_base(model_settings.adapter):
             frozen = FrozenPolicy.adapter_disabled()
         elif unchanged_policy and not cfg.adapter:
             frozen = FrozenPolicy(model)
         else:
             frozen = FrozenPolicy.copy_of(model)
     if cfg.adapter:
-        model = attach_adapter(model, cfg)
+        model = attach_adapter(model, model_settings)
         if initial:
             frozen = FrozenPolicy.initial_trainables(model)
     return model, frozen
 
 
-def policy_and_frozen(cfg, tokenizer, accelerator, init_base: Path | None, need_frozen: bool):
+def policy_and_frozen(cfg, model_settings: ModelSettings, tokenizer, accelerator, init_base: Path | None,
+                      need_frozen: bool):
     """The trainable policy (adapter attached, dropout off) and, when `need_frozen`, a frozen network of the
     initial weights (`attach_with_frozen`), both on the device."""
-    model = load_model(cfg, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
-    model, frozen = attach_with_frozen(cfg, tokenizer, model, accelerator, need_frozen=need_frozen)
+    model = load_model(model_settings, tokenizer, accelerator.device.type, init_base_dir=init_base, with_adapter=False)
+    model, frozen = attach_with_frozen(cfg, model_settings, tokenizer, model, accelerator, need_frozen=need_frozen)
     if cfg.disable_dropout:
         disable_dropout(model)
     model.to(accelerator.device)

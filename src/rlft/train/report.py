@@ -9,9 +9,11 @@ from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
 from rlft.config.methods import method_spec
+from rlft.config.parallel import rows_per_step
+from rlft.config.settings.model import ModelSettings
 from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
-from rlft.models.liger import liger_keys, liger_summary
+from rlft.models.liger import liger_summary
 from rlft.models.qat import describe
 from rlft.train.trainer import LoopResult
 from rlft.train.step_counts import epochs_steps, steps_per_epoch, total_steps_for
@@ -37,7 +39,7 @@ def schedule(cfg, steps: int, epoch_steps: int) -> str:
     return f"learning rate {cfg.learning_rate:g}, {cfg.lr_scheduler}, {warmup} warm-up step{'s' * (warmup != 1)}{source}"
 
 
-def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerator, draws_per_step=None,
+def print_plan(console: Console, cfg, model_settings: ModelSettings, model, data, micro_batches: int, accelerator, draws_per_step=None,
                rows: tuple[tuple[str, str], ...] = (), sharded: bool = False) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -60,15 +62,15 @@ def print_plan(console: Console, cfg, model, data, micro_batches: int, accelerat
     table.add_row("train / eval rows", f"{'streamed' if cfg.streamed else len(data.train)} / {len(data.eval)}")
     per_epoch = "max_steps: a stream has no epochs" if cfg.streamed else f"{per_epoch} per epoch"
     table.add_row("steps", f"{steps} ({per_epoch}{', packed rows' if cfg.sample_packing else ''})")
-    effective = cfg.micro_batch_size * cfg.gradient_accumulation_steps * accelerator.num_processes
+    effective = rows_per_step(cfg, accelerator.num_processes)
     table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
     table.add_row("schedule", schedule(cfg, steps, epochs_steps(cfg, micro_batches, draws_per_step)))
     if cfg.deepspeed:  # DeepSpeed holds the weights in bf16 and an fp32 copy in the optimizer
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
-    if liger_keys(cfg):
-        table.add_row("kernels", liger_summary(cfg, model.config.model_type, logits_reason(model, sharded)))
+    if model_settings.liger:
+        table.add_row("kernels", liger_summary(model_settings, model.config.model_type, logits_reason(model, sharded)))
     if cut_cross_entropy(cfg):
         table.add_row("loss", "cut_cross_entropy: " + ("a reward model's score head has one output, no vocabulary to cut"
                                                        if method_spec(cfg.method).sequence_classification else loss_path(model, sharded)))

@@ -15,11 +15,10 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.methods import spec_of
 from rlft.config.parallel import launched
 from rlft.config.plugins import nemo_gym_enabled
-from rlft.config.rl import rl_settings
+from rlft.config.settings import Settings, resolve
 from rlft.errors import ConfigError, ModelError, NotImplementedYet
 from rlft.heap import collector_paused, release_heap
 from rlft.models.base_changing import convert_folder, is_converted, save_initial_adapter
-from rlft.models.checkpointing import offloads
 from rlft.models.freeze import freeze_except
 from rlft.models.loading import base_model_source, check_context_length, hub_revision, load_tokenizer
 from rlft.models.compile import compile_options
@@ -49,7 +48,8 @@ def train(cfg, console: Console | None = None) -> LoopResult:
                       "H200 it was 2.5x slower per step than SDPA with the identical dense mask (1,016 columns; "
                       "bench/results/gpu_check-H200.json): flex_attention: false is faster and trains the same",
                       markup=False, highlight=False)
-    if offloads(cfg) and launched()[0] == 0:
+    settings = resolve(cfg)
+    if settings.model.offload_activations and launched()[0] == 0:
         console.print("note: activation_offloading: " + (
             "each checkpointed layer's input waits in pinned host memory from the forward to the backward"
             if torch.cuda.is_available() else "without a CUDA GPU nothing is moved (on a CPU the activations already live "
@@ -65,39 +65,39 @@ def train(cfg, console: Console | None = None) -> LoopResult:
                       f"rl: {cfg.rl} (TRL's GRPO keeps dropout on; set disable_dropout: false to keep it)", markup=False,
                       soft_wrap=True)
     try:
-        with SetupInterrupts(), nemo_gym_servers(cfg, console):  # servers started for this run and stopped after it
-            return _train(cfg, console)
+        with SetupInterrupts(), nemo_gym_servers(cfg, settings, console):  # servers started for this run and stopped after it
+            return _train(cfg, settings, console)
     finally:
         release_heap()
 
 
-def nemo_gym_servers(cfg, console: Console):
+def nemo_gym_servers(cfg, settings: Settings, console: Console):
     """NeMo Gym's servers for this run when `nemo_gym_auto_start` asks for them, else nothing to start."""
     if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or launched()[0] != 0:
         return contextlib.nullcontext()
     policy = None
     if cfg.nemo_gym_multi_turn:  # the Gym model server the agents ask points at rlft's rollout server
-        s = rl_settings(cfg)
+        s = settings.rl
         policy = {"base_url": f"http://{s.server_host}:{s.server_port}/v1", "model": str(cfg.base_model),
                   "api_key": server_token(cfg, s.server_port, s.server_host) or "EMPTY"}
-    return GymServers(cfg, console, policy)
+    return GymServers(settings.nemo_gym, console, policy)
 
 
-def _setup(cfg, console: Console):
+def _setup(cfg, settings: Settings, console: Console):
     """Accelerator, tokenizer, data, model and recipe of a run (the model not yet wrapped), and the frozen init base."""
-    check_context_length(cfg)
+    check_context_length(settings.model)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     output_dir = Path(cfg.output_dir)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(settings.model)
     init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
-    model, recipe, data = setup_of(cfg)(cfg, tokenizer, accelerator, init_base, console)
+    model, recipe, data = setup_of(cfg)(cfg, settings, tokenizer, accelerator, init_base, console)
     return accelerator, tokenizer, model, recipe, data, init_base
 
 
-def _train(cfg, console: Console) -> LoopResult:
+def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     with collector_paused():  # the model and its data: no garbage to find (rlft/heap.py)
-        accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, console)
+        accelerator, tokenizer, model, recipe, data, init_base = _setup(cfg, settings, console)
     if cfg.unfrozen_parameters:
         freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
     if cfg.neftune_noise_alpha:  # NEFTune: transformers' hook, so the noise is the one its Trainer (and Axolotl) adds
@@ -106,16 +106,16 @@ def _train(cfg, console: Console) -> LoopResult:
         embeddings.register_forward_hook(neftune_post_forward_hook)
     output_dir = Path(cfg.output_dir)
     if cfg.adapter:  # record where the frozen base lives, so the saved adapter loads on it
-        base = str(init_base.resolve()) if init_base else base_model_source(cfg)
+        base = str(init_base.resolve()) if init_base else base_model_source(settings.model)
         model.peft_config["default"].base_model_name_or_path = base
-        model.peft_config["default"].revision = hub_revision(cfg, base).get("revision")  # online: the hub id's revision
+        model.peft_config["default"].revision = hub_revision(settings.model, base).get("revision")  # online: the hub id's revision
     sharded = shards_parameters(cfg, accelerator)
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
+        print_plan(console, cfg, settings.model, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
                    sharded)
-        if compile_options(cfg) is not None:
+        if compile_options(settings.model) is not None:
             engine = spec_of(cfg).engine
             decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
                       cfg.trl.use_vllm else "")
@@ -151,8 +151,9 @@ def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
     refuse_unbuilt(cfg)
     if launched()[1] > 1:
         raise NotImplementedYet("rlft evaluate runs in one process: start it without a launcher")
-    with nemo_gym_servers(cfg, console):
-        accelerator, _, model, recipe, _, _ = _setup(cfg, console)
+    settings = resolve(cfg)
+    with nemo_gym_servers(cfg, settings, console):
+        accelerator, _, model, recipe, _, _ = _setup(cfg, settings, console)
         if not recipe.eval_batches:
             raise ConfigError("nothing to evaluate: give eval data with val_set_size or test_datasets")
         try:

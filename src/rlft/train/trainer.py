@@ -130,7 +130,7 @@ class Trainer:
         # on a GPU the next step's batches collate while this one computes; on a CPU that would take the step's own cores
         self.steps = StepBatches(self.cursor, cfg.gradient_accumulation_steps, ahead=accelerator.device.type != "cpu")
         recipe.start(self.unwrapped)
-        self.fake_quant = fake_quant_schedule(cfg)  # qat.fake_quant_after_n_steps
+        self.fake_quant = fake_quant_schedule(cfg.qat)  # qat.fake_quant_after_n_steps
         self.fake_quant(self.unwrapped, self.state.global_step)  # also for the baseline evaluation
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),

@@ -14,6 +14,7 @@ from rlft.config import planned_settings
 from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.methods import method_spec
 from rlft.config.optimizers import AXOLOTL_OPTIMIZERS
+from rlft.config.settings.model import model_settings
 from rlft.config.parallel import launched, partitioned
 from rlft.config.trackers import missing_tracker_packages
 from rlft.errors import ConfigError, NotImplementedYet
@@ -61,7 +62,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
         optimizer_class(cfg)  # a missing package is said now, before the model loads
     if problem := scheduler_problem(cfg):
         raise ConfigError(problem)
-    missing = missing_tracker_packages(cfg) + missing_build_tools(cfg) + liger_problems(cfg, torch.cuda.is_available())
+    missing = missing_tracker_packages(cfg) + missing_build_tools(cfg) + liger_problems(model_settings(cfg), torch.cuda.is_available())
     if missing:
         raise ConfigError("\n".join(missing))
     refused, _ = unsupported_settings(cfg)
@@ -81,7 +82,7 @@ def missing_build_tools(cfg) -> list[str]:
     if cfg.deepspeed and importlib.util.find_spec("deepspeed") is None:
         problems.append(f"deepspeed: {cfg.deepspeed} asks for DeepSpeed, which is not installed: pip install -c "
                         "constraints.txt 'rlft[deepspeed]'")
-    if compile_options(cfg) is not None and not torch.cuda.is_available() and not (
+    if compile_options(model_settings(cfg)) is not None and not torch.cuda.is_available() and not (
             os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
         problems.append("torch_compile: on a CPU it compiles C++ code, and no C++ compiler was found (c++, g++, clang++ or "
                         "$CXX): install one (e.g. apt install g++) or remove the key")

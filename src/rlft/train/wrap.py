@@ -7,6 +7,7 @@ import torch
 from rich.console import Console
 
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
+from rlft.config.settings.model import model_settings
 from rlft.models import varlen
 from rlft.models.compile import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
@@ -35,7 +36,7 @@ def compiled_forward(cfg, model):
     compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
     pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`), unless
     the mode autotunes GEMMs."""
-    options = compile_options(cfg)
+    options = compile_options(model_settings(cfg))
     if options is None:
         return model
     varlen.install()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlft.config.parallel import DeepSpeedSettings
+from rlft.config.parallel import DeepSpeedSettings, rows_per_step
 
 INDEX = "zero.json"
 
@@ -44,7 +44,7 @@ def engine_config(settings: DeepSpeedSettings, cfg, processes: int, bf16: bool, 
     config = json.loads(json.dumps(settings.config))  # a deep copy
     config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
-    config["train_batch_size"] = cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
+    config["train_batch_size"] = rows_per_step(cfg, processes)
     config["gradient_clipping"] = float(cfg.max_grad_norm or 0.0)
     config["bf16"] = {**config.get("bf16", {}), "enabled": bf16}
     config["fp16"] = {**config.get("fp16", {}), "enabled": False}

@@ -9,6 +9,7 @@ from rich.table import Table
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState
 from rlft.config import load_config
+from rlft.config.settings.model import model_settings
 from rlft.config.plugins import nemo_gym_enabled
 from rlft.data.inspect import describe_examples
 from rlft.data.prepare import method_steps, prepare_data
@@ -23,9 +24,10 @@ def preprocess(args: argparse.Namespace, state: CommandState) -> int:
         raise ConfigError("rlft preprocess prepares datasets:, and with NeMo Gym on the prompts are nemo_gym_datasets' "
                           "tasks, which the running Gym servers route: `rlft train` prepares them (and starts the servers "
                           "with nemo_gym_auto_start); `rlft validate` checks the config")
-    check_context_length(cfg)
+    model = model_settings(cfg)
+    check_context_length(model)
     steps = method_steps(cfg)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(model)
     if cfg.streamed:  # nothing to prepare: the first buffer, to check the format and lengths
         examples, line = preview(cfg, tokenizer)
         if args.debug or cfg.debug:

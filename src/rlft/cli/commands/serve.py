@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState
 from rlft.config import load_config
+from rlft.config.settings.rollout import server_settings
 from rlft.errors import ConfigError
 from rlft.rollout.server.launch import serve as run_server
 
@@ -25,4 +26,4 @@ def serve(args: argparse.Namespace, state: CommandState) -> int:
                 setattr(cfg.vllm, name, value)
             except ValidationError as exc:
                 raise ConfigError(f"--{name.replace('_', '-')} {value}: {exc.errors()[0]['msg']}") from None
-    return run_server(cfg, console, backend_name=cfg.vllm.backend)
+    return run_server(server_settings(cfg), console, backend_name=cfg.vllm.backend)

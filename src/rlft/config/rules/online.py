@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlft.config.methods import spec_of
-from rlft.config.parallel import launched
+from rlft.config.parallel import rows_per_process, rows_per_step
 from rlft.config.rl import trl_options
 
 
@@ -34,11 +34,6 @@ def _ebft_problems(cfg, spec, options):
                "document in the trainer, not through a rollout engine; remove them (they apply to structured mode)")
 
 
-def rows_per_step(cfg) -> int:
-    """Completions one optimizer step trains: micro_batch_size x gradient_accumulation_steps x processes."""
-    return cfg.micro_batch_size * cfg.gradient_accumulation_steps * launched()[1]
-
-
 def _grpo_problems(cfg, spec, options):
     trl = cfg.trl
     completion = options["max_completion_length"]
@@ -60,7 +55,7 @@ def _grpo_problems(cfg, spec, options):
     if groups < 2:
         yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"
     if trl.generation_batch_size is None:
-        per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+        per_step = rows_per_process(cfg)
         if per_step % groups:
             yield (
                 f"micro_batch_size * gradient_accumulation_steps = {cfg.micro_batch_size} * "

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from rlft.config.settings.rollout import NemoGymSettings
 from rlft.data.loading import PLACE, read_json_rows
 from rlft.errors import ConfigError, DataError
 
@@ -105,15 +106,16 @@ def task_prompt(row: dict[str, Any], where: str) -> str:
     return content
 
 
-def task_rows(cfg, servers: dict[str, str], agents: dict[str, tuple[str, str | None]] | None = None) -> list[dict[str, Any]]:
+def task_rows(gym: NemoGymSettings, servers: dict[str, str],
+              agents: dict[str, tuple[str, str | None]] | None = None) -> list[dict[str, Any]]:
     """Prompt records (`prompt` plus reward columns) from every entry of `nemo_gym_datasets`, shuffled (seeded).
 
     With `agents` (multi-turn), each row goes to an agent instead: the one its `agent_ref` names, else the one that
     plays against its resource server."""
-    base = gym_dir(cfg.nemo_gym_dir)
-    rng = random.Random(cfg.seed)
+    base = gym_dir(gym.dir)
+    rng = random.Random(gym.seed)
     records: list[dict[str, Any]] = []
-    for index, entry in enumerate(cfg.nemo_gym_datasets or []):
+    for index, entry in enumerate(gym.datasets):
         path = Path(entry.path).expanduser()
         path = path if path.is_absolute() else base / path
         where = f"nemo_gym_datasets[{index}] ({path})"
@@ -136,8 +138,7 @@ def task_rows(cfg, servers: dict[str, str], agents: dict[str, tuple[str, str | N
                 raise ConfigError(f"{here}: the NeMo Gym head server knows no resource server {server!r} (it knows: "
                                   f"{known}): fix server_name, or start that server")
             else:
-                record.update({VERIFY_URL: servers[server], VERIFY_TIMEOUT: cfg.nemo_gym_verify_timeout,
-                               VERIFY_MODEL: cfg.nemo_gym_model_name or str(cfg.base_model)})
+                record.update({VERIFY_URL: servers[server], VERIFY_TIMEOUT: gym.verify_timeout, VERIFY_MODEL: gym.model_name})
             records.append(record)
     rng.shuffle(records)
     return records

@@ -32,6 +32,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlft.config.settings.rollout import NemoGymSettings
 from rlft.errors import ConfigError
 from rlft.rollout.envs.nemo_gym import gym_dir, head_config, servers_of
 
@@ -76,14 +77,14 @@ def configured_servers(base: Path, paths: list[str]) -> dict[str, tuple[str, str
     return servers
 
 
-def overrides(cfg, servers: dict[str, tuple[str, str]], policy: dict[str, str] | None) -> list[str]:
-    args = [f"+config_paths=[{','.join(cfg.nemo_gym_config_paths)}]", "+skip_venv_if_present=true",
-            f"+head_server={{host: 127.0.0.1, port: {cfg.nemo_gym_head_port}}}"]
+def overrides(gym: NemoGymSettings, servers: dict[str, tuple[str, str]], policy: dict[str, str] | None) -> list[str]:
+    args = [f"+config_paths=[{','.join(gym.config_paths)}]", "+skip_venv_if_present=true",
+            f"+head_server={{host: 127.0.0.1, port: {gym.head_port}}}"]
     if policy:
         args += [f"+policy_base_url={policy['base_url']}", f"+policy_api_key={policy['api_key']}",
                  f"+policy_model_name={policy['model']}"]
-    if cfg.nemo_gym_max_turns is not None:
-        args += [f"++{top}.{kind}.{name}.max_steps={cfg.nemo_gym_max_turns}"
+    if gym.max_turns is not None:
+        args += [f"++{top}.{kind}.{name}.max_steps={gym.max_turns}"
                  for top, (kind, name) in servers.items() if kind == "responses_api_agents"]
     return args
 
@@ -100,26 +101,26 @@ def link_environment(base: Path, ng_run: Path, servers: dict[str, tuple[str, str
 
 
 class GymServers:
-    """`with GymServers(cfg, console, policy):` NeMo Gym's servers run inside the block, and nothing after it."""
+    """`with GymServers(gym, console, policy):` NeMo Gym's servers run inside the block, and nothing after it."""
 
-    def __init__(self, cfg, console: Console, policy: dict[str, str] | None = None):
-        self.cfg, self.console, self.policy = cfg, console, policy
+    def __init__(self, gym: NemoGymSettings, console: Console, policy: dict[str, str] | None = None):
+        self.gym, self.console, self.policy = gym, console, policy
         self.process: subprocess.Popen | None = None
-        self.log = Path(cfg.output_dir) / "nemo_gym" / "ng_run.log"
+        self.log = gym.log
 
     def __enter__(self) -> GymServers:
-        cfg = self.cfg
-        base = gym_dir(cfg.nemo_gym_dir).absolute()
+        gym = self.gym
+        base = gym_dir(gym.dir).absolute()
         ng_run = find_ng_run(base)
-        servers = configured_servers(base, cfg.nemo_gym_config_paths or [])
-        _refuse_busy_port(cfg.nemo_gym_head_port)
+        servers = configured_servers(base, list(gym.config_paths))
+        _refuse_busy_port(gym.head_port)
         link_environment(base, ng_run, servers)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                    PATH=f"{ng_run.parent}{os.pathsep}{os.environ.get('PATH', '')}")
         try:
             with open(self.log, "wb") as out:
-                self.process = subprocess.Popen([str(ng_run), *overrides(cfg, servers, self.policy)], cwd=base, env=env,
+                self.process = subprocess.Popen([str(ng_run), *overrides(gym, servers, self.policy)], cwd=base, env=env,
                                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise ConfigError(f"could not start NeMo Gym's {ng_run}: {exc}: {INSTALL}") from None
@@ -134,7 +135,7 @@ class GymServers:
         self.stop()
 
     def wait(self, expected: int) -> None:
-        timeout = self.cfg.nemo_gym_server_timeout
+        timeout = self.gym.server_timeout
         progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=self.console,
                             transient=True, disable=not self.console.is_terminal)
         if not self.console.is_terminal:
@@ -157,7 +158,7 @@ class GymServers:
     def answering(self) -> int:
         """How many servers the head server lists with a port and that answer on it (any status)."""
         try:
-            config = head_config(self.cfg.nemo_gym_head_port, timeout=2)
+            config = head_config(self.gym.head_port, timeout=2)
         except ConfigError:
             return 0
         up = 0

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Mapping, TypeVar
 
 import torch
 
+from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import RolloutError
 from rlft.models.weights import weights_checksum
 from rlft.rollout.server.backends import load_backend
@@ -37,8 +38,8 @@ class ColocatedEngine:
         self.backend.weight_version = version
 
     @classmethod
-    def from_config(cls, cfg, version: int = 0) -> "ColocatedEngine":
-        return cls(load_backend(cfg, "vllm"), version)
+    def from_config(cls, server: ServerSettings, version: int = 0) -> "ColocatedEngine":
+        return cls(load_backend(server, "vllm"), version)
 
     @property
     def version(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError, RlftError
 from rlft.heap import collector_paused
 from rlft.models.loading import hub_revision
@@ -48,8 +49,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg, console, *, backend_name: str) -> int:
-    settings = cfg.vllm
+def serve(server: ServerSettings, console, *, backend_name: str) -> int:
+    settings = server.vllm
     if (settings.data_parallel_size or 1) > 1:
         raise ConfigError("vllm.data_parallel_size > 1 is not supported by rlft's server: start one server per replica "
                           "(each with its own --port) and point the trainer at each")
@@ -62,16 +63,16 @@ def serve(cfg, console, *, backend_name: str) -> int:
             console.print(f"note: {', '.join('vllm.' + key for key in unused)} apply to the vllm backend only; the "
                           "transformers backend does not use them", highlight=False, markup=False, soft_wrap=True)
         token, generated = resolve_token(settings.api_key, host)
-        console.print(f"loading {cfg.base_model} (backend {backend_name}) ...", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"loading {server.model.base_model} (backend {backend_name}) ...", highlight=False, markup=False, soft_wrap=True)
         began = time.monotonic()
         with console.status("loading the model", spinner="dots"), collector_paused():  # minutes for vLLM; rlft/heap.py
-            backend = load_backend(cfg, backend_name)
+            backend = load_backend(server, backend_name)
         console.print(f"loaded in {time.monotonic() - began:.1f} s", highlight=False, markup=False)
     except BaseException:
         sock.close()
         raise
-    model_name = str(cfg.base_model)
-    ends = end_ids(model_name, backend.tokenizer, **hub_revision(cfg, model_name))  # base_model's, at revision_of_model
+    model_name = str(server.model.base_model)
+    ends = end_ids(model_name, backend.tokenizer, **hub_revision(server.model, model_name))  # base_model's, at revision_of_model
     app = build_app(backend, model_name=model_name, token=token, ends=ends)
     shown = f"[{host}]" if ":" in host else host
     console.print(f"serving {model_name} on http://{shown}:{port} (backend {backend.name}, dtype "

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from rlft.config.rl import GENERATION_KWARGS, rl_settings
+from rlft.config.settings.model import model_settings
 from rlft.data.batches import BatchPlan, MicroBatch, PlanCursor
 from rlft.data.collate import completion_batch, flatten_rows, pad_multiple
 from rlft.data.tokenizer import end_ids
@@ -84,7 +85,7 @@ class GRPORecipe(Recipe):
         if unknown:
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
                                f"{', '.join(GENERATION_KWARGS)})")
-        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(cfg, cfg.base_model)))
+        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(model_settings(cfg), cfg.base_model)))
         # the off-policy terms compare the trainer with the engine: with sampling filters on, on the filtered distribution
         self.compares_sampled = filters_active(self.sampling) and (
             s.needs_sampling_correction or s.off_policy_mask_threshold is not None)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlft.config.parallel import partitioned
+from rlft.config.settings.model import model_settings
 from rlft.data.batches import PlanCursor
 from rlft.models.compile import compile_options
 from rlft.rollout.engine import RolloutEngine
@@ -37,7 +38,7 @@ class GRPOEngine:
         self.sampling, self.sampling_for, self.rollout_func, self.environment = sampling, sampling_for, rollout_func, environment
         self.rank, self.world = shard
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
-            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(cfg)))
+            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model_settings(cfg))))
         self.remote_engine = remote_engine
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
         self.feed: RolloutFeed | None = None

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from rlft.config.settings.model import model_settings
 from rlft.data.prepared import PreparedData
 from rlft.data.batches import BatchPlan, MicroBatch, rows_collate
 from rlft.data.collate import pad_multiple, packed_batch, padded_width
@@ -51,7 +52,7 @@ class SFTRecipe(Recipe):
             self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
                                         lengths=lengths, width=width, multiple=multiple)
         self.shard = shard
-        self.liger = liger_loss(cfg)
+        self.liger = liger_loss(model_settings(cfg))
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
                               cfg.sequence_len if packed_eval else None, width=width, multiple=multiple,

@@ -7,6 +7,7 @@ from importlib import metadata
 
 import torch
 
+from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError
 from rlft.rollout.server.backends.transformers import TransformersBackend
 from rlft.rollout.server.backends.vllm import VLLMBackend
@@ -39,11 +40,11 @@ def vllm_cpu_build() -> bool:
     return True
 
 
-def load_backend(cfg, name: str):
-    """Build the backend `name` for config `cfg` (loads the model)."""
+def load_backend(server: ServerSettings, name: str):
+    """Build the backend `name` for these server settings (loads the model)."""
     if name == "vllm":
-        return VLLMBackend.from_config(cfg)
-    return TransformersBackend.from_config(cfg)
+        return VLLMBackend.from_config(server)
+    return TransformersBackend.from_config(server)
 
 
 def _cuda_available() -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
+from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
@@ -59,20 +60,19 @@ class TransformersBackend(ThreadedBackend):
         return bool(self._engine.compiled)
 
     @classmethod
-    def from_config(cls, cfg) -> "TransformersBackend":
+    def from_config(cls, server: ServerSettings) -> "TransformersBackend":
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        tokenizer = load_tokenizer(cfg)
-        model = load_model(cfg, tokenizer, device_type, with_adapter=False, serving=True)
-        dtype = served_dtype(cfg.vllm.dtype, getattr(model.config, "dtype", None), device_type)
+        tokenizer = load_tokenizer(server.model)
+        model = load_model(server.model, tokenizer, device_type, with_adapter=False, serving=True)
+        dtype = served_dtype(server.vllm.dtype, getattr(model.config, "dtype", None), device_type)
         positions = getattr(model.config, "max_position_embeddings", None)
-        max_model_len = cfg.vllm.max_model_len or positions
+        max_model_len = server.vllm.max_model_len or positions
         if max_model_len is None:
             raise ConfigError("vllm.max_model_len: the model's config names no max_position_embeddings: set vllm.max_model_len")
         if positions is not None and max_model_len > positions:
             raise ConfigError(f"vllm.max_model_len={max_model_len} is above the model's max_position_embeddings={positions}: lower it")
-        max_lora_rank = cfg.vllm.max_lora_rank or cfg.lora_r or 64
-        return cls(model.to(device_type), tokenizer, model_name=str(cfg.base_model), dtype=dtype,
-                   max_model_len=max_model_len, max_lora_rank=max_lora_rank, compiled=compile_options(cfg))
+        return cls(model.to(device_type), tokenizer, model_name=str(server.model.base_model), dtype=dtype,
+                   max_model_len=max_model_len, max_lora_rank=server.max_lora_rank, compiled=compile_options(server.model))
 
     async def reset_prefix_cache(self) -> None:
         return None  # each batch builds its own KV cache: nothing is kept between batches

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError
 from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
 from rlft.models.weights import architecture_digest, weights_checksum
@@ -75,23 +76,23 @@ class VLLMBackend(ThreadedBackend):
         self._thread = EngineThread(self._run_batch, name="rlft-vllm")
 
     @classmethod
-    def from_config(cls, cfg) -> "VLLMBackend":
+    def from_config(cls, server: ServerSettings) -> "VLLMBackend":
         from vllm import LLM  # optional (rlft[vllm]) and heavy: imported only when this backend starts
 
-        settings = cfg.vllm
-        if cfg.random_init:
+        settings, model = server.vllm, server.model
+        if model.random_init:
             raise ConfigError("random_init: the vllm backend loads weights from base_model and cannot start from a random "
                               "init: save the initial weights to a folder, or use --backend transformers")
         if (settings.data_parallel_size or 1) > 1:
             raise ConfigError("vllm.data_parallel_size > 1: start one server per replica (each with its own --port)")
-        source = base_model_source(cfg)
-        tokenizer = load_tokenizer(cfg)
-        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(cfg, source))
+        source = base_model_source(model)
+        tokenizer = load_tokenizer(model)
+        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=model.trust_remote_code, **hub_revision(model, source))
         with torch.device("meta"):  # names and shapes only, no memory
-            skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=cfg.trust_remote_code)
+            skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=model.trust_remote_code)
         state = skeleton.state_dict()
-        enable_lora = bool(cfg.trl.vllm_lora_sync)
-        max_lora_rank = settings.max_lora_rank or cfg.lora_r or 64
+        enable_lora = server.lora_sync
+        max_lora_rank = server.max_lora_rank
         lora_dtype_name = settings.lora_dtype or "auto"
         if lora_dtype_name not in ("auto", "float16", "bfloat16"):
             if lora_dtype_name != (settings.dtype or "auto"):
@@ -105,13 +106,13 @@ class VLLMBackend(ThreadedBackend):
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         kwargs = dict(
-            model=source, tokenizer=source, **hub_revision(cfg, source), dtype=settings.dtype or "auto", seed=cfg.seed,
+            model=source, tokenizer=source, **hub_revision(model, source), dtype=settings.dtype or "auto", seed=model.seed,
             tensor_parallel_size=settings.tensor_parallel_size or 1,
             gpu_memory_utilization=settings.gpu_memory_utilization or 0.9,
             max_model_len=settings.max_model_len,
             # on a CPU, compiling costs ~30 s of start-up for tiny models: eager unless the config says otherwise
             enforce_eager=bool(settings.enforce_eager) if settings.enforce_eager is not None else on_cpu,
-            kv_cache_dtype=settings.kv_cache_dtype or "auto", trust_remote_code=cfg.trust_remote_code,
+            kv_cache_dtype=settings.kv_cache_dtype or "auto", trust_remote_code=model.trust_remote_code,
             logprobs_mode="processed_logprobs", max_logprobs=20,
         )
         if settings.enable_prefix_caching is not None:
@@ -126,7 +127,7 @@ class VLLMBackend(ThreadedBackend):
                               f"{' '.join(reason[:4])[:600]}): fix the setting it names, or use --backend transformers") from None
         model_dtype = llm.llm_engine.model_config.dtype
         lora_dtype = DTYPES.get(lora_dtype_name, model_dtype)
-        return cls(llm, tokenizer, model_name=str(cfg.base_model), architecture=architecture_digest(state),
+        return cls(llm, tokenizer, model_name=str(model.base_model), architecture=architecture_digest(state),
                    shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype, tied=_tied_names(skeleton),
                    max_lora_rank=max_lora_rank, enable_lora=enable_lora)
 
