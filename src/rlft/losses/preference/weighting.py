@@ -42,8 +42,9 @@ def wpo_weights(
             rejected_aligned = rejected_aligned - rejected_token_log_sum_sq_probs
         chosen_mean = masked_sum(chosen_aligned, chosen_mask) / chosen_mask.sum(dim=-1).clamp_min(1)
         rejected_mean = masked_sum(rejected_aligned, rejected_mask) / rejected_mask.sum(dim=-1).clamp_min(1)
-        # capped at 1, as the authors' code and TRL cap it: a token likelier than the distribution's average makes the
-        # aligned term positive, and an uncapped weight would scale up the step on the pairs it means to favour
+        # capped at 1, as the authors' code caps it (TRL's use_weighting does not): a token likelier than the
+        # distribution's average makes the aligned term positive, and an uncapped weight would scale up the step on the
+        # pairs it means to favour
         return (chosen_mean + rejected_mean).exp().clamp(max=1.0)
 
 
