@@ -235,12 +235,12 @@ def test_a_step_the_fp16_scaler_skipped_leaves_the_schedule_where_it_was(make_co
     """A step that fp16's loss scaler skipped (overflow) does not advance the learning-rate schedule, as in
     transformers' Trainer: the next step trains at the same rate. (fp16 needs a GPU; the skip is reported here as
     accelerate's optimizer reports it, `tests/unit/test_optim.py`.)"""
-    from rlft.train import loop
+    from rlft.train import trainer
 
     rates = {}
     for skip in (False, True):
         calls = []
-        monkeypatch.setattr(loop, "step_was_skipped", lambda optimizer: calls.append(1) or (skip and len(calls) == 2))
+        monkeypatch.setattr(trainer, "step_was_skipped", lambda optimizer: calls.append(1) or (skip and len(calls) == 2))
         out = tmp_path / f"skip-{skip}"
         assert cli("train", make_config(output_dir=str(out), max_steps=4, warmup_steps=0, lr_scheduler="linear")) == 0
         rates[skip] = [m["learning_rate"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
