@@ -113,7 +113,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, settings.model, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
+        print_plan(console, cfg, settings, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
                    sharded)
         if compile_options(settings.model) is not None:
             engine = spec_of(cfg).engine
@@ -122,7 +122,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
                           "to a minute), then run faster", markup=False)
     try:
-        result = Trainer(cfg, recipe, model, tokenizer, accelerator, console).run()
+        result = Trainer(cfg, settings, recipe, model, tokenizer, accelerator, console).run()
     finally:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():
