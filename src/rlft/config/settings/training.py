@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlft.config.methods import method_spec
-from rlft.config.parallel import launched, rows_per_process, rows_per_step
+from rlft.config.parallel import launched, rows_per_step
 from rlft.config.rl import orpo_lambda, preference_beta, trl_options
 from rlft.config.rules.batching import prompt_sharing_problem
 
@@ -78,7 +78,6 @@ class ParallelSettings:
     processes: int  # training processes (the launcher's WORLD_SIZE; 1 without a launcher)
     micro_batch_size: int  # micro_batch_size: rows per forward
     gradient_accumulation_steps: int  # gradient_accumulation_steps: micro-batches per optimizer step
-    rows_per_process: int  # rows one process trains per step (`rlft.config.parallel.rows_per_process`)
     rows_per_step: int  # rows all processes train per step (`rlft.config.parallel.rows_per_step`)
 
 
@@ -126,4 +125,4 @@ def parallel_settings(cfg) -> ParallelSettings:
     rank, processes = launched()
     return ParallelSettings(rank=rank, processes=processes, micro_batch_size=cfg.micro_batch_size,
                             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                            rows_per_process=rows_per_process(cfg), rows_per_step=rows_per_step(cfg, processes))
+                            rows_per_step=rows_per_step(cfg, processes))
