@@ -349,8 +349,8 @@ def test_non_finite_gradients_or_weights_stop_the_run_before_a_bad_checkpoint(fa
 
     real = wrap.build_optimizer
 
-    def faulty(cfg, model):
-        optimizer = real(cfg, model)
+    def faulty(optim, model):
+        optimizer = real(optim, model)
         first = next(p for p in model.parameters() if p.requires_grad)
         backward_calls = [0]
         if fault == "gradient":

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlft.config.settings import resolve
 from rlft.errors import RolloutError
 from rlft.rollout.buffer import ReplayBuffer, RerollQueue, group_std
 from rlft.rollout.prefetch import Prefetcher
@@ -78,7 +79,7 @@ def make_recipe(tok, engine, output_dir, **trl):
         engine.version = version
         return engine
 
-    return GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None, make_engine=make_engine)
+    return GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None, make_engine=make_engine)
 
 
 def run_steps(recipe, model, steps: int, first_step: int = 0) -> list[dict]:

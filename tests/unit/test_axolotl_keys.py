@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rlft.config.settings import resolve
 from rlft.config.settings.model import adapter_settings, model_settings
 from rlft.data.batches import BatchPlan
 from rlft.data.collate import pad_batch
@@ -79,7 +80,7 @@ def test_eval_sample_packing_follows_sample_packing_unless_set(config, packing, 
 
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}] * 4
     cfg = config(sample_packing=packing, eval_sample_packing=eval_packing, sequence_len=16, micro_batch_size=4)
-    batches = SFTRecipe(cfg, PreparedData(rows, rows, []), pad_id=0).eval_batches
+    batches = SFTRecipe(cfg, resolve(cfg), PreparedData(rows, rows, []), pad_id=0).eval_batches
     assert ("position_ids" in batches[0]) is packed
 
 
@@ -506,6 +507,7 @@ def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny
              "ref_chosen": torch.tensor([-30.0, -31.0]), "ref_rejected": torch.tensor([-29.0, -33.0])}
     recipe = PairRecipe.__new__(PairRecipe)
     recipe.cfg, recipe.method, recipe.loss_types, recipe.bco_mean, recipe.bco_count = cfg, method, ["sigmoid"], 0.0, 0
+    recipe.weights = resolve(cfg).loss
     out = recipe.loss(model, batch)
 
     forward = model(input_ids=ids, attention_mask=mask)  # the router's loss of the pairs' forward, transformers' own
@@ -537,7 +539,7 @@ def test_the_router_loss_joins_ktos_loss_from_the_completions_forward(config, ti
              "desirable": torch.tensor([True, False, True]), "ref_logps": torch.tensor([-20.0, -21.0, -19.0]),
              "ref_kl_logps": torch.tensor([-20.5, -20.0, -22.0])}
     recipe = KTORecipe.__new__(KTORecipe)
-    recipe.cfg = cfg
+    recipe.cfg, recipe.weights = cfg, resolve(cfg).loss
     out = recipe.loss(model, batch)
     aux = model(input_ids=ids, attention_mask=torch.ones_like(ids)).aux_loss  # the completions' forward
     model.config.output_router_logits = False

@@ -94,12 +94,13 @@ def test_impossible_settings_are_refused_with_the_fix(config_problems):
 
 
 def test_strategies_set_the_schedules(config):
+    from rlft.config.settings.training import run_settings
     from rlft.train.step_counts import schedules
 
-    assert schedules(config(), 10) == (None, None)
-    assert schedules(config(**EVAL, eval_strategy="epoch", save_strategy="epoch"), 10) == (10, 10)
-    assert schedules(config(**EVAL, eval_steps=3, save_strategy="steps", saves_per_epoch=2), 10) == (3, 5)
-    assert schedules(config(save_strategy="no"), 10) == (None, None)
+    assert schedules(run_settings(config()), 10) == (None, None)
+    assert schedules(run_settings(config(**EVAL, eval_strategy="epoch", save_strategy="epoch")), 10) == (10, 10)
+    assert schedules(run_settings(config(**EVAL, eval_steps=3, save_strategy="steps", saves_per_epoch=2)), 10) == (3, 5)
+    assert schedules(run_settings(config(save_strategy="no")), 10) == (None, None)
 
 
 def test_save_strategy_best_saves_after_each_new_best_evaluation():

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlft.config import build_config, deep_merge, explain, load_config, parse_overrides, planned_settings, read_yaml
+from rlft.config.settings import resolve
 from rlft.errors import ConfigError, NotImplementedYet
 
 SEEDS = Path(__file__).resolve().parents[1] / "data" / "seed_configs"  # the seed guide's YAML examples, verbatim
@@ -690,7 +691,7 @@ def test_completions_end_at_the_generation_configs_eos_ids_too(tmp_path, monkeyp
 
     cfg = build_config({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
                         "trl": {"num_generations": 2, "reward_funcs": ["r.f"], "generation_kwargs": {"stop_token_ids": [7]}}})
-    recipe = GRPORecipe(cfg, SimpleNamespace(train=[], eval=[]), tok, None, None)
+    recipe = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=[], eval=[]), tok, None, None)
     assert recipe.sampling.stop_token_ids == (tok.eos_token_id, 106, 7)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlft.config.settings.training import optim_settings
 from rlft.errors import ConfigError, NotImplementedYet
 from rlft.train.optim import build_optimizer, build_scheduler, warmup_steps
 
@@ -20,7 +21,7 @@ def rates(config, steps=TOTAL + 1, **overrides) -> list[float]:
     """The learning rate of each optimizer step with learning_rate 1 (the schedule's factor)."""
     cfg = config(learning_rate=1.0, **overrides)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = build_scheduler(cfg, optimizer, TOTAL)
+    scheduler = build_scheduler(optim_settings(cfg), optimizer, TOTAL)
     seen = []
     for _ in range(steps):
         seen.append(optimizer.param_groups[0]["lr"])
@@ -75,17 +76,17 @@ def test_schedule_kwargs_reach_transformers(config):
 def test_warmup_steps_count_as_axolotl_counts_them(config):
     """Axolotl (core/builders/base.py) for SFT and the preference methods, which count steps: warmup_steps, else
     int(warmup_ratio x steps), else min(int(0.03 x steps), 100); a count of 1 becomes 2."""
-    assert warmup_steps(config(warmup_ratio=0.1), 25) == 2  # 2.5, rounded down
-    assert warmup_steps(config(warmup_ratio=0.1), 30) == 3
-    assert warmup_steps(config(warmup_ratio=0.0), 400) == 0
-    assert warmup_steps(config(warmup_ratio=0.05), 20) == 2  # 1 -> 2
-    assert warmup_steps(config(warmup_steps=7), 25) == 7
-    assert warmup_steps(config(warmup_steps=0), 400) == 0
-    assert warmup_steps(config(warmup_steps=1), 400) == 2
+    assert warmup_steps(optim_settings(config(warmup_ratio=0.1)), 25) == 2  # 2.5, rounded down
+    assert warmup_steps(optim_settings(config(warmup_ratio=0.1)), 30) == 3
+    assert warmup_steps(optim_settings(config(warmup_ratio=0.0)), 400) == 0
+    assert warmup_steps(optim_settings(config(warmup_ratio=0.05)), 20) == 2  # 1 -> 2
+    assert warmup_steps(optim_settings(config(warmup_steps=7)), 25) == 7
+    assert warmup_steps(optim_settings(config(warmup_steps=0)), 400) == 0
+    assert warmup_steps(optim_settings(config(warmup_steps=1)), 400) == 2
     # neither key: 3 % of the steps, at most 100
-    assert [warmup_steps(config(), total) for total in (25, 33, 34, 66, 67, 400, 3333, 3334, 100_000)] == [
+    assert [warmup_steps(optim_settings(config()), total) for total in (25, 33, 34, 66, 67, 400, 3333, 3334, 100_000)] == [
         0, 0, 2, 2, 2, 12, 99, 100, 100]
-    assert [warmup_steps(config(rl="dpo"), total) for total in (33, 34, 400, 100_000)] == [0, 2, 12, 100]
+    assert [warmup_steps(optim_settings(config(rl="dpo")), total) for total in (33, 34, 400, 100_000)] == [0, 2, 12, 100]
 
 
 def test_warmup_counts_the_steps_axolotl_counts(config):
@@ -93,25 +94,25 @@ def test_warmup_counts_the_steps_axolotl_counts(config):
     alone (common/datasets.py); it counts none for GRPO and EBFT and hands transformers the ratio, which rounds up
     (ceil(ratio x steps), no cap, no 1 -> 2)."""
     # SFT, max_steps 1500 over 36 steps of data: 3 % of 36 = 1 -> 2 (of the 1500 steps trained)
-    assert warmup_steps(config(max_steps=1500), 1500, epoch_steps=36) == 2
-    assert warmup_steps(config(max_steps=100), 100, epoch_steps=4000) == 3  # max_steps below the epochs' steps
-    assert warmup_steps(config(reward_model=True, max_steps=1500), 1500, epoch_steps=36) == 2
+    assert warmup_steps(optim_settings(config(max_steps=1500)), 1500, epoch_steps=36) == 2
+    assert warmup_steps(optim_settings(config(max_steps=100)), 100, epoch_steps=4000) == 3  # max_steps below the epochs' steps
+    assert warmup_steps(optim_settings(config(reward_model=True, max_steps=1500)), 1500, epoch_steps=36) == 2
     # DPO ignores max_steps: 3 % of the epochs' 1250 steps although the run stops at 1000
-    assert warmup_steps(config(rl="dpo", max_steps=1000), 1000, epoch_steps=1250) == 37
-    assert warmup_steps(config(rl="dpo", warmup_ratio=0.1, max_steps=20), 20, epoch_steps=100) == 10
+    assert warmup_steps(optim_settings(config(rl="dpo", max_steps=1000)), 1000, epoch_steps=1250) == 37
+    assert warmup_steps(optim_settings(config(rl="dpo", warmup_ratio=0.1, max_steps=20)), 20, epoch_steps=100) == 10
     grpo = dict(rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["m.f"]})
-    assert [warmup_steps(config(**grpo), total) for total in (10, 33, 34, 67, 200, 400, 5000)] == [1, 1, 2, 3, 6, 12, 150]
-    assert warmup_steps(config(**grpo, warmup_ratio=0.05), 30, epoch_steps=7) == 2  # ceil(1.5)
-    assert warmup_steps(config(**grpo, warmup_steps=1), 400) == 2
+    assert [warmup_steps(optim_settings(config(**grpo)), total) for total in (10, 33, 34, 67, 200, 400, 5000)] == [1, 1, 2, 3, 6, 12, 150]
+    assert warmup_steps(optim_settings(config(**grpo, warmup_ratio=0.05)), 30, epoch_steps=7) == 2  # ceil(1.5)
+    assert warmup_steps(optim_settings(config(**grpo, warmup_steps=1)), 400) == 2
     ebft = dict(rl="ebft", micro_batch_size=8, ebft={"mode": "structured"})
-    assert warmup_steps(config(**ebft), 10) == 1
+    assert warmup_steps(optim_settings(config(**ebft)), 10) == 1
 
 
 def test_an_unset_warmup_shapes_the_schedule(config):
     """400 steps and no warm-up key: 12 steps of linear warm-up, then the cosine from 1."""
     cfg = config(learning_rate=1.0)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = build_scheduler(cfg, optimizer, 400)
+    scheduler = build_scheduler(optim_settings(cfg), optimizer, 400)
     seen = []
     for _ in range(14):
         seen.append(optimizer.param_groups[0]["lr"])
@@ -140,7 +141,7 @@ def group_names(model, optimizer) -> list[set[str]]:
 
 
 def test_biases_and_norms_get_no_weight_decay(config, tiny_model):
-    optimizer = build_optimizer(config(weight_decay=0.01), tiny_model)
+    optimizer = build_optimizer(optim_settings(config(weight_decay=0.01)), tiny_model)
     decay, no_decay = group_names(tiny_model, optimizer)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
     assert no_decay == {n for n, _ in tiny_model.named_parameters() if n.endswith("bias") or "norm" in n}
@@ -155,7 +156,7 @@ def test_biases_and_norms_get_no_weight_decay(config, tiny_model):
 def test_frozen_parameters_are_left_out(config, tiny_model):
     tiny_model.model.embed_tokens.weight.requires_grad_(False)
     try:
-        decay, no_decay = group_names(tiny_model, build_optimizer(config(), tiny_model))
+        decay, no_decay = group_names(tiny_model, build_optimizer(optim_settings(config()), tiny_model))
     finally:
         tiny_model.model.embed_tokens.weight.requires_grad_(True)
     assert "model.embed_tokens.weight" not in decay | no_decay
@@ -175,7 +176,7 @@ EXPECTED_CLASS = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_CLASS))
 def test_optimizers_build_and_step(config, tiny_model, name):
-    optimizer = build_optimizer(config(optimizer=name, learning_rate=1e-3), tiny_model)
+    optimizer = build_optimizer(optim_settings(config(optimizer=name, learning_rate=1e-3)), tiny_model)
     assert type(optimizer) is EXPECTED_CLASS[name]
     assert all(group["lr"] == 1e-3 for group in optimizer.param_groups)
     before = tiny_model.lm_head.weight.detach().clone()
@@ -188,7 +189,7 @@ def test_optimizers_build_and_step(config, tiny_model, name):
 
 def test_optimizer_whose_package_is_missing_is_a_clear_error(config, tiny_model):
     with pytest.raises(ConfigError, match=r"optimizer: adamw_bnb_8bit cannot be built here: .*bitsandbytes"):
-        build_optimizer(config(optimizer="adamw_bnb_8bit"), tiny_model)
+        build_optimizer(optim_settings(config(optimizer="adamw_bnb_8bit")), tiny_model)
 
 
 def test_unknown_optimizer_suggests_a_name(config_problems):
@@ -205,7 +206,7 @@ def test_axolotl_optimizers_validate_but_train_names_an_alternative(config):
 
 
 def test_adam_hyperparameters_from_config(config, tiny_model):
-    optimizer = build_optimizer(config(adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6), tiny_model)
+    optimizer = build_optimizer(optim_settings(config(adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6)), tiny_model)
     assert optimizer.defaults["betas"] == (0.8, 0.95)
     assert optimizer.defaults["eps"] == 1e-6
 
@@ -218,12 +219,12 @@ def test_the_default_optimizer_is_axolotls_and_transformers(config, tiny_model):
 
     default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "optim")
     assert config().optimizer == "adamw_torch_fused" == default
-    assert build_optimizer(config(), tiny_model).defaults["fused"] is True
+    assert build_optimizer(optim_settings(config()), tiny_model).defaults["fused"] is True
 
 
 def test_fused_flag_only_for_fused_adamw(config, tiny_model):
-    assert build_optimizer(config(optimizer="adamw_torch_fused"), tiny_model).defaults["fused"] is True
-    assert not build_optimizer(config(optimizer="adamw_torch"), tiny_model).defaults["fused"]
+    assert build_optimizer(optim_settings(config(optimizer="adamw_torch_fused")), tiny_model).defaults["fused"] is True
+    assert not build_optimizer(optim_settings(config(optimizer="adamw_torch")), tiny_model).defaults["fused"]
 
 
 @pytest.mark.parametrize("name", ["adamw_torch", "adamw_torch_fused", "adamw"])
@@ -242,7 +243,7 @@ def test_torchs_adamw_is_what_transformers_gives(config, name):
     defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}
     args = SimpleNamespace(**{**defaults, "optim": ALIASES.get(name, name), "learning_rate": 2e-4, "adam_beta1": 0.8,
                               "adam_beta2": 0.95, "adam_epsilon": 1e-6, "weight_decay": 0.1})
-    assert optimizer_class(cfg) == Trainer.get_optimizer_cls_and_kwargs(args)
+    assert optimizer_class(optim_settings(cfg)) == Trainer.get_optimizer_cls_and_kwargs(args)
 
 
 def test_a_step_the_fp16_scaler_skipped_is_seen():
@@ -289,7 +290,7 @@ def test_the_loop_steps_the_torch_optimizer_itself_unless_accelerates_wrapper_sc
         wrapped = Accelerator(cpu=True).prepare(inner)
         assert stepping_optimizer(wrapped) is inner and stepping_optimizer(inner) is inner
         stepping = stepping_optimizer(wrapped)
-        scheduler = build_scheduler(config(lr_scheduler="linear", warmup_steps=0, learning_rate=0.1), stepping, 4)
+        scheduler = build_scheduler(optim_settings(config(lr_scheduler="linear", warmup_steps=0, learning_rate=0.1)), stepping, 4)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # e.g. "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
             for _ in range(2):
@@ -354,7 +355,7 @@ def test_a_skipped_first_step_moves_the_schedule_without_torchs_warning(config):
 
     def fresh():
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        return optimizer, build_scheduler(config(learning_rate=1.0, lr_scheduler="linear", warmup_steps=2), optimizer, 10)
+        return optimizer, build_scheduler(optim_settings(config(learning_rate=1.0, lr_scheduler="linear", warmup_steps=2)), optimizer, 10)
 
     optimizer, scheduler = fresh()
     with warnings.catch_warnings():
@@ -369,21 +370,21 @@ def test_a_skipped_first_step_moves_the_schedule_without_torchs_warning(config):
 def test_schedule_keys_transformers_would_refuse_or_drop_are_named_before_the_model_loads(config):
     from rlft.train.optim import scheduler_problem
 
-    assert scheduler_problem(config()) is None
-    assert scheduler_problem(config(lr_scheduler="warmup_stable_decay")) == (
+    assert scheduler_problem(optim_settings(config())) is None
+    assert scheduler_problem(optim_settings(config(lr_scheduler="warmup_stable_decay"))) == (
         "lr_scheduler_kwargs: the warmup_stable_decay schedule needs num_decay_steps, e.g. lr_scheduler_kwargs: "
         "{num_decay_steps: 100}")
-    assert scheduler_problem(config(lr_scheduler="warmup_stable_decay", lr_scheduler_kwargs={"num_decay_steps": 5})) is None
-    assert scheduler_problem(config(lr_scheduler="cosine_with_restarts", lr_scheduler_kwargs={"num_cycle": 2})) == (
+    assert scheduler_problem(optim_settings(config(lr_scheduler="warmup_stable_decay", lr_scheduler_kwargs={"num_decay_steps": 5}))) is None
+    assert scheduler_problem(optim_settings(config(lr_scheduler="cosine_with_restarts", lr_scheduler_kwargs={"num_cycle": 2}))) == (
         "lr_scheduler_kwargs: num_cycle is not an argument of the cosine_with_restarts schedule; it takes num_cycles")
-    assert scheduler_problem(config(lr_scheduler_kwargs={"min_lr": 1e-5})).startswith(
+    assert scheduler_problem(optim_settings(config(lr_scheduler_kwargs={"min_lr": 1e-5}))).startswith(
         "lr_scheduler_kwargs: min_lr is not an argument of the cosine schedule")
-    assert scheduler_problem(config(cosine_min_lr_ratio=0.1, lr_scheduler_kwargs={"min_lr": 1e-5})) is None  # cosine_with_min_lr
-    assert scheduler_problem(config(lr_scheduler="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": 1e-5, "min_lr_rate": 0.1})) == (
+    assert scheduler_problem(optim_settings(config(cosine_min_lr_ratio=0.1, lr_scheduler_kwargs={"min_lr": 1e-5}))) is None  # cosine_with_min_lr
+    assert scheduler_problem(optim_settings(config(lr_scheduler="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": 1e-5, "min_lr_rate": 0.1}))) == (
         "lr_scheduler_kwargs: min_lr and min_lr_rate both set the final learning rate: keep one")
-    assert scheduler_problem(config(lr_scheduler="linear", cosine_min_lr_ratio=0.1)).startswith(
+    assert scheduler_problem(optim_settings(config(lr_scheduler="linear", cosine_min_lr_ratio=0.1))).startswith(
         "cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is linear")
-    assert scheduler_problem(config(lr_scheduler="constant_with_warmup", lr_scheduler_kwargs={"num_cycles": 2})) == (
+    assert scheduler_problem(optim_settings(config(lr_scheduler="constant_with_warmup", lr_scheduler_kwargs={"num_cycles": 2}))) == (
         "lr_scheduler_kwargs: constant_with_warmup takes none (transformers would drop ['num_cycles']): remove them")
 
 

@@ -2,6 +2,7 @@
 
 import torch
 
+from rlft.config.settings import resolve
 from rlft.data.collate import pad_batch
 from rlft.data.preference import pair_batch
 
@@ -56,9 +57,11 @@ def test_the_sft_and_dpo_recipes_pad_their_batches_to_the_multiple(config):
     from rlft.train.recipes.sft import SFTRecipe
 
     rows = [{"input_ids": [5] * n, "labels": [5] * n} for n in (3, 9, 17, 4)]
-    sft = SFTRecipe(config(pad_to_multiple_of=16, micro_batch_size=2), PreparedData(rows, rows[:2], []), pad_id=0)
+    cfg = config(pad_to_multiple_of=16, micro_batch_size=2)
+    sft = SFTRecipe(cfg, resolve(cfg), PreparedData(rows, rows[:2], []), pad_id=0)
     widths = {sft.train_plan.batch(indices)["input_ids"].shape[1] for indices in sft.train_plan.epoch_order(0)}
     assert widths <= {16, 32} and sft.eval_batches[0]["input_ids"].shape[1] == 16
     pairs = [{"prompt_ids": [1] * n, "chosen_ids": [2], "rejected_ids": [3, 3]} for n in (2, 31)]
-    dpo = PairRecipe(config(rl="dpo", pad_to_multiple_of=16, micro_batch_size=2), PreparedData(pairs, [], []), 0, None)
+    cfg = config(rl="dpo", pad_to_multiple_of=16, micro_batch_size=2)
+    dpo = PairRecipe(cfg, resolve(cfg), PreparedData(pairs, [], []), 0, None)
     assert dpo.train_plan.batch([0, 1])["input_ids"].shape[1] == 48  # the longest row, 33 tokens, rounded up to 48

@@ -218,19 +218,24 @@ def test_fp16_with_deepspeed_is_refused_also_when_the_file_says_nothing_of_fp16(
         config(deepspeed=str(path), fp16=True, micro_batch_size=2, max_grad_norm=1.0)
 
 
-def test_deepspeeds_auto_values_come_from_the_config(config):
+def test_deepspeeds_auto_values_come_from_the_config(config, monkeypatch):
     from rlft.config.parallel import deepspeed_settings
+    from rlft.config.settings import resolve
     from rlft.train.zero import engine_config
 
     cfg = config(deepspeed="deepspeed_configs/zero3.json", micro_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5)
-    filled = engine_config(deepspeed_settings(cfg), cfg, processes=2, bf16=False, hidden_size=64)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = resolve(cfg)
+    filled = engine_config(deepspeed_settings(cfg), settings.parallel, settings.optim, bf16=False, hidden_size=64)
     assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"], filled["train_batch_size"]) == (4, 2, 16)
     assert filled["gradient_clipping"] == 0.5 and filled["bf16"]["enabled"] is False and filled["fp16"]["enabled"] is False
     zero = filled["zero_optimization"]
     assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) == (4096, 3686, 640)
     assert "zero_force_ds_cpu_optimizer" not in filled  # no offload: DeepSpeed's own rule stands
     cfg = config(deepspeed="deepspeed_configs/zero2.json", max_grad_norm=None)
-    filled = engine_config(deepspeed_settings(cfg), cfg, processes=1, bf16=True, hidden_size=None)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    settings = resolve(cfg)
+    filled = engine_config(deepspeed_settings(cfg), settings.parallel, settings.optim, bf16=True, hidden_size=None)
     assert filled["zero_force_ds_cpu_optimizer"] is False and filled["gradient_clipping"] == 0.0 and filled["bf16"]["enabled"]
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlft.config.settings import resolve
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import CheckpointError, RolloutError
 from rlft.models.frozen import FrozenPolicy
@@ -312,7 +313,7 @@ def test_recipe_queue_windows_and_reuse(tiny_llama, tok):
                                                                    "num_iterations": 2, "reward_funcs": ["r.f"]}})
     prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in (3, 5, 7, 9)]
     engine = FakeEngine()
-    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+    recipe = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
                         make_engine=lambda policy, version: engine)
     recipe.start(tiny_llama)
     steps = [recipe.prepare_step(tiny_llama) for _ in range(4)]
@@ -389,7 +390,7 @@ def test_replayed_rows_keep_their_recorded_logps_only_when_asked(tiny_llama, tok
                             "num_generations": 2, "steps_per_generation": 2, "reward_funcs": ["r.f"],
                             "replay_buffer_size": 4, "replay_recompute_logps": recompute}})
     prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in (3, 4, 5, 6, 8, 10, 12, 14)]
-    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+    recipe = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
                         make_engine=lambda policy, version: FakeEngine())
     recipe.start(tiny_llama)
     replayed = []
@@ -420,7 +421,7 @@ def test_recipe_is_ratios_are_one_at_zero_staleness_with_sampling_filters(tiny_l
                             "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_mask",
                             "vllm_importance_sampling_cap": 1.001, "generation_kwargs": {"ignore_eos": True}, **trl}})
     prompts = [{"prompt_ids": [first, 7, 9], "prompt": f"p{first}", "columns": {}} for first in (3, 5, 7, 9)]
-    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None)
+    recipe = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None)
     recipe.start(tiny_llama)
     assert recipe.compares_sampled
     [batch] = recipe.prepare_step(tiny_llama)
@@ -461,7 +462,7 @@ def test_old_logps_are_cached_exactly_when_the_policy_moves_before_the_rows_are_
     cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
                         "gradient_accumulation_steps": 1, "trl": {"num_generations": 2, "reward_funcs": ["r.f"], **trl}})
     prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in (3, 5, 7, 9, 11, 13, 15, 17)]
-    recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+    recipe = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
                         make_engine=lambda policy, version: FakeEngine())
     recipe.start(tiny_llama)
     recipe.fill_queue(tiny_llama)

@@ -23,7 +23,7 @@ def test_rows_per_step_counts_the_launched_processes(config, monkeypatch):
     cfg = config(micro_batch_size=2, gradient_accumulation_steps=3)
     monkeypatch.setenv("WORLD_SIZE", "4")
     parallel = resolve(cfg).parallel
-    assert (parallel.processes, parallel.rows_per_process, parallel.rows_per_step) == (4, 6, 24)
+    assert (parallel.processes, parallel.rows_per_step) == (4, 24)
     assert rows_per_step(cfg, processes=2) == 12
 
 

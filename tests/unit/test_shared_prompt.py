@@ -8,6 +8,7 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from layout_checks import (assert_same_completion_results, assert_same_grads, assert_same_sequence_logps, completion_results,
                            parameter_grads, tiny_of_type)
+from rlft.config.settings import resolve
 from rlft.config.settings.model import model_settings
 from rlft.config.settings.training import data_settings
 from rlft.config.loading import build_config
@@ -257,7 +258,7 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
     pairs = [{"prompt_ids": [1] * 9, "chosen_ids": [2], "rejected_ids": [3, 3]}, {"prompt_ids": [4] * 7, "chosen_ids": [5], "rejected_ids": [6]}]
     cfg = config(rl="dpo", dpo_padding_free=True, micro_batch_size=2, share_prompts=True)
     for apart, shape in ((True, (2, 12)), (False, (1, 21))):
-        recipe = PairRecipe(cfg, PreparedData(pairs, [], []), 0, None, sharing=(True, "once"), rows_apart=apart)
+        recipe = PairRecipe(cfg, resolve(cfg), PreparedData(pairs, [], []), 0, None, sharing=(True, "once"), rows_apart=apart)
         assert recipe.train_plan.batch([0, 1])["flat_input_ids"].shape == shape
     from rlft.config import build_config
     from rlft.models.shared_prompts import forward_costs
@@ -267,7 +268,7 @@ def test_with_rows_apart_shared_groups_are_one_sequence_each_not_the_micro_batch
 
     cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 8,
                         "batch_flattening": True, "trl": {"num_generations": 4, "reward_funcs": ["r.f"]}})
-    grpo = GRPORecipe(cfg, SimpleNamespace(train=[], eval=[]), byte_tokenizer(), None, None)
+    grpo = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=[], eval=[]), byte_tokenizer(), None, None)
     grpo.share_prompts, grpo.share_costs = True, forward_costs(tiny())
     rows = [TrainingRow(prompt_ids=[first] * 40, completion_ids=[6] * 2, loss_mask=[1, 1], advantage=0.0,
                         sampling_logps=[0.0] * 2, weight_version=0) for first in (3, 4) for _ in range(4)]

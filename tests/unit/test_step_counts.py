@@ -6,12 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlft.config.settings import resolve
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.train.step_counts import steps_per_epoch, total_steps_for
 
 
 def _cfg(**keys):
-    return SimpleNamespace(**{"max_steps": None, "num_epochs": 1.0, "gradient_accumulation_steps": 4, **keys})
+    """The run settings the step counts read (`rlft.config.settings.RunSettings`)."""
+    return SimpleNamespace(**{"max_steps": None, "num_epochs": 1.0, "streamed": False, **keys})
 
 
 @pytest.mark.parametrize("epochs, steps", [(1, 3), (3, 8), (0.5, 2), (2.5, 7)])
@@ -19,12 +21,12 @@ def test_num_epochs_of_micro_batches_rounded_up_to_one_step(epochs, steps):
     """10 micro-batches per epoch, 4 per step: 3 epochs are 30 micro-batches, 8 steps (32), not 3 x 3 = 9 steps (36,
     3.6 epochs: each epoch rounded up on its own, as before 2026-11-26). The loop's cursor then ends where asked."""
     cfg = _cfg(num_epochs=epochs)
-    assert total_steps_for(cfg, 10) == steps and steps_per_epoch(cfg, 10) == 3
+    assert total_steps_for(cfg, 10, 4) == steps and steps_per_epoch(10, 4) == 3
     cursor = PlanCursor(BatchPlan(list(range(10)), 1, seed=0, pad_id=0))
     for _ in range(steps * 4):
         cursor.next_indices()
     assert epochs <= cursor.epochs_done < epochs + 0.4  # at most one window (4 of 10 micro-batches) more
-    assert total_steps_for(_cfg(num_epochs=epochs, max_steps=5), 10) == 5  # max_steps wins
+    assert total_steps_for(_cfg(num_epochs=epochs, max_steps=5), 10, 4) == 5  # max_steps wins
 
 
 def test_a_grpo_epoch_counts_the_steps_each_plan_batch_feeds():
@@ -41,9 +43,9 @@ def test_a_grpo_epoch_counts_the_steps_each_plan_batch_feeds():
         cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
                             "gradient_accumulation_steps": 2, "num_epochs": 1,
                             "trl": {"num_generations": 4, "reward_funcs": ["r.f"], **trl}})
-        recipe = GRPORecipe(cfg, SimpleNamespace(train=prompts, eval=[]), byte_tokenizer(), None, None)
+        recipe = GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), byte_tokenizer(), None, None)
         assert recipe.draws_per_step == draws, trl
-        assert total_steps_for(cfg, len(recipe.train_plan), recipe.draws_per_step) == len(recipe.train_plan) / draws
+        assert total_steps_for(resolve(cfg).run, len(recipe.train_plan), recipe.draws_per_step) == len(recipe.train_plan) / draws
 
 
 def _recipe(rows: int, rank: int = 0, world: int = 1):
@@ -58,17 +60,17 @@ def test_a_resume_counts_the_steps_the_micro_batches_left_take_now():
     from rlft.train.checkpoint import TrainState
     from rlft.train.step_counts import total_steps_resumed
 
-    cfg = _cfg(gradient_accumulation_steps=2, num_epochs=2)
+    cfg = _cfg(num_epochs=2)  # gradient_accumulation_steps 2
     same = TrainState(global_step=3, epoch=0, batch_in_epoch=6, world_size=1)  # 12 micro-batches an epoch, 2 a step
-    assert total_steps_resumed(cfg, _recipe(12), same, 1, total_steps_for(cfg, 12)) == 12 == total_steps_for(cfg, 12)
-    smaller = _cfg(gradient_accumulation_steps=1, num_epochs=2)  # 6 done, 18 left, 1 a step
-    assert total_steps_resumed(smaller, _recipe(12), same, 1, total_steps_for(smaller, 12)) == 3 + 18
+    assert total_steps_resumed(cfg, 2, _recipe(12), same, 1, total_steps_for(cfg, 12, 2)) == 12 == total_steps_for(cfg, 12, 2)
+    smaller = _cfg(num_epochs=2)  # gradient_accumulation_steps 1: 6 done, 18 left, 1 a step
+    assert total_steps_resumed(smaller, 1, _recipe(12), same, 1, total_steps_for(smaller, 12, 1)) == 3 + 18
     # written by 1 process after an earlier 2 -> 1 resume: 2 steps of 2 processes (4 micro-batches), then 4 of 1
     again = TrainState(global_step=6, epoch=0, batch_in_epoch=8, world_size=1)
-    assert total_steps_resumed(smaller, _recipe(12), again, 1, 24) == 6 + 16
+    assert total_steps_resumed(smaller, 1, _recipe(12), again, 1, 24) == 6 + 16
     grpo = SimpleNamespace(train_plan=_recipe(12).train_plan, draws_per_step=Fraction(1, 2))
-    assert total_steps_resumed(cfg, grpo, same, 2, 99) == 99
-    assert total_steps_resumed(_cfg(max_steps=7), _recipe(12), same, 2, 7) == 7
+    assert total_steps_resumed(cfg, 2, grpo, same, 2, 99) == 99
+    assert total_steps_resumed(_cfg(max_steps=7), 4, _recipe(12), same, 2, 7) == 7
 
 
 def test_an_epoch_end_on_uneven_shards_is_not_counted_twice():
@@ -78,9 +80,9 @@ def test_an_epoch_end_on_uneven_shards_is_not_counted_twice():
     from rlft.train.checkpoint import TrainState
     from rlft.train.step_counts import total_steps_resumed
 
-    cfg = _cfg(gradient_accumulation_steps=2, num_epochs=2)
+    cfg = _cfg(num_epochs=2)  # gradient_accumulation_steps 2
     written = TrainState(global_step=3, epoch=0, batch_in_epoch=6, world_size=2)
-    assert total_steps_resumed(cfg, _recipe(11), written, 1, total_steps_for(cfg, 11)) == 3 + 6
+    assert total_steps_resumed(cfg, 2, _recipe(11), written, 1, total_steps_for(cfg, 11, 2)) == 3 + 6
 
 
 def test_a_resume_with_another_micro_batch_size_goes_on_from_the_same_rows():
@@ -90,10 +92,10 @@ def test_a_resume_with_another_micro_batch_size_goes_on_from_the_same_rows():
     from rlft.train.checkpoint import TrainState
     from rlft.train.step_counts import continue_position, total_steps_resumed
 
-    cfg = _cfg(micro_batch_size=8, num_epochs=1, gradient_accumulation_steps=1)
+    cfg = _cfg(num_epochs=1)  # micro_batch_size 8, gradient_accumulation_steps 1
     recipe = SimpleNamespace(train_plan=BatchPlan(list(range(40)), 8, seed=0, pad_id=0), draws_per_step=None)
     written = TrainState(global_step=5, epoch=0, batch_in_epoch=5, world_size=1, plan_batches=10, total_steps=8)
-    assert total_steps_resumed(cfg, recipe, written, 1, total_steps_for(cfg, 5)) == 5 + 2
+    assert total_steps_resumed(cfg, 1, recipe, written, 1, total_steps_for(cfg, 5, 1)) == 5 + 2
     note = continue_position(cfg, written, recipe, 1)
     assert (written.epoch, written.batch_in_epoch, written.plan_batches) == (0, 3, 5)
     assert "the checkpoint's data made 10 micro-batches an epoch, this run's makes 5" in note

@@ -10,6 +10,7 @@ from transformers.integrations import sdpa_attention
 
 from layout_checks import (EAGER_ONLY, assert_same_completion_results, assert_same_grads, completion_results,
                            sft_documents, sft_results, tiny_of_type)
+from rlft.config.settings import resolve
 from rlft.data.collate import document_bounds, flatten_rows, pad_batch, packed_batch
 from rlft.models.masks import with_model_mask
 from rlft.models.shared_prompts import SHARED_PROMPT_MODELS
@@ -85,7 +86,7 @@ def test_packed_rows_under_flash_attention_come_as_one_row_whose_position_ids_gi
 
     documents = sft_documents((5, 8, 3, 6, 9), 128)
     cfg = config(flash_attention=True, sample_packing=True, sequence_len=16, micro_batch_size=2, eval_batch_size=2)
-    recipe = SFTRecipe(cfg, PreparedData(documents, documents, []), pad_id=0)
+    recipe = SFTRecipe(cfg, resolve(cfg), PreparedData(documents, documents, []), pad_id=0)
     batches = [recipe.train_plan.batch(indices) for indices in recipe.train_plan.epoch_order(0)] + recipe.eval_batches
     assert all(b["input_ids"].shape[0] == 1 and "documents" not in b for b in batches)
     assert any(b["input_ids"].shape[1] == 32 for b in batches)  # two packed rows of 16
@@ -403,7 +404,7 @@ def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(
     q = torch.zeros(1, 2, 9, 8)
     for mode, math in (("max-autotune", False), (None, True), ("max-autotune-no-cudagraphs", False), ("default", True),
                        ("reduce-overhead", True)):
-        compiled = compiled_forward(config(torch_compile=True, torch_compile_mode=mode), model)
+        compiled = compiled_forward(resolve(config(torch_compile=True, torch_compile_mode=mode)).model, model)
         assert compiled is not model and varlen.SHORT_ROWS_MATH is math
         with varlen.short_rows_kernel(q, q):
             assert torch.backends.cuda.flash_sdp_enabled() is not math, mode
@@ -411,5 +412,5 @@ def test_a_forward_compiled_to_autotune_gemms_keeps_sdpas_kernel_for_short_rows(
 
     for key in ("max_autotune", "max_autotune_gemm"):  # as TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 sets them
         with inductor.patch({key: True}):
-            compiled_forward(config(torch_compile=True), model)
+            compiled_forward(resolve(config(torch_compile=True)).model, model)
             assert not varlen.SHORT_ROWS_MATH, key

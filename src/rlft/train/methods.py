@@ -49,7 +49,7 @@ def _shard(accelerator) -> tuple[int, int]:
 def sft_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):
     data = prepare_streamed_sft_data(cfg, tokenizer) if cfg.streamed else prepare_sft_data(cfg, tokenizer)
     model = load_model(settings.model, tokenizer, accelerator.device.type, init_base_dir=init_base)
-    recipe = SFTRecipe(cfg, data, tokenizer.pad_token_id, _shard(accelerator), tokenizer if cfg.streamed else None)
+    recipe = SFTRecipe(cfg, settings, data, tokenizer.pad_token_id, _shard(accelerator), tokenizer if cfg.streamed else None)
     return model, recipe, data
 
 
@@ -67,7 +67,7 @@ def pair_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path 
     data = _preference_data(cfg, tokenizer, console)
     model, reference = _preference_policy(cfg, settings, tokenizer, accelerator, init_base)
     sharing = prompt_sharing(settings.data, [model, reference.model if reference else None], data.train + data.eval)
-    recipe = PairRecipe(cfg, data, tokenizer.pad_token_id, reference, _shard(accelerator), sharing, rows_apart(settings.model, model))
+    recipe = PairRecipe(cfg, settings, data, tokenizer.pad_token_id, reference, _shard(accelerator), sharing, rows_apart(settings.model, model))
     _reference_logps(cfg, recipe, model, data, tokenizer, accelerator, console)
     return model, recipe, data
 
@@ -88,7 +88,7 @@ def kto_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path |
     if data.eval:
         assign_kl_completions(data.eval)
     model, reference = _preference_policy(cfg, settings, tokenizer, accelerator, init_base)
-    recipe = KTORecipe(cfg, data, tokenizer.pad_token_id, reference, _shard(accelerator))
+    recipe = KTORecipe(cfg, settings, data, tokenizer.pad_token_id, reference, _shard(accelerator))
     _reference_logps(cfg, recipe, model, data, tokenizer, accelerator, console)
     return model, recipe, data
 
@@ -152,7 +152,7 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     sharing = group_sharing(settings.data, [model, reference.model if reference else None])
-    recipe = GRPORecipe(cfg, data, tokenizer, FunctionScorer(runner, tokenizer), reference, _shard(accelerator),
+    recipe = GRPORecipe(cfg, settings, data, tokenizer, FunctionScorer(runner, tokenizer), reference, _shard(accelerator),
                         make_engine=make_engine, remote_engine=remote, environment=environment, sharing=sharing,
                         share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
                         rows_apart=rows_apart(settings.model, model))
@@ -180,7 +180,7 @@ def ebft_structured_setup(cfg, settings: Settings, tokenizer, accelerator, init_
     model, frozen = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, need_frozen=True)
     scorer = FeatureMatchingReward(cfg.ebft, tokenizer, frozen)
     reference = frozen if settings.rl.beta else None  # the same frozen initial policy serves the KL term
-    return model, EBFTStructuredRecipe(cfg, data, tokenizer, scorer, reference, _shard(accelerator), make_engine, remote), data
+    return model, EBFTStructuredRecipe(cfg, settings, data, tokenizer, scorer, reference, _shard(accelerator), make_engine, remote), data
 
 
 def ebft_strided_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: Path | None, console: Console):

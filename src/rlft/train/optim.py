@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule from the config, through transformers (the HF Trainer's names and curves).
+"""Optimizer and learning-rate schedule from the run's `OptimSettings`, through transformers (the HF Trainer's names and curves).
 
 `optimizer:` takes transformers' optimizer names (`adamw_torch`, `adamw_torch_fused`, `adafactor`,
 `adamw_bnb_8bit`, `paged_adamw_8bit`, `lion_32bit`, `adamw_torch_8bit`, `schedule_free_adamw`, ...) plus
@@ -17,17 +17,17 @@ from types import SimpleNamespace
 
 import torch
 
-from rlft.config.methods import method_spec
 from rlft.config.optimizers import ALIASES, TORCH_ADAMW
+from rlft.config.settings.training import OptimSettings
 from rlft.errors import ConfigError
 
 NO_DECAY = ("bias", "norm", "layernorm", "ln_")
 
 
-def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, dict]:
-    """The optimizer class and keyword arguments transformers gives `cfg.optimizer` (checked before the model loads)."""
-    name = ALIASES.get(cfg.optimizer, cfg.optimizer)
-    adam = {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon}
+def optimizer_class(optim: OptimSettings, model: torch.nn.Module | None = None) -> tuple[type, dict]:
+    """The optimizer class and keyword arguments transformers gives `optim.optimizer` (checked before the model loads)."""
+    name = ALIASES.get(optim.optimizer, optim.optimizer)
+    adam = {"lr": optim.learning_rate, "betas": optim.adam_betas, "eps": optim.adam_epsilon}
     if name == "adam":  # not one of transformers' names
         return torch.optim.Adam, adam
     if name in TORCH_ADAMW:
@@ -36,30 +36,31 @@ def optimizer_class(cfg, model: torch.nn.Module | None = None) -> tuple[type, di
 
     # TrainingArguments' defaults without building one (its __post_init__ sets up devices and process groups)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}
-    args = SimpleNamespace(**{**defaults, "optim": name, "learning_rate": cfg.learning_rate, "adam_beta1": cfg.adam_beta1,
-                              "adam_beta2": cfg.adam_beta2, "adam_epsilon": cfg.adam_epsilon, "weight_decay": cfg.weight_decay})
+    beta1, beta2 = optim.adam_betas
+    args = SimpleNamespace(**{**defaults, "optim": name, "learning_rate": optim.learning_rate, "adam_beta1": beta1,
+                              "adam_beta2": beta2, "adam_epsilon": optim.adam_epsilon, "weight_decay": optim.weight_decay})
     try:
         return Trainer.get_optimizer_cls_and_kwargs(args, model)
     except (ImportError, ValueError) as exc:
-        raise ConfigError(f"optimizer: {cfg.optimizer} cannot be built here: {str(exc).splitlines()[0]} "
+        raise ConfigError(f"optimizer: {optim.optimizer} cannot be built here: {str(exc).splitlines()[0]} "
                           "(adamw_torch_fused, the default, needs nothing extra)") from None
 
 
-def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(optim: OptimSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The configured optimizer over trainable parameters; no weight decay on biases and norms."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (no_decay if param.ndim < 2 or any(key in name.lower() for key in NO_DECAY) else decay).append(param)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    cls, kwargs = optimizer_class(cfg, model)
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    cls, kwargs = optimizer_class(optim, model)
     return cls(groups, **kwargs)
 
 
 DEFAULT_WARMUP_RATIO, DEFAULT_WARMUP_CAP = 0.03, 100  # Axolotl's warm-up when neither key is set
 
 
-def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
+def warmup_steps(optim: OptimSettings, total_steps: int, epoch_steps: int | None = None) -> int:
     """The warm-up steps Axolotl gives the same config (`core/builders/base.py`), so that its configs run the same
     schedule here. `total_steps`: the steps the run trains; `epoch_steps`: the steps its `num_epochs` take (max_steps
     aside; default `total_steps`).
@@ -68,16 +69,16 @@ def warmup_steps(cfg, total_steps: int, epoch_steps: int | None = None) -> int:
     `ceil(r * total_steps)` with `r` = `warmup_ratio`, else 0.03. For the other methods it counts steps from the data,
     `epoch_steps`, capped by `max_steps` for SFT and reward models (the preference methods ignore `max_steps` there):
     `int(warmup_ratio * steps)`, else `min(int(0.03 * steps), 100)`. A count of 1 (not a ratio's) becomes 2."""
-    if cfg.warmup_steps is not None:
-        steps = cfg.warmup_steps
-    elif method_spec(cfg.method).warmup_as_ratio:  # Axolotl counts no steps: transformers applies a ratio
-        return math.ceil((cfg.warmup_ratio if cfg.warmup_ratio is not None else DEFAULT_WARMUP_RATIO) * total_steps)
+    if optim.warmup_steps is not None:
+        steps = optim.warmup_steps
+    elif optim.warmup_as_ratio:  # Axolotl counts no steps: transformers applies a ratio
+        return math.ceil((optim.warmup_ratio if optim.warmup_ratio is not None else DEFAULT_WARMUP_RATIO) * total_steps)
     else:
         counted = epoch_steps or total_steps
-        if cfg.max_steps and not method_spec(cfg.method).rl:
-            counted = min(counted, cfg.max_steps)
-        if cfg.warmup_ratio is not None:
-            steps = int(cfg.warmup_ratio * counted)
+        if optim.warmup_count_cap:
+            counted = min(counted, optim.warmup_count_cap)
+        if optim.warmup_ratio is not None:
+            steps = int(optim.warmup_ratio * counted)
         else:
             steps = min(int(DEFAULT_WARMUP_RATIO * counted), DEFAULT_WARMUP_CAP)
     return 2 if steps == 1 else steps
@@ -96,23 +97,23 @@ SCHEDULE_ARGUMENTS = {
 }
 
 
-def schedule_name(cfg) -> str:
+def schedule_name(optim: OptimSettings) -> str:
     """transformers' name for the config's schedule: `cosine` with `cosine_min_lr_ratio` > 0 is `cosine_with_min_lr`."""
-    return "cosine_with_min_lr" if cfg.lr_scheduler == "cosine" and cfg.cosine_min_lr_ratio else cfg.lr_scheduler
+    return "cosine_with_min_lr" if optim.lr_scheduler == "cosine" and optim.cosine_min_lr_ratio else optim.lr_scheduler
 
 
-def scheduler_problem(cfg) -> str | None:
+def scheduler_problem(optim: OptimSettings) -> str | None:
     """What transformers would refuse in the schedule's keys after the model has loaded (a missing or misspelt
     `lr_scheduler_kwargs` entry), or drop without a word (`cosine_min_lr_ratio` on another schedule; any kwargs of
     `constant` and `constant_with_warmup`, which transformers does not pass on)."""
-    name, given = cfg.lr_scheduler, set(cfg.lr_scheduler_kwargs or {})
-    if cfg.cosine_min_lr_ratio and name not in MIN_LR_SCHEDULES:
+    name, given = optim.lr_scheduler, set(optim.lr_scheduler_kwargs)
+    if optim.cosine_min_lr_ratio and name not in MIN_LR_SCHEDULES:
         return (f"cosine_min_lr_ratio sets the final learning rate of a cosine schedule, and lr_scheduler is {name}: remove "
                 "it, or use lr_scheduler: cosine")
     if name in ("constant", "constant_with_warmup"):
         return (f"lr_scheduler_kwargs: {name} takes none (transformers would drop {sorted(given)}): remove them"
                 if given else None)
-    name = schedule_name(cfg)
+    name = schedule_name(optim)
     optional, required = SCHEDULE_ARGUMENTS[name]
     if unknown := sorted(given - set(optional) - set(required)):
         return (f"lr_scheduler_kwargs: {', '.join(unknown)} is not an argument of the {name} schedule; it takes "
@@ -124,14 +125,14 @@ def scheduler_problem(cfg) -> str | None:
     return None
 
 
-def build_scheduler(cfg, optimizer: torch.optim.Optimizer, total_steps: int, epoch_steps: int | None = None):
-    """`transformers.get_scheduler` for `schedule_name(cfg)` with the config's warm-up (`warmup_steps`)."""
+def build_scheduler(optim: OptimSettings, optimizer: torch.optim.Optimizer, total_steps: int, epoch_steps: int | None = None):
+    """`transformers.get_scheduler` for `schedule_name(optim)` with the config's warm-up (`warmup_steps`)."""
     from transformers import get_scheduler  # transformers: seconds, off the launching command's path
 
-    name, kwargs = schedule_name(cfg), dict(cfg.lr_scheduler_kwargs or {})
+    name, kwargs = schedule_name(optim), dict(optim.lr_scheduler_kwargs)
     if name in ("cosine_with_min_lr", "cosine_warmup_with_min_lr") and "min_lr" not in kwargs:
-        kwargs.setdefault("min_lr_rate", cfg.cosine_min_lr_ratio)
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(cfg, total_steps, epoch_steps), num_training_steps=total_steps,
+        kwargs.setdefault("min_lr_rate", optim.cosine_min_lr_ratio)
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps(optim, total_steps, epoch_steps), num_training_steps=total_steps,
                          scheduler_specific_kwargs=kwargs or None)
 
 

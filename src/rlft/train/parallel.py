@@ -155,7 +155,7 @@ def check_layer_classes(cfg) -> None:
 
     from rlft.models.loading import base_model_source, hub_revision, model_source
 
-    model = model_settings(cfg)
+    model = model_settings(cfg)  # the launching command checks this before any process resolves its settings
     source = model_source(model, cfg.base_model_config, "base_model_config") if cfg.base_model_config else base_model_source(model)
     config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **hub_revision(model, source))
     with torch.device("meta"):

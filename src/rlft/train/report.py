@@ -9,8 +9,8 @@ from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
 from rlft.config.methods import method_spec
-from rlft.config.parallel import rows_per_step
-from rlft.config.settings.model import ModelSettings
+from rlft.config.settings import Settings
+from rlft.config.settings.training import OptimSettings
 from rlft.config.plugins import cut_cross_entropy
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_summary
@@ -28,23 +28,25 @@ def _key_value_table(title: str) -> Table:
     return table
 
 
-def schedule(cfg, steps: int, epoch_steps: int) -> str:
+def schedule(optim: OptimSettings, steps: int, epoch_steps: int) -> str:
     """The learning rate, its schedule and the warm-up (`rlft.train.optim.warmup_steps`), and where an unset warm-up's
     count comes from."""
-    if cfg.lr_scheduler == "constant":  # transformers' constant schedule has no warm-up
-        return f"learning rate {cfg.learning_rate:g}, constant"
-    warmup = warmup_steps(cfg, steps, epoch_steps)
-    source = "" if cfg.warmup_steps is not None or cfg.warmup_ratio is not None else \
+    if optim.lr_scheduler == "constant":  # transformers' constant schedule has no warm-up
+        return f"learning rate {optim.learning_rate:g}, constant"
+    warmup = warmup_steps(optim, steps, epoch_steps)
+    source = "" if optim.warmup_steps is not None or optim.warmup_ratio is not None else \
         " (Axolotl's default for this config; set warmup_steps to choose)"
-    return f"learning rate {cfg.learning_rate:g}, {cfg.lr_scheduler}, {warmup} warm-up step{'s' * (warmup != 1)}{source}"
+    return f"learning rate {optim.learning_rate:g}, {optim.lr_scheduler}, {warmup} warm-up step{'s' * (warmup != 1)}{source}"
 
 
-def print_plan(console: Console, cfg, model_settings: ModelSettings, model, data, micro_batches: int, accelerator, draws_per_step=None,
+def print_plan(console: Console, cfg, settings: Settings, model, data, micro_batches: int, accelerator, draws_per_step=None,
                rows: tuple[tuple[str, str], ...] = (), sharded: bool = False) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    steps = total_steps_for(cfg, micro_batches, draws_per_step)
-    per_epoch = steps_per_epoch(cfg, micro_batches, draws_per_step)
+    parallel, model_settings = settings.parallel, settings.model
+    draws = draws_per_step or parallel.gradient_accumulation_steps  # plan batches per optimizer step
+    steps = total_steps_for(settings.run, micro_batches, draws)
+    per_epoch = steps_per_epoch(micro_batches, draws)
     table = _key_value_table(f"rlft train: {cfg.method}")
     table.add_row("model", f"{cfg.base_model}{' (random init)' if cfg.random_init else ''}")
     if cfg.qat:
@@ -62,9 +64,9 @@ def print_plan(console: Console, cfg, model_settings: ModelSettings, model, data
     table.add_row("train / eval rows", f"{'streamed' if cfg.streamed else len(data.train)} / {len(data.eval)}")
     per_epoch = "max_steps: a stream has no epochs" if cfg.streamed else f"{per_epoch} per epoch"
     table.add_row("steps", f"{steps} ({per_epoch}{', packed rows' if cfg.sample_packing else ''})")
-    effective = rows_per_step(cfg, accelerator.num_processes)
-    table.add_row("effective batch", f"{effective} = {cfg.micro_batch_size} micro x {cfg.gradient_accumulation_steps} accumulation x {accelerator.num_processes} process(es)")
-    table.add_row("schedule", schedule(cfg, steps, epochs_steps(cfg, micro_batches, draws_per_step)))
+    table.add_row("effective batch", f"{parallel.rows_per_step} = {parallel.micro_batch_size} micro x "
+                                     f"{parallel.gradient_accumulation_steps} accumulation x {parallel.processes} process(es)")
+    table.add_row("schedule", schedule(settings.optim, steps, epochs_steps(settings.run, micro_batches, draws)))
     if cfg.deepspeed:  # DeepSpeed holds the weights in bf16 and an fp32 copy in the optimizer
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:

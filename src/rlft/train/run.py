@@ -49,18 +49,18 @@ def train(cfg, console: Console | None = None) -> LoopResult:
                       "bench/results/gpu_check-H200.json): flex_attention: false is faster and trains the same",
                       markup=False, highlight=False)
     settings = resolve(cfg)
-    if settings.model.offload_activations and launched()[0] == 0:
+    main = settings.parallel.rank == 0
+    if settings.model.offload_activations and main:
         console.print("note: activation_offloading: " + (
             "each checkpointed layer's input waits in pinned host memory from the forward to the backward"
             if torch.cuda.is_available() else "without a CUDA GPU nothing is moved (on a CPU the activations already live "
             "in host memory)"),
             markup=False, highlight=False)
     derived = unsupported_settings(cfg)[1]
-    if derived and launched()[0] == 0:
+    if derived and main:
         console.print(f"note: {', '.join(derived)}: values Axolotl computes for itself; rlft does not read them", markup=False)
     if (cfg.adapter and cfg.lora_dropout and spec_of(cfg).generates and cfg.disable_dropout
-            and "disable_dropout" not in cfg.model_fields_set
-            and launched()[0] == 0):
+            and "disable_dropout" not in cfg.model_fields_set and main):
         console.print(f"note: lora_dropout {cfg.lora_dropout} is off in this run: disable_dropout is true by default for "
                       f"rl: {cfg.rl} (TRL's GRPO keeps dropout on; set disable_dropout: false to keep it)", markup=False,
                       soft_wrap=True)
@@ -73,7 +73,7 @@ def train(cfg, console: Console | None = None) -> LoopResult:
 
 def nemo_gym_servers(cfg, settings: Settings, console: Console):
     """NeMo Gym's servers for this run when `nemo_gym_auto_start` asks for them, else nothing to start."""
-    if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or launched()[0] != 0:
+    if not (nemo_gym_enabled(cfg) and cfg.nemo_gym_auto_start) or settings.parallel.rank != 0:
         return contextlib.nullcontext()
     policy = None
     if cfg.nemo_gym_multi_turn:  # the Gym model server the agents ask points at rlft's rollout server
@@ -87,7 +87,7 @@ def _setup(cfg, settings: Settings, console: Console):
     """Accelerator, tokenizer, data, model and recipe of a run (the model not yet wrapped), and the frozen init base."""
     check_context_length(settings.model)
     accelerator = make_accelerator(cfg)
-    set_seed(cfg.seed)
+    set_seed(settings.run.seed)
     output_dir = Path(cfg.output_dir)
     tokenizer = load_tokenizer(settings.model)
     init_base = output_dir / "init-base" if cfg.random_init and cfg.adapter else None
@@ -113,7 +113,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
 
     if accelerator.is_main_process:
-        print_plan(console, cfg, settings.model, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
+        print_plan(console, cfg, settings, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
                    sharded)
         if compile_options(settings.model) is not None:
             engine = spec_of(cfg).engine
@@ -122,7 +122,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
                           "to a minute), then run faster", markup=False)
     try:
-        result = Trainer(cfg, recipe, model, tokenizer, accelerator, console).run()
+        result = Trainer(cfg, settings, recipe, model, tokenizer, accelerator, console).run()
     finally:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():

@@ -1,36 +1,36 @@
 """How many optimizer steps a run takes, how often it evaluates and saves, and where a resumed run goes on in its
-data: pure functions of the config and the plan."""
+data: pure functions of the run's settings and the plan."""
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
 
+from rlft.config.settings.training import RunSettings
 from rlft.data.batches import PlanCursor
 from rlft.train.checkpoint import TrainState
 from rlft.train.recipe import Recipe
 
 
-def steps_per_epoch(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
-    """Optimizer steps in one epoch of `micro_batches_per_epoch` plan batches, `draws_per_step` per step (default
-    gradient_accumulation_steps; a fraction where one plan batch feeds several steps), rounded up."""
-    return max(1, math.ceil(micro_batches_per_epoch / Fraction(draws_per_step or cfg.gradient_accumulation_steps)))
+def steps_per_epoch(micro_batches_per_epoch: int, draws_per_step: Fraction | int) -> int:
+    """Optimizer steps in one epoch of `micro_batches_per_epoch` plan batches, `draws_per_step` per step
+    (gradient_accumulation_steps, or the recipe's: a fraction where one plan batch feeds several steps), rounded up."""
+    return max(1, math.ceil(micro_batches_per_epoch / Fraction(draws_per_step)))
 
 
-def epochs_steps(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
+def epochs_steps(run: RunSettings, micro_batches_per_epoch: int, draws_per_step: Fraction | int) -> int:
     """Optimizer steps of num_epochs of plan batches (max_steps aside), rounded up to a whole step. A step's window of
     micro-batches runs on into the next epoch's order rather than ending short at an epoch's end, so rounding each
     epoch up instead would train the first batches of one more epoch per epoch. A stream has no epochs: its run's
     max_steps stand for one, whatever num_epochs says (Axolotl counts max_steps)."""
-    if getattr(cfg, "streamed", False):
-        return cfg.max_steps
-    draws = Fraction(draws_per_step or cfg.gradient_accumulation_steps)
-    return max(1, math.ceil(Fraction(str(cfg.num_epochs)) * micro_batches_per_epoch / draws))
+    if run.streamed:
+        return run.max_steps
+    return max(1, math.ceil(Fraction(str(run.num_epochs)) * micro_batches_per_epoch / Fraction(draws_per_step)))
 
 
-def total_steps_for(cfg, micro_batches_per_epoch: int, draws_per_step: Fraction | int | None = None) -> int:
+def total_steps_for(run: RunSettings, micro_batches_per_epoch: int, draws_per_step: Fraction | int) -> int:
     """Optimizer steps of the run: max_steps, else `epochs_steps`."""
-    return cfg.max_steps or epochs_steps(cfg, micro_batches_per_epoch, draws_per_step)
+    return run.max_steps or epochs_steps(run, micro_batches_per_epoch, draws_per_step)
 
 
 def plan_batches(recipe: Recipe) -> int:
@@ -38,23 +38,24 @@ def plan_batches(recipe: Recipe) -> int:
     return getattr(recipe.train_plan, "global_batches", 0) if recipe.draws_per_step is None else 0
 
 
-def total_steps_resumed(cfg, recipe: Recipe, written: TrainState, world: int, total_steps: int) -> int:
+def total_steps_resumed(run: RunSettings, accumulation: int, recipe: Recipe, written: TrainState, world: int,
+                        total_steps: int) -> int:
     """A resumed num_epochs run whose recipe draws from the loop's cursor (the GRPO family's prompts are not split by
     process): the steps done plus the steps that the micro-batches left take at today's process count and
     accumulation. `total_steps_for` alone counts the whole run at today's global batch, and trains past (or stops
     short of) the last epoch when the process count or `gradient_accumulation_steps` changed, at this resume or an
     earlier one. With nothing changed both give the same count."""
-    if cfg.max_steps or recipe.draws_per_step is not None:
+    if run.max_steps or recipe.draws_per_step is not None:
         return total_steps
     cursor = PlanCursor(recipe.train_plan, written.epoch, written.batch_in_epoch)
     cursor.reshard(written.world_size, world, written.plan_batches, plan_batches(recipe))
     plan = len(recipe.train_plan)
     # an epoch's end on uneven shards: the padding batch resharded can count past the plan's length
-    left = Fraction(str(cfg.num_epochs)) * plan - (cursor.epoch * plan + min(cursor.batch_in_epoch, plan))
-    return written.global_step + max(0, math.ceil(left / cfg.gradient_accumulation_steps))
+    left = Fraction(str(run.num_epochs)) * plan - (cursor.epoch * plan + min(cursor.batch_in_epoch, plan))
+    return written.global_step + max(0, math.ceil(left / accumulation))
 
 
-def continue_position(cfg, state: TrainState, recipe: Recipe, world: int) -> str:
+def continue_position(run: RunSettings, state: TrainState, recipe: Recipe, world: int) -> str:
     """Moves a resumed run's data position (read from its checkpoint into `state`) to where it goes on in today's plan,
     and says what changed: the plan (another micro_batch_size, sequence_len, packing or data: the same share of the
     epoch) and the process count (the global micro-batches consumed kept, the optimizer state re-sharded)."""
@@ -74,7 +75,7 @@ def continue_position(cfg, state: TrainState, recipe: Recipe, world: int) -> str
         skipped = 0 if replanned else state.batch_in_epoch * world - before * state.world_size
         note += (f" (written by {state.world_size} processes, continued by {world}: optimizer state re-sharded"
                  + (f", {skipped} micro-batch(es) of this epoch skipped to keep the split even" if skipped else "")
-                 + (f"; {state.total_steps} steps in all)" if not cfg.max_steps else ")"))
+                 + (f"; {state.total_steps} steps in all)" if not run.max_steps else ")"))
     state.plan_batches, state.world_size = now, world
     return note
 
@@ -86,11 +87,11 @@ def every(steps: int | None, per_epoch: int | None, epoch_steps: int) -> int | N
     return max(1, epoch_steps // per_epoch) if per_epoch else None
 
 
-def schedules(cfg, epoch_steps: int) -> tuple[int | None, int | None]:
+def schedules(run: RunSettings, epoch_steps: int) -> tuple[int | None, int | None]:
     """Steps between evaluations and between saves (None: none before the end): the *_steps and *_per_epoch keys,
     or `eval_strategy` / `save_strategy: epoch`, once an epoch."""
     def per_epoch(count, strategy):
         return count or (1 if strategy == "epoch" else None)
 
-    return (every(cfg.eval_steps, per_epoch(cfg.evals_per_epoch, cfg.eval_strategy), epoch_steps),
-            every(cfg.save_steps, per_epoch(cfg.saves_per_epoch, cfg.save_strategy), epoch_steps))
+    return (every(run.eval_steps, per_epoch(run.evals_per_epoch, run.eval_strategy), epoch_steps),
+            every(run.save_steps, per_epoch(run.saves_per_epoch, run.save_strategy), epoch_steps))

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rlft.config.best_model import has_eval_set
+from rlft.config.settings import Settings
 from rlft.data.batches import MicroBatch, PlanCursor, StepBatches, to_device
 from rlft.errors import RolloutError, TrainingDiverged, TrainingInterrupted
 from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
@@ -73,11 +74,11 @@ class _StopAfterStep(Exception):
 
 
 class Trainer:
-    """Trains `model` with `recipe` for the configured steps; `run()` returns the LoopResult."""
+    """Trains `model` with `recipe` as `settings` say (.run, .optim, .parallel, .model); `run()` returns the LoopResult."""
 
-    def __init__(self, cfg, recipe: Recipe, model, tokenizer, accelerator, console: Console):
-        self.cfg, self.recipe, self.model, self.tokenizer = cfg, recipe, model, tokenizer
-        self.accelerator, self.console, self.output_dir = accelerator, console, Path(cfg.output_dir)
+    def __init__(self, cfg, settings: Settings, recipe: Recipe, model, tokenizer, accelerator, console: Console):
+        self.cfg, self.settings, self.recipe, self.model, self.tokenizer = cfg, settings, recipe, model, tokenizer
+        self.accelerator, self.console, self.output_dir = accelerator, console, Path(settings.run.output_dir)
         self.main, self.world = accelerator.is_main_process, accelerator.num_processes
         self.history: list[dict[str, Any]] = []
         self.early: dict[str, float] | None = None  # the evaluation that stopped the run early (early_stopping_patience)
@@ -92,7 +93,7 @@ class Trainer:
         except _StopAfterStep:
             self.interrupted()
         except RolloutError as exc:  # a rollout server that died: keep the steps trained since the last checkpoint
-            if self.world > 1 or self.state.global_step == 0 or self.cfg.save_only_model:
+            if self.world > 1 or self.state.global_step == 0 or self.settings.run.save_only_model:
                 raise
             self.engine_lost(exc)
         except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step
@@ -107,17 +108,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ start or resume
     def start(self) -> None:
-        cfg, recipe, accelerator = self.cfg, self.recipe, self.accelerator
+        cfg, recipe, accelerator, run = self.cfg, self.recipe, self.accelerator, self.settings.run
         if self.main:
             clean_staging(self.output_dir)
         accelerator.wait_for_everyone()
-        plan = recipe.train_plan
-        self.total_steps = total_steps_for(cfg, len(plan), recipe.draws_per_step)
-        self.eval_every, self.save_every = schedules(cfg, steps_per_epoch(cfg, len(plan), recipe.draws_per_step))
-        self.resume_from = agreed_resume(cfg.resume_from_checkpoint, self.output_dir, self._warn if self.main else None)
+        plan, accum = recipe.train_plan, self.settings.parallel.gradient_accumulation_steps
+        self.draws = recipe.draws_per_step or accum  # plan batches per optimizer step
+        self.total_steps = total_steps_for(run, len(plan), self.draws)
+        self.eval_every, self.save_every = schedules(run, steps_per_epoch(len(plan), self.draws))
+        self.resume_from = agreed_resume(run.resume_from_checkpoint, self.output_dir, self._warn if self.main else None)
         if self.resume_from is not None:  # the weights go in before the model is wrapped or sharded
             load_weights(accelerator.unwrap_model(self.model), resume_weights(self.resume_from))
-            self.total_steps = total_steps_resumed(cfg, recipe, read_state(self.resume_from), self.world, self.total_steps)
+            self.total_steps = total_steps_resumed(run, accum, recipe, read_state(self.resume_from), self.world, self.total_steps)
         self.prepare_model()
         self.load_state()
         self.log = open_metrics_log(self.cfg, self.output_dir, self.resume_from, self.state.global_step, self.moved, self.main,
@@ -128,7 +130,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.cursor = PlanCursor(plan, self.state.epoch, self.state.batch_in_epoch)  # where recipes not drawing their own are
         # on a GPU the next step's batches collate while this one computes; on a CPU that would take the step's own cores
-        self.steps = StepBatches(self.cursor, cfg.gradient_accumulation_steps, ahead=accelerator.device.type != "cpu")
+        self.steps = StepBatches(self.cursor, accum, ahead=accelerator.device.type != "cpu")
         recipe.start(self.unwrapped)
         self.fake_quant = fake_quant_schedule(cfg.qat)  # qat.fake_quant_after_n_steps
         self.fake_quant(self.unwrapped, self.state.global_step)  # also for the baseline evaluation
@@ -142,22 +144,21 @@ class Trainer:
 
     def prepare_model(self) -> None:
         """Wrap or shard the model, and build its optimizer and learning-rate schedule."""
-        cfg, recipe = self.cfg, self.recipe
+        recipe, settings = self.recipe, self.settings
         recipe.before_wrap(self.model)
-        self.model, self.optimizer = wrap(cfg, self.model, self.accelerator, self.console)
+        self.model, self.optimizer = wrap(self.cfg, settings, self.model, self.accelerator, self.console)
         self.deepspeed = zero.is_deepspeed(self.model)
         self.stepping = stepping_optimizer(self.optimizer)  # without accelerate's wrapper where it adds nothing (ZeRO's: as it is)
-        plan = len(recipe.train_plan)
-        self.scheduler = build_scheduler(cfg, self.optimizer.optimizer if self.deepspeed else self.stepping, self.total_steps,
-                                         epochs_steps(cfg, plan, recipe.draws_per_step))  # Axolotl's warm-up counts these
+        self.scheduler = build_scheduler(settings.optim, self.optimizer.optimizer if self.deepspeed else self.stepping, self.total_steps,
+                                         epochs_steps(settings.run, len(recipe.train_plan), self.draws))  # Axolotl's warm-up counts these
         self.unwrapped = self.accelerator.unwrap_model(self.model)
-        self.runs = compiled_forward(cfg, self.model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
+        self.runs = compiled_forward(settings.model, self.model)  # what the recipe calls: the model, or (torch_compile) its compiled forward
         # PiSSA, OLoRA: checkpoints convert the adapter
         self.initial = self.output_dir / INIT_FOLDER if changes_base(self.unwrapped) else None
 
     def load_state(self) -> None:
         """The training state: a fresh one, or the resumed checkpoint's (optimizer, schedule, recipe, guards)."""
-        cfg, resume_from = self.cfg, self.resume_from
+        cfg, resume_from, run = self.cfg, self.resume_from, self.settings.run
         self.state = TrainState(total_steps=self.total_steps, world_size=self.world, plan_batches=plan_batches(self.recipe))
         if resume_from is not None:
             self.state = load_checkpoint(resume_from, self.model, self.optimizer, self.scheduler,
@@ -165,9 +166,9 @@ class Trainer:
             self.state.total_steps = self.total_steps
             self.recipe.load_state_dict(self.state.recipe_state)
             self.recipe.load_files(resume_from)
-            note = changed_learning_rate(resume_from, self.scheduler) + continue_position(cfg, self.state, self.recipe, self.world)
+            note = changed_learning_rate(resume_from, self.scheduler) + continue_position(run, self.state, self.recipe, self.world)
             self.console.print(f"[bold]Resumed[/] from {resume_from} at step {self.state.global_step}{note}")
-        elif cfg.resume_from_checkpoint == "auto":
+        elif run.resume_from_checkpoint == "auto":
             self.console.print(f"resume_from_checkpoint: auto found no complete checkpoint in {self.output_dir}; starting fresh")
         state = self.state
         self.guards = guards = RunGuards(cfg, state.guards)
@@ -180,7 +181,7 @@ class Trainer:
                                f"({self.total_steps}): nothing more to train")
         # a finished run resumed (a requeue script that always resumes): its final evaluation and checkpoint exist already
         self.finished = resume_from is not None and state.global_step >= self.total_steps and (
-            any(key.startswith("eval/") for key in state.last_metrics) or not has_eval_set(cfg) or cfg.eval_strategy == "no")
+            any(key.startswith("eval/") for key in state.last_metrics) or not has_eval_set(cfg) or run.eval_strategy == "no")
         # load_best_model_at_end, save_strategy: best; a best of another folder's run is not one of this folder's checkpoints
         self.moved = resume_from is not None and resume_from.parent.resolve() != self.output_dir.resolve()
         self.best = BestCheckpoint(cfg, None if self.moved else state.best)
@@ -298,7 +299,7 @@ class Trainer:
                     for param in self.params:
                         if param.grad is not None:
                             param.grad.mul_(factor)
-                max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm else float("inf")
+                max_norm = self.settings.optim.max_grad_norm or float("inf")
                 norm = self.accelerator.clip_grad_norm_(self.params, max_norm)
                 grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
             if not math.isfinite(grad_norm) and self.accelerator.mixed_precision != "fp16":  # fp16: the scaler skips
@@ -337,7 +338,7 @@ class Trainer:
     def log_step(self, record: dict[str, Any], loss_value: float, lr: float, grad_norm: float) -> None:
         state = self.state
         state.last_metrics = record
-        if self.main and (state.global_step % self.cfg.logging_steps == 0 or state.global_step == self.total_steps):
+        if self.main and (state.global_step % self.settings.run.logging_steps == 0 or state.global_step == self.total_steps):
             self.log.write(state.global_step, record)
             self.history.append({"step": state.global_step, **record})
             info = f"loss {loss_value:.4f} | lr {lr:.2e} | {record['tokens_per_s']:.0f} tok/s"
@@ -348,8 +349,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
-        cfg, recipe, state = self.cfg, self.recipe, self.state
-        if not recipe.eval_batches or cfg.eval_strategy == "no":
+        recipe, state = self.recipe, self.state
+        if not recipe.eval_batches or self.settings.run.eval_strategy == "no":
             return {}
         self.model.eval()
         optimizer_mode(self.optimizer, training=False)
@@ -381,9 +382,9 @@ class Trainer:
         optimizer_mode(optimizer, training=False)  # schedule-free: the averaged weights are the ones to keep
         with self.timer("save"):
             self.last_saved = save_checkpoint(
-                self.output_dir, state, self.model, self.tokenizer, optimizer, self.scheduler, self.cfg.save_total_limit,
+                self.output_dir, state, self.model, self.tokenizer, optimizer, self.scheduler, self.settings.run.save_total_limit,
                 recipe.save_files, getattr(self.accelerator, "scaler", None), recipe.saved_files_bytes(),
-                self.best.folder(self.output_dir), model_only=self.cfg.save_only_model, initial_adapter=self.initial)
+                self.best.folder(self.output_dir), model_only=self.settings.run.save_only_model, initial_adapter=self.initial)
         if training_after:
             optimizer_mode(optimizer, training=True)
         self.save_time += time.perf_counter() - began
@@ -396,25 +397,24 @@ class Trainer:
     # ------------------------------------------------------------------ finish
     def finish(self) -> Path | None:
         """The final evaluation and checkpoint (a resumed finished run has both already); the final model's weights."""
-        cfg = self.cfg
+        saves = self.settings.run.save_strategy != "no"
         if self.finished:
-            checkpoint = self.resume_from if not self.moved else self.save(training_after=False) \
-                if cfg.save_strategy != "no" else None
+            checkpoint = self.resume_from if not self.moved else self.save(training_after=False) if saves else None
         else:
             final_eval = self.early if self.early is not None else self.evaluate()
             self.state.last_metrics.update(final_eval)
-            checkpoint = self.save(training_after=False) if cfg.save_strategy != "no" else None
+            checkpoint = self.save(training_after=False) if saves else None
         optimizer_mode(self.optimizer, training=False)  # the final model: a schedule-free optimizer's averaged weights
         return checkpoint
 
     def interrupted(self) -> None:
         """Ctrl-C: the step that was running has finished; save it and stop."""
-        state, cfg = self.state, self.cfg
+        state = self.state
         done = self.last_saved is not None and self.last_saved.name == f"checkpoint-{state.global_step}"
         saved = (self.last_saved if done else self.save()) if state.global_step > 0 else None
         self.log.close()
         resume = ("its weights only (save_only_model: true): a new run can start from them, none can resume"
-                  if cfg.save_only_model else "resume with --resume_from_checkpoint=auto")
+                  if self.settings.run.save_only_model else "resume with --resume_from_checkpoint=auto")
         where = f"checkpoint saved to {saved}; {resume}" if saved else "no step had finished, nothing to save"
         raise TrainingInterrupted(f"interrupted at step {state.global_step}/{self.total_steps}: {where}") from None
 
@@ -432,7 +432,7 @@ class Trainer:
     def stopped_at_once(self) -> None:
         """A second Ctrl-C: stop mid-step."""
         self.log.close()
-        resume = "" if self.cfg.save_only_model else "; resume with --resume_from_checkpoint=auto"
+        resume = "" if self.settings.run.save_only_model else "; resume with --resume_from_checkpoint=auto"
         raise TrainingInterrupted(f"stopped at once during step {self.state.global_step + 1}/{self.total_steps}, nothing "
                                   f"more saved{self.last_good()}{resume}") from None
 

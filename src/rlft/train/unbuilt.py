@@ -1,6 +1,7 @@
 """What `rlft train` refuses before it loads anything: methods, losses and settings not built yet, and packages or tools
 the config needs that this machine lacks. Light to import: the launching command checks a config with it before it
-starts any training process."""
+starts any training process. It runs before a run resolves its settings (`rlft.config.settings.resolve`), and in
+the launching command, which resolves none: it builds the parts it checks (`model_settings`, `optim_settings`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.methods import method_spec
 from rlft.config.optimizers import AXOLOTL_OPTIMIZERS
 from rlft.config.settings.model import model_settings
+from rlft.config.settings.training import optim_settings
 from rlft.config.parallel import launched, partitioned
 from rlft.config.trackers import missing_tracker_packages
 from rlft.errors import ConfigError, NotImplementedYet
@@ -59,8 +61,8 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "fp32 partitions, so switching to the averaged weights for evaluations and saves would "
                                 "not reach the model; use it without deepspeed (plain or fsdp), or another optimizer")
     if not any(key in cfg.optimizer for key in ("galore", "apollo")):  # those need the model to resolve
-        optimizer_class(cfg)  # a missing package is said now, before the model loads
-    if problem := scheduler_problem(cfg):
+        optimizer_class(optim_settings(cfg))  # a missing package is said now, before the model loads
+    if problem := scheduler_problem(optim_settings(cfg)):
         raise ConfigError(problem)
     missing = missing_tracker_packages(cfg) + missing_build_tools(cfg) + liger_problems(model_settings(cfg), torch.cuda.is_available())
     if missing:

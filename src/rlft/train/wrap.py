@@ -7,7 +7,8 @@ import torch
 from rich.console import Console
 
 from rlft.config.parallel import deepspeed_settings, fsdp_settings
-from rlft.config.settings.model import model_settings
+from rlft.config.settings import Settings
+from rlft.config.settings.model import ModelSettings
 from rlft.models import varlen
 from rlft.models.compile import RECOMPILE_LIMIT, compile_options
 from rlft.train import zero
@@ -15,28 +16,29 @@ from rlft.train.optim import build_optimizer
 from rlft.train.parallel import shard_model, trains_in_bf16
 
 
-def wrap(cfg, model, accelerator, console: Console):
+def wrap(cfg, settings: Settings, model, accelerator, console: Console):
     """The model as the processes train it (as it is, DDP, sharded with FSDP2, or a DeepSpeed engine) and its
-    optimizer."""
+    optimizer (`settings.optim`)."""
+    optim = settings.optim
     ds = deepspeed_settings(cfg)
     if ds is not None:  # also on one process: the same engine, so that runs compare across process counts
-        return zero.initialize(ds, cfg, model, build_optimizer(cfg, model), accelerator.num_processes, trains_in_bf16(cfg))
-    settings = fsdp_settings(cfg)
-    if settings is not None and accelerator.is_main_process:
-        for note in settings.notes if accelerator.num_processes > 1 else ("fsdp with one process: nothing to shard",):
+        return zero.initialize(ds, settings.parallel, optim, model, build_optimizer(optim, model), trains_in_bf16(cfg))
+    fsdp = fsdp_settings(cfg)
+    if fsdp is not None and accelerator.is_main_process:
+        for note in fsdp.notes if accelerator.num_processes > 1 else ("fsdp with one process: nothing to shard",):
             console.print(f"note: {note}", markup=False, highlight=False)
-    if settings is None or accelerator.num_processes == 1:
-        return accelerator.prepare(model, build_optimizer(cfg, model))
-    shard_model(model.to(accelerator.device), settings)
-    return model, accelerator.prepare(build_optimizer(cfg, model))
+    if fsdp is None or accelerator.num_processes == 1:
+        return accelerator.prepare(model, build_optimizer(optim, model))
+    shard_model(model.to(accelerator.device), fsdp)
+    return model, accelerator.prepare(build_optimizer(optim, model))
 
 
-def compiled_forward(cfg, model):
+def compiled_forward(model_settings: ModelSettings, model):
     """`torch_compile`: the trained model behind `torch.compile` (inductor; shapes that vary between batches make it
     compile a dynamic graph after the second one), else the model itself. Checkpoints, gradient sync and weight
     pushes keep using the model. Short rows on a CPU attend through SDPA's math path (`rlft.models.varlen`), unless
     the mode autotunes GEMMs."""
-    options = compile_options(model_settings(cfg))
+    options = compile_options(model_settings)
     if options is None:
         return model
     varlen.install()

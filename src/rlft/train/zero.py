@@ -25,7 +25,8 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlft.config.parallel import DeepSpeedSettings, rows_per_step
+from rlft.config.parallel import DeepSpeedSettings
+from rlft.config.settings.training import OptimSettings, ParallelSettings
 
 INDEX = "zero.json"
 
@@ -39,13 +40,14 @@ def zero3_parameters(module: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
-def engine_config(settings: DeepSpeedSettings, cfg, processes: int, bf16: bool, hidden_size: int | None) -> dict[str, Any]:
+def engine_config(settings: DeepSpeedSettings, parallel: ParallelSettings, optim: OptimSettings, bf16: bool,
+                  hidden_size: int | None) -> dict[str, Any]:
     """The DeepSpeed config to run: the file, with its "auto" values filled from the rlft config."""
     config = json.loads(json.dumps(settings.config))  # a deep copy
-    config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-    config["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
-    config["train_batch_size"] = rows_per_step(cfg, processes)
-    config["gradient_clipping"] = float(cfg.max_grad_norm or 0.0)
+    config["train_micro_batch_size_per_gpu"] = parallel.micro_batch_size
+    config["gradient_accumulation_steps"] = parallel.gradient_accumulation_steps
+    config["train_batch_size"] = parallel.rows_per_step
+    config["gradient_clipping"] = optim.max_grad_norm
     config["bf16"] = {**config.get("bf16", {}), "enabled": bf16}
     config["fp16"] = {**config.get("fp16", {}), "enabled": False}
     config.setdefault("steps_per_print", 2**31 - 1)  # rlft prints its own step lines
@@ -63,7 +65,8 @@ def engine_config(settings: DeepSpeedSettings, cfg, processes: int, bf16: bool, 
     return config
 
 
-def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimizer, processes: int, bf16: bool):
+def initialize(settings: DeepSpeedSettings, parallel: ParallelSettings, optim: OptimSettings, model: torch.nn.Module,
+               optimizer, bf16: bool):
     """`deepspeed.initialize` on the model and rlft's optimizer: (engine, ZeRO optimizer)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")  # said, not guessed with a warning
     import deepspeed  # optional (rlft[deepspeed]) and slow to import: only for a `deepspeed:` run
@@ -78,7 +81,7 @@ def initialize(settings: DeepSpeedSettings, cfg, model: torch.nn.Module, optimiz
     # DeepSpeed calls torch.distributed functions that torch has renamed: not the user's concern
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-    config = engine_config(settings, cfg, processes, bf16, hidden)
+    config = engine_config(settings, parallel, optim, bf16, hidden)
     engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     return engine, zero_optimizer
 

@@ -7,6 +7,7 @@ import argparse
 from rlft.cli.consoles import console, err_console
 from rlft.cli.exit import CommandState
 from rlft.config import explain, load_config
+from rlft.config.settings import resolve
 from rlft.errors import ConfigError
 
 
@@ -19,7 +20,7 @@ def validate(args: argparse.Namespace, state: CommandState) -> int:
     if not args.config:
         raise ConfigError("validate needs a CONFIG file (or --explain KEY)")
     try:
-        load_config(args.config, args.overrides)
+        resolve(load_config(args.config, args.overrides))  # the settings `rlft train` builds: a config that validates builds them
     except ConfigError as exc:
         err_console.print(str(exc), style="red", markup=False, highlight=False)
         return 1

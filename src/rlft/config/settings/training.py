@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlft.config.parallel import launched, rows_per_process, rows_per_step
+from rlft.config.methods import method_spec
+from rlft.config.parallel import launched, rows_per_step
 from rlft.config.rl import orpo_lambda, preference_beta, trl_options
 from rlft.config.rules.batching import prompt_sharing_problem
 
@@ -21,7 +22,12 @@ class RunSettings:
     num_epochs: float  # num_epochs
     logging_steps: int  # logging_steps: a metrics line every N steps
     eval_steps: int | None  # eval_steps
+    evals_per_epoch: int | None  # evals_per_epoch: evaluations an epoch, where eval_steps is unset
+    eval_strategy: str | None  # eval_strategy: no, steps or epoch
     save_steps: int | None  # save_steps
+    saves_per_epoch: int | None  # saves_per_epoch: checkpoints an epoch, where save_steps is unset
+    save_strategy: str | None  # save_strategy: no, steps, epoch or best
+    streamed: bool  # the training rows are streamed: no epochs, max_steps stand for one
     save_total_limit: int  # save_total_limit as written
     save_only_model: bool  # save_only_model: checkpoints without optimizer state
     resume_from_checkpoint: str | None  # resume_from_checkpoint: a folder or auto
@@ -42,6 +48,8 @@ class OptimSettings:
     cosine_min_lr_ratio: float  # cosine_min_lr_ratio
     warmup_steps: int | None  # warmup_steps as written
     warmup_ratio: float | None  # warmup_ratio as written
+    warmup_as_ratio: bool  # the method's unset warm-up is a ratio of the run's steps (GRPO, EBFT: MethodSpec.warmup_as_ratio)
+    warmup_count_cap: int | None  # max_steps, where it caps the steps an unset warm-up is counted from (not for rl: methods)
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,6 @@ class ParallelSettings:
     processes: int  # training processes (the launcher's WORLD_SIZE; 1 without a launcher)
     micro_batch_size: int  # micro_batch_size: rows per forward
     gradient_accumulation_steps: int  # gradient_accumulation_steps: micro-batches per optimizer step
-    rows_per_process: int  # rows one process trains per step (`rlft.config.parallel.rows_per_process`)
     rows_per_step: int  # rows all processes train per step (`rlft.config.parallel.rows_per_step`)
 
 
@@ -86,7 +93,9 @@ def prompt_budget(cfg) -> int | None:
 def run_settings(cfg) -> RunSettings:
     return RunSettings(
         output_dir=cfg.output_dir, seed=cfg.seed, max_steps=cfg.max_steps, num_epochs=cfg.num_epochs,
-        logging_steps=cfg.logging_steps, eval_steps=cfg.eval_steps, save_steps=cfg.save_steps,
+        logging_steps=cfg.logging_steps, eval_steps=cfg.eval_steps, evals_per_epoch=cfg.evals_per_epoch,
+        eval_strategy=cfg.eval_strategy, save_steps=cfg.save_steps, saves_per_epoch=cfg.saves_per_epoch,
+        save_strategy=cfg.save_strategy, streamed=cfg.streamed,
         save_total_limit=cfg.save_total_limit, save_only_model=cfg.save_only_model,
         resume_from_checkpoint=cfg.resume_from_checkpoint,
     )
@@ -98,6 +107,8 @@ def optim_settings(cfg) -> OptimSettings:
         adam_epsilon=cfg.adam_epsilon, weight_decay=cfg.weight_decay, max_grad_norm=float(cfg.max_grad_norm or 0.0),
         lr_scheduler=cfg.lr_scheduler, lr_scheduler_kwargs=dict(cfg.lr_scheduler_kwargs or {}),
         cosine_min_lr_ratio=cfg.cosine_min_lr_ratio, warmup_steps=cfg.warmup_steps, warmup_ratio=cfg.warmup_ratio,
+        warmup_as_ratio=method_spec(cfg.method).warmup_as_ratio,
+        warmup_count_cap=None if method_spec(cfg.method).rl else cfg.max_steps or None,
     )
 
 
@@ -114,4 +125,4 @@ def parallel_settings(cfg) -> ParallelSettings:
     rank, processes = launched()
     return ParallelSettings(rank=rank, processes=processes, micro_batch_size=cfg.micro_batch_size,
                             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                            rows_per_process=rows_per_process(cfg), rows_per_step=rows_per_step(cfg, processes))
+                            rows_per_step=rows_per_step(cfg, processes))

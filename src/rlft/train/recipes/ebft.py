@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from rlft.config.settings import Settings
 from rlft.data.batches import BatchPlan
 from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards, strided_ebft_loss
 from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count
@@ -70,9 +71,9 @@ def adaptive_sampling(ebft) -> Callable[[list[dict[str, Any]], SamplingParams], 
 class EBFTStructuredRecipe(GRPORecipe):
     """GRPO with the feature-matching scorer, plus ground-truth cross-entropy (`ce_coef`) and EBFT's eval."""
 
-    def __init__(self, cfg, data, tokenizer, scorer, reference, shard: tuple[int, int] = (0, 1), make_engine=None,
+    def __init__(self, cfg, settings: Settings, data, tokenizer, scorer, reference, shard: tuple[int, int] = (0, 1), make_engine=None,
                  remote_engine: bool = False):
-        super().__init__(cfg, data, tokenizer, scorer, reference, shard,
+        super().__init__(cfg, settings, data, tokenizer, scorer, reference, shard,
                          sampling_for=adaptive_sampling(cfg.ebft) if cfg.ebft.adaptive_max_tokens else None,
                          make_engine=make_engine, remote_engine=remote_engine)
         self.name = "ebft"

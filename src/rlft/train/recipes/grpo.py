@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from rlft.config.rl import GENERATION_KWARGS, rl_settings
-from rlft.config.settings.model import model_settings
+from rlft.config.rl import GENERATION_KWARGS
+from rlft.config.settings import Settings
 from rlft.data.batches import BatchPlan, MicroBatch, PlanCursor
 from rlft.data.collate import completion_batch, flatten_rows, pad_multiple
 from rlft.data.tokenizer import end_ids
@@ -63,7 +63,7 @@ def row_inputs(row: TrainingRow) -> dict[str, Any]:
 
 
 class GRPORecipe(Recipe):
-    def __init__(self, cfg, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
+    def __init__(self, cfg, settings: Settings, data, tokenizer, scorer: Scorer, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
                  make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False,
                  environment: Environment | None = None, sharing: tuple[bool, str] | None = None,
@@ -73,19 +73,22 @@ class GRPORecipe(Recipe):
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `sharing`: each
         group's prompt once in a micro-batch (`share_prompts`), and the plan's line; `share_costs`: the model's forward
-        costs (share only where that takes fewer FLOPs); `rows_apart`: flattened rows attend each on its own."""
+        costs (share only where that takes fewer FLOPs); `rows_apart`: flattened rows attend each on its own. Of
+        `settings` the recipe reads the trl: options (`settings.rl`, kept as `self.settings`), the model's source and
+        compile options, and the rows per step."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
         self.share_prompts, self.share_costs, self.rows_apart = bool(sharing and sharing[0]), share_costs, rows_apart
         if sharing is not None:
             self.plan_rows = (("prompts", sharing[1]),)
-        self.settings = s = rl_settings(cfg)
+        self.settings = s = settings.rl
+        self.parallel = settings.parallel
         self.reference_moves = ReferenceMoves(reference, s)  # Cosmos-RL's reset, TR-DPO's soft update
         self.completions = CompletionLog(cfg.output_dir, tokenizer, bool(s.log_completions), s.num_completions_to_print or 0)
         unknown = sorted(set(s.raw["generation_kwargs"] or {}) - set(GENERATION_KWARGS))
         if unknown:
             raise RolloutError(f"trl.generation_kwargs: {unknown} not supported by the in-process engine (it takes "
                                f"{', '.join(GENERATION_KWARGS)})")
-        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(model_settings(cfg), cfg.base_model)))
+        self.sampling = sampling_params(s, end_ids(cfg.base_model, tokenizer, **hub_revision(settings.model, cfg.base_model)))
         # the off-policy terms compare the trainer with the engine: with sampling filters on, on the filtered distribution
         self.compares_sampled = filters_active(self.sampling) and (
             s.needs_sampling_correction or s.off_policy_mask_threshold is not None)
@@ -100,9 +103,9 @@ class GRPORecipe(Recipe):
         generation = s.steps_per_generation * s.prompts_per_step * s.num_generations
         self.draws_per_step = Fraction(s.steps_per_generation, s.num_iterations * max(1, -(-generation // self.step_rows)))
         self.prompts = PlanCursor(self.train_plan)
-        self.engine = GRPOEngine(cfg, s, tokenizer, scorer, self.prompts, self.sampling, shard, sampling_for, make_engine,
+        self.engine = GRPOEngine(cfg, s, settings.model, tokenizer, scorer, self.prompts, self.sampling, shard, sampling_for, make_engine,
                                  remote_engine, environment, rollout_func)
-        self.queue = RowQueue(s, self.step_rows, cfg.micro_batch_size, shard, reference, self.sampling, self.compares_sampled,
+        self.queue = RowQueue(s, self.step_rows, self.parallel.micro_batch_size, shard, reference, self.sampling, self.compares_sampled,
                               self.micro_batch)
         self.model = None  # the trained module (unwrapped), for weight pushes at checkpoints and evaluation
         self.step = 0
@@ -173,7 +176,8 @@ class GRPORecipe(Recipe):
         window = self.queue.pop()
         if not window:
             self.fresh[self.queue.empty_reason] = 1.0
-        mine, count = my_micro_batches(window, self.rank, self.world, self.cfg.micro_batch_size, self.cfg.gradient_accumulation_steps)
+        mine, count = my_micro_batches(window, self.rank, self.world, self.parallel.micro_batch_size,
+                                       self.parallel.gradient_accumulation_steps)
         # a process with fewer rows than the others runs padding micro-batches (weight 0): collectives stay in step
         padding = [MicroBatch.collated(self.micro_batch(window[:1]), padding=True)] * count if count else []
         return [MicroBatch.collated(self.micro_batch(rows)) for rows in mine] + padding
@@ -314,7 +318,7 @@ class GRPORecipe(Recipe):
     @property
     def step_rows(self) -> int:
         """Rows of one optimizer step: micro_batch_size x gradient_accumulation_steps per process."""
-        return self.cfg.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world
+        return self.parallel.rows_per_step
 
     def save_files(self, folder: Path) -> None:
         self.reference_moves.save(folder)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlft.config.parallel import partitioned
-from rlft.config.settings.model import model_settings
+from rlft.config.rl import RLSettings
+from rlft.config.settings.model import ModelSettings
 from rlft.data.batches import PlanCursor
 from rlft.models.compile import compile_options
 from rlft.rollout.engine import RolloutEngine
@@ -27,18 +28,19 @@ from rlft.train.weight_sync import WeightSync, sync_due
 
 
 class GRPOEngine:
-    def __init__(self, cfg, settings, tokenizer, scorer: Scorer, prompts: PlanCursor, sampling: SamplingParams,
+    def __init__(self, cfg, settings: RLSettings, model: ModelSettings, tokenizer, scorer: Scorer, prompts: PlanCursor, sampling: SamplingParams,
                  shard: tuple[int, int], sampling_for: Callable | None, make_engine: Callable[..., RolloutEngine] | None,
                  remote_engine: bool, environment: Environment | None, rollout_func: Callable | None):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
-        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server)."""
+        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `settings`: the trl: options; `model`: the model's
+        settings, which say how the in-process engine compiles."""
         self.cfg, self.settings, self.tokenizer, self.scorer, self.prompts = cfg, settings, tokenizer, scorer, prompts
         self.sampling, self.sampling_for, self.rollout_func, self.environment = sampling, sampling_for, rollout_func, environment
         self.rank, self.world = shard
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
-            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model_settings(cfg))))
+            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model)))
         self.remote_engine = remote_engine
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
         self.feed: RolloutFeed | None = None

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from rlft.config.methods import method_spec
-from rlft.config.rl import orpo_lambda, preference_beta
+from rlft.config.settings import Settings
 from rlft.data.preference import example_length, kto_batch, pair_batch, shared_pair_inputs
 from rlft.losses.preference.dpo import bco_reward_mean_update, dpo_loss
 from rlft.losses.preference.kto import kto_loss
@@ -119,11 +119,12 @@ def pair_collate(pad_id: int, share: bool, one_sequence: bool = False, width: in
 class PairRecipe(Recipe):
     """DPO (every loss type) / IPO, ORPO and SimPO-CPO on (prompt, chosen, rejected) pairs."""
 
-    def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
+    def __init__(self, cfg, settings: Settings, data, pad_id: int, reference: FrozenPolicy | None, shard: tuple[int, int] = (0, 1),
                  sharing: tuple[bool, str] = (False, "twice per pair"), rows_apart: bool = False):
         """`rows_apart`: flattened rows attend each on its own (per-row SDPA, `rlft.models.varlen`); pairs sharing their
-        prompt are then one sequence each, not the whole micro-batch in one sequence under one mask."""
-        self.cfg = cfg
+        prompt are then one sequence each, not the whole micro-batch in one sequence under one mask. Of `settings` the
+        recipe reads the losses' weights."""
+        self.cfg, self.weights = cfg, settings.loss
         self.method = cfg.method
         self.name = self.method
         self.reference = reference
@@ -186,16 +187,16 @@ class PairRecipe(Recipe):
                                       chosen_token_log_sum_sq_probs=out.log_sum_sq_probs[:pairs],
                                       rejected_token_log_sum_sq_probs=out.log_sum_sq_probs[pairs:])
             if model.training:  # evaluation must not move the running mean
-                beta = preference_beta(cfg)
+                beta = self.weights.preference_beta
                 self._bco_update(beta * (chosen - ref_chosen.to(chosen)), beta * (rejected - ref_rejected.to(rejected)),
                                  counted=counted)
             result = dpo_loss(chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), loss_types=self.loss_types,
-                              beta=preference_beta(cfg), loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
+                              beta=self.weights.preference_beta, loss_weights=cfg.dpo_loss_weights, label_smoothing=cfg.dpo_label_smoothing,
                               chosen_lengths=lengths_c, rejected_lengths=lengths_r, chosen_nll=nll,
                               bco_running_mean=self._bco_mean(), discopop_tau=cfg.dpo_discopop_tau, sample_weights=weights)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
         elif spec.odds_ratio:
-            weight = orpo_lambda(cfg)
+            weight = self.weights.orpo_lambda
             result = orpo_loss(out.logps[:pairs] / lengths_c.clamp_min(1), out.logps[pairs:] / lengths_r.clamp_min(1),
                                nll, alpha=weight)
             losses = result.losses
@@ -204,7 +205,7 @@ class PairRecipe(Recipe):
             rejected_rewards = (weight * out.logps[pairs:] / lengths_r.clamp_min(1)).detach()
         else:  # simpo / cpo
             loss_type = cfg.cpo_loss_type or "simpo"
-            result = cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=preference_beta(cfg),
+            result = cpo_loss(out.logps[:pairs], out.logps[pairs:], lengths_c, lengths_r, loss_type=loss_type, beta=self.weights.preference_beta,
                               gamma=cfg.simpo_gamma, label_smoothing=cfg.dpo_label_smoothing, cpo_alpha=cfg.cpo_alpha,
                               chosen_nll=nll)
             losses, chosen_rewards, rejected_rewards = result.losses, result.chosen_rewards, result.rejected_rewards
@@ -249,8 +250,8 @@ class KTORecipe(Recipe):
     name = "kto"
     needs_reference = True
 
-    def __init__(self, cfg, data, pad_id: int, reference: FrozenPolicy, shard: tuple[int, int] = (0, 1)):
-        self.cfg = cfg
+    def __init__(self, cfg, settings: Settings, data, pad_id: int, reference: FrozenPolicy, shard: tuple[int, int] = (0, 1)):
+        self.cfg, self.weights = cfg, settings.loss  # of `settings`, the losses' weights
         self.reference = reference
         self.precompute_time = 0.0
         # eval in data order: the KL reference point z0 is a mean over each batch's mismatched rows, so batches sorted
@@ -279,7 +280,7 @@ class KTORecipe(Recipe):
         started = clock()
         ref, ref_kl = self.reference_logps(model, batch)
         reference_time = None if "ref_logps" in batch else clock() - started
-        result = kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=preference_beta(self.cfg),
+        result = kto_loss(out.logps, ref.to(out.logps), batch["desirable"], kl_policy, ref_kl.to(out.logps), beta=self.weights.preference_beta,
                           desirable_weight=self.cfg.kto_desirable_weight, undesirable_weight=self.cfg.kto_undesirable_weight)
         desirable, logps = batch["desirable"], out.logps.detach()
         metrics = {"kl": float(result.kl.detach())}

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from rlft.config.settings.model import model_settings
+from rlft.config.settings import Settings
 from rlft.data.prepared import PreparedData
 from rlft.data.batches import BatchPlan, MicroBatch, rows_collate
 from rlft.data.collate import pad_multiple, packed_batch, padded_width
@@ -27,9 +27,11 @@ class SFTRecipe(Recipe):
     liger = False  # Liger's Triton kernel for the fused linear cross-entropy (CUDA; rlft.models.liger)
     prepare_phase = "data"  # a streamed run reads and tokenises its rows in prepare_step
 
-    def __init__(self, cfg, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1), stream_tokenizer=None):
+    def __init__(self, cfg, settings: Settings, data: PreparedData, pad_id: int, shard: tuple[int, int] = (0, 1),
+                 stream_tokenizer=None):
         """`stream_tokenizer`: the training rows are streamed (`pretraining_dataset`, `streaming: true`), read and
-        tokenised with it as training goes (`rlft.data.stream`); `data` holds the eval rows only."""
+        tokenised with it as training goes (`rlft.data.stream`); `data` holds the eval rows only. Of `settings` the
+        recipe reads the model's (its liger switch)."""
         capacity = cfg.sequence_len if cfg.sample_packing else None
         width = padded_width(cfg)
         # batch_flattening: each micro-batch's rows as one row, each document attending to itself (rlft.data.collate)
@@ -52,7 +54,7 @@ class SFTRecipe(Recipe):
             self.train_plan = BatchPlan(data.train, cfg.micro_batch_size, cfg.seed, pad_id, capacity, shard, collate=flat,
                                         lengths=lengths, width=width, multiple=multiple)
         self.shard = shard
-        self.liger = liger_loss(model_settings(cfg))
+        self.liger = liger_loss(settings.model)
         packed_eval = cfg.sample_packing if cfg.eval_sample_packing is None else cfg.eval_sample_packing
         eval_plan = BatchPlan(data.eval, cfg.eval_batch_size or cfg.micro_batch_size, cfg.seed, pad_id,
                               cfg.sequence_len if packed_eval else None, width=width, multiple=multiple,
