@@ -27,13 +27,6 @@ from rlft.config.sections.vllm import VLLMConfig
 DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
 MODEL_NAMES = {"DatasetConfig": "dataset entry", "PretrainingDatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
-ISSUES = {"#3": "issue #3", "#4": "issue #4", "#5": "issue #5", "#11": "issue #11",
-          "NCCL weight transfer, a later issue": "NCCL weight transfer, a later issue",
-          "custom vLLM server code, a later issue": "custom vLLM server code, a later issue",
-          "NeMo Gym, issue #10": "issue #10",
-          "padding-free batches, issue #13": "issue #13",
-          "SAPO/LUSPO/VESPO losses (later issue)": "SAPO/LUSPO/VESPO losses, a later issue",
-          "reasoning transforms (later issue)": "reasoning transforms, a later issue"}
 
 
 def type_name(annotation) -> str:
@@ -87,7 +80,7 @@ def table(model: type[BaseModel], names: list[str] | None = None, prefix: str = 
             continue
         description = (info.description or "").replace("|", "\\|")
         if "planned" in extra:
-            description = f"**Not built yet ({ISSUES.get(extra['planned'], extra['planned'])}).** {description}"
+            description = f"**Not built ({extra['planned']}).** {description}"
         rows.append(f"| `{prefix}{name}` | {type_name(info.annotation)} | {default_text(info)} | {description} |")
     return "\n".join(rows)
 

@@ -258,7 +258,7 @@ def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys
     for flag in (False, True):
         out = tmp_path / f"compile-{flag}"
         counters.clear()
-        assert cli("train", make_config(output_dir=str(out), torch_compile=flag, max_steps=6, eval_steps=None)) == 0
+        assert cli("train", make_config(output_dir=str(out), torch_compile=flag, max_steps=3, eval_steps=None)) == 0
         runs[flag] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
         graphs[flag] = counters["stats"]["unique_graphs"]
     assert graphs[False] == 0 and graphs[True] > 0, graphs  # the compiled run did go through dynamo

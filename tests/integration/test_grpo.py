@@ -461,7 +461,7 @@ def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, mo
     apart)."""
     monkeypatch.chdir(tmp_path)
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
-    settings = dict(max_steps=4, logging_steps=1, seed=5, trl={"temperature": 1.0})
+    settings = dict(max_steps=2, logging_steps=1, seed=5, trl={"temperature": 1.0})  # step 2 samples from updated weights
     runs = {}
     for name, compiled in (("eager", False), ("compiled", True)):
         path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name),

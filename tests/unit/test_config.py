@@ -330,7 +330,7 @@ def test_explain_typo_in_section_suggests_key():
 
 def test_planned_setting_is_reported_with_issue(config):
     cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51217})
-    assert planned_settings(cfg) == [("trl.vllm_group_port", "NCCL weight transfer, a later issue")]
+    assert planned_settings(cfg) == [("trl.vllm_group_port", "NCCL weight transfer")]
 
 
 def test_planned_setting_at_default_not_reported(config):
@@ -364,7 +364,7 @@ def test_refuse_unbuilt_setting_on_sft(config):
 
     with pytest.raises(NotImplementedYet) as caught:
         refuse_unbuilt(config(trl={"vllm_group_port": 1234}))
-    assert "  - trl.vllm_group_port (NCCL weight transfer, a later issue)" in str(caught.value)
+    assert "  - trl.vllm_group_port (not built: NCCL weight transfer)" in str(caught.value)
 
 
 def test_refuse_unbuilt_accepts_plain_sft(config):

@@ -29,15 +29,15 @@ def field(default: Any = None, description: str = "", **kwargs: Any) -> Any:
     return Field(default, description=description, **kwargs)
 
 
-def planned(default: Any = None, description: str = "", *, issue: str, **kwargs: Any) -> Any:
-    """A field of a capability not built yet: validates, but `train` refuses a non-default value."""
+def planned(default: Any = None, description: str = "", *, what: str, **kwargs: Any) -> Any:
+    """A field of a capability not built (`what`): it validates, but `train` refuses a non-default value."""
     extra = dict(kwargs.pop("json_schema_extra", None) or {})
-    extra["planned"] = issue
+    extra["planned"] = what
     return Field(default, description=description, json_schema_extra=extra, **kwargs)
 
 
 def planned_settings(model: BaseModel, prefix: str = "") -> list[tuple[str, str]]:
-    """(key path, issue) for every `planned` field that the config sets to a non-default value."""
+    """(key path, what is not built) for every `planned` field that the config sets to a non-default value."""
     found: list[tuple[str, str]] = []
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)

@@ -82,7 +82,7 @@ class RlftConfig(LoopFields, DataFields, ModelFields, PreferenceFields, NemoGymF
         None, "DDP copies rank 0's buffers to the other ranks before each forward; None -> true (PyTorch's).")
     deepspeed: Optional[str] = field(None, "DeepSpeed JSON file (ZeRO-1/2/3): a path, or one rlft ships by name "
                                      "(deepspeed_configs/zero3_bf16.json); \"auto\" values come from the config.")
-    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", issue="#11", ge=1)
+    context_parallel_size: int = planned(1, "Sequence/context parallel degree.", what="context parallelism", ge=1)
 
     @field_validator("micro_batch_size", "gradient_accumulation_steps", "sequence_len", "logging_steps")
     @classmethod

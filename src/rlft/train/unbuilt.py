@@ -73,7 +73,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
         raise NotImplementedYet(f"these Axolotl settings do not run in rlft; remove them (or set them to their default):\n{listed}")
     unbuilt = planned_settings(cfg)
     if unbuilt:
-        listed = "\n".join(f"  - {key} ({'issue ' + issue if issue.startswith('#') else issue})" for key, issue in unbuilt)
+        listed = "\n".join(f"  - {key} (not built: {what})" for key, what in unbuilt)
         raise NotImplementedYet(f"these settings are not implemented yet; remove them or leave them at their defaults:\n{listed}")
 
 

@@ -89,5 +89,5 @@ class EBFTConfig(Section):
     mask_thinking_ce: Optional[bool] = planned(
         None,
         "Exclude thinking spans from the CE term (reasoning data); None -> false.",
-        issue="reasoning transforms (later issue)",
+        what="reasoning transforms",
     )

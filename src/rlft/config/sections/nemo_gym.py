@@ -43,7 +43,7 @@ class NemoGymFields(Section):
     nemo_gym_auto_clone: Optional[bool] = planned(
         None,
         "Clone NeMo Gym into nemo_gym_dir if missing; None -> false.",
-        issue="install NeMo Gym with `make nemo-gym` instead: a clone needs GitHub and its own `uv sync`",
+        what="install NeMo Gym with `make nemo-gym` instead: a clone needs GitHub and its own `uv sync`",
     )
     nemo_gym_config_paths: Optional[list[str]] = field(
         None,

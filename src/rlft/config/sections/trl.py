@@ -15,7 +15,7 @@ from pydantic import field_validator
 from rlft.config.axolotl_tables import TRL, known_only
 from rlft.config.base import field, planned
 
-NCCL_SYNC = "NCCL weight transfer, a later issue"
+NCCL_SYNC = "NCCL weight transfer"
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Union[Literal["group", "batch", "none"], bool]
@@ -215,12 +215,12 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     sapo_temperature_pos: float = planned(
         1.0,
         "SAPO soft-gate temperature for positive advantages (loss_type: sapo).",
-        issue="SAPO/LUSPO/VESPO losses (later issue)", gt=0.0,
+        what="the SAPO, LUSPO and VESPO losses", gt=0.0,
     )
     sapo_temperature_neg: float = planned(
         1.05,
         "SAPO soft-gate temperature for negative advantages (loss_type: sapo).",
-        issue="SAPO/LUSPO/VESPO losses (later issue)", gt=0.0,
+        what="the SAPO, LUSPO and VESPO losses", gt=0.0,
     )
     unbiased_loss_max_tokens: Optional[int] = field(
         None,
@@ -288,7 +288,7 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     vllm_group_port: Optional[int] = planned(
         51216,
         "Port of the NCCL weight-sync group.",
-        issue=NCCL_SYNC, ge=1, le=65535,
+        what=NCCL_SYNC, ge=1, le=65535,
     )
     vllm_lora_sync: bool = field(
         False,

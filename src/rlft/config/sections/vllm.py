@@ -7,8 +7,8 @@ from typing import Literal, Optional
 from rlft.config.axolotl_tables import VLLM, known_only
 from rlft.config.base import field, planned
 
-CUSTOM_SERVER = "custom vLLM server code, a later issue"
-REASONING = "reasoning transforms (later issue)"
+CUSTOM_SERVER = "custom vLLM server code"
+REASONING = "reasoning transforms"
 
 
 class VLLMConfig(known_only("AxolotlVllmKeys", VLLM)):
@@ -67,22 +67,22 @@ class VLLMConfig(known_only("AxolotlVllmKeys", VLLM)):
     serve_module: Optional[str] = planned(
         None,
         "Python module implementing the server; None -> rlft's rollout server.",
-        issue=CUSTOM_SERVER,
+        what=CUSTOM_SERVER,
     )
     worker_extension_cls: Optional[str] = planned(
         None,
         "vLLM worker extension class for weight sync; None -> the server's default.",
-        issue=CUSTOM_SERVER,
+        what=CUSTOM_SERVER,
     )
     enable_reasoning: Optional[bool] = planned(
         None,
         "Split reasoning content from answers in responses.",
-        issue=REASONING,
+        what=REASONING,
     )
     reasoning_parser: Optional[str] = planned(
         None,
         "vLLM reasoning parser name (with enable_reasoning).",
-        issue=REASONING,
+        what=REASONING,
     )
     max_lora_rank: Optional[int] = field(
         None,
