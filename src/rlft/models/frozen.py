@@ -174,5 +174,5 @@ class ReferenceMoves:
             raise CheckpointError(f"{folder / self.FILE}: cannot restore the reference from it ({str(exc).splitlines()[0][:200]}). "
                                   "Resume from an earlier checkpoint, or start a new run from this one's model/ "
                                   "folder") from None
-        return [f"{folder} holds no {self.FILE} (rlft wrote none before 2026-11-26): the reference starts again from the "
+        return [f"{folder} holds no {self.FILE} (a checkpoint of an older rlft version): the reference starts again from the "
                 "starting weights, until its next reset or update"]
