@@ -30,7 +30,7 @@ def test_validate_ok_and_explain(cli, capsys, make_config):
     assert cli("validate", make_config()) == 0
     assert capsys.readouterr().out.strip() == "OK"
     assert cli("validate", "--explain", "trl.vllm_group_port") == 0
-    assert "planned in NCCL weight transfer" in capsys.readouterr().out
+    assert "not built: NCCL weight transfer" in capsys.readouterr().out
 
 
 def test_missing_base_model_folder(cli, capsys, make_config, tmp_path):
@@ -68,7 +68,7 @@ def test_everything_dropped(cli, capsys, make_config):
     ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"], "max_completion_length": 16}},
      "trl.loss_type 'sapo' is not implemented yet"),
     ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"], "max_completion_length": 16}},
-     "trl.vllm_group_port (NCCL weight transfer"),
+     "trl.vllm_group_port (not built: NCCL weight transfer"),
     ({"deepspeed": "ds.json"}, "ds.json does not exist"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"liger_rope": True, "liger_rms_norm": True}, "liger_rope, liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"),

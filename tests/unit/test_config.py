@@ -300,7 +300,7 @@ def test_explain_trl_beta_has_default_and_description():
     assert "default: None" in text
     assert "KL coefficient (k3 estimator) to the reference" in text
     assert "not built yet" not in text
-    assert "not built yet: planned in NCCL weight transfer" in explain("trl.vllm_group_port")
+    assert "not built: NCCL weight transfer" in explain("trl.vllm_group_port")
     assert "not built yet" not in explain("trl.use_vllm")
 
 
@@ -328,7 +328,7 @@ def test_explain_typo_in_section_suggests_key():
 # ---------------------------------------------------------------- planned settings
 
 
-def test_planned_setting_is_reported_with_issue(config):
+def test_planned_setting_is_reported_with_what_is_not_built(config):
     cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51217})
     assert planned_settings(cfg) == [("trl.vllm_group_port", "NCCL weight transfer")]
 

@@ -298,5 +298,5 @@ def explain(key: str) -> str:
     annotation = annotation or str(info.annotation).replace("typing.", "")
     extra = info.json_schema_extra or {}
     planned = str(extra.get("planned")) if isinstance(extra, dict) and "planned" in extra else ""
-    status = f"\n  not built yet: planned in {'issue ' + planned if planned.startswith('#') else planned}" if planned else ""
+    status = f"\n  not built: {planned}" if planned else ""
     return f"{key}\n  type: {annotation}\n  default: {default!r}\n  {info.description}{status}"
