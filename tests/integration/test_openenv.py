@@ -74,19 +74,24 @@ def test_prompt_tokens_match_the_dataset_prompt(example_path):
 
 
 def test_grpo_learns_from_environment_rewards(warm_model, cli, tmp_path, monkeypatch, repo_root, openenv_url):
-    """The shipped config, shorter, from a weak model: every reward is the environment's, and it rises."""
+    """The shipped config, shorter, from a weak model: every reward is the environment's, and it rises. A step's mean
+    reward (8 prompts x 8 answers) swings by about 0.05 with its prompts; after 60 steps the last third's mean was within
+    that of the first third's on some trajectories (0.204 -> 0.212 on an AVX2-only AMD EPYC with seed 0). After 120
+    steps the last quarter's mean rose by 0.084 to 0.138 over the first quarter's for seeds 0-3 with AVX2 kernels
+    (ATEN_CPU_CAPABILITY=avx2) and by 0.100 and 0.109 for seeds 0 and 2 with AVX-512 (an AMD EPYC): the margin of 0.03
+    is under half the smallest rise."""
     monkeypatch.chdir(repo_root)
     monkeypatch.setenv("OPENENV_URL", openenv_url)
     out = tmp_path / "openenv"
-    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=60",
+    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=120",
                "--logging_steps=1", "--learning_rate=1e-3") == 0
     steps = [m for m in read_metrics(Path(out) / "metrics.jsonl") if "reward" in m]
-    assert len(steps) == 60
+    assert len(steps) == 120
     for m in steps:
         assert "rewards/reward_env/mean" in m, sorted(m)
         assert m["rewards/reward_env/unscorable"] == 0 and m["rewards/reward_env/failures"] == 0, m
-    third = len(steps) // 3
+    quarter = len(steps) // 4
     mean = lambda rows: sum(r["rewards/reward_env/mean"] for r in rows) / len(rows)  # noqa: E731
-    first, last = mean(steps[:third]), mean(steps[-third:])
-    print(f"env reward: first third {first:.3f}, last third {last:.3f}")
+    first, last = mean(steps[:quarter]), mean(steps[-quarter:])
+    print(f"env reward: first quarter {first:.3f}, last quarter {last:.3f}")
     assert last > first + 0.03, (first, last)
