@@ -66,12 +66,14 @@ def test_async_training_against_the_server_learns(served, cli, tmp_path, monkeyp
     monkeypatch.chdir(repo_root)
     out = tmp_path / "learn"
     assert cli("train", "examples/grpo/async.yaml", f"--base_model={served['base']['base_model']}", f"--output_dir={out}",
-               "--max_steps=60", "--eval_steps=60", "--logging_steps=1", "--learning_rate=1e-3",
+               "--max_steps=100", "--eval_steps=100", "--logging_steps=1", "--learning_rate=1e-3",
                "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]", f"--trl.vllm_server_port={served['port']}",
                f"--vllm.api_key={TOKEN}") == 0
     steps = [m for m in steps_of(out) if "reward" in m]
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
-    assert mean(steps[-15:]) > mean(steps[:15]) + 0.03, (mean(steps[:15]), mean(steps[-15:]))
+    # the first and last quarter's means rose by 0.080 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) and by 0.078 with
+    # AVX-512 on an AMD EPYC (60 steps had given 0.059 with AVX2)
+    assert mean(steps[-25:]) > mean(steps[:25]) + 0.03, (mean(steps[:25]), mean(steps[-25:]))
     assert all(m["async/staleness/max"] == 1.0 for m in steps[1:])
     assert abs(steps[0]["sampling/importance_sampling_ratio/max"] - 1) < 1e-4  # sampled by the weights being trained
 

@@ -28,6 +28,7 @@ def test_arithmetic_example_reward_rises(warm_model, cli, tmp_path, monkeypatch,
     steps = [m for m in _metrics(out) if "reward" in m]
     first, last = steps[:15], steps[-15:]
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
+    # rose by 0.104 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) on an AMD EPYC; passes on Intel Xeon (AVX-512) too
     assert mean(last) > mean(first) + 0.03, (mean(first), mean(last))
     evals = [m for m in _metrics(out) if "eval/reward" in m]
     assert [e["step"] for e in evals] == [0, 60]
@@ -377,12 +378,14 @@ def test_async_prefetch_learns_with_importance_sampling_metrics(warm_model, cli,
     """The in-process engine samples the next batch on a background thread while the trainer trains on this one."""
     monkeypatch.chdir(repo_root)
     out = tmp_path / "async"
-    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=60", "--eval_steps=60",
+    assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=100", "--eval_steps=100",
                "--logging_steps=1", "--learning_rate=1e-3", "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]",
                "--trl.async_prefetch=true", "--trl.prefetch_depth=1", "--trl.vllm_sync_interval=1") == 0
     steps = [m for m in _metrics(out) if "reward" in m]
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
-    assert mean(steps[-15:]) > mean(steps[:15]) + 0.03, (mean(steps[:15]), mean(steps[-15:]))
+    # the first and last quarter's means rose by 0.080 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) and by 0.078 with
+    # AVX-512 on an AMD EPYC (60 steps had given 0.059 with AVX2)
+    assert mean(steps[-25:]) > mean(steps[:25]) + 0.03, (mean(steps[:25]), mean(steps[-25:]))
     assert steps[0]["async/staleness/max"] == 0.0 and all(m["async/staleness/max"] == 1.0 for m in steps[1:])
     ratios = [m["sampling/importance_sampling_ratio/max"] for m in steps]
     assert all(r > 0 for r in ratios) and "sampling/sampling_logp_difference/mean" in steps[-1]
