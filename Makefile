@@ -32,12 +32,12 @@ $(TOKENIZER_FILES): tests/assets/fetch_tokenizers.py | $(STAMP)
 	$(VENV)/bin/python tests/assets/fetch_tokenizers.py
 	touch $(TOKENIZER_FILES)
 
-# Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures run once): the suite's
-# processes wait on servers and start-ups about a third of the time, which the other process fills. Files go out in
-# collection order, the long integration files first and the many short unit files last to even out the end
-# (xdist's default sends the files with the most tests first, which left test_distributed and NeMo Gym for the end).
+# Three test processes (pytest-xdist) on the machine's two cores, each test file whole in one of them (its module
+# fixtures run once): the suite's processes wait on servers, start-ups and launched training processes much of the time
+# (with two, the cores were idle 44% of the run), which a third process fills. Files go out in collection order, the
+# long integration files first and the many short unit files last to even out the end.
 test: $(STAMP) $(NEMO_VENV)/.installed $(TOKENIZER_FILES)
-	@set -o pipefail; $(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder 2>&1 | tee .ci/last-pytest.log; status=$$?; \
+	@set -o pipefail; $(VENV)/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder 2>&1 | tee .ci/last-pytest.log; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests (exit 5): that is a failure" >&2; fi; exit $$status
 
 # The edit loop: the unit tests but those that compile with inductor (they run in `make test`), on two processes.
