@@ -135,7 +135,8 @@ def test_producer_yields_prompt_major_groups_with_versions_and_advantages():
     rewards = batch.scores.total.view(-1, GROUP)
     expected = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
     assert torch.allclose(batch.advantages, expected.flatten(), atol=1e-5)
-    assert "time/generate" in batch.metrics and batch.metrics["reward"] == pytest.approx(float(batch.scores.total.mean()))
+    assert "time/generate" in batch.metrics.step
+    assert batch.metrics.batch["reward"] == pytest.approx(float(batch.scores.total.mean()))
 
 
 def test_reroll_injections_are_counted_on_the_batch_that_holds_them():
@@ -144,15 +145,15 @@ def test_reroll_injections_are_counted_on_the_batch_that_holds_them():
     counts = iter([1, 0])
     made.inject = lambda prompts: (prompts, next(counts))
     first, second = made.sample(*made.draw()), made.sample(*made.draw())  # drawn before either is scored
-    assert made.score(first).metrics["reroll_injected"] == 1.0
-    assert "reroll_injected" not in made.score(second).metrics
+    assert made.score(first).metrics.batch["reroll_injected"] == 1.0
+    assert "reroll_injected" not in made.score(second).metrics.batch
 
 
 def test_dynamic_sampling_drops_constant_groups_and_draws_more():
     # prompts 3 and 5 vary (odd first token), 2 and 4 are constant: draws go on until both odd ones are kept
     made = producer(firsts=(3, 2, 5, 4), filter_reward_metric=("reward",), dynamic_sampling_max_retries=5)
     batch = made.produce()
-    retries = int(batch.metrics["dynamic_sampling/retries"])
+    retries = int(batch.metrics.batch["dynamic_sampling/retries"])
     assert sorted(p["prompt_ids"][0] for p in batch.prompts) == [3, 5] and made.engine.calls == 1 + retries
     assert batch.dropped == {"zero_variance": 2 * (1 + retries) - 2}
     assert len(batch.rollout) == 2 * GROUP and batch.scores.values.shape == (4, 1)
@@ -162,7 +163,7 @@ def test_dynamic_sampling_drops_constant_groups_and_draws_more():
 def test_dynamic_sampling_retries_are_bounded():
     made = producer(firsts=(2, 4, 6, 8), filter_reward_metric=("r",), dynamic_sampling_max_retries=1)
     batch = made.produce()
-    assert made.engine.calls == 2 and batch.metrics["dynamic_sampling/retries"] == 1.0
+    assert made.engine.calls == 2 and batch.metrics.batch["dynamic_sampling/retries"] == 1.0
     assert batch.skip  # nothing varied: trained on the last draw, every advantage 0, the update is skipped
 
 

@@ -20,7 +20,7 @@ from rlft.errors import RolloutError
 from rlft.losses.advantages import group_advantages, zero_variance_groups
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.scoring import Scorer, add_overlong_penalty, column_stats
-from rlft.rollout.types import Rollout, SampledBatch, SamplingParams, ScoredBatch, Scores
+from rlft.rollout.types import BatchMetrics, Rollout, SampledBatch, SamplingParams, ScoredBatch, Scores
 from rlft.rollout.user_rollouts import call_user, completions_rollout, rollout_form
 
 ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
@@ -118,20 +118,20 @@ class RolloutProducer:
         started = time.perf_counter()
         prompts, rollout = sampled.prompts, sampled.rollout
         scores = self._score(prompts, rollout, sampled.extra)
-        timings = {"time/generate": sampled.generate_time, "time/reward": round(time.perf_counter() - started, 4)}
-        dropped, metrics = {}, {}
+        metrics, dropped = BatchMetrics(), {}
+        metrics.add_phase("time/generate", sampled.generate_time)
+        metrics.add_phase("time/reward", time.perf_counter() - started)
         if s.filter_reward_metric:  # DAPO dynamic sampling: keep groups whose filter reward varies, draw more (bounded)
             prompts, rollout, scores, dropped, retries = self._dynamic_sampling(prompts, rollout, scores, needed)
-            metrics["dynamic_sampling/retries"] = float(retries)
-            metrics["dynamic_sampling/dropped_groups"] = float(sum(dropped.values()))
+            metrics.describe({"dynamic_sampling/retries": float(retries),
+                              "dynamic_sampling/dropped_groups": float(sum(dropped.values()))})
         advantages, frac_zero_std = self._advantages(scores)
         self.generations += 1
         skip = s.skip_zero_advantage_batches and bool((advantages == 0).all())
-        metrics.update(timings)
         if sampled.injected:
-            metrics["reroll_injected"] = float(sampled.injected)
-        metrics.update(rollout_metrics(scores, rollout, self.group, frac_zero_std, max(sampled.generate_time, 1e-9)))
-        metrics["time/rollout_total"] = round(sampled.generate_time + time.perf_counter() - started, 4)
+            metrics.describe({"reroll_injected": float(sampled.injected)})
+        metrics.describe(rollout_metrics(scores, rollout, self.group, frac_zero_std, max(sampled.generate_time, 1e-9)))
+        metrics.add_phase("time/rollout_total", sampled.generate_time + time.perf_counter() - started)
         notes = episode_metrics(sampled.extra, metrics)
         scored = ScoredBatch(prompts, rollout, scores, advantages, self.group, skip=skip, dropped=dropped, metrics=metrics,
                              notes=notes)
@@ -239,17 +239,17 @@ class RolloutProducer:
         return rollout, extra
 
 
-def episode_metrics(extra: dict[str, list], metrics: dict[str, float]) -> list[str]:
-    """An environment's turns and failures into `metrics` (Axolotl's rollout/num_turns/*); the first failure's reason,
-    to print."""
+def episode_metrics(extra: dict[str, list], metrics: BatchMetrics) -> list[str]:
+    """An environment's turns and failures into the batch's description (Axolotl's rollout/num_turns/*); the first
+    failure's reason, to print."""
     turns = [t for t in extra.get("num_turns") or [] if t is not None]
     if turns:
-        metrics.update({"rollout/num_turns/mean": sum(turns) / len(turns), "rollout/num_turns/min": float(min(turns)),
-                        "rollout/num_turns/max": float(max(turns))})
+        metrics.describe({"rollout/num_turns/mean": sum(turns) / len(turns), "rollout/num_turns/min": float(min(turns)),
+                          "rollout/num_turns/max": float(max(turns))})
     if "env_error" not in extra:
         return []
     errors = [e for e in extra["env_error"] if e]
-    metrics["rollout/env_failures"] = float(len(errors))
+    metrics.describe({"rollout/env_failures": float(len(errors))})
     return [f"{len(errors)} of {len(extra['env_error'])} episodes failed and are not trained on; the first: {errors[0]}"] if errors else []
 
 

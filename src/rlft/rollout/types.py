@@ -140,11 +140,42 @@ class Scores:
 
 
 @dataclass
+class BatchMetrics:
+    """A generation batch's metrics, made by the producer with its ScoredBatch, in two parts. `batch` describes its rows
+    (rewards, lengths, staleness): it repeats on every optimizer step that trains on them (num_iterations,
+    steps_per_generation) and is saved with the recipe's state. `step` holds the current step's own phase times and
+    events (the rollout's phases, the row queue's log-prob pass, weight sync, a skipped step): the later stages add to it
+    through `add_phase` and `note`, and `take_step` hands it over once, with the description, as the step's metrics."""
+
+    batch: dict[str, float] = field(default_factory=dict)
+    step: dict[str, float] = field(default_factory=dict)
+
+    def describe(self, values: dict[str, float]) -> None:
+        """Add to the description of the batch's rows."""
+        self.batch.update(values)
+
+    def add_phase(self, name: str, seconds: float, within: str | None = None) -> None:
+        """The step spent `seconds` (kept to 0.1 ms) on phase `name`; `within`: a phase whose total includes this one."""
+        self.step[name] = round(seconds, 4)
+        if within is not None:
+            self.step[within] = round(self.step[within] + self.step[name], 4)
+
+    def note(self, event: str, count: float = 1.0) -> None:
+        """An event of this step (a skipped update, rows dropped), with how many times it happened."""
+        self.step[event] = float(count)
+
+    def take_step(self) -> dict[str, float]:
+        """The step's metrics: the batch's description, then the step's own, which start empty for the next step."""
+        step, self.step = self.step, {}
+        return {**self.batch, **step}
+
+
+@dataclass
 class ScoredBatch:
     """One generation batch, ready to train on: prompt groups, their rollouts, rewards and advantages.
 
     `dropped` counts the groups left out and why (e.g. {"zero_variance": 3} from dynamic sampling);
-    `metrics` describe these rows (rewards, lengths, phase times) and travel with them.
+    `metrics` describe these rows and the phases that made them, and travel with them.
     """
 
     prompts: list[dict[str, Any]]  # one per group: prompt_ids, prompt, columns (+ ground_truth_ids for EBFT)
@@ -154,7 +185,7 @@ class ScoredBatch:
     group_size: int
     skip: bool = False  # no learning signal anywhere (skip_zero_advantage_batches): no update on these steps
     dropped: dict[str, int] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: BatchMetrics = field(default_factory=BatchMetrics)
     replayed_rows: frozenset[int] = frozenset()  # rows the replay buffer put in place of a group without signal
     notes: list[str] = field(default_factory=list)  # what the user should read now (an environment's first failure)
 

@@ -53,12 +53,12 @@ class RolloutFeed:
         scored = self.producer.score(sampled)
         versions = scored.rollout.weight_versions
         staleness = [self.step - v for v in versions]
-        scored.metrics.update({
+        scored.metrics.describe({
             "async/staleness/mean": round(sum(staleness) / max(1, len(staleness)), 4),
             "async/staleness/max": float(max(staleness, default=0)),
             "async/queue_depth": float(self.prefetcher.queued),
-            "time/rollout_wait": round(waited, 4),
         })
+        scored.metrics.add_phase("time/rollout_wait", waited)
         return scored
 
     def _submit(self) -> None:
@@ -73,7 +73,7 @@ class RolloutFeed:
         if self.replay is not None:
             scored, replay_metrics = self.replay.apply(scored)
             extra.update(replay_metrics)
-        scored.metrics.update(extra)
+        scored.metrics.describe(extra)
         return scored
 
     def engine_call(self, job: Callable[[], Any]) -> Any:

@@ -30,7 +30,7 @@ from rlft.models.logprobs import completion_scores, filters_active, sampled_logp
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.producer import Environment
 from rlft.rollout.scoring import Scorer
-from rlft.rollout.types import SamplingParams, ScoredBatch, TrainingRow, sampling_params
+from rlft.rollout.types import BatchMetrics, SamplingParams, ScoredBatch, TrainingRow, sampling_params
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.metrics import clock
 from rlft.train.parallel import broadcast_object, my_micro_batches
@@ -109,8 +109,7 @@ class GRPORecipe(Recipe):
                               self.micro_batch)
         self.model = None  # the trained module (unwrapped), for weight pushes at checkpoints and evaluation
         self.step = 0
-        self.batch_metrics: dict[str, float] = {}  # describe the generation batch being trained on
-        self.fresh: dict[str, float] = {}  # this step's own (phase times, skips)
+        self.metrics = BatchMetrics()  # of the generation batch being trained on, and this step's own
         self.pending: list[str] = []  # warnings for the loop to print
         self.shown: list[str] = []  # sampled completions for the loop to print (trl.num_completions_to_print)
         self.zero_signal_steps = self.steps_with_signal = 0
@@ -135,7 +134,7 @@ class GRPORecipe(Recipe):
         self.step = step
         main_thread = self.engine.after_optimizer_step(model, step)
         self.reference_moves.after_step(model, step)
-        self.fresh.update(self.engine.sync_metrics(clock() - started, main_thread))
+        self.engine.add_sync_phases(self.metrics, clock() - started, main_thread)
 
     def close(self) -> None:
         self.engine.close()
@@ -154,7 +153,7 @@ class GRPORecipe(Recipe):
         return {"queue": self.queue.state_dict(), "prompts": self.prompts.state_dict(), "generations": self.engine.generations,
                 "weight_version": feed.get("weight_version") or 0, "step": self.step, "feed": feed,
                 "zero_signal_steps": self.zero_signal_steps, "steps_with_signal": self.steps_with_signal,
-                "batch_metrics": self.batch_metrics, "empty_reason": self.queue.empty_reason}
+                "batch_metrics": self.metrics.batch, "empty_reason": self.queue.empty_reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state and "prompts" not in state:
@@ -165,7 +164,7 @@ class GRPORecipe(Recipe):
         self.prompts.load_state_dict(state.get("prompts", {}))
         self.zero_signal_steps = state.get("zero_signal_steps", 0)
         self.steps_with_signal = state.get("steps_with_signal", 0)
-        self.batch_metrics = state.get("batch_metrics", {})
+        self.metrics = BatchMetrics(batch=state.get("batch_metrics", {}))
         self.queue.empty_reason = state.get("empty_reason", self.queue.empty_reason)
         self._restored = state
 
@@ -175,7 +174,7 @@ class GRPORecipe(Recipe):
             self.fill_queue(model)
         window = self.queue.pop()
         if not window:
-            self.fresh[self.queue.empty_reason] = 1.0
+            self.metrics.note(self.queue.empty_reason)
         mine, count = my_micro_batches(window, self.rank, self.world, self.parallel.micro_batch_size,
                                        self.parallel.gradient_accumulation_steps)
         # a process with fewer rows than the others runs padding micro-batches (weight 0): collectives stay in step
@@ -246,8 +245,7 @@ class GRPORecipe(Recipe):
     def step_metrics(self) -> dict[str, float]:
         """The batch's rollout statistics repeat on steps that reuse it (num_iterations, steps_per_generation); phase
         times and skips belong to the step that had them."""
-        fresh, self.fresh = self.fresh, {}
-        return {**self.batch_metrics, **fresh}
+        return self.metrics.take_step()
 
     def reports(self) -> list[str]:
         shown, self.shown = self.shown, []
@@ -292,19 +290,17 @@ class GRPORecipe(Recipe):
         rows = self.rows_of(scored)
         if self.completions.on and self.rank == 0:
             self.shown += self.completions.record(scored, self.engine.generations)
-        self.fresh.update(self.queue.fill(model, rows, scored.skip, self.step))
-        self.fresh["time/rollout_total"] = round(self.fresh["time/rollout_total"] + self.fresh["time/logprobs"], 4)
+        self.queue.fill(model, rows, scored.skip, self.step, self.metrics)
 
     def rows_of(self, scored: ScoredBatch) -> list[TrainingRow]:
         return training_rows(scored, self.settings.mask_truncated_completions)
 
     def _take_metrics(self, scored: ScoredBatch) -> None:
-        self.batch_metrics = {k: v for k, v in scored.metrics.items() if not k.startswith("time/")}
-        self.fresh.update({k: v for k, v in scored.metrics.items() if k.startswith("time/")})
+        self.metrics = scored.metrics
         self.pending += scored.notes
         for failure in scored.scores.failures:
             self.pending.append(failure["summary"])
-        if scored.metrics["frac_reward_zero_std"] >= 1.0:
+        if scored.metrics.batch["frac_reward_zero_std"] >= 1.0:
             self.zero_signal_steps += 1
             if self.zero_signal_steps == ZERO_SIGNAL_WARN_STEPS:
                 self.pending.append(

@@ -21,7 +21,7 @@ from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.producer import Environment, RolloutProducer
 from rlft.rollout.scoring import Scorer
-from rlft.rollout.types import SamplingParams, ScoredBatch
+from rlft.rollout.types import BatchMetrics, SamplingParams, ScoredBatch
 from rlft.train.parallel import broadcast_object, gathered_state_dict
 from rlft.train.rollout_feed import RolloutFeed
 from rlft.train.weight_sync import WeightSync, sync_due
@@ -103,14 +103,13 @@ class GRPOEngine:
         policy = self.whole(model) if sync_due(step, self.settings.sync_interval) else model
         return self.feed.after_optimizer_step(policy, step) if self.feed else 0.0
 
-    def sync_metrics(self, elapsed: float, main_thread: float) -> dict[str, float]:
+    def add_sync_phases(self, metrics: BatchMetrics, elapsed: float, main_thread: float) -> None:
         """`time/weight_sync`: the step's time after the update (`elapsed`), or with a background feed the main thread's
         share; `async/weight_load_s`: the engine's load time in the background."""
         background = bool(self.feed and self.feed.depth)
-        metrics = {"time/weight_sync": round(main_thread if background else elapsed, 4)}
+        metrics.add_phase("time/weight_sync", main_thread if background else elapsed)
         if background and self.feed.weight_sync.seconds:
-            metrics["async/weight_load_s"] = round(self.feed.weight_sync.seconds, 4)
-        return metrics
+            metrics.add_phase("async/weight_load_s", self.feed.weight_sync.seconds)
 
     def synced_policy(self, model):
         """For evaluation: the engine brought up to the trained weights (every process calls it), and the policy that

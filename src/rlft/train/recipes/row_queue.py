@@ -16,7 +16,7 @@ import torch
 
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.logprobs import completion_logps, completion_scores, sampled_logps
-from rlft.rollout.types import SamplingParams, TrainingRow
+from rlft.rollout.types import BatchMetrics, SamplingParams, TrainingRow
 from rlft.train.metrics import clock
 from rlft.train.parallel import gather_objects, max_across
 
@@ -41,13 +41,14 @@ class RowQueue:
     def pop(self) -> list[TrainingRow]:
         return self.windows.pop(0)
 
-    def fill(self, model, rows: list[TrainingRow], skip: bool, step: int) -> dict[str, float]:
+    def fill(self, model, rows: list[TrainingRow], skip: bool, step: int, metrics: BatchMetrics) -> None:
         """Queue a generation batch's rows (`skip`: it has no learning signal: its steps update nothing) at optimizer step
-        `step`; the metrics of doing so (rows dropped as stale, `time/logprobs`)."""
-        s, metrics = self.settings, {}
+        `step`; into the batch's `metrics` go the rows dropped as stale and the log-prob pass (`time/logprobs`, part of
+        `time/rollout_total`)."""
+        s = self.settings
         rows, dropped = self.within_staleness(rows, step)
         if dropped:
-            metrics["async/stale_rows_dropped"] = float(dropped)
+            metrics.note("async/stale_rows_dropped", dropped)
         # no update on these steps: no learning signal, or every row older than allowed_outdated_steps
         self.empty_reason = "skipped_zero_adv_batches" if skip else "async/stale_batches_skipped"
         sizes = [0] * s.steps_per_generation if skip or not rows else [len(w) for w in self._windows(rows)]
@@ -73,8 +74,7 @@ class RowQueue:
             windows.append(trained[start : start + size])
             start += size
         self.windows = [window for _ in range(s.num_iterations) for window in windows]
-        metrics["time/logprobs"] = round(clock() - started, 4)
-        return metrics
+        metrics.add_phase("time/logprobs", clock() - started, within="time/rollout_total")
 
     def within_staleness(self, rows: list[TrainingRow], step: int) -> tuple[list[TrainingRow], int]:
         """The rows sampled at most `allowed_outdated_steps` steps before `step` (replayed ones can be older), and how
