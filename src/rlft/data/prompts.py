@@ -8,7 +8,7 @@ map_kwargs)`), or `chat_template` (the messages at `field_messages` are the prom
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from rlft.data.formats.rows import (RowError, bind_tokenizer, call_transform, chat_template_format, fields_of, render_chat, text,
                                     user_transform)
@@ -80,7 +80,16 @@ def template_kwargs(record: dict[str, Any], chat_template_kwargs: dict | None) -
     return {**(chat_template_kwargs or {}), "tools": tools} if tools else chat_template_kwargs
 
 
-def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> dict[str, Any]:
+class PromptRow(TypedDict, total=False):
+    """One prompt of an online-RL or structured-EBFT dataset, as the rollout side reads it."""
+
+    prompt_ids: list[int]  # the prompt's token ids, chat template applied (what the engine continues)
+    prompt: Any  # the prompt as the dataset gave it: a string, or a list of chat messages
+    columns: dict[str, Any]  # the row's other columns, passed to the reward functions by name (e.g. `answer`)
+    ground_truth_ids: list[int]  # structured EBFT: the reference completion's ids, end token included
+
+
+def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> PromptRow:
     prompt = record["prompt"]
     text, special = prompt_text(prompt, tokenizer, template_kwargs(record, chat_template_kwargs))
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]

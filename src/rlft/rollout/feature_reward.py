@@ -10,10 +10,10 @@ It is a scorer in place of GRPO's reward functions, so advantages and the policy
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
+from rlft.data.prompts import PromptRow
 from rlft.losses.ebft import cfm_loss, feature_matching_rewards
 from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count, pool
 from rlft.models.frozen import FrozenPolicy
@@ -68,7 +68,7 @@ class FeatureMatchingReward:
                 out.append(pool(hidden, mask, self.ebft.embed_method, starts).float())
         return torch.cat(out)
 
-    def score(self, prompts: list[dict[str, Any]], rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
+    def score(self, prompts: list[PromptRow], rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
         """Rewards (N, 1) for N = len(prompts) * group completions, grouped per prompt."""
         generated = [p + c for p, c in zip(rollout.prompt_ids, rollout.completion_ids)]
         starts = [len(p) for p in rollout.prompt_ids]

@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from rlft.data.prompts import PromptRow
 from rlft.errors import RolloutError
 from rlft.losses.advantages import group_advantages, zero_variance_groups
 from rlft.rollout.engine import RolloutEngine
@@ -51,7 +52,7 @@ class Environment(Protocol):
     with `env_mask` over what the environment wrote, and extra columns for the reward functions (`env_reward`,
     `num_turns`, `env_error`: a failed episode's reason, None otherwise)."""
 
-    def rollout(self, prompts: list[dict[str, Any]], group: int, sampling: SamplingParams,
+    def rollout(self, prompts: list[PromptRow], group: int, sampling: SamplingParams,
                 version: int) -> tuple[Rollout, dict[str, list]]: ...
 
 
@@ -94,7 +95,7 @@ class RolloutProducer:
         self.draws += 1
         return prompts, self.draws - 1, injected
 
-    def sample(self, prompts: list[dict[str, Any]], index: int, injected: int = 0) -> SampledBatch:
+    def sample(self, prompts: list[PromptRow], index: int, injected: int = 0) -> SampledBatch:
         """Generate G completions per prompt. Touches only the engine: safe on a background thread."""
         started = time.perf_counter()
         if self.environment is not None:
@@ -151,13 +152,13 @@ class RolloutProducer:
             zero += float(result.frac_zero_std) * len(values)
         return torch.cat(parts), zero / max(1, len(scores.total))
 
-    def evaluate(self, prompts: list[dict[str, Any]], params: SamplingParams) -> tuple[Rollout, Scores]:
+    def evaluate(self, prompts: list[PromptRow], params: SamplingParams) -> tuple[Rollout, Scores]:
         """One completion per prompt with `params` (greedy for eval), scored."""
         rollout = self.run_engine(lambda: self.engine.generate([p["prompt_ids"] for p in prompts], params, 1))
         return rollout, self.scorer.score(prompts, rollout, 1)
 
     # ------------------------------------------------------------------ stages
-    def _score(self, prompts: list[dict[str, Any]], rollout: Rollout, extra: dict[str, list]) -> Scores:
+    def _score(self, prompts: list[PromptRow], rollout: Rollout, extra: dict[str, list]) -> Scores:
         """The scorer over the whole batch, or chunk by chunk of groups when streaming (bounded memory per call)."""
         s = self.settings
         if s.streaming and len(prompts) > s.streaming_min_groups:
@@ -208,7 +209,7 @@ class RolloutProducer:
         return (kept_prompts[:needed], Rollout.concat(kept_rollouts).select(rows), Scores.concat(kept_scores).select(rows),
                 {"zero_variance": dropped}, retries)
 
-    def _user_rollout(self, prompts: list[dict[str, Any]]) -> tuple[Rollout, dict[str, list]]:
+    def _user_rollout(self, prompts: list[PromptRow]) -> tuple[Rollout, dict[str, list]]:
         name = self.settings.rollout_func
         if self.rollout_form == "completions":
             rollout = completions_rollout(self.rollout_func, name, getattr(self.engine, "model", None), self.tokenizer, prompts,

@@ -7,10 +7,11 @@ does, never in a background producer), `score(prompts, rollout, group, extra)` a
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from rlft.data.prompts import PromptRow
 from rlft.losses.advantages import overlong_penalty
 from rlft.rollout.types import RewardFailure, Rollout, Scores
 
@@ -20,7 +21,7 @@ class Scorer(Protocol):
     weights: list[float]
     needs_policy: bool
 
-    def score(self, prompts: list[dict[str, Any]], rollout: Rollout, group: int,
+    def score(self, prompts: list[PromptRow], rollout: Rollout, group: int,
               extra: dict[str, list] | None = None) -> Scores: ...
 
     def close(self) -> None: ...
@@ -59,7 +60,7 @@ class FunctionScorer:
         self.names = [f.name for f in runner.functions]
         self.weights = [f.weight for f in runner.functions]
 
-    def score(self, prompts: list[dict[str, Any]], rollout: Rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
+    def score(self, prompts: list[PromptRow], rollout: Rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         expanded = [p for p in prompts for _ in range(group)]
         completions = [[{"role": "assistant", "content": t}] if isinstance(p["prompt"], list) else t for t, p in zip(texts, expanded)]
