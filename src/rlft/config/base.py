@@ -3,9 +3,9 @@
 Every section forbids unknown keys (a misspelt key is an error, never silently ignored) and every
 field carries a description (`rlft validate --explain KEY` prints it).
 
-A field made with :func:`planned` belongs to a capability that is specified but not built yet.
+A field made with :func:`planned` belongs to a capability that is specified but not built.
 `rlft validate` accepts it so that users' existing configs check clean; `rlft train` refuses a
-config that sets it to anything but its default, naming the key and the issue that builds it.
+config that sets it to anything but its default, naming the key and the capability.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
         device = "CUDA GPUs" if torch.cuda.is_available() else "CUDA GPUs (this machine has none)"
         raise NotImplementedYet(f"context_parallel_size: {cfg.context_parallel_size}: context parallelism splits each sequence "
                                 f"over processes with ring attention on CUDA SDPA kernels and FSDP2, so it needs {device}; "
-                                "rlft has not built it yet (issue #11). Remove the key; for long rows use "
+                                "rlft does not build it. Remove the key; for long rows use "
                                 "gradient_checkpointing and a smaller micro_batch_size")
     if cfg.lora_target_parameters and (why := parameter_lora_unbuilt(cfg)):
         raise NotImplementedYet(f"lora_target_parameters {why}")
