@@ -16,7 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 BENCH_README = REPO / "bench" / "README.md"
-STRICT_DOCS = ["distributed.md", "preference-data.md", "rollouts.md", "troubleshooting.md"]
+STRICT_DOCS = ["architecture.md", "distributed.md", "environments.md", "preference-data.md", "preference.md", "rollouts.md", "sft.md",
+               "troubleshooting.md"]
 STRICT = [README, BENCH_README] + [REPO / "docs" / name for name in STRICT_DOCS]
 
 ORDINALS = r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\d+(?:st|nd|rd|th)"
