@@ -3,7 +3,7 @@
     .venv/bin/python bench/async_grpo.py                       # 40 steps each, size S, 32-token completions
     .venv/bin/python bench/async_grpo.py --steps 80 --size M --completion-length 64
 
-The workload is the one of bench/grpo.py (spec/platform.md §6): a seeded random tiny Llama, "a+b=" prompts,
+The workload is the one of bench/grpo.py: a seeded random tiny Llama, "a+b=" prompts,
 completions forced to `--completion-length` tokens (`ignore_eos`, as long RL completions), and the reward
 count('a') / 10 - 0.01 * length, which a policy learns by writing more 'a's: a reward curve that must rise.
 

@@ -1,4 +1,4 @@
-"""What only a GPU can show (issue 13), each run through the real `rlft train` command:
+"""What only a GPU can show, each run through the real `rlft train` command:
 
   strided  strided EBFT with flex_attention (the strided rule as a BlockMask) against SDPA with the identical dense
            mask: the same losses in fp32, then median step time, generation time and peak GPU memory in bf16.

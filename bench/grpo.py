@@ -2,7 +2,7 @@
 
 Both tools load identical weights (one seeded random init of `rlft.models.tiny`, saved once with
 save_pretrained) and draw prompts from the addition task (`rlft.tasks.addition.split_rows`, the "a+b="
-strings as plain, non-conversational prompts). Settings shared by both (spec/platform.md §6):
+strings as plain, non-conversational prompts). Settings shared by both:
 num_generations G = 4, 8 completions per optimizer step (2 prompts x 4, one micro-batch, no
 accumulation, steps_per_generation 1, num_iterations 1), max_completion_length 32, temperature 1.0,
 top-p 1, top-k off, beta 0.0 (no reference model), loss_type "grpo", epsilon 0.2, scale_rewards
@@ -110,7 +110,7 @@ RLFT_PHASES = ("prepare", "generate", "reward", "logprobs", "rollout_total", "fo
 
 
 def count_a_reward(completions, **kwargs) -> list[float]:
-    """spec/platform.md §6's TRL baseline reward: count of 'a' / 10 - 0.01 * length (characters)."""
+    """The TRL baseline reward: count of 'a' / 10 - 0.01 * length (characters)."""
     return [text.count("a") / 10 - 0.01 * len(text) for text in completions]
 
 

@@ -252,7 +252,7 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # model as the saved path: TRL loads the reference from the same path (ref_model=None); with precompute it
-    # keeps no reference model. (A config-built model without ref_model crashes: spec/platform.md §6.)
+    # keeps no reference model. (TRL's DPOTrainer crashes on a config-built model without ref_model.)
     trainer = RecordingDPOTrainer(
         model=str(model_dir), ref_model=None, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[timer]
     )

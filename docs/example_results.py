@@ -1,4 +1,4 @@
-"""Regenerate the example results the README and docs quote (issue 12, point 8).
+"""Regenerate the example results the README and docs quote.
 
     PYTHONPATH=src .venv/bin/python docs/example_results.py             # everything (tens of minutes on 2 cores)
     PYTHONPATH=src .venv/bin/python docs/example_results.py dpo grpo    # some of them

@@ -1,4 +1,4 @@
-"""Axolotl's config idioms and keys (issue 12, point 3): empty values, per-epoch cadences, padding and packing switches."""
+"""Axolotl's config idioms and keys: empty values, per-epoch cadences, padding and packing switches."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def test_axolotl_only_keys_validate_and_train_refuses_them_with_reasons(config):
     from rlft.config.axolotl_keys import unsupported_settings
 
     cfg = config(liger_rms_norm_gated=True, hub_model_id="me/model", strict=False, fsdp_version=2, wandb_watch=None,
-                 dataloader_num_workers=0, capabilities={"bf16": True}, datasets=[{"path": "train.jsonl", "field_thinking": "x"}],
+                 dataloader_num_workers=0, swanlab_log_completions=False, capabilities={"bf16": True}, datasets=[{"path": "train.jsonl", "field_thinking": "x"}],
                  plugins=["axolotl.integrations.kernels.KernelsPlugin"])
     refused, derived = unsupported_settings(cfg)
     reasons = dict(refused)

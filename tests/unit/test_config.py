@@ -159,6 +159,20 @@ def test_gdpo_with_sum_then_normalize(config_problems):
     assert "sum_then_normalize" in what
 
 
+@pytest.mark.parametrize("settings", [{"rl": "gdpo"}, {"rl": "grpo", "trl": {"multi_objective_aggregation": "normalize_then_sum"}}])
+def test_rloo_with_per_reward_normalisation_is_a_config_problem(config_problems, settings):
+    trl = {"num_generations": 4, "advantage_estimator": "rloo", **settings.get("trl", {})}
+    [(where, what)] = config_problems(rl=settings["rl"], micro_batch_size=4, trl=trl)
+    assert where == "combination" and what.startswith("trl.advantage_estimator: rloo with per-reward normalisation")
+
+
+def test_an_overlong_buffer_past_the_completion_limit_is_a_config_problem(config, config_problems):
+    trl = {"overlong_penalty": True, "max_completion_length": 64, "overlong_buffer_length": 64}
+    assert config(rl="grpo", micro_batch_size=8, trl=trl).trl.overlong_buffer_length == 64  # the whole completion: allowed
+    [(where, what)] = config_problems(rl="grpo", micro_batch_size=8, trl={**trl, "overlong_buffer_length": 65})
+    assert where == "combination" and what.startswith("trl.overlong_buffer_length 65 is longer than trl.max_completion_length 64")
+
+
 def test_qlora_without_4bit(config_problems):
     assert config_problems(adapter="qlora") == [("combination", "adapter: qlora needs load_in_4bit: true")]
 

@@ -1,4 +1,4 @@
-"""Every numeric key has its valid range in the schema, and validate names every value outside it (issue 12, point 6)."""
+"""Every numeric key has its valid range in the schema, and validate names every value outside it."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_pairwise_is_the_dot_product_matrix():
 
 def test_unwhitened_normalises_the_whole_concatenation_not_each_layer():
     # two "layers" of very different scale; identical samples: joint normalisation gives diversity 2 (dot 1), where
-    # per-layer normalisation (Axolotl strided, spec §6.5) would give 2 * n_layers = 4
+    # per-layer normalisation (Axolotl's strided trainer) would give 2 * n_layers = 4
     phi = [1.0, 0.0, 100.0, 0.0]
     g = [0.0, 1.0, 100.0, 0.0]
     out = feature_matching_rewards(t([[phi, phi, phi]]), t([g]))
@@ -328,7 +328,7 @@ def test_rloo_is_ref_true_leave_one_out_by_hand():
 
 def test_rloo_baseline_is_independent_of_the_sample_itself():
     # change every similarity involving sample 0 and its alignment: its baseline must not move (REF); Axolotl's
-    # (sum r - r_0)/(n-1) moves, because r_1..r_3 contain s_01, s_02, s_03 (spec §6.7)
+    # (sum r - r_0)/(n-1) moves, because r_1..r_3 contain s_01, s_02, s_03
     alpha, beta = 1.0, 1.0
 
     def baselines(align, sims):

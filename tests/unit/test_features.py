@@ -84,7 +84,7 @@ def test_pooling_values_by_hand():
 
 
 def test_last_token_under_left_padding_is_the_last_column():
-    # Axolotl read index mask.sum() - 1, a pad under left padding (spec §6.11)
+    # Axolotl read index mask.sum() - 1, a pad under left padding
     _, (left, mask, _) = padded_pair()
     assert torch.equal(pool(left, mask, "last_token"), left[:, -1])
 

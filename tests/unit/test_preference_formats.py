@@ -1,4 +1,4 @@
-"""Preference / KTO row formats: the exact strings of spec axolotl-rl.md §C for every `type:`."""
+"""Preference / KTO row formats: the exact strings Axolotl's formats build, for every `type:`."""
 
 from __future__ import annotations
 

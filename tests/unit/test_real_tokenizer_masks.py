@@ -1,4 +1,4 @@
-"""Which tokens carry the loss, with two real tokenizers and several chat templates (issue 12, point 1).
+"""Which tokens carry the loss, with two real tokenizers and several chat templates.
 
 GPT-2's byte-level BPE and the Llama/Mistral SentencePiece model both put the space before a word
 into the word's token (`ĠParis`, `▁Paris`). Templates that separate the answer from the header with a

@@ -1,7 +1,7 @@
-"""Strided block-parallel generation: layout, attention rule, and the three properties of issue 5 §4.
+"""Strided block-parallel generation: layout, attention rule, and the three properties block-parallel training needs.
 
-(a) the loss reads each generated token's log-prob where sampling read it (axolotl bug §6.1);
-(b) each token gets its own block's advantage (axolotl bug §6.2);
+(a) the loss reads each generated token's log-prob where sampling read it (Axolotl's strided trainer does not);
+(b) each token gets its own block's advantage (Axolotl's does not);
 (c) parallel blocks = each block generated alone by a plain causal model on its prefix.
 """
 
@@ -193,7 +193,7 @@ def test_a_loss_logps_equal_sampling_logps(model, rollout, batch):
     logits = _forward(model, rollout)
     loss_logps = gather_generated_logps(logits, rollout.sequences, layout, TEMPERATURE)
     torch.testing.assert_close(loss_logps, rollout.sampled_logps, atol=1e-4, rtol=0)
-    # the plain next-token shift over the step-major layout (axolotl, §6.1) reads other columns: caught here
+    # the plain next-token shift over the step-major layout (as Axolotl's strided trainer does) reads other columns: caught here
     shifted = torch.log_softmax(logits[:, 23:-1] / TEMPERATURE, -1).gather(-1, rollout.sequences[:, 24:, None])
     assert (deinterleave(shifted.squeeze(-1), 6) - rollout.sampled_logps).abs().max() > 1e-2
 

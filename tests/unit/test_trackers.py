@@ -1,4 +1,4 @@
-"""Experiment trackers through accelerate (issue 12, point 4): the keys that turn each on, a missing package said early."""
+"""Experiment trackers through accelerate: the keys that turn each on, a missing package said early."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ SAME_AS_RLFT: dict[str, Callable[[Any], bool]] = {
     "include_tkps": _any_of(True),
     "tokenizer_use_fast": _any_of(True),
     "low_cpu_mem_usage": _any_of(True),
+    "swanlab_log_completions": _any_of(False),  # rlft logs no completions to SwanLab
 }
 
 

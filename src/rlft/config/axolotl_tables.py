@@ -32,7 +32,7 @@ REASONS = {
     "optim": "an optimizer option rlft does not pass on: optimizers come from transformers by name (docs/training.md)",
     "deprecated": "deprecated in Axolotl too: use the key that replaced it",
     "other": "not built in rlft",
-    "dataset": "a dataset option rlft does not have (formats: docs/sft.md, docs/preference-data.md, docs/grpo.md)",
+    "dataset": "a dataset option rlft does not have (formats: docs/sft.md, docs/preference.md, docs/grpo.md)",
     "trl": "a trl option rlft does not have (docs/grpo.md lists the trl keys)",
     "derived": "a value Axolotl computes for itself; rlft does not read it",
     "vllm": "rlft's rollout server picks its device itself",

@@ -1,3 +1,3 @@
 """Rollouts for online RL: typed rollout data, engines, scorers (reward functions, feature matching), the producer.
 
-See docs/rollouts.md for how they fit together."""
+See docs/rollout-server.md (the rollout pipeline) for how they fit together."""

@@ -76,6 +76,15 @@ def _grpo_problems(cfg, spec, options):
                    "both too): keep one of them")
     if spec.normalises_each_reward and trl.multi_objective_aggregation == "sum_then_normalize":
         yield f"rl: {spec.name} normalises each reward before summing: remove trl.multi_objective_aggregation: sum_then_normalize (or use rl: grpo)"
+    per_reward = spec.normalises_each_reward or trl.multi_objective_aggregation == "normalize_then_sum"
+    if per_reward and options["advantage_estimator"] == "rloo":
+        yield ("trl.advantage_estimator: rloo with per-reward normalisation (rl: gdpo or multi_objective_aggregation: "
+               "normalize_then_sum): GDPO z-scores each reward within its group, so a leave-one-out baseline would only "
+               "rescale it; use advantage_estimator: grpo, or rl: grpo with sum_then_normalize")
+    buffer = options["overlong_buffer_length"]
+    if options["overlong_penalty"] and buffer is not None and buffer > completion:
+        yield (f"trl.overlong_buffer_length {buffer} is longer than trl.max_completion_length {completion}: the penalty "
+               "would fall on every completion; make the buffer at most max_completion_length (DAPO uses a quarter of it)")
     yield from _rollout_problems(cfg, options)
 
 

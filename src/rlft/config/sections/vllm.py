@@ -86,7 +86,7 @@ class VLLMConfig(known_only("AxolotlVllmKeys", VLLM)):
     )
     max_lora_rank: Optional[int] = field(
         None,
-        "Largest LoRA rank the engine accepts; None -> lora_r, or 64 without one.",
+        "Largest LoRA rank the engine accepts; None -> lora_r.",
         ge=1,
     )
     max_loras: int = field(2, "LoRA adapters kept loaded at once (vllm backend).", ge=1)
