@@ -744,8 +744,7 @@ def test_lora_on_parameters_and_what_it_is_not_built_for(config, config_problems
     grpo = {"rl": "grpo", "micro_batch_size": 8, "trl": {"reward_funcs": ["r.f"]}}
     unbuilt = {"with rl: grpo: sending parameter adapters. weights to the rollout engine": grpo,
                "with fsdp: not built yet": {"fsdp": ["full_shard"],
-                                            "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
-               "with trl.sync_ref_model: moving the reference": {"rl": "dpo", "trl": {"sync_ref_model": True}}}
+                                            "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}}
     for words, settings in unbuilt.items():  # they validate, and train refuses them before loading anything
         with pytest.raises(NotImplementedYet, match=f"lora_target_parameters {words}"):
             refuse_unbuilt(config(**lora, **settings))

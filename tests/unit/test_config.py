@@ -381,6 +381,20 @@ def test_refuse_unbuilt_setting_on_sft(config):
     assert "  - trl.vllm_group_port (not built: NCCL weight transfer)" in str(caught.value)
 
 
+@pytest.mark.parametrize("key, value", [("sync_ref_model", True), ("reference_reset_interval", 10)])
+def test_reference_moves_are_refused_where_nothing_would_move(config, config_problems, key, value):
+    """TR-DPO's reference moves run in the GRPO family's recipe only: a preference method is refused with the reason,
+    and GRPO without a KL term (beta 0: no reference model) is a config problem; GRPO with one accepts them."""
+    from rlft.train.unbuilt import refuse_unbuilt
+
+    with pytest.raises(NotImplementedYet, match=f"trl.{key} with rl: dpo: moving the reference model during training"):
+        refuse_unbuilt(config(rl="dpo", trl={key: value}))
+    grpo = {"rl": "grpo", "micro_batch_size": 8, "trl": {"reward_funcs": ["r.f"], key: value}}
+    [(_, what)] = config_problems(**grpo)
+    assert what.startswith(f"trl.{key} moves the reference model, but trl.beta is 0")
+    refuse_unbuilt(config(**{**grpo, "trl": {**grpo["trl"], "beta": 0.04}}))
+
+
 def test_refuse_unbuilt_accepts_plain_sft(config):
     from rlft.train.unbuilt import refuse_unbuilt
 

@@ -101,8 +101,8 @@ def shared_pair_inputs(examples: list[dict[str, Any]], padded_width: int, pad_id
 def assign_kl_completions(examples: list[dict[str, Any]]) -> None:
     """Give example i the completion of example i+1 as its mismatched pair (KTO's KL reference point).
 
-    Fixed once per dataset, as TRL does, so the pairs do not depend on batching and their reference
-    log-probs can be precomputed.
+    Fixed once per dataset (TRL fixes them once too, shifting within chunks of the batch size), so the pairs do not
+    depend on batching and their reference log-probs can be precomputed.
     """
     for index, example in enumerate(examples):
         example["kl_completion_ids"] = examples[(index + 1) % len(examples)]["completion_ids"]

@@ -104,7 +104,7 @@ def group_advantages(
         for rloo when the user left it unset (an explicit "group" is honoured: it rescales RLOO by 1/std, which is
         GRPO's advantage times G/(G-1)).
 
-    normalize_then_sum (GDPO https://arxiv.org/abs/2501.05242; `rl: gdpo`):
+    normalize_then_sum (GDPO https://arxiv.org/abs/2601.05242; `rl: gdpo`):
         Z_ik = (R_ik - mean_{g(i)} R_.k) / (std_{g(i)} R_.k + eps)      per reward function, per group
         s_i  = sum_k w_k Z_ik (NaN skipped; NaN for unscorable rows)
         A_i  = (s_i - mean_all s) / (std_all s + eps)                    final batch z-score

@@ -37,6 +37,9 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
     processes = processes or launched()[1]
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
+    if resets and not method_spec(cfg.method).reward_functions:
+        raise NotImplementedYet(f"trl.{resets[0]} with rl: {cfg.method}: moving the reference model during training (TR-DPO, "
+                                "arXiv 2404.09656) is built for the GRPO family only; remove the key")
     if resets and partitioned(cfg, processes):
         raise NotImplementedYet(f"trl.{resets[0]} with fsdp or DeepSpeed ZeRO-3: moving a reference copy towards sharded "
                                 "weights is not built yet; use plain data parallelism or ZeRO-1/2, or drop the key")
@@ -92,13 +95,10 @@ def missing_build_tools(cfg) -> list[str]:
 
 
 def parameter_lora_unbuilt(cfg) -> str | None:
-    """What PEFT's LoRA on parameters is not built for in rlft yet (online RL, sharding, reference moves), or None."""
+    """What PEFT's LoRA on parameters is not built for in rlft yet (online RL, sharding), or None."""
     if method_spec(cfg.method).generates:
         return (f"with rl: {cfg.method}: sending parameter adapters' weights to the rollout engine is not built yet; use "
                 "lora_target_modules, or train the experts with SFT or a preference method")
     if cfg.fsdp or cfg.fsdp_config or cfg.deepspeed:
         return f"with {'deepspeed' if cfg.deepspeed else 'fsdp'}: not built yet (tested on one process and DDP); remove one"
-    moves = [key for key in ("sync_ref_model", "reference_reset_interval") if getattr(cfg.trl, key, None)]
-    if moves:
-        return f"with trl.{moves[0]}: moving the reference towards parameter adapters' weights is not built yet; remove one"
-    return None
+    return None  # (reference moves are the GRPO family's, which the first case refuses)

@@ -48,6 +48,9 @@ def _grpo_problems(cfg, spec, options):
     if options["temperature"] <= 0:
         yield "trl.temperature must be > 0 for online RL: the log-probs of greedy decoding are not a distribution to train on"
     resets = [k for k in ("reference_reset_interval", "sync_ref_model") if getattr(trl, k)]
+    if resets and options["beta"] == 0:
+        yield (f"trl.{resets[0]} moves the reference model, but trl.beta is 0, so no reference model is loaded: set "
+               "trl.beta above 0 (the KL term's weight), or remove the key")
     if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
         yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
                "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")

@@ -60,7 +60,7 @@ class LoopFields(Section):
                                      "Axolotl).", ge=0)
     save_only_model: bool = field(
         False, "Checkpoints hold the model's weights only, not the optimizer, schedule and RNG state (HF's and Axolotl's "
-               "key): smaller and faster to write, but no run can resume from them (docs/training.md#checkpoints).")
+               "key): smaller and faster to write, but no run can resume from them (docs/checkpoints.md#what-a-checkpoint-holds).")
     output_dir: str = field("./model-out", "Where checkpoints, metrics.jsonl and the final model go (Axolotl's default).")
     resume_from_checkpoint: Optional[str] = field(None, "A checkpoint folder, or `auto` for the newest in output_dir.")
     loss_watchdog_threshold: Optional[float] = field(None, "Stop when the training loss stays above this for "

@@ -94,7 +94,8 @@ class ModelFields(Section):
                "compile of seconds to a minute. `auto`: on CUDA GPUs only.")
     torch_compile_backend: Optional[str] = field(None, "torch.compile backend for torch_compile (default inductor).")
     torch_compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = field(
-        None, "torch.compile mode for torch_compile (default: reduce-overhead, CUDA graphs, on a GPU; default on a CPU).")
+        None, "torch.compile mode for torch_compile. Unset: torch's default for the training forward; for the rollout "
+              "decode step, reduce-overhead (CUDA graphs) on a GPU and the default on a CPU.")
     liger_rope: bool = field(False, "Liger Kernel's RoPE kernel (CUDA GPU and the liger-kernel package: pip install "
                                     "'rlft[liger]'; docs/training.md#liger-kernel).")
     liger_rms_norm: bool = field(False, "Liger Kernel's RMSNorm (CUDA GPU, liger-kernel).")

@@ -132,7 +132,7 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     multi_objective_aggregation: Optional[MultiObjectiveAggregation] = field(
         None,
         "Multi-reward aggregation; None -> sum_then_normalize (normalize_then_sum = GDPO, "
-        "https://arxiv.org/abs/2501.05242).",
+        "https://arxiv.org/abs/2601.05242).",
     )
     advantage_estimator: Optional[Literal["grpo", "rloo"]] = field(
         None,

@@ -2,7 +2,7 @@
 
 Structured mode: rows -> {prompt, ground_truth}. Built-in transforms (Axolotl's names):
   ebft_opencode.transform / ebft_structured.transform   prompt from input|prompt|question,
-                                                        ground truth from output|completion|answer
+                                                        ground truth from output|completion|answer|ground_truth
   ebft_chat_multiturn.transform(_last_turn)              messages: prompt = the turns before the last
                                                         assistant turn, ground truth = that turn
 No `type`: the row's `prompt` and `ground_truth` (or `completion`) columns.

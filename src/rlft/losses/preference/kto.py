@@ -34,7 +34,7 @@ def kto_loss(
     """KTO (https://arxiv.org/abs/2402.01306, Eq. 7), per row, in batch order.
 
     r = log pi(y|x) - log pi_ref(y|x) (summed over completion tokens). Reference point
-    z0 = max(0, mean(policy_kl_logps - ref_kl_logps)), detached, from mismatched pairs (x_i, y_{i-1}) that the caller
+    z0 = max(0, mean(policy_kl_logps - ref_kl_logps)), detached, from mismatched pairs (x_i, y_{i+1}) that the caller
     builds (and gathers across processes, as TRL does, when it wants a global z0); an empty KL batch gives z0 = 0.
     desirable:   lambda_D * (1 - sigmoid(beta * (r - z0)))
     undesirable: lambda_U * (1 - sigmoid(beta * (z0 - r)))
