@@ -54,19 +54,28 @@ def train(config: Path, *flags: str, processes: int = 2, timeout: float = 300, c
     return output
 
 
-def train_here(config: Path) -> None:
+def train_here(config: Path, cwd: Path | None = None) -> None:
     """A 1-process reference run in this test process, with one torch thread as each launched process has: its
-    imports are loaded already, so it starts seconds sooner than `train(config, processes=1)`."""
+    imports are loaded already, so it starts seconds sooner than `train(config, processes=1)`. `cwd`: the folder it
+    runs in and imports reward modules from, as `train(..., cwd=...)` does."""
+    import sys
+
     import torch
 
     from rlft.cli import main
 
-    threads = torch.get_num_threads()
+    threads, here = torch.get_num_threads(), os.getcwd()
     torch.set_num_threads(1)
+    if cwd is not None:
+        os.chdir(cwd)
+        sys.path.insert(0, str(cwd))
     try:
         assert main(["train", str(config)]) == 0
     finally:
         torch.set_num_threads(threads)
+        if cwd is not None:
+            os.chdir(here)
+            sys.path.remove(str(cwd))
 
 
 def losses(out: Path) -> dict[int, float]:

@@ -245,7 +245,8 @@ def test_a_vision_tower_without_gradients_needs_ddp_find_unused_parameters(tmp_p
 def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
     """Rank 1 is killed mid-run: the run stops as a whole, saying which rank failed; no partial checkpoint is left,
     and `auto` resumes from the last whole one with the losses of an uninterrupted run (constant learning rate: the
-    schedule does not depend on max_steps)."""
+    schedule does not depend on max_steps; the uninterrupted run is the same global batch on one process, which
+    test_sft_two_processes_equal_one shows trains what two do)."""
     import psutil
 
     from rlft.train.checkpoint import checkpoint_problem
@@ -278,7 +279,7 @@ def test_a_rank_that_dies_stops_the_run_and_it_resumes_exactly(sft):
     assert 4 <= done < 1000
     train(config("killed", 2, max_steps=done + 3, resume_from_checkpoint="auto", **constant))
     assert not list((folder / "killed").glob(".tmp-checkpoint-*"))  # removed at the start
-    train(config("straight", 2, max_steps=done + 3, **constant))
+    train_here(config("straight", 4, max_steps=done + 3, **constant))
     first, second = losses(folder / "straight"), losses(folder / "killed")
     for step in range(done + 1, done + 4):
         assert abs(first[step] - second[step]) < 1e-5, (step, first[step], second[step])

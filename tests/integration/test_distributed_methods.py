@@ -1,5 +1,5 @@
 """GRPO, async GRPO, DPO and EBFT on several training processes on CPU (gloo), through the real launcher: the same global
-batch on 1 and on 2 processes gives the same losses under DDP, FSDP2 and DeepSpeed ZeRO-3; a GRPO checkpoint written by
+batch on 1 and on 2 processes gives the same losses under DDP, FSDP2 and DeepSpeed ZeRO-3 (GRPO under FSDP2 and ZeRO-3); a GRPO checkpoint written by
 2 FSDP processes resumes on 1. (SFT and the launcher's own behaviour: test_distributed.py.)"""
 
 import json
@@ -33,11 +33,13 @@ def grpo(tmp_path_factory, warm_model):
             "logging_steps": 1, "output_dir": str(folder / name), "save_steps": 5,
             "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["dist_rewards.r"], "beta": 0.01}, **extra})
 
-    train(config("one", 2), processes=1)
+    train_here(config("one", 2), cwd=folder)
     return config, losses(folder / "one"), folder
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
+# (GRPO on two DDP processes: test_async_grpo_on_two_ranks_learns below, and against the rollout server equal to one
+# process in test_async_server.py)
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
 def test_grpo_two_processes_equal_one(grpo, strategy):
     """Rank 0 samples and scores all 16 completions of a step and broadcasts them; each process trains 8."""
     config, expected, folder = grpo

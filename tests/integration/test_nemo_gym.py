@@ -71,14 +71,12 @@ def _chat_tools(row: dict) -> list[dict]:
              "type": "function"} for tool in row["responses_create_params"]["tools"]]
 
 
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory):
-    """A tiny model that answers a weather question with a get_weather call, and a tool result with "Cold."."""
-    from rlft.cli import main
+def start_tool_model(root: Path) -> tuple[Path, CliProcess]:
+    """A tiny model that answers a weather question with a get_weather call, and a tool result with "Cold.": its
+    folder, and the `rlft train` process (forked, `tests/cli_process.py`) that trains it there."""
     from rlft.models.tiny import write_tiny_model
     from rlft.data.tokenizer import byte_tokenizer
 
-    root = tmp_path_factory.mktemp("tool-model")
     tokenizer = byte_tokenizer()
     rows = []
     for task in _weather_tasks()[:2]:
@@ -100,17 +98,18 @@ def tool_model(tmp_path_factory):
         "base_model": str(base), "random_init": True, "datasets": [{"path": str(data)}], "sequence_len": 1024,
         "micro_batch_size": 4, "max_steps": 100, "learning_rate": 1e-2, "warmup_steps": 5, "logging_steps": 50, "seed": 0,
         "output_dir": str(root / "sft")}))
-    assert main(["train", str(config)]) == 0
-    return root / "sft"
+    return root / "sft", CliProcess("train", config, stdout=root / "sft.log")
 
 
 @pytest.fixture(scope="module")
-def gym(tool_model, tmp_path_factory):
-    """rlft's rollout server on the tool model, then every Gym server of the module in one ng_run, started and stopped
-    by rlft's auto start; the teardown checks that nothing of ng_run's session is left."""
+def gym(tmp_path_factory):
+    """Every Gym server of the module in one ng_run, started and stopped by rlft's auto start, while the tool model
+    trains beside it (ng_run's start is mostly waiting); then rlft's rollout server on the tool model. The teardown
+    checks that nothing of ng_run's session is left."""
     root = tmp_path_factory.mktemp("gym")
     site = gym_site()
     _install_examples(site)
+    tool_model, training = start_tool_model(tmp_path_factory.mktemp("tool-model"))
     port, head = free_port(), free_port()
     config = root / "serve.yaml"
     config.write_text(yaml.safe_dump({"base_model": str(tool_model), "rl": "grpo", "micro_batch_size": 8,
@@ -118,21 +117,26 @@ def gym(tool_model, tmp_path_factory):
                                       "trl": {"use_vllm": True, "reward_funcs": ["axolotl.integrations.nemo_gym.rewards.reward_env"]},
                                       "datasets": [{"path": "unused.jsonl"}]}))
     server_log = root / "serve.log"
-    server = run_cli("vllm-serve", str(config), log=server_log)
+    gym = NemoGymSettings(dir=str(site), config_paths=tuple(CONFIGS), head_port=head, server_timeout=300,
+                          verify_timeout=30, run_timeout=60, max_turns=4, datasets=(), model_name=str(tool_model),
+                          seed=0, log=root / "nemo_gym" / "ng_run.log")
+    servers = GymServers(gym, Console(file=(root / "console.txt").open("w")),
+                         {"base_url": f"http://127.0.0.1:{port}/v1", "api_key": "EMPTY", "model": str(tool_model)})
+    server = None
     try:
-        wait_for_health(server, port, server_log)
-        gym = NemoGymSettings(dir=str(site), config_paths=tuple(CONFIGS), head_port=head, server_timeout=300,
-                              verify_timeout=30, run_timeout=60, max_turns=4, datasets=(), model_name=str(tool_model),
-                              seed=0, log=root / "nemo_gym" / "ng_run.log")
-        servers = GymServers(gym, Console(file=(root / "console.txt").open("w")),
-                             {"base_url": f"http://127.0.0.1:{port}/v1", "api_key": "EMPTY", "model": str(tool_model)})
-        with servers:
+        with servers:  # the policy's URL is known before its server runs: Gym's servers call it only when asked to
             session = servers.process.pid
+            output, _ = training.communicate(timeout=300)
+            assert training.returncode == 0, output[-3000:]
+            server = run_cli("vllm-serve", str(config), log=server_log)
+            wait_for_health(server, port, server_log)
             yield {"port": port, "head": head, "model": tool_model, "root": root, "site": site,
                    "servers": resource_servers(head)}
         assert session_members(session) == [], "processes of ng_run's session are still running"
     finally:
-        kill_group(server)
+        training.kill_group()
+        if server is not None:
+            kill_group(server)
 
 
 def test_the_real_resource_server_scores_right_and_wrong_answers(gym):

@@ -214,3 +214,19 @@ def test_keys_the_reference_calls_not_built_are_refused(key, info):
     message = refused(deep_merge(dict(BASE), data))
     assert message, f"{key}: the reference says it is not built, and rlft train accepts {data}"
     assert key in message and info.json_schema_extra["planned"] in message, message
+
+
+EXAMPLE_CONFIGS = sorted(path for path in (REPO / "examples").rglob("*.yaml") if "configs" not in path.parts)  # (a Gym server's own config)
+
+
+@pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
+def test_example_configs_pass_what_rlft_train_checks_first(path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the examples' paths are relative to the repository root, where the docs run them
+    message = refused(yaml.safe_load(path.read_text()))
+    assert message is None, f"{relative(path)}:\n{message}"
+
+
+def test_example_files_the_texts_name_exist():
+    named = {m for page in PAGES for m in re.findall(r"examples/[\w/.-]+\.(?:yaml|py|jsonl)", page.read_text())}
+    missing = sorted(name for name in named if not (REPO / name).exists())
+    assert not missing, f"the README or docs name example files that do not exist: {missing}"
