@@ -613,7 +613,7 @@ def test_an_moe_engine_decodes_without_the_router_logits_eager_and_compiled(tiny
     prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     expected = LocalEngine(off, tok.pad_token_id, tok).decode(prompts, params, generator=torch.Generator().manual_seed(1))
-    for compiled in (None, (None, "inductor")):
+    for compiled in (None, (None, "aot_eager")):  # what dynamo traces is the point: no C++ code generation
         got = LocalEngine(on, tok.pad_token_id, tok, compiled=compiled).decode(
             prompts, params, generator=torch.Generator().manual_seed(1))
         assert got.completion_ids == expected.completion_ids

@@ -128,10 +128,17 @@ def test_bf16_auto_with_fp16_is_allowed(config):
     assert config(bf16="auto", fp16=True).fp16 is True
 
 
-def test_a_fraction_as_warmup_steps_names_warmup_ratio(config_problems):
-    assert config_problems(warmup_steps=0.1) == [
-        ("warmup_steps", "expected a whole number, got 0.1 (float) (a fraction of the run is warmup_ratio)")]
-    assert config_problems(warmup_steps=2.5) == [("warmup_steps", "expected a whole number, got 2.5 (float)")]
+def test_warmup_steps_below_one_is_a_fraction_of_the_run_as_transformers_reads_it(config, config_problems):
+    """Four of Axolotl's examples set warmup_steps: 0.1, which transformers 5's TrainingArguments reads as
+    ceil(0.1 x the run's steps)."""
+    from rlft.config.settings.training import optim_settings
+    from rlft.train.optim import warmup_steps
+
+    assert warmup_steps(optim_settings(config(warmup_steps=0.1)), total_steps=95) == 10  # ceil(9.5)
+    assert warmup_steps(optim_settings(config(warmup_steps=5.0)), total_steps=95) == 5  # a whole float is a count
+    assert warmup_steps(optim_settings(config(warmup_steps=0)), total_steps=95) == 0
+    [(where, what)] = config_problems(warmup_steps=2.5)
+    assert where == "warmup_steps" and "neither a whole number of steps nor a fraction of the run below 1" in what
 
 
 def test_warmup_steps_and_ratio_together(config_problems):

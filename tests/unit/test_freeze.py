@@ -59,8 +59,10 @@ def test_a_row_range_trains_those_rows_only():
 
 
 def test_impossible_combinations_are_refused(config_problems):
-    text = " ".join(what for _, what in config_problems(unfrozen_parameters=["^model.layers.1."], adapter="lora"))
-    assert "with an adapter only the adapter trains" in text
+    text = " ".join(what for _, what in config_problems(unfrozen_parameters=["^model.layers.1."], adapter="qlora",
+                                                        load_in_4bit=True))
+    assert text.startswith("unfrozen_parameters with adapter: qlora: with an adapter only the adapter trains here")
+    assert "a pattern that starts with ^model. matches nothing and every weight, the adapter's too, is frozen" in text
     ranged = ["^model.embed_tokens.weight$[:10]"]
     text = " ".join(what for _, what in config_problems(unfrozen_parameters=ranged, weight_decay=0.1))
     assert "weight_decay 0.1 would still shrink those rows: set weight_decay: 0" in text

@@ -197,9 +197,7 @@ def describe_error(err: dict[str, Any]) -> tuple[str, str]:
         return where, f"{err.get('input')!r} is not allowed: expected {allowed}{hint}"
     if kind in _TYPE_WORDS:
         given = err.get("input")
-        fraction = (" (a fraction of the run is warmup_ratio)" if where == "warmup_steps" and isinstance(given, float)
-                    and 0 < given < 1 else "")  # four of Axolotl's examples set warmup_steps: 0.1
-        return where, f"expected {_TYPE_WORDS[kind]}, got {given!r} ({type(given).__name__}){fraction}"
+        return where, f"expected {_TYPE_WORDS[kind]}, got {given!r} ({type(given).__name__})"
     if kind in _RANGE_WORDS:  # pydantic's "Input should be greater than 0" names neither the value nor the fix
         sign, bound = _RANGE_WORDS[kind]
         return where, f"must be {sign} {err.get('ctx', {}).get(bound)}, got {err.get('input')!r}"

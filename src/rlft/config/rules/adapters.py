@@ -58,8 +58,11 @@ def unfrozen_problems(cfg):
     if not cfg.unfrozen_parameters:
         return
     if cfg.adapter:
-        yield ("unfrozen_parameters chooses the weights a full fine-tune trains, and with an adapter only the adapter "
-               "trains: remove one (lora_modules_to_save trains whole modules beside LoRA)")
+        yield (f"unfrozen_parameters with adapter: {cfg.adapter}: with an adapter only the adapter trains here. Axolotl "
+               "freezes by these patterns after wrapping the model in the adapter, whose parameter names start with "
+               "base_model.model., so a pattern that starts with ^model. matches nothing and every weight, the "
+               "adapter's too, is frozen (its log says 'All parameters are frozen'). Remove unfrozen_parameters (use "
+               "lora_modules_to_save to train whole modules beside LoRA), or drop the adapter for a partial full fine-tune")
     ranged = [text for text in cfg.unfrozen_parameters if parse_pattern(text).rows is not None]
     if ranged and cfg.weight_decay:
         yield (f"unfrozen_parameters {ranged[0]!r} trains some rows of a parameter by zeroing the other rows' gradients, and "

@@ -3,7 +3,7 @@ stopping."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import field_validator
 
@@ -37,8 +37,10 @@ class LoopFields(Section):
                                                                 "scheduler_specific_kwargs), e.g. {num_cycles: 2}.")
     cosine_min_lr_ratio: float = field(0.0, "cosine: final learning rate as a fraction of the peak (runs cosine_with_min_lr).",
                                        ge=0.0, le=1.0)
-    warmup_steps: Optional[int] = field(None, "Linear warm-up steps (1 runs as 2, as in Axolotl). Neither this nor warmup_ratio: "
-                                                 "3 % of the steps, at most 100 (Axolotl's default).", ge=0)
+    warmup_steps: Optional[Union[int, float]] = field(
+        None, "Linear warm-up steps (1 runs as 2, as in Axolotl); below 1, a fraction of the run's steps, as transformers "
+              "reads it (ceil(fraction x steps)). Neither this nor warmup_ratio: 3 % of the steps, at most 100 (Axolotl's "
+              "default).", ge=0)
     warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps, rounded down.", ge=0.0, le=1.0)
     seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling (numpy takes 0 to 2**32 - 1).",
                       ge=0, le=2**32 - 1)
@@ -83,6 +85,15 @@ class LoopFields(Section):
     mfu_peak_flops: Optional[float] = field(
         None, "Peak FLOP/s of one device for the MFU metric (default: a table of known devices).", gt=0.0
     )
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _steps_or_fraction(cls, value: int | float | None) -> int | float | None:
+        if isinstance(value, float) and value >= 1:
+            if not value.is_integer():
+                raise ValueError(f"{value!r} is neither a whole number of steps nor a fraction of the run below 1 (as 0.1)")
+            return int(value)
+        return value
 
     @field_validator("optimizer")
     @classmethod

@@ -46,7 +46,7 @@ class OptimSettings:
     lr_scheduler: str  # lr_scheduler
     lr_scheduler_kwargs: dict[str, Any]  # lr_scheduler_kwargs
     cosine_min_lr_ratio: float  # cosine_min_lr_ratio
-    warmup_steps: int | None  # warmup_steps as written
+    warmup_steps: int | float | None  # warmup_steps as written: a count, or below 1 a fraction of the run's steps
     warmup_ratio: float | None  # warmup_ratio as written
     warmup_as_ratio: bool  # the method's unset warm-up is a ratio of the run's steps (GRPO, EBFT: MethodSpec.warmup_as_ratio)
     warmup_count_cap: int | None  # max_steps, where it caps the steps an unset warm-up is counted from (not for rl: methods)
