@@ -173,7 +173,7 @@ def test_bad_requests_get_json_errors(server):
     turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "prompt_token_ids": ["a"],
                                                   "generation_token_ids": [1]}, {"role": "user", "content": "more"}]
     bad_ids = httpx.post(url + "/v1/chat/completions", json={"messages": turns, "max_tokens": 2})
-    assert bad_ids.status_code == 400 and "must be lists of token ids" in bad_ids.json()["error"]
+    assert bad_ids.status_code == 400 and "must be lists of token ids" in bad_ids.json()["error"]["message"]  # OpenAI's form
     assert "Traceback" not in server["log"].read_text()
 
 

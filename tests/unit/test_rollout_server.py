@@ -314,7 +314,7 @@ def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path)
         assert answer.status_code == 503 and answer.json()["status"] == "unhealthy"
         assert answer.json()["error"] == "the engine is dead: its engine core has exited"
         other.join(5)  # answered by the server's own check, not left waiting on the batch
-        assert waiting and waiting[0].status_code == 503 and "its engine core has exited" in waiting[0].json()["error"]
+        assert waiting and waiting[0].status_code == 503 and "its engine core has exited" in waiting[0].json()["error"]["message"]
         gate.set()
         del backend.dead  # the thread itself ends: the base check sees it
         backend._thread.stop()

@@ -209,6 +209,7 @@ class RemoteEngine:
             payload = {"error": response.text[:300]}
         if response.status_code >= 400:
             reason = payload.get("error", payload) if isinstance(payload, dict) else payload
+            reason = reason.get("message", reason) if isinstance(reason, dict) else reason  # the /v1/ routes' OpenAI form
             raise RolloutError(f"the rollout server refused {path} ({response.status_code}): {reason}")
         return payload
 

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from rlft.rollout.server.openai_routes import add_openai_routes
 from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
 from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, WeightsPathBody, generation_request
-from rlft.rollout.server.routes import add_route
+from rlft.rollout.server.routes import add_route, error_response
 from rlft.rollout.server.security import token_guard
 from rlft.rollout.server.transfer import (BucketedTransfer, check_against_model, read_adapter_folder, read_weights_path,
                                           verify_checksum)
@@ -115,7 +115,7 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServerError)
     async def server_error(request: Request, exc: ServerError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return error_response(request.url.path, exc.message, exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -123,13 +123,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         for error in exc.errors()[:3]:
             where = ".".join(str(part) for part in error.get("loc", ()) if part not in ("body", "query"))
             problems.append(f"{where or 'body'}: {error.get('msg')}")
-        return JSONResponse({"error": f"bad request to {request.url.path}: " + "; ".join(problems)}, status_code=400)
+        return error_response(request.url.path, f"bad request to {request.url.path}: " + "; ".join(problems), 400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
-        return JSONResponse({"error": f"{request.method} {request.url.path}: {message}"}, status_code=exc.status_code)
+        return error_response(request.url.path, f"{request.method} {request.url.path}: {message}", exc.status_code)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"error": f"internal error in {request.url.path}: {type(exc).__name__}: {exc}"}, status_code=500)
+        return error_response(request.url.path, f"internal error in {request.url.path}: {type(exc).__name__}: {exc}", 500)

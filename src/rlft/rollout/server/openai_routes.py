@@ -6,6 +6,8 @@ model server looks first): what a trainer needs to learn from an agent's calls. 
 request, Hermes `<tool_call>` blocks in the answer come back as `tool_calls` (rollout/server/tool_calls.py).
 These routes stop at the model's end-of-text ids as OpenAI servers do (the tokenizer's EOS and those of the model's
 generation_config.json: `rlft.data.tokenizer.end_ids`); `/generate` stops only at the ids it is sent. The `model` field of a request is not checked.
+Every other field is honoured or refused with a 400 (`openai_fields.py`); `stream: true` answers as server-sent
+events (`openai_stream.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from rlft.rollout.server.openai_fields import check_fields, check_room
+from rlft.rollout.server.openai_stream import chat_chunks, completion_chunks, event_stream, pieces
 from rlft.rollout.server.protocol import Generated, ServerError, ServingBackend
-from rlft.rollout.server.requests import ChatBody, CompletionBody, TokenizeBody, generation_request
+from rlft.rollout.server.requests import ChatBody, CompletionBody, OpenAISamplingBody, TokenizeBody, generation_request
 from rlft.rollout.server.routes import add_route
 from rlft.rollout.server.tool_calls import decoded_arguments, parse_tool_calls
 
@@ -31,14 +35,18 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
     def token_text(token_id: int, as_ids: bool) -> str:
         return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
 
-    def stop_ids(extra: list[int] | None) -> list[int]:
-        ids = list(extra or [])
-        return ids + [token for token in ends if token not in ids]
+    def stop_ids(body: OpenAISamplingBody) -> list[int]:
+        ids = list(body.stop_token_ids or [])
+        return ids if body.ignore_eos else ids + [token for token in ends if token not in ids]
 
-    def text_of(ids: list[int], stops: list[str]) -> str:
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        cuts = [text.find(stop) for stop in stops if stop and stop in text]
-        return text[: min(cuts)] if cuts else text  # the stop string itself is not part of the answer
+    def text_of(ids: list[int], stops: list[str], body: OpenAISamplingBody) -> str:
+        text = tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)
+        cuts = [text.find(stop) + (len(stop) if body.include_stop_str_in_output else 0)
+                for stop in stops if stop and stop in text]
+        return text[: min(cuts)] if cuts else text  # the stop string itself is not part of the answer, unless asked
+
+    def token_pieces(ids: list[int], text: str, body: OpenAISamplingBody) -> list[str]:
+        return pieces(lambda prefix: tokenizer.decode(prefix, skip_special_tokens=body.skip_special_tokens), ids, text)
 
     def render(clean: list[dict[str, Any]], tools, add_generation_prompt: bool, kwargs) -> list[int]:
         try:
@@ -78,14 +86,16 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "rlft",
                                             "root": model_name, "max_model_len": backend.max_model_len}]}
 
-    async def completions(body: CompletionBody) -> dict[str, Any]:
+    async def completions(body: CompletionBody) -> Any:
+        check_fields(body.model_extra, "/v1/completions", body.best_of, body.n)
         prompts = _completion_prompts(body.prompt, tokenizer)
+        check_room(prompts, body.max_tokens, backend.max_model_len)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         top = body.logprobs or 0
         request = generation_request(
             backend, prompts, n=body.n, max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
             top_k=body.top_k, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
-            stop_token_ids=stop_ids(body.stop_token_ids), stop=stops, seed=body.seed, top_logprobs=top)
+            stop_token_ids=stop_ids(body), stop=stops, seed=body.seed, top_logprobs=top)
         out = await backend.generate(request)
         choices = []
         for row, ids in enumerate(out.completion_ids):
@@ -100,20 +110,34 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
                     offsets.append(position)
                     position += len(token)
                 logprobs = {"tokens": tokens, "token_logprobs": out.logprobs[row], "top_logprobs": tops, "text_offset": offsets}
-            choices.append({"index": row, "text": text_of(ids, stops), "logprobs": logprobs,
+            choices.append({"index": row, "text": text_of(ids, stops, body), "logprobs": logprobs,
                             "finish_reason": "length" if out.truncated[row] else "stop",
                             **token_extras(prompts[row // body.n], out, row)})
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model_name,
-                "choices": choices, "usage": usage(prompts, out)}
+        answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                  "model": model_name, "choices": choices, "usage": usage(prompts, out)}
+        if not body.stream:
+            return answer
+        texts = [token_pieces(ids, choice["text"], body) for ids, choice in zip(out.completion_ids, choices)]
+        return event_stream(completion_chunks(answer, texts, body.include_usage))
 
-    async def chat_completions(body: ChatBody) -> dict[str, Any]:
-        prompt = chat_prompt(body.messages, body.tools, True, body.chat_template_kwargs)
+    async def chat_completions(body: ChatBody) -> Any:
+        check_fields(body.model_extra, "/v1/chat/completions")
+        if body.tool_choice not in (None, "none", "auto"):
+            raise ServerError(400, f"/v1/chat/completions: tool_choice={body.tool_choice!r}: forcing a tool call is not "
+                                   "implemented; send 'auto' (the model decides) or 'none'")
+        template_kwargs = dict(body.chat_template_kwargs or {})
+        if body.continue_final_message:
+            template_kwargs["continue_final_message"] = True
+        prompt = chat_prompt(body.messages, body.tools, body.add_generation_prompt and not body.continue_final_message,
+                             template_kwargs)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        check_room([prompt], max_tokens, backend.max_model_len)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         top = (body.top_logprobs or 0) if body.logprobs else 0
         request = generation_request(
-            backend, [prompt], n=body.n, max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
+            backend, [prompt], n=body.n, max_tokens=max_tokens, temperature=body.temperature,
             top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
-            stop_token_ids=stop_ids(body.stop_token_ids), stop=stops, seed=body.seed, top_logprobs=top)
+            stop_token_ids=stop_ids(body), stop=stops, seed=body.seed, top_logprobs=top)
         out = await backend.generate(request)
         choices = []
         for row, ids in enumerate(out.completion_ids):
@@ -129,15 +153,20 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
                             alternatives.append({"token": alt, "logprob": alt_lp, "bytes": list(alt.encode())})
                     content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": alternatives})
                 logprobs = {"content": content}
-            content, calls = text_of(ids, stops), []
+            content, calls = text_of(ids, stops, body), []
             if body.tools and body.tool_choice != "none":
                 content, calls = parse_tool_calls(content)
+                calls = calls[:1] if body.parallel_tool_calls is False else calls
             extras = token_extras(prompt, out, row)
             message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {}), **extras}
             finish = "length" if out.truncated[row] else "tool_calls" if calls else "stop"
             choices.append({"index": row, "message": message, "logprobs": logprobs, "finish_reason": finish, **extras})
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model_name,
-                "choices": choices, "usage": usage([prompt], out)}
+        answer = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                  "model": model_name, "choices": choices, "usage": usage([prompt], out)}
+        if not body.stream:
+            return answer
+        texts = [token_pieces(ids, text_of(ids, stops, body), body) for ids in out.completion_ids]
+        return event_stream(chat_chunks(answer, texts, body.include_usage))
 
     async def tokenize(body: TokenizeBody) -> dict[str, Any]:
         if body.messages is not None:

@@ -1,5 +1,6 @@
-"""Request bodies of the server's endpoints (unknown fields are ignored, as vLLM and TRL clients send extras)
-and the checks that turn one into a `GenerationRequest` or a clear 400."""
+"""Request bodies of the server's endpoints and the checks that turn one into a `GenerationRequest` or a clear 400.
+The trainer-facing routes ignore fields they do not read (vLLM's and TRL's clients send extras); the OpenAI routes
+keep every other field for `openai_fields.check_fields`, which honours or refuses each."""
 
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ class LoadAdapterBody(Body):
 
 class OpenAISamplingBody(Body):
     """The sampling fields both OpenAI routes take (vLLM's extensions included); a null is the default, as OpenAI's and
-    vLLM's servers read it."""
+    vLLM's servers read it. Other fields are kept (`model_extra`) for `openai_fields.check_fields`."""
+
+    model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="before")
     @classmethod
@@ -63,12 +66,23 @@ class OpenAISamplingBody(Body):
     stop_token_ids: Optional[list[int]] = None
     seed: Optional[int] = None
     return_tokens_as_token_ids: bool = False
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None  # {include_usage: true}: a last chunk with the usage
+    ignore_eos: bool = False  # vLLM's: stop only at max_tokens, stop strings and stop_token_ids
+    skip_special_tokens: bool = True  # vLLM's: special tokens left out of the text
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended an answer stays in its text
+    return_token_ids: Optional[bool] = None  # vLLM's: the ids are in every answer (prompt_token_ids, generation_token_ids)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
 
 
 class CompletionBody(OpenAISamplingBody):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = None
+    best_of: Optional[int] = None
 
 
 class ChatBody(OpenAISamplingBody):
@@ -80,6 +94,9 @@ class ChatBody(OpenAISamplingBody):
     logprobs: bool = False
     top_logprobs: Optional[int] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    parallel_tool_calls: Optional[bool] = None  # false: the first call of an answer only
+    add_generation_prompt: bool = True  # vLLM's
+    continue_final_message: bool = False  # vLLM's: the answer continues the last (assistant) message
 
 
 class TokenizeBody(Body):

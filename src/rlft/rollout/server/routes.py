@@ -1,5 +1,6 @@
 """How the rollout server's routes are registered and answer: with and without a trailing slash, the returned dict
-written as JSON off the event loop, an unexpected error as `{"error": message}`."""
+written as JSON off the event loop, an error as `{"error": message}`, or on the OpenAI routes (`/v1/...`) in OpenAI's
+form, `{"error": {"message", "type", "param", "code"}}`, which OpenAI's clients read the message from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from rlft.rollout.server.protocol import ServerError
+
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+               409: "ConflictError", 422: "UnprocessableEntityError", 503: "ServiceUnavailableError"}
+
+
+def error_response(path: str, message: str, status: int) -> JSONResponse:
+    """The answer to a request that failed: its message in the form the route's clients read."""
+    if path.startswith("/v1/"):
+        kind = ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status)
+    return JSONResponse({"error": message}, status_code=status)
 
 
 def json_text(payload) -> str:
@@ -36,7 +49,7 @@ def add_route(app: FastAPI, path: str, endpoint: Callable, methods: list[str], g
         except (ServerError, HTTPException):
             raise
         except Exception as exc:  # answered here: past the app's handlers Starlette re-raises, and uvicorn prints a traceback
-            return JSONResponse({"error": f"internal error in {path}: {type(exc).__name__}: {exc}"}, status_code=500)
+            return error_response(path, f"internal error in {path}: {type(exc).__name__}: {exc}", 500)
         if isinstance(payload, Response):  # a status of its own (/health of a dead engine)
             return payload
         # off the event loop: a batch of 512 long completions takes seconds to write, and /health must answer meanwhile
