@@ -493,3 +493,21 @@ def test_a_whitening_fallback_is_said_once_and_depth_comes_from_the_text_config(
     assert health.check({"ebft/whitening_fallbacks": 3.0}) == []
     gemma3 = SimpleNamespace(config=AutoConfig.for_model("gemma3", text_config={"num_hidden_layers": 6}))
     assert not hasattr(gemma3.config, "num_hidden_layers") and hidden_layer_count(gemma3) == 6
+
+
+def test_strided_health_is_judged_once_per_optimizer_step_not_per_micro_batch():
+    """The warning says "for 10 steps": with 4 micro-batches a step, 10 steps of collapsing samples warn once, and 9
+    do not (40 and 36 micro-batches)."""
+    from types import SimpleNamespace
+
+    from rlft.train.recipes.ebft import EBFTHealth, EBFTStridedRecipe
+
+    for steps, warned in ((9, False), (10, True)):
+        recipe = SimpleNamespace(health=EBFTHealth(), pending=[], step_health=[])
+        for _ in range(steps):
+            recipe.step_health = [{"ebft/diversity": 1.5, "ebft/alignment": 0.5}] * 4
+            assert EBFTStridedRecipe.step_metrics(recipe) == {}
+        assert bool([m for m in recipe.pending if "ebft/diversity > 1 for 10 steps" in m]) is warned
+    recipe = SimpleNamespace(health=EBFTHealth(), pending=[], step_health=[{"ebft/diversity": 0.5}, {"ebft/diversity": 2.5}])
+    EBFTStridedRecipe.step_metrics(recipe)
+    assert recipe.health.counts["collapse"] == 1  # the step's mean, 1.5, is above 1

@@ -30,7 +30,7 @@ from rlft.train.recipes.grpo import GRPORecipe
 
 class EBFTHealth:
     """Warnings from the EBFT docs' healthy ranges, once each: diversity above 1 (samples collapsing onto each
-    other) or alignment below 0.05 (samples unrelated to the ground truth) for 10 logged steps in a row."""
+    other) or alignment below 0.05 (samples unrelated to the ground truth) for 10 optimizer steps in a row."""
 
     def __init__(self):
         self.counts, self.warned = {"collapse": 0, "alignment": 0}, set()
@@ -165,6 +165,7 @@ class EBFTStridedRecipe(Recipe):
         self.cfg, self.ebft, self.tokenizer, self.frozen = cfg, cfg.ebft, tokenizer, frozen
         self.health = EBFTHealth()
         self.pending: list[str] = []
+        self.step_health: list[dict[str, float]] = []  # this optimizer step's micro-batches, judged once per step
         collate = lambda rows: document_batch(rows, tokenizer.pad_token_id)  # noqa: E731
         lengths = [len(e["input_ids"]) for e in data.train]
         # every micro-batch samples from a generator of its own (its `sample_seed`): the same samples on 1 or N
@@ -256,8 +257,23 @@ class EBFTStridedRecipe(Recipe):
                         "ebft/generated_tokens": float(rows * layout.num_blocks * layout.generate_max_len),
                         "ebft/sequence_tokens": float(rows * layout.total_len)})
         if model.training:
-            self.pending += self.health.check(metrics)
+            self.step_health.append({key: value for key, value in metrics.items()
+                                     if key in ("ebft/diversity", "ebft/alignment", "ebft/whitening_fallbacks")})
         return LossOutput(loss, 1, metrics)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Nothing to add to the step's line (the trainer averages the micro-batches' metrics); the health ranges are
+        judged here, once per optimizer step, on the step's mean diversity and alignment and its whitening fallbacks."""
+        seen, self.step_health = self.step_health, []
+        step = {}
+        for key in ("ebft/diversity", "ebft/alignment"):
+            values = [m[key] for m in seen if key in m]
+            if values:
+                step[key] = sum(values) / len(values)
+        step["ebft/whitening_fallbacks"] = sum(m.get("ebft/whitening_fallbacks", 0.0) for m in seen)
+        if seen:
+            self.pending += self.health.check(step)
+        return {}
 
     def evaluate(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out document cross-entropy and the feature-matching (CFM) loss of fresh samples (normalised features)."""
