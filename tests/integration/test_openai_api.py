@@ -100,6 +100,7 @@ def test_the_async_client_gets_concurrent_answers(url):
      "forcing a tool call is not implemented"),
     ({"store": True}, "this server stores no completions"),
     ({"extra_body": {"frobnicate": 1}}, "unknown field(s) frobnicate"),
+    ({"stream_options": {"include_usage": True}}, "stream_options is only for a streamed answer"),
 ])
 def test_what_the_server_cannot_honour_is_a_400_naming_it(client, settings, says):
     with pytest.raises(openai.BadRequestError) as caught:

@@ -45,8 +45,12 @@ NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
 LABELS = {"user", "metadata", "prompt_cache_key", "safety_identifier", "request_id"}  # label a request, change no output
 
 
-def check_fields(extra: dict[str, Any] | None, route: str, best_of: int | None = None, n: int = 1) -> None:
-    """400 for a field of `extra` (what the body model does not declare) that the server cannot honour, or knows not."""
+def check_fields(extra: dict[str, Any] | None, route: str, best_of: int | None = None, n: int = 1,
+                 stream_options: dict[str, Any] | None = None, stream: bool = False) -> None:
+    """400 for a field of `extra` (what the body model does not declare) that the server cannot honour, or knows not,
+    and for stream_options without stream (OpenAI's rule: it has nothing to act on)."""
+    if stream_options and not stream:
+        raise ServerError(400, f"{route}: stream_options is only for a streamed answer: set stream: true, or remove it")
     unknown = []
     for field, value in (extra or {}).items():
         if value is None or field in LABELS:

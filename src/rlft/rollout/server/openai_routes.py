@@ -87,7 +87,7 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
                                             "root": model_name, "max_model_len": backend.max_model_len}]}
 
     async def completions(body: CompletionBody) -> Any:
-        check_fields(body.model_extra, "/v1/completions", body.best_of, body.n)
+        check_fields(body.model_extra, "/v1/completions", body.best_of, body.n, body.stream_options, body.stream)
         prompts = _completion_prompts(body.prompt, tokenizer)
         check_room(prompts, body.max_tokens, backend.max_model_len)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -121,7 +121,7 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
         return event_stream(completion_chunks(answer, texts, body.include_usage))
 
     async def chat_completions(body: ChatBody) -> Any:
-        check_fields(body.model_extra, "/v1/chat/completions")
+        check_fields(body.model_extra, "/v1/chat/completions", stream_options=body.stream_options, stream=body.stream)
         if body.tool_choice not in (None, "none", "auto"):
             raise ServerError(400, f"/v1/chat/completions: tool_choice={body.tool_choice!r}: forcing a tool call is not "
                                    "implemented; send 'auto' (the model decides) or 'none'")
