@@ -134,6 +134,9 @@ def test_a_ctrl_c_in_the_instant_the_command_ends_prints_no_traceback(where, mon
     ignoring = "SIGINT is being ignored" in where
     monkeypatch.setattr(rlft.cli, "main", (lambda argv, state: 0) if ignoring else interrupted_main)
     previous = signal.getsignal(signal.SIGINT)
+    # as in a terminal: Python's own handler, whatever this test process inherited (a shell's background job ignores
+    # SIGINT, and then no press could be "in the instant before SIGINT is ignored")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if ignoring:
             monkeypatch.setattr(signal, "signal", pressed)
