@@ -400,6 +400,10 @@ def test_reference_moves_are_refused_where_nothing_would_move(config, config_pro
     [(_, what)] = config_problems(**grpo)
     assert what.startswith(f"trl.{key} moves the reference model, but trl.beta is 0")
     refuse_unbuilt(config(**{**grpo, "trl": {**grpo["trl"], "beta": 0.04}}))
+    structured = {"rl": "ebft", "micro_batch_size": 8, "trl": {key: value, "beta": 0.04}}  # EBFT's structured recipe is GRPO's
+    refuse_unbuilt(config(**structured, ebft={"mode": "structured"}))
+    with pytest.raises(NotImplementedYet, match=f"trl.{key} with rl: ebft in strided mode"):
+        refuse_unbuilt(config(**structured, ebft={"mode": "strided"}))
 
 
 def test_refuse_unbuilt_accepts_plain_sft(config):

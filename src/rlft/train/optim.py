@@ -65,7 +65,8 @@ def warmup_steps(optim: OptimSettings, total_steps: int, epoch_steps: int | None
     schedule here. `total_steps`: the steps the run trains; `epoch_steps`: the steps its `num_epochs` take (max_steps
     aside; default `total_steps`).
 
-    `warmup_steps` when set (below 1, a fraction: `ceil(fraction * total_steps)`, as transformers reads it). For GRPO and EBFT Axolotl knows no step count and hands transformers a ratio:
+    `warmup_steps` when set (below 1, a fraction: `ceil(fraction * total_steps)`, as transformers reads it). For
+    GRPO and EBFT Axolotl knows no step count and hands transformers a ratio:
     `ceil(r * total_steps)` with `r` = `warmup_ratio`, else 0.03. For the other methods it counts steps from the data,
     `epoch_steps`, capped by `max_steps` for SFT and reward models (the preference methods ignore `max_steps` there):
     `int(warmup_ratio * steps)`, else `min(int(0.03 * steps), 100)`. A count of 1 (not a ratio's) becomes 2."""

@@ -37,9 +37,11 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
                                 "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")
     processes = processes or launched()[1]
     resets = [key for key in ("reference_reset_interval", "sync_ref_model") if getattr(cfg.trl, key, None)]
-    if resets and not method_spec(cfg.method).reward_functions:
-        raise NotImplementedYet(f"trl.{resets[0]} with rl: {cfg.method}: moving the reference model during training (TR-DPO, "
-                                "arXiv 2404.09656) is built for the GRPO family only; remove the key")
+    spec = method_spec(cfg.method)
+    if resets and (not spec.generates or (spec.feature_matching and cfg.ebft is not None and cfg.ebft.mode == "strided")):
+        where = f"rl: {cfg.method}" + (" in strided mode" if spec.generates else "")
+        raise NotImplementedYet(f"trl.{resets[0]} with {where}: moving the reference model during training (TR-DPO, arXiv "
+                                "2404.09656) is built for the GRPO family and structured EBFT only; remove the key")
     if resets and partitioned(cfg, processes):
         raise NotImplementedYet(f"trl.{resets[0]} with fsdp or DeepSpeed ZeRO-3: moving a reference copy towards sharded "
                                 "weights is not built yet; use plain data parallelism or ZeRO-1/2, or drop the key")
