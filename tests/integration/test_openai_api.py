@@ -112,7 +112,7 @@ def test_what_the_server_cannot_honour_is_a_400_naming_it(client, settings, says
 def test_completions_refuse_best_of_echo_and_a_prompt_that_leaves_no_room(client):
     for settings, says in [({"best_of": 3}, "best_of=3 with n=1"), ({"echo": True}, "echo is not implemented"),
                            ({"suffix": "x"}, "suffix (insertion) is not implemented")]:
-        with pytest.raises(openai.BadRequestError, match=r".*") as caught:
+        with pytest.raises(openai.BadRequestError) as caught:
             client.completions.create(model="m", prompt="1+2=", max_tokens=2, **settings)
         assert says in str(caught.value)
     with pytest.raises(openai.BadRequestError) as caught:

@@ -49,7 +49,7 @@ def test_a_chat_answer_with_tool_calls_streams_its_content_and_calls_as_one_delt
     ({"modalities": ["text", "audio"]}, "text only"), ({"service_tier": "flex"}, "one tier"),
 ])
 def test_fields_the_server_cannot_honour_are_refused(extra, says):
-    with pytest.raises(ServerError, match="") as caught:
+    with pytest.raises(ServerError) as caught:
         check_fields(extra, "/v1/chat/completions")
     assert caught.value.status == 400 and says in caught.value.message
 

@@ -165,7 +165,9 @@ def add_openai_routes(app: FastAPI, backend: ServingBackend, model_name: str, en
                   "model": model_name, "choices": choices, "usage": usage([prompt], out)}
         if not body.stream:
             return answer
-        texts = [token_pieces(ids, text_of(ids, stops, body), body) for ids in out.completion_ids]
+        # an answer with tool calls streams its content and calls whole (chat_chunks): pieces only for the others
+        texts = [[] if choice["message"].get("tool_calls") else token_pieces(ids, choice["message"]["content"], body)
+                 for ids, choice in zip(out.completion_ids, choices)]
         return event_stream(chat_chunks(answer, texts, body.include_usage))
 
     async def tokenize(body: TokenizeBody) -> dict[str, Any]:
