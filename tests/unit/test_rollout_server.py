@@ -1,8 +1,10 @@
 """Rollout-server pieces without a server: backend choice, tokens, bucket order, adapter folders, checksums,
 and the vLLM backend (skipped where vLLM or CUDA is missing)."""
 
+import asyncio
 import importlib.util
 import json
+import zlib
 
 import pytest
 import torch
@@ -12,9 +14,11 @@ from rlft.config.settings.rollout import server_settings
 from rlft.errors import ConfigError
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.backends import choose_backend
-from rlft.rollout.server.protocol import ServerError
+from rlft.rollout.server.protocol import UNKNOWN_VERSION, Generated, GenerationRequest, ServerError
+from rlft.rollout.types import SamplingParams
 from rlft.rollout.server.security import is_loopback, resolve_token
-from rlft.rollout.server.transfer import BucketedTransfer, read_adapter_folder
+from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
+from rlft.rollout.server.transfer import StreamedTransfer, read_adapter_folder
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="the vllm backend needs the vllm package and a CUDA GPU")
@@ -50,16 +54,94 @@ def test_checksums_see_every_bit_and_dtype():
     assert architecture_digest(weights) == architecture_digest({"a": torch.zeros(2), "b": torch.zeros(2, 3)})
 
 
-def test_buckets_must_arrive_in_order():
-    transfer = BucketedTransfer()
-    first, second = save({"x": torch.ones(2)}), save({"y": torch.zeros(3)})
-    assert transfer.add(first, version=1, bucket=0, buckets=2) is None
-    with pytest.raises(ServerError, match="resend the transfer from bucket 0"):
-        transfer.add(second, version=2, bucket=1, buckets=2)
-    assert transfer.add(first, version=1, bucket=0, buckets=2) is None
-    assert set(transfer.add(second, version=1, bucket=1, buckets=2)) == {"x", "y"}
-    with pytest.raises(ServerError, match="transfer corrupted"):
-        transfer.add(b"not safetensors", version=1, bucket=0, buckets=1)
+class _DictBackend(ThreadedBackend):
+    """A backend whose model is a dict of tensors, and whose generation reports the weights it saw."""
+
+    def __init__(self, **tensors):
+        self.weights = {name: tensor.clone() for name, tensor in tensors.items()}
+        self._shapes = {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
+        self.weight_version, self.weight_checksum, self.base_updated = 0, None, False
+        self._thread = EngineThread(self._run_batch)
+
+    def _write_weights(self, tensors):
+        for name, tensor in tensors.items():
+            self.weights[name].copy_(tensor)
+        return {name: self.weights[name] for name in tensors}
+
+    def _run_batch(self, requests):
+        seen = float(sum(t.sum() for t in self.weights.values()))
+        return [Generated([[0]], [[seen]], [False], None, self.weight_version, self.weight_checksum) for _ in requests]
+
+
+async def _add(transfer, tensors, body=None, **where):
+    body = body if body is not None else save(tensors)
+    where.setdefault("crc32", zlib.crc32(body))
+    where.setdefault("checksum", None)
+    return await transfer.add(body, **where)
+
+
+def test_streamed_buckets_load_as_they_arrive_in_order_and_verified():
+    backend = _DictBackend(x=torch.zeros(2), y=torch.zeros(3))
+    transfer = StreamedTransfer(backend)
+    first, second = {"x": torch.ones(2)}, {"y": torch.full((3,), 2.0)}
+    whole = weights_checksum({**first, **second})
+
+    async def scenario():
+        assert await _add(transfer, first, version=1, bucket=0, buckets=2) is None
+        await transfer.loading
+        assert torch.equal(backend.weights["x"], torch.ones(2)) and backend.weight_version == UNKNOWN_VERSION  # not served
+        with pytest.raises(ServerError, match="resend the transfer from bucket 0"):
+            await _add(transfer, second, version=2, bucket=1, buckets=2)
+        assert await _add(transfer, first, version=1, bucket=0, buckets=2) is None
+        done = await _add(transfer, second, version=1, bucket=1, buckets=2, checksum=whole)
+        assert done == {"weight_version": 1, "weight_checksum": whole, "received_checksum": whole}
+        assert (backend.weight_version, backend.weight_checksum) == (1, whole)
+
+        with pytest.raises(ServerError, match="transfer corrupted"):  # not safetensors: nothing loaded
+            await _add(transfer, {}, body=b"not safetensors", version=3, bucket=0, buckets=1)
+        damaged = bytearray(save({"x": torch.full((2,), 5.0)}))
+        crc = zlib.crc32(damaged)
+        damaged[-1] ^= 0xFF
+        with pytest.raises(ServerError, match="transfer corrupted: bucket 0 of version 3 arrived with CRC-32"):
+            await _add(transfer, {}, body=bytes(damaged), version=3, bucket=0, buckets=2, crc32=crc)  # damaged on the way
+        with pytest.raises(ServerError, match="transfer corrupted: the weights received"):  # one bucket: its checksum too
+            await _add(transfer, {"x": torch.full((2,), 5.0)}, version=3, bucket=0, buckets=1, checksum=whole)
+        assert backend.weight_version == 1 and torch.equal(backend.weights["x"], torch.ones(2))
+        assert await _add(transfer, second, version=3, bucket=0, buckets=2) is None
+        with pytest.raises(ServerError, match="comes after 'y': buckets must hold the tensors in name order"):
+            await _add(transfer, first, version=3, bucket=1, buckets=2)
+        assert backend.weight_version == UNKNOWN_VERSION  # the first bucket was loaded: neither version is served
+        with pytest.raises(ServerError, match="has shape"):
+            await _add(transfer, {"x": torch.ones(4)}, version=4, bucket=0, buckets=1)
+
+    asyncio.run(scenario())
+    backend.close()
+
+
+def test_generation_waits_for_the_last_bucket_and_a_stalled_sender_leaves_no_version():
+    backend = _DictBackend(x=torch.zeros(2), y=torch.zeros(3))
+    transfer = StreamedTransfer(backend)
+    request = GenerationRequest([[1]], 1, SamplingParams(max_new_tokens=1))
+
+    async def during_transfer():
+        assert await transfer.add(save({"x": torch.ones(2)}), version=1, bucket=0, buckets=2, crc32=None,
+                                  checksum=None) is None
+        waiting = asyncio.ensure_future(backend.generate(request))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # held: the weights are half new
+        await transfer.add(save({"y": torch.ones(3)}), version=1, bucket=1, buckets=2, crc32=None, checksum=None)
+        return await waiting
+
+    generated = asyncio.run(during_transfer())
+    assert generated.logprobs == [[5.0]] and generated.weight_version == 1
+
+    async def stalled():
+        await backend.on_engine(lambda: backend.begin_now(2, stall_timeout=0.2))  # as a first bucket does; no more come
+        return await backend.generate(request)
+
+    generated = asyncio.run(asyncio.wait_for(stalled(), 10))
+    assert generated.weight_version == UNKNOWN_VERSION
+    backend.close()
 
 
 def test_adapter_folders_are_read_from_safetensors_only(tmp_path):

@@ -79,13 +79,32 @@ def weights_checksum(named_tensors) -> str:
     The trainer and the rollout server both call this, so a checksum that comes back equal means the
     server holds bit-for-bit what was sent. Accepts a mapping or (name, tensor) pairs.
     """
-    items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
-    digest = hashlib.sha256()
-    for name, tensor in sorted(items, key=lambda item: item[0]):
-        tensor = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the bytes in place: no second copy of the model
-    return digest.hexdigest()
+    stream = ChecksumStream()
+    stream.update(named_tensors)
+    return stream.hexdigest()
+
+
+class ChecksumStream:
+    """`weights_checksum` over tensors that come in parts (the buckets of a transfer), each part's names after the
+    last part's: the same digest as one call over all of them."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self.last_name: str | None = None
+
+    def update(self, named_tensors) -> None:
+        items = sorted(named_tensors.items() if hasattr(named_tensors, "items") else named_tensors, key=lambda item: item[0])
+        if items and self.last_name is not None and items[0][0] <= self.last_name:
+            raise ValueError(f"tensor {items[0][0]!r} comes after {self.last_name!r}: parts must come in name order")
+        for name, tensor in items:
+            tensor = tensor.detach().to("cpu").contiguous()
+            self._digest.update(f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{tuple(tensor.shape)}|".encode())
+            self._digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the bytes in place: no second copy
+        if items:
+            self.last_name = items[-1][0]
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
 
 
 def architecture_digest(model_or_state_dict) -> str:

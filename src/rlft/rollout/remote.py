@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -22,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from rlft.errors import RolloutError
-from rlft.models.weights import architecture_digest, weights_checksum
+from rlft.models.weights import ChecksumStream, architecture_digest, weights_checksum
 from rlft.rollout.local import NOT_FINITE
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
 from rlft.rollout.types import Rollout, SamplingParams
@@ -95,7 +97,34 @@ class RemoteEngine:
                        weight_versions=[out["weight_version"]] * len(expanded))
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Send every tensor (plain state-dict names), cast to the server's dtype, in safetensors buckets; verify."""
+        """Send every tensor (plain state-dict names), cast to the server's dtype, in safetensors buckets that the
+        server loads as they arrive (with each body's CRC-32 against damage on the way); verify the checksum of what
+        it read back. The next bucket is encoded and checksummed while one travels."""
+        tensors = self.wire_tensors(weights)
+        buckets = _buckets(tensors, self.bucket_bytes)
+        stream = ChecksumStream()
+
+        def encode(bucket: dict[str, torch.Tensor]) -> tuple[bytes, int]:
+            stream.update(bucket)  # buckets are encoded in order, one at a time
+            body = save(bucket)
+            return body, zlib.crc32(body)
+
+        out: dict[str, Any] = {}
+        with ThreadPoolExecutor(1, thread_name_prefix="rlft-encode") as pool:
+            coming = pool.submit(encode, buckets[0])
+            for index in range(len(buckets)):
+                body, crc32 = coming.result()
+                if index + 1 < len(buckets):
+                    coming = pool.submit(encode, buckets[index + 1])
+                params = {"version": version, "bucket": index, "buckets": len(buckets), "crc32": crc32}
+                if index + 1 == len(buckets):
+                    params["checksum"] = stream.hexdigest()
+                out = self._watched("POST", "/update_weights", content=body, params=params,
+                                    headers={"content-type": "application/octet-stream"})
+        self._confirm(out, version, stream.hexdigest(), "weights")
+
+    def wire_tensors(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors as the server holds them: on the CPU, in its dtype, contiguous, one storage each."""
         dtype = DTYPES[self.weight_info(refresh=self._info is None)["dtype"]]
         tensors, seen = {}, set()
         for name, tensor in weights.items():
@@ -104,14 +133,7 @@ class RemoteEngine:
                 tensor = tensor.clone()
             seen.add(tensor.data_ptr())
             tensors[name] = tensor
-        checksum = weights_checksum(tensors)
-        buckets = _buckets(tensors, self.bucket_bytes)
-        out: dict[str, Any] = {}
-        for index, bucket in enumerate(buckets):
-            out = self._watched("POST", "/update_weights", content=save(bucket),
-                                params={"version": version, "checksum": checksum, "bucket": index, "buckets": len(buckets)},
-                                headers={"content-type": "application/octet-stream"})
-        self._confirm(out, version, checksum, "weights")
+        return tensors
 
     # ---------------------------------------------------------------- beyond the protocol
 

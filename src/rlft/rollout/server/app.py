@@ -22,7 +22,7 @@ from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
 from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, WeightsPathBody, generation_request
 from rlft.rollout.server.routes import add_route, error_response
 from rlft.rollout.server.security import token_guard
-from rlft.rollout.server.transfer import (BucketedTransfer, check_against_model, read_adapter_folder, read_weights_path,
+from rlft.rollout.server.transfer import (StreamedTransfer, check_against_model, read_adapter_folder, read_weights_path,
                                           verify_checksum)
 
 
@@ -30,7 +30,7 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     """`ends`: the token ids that end an answer (`rlft.data.tokenizer.end_ids` of the served model)."""
     app = FastAPI(title="rlft rollout server", redirect_slashes=False)
     guard = token_guard(token)
-    transfer = BucketedTransfer()
+    transfer = StreamedTransfer(backend)
     _add_error_handlers(app)
 
     def weight_state() -> dict[str, Any]:
@@ -64,12 +64,15 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
         loaded = await backend.load_weights(tensors, version)
         return {"weight_version": version, "weight_checksum": loaded, "received_checksum": received}
 
-    async def update_weights(request: Request, version: int, checksum: str, bucket: int = 0, buckets: int = 1) -> dict[str, Any]:
-        body = await request.body()
-        tensors = await asyncio.to_thread(transfer.add, body, version, bucket, buckets)
-        if tensors is None:
+    async def update_weights(request: Request, version: int, checksum: str | None = None, bucket: int = 0, buckets: int = 1,
+                             crc32: int | None = None) -> dict[str, Any]:
+        """One bucket of a full update (safetensors), loaded as it arrives: `crc32` of the body is checked before it is
+        loaded, `checksum` (of every bucket's tensors) against what was read back at the last bucket."""
+        done = await transfer.add(await request.body(), version=version, bucket=bucket, buckets=buckets, crc32=crc32,
+                                  checksum=checksum)
+        if done is None:
             return {"received": bucket, "buckets": buckets, "weight_version": backend.weight_version}
-        return await load_checked(tensors, checksum, version)
+        return done
 
     async def update_weights_from_path(body: WeightsPathBody) -> dict[str, Any]:
         tensors = await asyncio.to_thread(read_weights_path, body.path)

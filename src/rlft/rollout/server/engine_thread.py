@@ -4,7 +4,8 @@ HTTP handlers never block the event loop: they put an item on the queue and awai
 thread takes everything waiting at once; consecutive generation requests become one batch (the
 backend decodes compatible ones together) and a weight change is run between two batches, never
 inside one. A batch that fails as a whole is run again request by request, so that one request the
-engine rejects fails alone.
+engine rejects fails alone. A weight update that arrives in parts (the buckets of a streamed transfer) holds
+generation: requests wait until its last part is in, so none samples from half-updated weights.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, TypeVar
 
 import torch
 
+from rlft.models.weights import ChecksumStream
 from rlft.rollout.server.protocol import UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
 
 T = TypeVar("T")
@@ -28,8 +31,19 @@ class EngineThread:
     def __init__(self, run_batch: RunBatch, name: str = "rlft-engine"):
         self._run_batch = run_batch
         self._queue: queue.Queue = queue.Queue()
+        self._held: tuple[float, float, Callable[[], None]] | None = None  # (deadline, timeout, on_stall) while held
+        self._aside: list[tuple[GenerationRequest, Future]] = []  # generation waiting for the hold to end
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+
+    def hold(self, timeout: float, on_stall: Callable[[], None]) -> None:
+        """On the engine thread: keep generation waiting until `release`. When no call comes for `timeout` s (the
+        sender of the parts died), `on_stall` runs on this thread and generation goes on."""
+        self._held = (time.monotonic() + timeout, timeout, on_stall)
+
+    def release(self) -> None:
+        """On the engine thread: end a hold; the waiting generation runs next."""
+        self._held = None
 
     async def generate(self, request: GenerationRequest) -> Generated:
         future: Future = Future()
@@ -56,9 +70,20 @@ class EngineThread:
         self._queue.put(_STOP)
         self._thread.join(timeout)
 
+    def _next(self) -> object:
+        """The next item; while held, a stall (no call before the deadline) runs `on_stall` and ends the hold."""
+        while self._held is not None:
+            try:
+                return self._queue.get(timeout=max(self._held[0] - time.monotonic(), 0.0))
+            except queue.Empty:
+                on_stall = self._held[2]
+                stalled: Future = Future()
+                return on_stall, stalled  # run as a call: it ends the hold, and what waited is decoded after it
+        return self._queue.get()
+
     def _loop(self) -> None:
         while True:
-            items = [self._queue.get()]
+            items = [self._next()]
             while True:
                 try:
                     items.append(self._queue.get_nowait())
@@ -73,11 +98,15 @@ class EngineThread:
                 if not future.set_running_or_notify_cancel():  # the client went away: drop its work
                     continue
                 if isinstance(work, GenerationRequest):
-                    batch.append((work, future))
+                    (self._aside if self._held is not None else batch).append((work, future))
                     continue
                 self._flush(batch)
                 batch = []
                 _settle(future, work)
+                if self._held is not None:  # a call under a hold moves the deadline on
+                    self._held = (time.monotonic() + self._held[1], *self._held[1:])
+                elif self._aside:
+                    batch, self._aside = self._aside, []
             self._flush(batch)
 
     def _flush(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
@@ -112,11 +141,20 @@ def _settle(future: Future, function: Callable[[], Any]) -> None:
 
 class ThreadedBackend:
     """The async face of a backend whose work all runs on one EngineThread. A subclass sets `_thread` and `_shapes`
-    and implements, for that thread, `_run_batch`, `_load_weights(tensors, version)` and `_load_adapter(adapter,
-    version)` (each returning the checksum of what it loaded)."""
+    and implements, for that thread, `_run_batch`, `_write_weights(tensors)` (copy them into the model; return the
+    tensors to checksum: what the model holds now, read back where the backend can) and `_load_adapter(adapter,
+    version)` (returning the checksum of what it loaded); `_before_full_update` and `_after_full_update` run around
+    a full update.
+
+    A full update comes whole (`load_weights`) or in parts (`begin_update`, `write_part` per bucket, `end_update`):
+    between the first part and the last, generation waits and the served version is UNKNOWN_VERSION, so a sender
+    that dies half-way leaves a state no trainer accepts samples from."""
 
     _thread: EngineThread
     _shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    weight_version: int
+    weight_checksum: str | None
+    base_updated: bool
 
     def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return self._shapes
@@ -125,7 +163,49 @@ class ThreadedBackend:
         return await self._while_alive(lambda: self._thread.generate(request))
 
     async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
-        return await self._while_alive(lambda: self._thread.call(lambda: self._load_weights(tensors, version)))
+        def whole() -> str:
+            self.begin_now(version)
+            stream = ChecksumStream()
+            stream.update(self.write_now(tensors, version))
+            self.end_now(version, stream.hexdigest())
+            return stream.hexdigest()
+        return await self.on_engine(whole)
+
+    async def on_engine(self, function: Callable[[], T]) -> T:
+        """`function` on the engine thread (between generation batches), or a 503 once the engine is dead."""
+        return await self._while_alive(lambda: self._thread.call(function))
+
+    # ---------------------------------------------------------------- on the engine thread: a full update in parts
+
+    def begin_now(self, version: int, stall_timeout: float = 120.0) -> None:
+        self._thread.hold(stall_timeout, self.abandon_now)
+        self._before_full_update()
+        self.weight_version, self.weight_checksum = UNKNOWN_VERSION, None
+
+    def write_now(self, tensors: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
+        try:
+            return self._write_weights(tensors)
+        except Exception as exc:  # noqa: BLE001 - names and shapes were checked; a part may hold new weights now
+            self.abandon_now()
+            raise ServerError(500, f"loading the weights of version {version} failed part-way ({type(exc).__name__}: "
+                                   f"{exc}): the served weights are in an unknown state (version {UNKNOWN_VERSION}); "
+                                   "send a full update or restart the server") from None
+
+    def end_now(self, version: int, checksum: str) -> None:
+        self._after_full_update()
+        self.weight_version, self.weight_checksum, self.base_updated = version, checksum, True
+        self._thread.release()
+
+    def abandon_now(self) -> None:
+        """A full update that stops part-way: some layers may hold new weights, so no version is served."""
+        self.weight_version, self.weight_checksum, self.base_updated = UNKNOWN_VERSION, None, True
+        self._thread.release()
+
+    def _before_full_update(self) -> None:
+        return None
+
+    def _after_full_update(self) -> None:
+        return None
 
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         self._check_alive()

@@ -1,4 +1,5 @@
-"""Receiving weights: safetensors buckets, shared paths and adapter folders, checked before anything is loaded.
+"""Receiving weights: safetensors buckets streamed into the engine, shared paths and adapter folders, each checked
+before it is loaded.
 
 Only safetensors are ever read (never pickle / torch.load): a weight file cannot run code here.
 Every transfer is verified against the checksum the sender computed (`weights_checksum`), and every
@@ -7,16 +8,18 @@ name and shape against the served model, before the backend sees it.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass, field
+import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
-from rlft.models.weights import weights_checksum
+from rlft.models.weights import ChecksumStream, weights_checksum
 from rlft.rollout.server.protocol import AdapterFiles, ServerError, dtype_name
 
 
@@ -27,35 +30,84 @@ def decode_bucket(body: bytes, where: str) -> dict[str, torch.Tensor]:
         raise ServerError(400, f"transfer corrupted: {where} is not valid safetensors ({exc}); nothing was loaded: send it again") from None
 
 
-@dataclass
-class BucketedTransfer:
-    """The buckets of one full-weight transfer, gathered until the last one arrives."""
+class StreamedTransfer:
+    """One full-weight transfer over HTTP, loaded into the engine bucket by bucket as the buckets arrive: the server
+    never holds a second copy of the model. Each bucket is checked before any of it is loaded: the CRC-32 of its
+    bytes (damage on the way), then every name and shape against the served model; a transfer of one bucket is
+    checked against the sender's checksum too. The checksum of everything read back must equal the sender's at the
+    last bucket. Buckets come in name order, so the checksum is taken as they come.
 
-    version: int | None = None
-    expected: int = 0
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    received: int = 0
+    Bucket k is answered once it is checked and queued on the engine thread, after bucket k-1 is loaded: the next
+    bucket travels while this one loads, and at most two are held."""
 
-    def add(self, body: bytes, version: int, bucket: int, buckets: int) -> dict[str, torch.Tensor] | None:
-        """Add one bucket; return every tensor once the last bucket is in, else None."""
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.version: int | None = None
+        self.expected = self.received = 0
+        self.stream = ChecksumStream()
+        self.loading: asyncio.Future | None = None  # the load of the bucket before
+        self.last_name: str | None = None  # the last tensor name of the bucket before
+
+    async def add(self, body: bytes, *, version: int, bucket: int, buckets: int, crc32: int | None,
+                  checksum: str | None) -> dict[str, Any] | None:
+        """Check one bucket and queue its load; the answer of the whole transfer after the last, else None."""
         if buckets < 1 or not 0 <= bucket < buckets:
             raise ServerError(400, f"bucket {bucket} of {buckets}: bucket must be in 0..buckets-1")
-        if bucket == 0:
-            self.version, self.expected, self.tensors, self.received = version, buckets, {}, 0
-        elif (version, buckets) != (self.version, self.expected) or bucket != self.received:
+        if bucket > 0 and ((version, buckets) != (self.version, self.expected) or bucket != self.received):
             waiting = f"bucket {self.received} of version {self.version}" if self.version is not None else "bucket 0"
             raise ServerError(400, f"bucket {bucket}/{buckets} of version {version} arrived while the server waits for "
                                    f"{waiting}: resend the transfer from bucket 0")
-        part = decode_bucket(body, f"bucket {bucket} of version {version}")
-        duplicate = next((name for name in part if name in self.tensors), None)
-        if duplicate is not None:
-            raise ServerError(400, f"tensor {duplicate!r} came in two buckets of version {version}: resend from bucket 0")
-        self.tensors.update(part)
+        try:
+            part = await asyncio.to_thread(self._checked, body, version, bucket, buckets, crc32, checksum)
+            if bucket > 0:
+                await self.loading  # in order, and a failed load fails the transfer here
+        except ServerError:
+            if bucket > 0:  # the buckets before were loaded: what is served is neither version
+                await self.backend.on_engine(self.backend.abandon_now)
+                self.version = None
+            raise
+        if bucket == 0:
+            self.version, self.expected, self.received, self.stream = version, buckets, 0, ChecksumStream()
         self.received += 1
-        if self.received < self.expected:
+        self.last_name = max(part)
+        last = bucket == buckets - 1
+        self.loading = asyncio.ensure_future(self.backend.on_engine(lambda: self._load(part, version, bucket, last, checksum)))
+        if not last:
             return None
-        tensors, self.version, self.tensors, self.received = self.tensors, None, {}, 0
-        return tensors
+        self.version = None
+        loaded = await self.loading
+        return {"weight_version": version, "weight_checksum": loaded, "received_checksum": loaded}
+
+    def _checked(self, body: bytes, version: int, bucket: int, buckets: int, crc32: int | None,
+                 checksum: str | None) -> dict[str, torch.Tensor]:
+        where = f"bucket {bucket} of version {version}"
+        if crc32 is not None and zlib.crc32(body) != crc32:
+            raise ServerError(400, f"transfer corrupted: {where} arrived with CRC-32 {zlib.crc32(body)}, the sender "
+                                   f"computed {crc32}; resend the transfer from bucket 0")
+        part = decode_bucket(body, where)
+        if buckets == 1 and checksum:
+            verify_checksum(part, checksum, "weights")
+        check_against_model(part, self.backend.parameter_shapes())
+        first = min(part)
+        if bucket > 0 and self.last_name is not None and first <= self.last_name:
+            raise ServerError(400, f"tensor {first!r} of {where} comes after {self.last_name!r}: buckets must "
+                                   "hold the tensors in name order, each once; resend from bucket 0")
+        return part
+
+    def _load(self, part: dict[str, torch.Tensor], version: int, bucket: int, last: bool, checksum: str | None) -> str | None:
+        """On the engine thread."""
+        if bucket == 0:
+            self.backend.begin_now(version)
+        self.stream.update(self.backend.write_now(part, version))
+        if not last:
+            return None
+        loaded = self.stream.hexdigest()
+        if checksum and loaded != checksum:
+            self.backend.abandon_now()
+            raise ServerError(400, f"transfer corrupted: the weights read back have checksum {loaded[:16]}..., the sender "
+                                   f"computed {checksum[:16]}...; the served weights are in an unknown state: send them again")
+        self.backend.end_now(version, loaded)
+        return loaded
 
 
 def verify_checksum(tensors: dict[str, torch.Tensor], claimed: str | None, what: str) -> str:

@@ -18,7 +18,7 @@ from rlft.models.weights import architecture_digest, plain_state_dict, weights_c
 from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
-from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
+from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
 def served_dtype(setting: str | None, model_dtype: torch.dtype | None, device_type: str) -> torch.dtype:
@@ -114,22 +114,21 @@ class TransformersBackend(ThreadedBackend):
             start = end
         return out
 
-    @torch.no_grad()
-    def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
+    def _before_full_update(self) -> None:
         if self._lora_config is not None:  # full weights are what is served now: an earlier adapter must not stay on top
             self._unwrap()
+
+    @torch.no_grad()
+    def _write_weights(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         state = plain_state_dict(self._engine.model)  # shares storage with the module: copy_ writes the weights
-        try:
-            for name, tensor in tensors.items():
+        for name, tensor in tensors.items():
+            if tensor.data_ptr() != state[name].data_ptr():  # a collective may have received it in place
                 state[name].copy_(tensor)
-        except Exception as exc:  # noqa: BLE001 - names and shapes were checked; a part may hold new weights now
-            self.weight_version, self.weight_checksum = UNKNOWN_VERSION, None
-            raise ServerError(500, f"loading the weights of version {version} failed part-way ({type(exc).__name__}: "
-                                   f"{exc}): the served weights are in an unknown state (version {UNKNOWN_VERSION}); "
-                                   "send a full update or restart the server") from None
-        checksum = weights_checksum({name: state[name] for name in tensors})  # read back from the module
-        self.weight_version, self.weight_checksum, self.base_updated = version, checksum, True
-        return checksum
+        return {name: state[name] for name in tensors}  # read back from the module
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The served base model's weights under plain names, sharing storage (a collective receives into them)."""
+        return plain_state_dict(self._engine.model)
 
     @torch.no_grad()
     def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:

@@ -30,7 +30,7 @@ from rlft.errors import ConfigError
 from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
-from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION, AdapterFiles, Generated, GenerationRequest, ServerError
+from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
 def _reload_from_file(worker, path: str) -> None:
@@ -202,29 +202,23 @@ class VLLMBackend(ThreadedBackend):
             except Exception:  # noqa: BLE001 - a dead engine cannot abort; dead() reports it
                 pass
 
-    def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str:
-        checksum = weights_checksum(tensors)  # of what was sent and verified
+    def _write_weights(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """vLLM stacks and renames what it loads: the tensors handed to it, verified before, are what is checksummed."""
+        given = tensors
         for names in self._tied:  # vLLM's reload keeps the old weights of a layer it gets nothing for: send every name
-            given = next((name for name in names if name in tensors), None)
-            if given is not None:
-                tensors = {**tensors, **{name: tensors[given] for name in names if name not in tensors}}
-
+            source = next((name for name in names if name in tensors), None)
+            if source is not None:
+                tensors = {**tensors, **{name: tensors[source] for name in names if name not in tensors}}
         folder = "/dev/shm" if Path("/dev/shm").is_dir() else None  # shared memory: the workers read it without disk I/O
         with tempfile.TemporaryDirectory(dir=folder, prefix="rlft-weights-") as scratch:
-            path = str(Path(scratch) / f"v{version}.safetensors")
+            path = str(Path(scratch) / "part.safetensors")
             save_file(_unshared(tensors), path)
-            try:
-                self._llm.collective_rpc(_reload_from_file, args=(path,))
-            except Exception as exc:  # noqa: BLE001 - some layers may hold the new weights, others the old
-                self.weight_version, self.weight_checksum = UNKNOWN_VERSION, None
-                raise ServerError(500, f"vLLM failed to load the weights of version {version} ({type(exc).__name__}: "
-                                       f"{exc}): the served weights are now in an unknown state (version "
-                                       f"{UNKNOWN_VERSION}); send a full update or restart the server") from None
+            self._llm.collective_rpc(_reload_from_file, args=(path,))
+        return given
+
+    def _after_full_update(self) -> None:
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
         self._lora_request, self.lora = None, None  # full weights are what is served now, without an earlier adapter
-        self.base_updated = True
-        self.weight_version, self.weight_checksum = version, checksum
-        return checksum
 
     def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         from vllm.lora.request import LoRARequest  # optional, as in from_config
