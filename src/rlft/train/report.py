@@ -12,6 +12,7 @@ from rlft.config.methods import method_spec
 from rlft.config.settings import Settings
 from rlft.config.settings.training import OptimSettings
 from rlft.config.plugins import cut_cross_entropy
+from rlft.models.compile import compile_plan
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_summary
 from rlft.models.qat import describe
@@ -71,6 +72,8 @@ def print_plan(console: Console, cfg, settings: Settings, model, data, micro_bat
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    if compiling := compile_plan(model_settings):
+        table.add_row("compile", compiling)
     if model_settings.liger:
         table.add_row("kernels", liger_summary(model_settings, model.config.model_type, logits_reason(model, sharded)))
     if cut_cross_entropy(cfg):
