@@ -124,12 +124,14 @@ def flop_params(model_dir: Path) -> int:
 
 def mfu(tokens_per_s: float, n: int, bf16: bool) -> float:
     """Model FLOPs utilisation as `rlft train` logs it (rlft.train.metrics): tokens/s x 6N (every parameter trained)
-    over the device's peak (on a CPU the per-core figure x torch's thread count). Both tools get the same formula and
-    the same token count, so the ratio of their MFUs is the ratio of their tokens/s."""
-    from rlft.train.metrics import flops_per_token, peak_flops
+    over the device's peak (rlft.train.peak: a named GPU's data-sheet figure, else this machine's measured matmul
+    rate). Both tools get the same formula and the same token count, so the ratio of their MFUs is the ratio of their
+    tokens/s."""
+    from rlft.train.metrics import flops_per_token
+    from rlft.train.peak import device_peak
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return tokens_per_s * flops_per_token(n, n) / peak_flops(device, "bf16" if bf16 else "fp32", None)
+    return tokens_per_s * flops_per_token(n, n) / device_peak(device, "bf16" if bf16 else "fp32").flops
 
 
 def plain_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> float:

@@ -1,6 +1,7 @@
 """SFT through the real CLI: held-out loss falls, outputs are complete and loadable."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -41,6 +42,11 @@ def test_sft_learns_addition_and_writes_everything(make_config, cli, addition_fi
     printed = capsys.readouterr().out
     assert "effective batch" in printed and "32 = 32 micro x 1 accumulation" in printed
     assert "checkpoint-60" in printed and "final loss" in printed
+    # the plan and the summary name MFU's peak and where it came from: on a CPU, this machine's matmul probe (measured
+    # at start-up, or by an earlier run and read from the cache)
+    flat = " ".join(printed.replace("│", " ").split())
+    probe = r"[\d.]+ TFLOP/s fp32 per device \(measured by (a|an earlier run's) matmul probe"
+    assert re.search(rf"MFU peak {probe}", flat) and re.search(rf"mean MFU [\d.e-]+ against {probe}", flat), flat
 
 
 def test_input_output_rows_learn_their_trained_segments(make_config, cli, addition_files, tmp_path):
@@ -264,6 +270,35 @@ def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys
     assert graphs[False] == 0 and graphs[True] > 0, graphs  # the compiled run did go through dynamo
     assert "note: torch_compile: the training forward is compiled; the first steps" in " ".join(capsys.readouterr().out.split())
     assert [m["loss"] for m in runs[True]] == pytest.approx([m["loss"] for m in runs[False]], abs=1e-4)
+
+
+@pytest.mark.parametrize("flag", [pytest.param(True, marks=pytest.mark.compile), False], ids=["compiled", "eager"])
+def test_accelerates_dynamo_variable_neither_compiles_on_top_nor_overrides_torch_compile(flag, make_config, cli, tmp_path,
+                                                                                        capsys, monkeypatch):
+    """`accelerate launch` sets ACCELERATE_DYNAMO_BACKEND from a dynamo backend in `accelerate config`, with which
+    accelerate's `prepare` compiles the model: on top of torch_compile's compile (the recipe then met a compiled
+    function where it looked for the model) or despite torch_compile: false. The run compiles once, as torch_compile
+    says, and the plan's compile line says so."""
+    from accelerate.state import AcceleratorState, GradientState
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")
+    AcceleratorState._reset_state(True)  # as in a new process: accelerate reads the variable when its state is made
+    counters.clear()
+    try:  # aot_eager: dynamo traces the forward (what the two compiles would stack) without inductor's kernels
+        assert cli("train", make_config(max_steps=2, eval_steps=None, torch_compile=flag, torch_compile_backend="aot_eager")) == 0
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert (counters["stats"]["unique_graphs"] > 0) is flag  # torch_compile: false compiles nothing
+    flat = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    if flag:
+        assert ("compile rlft's torch.compile of the training forward (torch_compile: true; aot_eager, mode default); "
+                "ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from `accelerate config`) is not applied on "
+                "top: the model is compiled once") in flat, flat
+    else:
+        assert ("compile none (torch_compile: false); ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from "
+                "`accelerate config`) is not applied") in flat, flat
 
 
 def test_quickstart_runs_from_another_directory(cli, capsys, tmp_path, monkeypatch):

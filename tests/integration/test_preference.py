@@ -370,7 +370,10 @@ def test_shared_prompts_train_what_padded_pairs_train(example, warm_model, clear
                    "--max_steps=6", "--eval_steps=6", "--logging_steps=1", "--micro_batch_size=8", "--mfu_peak_flops=1", *keys,
                    *_data_overrides(clear_preferences, "pairs")) == 0
         runs[name] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m or "eval/loss" in m]
-        plans[name] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ prompts "))
+        printed = capsys.readouterr().out.splitlines()
+        plans[name] = next(line for line in printed if line.startswith("│ prompts "))
+        assert "1e-12 TFLOP/s" in (peak := next(line for line in printed if line.startswith("│ MFU peak "))), peak
+        assert "per device (mfu_peak_flops)" in peak, peak  # the user's peak, not the probe's
         assert bool(shared) is (name != "twice") and (True in shared) is (name == "once-flat-eager")  # True: one sequence
         shared.clear()
     assert "twice per pair (share_prompts: false)" in plans["twice"]

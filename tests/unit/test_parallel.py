@@ -1,6 +1,7 @@
 """The pure parts of multi-process training: FSDP settings, the launch command, how rows and batches split."""
 
 import pytest
+import torch
 
 from rlft.config.parallel import fsdp_settings
 from rlft.data.batches import BatchPlan, PlanCursor
@@ -382,3 +383,47 @@ def test_axolotls_ddp_keys_reach_ddp_and_are_refused_beside_sharding(config, con
                        "way: remove it")
     assert config(ddp_find_unused_parameters=False, deepspeed="deepspeed_configs/zero2.json")  # what happens anyway
     assert config_problems(ddp_bucket_cap_mb=0)
+
+
+def test_accelerate_never_compiles_the_model_even_when_its_config_asks(config, monkeypatch):
+    """`accelerate launch` sets ACCELERATE_DYNAMO_BACKEND from `accelerate config`; accelerate's `prepare` would wrap the
+    model in a compile of its own, on top of torch_compile's (or despite torch_compile: false)."""
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import DynamoBackend
+
+    from rlft.train import parallel
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")
+    AcceleratorState._reset_state(True)  # accelerate reads the variable when its process state is first made
+    try:
+        accelerator = parallel.make_accelerator(config())
+        assert accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
+        model, _ = accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
+        assert type(model) is torch.nn.Linear
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+@pytest.mark.parametrize("asked", [None, "NO", "INDUCTOR"])
+def test_the_plan_says_which_compile_runs_and_what_becomes_of_accelerates(asked, config, monkeypatch):
+    from rlft.config.settings.model import model_settings
+    from rlft.models.compile import compile_plan
+
+    if asked is None:
+        monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", asked)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    compiled = compile_plan(model_settings(config(torch_compile=True, torch_compile_backend="aot_eager")))
+    assert compiled.startswith("rlft's torch.compile of the training forward (torch_compile: true; aot_eager, mode default)")
+    plain, auto = (compile_plan(model_settings(config(torch_compile=flag))) for flag in (False, "auto"))
+    if asked != "INDUCTOR":  # nothing asks accelerate to compile
+        assert compiled.endswith("mode default)") and plain is None and auto is None
+        return
+    assert compiled.endswith("; ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from `accelerate config`) is "
+                             "not applied on top: the model is compiled once")
+    assert plain == ("none (torch_compile: false); ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from "
+                     "`accelerate config`) is not applied: rlft compiles only as torch_compile says (set torch_compile: "
+                     "true, with torch_compile_backend for a backend other than inductor)")
+    assert auto.startswith("none (torch_compile: auto: CUDA GPUs only); ACCELERATE_DYNAMO_BACKEND=INDUCTOR")

@@ -2,7 +2,8 @@
 
 MFU = achieved model FLOP/s / peak FLOP/s of the device. Achieved FLOPs per token are
 2N (forward) + 2N (activation gradients) + 2N_trainable (weight gradients), N = parameter count without an input
-embedding that is not tied to the output layer (a lookup); attention FLOPs are ignored. Peak figures: `mfu_peak_flops`, else the table below.
+embedding that is not tied to the output layer (a lookup); attention FLOPs are ignored. The peak: `rlft.train.peak`
+(`mfu_peak_flops`, else a named GPU's data-sheet figure, else a matmul probe of this machine).
 """
 
 from __future__ import annotations
@@ -20,29 +21,6 @@ import torch
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
 from rlft.config.trackers import tracker_specs
-
-# Dense peak FLOP/s per device. CPU figures are per core, measured on an AVX-512/AMX Xeon.
-PEAK_FLOPS = {
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12},
-    "A10G": {"bf16": 70e12, "fp16": 70e12, "fp32": 31.2e12},
-    "cpu-core": {"bf16": 1.0e12, "fp16": 160e9, "fp32": 162.5e9},
-}
-
-
-def peak_flops(device: torch.device, precision: str, override: float | None) -> float:
-    if override:
-        return override
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, table in PEAK_FLOPS.items():
-            if key in name:
-                return table[precision]
-        return PEAK_FLOPS["A100"][precision]
-    return PEAK_FLOPS["cpu-core"][precision] * torch.get_num_threads()
-
 
 def flops_per_token(total_params: int, trainable_params: int) -> float:
     return 4.0 * total_params + 2.0 * trainable_params

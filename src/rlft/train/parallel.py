@@ -49,8 +49,10 @@ def make_accelerator(cfg):
     handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))] if processes > 1 else []
     if processes > 1 and ddp_options(cfg):
         handlers.append(DistributedDataParallelKwargs(**ddp_options(cfg)))
+    # dynamo_backend "no": torch_compile alone compiles (rlft.train.wrap.compiled_forward); accelerate would otherwise
+    # compile the model too when ACCELERATE_DYNAMO_BACKEND is set (`accelerate config`): rlft.models.compile.compile_plan
     accelerator = Accelerator(mixed_precision="bf16" if bf16 else ("fp16" if cfg.fp16 else "no"), cpu=not cuda,
-                              kwargs_handlers=handlers)
+                              kwargs_handlers=handlers, dynamo_backend="no")
     if cfg.deepspeed and processes == 1:  # DeepSpeed needs a process group, also of one
         _single_process_group()
     return accelerator

@@ -12,6 +12,7 @@ from rlft.config.methods import method_spec
 from rlft.config.settings import Settings
 from rlft.config.settings.training import OptimSettings
 from rlft.config.plugins import cut_cross_entropy
+from rlft.models.compile import compile_plan
 from rlft.models.head import logits_reason, loss_path
 from rlft.models.liger import liger_summary
 from rlft.models.qat import describe
@@ -19,6 +20,7 @@ from rlft.train.trainer import LoopResult
 from rlft.train.step_counts import epochs_steps, steps_per_epoch, total_steps_for
 from rlft.train.optim import warmup_steps
 from rlft.train.parallel import precision, strategy
+from rlft.train.peak import Peak
 
 
 def _key_value_table(title: str) -> Table:
@@ -40,7 +42,7 @@ def schedule(optim: OptimSettings, steps: int, epoch_steps: int) -> str:
 
 
 def print_plan(console: Console, cfg, settings: Settings, model, data, micro_batches: int, accelerator, draws_per_step=None,
-               rows: tuple[tuple[str, str], ...] = (), sharded: bool = False) -> None:
+               rows: tuple[tuple[str, str], ...] = (), sharded: bool = False, peak: Peak | None = None) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parallel, model_settings = settings.parallel, settings.model
@@ -71,6 +73,10 @@ def print_plan(console: Console, cfg, settings: Settings, model, data, micro_bat
         table.add_row("device", f"{accelerator.device} ({'bf16 weights' if precision(cfg, accelerator) == 'bf16' else 'fp32'})")
     else:
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
+    if peak is not None:
+        table.add_row("MFU peak", peak.describe())
+    if compiling := compile_plan(model_settings):
+        table.add_row("compile", compiling)
     if model_settings.liger:
         table.add_row("kernels", liger_summary(model_settings, model.config.model_type, logits_reason(model, sharded)))
     if cut_cross_entropy(cfg):
@@ -89,7 +95,7 @@ def print_plan(console: Console, cfg, settings: Settings, model, data, micro_bat
     console.print(table)
 
 
-def print_summary(console: Console, cfg, result: LoopResult) -> None:
+def print_summary(console: Console, cfg, result: LoopResult, peak: Peak | None = None) -> None:
     metrics = result.state.last_metrics
     speeds = [h["tokens_per_s"] for h in result.history if "tokens_per_s" in h]
     table = _key_value_table("rlft train: done")
@@ -105,6 +111,8 @@ def print_summary(console: Console, cfg, result: LoopResult) -> None:
         table.add_row("eval loss", f"{metrics['eval/loss']:.4f}")
     if speeds:
         table.add_row("mean tokens/s", f"{sum(speeds) / len(speeds):,.0f}")
+    if (mfus := [h["mfu"] for h in result.history if "mfu" in h]) and peak is not None:
+        table.add_row("mean MFU", f"{sum(mfus) / len(mfus):.4g} against {peak.describe()}")
     table.add_row("wall time", f"{result.wall_time:.1f} s")
     table.add_row("metrics", str((Path(cfg.output_dir) / "metrics.jsonl").resolve()))
     console.print(table)

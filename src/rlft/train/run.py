@@ -27,7 +27,8 @@ from rlft.train.best import copy_model_files, final_checkpoint
 from rlft.train.engines import server_token
 from rlft.train.methods import setup_of
 from rlft.train.trainer import LoopResult, Trainer
-from rlft.train.parallel import gathered_state_dict, make_accelerator
+from rlft.train.parallel import gathered_state_dict, make_accelerator, precision
+from rlft.train.peak import device_peak
 from rlft.train.policy import shards_parameters
 from rlft.train.report import print_plan, print_summary
 from rlft.train.unbuilt import refuse_unbuilt
@@ -111,10 +112,11 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
         model.peft_config["default"].revision = hub_revision(settings.model, base).get("revision")  # online: the hub id's revision
     sharded = shards_parameters(cfg, accelerator)
     init_adapter = save_initial_adapter(model, output_dir) if accelerator.is_main_process else None
+    peak = device_peak(accelerator.device, precision(cfg, accelerator), cfg.mfu_peak_flops)  # each process: its own device
 
     if accelerator.is_main_process:
         print_plan(console, cfg, settings, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
-                   sharded)
+                   sharded, peak)
         if compile_options(settings.model) is not None:
             engine = spec_of(cfg).engine
             decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
@@ -122,7 +124,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
             console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
                           "to a minute), then run faster", markup=False)
     try:
-        result = Trainer(cfg, settings, recipe, model, tokenizer, accelerator, console).run()
+        result = Trainer(cfg, settings, recipe, model, tokenizer, accelerator, console, peak).run()
     finally:
         recipe.close()  # reward worker processes, engines
     for warning in recipe.final_warnings():
@@ -140,7 +142,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
             tokenizer.save_pretrained(output_dir)
             if init_adapter is not None:  # PiSSA/OLoRA: a plain LoRA that loads on the original base
                 convert_folder(output_dir, init_adapter)
-        print_summary(console, cfg, result)
+        print_summary(console, cfg, result, peak)
     return result
 
 

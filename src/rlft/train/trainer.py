@@ -32,9 +32,10 @@ from rlft.train.best import BestCheckpoint
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, load_checkpoint, load_weights, read_state,
                                    save_checkpoint)
 from rlft.train.checkpoint_folders import clean_staging
-from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_flops, peak_memory_mb
+from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_scheduler, optimizer_mode, step_was_skipped, stepping_optimizer
-from rlft.train.parallel import gradient_sync, max_across, mean_metrics, precision, sum_across, unused_parameters_named
+from rlft.train.parallel import gradient_sync, max_across, mean_metrics, sum_across, unused_parameters_named
+from rlft.train.peak import Peak
 from rlft.train.recipe import Recipe
 from rlft.train.run_log import open_metrics_log
 from rlft.train.step_counts import (continue_position, epochs_steps, plan_batches, schedules, steps_per_epoch, total_steps_for,
@@ -76,14 +77,14 @@ class _StopAfterStep(Exception):
 class Trainer:
     """Trains `model` with `recipe` as `settings` say (.run, .optim, .parallel, .model); `run()` returns the LoopResult."""
 
-    def __init__(self, cfg, settings: Settings, recipe: Recipe, model, tokenizer, accelerator, console: Console):
+    def __init__(self, cfg, settings: Settings, recipe: Recipe, model, tokenizer, accelerator, console: Console, peak: Peak):
         self.cfg, self.settings, self.recipe, self.model, self.tokenizer = cfg, settings, recipe, model, tokenizer
         self.accelerator, self.console, self.output_dir = accelerator, console, Path(settings.run.output_dir)
         self.main, self.world = accelerator.is_main_process, accelerator.num_processes
         self.history: list[dict[str, Any]] = []
         self.early: dict[str, float] | None = None  # the evaluation that stopped the run early (early_stopping_patience)
         self.last_saved: Path | None = None
-        self.save_time, self.timer = 0.0, PhaseTimer()
+        self.save_time, self.timer, self.peak = 0.0, PhaseTimer(), peak.flops * self.world  # MFU's peak: all devices' FLOP/s
 
     def run(self) -> LoopResult:
         self.start()
@@ -125,7 +126,6 @@ class Trainer:
         self.log = open_metrics_log(self.cfg, self.output_dir, self.resume_from, self.state.global_step, self.moved, self.main,
                                     self.console)
         self.total_params, self.trainable_params = flop_parameters(self.unwrapped)
-        self.peak = peak_flops(accelerator.device, precision(cfg, accelerator), cfg.mfu_peak_flops) * self.world
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.started = time.perf_counter()
         self.cursor = PlanCursor(plan, self.state.epoch, self.state.batch_in_epoch)  # where recipes not drawing their own are

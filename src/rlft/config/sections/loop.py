@@ -83,7 +83,9 @@ class LoopFields(Section):
     debug: bool = field(False, "`rlft preprocess` shows the first rows token by token with the trained tokens marked "
                                "(as `--debug`).")
     mfu_peak_flops: Optional[float] = field(
-        None, "Peak FLOP/s of one device for the MFU metric (default: a table of known devices).", gt=0.0
+        None, "Peak FLOP/s of one device (one GPU, or a CPU process with its threads) that the MFU metric divides by; when "
+              "set it wins. Unset: the data-sheet figure of a GPU rlft's table names (H200, H100, A100, L40S, A10G), else "
+              "a matmul probe's measure of this machine, cached in ~/.cache/rlft (docs/training.md#mfu).", gt=0.0
     )
 
     @field_validator("warmup_steps")
