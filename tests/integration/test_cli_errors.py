@@ -29,8 +29,8 @@ def test_validate_lists_every_problem(cli, capsys, tmp_path):
 def test_validate_ok_and_explain(cli, capsys, make_config):
     assert cli("validate", make_config()) == 0
     assert capsys.readouterr().out.strip() == "OK"
-    assert cli("validate", "--explain", "trl.vllm_group_port") == 0
-    assert "not built: NCCL weight transfer" in capsys.readouterr().out
+    assert cli("validate", "--explain", "vllm.serve_module") == 0
+    assert "not built: custom vLLM server code" in capsys.readouterr().out
 
 
 def test_missing_base_model_folder(cli, capsys, make_config, tmp_path):
@@ -67,8 +67,8 @@ def test_everything_dropped(cli, capsys, make_config):
     # (max_completion_length 16: the config's sequence_len of 32 must leave room for prompts, or validation refuses first)
     ({"rl": "grpo", "trl": {"num_generations": 4, "loss_type": "sapo", "reward_funcs": ["r.f"], "max_completion_length": 16}},
      "trl.loss_type 'sapo' is not implemented yet"),
-    ({"rl": "grpo", "trl": {"num_generations": 4, "vllm_group_port": 6000, "reward_funcs": ["r.f"], "max_completion_length": 16}},
-     "trl.vllm_group_port (not built: NCCL weight transfer"),
+    ({"rl": "grpo", "vllm": {"serve_module": "my.server"}, "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "max_completion_length": 16}},
+     "vllm.serve_module (not built: custom vLLM server code"),
     ({"deepspeed": "ds.json"}, "ds.json does not exist"),
     ({"flex_attention": True}, "flex_attention cannot train on CPU"),
     ({"liger_rope": True, "liger_rms_norm": True}, "liger_rope, liger_rms_norm: Liger Kernel's kernels are Triton kernels for CUDA GPUs"),

@@ -209,6 +209,77 @@ def test_full_sync_is_verified_and_served(server, remote):
     assert served.weight_versions == [1] * 4
 
 
+def _specs(model, dtype="float32"):
+    from rlft.rollout.weight_group import TensorSpec
+
+    return [TensorSpec(name, tuple(t.shape), dtype) for name, t in sorted(model.state_dict().items())]
+
+
+def _trained(folder, seed: int):
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return model
+
+
+def test_collective_sync_is_verified_served_and_falls_back_to_http_when_the_group_breaks(server, remote):
+    """Full weights as gloo broadcasts (several buckets, the embedding alone and received in place), served exactly as
+    sent; then a group broken on the trainer's side: the update goes over HTTP, with a note."""
+    trained = _trained(server["folder"], 31)
+    notes = []
+    remote.on_note = notes.append
+    assert remote.open_group(free_port(), _specs(trained), timeout=5) == "gloo"
+    remote.group.bucket_bytes = 64 * 1024  # several buckets; the 66 KB embedding goes alone
+    state = trained.state_dict()
+    remote.load_weights(state, version=41)
+    info = remote.weight_info()
+    assert (info["weight_version"], info["weight_checksum"]) == (41, weights_checksum(state))
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    served = remote.generate(PROMPTS, params, num_samples=2, seed=17)
+    torch.manual_seed(17)
+    local = _local(server["folder"], state).generate(PROMPTS, params, 2)
+    assert (served.completion_ids, served.logprobs, served.weight_versions) == (local.completion_ids, local.logprobs, [41] * 4)
+
+    class BrokenEnd:  # the trainer's end of the group breaks (and the real one is freed: its connections close)
+        source = 1
+
+        def broadcast(self, tensor):
+            raise RuntimeError("Connection reset by peer")
+
+    again = _trained(server["folder"], 32).state_dict()
+    remote.group.group = BrokenEnd()
+    remote.load_weights(again, version=42)
+    assert remote.group is None and "weights go to the rollout server over HTTP from now on" in notes[0]
+    info = remote.weight_info()
+    assert (info["weight_version"], info["weight_checksum"]) == (42, weights_checksum(again))
+
+
+def test_weight_group_handshake_refuses_another_shape_a_taken_port_and_a_missing_token(server, remote, tmp_path):
+    import socket
+
+    other = tmp_path / "other"
+    write_tiny_model(other, "S", max_positions=128)
+    wider = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(other))
+    with pytest.raises(RolloutError, match=r"different shapes: tensor 'lm_head.weight' has shape \(260, 128\) in the "
+                                           r"trainer and \(260, 64\) in the served model"):
+        remote.open_group(free_port(), _specs(wider))
+    base = AutoModelForCausalLM.from_pretrained(server["folder"])
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(RolloutError, match=f"the weight group's port {port} on the server's machine is in use"):
+            remote.open_group(port, _specs(base))
+    anonymous = RemoteEngine("127.0.0.1", server["port"], token=None, timeout=30)
+    with pytest.raises(RolloutError, match="401.*token is wrong or missing"):
+        anonymous.open_group(free_port(), _specs(base))
+    wrong = httpx.post(server["url"] + "/init_weight_group", json={"port": free_port(), "tensors": []},
+                       headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+
+
 def _adapter(folder, base_folder, rank: int):
     from peft import LoraConfig, get_peft_model
 
@@ -400,6 +471,30 @@ def test_a_dead_or_hung_server_is_noticed_within_10_seconds(tmp_path):
         wait_for_health(process, port, log)
         dead, waited = outcome(lambda: os.killpg(process.pid, signal.SIGKILL))
         assert "rlft vllm-serve CONFIG" in str(dead.get("error")) and waited < 10
+    finally:
+        kill_group(process)
+
+
+def test_a_server_that_hangs_or_dies_mid_broadcast_stops_the_trainer_within_10_seconds(tmp_path):
+    folder = _model_folder(tmp_path / "model", 128)
+    port = free_port()
+    log = tmp_path / "server.log"
+    process = run_cli("vllm-serve", str(_config(folder, tmp_path / "serve.yaml")), "--port", str(port), log=log)
+    try:
+        wait_for_health(process, port, log)
+        engine = RemoteEngine("127.0.0.1", port, timeout=300)
+        trained = _trained(folder, 5)
+        engine.open_group(free_port(), _specs(trained), timeout=120)  # longer than the wait allowed: health decides
+        os.killpg(process.pid, signal.SIGSTOP)  # hung: the broadcast and the update call wait on it
+        began = time.monotonic()
+        with pytest.raises(RolloutError, match="stopped answering .it died or hangs.*the last checkpoint is kept"):
+            engine.load_weights(trained.state_dict(), version=1)
+        assert time.monotonic() - began < 10
+        os.killpg(process.pid, signal.SIGKILL)
+        began = time.monotonic()
+        with pytest.raises(RolloutError, match="rlft vllm-serve CONFIG"):
+            engine.load_weights(trained.state_dict(), version=2)
+        assert time.monotonic() - began < 10
     finally:
         kill_group(process)
 

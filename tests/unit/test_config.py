@@ -321,7 +321,7 @@ def test_explain_trl_beta_has_default_and_description():
     assert "default: None" in text
     assert "KL coefficient (k3 estimator) to the reference" in text
     assert "not built yet" not in text
-    assert "not built: NCCL weight transfer" in explain("trl.vllm_group_port")
+    assert "not built: custom vLLM server code" in explain("vllm.serve_module")
     assert "not built yet" not in explain("trl.use_vllm")
 
 
@@ -350,12 +350,12 @@ def test_explain_typo_in_section_suggests_key():
 
 
 def test_planned_setting_is_reported_with_what_is_not_built(config):
-    cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51217})
-    assert planned_settings(cfg) == [("trl.vllm_group_port", "NCCL weight transfer")]
+    cfg = config(rl="grpo", micro_batch_size=8, vllm={"serve_module": "my.server"})
+    assert planned_settings(cfg) == [("vllm.serve_module", "custom vLLM server code")]
 
 
 def test_planned_setting_at_default_not_reported(config):
-    cfg = config(rl="grpo", micro_batch_size=8, trl={"vllm_group_port": 51216, "use_vllm": True})
+    cfg = config(rl="grpo", micro_batch_size=8, trl={"sapo_temperature_pos": 1.0, "use_vllm": True})
     assert planned_settings(cfg) == []
 
 
@@ -384,8 +384,8 @@ def test_refuse_unbuilt_setting_on_sft(config):
     from rlft.train.unbuilt import refuse_unbuilt
 
     with pytest.raises(NotImplementedYet) as caught:
-        refuse_unbuilt(config(trl={"vllm_group_port": 1234}))
-    assert "  - trl.vllm_group_port (not built: NCCL weight transfer)" in str(caught.value)
+        refuse_unbuilt(config(vllm={"serve_module": "my.server"}))
+    assert "  - vllm.serve_module (not built: custom vLLM server code)" in str(caught.value)
 
 
 @pytest.mark.parametrize("key, value", [("sync_ref_model", True), ("reference_reset_interval", 10)])
@@ -439,13 +439,17 @@ def test_rollout_and_is_keys_are_built_not_planned(config):
         "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
         "vllm_importance_sampling_cap": 2.0, "off_policy_mask_threshold": 0.5, "use_bias_correction_kl": True,
         "replay_buffer_size": 16, "replay_recompute_logps": False, "reroll_start_fraction": 0.5, "reroll_max_groups": 2,
-        "allowed_outdated_steps": 4,
+        "allowed_outdated_steps": 4, "vllm_group_port": 6000,
     }
     cfg = config(**GRPO, max_steps=10, trl=trl)
     assert planned_settings(cfg) == []
     assert refuse_unbuilt(cfg) is None
-    with pytest.raises(NotImplementedYet, match=r"trl\.vllm_group_port"):
-        refuse_unbuilt(config(**GRPO, trl={"vllm_group_port": 6000}))
+
+
+def test_a_weight_group_needs_a_rollout_server(config_problems):
+    for trl in ({"vllm_group_port": 6000}, {"vllm_group_port": 6000, "use_vllm": True, "vllm_mode": "colocate"}):
+        problems = config_problems(**GRPO, trl=trl)
+        assert any("trl.vllm_group_port opens a weight group with a rollout server" in text for _, text in problems)
 
 
 def test_the_rules_judge_the_trl_keys_as_the_run_resolves_them(config, config_problems, monkeypatch):

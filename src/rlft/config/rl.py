@@ -98,6 +98,7 @@ class RLSettings:
     server_host: str  # where the trainer connects: a listen address (0.0.0.0, ::) becomes loopback
     server_port: int
     server_timeout: float  # seconds the trainer waits for the server at start
+    group_port: int | None  # the collective weight-sync group's port on the server's machine; None = over HTTP
     lora_sync: bool  # send the LoRA adapter instead of full weights
     sync_interval: int  # optimizer steps between weight syncs
     # async rollouts
@@ -215,6 +216,7 @@ def rl_settings(cfg) -> RLSettings:
         ref_model_mixup_alpha=options["ref_model_mixup_alpha"], ref_model_sync_steps=options["ref_model_sync_steps"],
         use_vllm=options["use_vllm"], vllm_mode=options["vllm_mode"], server_host=LISTEN_ADDRESSES.get(host.strip(), host),
         server_port=options["vllm_server_port"] or 8000, server_timeout=float(options["vllm_server_timeout"]),
+        group_port=options["vllm_group_port"],
         lora_sync=options["vllm_lora_sync"], sync_interval=options["vllm_sync_interval"],
         async_prefetch=options["async_prefetch"], prefetch_depth=options["prefetch_depth"],
         streaming=bool(options["streaming_partial_batch"]), streaming_min_groups=options["streaming_min_groups"],

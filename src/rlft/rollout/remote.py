@@ -12,6 +12,7 @@ with, and a checksum other than the one sent for that version stops the run.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import zlib
@@ -26,8 +27,10 @@ from safetensors.torch import load_file, save
 from rlft.errors import RolloutError
 from rlft.models.weights import ChecksumStream, architecture_digest, weights_checksum
 from rlft.rollout.local import NOT_FINITE
+from rlft.rollout.remote_group import GroupBroken, GroupLink
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
 from rlft.rollout.types import Rollout, SamplingParams
+from rlft.rollout.weight_group import TensorSpec
 
 TOKEN_ENV = "RLFT_SERVER_TOKEN"
 _GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -45,10 +48,10 @@ def _says_unhealthy(response: httpx.Response) -> bool:
 class RemoteEngine:
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 3600.0, *,
                  bucket_bytes: int = 64 * 2**20, health_interval: float = 2.0, health_failures: int = 3,
-                 health_timeout: float = 1.5):
+                 health_timeout: float = 1.5, on_note: Callable[[str], None] | None = None):
         """`timeout`: the longest a generation or weight update may take while the server keeps answering /health
         (a dead or hung server is noticed within ~10 s regardless); short calls (health, weight info) time out after
-        5 x `health_timeout`."""
+        5 x `health_timeout`. `on_note`: how a note for the user is shown (a fallback to HTTP)."""
         self.host = "127.0.0.1" if host in ("0.0.0.0", "", None) else host  # 0.0.0.0 is where a server listens, not an address
         self.port = port
         shown = f"[{self.host}]" if ":" in self.host else self.host
@@ -62,6 +65,8 @@ class RemoteEngine:
         # one client for the liveness probes of watched calls (making a client costs ~20 ms: not once per call)
         self._probe = httpx.Client(base_url=self.base_url, timeout=health_timeout)
         self._sent: dict[int, str] = {}  # version -> checksum of the weights this client sent for it
+        self.group: GroupLink | None = None  # the collective weight group, when one is open
+        self.on_note = on_note or (lambda text: print(f"note: {text}", file=sys.stderr))
         self._version: int | None = None
         self._info: dict[str, Any] | None = None
 
@@ -97,10 +102,34 @@ class RemoteEngine:
                        weight_versions=[out["weight_version"]] * len(expanded))
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Send every tensor (plain state-dict names), cast to the server's dtype, in safetensors buckets that the
-        server loads as they arrive (with each body's CRC-32 against damage on the way); verify the checksum of what
-        it read back. The next bucket is encoded and checksummed while one travels."""
+        """Send every tensor (plain state-dict names), cast to the server's dtype: through the weight group when one
+        is open (`open_group`), else in safetensors buckets that the server loads as they arrive (with each body's
+        CRC-32 against damage on the way). Verify the checksum of what the server read back. A group that breaks
+        while the server still answers is closed with a note, and this update and the later ones go over HTTP."""
         tensors = self.wire_tensors(weights)
+        if self.group is not None:
+            with ThreadPoolExecutor(1, thread_name_prefix="rlft-checksum") as hashing:
+                sent = hashing.submit(weights_checksum, tensors)  # while the buckets travel
+                try:
+                    out = self.group.send(tensors, version)
+                except GroupBroken as exc:
+                    self.group = None
+                    self.on_note(f"the collective weight sync failed ({exc}): weights go to the rollout server over "
+                                 "HTTP from now on")
+                else:
+                    self._confirm(out, version, sent.result(), "weights")
+                    return
+        self._load_by_http(tensors, version)
+
+    def open_group(self, port: int, specs: list[TensorSpec], timeout: float = 60.0) -> str:
+        """Form a collective weight group with the server on its `port`; later full updates travel through it. The
+        backend it runs (gloo or nccl)."""
+        link = GroupLink(self, port, timeout)
+        backend = link.open(specs)
+        self.group = link
+        return backend
+
+    def _load_by_http(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         buckets = _buckets(tensors, self.bucket_bytes)
         stream = ChecksumStream()
 
@@ -166,6 +195,14 @@ class RemoteEngine:
             expected = weights_checksum({name: tensor.to(lora_dtype) for name, tensor in stored.items()})
         self._confirm(out, version, expected, "LoRA adapter")
 
+    def call_guarded(self, path: str, body: dict[str, Any]) -> Any:
+        """A short POST to a route that needs the token."""
+        return self._call("POST", path, json=body, timeout=self.health_timeout * 20)
+
+    def watched_guarded(self, path: str, body: dict[str, Any]) -> Any:
+        """A long POST, watched by /health (a dead server fails it within ~10 s)."""
+        return self._watched("POST", path, json=body)
+
     def weight_info(self, refresh: bool = True) -> dict[str, Any]:
         if refresh or self._info is None:
             self._info = self._call("GET", "/weight_info", timeout=self.health_timeout * 5)
@@ -197,6 +234,8 @@ class RemoteEngine:
             time.sleep(min(1.0, max(timeout - elapsed, 0.0)))
 
     def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
         self._http.close()
         self._probe.close()
 

@@ -2,7 +2,8 @@
 
 * `use_vllm: false` (default): rlft's in-process transformers engine (a copy of the trained weights).
 * `use_vllm: true`, `vllm_mode: server` (default): a rollout server started with `rlft vllm-serve CONFIG`
-  (transformers or vLLM backend), reached over HTTP; the trainer waits for it up to `vllm_server_timeout`.
+  (transformers or vLLM backend), reached over HTTP; the trainer waits for it up to `vllm_server_timeout`. With
+  `vllm_group_port`, full weights travel through a collective group with the server instead (gloo or NCCL).
 * `use_vllm: true`, `vllm_mode: colocate`: vLLM inside the trainer process (needs vLLM and a CUDA GPU).
 """
 
@@ -18,7 +19,10 @@ from rlft.config.settings import Settings
 from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError
 from rlft.rollout.engine import RolloutEngine
+from rlft.models.weights import plain_state_dict
 from rlft.rollout.remote import RemoteEngine
+from rlft.rollout.server.protocol import DTYPES, dtype_name
+from rlft.rollout.weight_group import TensorSpec
 from rlft.rollout.server.colocated import ColocatedEngine
 from rlft.rollout.server.security import local_token
 
@@ -40,12 +44,24 @@ def engine_factory(cfg, settings: Settings, console: Console) -> tuple[Callable[
         return colocated_vllm(settings.server), True
 
     def connect(policy, version: int) -> RolloutEngine:
-        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port, s.server_host))
+        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port, s.server_host),
+                              on_note=lambda text: console.print(f"[yellow]note:[/yellow] {text}"))
         wait_for_server(engine, s, console)
         engine.check_serves(policy)  # another model behind that port: say so before sending it weights
+        if s.group_port is not None:
+            open_weight_group(engine, policy, s.group_port, console)
         return engine
 
     return connect, True
+
+
+def open_weight_group(engine: RemoteEngine, policy, port: int, console: Console) -> None:
+    """Form the collective weight group (trl.vllm_group_port) over the policy's plain weights in the served dtype."""
+    dtype = dtype_name(DTYPES[engine.weight_info()["dtype"]])
+    specs = [TensorSpec(name, tuple(tensor.shape), dtype) for name, tensor in sorted(plain_state_dict(policy).items())]
+    backend = engine.open_group(port, specs)
+    console.print(f"full weights go to the rollout server as {backend} broadcasts (weight group on port {port}; HTTP if "
+                  "the group breaks)")
 
 
 def wait_for_server(engine, s, console: Console) -> None:

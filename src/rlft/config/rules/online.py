@@ -110,6 +110,9 @@ def _rollout_problems(cfg, options):
                    f"prefetch_depth = {depth} batches of {per_batch} optimizer step(s) with vllm_sync_interval = "
                    f"{options['vllm_sync_interval']} trains on rollouts up to {oldest} steps old, so every batch would be "
                    "dropped; raise allowed_outdated_steps or lower prefetch_depth / vllm_sync_interval")
+    if trl.vllm_group_port is not None and not (trl.use_vllm and options["vllm_mode"] == "server"):
+        yield ("trl.vllm_group_port opens a weight group with a rollout server: it needs trl.use_vllm: true with "
+               "vllm_mode: server (a colocated engine shares the trainer's process); remove vllm_group_port otherwise")
     if trl.use_vllm and cfg.adapter == "qlora" and not trl.vllm_lora_sync:
         yield ("adapter: qlora with trl.use_vllm sends merged weights, which a 4-bit base cannot give: set "
                "trl.vllm_lora_sync: true (the server keeps base_model's own weights and loads the adapter)")

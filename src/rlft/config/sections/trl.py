@@ -15,8 +15,6 @@ from pydantic import field_validator
 from rlft.config.axolotl_tables import TRL, known_only
 from rlft.config.base import field, planned
 
-NCCL_SYNC = "NCCL weight transfer"
-
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Union[Literal["group", "batch", "none"], bool]
 ImportanceSamplingMode = Literal[
@@ -285,10 +283,11 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
         None,
         "Seconds the trainer waits for the server to come up at start; None -> 240 (later calls are watched by /health: a dead server is noticed within ~10 s).", gt=0,
     )
-    vllm_group_port: Optional[int] = planned(
-        51216,
-        "Port of the NCCL weight-sync group.",
-        what=NCCL_SYNC, ge=1, le=65535,
+    vllm_group_port: Optional[int] = field(
+        None,
+        "Port on the rollout server's machine for the collective weight-sync group: full weights travel as "
+        "broadcasts (gloo between CPUs, NCCL between CUDA GPUs), falling back to HTTP if the group breaks; unset -> "
+        "over HTTP (TRL always opens this group, on 51216).", ge=1, le=65535,
     )
     vllm_lora_sync: bool = field(
         False,

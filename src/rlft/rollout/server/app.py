@@ -1,5 +1,6 @@
-"""The rollout server's HTTP application: training endpoints, verified weight and adapter sync, and the
-OpenAI-compatible routes (`openai_routes.py`).
+"""The rollout server's HTTP application: training endpoints, verified weight and adapter sync (streamed HTTP
+buckets, shared paths, adapter folders, and a collective group: `collective.py`), and the OpenAI-compatible routes
+(`openai_routes.py`).
 
 Every route answers errors as `{"error": message}` with a 4xx for a bad request, never a traceback.
 Slow work (decoding a bucket, hashing weights, generating) runs off the event loop, so `/health`
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from rlft.rollout.server.collective import GroupUpdateBody, InitGroupBody, WeightGroupEndpoint
 from rlft.rollout.server.openai_routes import add_openai_routes
 from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
 from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, WeightsPathBody, generation_request
@@ -31,6 +33,7 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     app = FastAPI(title="rlft rollout server", redirect_slashes=False)
     guard = token_guard(token)
     transfer = StreamedTransfer(backend)
+    group = WeightGroupEndpoint(backend)
     _add_error_handlers(app)
 
     def weight_state() -> dict[str, Any]:
@@ -98,6 +101,13 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
         version = body.lora_int_id if body.lora_int_id is not None else backend.weight_version + 1
         return await load_adapter(body, version)
 
+    async def init_weight_group(body: InitGroupBody, request: Request) -> dict[str, Any]:
+        address = (request.scope.get("server") or ("127.0.0.1", 0))[0]  # where the trainer reached this server
+        return await group.init(body, address)
+
+    async def update_weights_group(body: GroupUpdateBody) -> dict[str, Any]:
+        return await group.update(body)
+
     async def reset_prefix_cache() -> dict[str, Any]:
         await backend.reset_prefix_cache()
         return {"status": "ok"}
@@ -111,6 +121,8 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     add_route(app, "/v1/load_lora_adapter", vllm_load_lora_adapter, ["POST"], guard)
     add_route(app, "/set_lora_adapter", set_lora_adapter, ["POST"], guard)
     add_route(app, "/reset_prefix_cache", reset_prefix_cache, ["POST"], guard)
+    add_route(app, "/init_weight_group", init_weight_group, ["POST"], guard)
+    add_route(app, "/update_weights_group", update_weights_group, ["POST"], guard)
     add_openai_routes(app, backend, model_name, ends)
     return app
 

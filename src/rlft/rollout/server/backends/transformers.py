@@ -17,6 +17,7 @@ from rlft.models.loading import load_model, load_tokenizer
 from rlft.models.weights import architecture_digest, plain_state_dict, weights_checksum
 from rlft.models.compile import compile_options
 from rlft.rollout.local import LocalEngine
+from rlft.rollout.server.collective import LocalGroupMember
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
 
@@ -32,7 +33,7 @@ def served_dtype(setting: str | None, model_dtype: torch.dtype | None, device_ty
     return DTYPES[setting]
 
 
-class TransformersBackend(ThreadedBackend):
+class TransformersBackend(LocalGroupMember, ThreadedBackend):
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, model_name: str, dtype: torch.dtype, max_model_len: int, max_lora_rank: int,
