@@ -255,6 +255,14 @@ def test_collective_sync_is_verified_served_and_falls_back_to_http_when_the_grou
     info = remote.weight_info()
     assert (info["weight_version"], info["weight_checksum"]) == (42, weights_checksum(again))
 
+    remote.relabel(43)  # a step that changed nothing: the version moves on, no weights travel
+    info = remote.weight_info()
+    assert (info["weight_version"], info["weight_checksum"]) == (43, weights_checksum(again))
+    assert remote.generate(PROMPTS, params, num_samples=1, seed=3).weight_versions == [43, 43]
+    stale = httpx.post(server["url"] + "/set_weight_version", json={"from_version": 41, "version": 44},
+                       headers={"Authorization": f"Bearer {TOKEN}"})
+    assert stale.status_code == 409 and "serves weight version 43, not 41: send the weights instead" in stale.json()["error"]
+
 
 def test_weight_group_handshake_refuses_another_shape_a_taken_port_and_a_missing_token(server, remote, tmp_path):
     import socket

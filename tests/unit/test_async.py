@@ -156,6 +156,40 @@ def test_sync_interval_two_keeps_the_engine_on_even_versions(tok, tiny_llama, tm
     recipe.close()
 
 
+class RelabellingEngine(VersionedEngine):
+    """Records full loads and relabels (a version moved on without weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.loads, self.relabels = [], []
+
+    def load_weights(self, weights, version):
+        self.loads.append(version)
+        super().load_weights(weights, version)
+
+    def relabel(self, version):
+        with self.lock:
+            self.relabels.append(version)
+            self.version = version
+
+
+@pytest.mark.parametrize("interval", [1, 2])
+def test_steps_that_change_no_weight_move_the_engine_version_without_sending_them(tok, tiny_llama, tmp_path, interval):
+    engine = RelabellingEngine()
+    recipe = make_recipe(tok, engine, tmp_path, async_prefetch=True, prefetch_depth=1, vllm_sync_interval=interval)
+    recipe.start(tiny_llama)
+    changed = {1: True, 2: False, 3: False, 4: False, 5: True, 6: False}  # e.g. steps skipped for zero advantage
+    for step in range(1, 7):
+        recipe.prepare_step(tiny_llama)
+        recipe.after_optimizer_step(tiny_llama, step, changed[step])
+    recipe.state_dict()  # a sync point: everything handed to the engine has landed
+    pushes = [step for step in range(1, 7) if step % interval == 0]
+    sent = [step for step in pushes if any(changed[s] for s in range(step - interval + 1, step + 1))]
+    assert [v for v in engine.loads if v > 0] == sent and engine.relabels == [v for v in pushes if v not in sent]
+    assert engine.version == 6
+    recipe.close()
+
+
 def test_async_run_is_reproducible_and_resumes_exactly(tok, tiny_llama, tmp_path):
     def uninterrupted():
         recipe = make_recipe(tok, VersionedEngine(delay=0.01), tmp_path / "a", async_prefetch=True, prefetch_depth=2)

@@ -21,7 +21,8 @@ class RolloutEngine(Protocol):
     `seed` makes a batch's sampling reproducible (the same seed and weights give the same tokens);
     `version` names the weights it samples with; `load_weights` replaces them (all named tensors of the
     policy, or only those that train, such as a LoRA adapter's) and sets the version that every row it
-    samples afterwards carries. `health()` says whether it can serve, with its version.
+    samples afterwards carries. `health()` says whether it can serve, with its version. An engine may also offer
+    `relabel(version)`: the weights it holds stand for `version` too (a step that changed nothing), without a load.
     """
 
     @property

@@ -87,6 +87,11 @@ class LocalEngine:
                 self._params[name].copy_(tensor)
             self._version = version
 
+    def relabel(self, version: int) -> None:
+        """The weights it holds are those of `version` too (no optimizer step changed them since)."""
+        with self.lock:
+            self._version = version
+
     def health(self) -> dict[str, Any]:
         return {"ok": True, "engine": "local", "version": self._version}
 

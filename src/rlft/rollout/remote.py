@@ -121,6 +121,12 @@ class RemoteEngine:
                     return
         self._load_by_http(tensors, version)
 
+    def relabel(self, version: int) -> None:
+        """The server's weights stand for `version` too (no step changed them): its version moves on, nothing is sent."""
+        served = self.version
+        out = self.call_guarded("/set_weight_version", {"from_version": served, "version": version})
+        self._confirm(out, version, self._sent.get(served), "weights")
+
     def open_group(self, port: int, specs: list[TensorSpec], timeout: float = 60.0) -> str:
         """Form a collective weight group with the server on its `port`; later full updates travel through it. The
         backend it runs (gloo or nccl)."""

@@ -73,8 +73,9 @@ class Recipe:
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         return {}
 
-    def after_optimizer_step(self, model: torch.nn.Module, step: int) -> None:
-        """Step `step` (1-based) has updated the weights: sync engines and references here."""
+    def after_optimizer_step(self, model: torch.nn.Module, step: int, changed: bool = True) -> None:
+        """Step `step` (1-based) is done: sync engines and references here. `changed`: it updated the weights (False
+        for a step skipped for want of a learning signal, or by fp16's scaler)."""
 
     def step_metrics(self) -> dict[str, float]:
         return {}

@@ -39,6 +39,7 @@ class RolloutFeed:
         start = max(1, int(max_steps * s.reroll_start_fraction)) if max_steps and s.reroll_start_fraction < 1.0 else None
         self.reroll = RerollQueue(start, s.reroll_max_groups)
         self.step = 0  # optimizer steps done (the policy's weight version)
+        self.changed = False  # an optimizer step changed the weights since the last push
         self.lost = False  # the engine stopped answering (a checkpoint is still written, without it)
         self.producer = make_producer(inject=self._inject, after_scoring=self._after_scoring, run_engine=self.prefetcher.call)
 
@@ -81,17 +82,21 @@ class RolloutFeed:
         return self.prefetcher.call(job)
 
     # ------------------------------------------------------------------ weights
-    def after_optimizer_step(self, policy, step: int) -> float:
-        """Push the new weights when due. Returns the seconds the main thread spent (snapshot, or the whole load
-        when synchronous)."""
+    def after_optimizer_step(self, policy, step: int, changed: bool = True) -> float:
+        """Push the new weights when due; when no step since the last push changed them (skipped steps), only the
+        engine's version moves on. Returns the seconds the main thread spent (snapshot, or the whole load when
+        synchronous)."""
         self.step = step
+        self.changed = self.changed or changed
         if not self.weight_sync.due(step):
             return 0.0
         return self.push(policy, step)
 
     def push(self, policy, version: int) -> float:
         began = time.perf_counter()
-        self.prefetcher.submit_load(self.weight_sync.prepare(policy, version))
+        relabel = None if self.changed else self.weight_sync.prepare_relabel(version)
+        self.prefetcher.submit_load(relabel or self.weight_sync.prepare(policy, version))
+        self.changed = False
         return time.perf_counter() - began
 
     def sync_now(self, policy) -> None:

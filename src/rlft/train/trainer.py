@@ -216,10 +216,10 @@ class Trainer:
                 "keep max_grad_norm set, or check the data for empty targets"
             )
         with self.timer("optimizer"):
-            grad_norm = self.update(bool(batches), totals)
+            grad_norm, changed = self.update(bool(batches), totals)
         state.global_step += 1
         state.tokens_seen += totals.tokens
-        self.recipe.after_optimizer_step(self.unwrapped, state.global_step)
+        self.recipe.after_optimizer_step(self.unwrapped, state.global_step, changed)
         record = self.step_record(totals, loss_value, lr, grad_norm, time.perf_counter() - step_start)
         self.log_step(record, loss_value, lr, grad_norm)
         self.progress.update(self.task, completed=state.global_step)
@@ -286,8 +286,8 @@ class Trainer:
         totals.metrics = mean_metrics(totals.metrics)
         return totals
 
-    def update(self, any_batches: bool, totals: StepTotals) -> float:
-        """Scale, clip and apply the accumulated gradient, advance the schedule; the gradient norm."""
+    def update(self, any_batches: bool, totals: StepTotals) -> tuple[float, bool]:
+        """Scale, clip and apply the accumulated gradient, advance the schedule; (gradient norm, weights changed)."""
         if any_batches:
             # sum over the window (and ranks) -> mean per loss unit; DDP and FSDP average the gradients
             # over ranks, so multiply by the rank count: every rank steps with one large batch's gradient
@@ -315,7 +315,7 @@ class Trainer:
         if not skipped:  # fp16's scaler skipped an overflowing step: the schedule waits, as in transformers
             advance_schedule(self.scheduler, updated=any_batches)
         self.stepping.zero_grad(set_to_none=True)
-        return grad_norm
+        return grad_norm, any_batches and not skipped
 
     def step_record(self, totals: StepTotals, loss_value: float, lr: float, grad_norm: float, step_time: float) -> dict:
         """The step's line of metrics.jsonl."""

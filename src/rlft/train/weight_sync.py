@@ -86,6 +86,19 @@ class WeightSync:
             self._check(version)
         return load
 
+    def prepare_relabel(self, version: int) -> Callable[[], None] | None:
+        """For a step that changed no weight: the call that makes the engine's weights stand for `version` without a
+        load, or None when the engine cannot (then the caller pushes the weights)."""
+        relabel = getattr(self.engine, "relabel", None)
+        if relabel is None or self.pushed is None:
+            return None
+        self.pushed = version
+
+        def load() -> None:
+            self._timed(lambda: relabel(version))
+            self._check(version)
+        return load
+
     def engine_base_updated(self) -> bool:
         weight_info = getattr(self.engine, "weight_info", None)  # a server; an in-process engine holds the policy itself
         return bool(weight_info()["base_updated"]) if weight_info is not None else False

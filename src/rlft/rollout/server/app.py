@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from rlft.rollout.server.collective import GroupUpdateBody, InitGroupBody, WeightGroupEndpoint
 from rlft.rollout.server.openai_routes import add_openai_routes
 from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
-from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, WeightsPathBody, generation_request
+from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, VersionBody, WeightsPathBody, generation_request
 from rlft.rollout.server.routes import add_route, error_response
 from rlft.rollout.server.security import token_guard
 from rlft.rollout.server.transfer import (StreamedTransfer, check_against_model, read_adapter_folder, read_weights_path,
@@ -101,6 +101,10 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
         version = body.lora_int_id if body.lora_int_id is not None else backend.weight_version + 1
         return await load_adapter(body, version)
 
+    async def set_weight_version(body: VersionBody) -> dict[str, Any]:
+        checksum = await backend.relabel(body.from_version, body.version)
+        return {"weight_version": body.version, "weight_checksum": checksum}
+
     async def init_weight_group(body: InitGroupBody, request: Request) -> dict[str, Any]:
         address = (request.scope.get("server") or ("127.0.0.1", 0))[0]  # where the trainer reached this server
         return await group.init(body, address)
@@ -121,6 +125,7 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     add_route(app, "/v1/load_lora_adapter", vllm_load_lora_adapter, ["POST"], guard)
     add_route(app, "/set_lora_adapter", set_lora_adapter, ["POST"], guard)
     add_route(app, "/reset_prefix_cache", reset_prefix_cache, ["POST"], guard)
+    add_route(app, "/set_weight_version", set_weight_version, ["POST"], guard)
     add_route(app, "/init_weight_group", init_weight_group, ["POST"], guard)
     add_route(app, "/update_weights_group", update_weights_group, ["POST"], guard)
     add_openai_routes(app, backend, model_name, ends)

@@ -68,6 +68,9 @@ class ColocatedEngine:
             raise RolloutError(f"the colocated engine refused the weights: {exc.message}") from None
         self._confirm(_run(self.backend.load_weights(tensors, version)), weights_checksum(tensors), version, "weights")
 
+    def relabel(self, version: int) -> None:
+        _run(self.backend.relabel(self.backend.weight_version, version))
+
     def load_adapter(self, folder: str | Path, version: int) -> None:
         try:
             adapter = read_adapter_folder(str(folder), self.backend.max_lora_rank)

@@ -171,6 +171,20 @@ class ThreadedBackend:
             return stream.hexdigest()
         return await self.on_engine(whole)
 
+    async def relabel(self, from_version: int, version: int) -> str | None:
+        """The served weights stand for `version` too (the trainer's step changed nothing): the version moves on,
+        between two generation batches, when the engine still serves `from_version`; the checksum stays."""
+        def move() -> str | None:
+            if self.weight_version != from_version or from_version == UNKNOWN_VERSION:
+                raise ServerError(409, f"the server serves weight version {self.weight_version}, not {from_version}: send "
+                                       "the weights instead")
+            self.weight_version = version
+            lora = getattr(self, "lora", None)
+            if lora is not None:
+                lora["version"] = version
+            return self.weight_checksum
+        return await self.on_engine(move)
+
     async def on_engine(self, function: Callable[[], T]) -> T:
         """`function` on the engine thread (between generation batches), or a 503 once the engine is dead."""
         return await self._while_alive(lambda: self._thread.call(function))

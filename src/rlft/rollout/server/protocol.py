@@ -80,6 +80,8 @@ class ServingBackend(Protocol):
 
     async def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> str: ...
 
+    async def relabel(self, from_version: int, version: int) -> str | None: ...
+
     async def on_engine(self, function): ...  # run `function` on the engine thread, between generation batches
 
     # a full update in parts, on the engine thread (rlft.rollout.server.engine_thread.ThreadedBackend)

@@ -36,6 +36,11 @@ class WeightsPathBody(Body):
     checksum: Optional[str] = None
 
 
+class VersionBody(Body):
+    from_version: int  # what the trainer believes the server serves
+    version: int
+
+
 class LoadAdapterBody(Body):
     lora_path: str
     version: Optional[int] = None

@@ -129,10 +129,10 @@ class GRPORecipe(Recipe):
         if self._restored and self.rank == 0:  # a resume generates the batches after its checkpoint again
             self.completions.resume(self.engine.generations)
 
-    def after_optimizer_step(self, model, step: int) -> None:
+    def after_optimizer_step(self, model, step: int, changed: bool = True) -> None:
         started = clock()
         self.step = step
-        main_thread = self.engine.after_optimizer_step(model, step)
+        main_thread = self.engine.after_optimizer_step(model, step, changed)
         self.reference_moves.after_step(model, step)
         self.engine.add_sync_phases(self.metrics, clock() - started, main_thread)
 

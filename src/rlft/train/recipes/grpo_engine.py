@@ -98,10 +98,10 @@ class GRPOEngine:
         """The next scored generation batch, on every process (on the main thread, as every collective)."""
         return broadcast_object(self.feed.next_batch() if self.rank == 0 else None)
 
-    def after_optimizer_step(self, model, step: int) -> float:
-        """Push the new weights when due; the seconds the main thread spent on it."""
+    def after_optimizer_step(self, model, step: int, changed: bool = True) -> float:
+        """Push the new weights when due (`changed`: this step changed them); the seconds the main thread spent."""
         policy = self.whole(model) if sync_due(step, self.settings.sync_interval) else model
-        return self.feed.after_optimizer_step(policy, step) if self.feed else 0.0
+        return self.feed.after_optimizer_step(policy, step, changed) if self.feed else 0.0
 
     def add_sync_phases(self, metrics: BatchMetrics, elapsed: float, main_thread: float) -> None:
         """`time/weight_sync`: the step's time after the update (`elapsed`), or with a background feed the main thread's
