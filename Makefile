@@ -55,7 +55,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt
 	# its torchvision/torchaudio wheels are CUDA builds that break `import vllm` on a CPU-only torch
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q -c constraints.txt --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q -c constraints.txt peft accelerate datasets safetensors "pydantic>=2.14,<3" PyYAML rich httpx
+	$(VLLM_VENV)/bin/pip install -q -c constraints.txt peft accelerate datasets safetensors "pydantic>=2.14,<3" PyYAML rich httpx httptools xxhash
 	touch $@
 
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed

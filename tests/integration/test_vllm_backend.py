@@ -150,6 +150,29 @@ def test_vllm_full_and_lora_syncs_are_verified_and_served(vllm_server, tmp_path)
     assert engine.weight_info()["lora"] is None and _engine_vs_trainer(engine, base, params)[0] < 1e-4
 
 
+def test_vllm_collective_sync_is_verified_and_served(vllm_server):
+    """Full weights as gloo broadcasts into vLLM's worker (rlft's worker extension), in one bucket and in several."""
+    from rlft.rollout.weight_group import TensorSpec
+
+    engine = RemoteEngine("127.0.0.1", vllm_server["port"])
+    base = AutoModelForCausalLM.from_pretrained(vllm_server["model"]).eval()
+    specs = [TensorSpec(name, tuple(t.shape), "float32") for name, t in sorted(base.state_dict().items())]
+    assert engine.open_group(free_port(), specs) == "gloo"
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    for version, bucket_bytes in ((21, 256 * 2**20), (22, 64 * 1024)):
+        trained = copy.deepcopy(base)
+        generator = torch.Generator().manual_seed(version)
+        with torch.no_grad():
+            for parameter in trained.parameters():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+        engine.group.bucket_bytes = bucket_bytes
+        WeightSync(engine, plain=True).reset(trained, version)
+        assert engine.group is not None  # it went through the group, not HTTP
+        sampled, _, versions = _engine_vs_trainer(engine, trained, params)
+        assert sampled < 1e-4 and set(versions) == {version}
+    engine.close()
+
+
 def test_openai_chat_route_on_vllm(vllm_server):
     answer = httpx.post(f"http://127.0.0.1:{vllm_server['port']}/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 4, "logprobs": True,

@@ -4,7 +4,6 @@ and the vLLM backend (skipped where vLLM or CUDA is missing)."""
 import asyncio
 import importlib.util
 import json
-import zlib
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from rlft.rollout.server.protocol import UNKNOWN_VERSION, Generated, GenerationR
 from rlft.rollout.types import SamplingParams
 from rlft.rollout.server.security import is_loopback, resolve_token
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
-from rlft.rollout.server.transfer import StreamedTransfer, read_adapter_folder
+from rlft.rollout.server.transfer import StreamedTransfer, body_digest, read_adapter_folder
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="the vllm backend needs the vllm package and a CUDA GPU")
@@ -75,7 +74,7 @@ class _DictBackend(ThreadedBackend):
 
 async def _add(transfer, tensors, body=None, **where):
     body = body if body is not None else save(tensors)
-    where.setdefault("crc32", zlib.crc32(body))
+    where.setdefault("digest", body_digest(body))
     where.setdefault("checksum", None)
     return await transfer.add(body, **where)
 
@@ -100,10 +99,10 @@ def test_streamed_buckets_load_as_they_arrive_in_order_and_verified():
         with pytest.raises(ServerError, match="transfer corrupted"):  # not safetensors: nothing loaded
             await _add(transfer, {}, body=b"not safetensors", version=3, bucket=0, buckets=1)
         damaged = bytearray(save({"x": torch.full((2,), 5.0)}))
-        crc = zlib.crc32(damaged)
+        digest = body_digest(bytes(damaged))
         damaged[-1] ^= 0xFF
-        with pytest.raises(ServerError, match="transfer corrupted: bucket 0 of version 3 arrived with CRC-32"):
-            await _add(transfer, {}, body=bytes(damaged), version=3, bucket=0, buckets=2, crc32=crc)  # damaged on the way
+        with pytest.raises(ServerError, match="transfer corrupted: bucket 0 of version 3 arrived with digest"):
+            await _add(transfer, {}, body=bytes(damaged), version=3, bucket=0, buckets=2, digest=digest)  # damaged on the way
         with pytest.raises(ServerError, match="transfer corrupted: the weights received"):  # one bucket: its checksum too
             await _add(transfer, {"x": torch.full((2,), 5.0)}, version=3, bucket=0, buckets=1, checksum=whole)
         assert backend.weight_version == 1 and torch.equal(backend.weights["x"], torch.ones(2))
@@ -124,12 +123,12 @@ def test_generation_waits_for_the_last_bucket_and_a_stalled_sender_leaves_no_ver
     request = GenerationRequest([[1]], 1, SamplingParams(max_new_tokens=1))
 
     async def during_transfer():
-        assert await transfer.add(save({"x": torch.ones(2)}), version=1, bucket=0, buckets=2, crc32=None,
+        assert await transfer.add(save({"x": torch.ones(2)}), version=1, bucket=0, buckets=2, digest=None,
                                   checksum=None) is None
         waiting = asyncio.ensure_future(backend.generate(request))
         await asyncio.sleep(0.3)
         assert not waiting.done()  # held: the weights are half new
-        await transfer.add(save({"y": torch.ones(3)}), version=1, bucket=1, buckets=2, crc32=None, checksum=None)
+        await transfer.add(save({"y": torch.ones(3)}), version=1, bucket=1, buckets=2, digest=None, checksum=None)
         return await waiting
 
     generated = asyncio.run(during_transfer())

@@ -13,6 +13,7 @@ import copy
 import hashlib
 
 import torch
+import xxhash
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -74,10 +75,13 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def weights_checksum(named_tensors) -> str:
-    """sha256 over the sorted (name, dtype, shape, raw bytes) of named tensors: equal iff the weights are identical.
+    """XXH3-128 over the sorted (name, dtype, shape, raw bytes) of named tensors: equal iff the weights are identical.
 
     The trainer and the rollout server both call this, so a checksum that comes back equal means the
-    server holds bit-for-bit what was sent. Accepts a mapping or (name, tensor) pairs.
+    server holds bit-for-bit what was sent. XXH3 (https://xxhash.com) hashes at memory speed (about 10 GB/s on one
+    core, six times sha256 with CPU SHA instructions), and its 128 bits make two different weight sets that hash
+    alike out of reach by accident; a forger is kept out by the server's token, not by the hash. Accepts a mapping
+    or (name, tensor) pairs.
     """
     stream = ChecksumStream()
     stream.update(named_tensors)
@@ -89,7 +93,7 @@ class ChecksumStream:
     last part's: the same digest as one call over all of them."""
 
     def __init__(self) -> None:
-        self._digest = hashlib.sha256()
+        self._digest = xxhash.xxh3_128()
         self.last_name: str | None = None
 
     def update(self, named_tensors) -> None:

@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -29,6 +28,7 @@ from rlft.models.weights import ChecksumStream, architecture_digest, weights_che
 from rlft.rollout.local import NOT_FINITE
 from rlft.rollout.remote_group import GroupBroken, GroupLink
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
+from rlft.rollout.server.transfer import body_digest
 from rlft.rollout.types import Rollout, SamplingParams
 from rlft.rollout.weight_group import TensorSpec
 
@@ -104,7 +104,7 @@ class RemoteEngine:
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Send every tensor (plain state-dict names), cast to the server's dtype: through the weight group when one
         is open (`open_group`), else in safetensors buckets that the server loads as they arrive (with each body's
-        CRC-32 against damage on the way). Verify the checksum of what the server read back. A group that breaks
+        digest against damage on the way). Verify the checksum of what the server read back. A group that breaks
         while the server still answers is closed with a note, and this update and the later ones go over HTTP."""
         tensors = self.wire_tensors(weights)
         if self.group is not None:
@@ -139,19 +139,19 @@ class RemoteEngine:
         buckets = _buckets(tensors, self.bucket_bytes)
         stream = ChecksumStream()
 
-        def encode(bucket: dict[str, torch.Tensor]) -> tuple[bytes, int]:
+        def encode(bucket: dict[str, torch.Tensor]) -> tuple[bytes, str]:
             stream.update(bucket)  # buckets are encoded in order, one at a time
             body = save(bucket)
-            return body, zlib.crc32(body)
+            return body, body_digest(body)
 
         out: dict[str, Any] = {}
         with ThreadPoolExecutor(1, thread_name_prefix="rlft-encode") as pool:
             coming = pool.submit(encode, buckets[0])
             for index in range(len(buckets)):
-                body, crc32 = coming.result()
+                body, digest = coming.result()
                 if index + 1 < len(buckets):
                     coming = pool.submit(encode, buckets[index + 1])
-                params = {"version": version, "bucket": index, "buckets": len(buckets), "crc32": crc32}
+                params = {"version": version, "bucket": index, "buckets": len(buckets), "digest": digest}
                 if index + 1 == len(buckets):
                     params["checksum"] = stream.hexdigest()
                 out = self._watched("POST", "/update_weights", content=body, params=params,

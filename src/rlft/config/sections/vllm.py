@@ -69,10 +69,10 @@ class VLLMConfig(known_only("AxolotlVllmKeys", VLLM)):
         "Python module implementing the server; None -> rlft's rollout server.",
         what=CUSTOM_SERVER,
     )
-    worker_extension_cls: Optional[str] = planned(
+    worker_extension_cls: Optional[str] = field(
         None,
-        "vLLM worker extension class for weight sync; None -> the server's default.",
-        what=CUSTOM_SERVER,
+        "vLLM worker extension class (module.Class) for weight sync, vllm backend; it must subclass "
+        "rlft.rollout.server.backends.vllm_worker.WeightGroupWorker; None -> that class.",
     )
     enable_reasoning: Optional[bool] = planned(
         None,

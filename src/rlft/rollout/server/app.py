@@ -68,10 +68,10 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
         return {"weight_version": version, "weight_checksum": loaded, "received_checksum": received}
 
     async def update_weights(request: Request, version: int, checksum: str | None = None, bucket: int = 0, buckets: int = 1,
-                             crc32: int | None = None) -> dict[str, Any]:
-        """One bucket of a full update (safetensors), loaded as it arrives: `crc32` of the body is checked before it is
-        loaded, `checksum` (of every bucket's tensors) against what was read back at the last bucket."""
-        done = await transfer.add(await request.body(), version=version, bucket=bucket, buckets=buckets, crc32=crc32,
+                             digest: str | None = None) -> dict[str, Any]:
+        """One bucket of a full update (safetensors), loaded as it arrives: the body's `digest` (XXH3-64) is checked
+        before it is loaded, `checksum` (of every bucket's tensors) against what was read back at the last bucket."""
+        done = await transfer.add(await request.body(), version=version, bucket=bucket, buckets=buckets, digest=digest,
                                   checksum=checksum)
         if done is None:
             return {"received": bucket, "buckets": buckets, "weight_version": backend.weight_version}

@@ -26,7 +26,7 @@ from rlft.rollout.server.security import TOKEN_ENV, resolve_token, save_generate
 
 # `vllm:` keys that only vLLM reads (the transformers backend decodes on one device, adapters in the served dtype)
 VLLM_ONLY = {"tensor_parallel_size", "gpu_memory_utilization", "enable_prefix_caching", "enforce_eager", "kv_cache_dtype",
-             "max_loras", "lora_dtype"}
+             "max_loras", "lora_dtype", "worker_extension_cls"}
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
 from rlft.models.weights import ChecksumStream, weights_checksum
 from rlft.rollout.server.protocol import AdapterFiles, ServerError, dtype_name
+
+
+def body_digest(body: bytes) -> str:
+    """XXH3-64 of a request body: damage on the way shows before anything is decoded."""
+    return xxhash.xxh3_64_hexdigest(body)
 
 
 def decode_bucket(body: bytes, where: str) -> dict[str, torch.Tensor]:
@@ -32,8 +37,8 @@ def decode_bucket(body: bytes, where: str) -> dict[str, torch.Tensor]:
 
 class StreamedTransfer:
     """One full-weight transfer over HTTP, loaded into the engine bucket by bucket as the buckets arrive: the server
-    never holds a second copy of the model. Each bucket is checked before any of it is loaded: the CRC-32 of its
-    bytes (damage on the way), then every name and shape against the served model; a transfer of one bucket is
+    never holds a second copy of the model. Each bucket is checked before any of it is loaded: the XXH3-64 digest of
+    its bytes (damage on the way), then every name and shape against the served model; a transfer of one bucket is
     checked against the sender's checksum too. The checksum of everything read back must equal the sender's at the
     last bucket. Buckets come in name order, so the checksum is taken as they come.
 
@@ -48,7 +53,7 @@ class StreamedTransfer:
         self.loading: asyncio.Future | None = None  # the load of the bucket before
         self.last_name: str | None = None  # the last tensor name of the bucket before
 
-    async def add(self, body: bytes, *, version: int, bucket: int, buckets: int, crc32: int | None,
+    async def add(self, body: bytes, *, version: int, bucket: int, buckets: int, digest: str | None,
                   checksum: str | None) -> dict[str, Any] | None:
         """Check one bucket and queue its load; the answer of the whole transfer after the last, else None."""
         if buckets < 1 or not 0 <= bucket < buckets:
@@ -58,7 +63,7 @@ class StreamedTransfer:
             raise ServerError(400, f"bucket {bucket}/{buckets} of version {version} arrived while the server waits for "
                                    f"{waiting}: resend the transfer from bucket 0")
         try:
-            part = await asyncio.to_thread(self._checked, body, version, bucket, buckets, crc32, checksum)
+            part = await asyncio.to_thread(self._checked, body, version, bucket, buckets, digest, checksum)
             if bucket > 0:
                 await self.loading  # in order, and a failed load fails the transfer here
         except ServerError:
@@ -78,12 +83,12 @@ class StreamedTransfer:
         loaded = await self.loading
         return {"weight_version": version, "weight_checksum": loaded, "received_checksum": loaded}
 
-    def _checked(self, body: bytes, version: int, bucket: int, buckets: int, crc32: int | None,
+    def _checked(self, body: bytes, version: int, bucket: int, buckets: int, digest: str | None,
                  checksum: str | None) -> dict[str, torch.Tensor]:
         where = f"bucket {bucket} of version {version}"
-        if crc32 is not None and zlib.crc32(body) != crc32:
-            raise ServerError(400, f"transfer corrupted: {where} arrived with CRC-32 {zlib.crc32(body)}, the sender "
-                                   f"computed {crc32}; resend the transfer from bucket 0")
+        if digest is not None and (arrived := body_digest(body)) != digest:
+            raise ServerError(400, f"transfer corrupted: {where} arrived with digest {arrived}, the sender computed "
+                                   f"{digest}; resend the transfer from bucket 0")
         part = decode_bucket(body, where)
         if buckets == 1 and checksum:
             verify_checksum(part, checksum, "weights")

@@ -6,13 +6,13 @@ min-p, top-k/top-p and repetition penalty (rlft uses vLLM's order everywhere), a
 stop ids are passed explicitly, so `/generate` stops exactly where the transformers backend does.
 Every waiting request goes into one `LLM.generate` call (vLLM batches them itself).
 
-Full weights reach the model through vLLM's in-place reload inside each worker (`LLM.collective_rpc`; the
-tensors travel as a safetensors file in shared memory, not through the RPC pipe), then the prefix
-cache is reset so no KV computed with the old weights is reused. vLLM stacks and renames weights
-(qkv_proj, gate_up_proj), so they cannot be read back under the trainer's names: the checksum
-returned is that of the verified tensors handed to `load_weights`. LoRA adapters load through a
-`LoRARequest` with a new int id per version (vLLM keeps `max_loras` of them, least recently used out).
-NCCL weight transfer is not built.
+Full weights reach the model through vLLM's in-place reload inside each worker, by methods of rlft's worker
+extension (`vllm_worker.py`) called through `LLM.collective_rpc`: from a safetensors file in shared memory (HTTP
+buckets, shared paths), or received as broadcasts of the weight group (`trl.vllm_group_port`: each worker is a rank,
+the buckets go to the reload as they arrive). The prefix cache is then reset so no KV computed with the old weights
+is reused. vLLM stacks and renames weights (qkv_proj, gate_up_proj), so they cannot be read back under the
+trainer's names: the checksum returned is that of the verified tensors handed to the reload. LoRA adapters load
+through a `LoRARequest` with a new int id per version (vLLM keeps `max_loras` of them, least recently used out).
 """
 
 from __future__ import annotations
@@ -33,27 +33,11 @@ from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
 
 
-def _reload_from_file(worker, path: str) -> None:
-    """Runs in each vLLM worker: read the safetensors file onto the model's device and reload those weights in place.
-
-    vLLM's own in-place reload (`model_runner.reload_weights`) restores each layer's checkpoint-format parameters,
-    loads, then re-runs the layer's post-load processing: needed wherever vLLM repacks weights after loading (its
-    CPU build packs linear weights for oneDNN and frees the originals; quantized kernels do the same). Layers
-    absent from the file keep their weights. Older vLLMs without it get the weights through `load_weights`."""
-    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
-    model = runner.get_model()
-    weights = load_file(path, device=str(next(model.parameters()).device))
-    if hasattr(runner, "reload_weights"):
-        runner.reload_weights(weights_iterator=iter(weights.items()))
-    else:
-        model.load_weights(weights=iter(weights.items()))
-
-
 class VLLMBackend(ThreadedBackend):
     name = "vllm"
 
     def __init__(self, llm, tokenizer, *, model_name: str, architecture: str, shapes, lora_dtype: torch.dtype,
-                 max_lora_rank: int, enable_lora: bool, tied: list[list[str]] | None = None):
+                 max_lora_rank: int, enable_lora: bool, tied: list[list[str]] | None = None, workers: int = 1):
         config = llm.llm_engine.model_config
         self._llm = llm
         self.tokenizer = tokenizer
@@ -73,6 +57,7 @@ class VLLMBackend(ThreadedBackend):
         self._enable_lora = enable_lora
         self._lora_request = None
         self._lora_ids = 0
+        self.group_ranks = workers  # each engine worker is a rank of a weight group
         self._thread = EngineThread(self._run_batch, name="rlft-vllm")
 
     @classmethod
@@ -99,8 +84,7 @@ class VLLMBackend(ThreadedBackend):
                 raise ConfigError(f"vllm.lora_dtype: {lora_dtype_name!r}: vLLM runs adapters in auto (the served dtype), "
                                   "float16 or bfloat16")
             lora_dtype_name = "auto"  # the served dtype, which is what was asked
-        # vLLM pickles a function given to collective_rpc to reach its workers; only rlft's own function is sent
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        extension = worker_extension(settings.worker_extension_cls)
         on_cpu = not torch.cuda.is_available()
         if on_cpu:  # the CPU build: the engine in this process (no spawned worker), a KV cache of 1 GiB unless told
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -113,7 +97,7 @@ class VLLMBackend(ThreadedBackend):
             # on a CPU, compiling costs ~30 s of start-up for tiny models: eager unless the config says otherwise
             enforce_eager=bool(settings.enforce_eager) if settings.enforce_eager is not None else on_cpu,
             kv_cache_dtype=settings.kv_cache_dtype or "auto", trust_remote_code=model.trust_remote_code,
-            logprobs_mode="processed_logprobs", max_logprobs=20,
+            logprobs_mode="processed_logprobs", max_logprobs=20, worker_extension_cls=extension,
         )
         if settings.enable_prefix_caching is not None:
             kwargs["enable_prefix_caching"] = settings.enable_prefix_caching
@@ -128,6 +112,7 @@ class VLLMBackend(ThreadedBackend):
         model_dtype = llm.llm_engine.model_config.dtype
         lora_dtype = DTYPES.get(lora_dtype_name, model_dtype)
         return cls(llm, tokenizer, model_name=str(model.base_model), architecture=architecture_digest(state),
+                   workers=settings.tensor_parallel_size or 1,
                    shapes={name: tuple(t.shape) for name, t in state.items()}, lora_dtype=lora_dtype, tied=_tied_names(skeleton),
                    max_lora_rank=max_lora_rank, enable_lora=enable_lora)
 
@@ -213,8 +198,32 @@ class VLLMBackend(ThreadedBackend):
         with tempfile.TemporaryDirectory(dir=folder, prefix="rlft-weights-") as scratch:
             path = str(Path(scratch) / "part.safetensors")
             save_file(_unshared(tensors), path)
-            self._llm.collective_rpc(_reload_from_file, args=(path,))
+            self._llm.collective_rpc("rlft_reload_from_file", args=(path,))
         return given
+
+    # ---------------------------------------------------------------- the weight group, on the engine thread
+
+    def group_device(self) -> torch.device:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    def join_group(self, store, port: int, *, prefix: str, world_size: int, backend: str, timeout: float,
+                   address: str) -> None:
+        """Every worker joins (they reach the store, which this process keeps, on this machine's loopback)."""
+        self._llm.collective_rpc("rlft_join_group", args=("127.0.0.1", port, prefix, world_size, backend, timeout, address))
+
+    def leave_group(self) -> None:
+        self._llm.collective_rpc("rlft_leave_group")
+
+    def receive_weights(self, plan, version: int) -> str:
+        self.begin_now(version)
+        try:
+            checksums = self._llm.collective_rpc(
+                "rlft_receive_weights", args=([[spec.to_json() for spec in bucket] for bucket in plan], self._tied))
+        except BaseException:
+            self.abandon_now()
+            raise
+        self.end_now(version, checksums[0])
+        return checksums[0]
 
     def _after_full_update(self) -> None:
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
@@ -235,6 +244,24 @@ class VLLMBackend(ThreadedBackend):
         self.weight_version, self.weight_checksum = version, checksum
         self.lora = {"rank": adapter.rank, "version": version}
         return checksum
+
+
+def worker_extension(name: str | None) -> str:
+    """The worker extension class vLLM mixes into its workers: rlft's, or the user's subclass of it."""
+    own = "rlft.rollout.server.backends.vllm_worker.WeightGroupWorker"
+    if not name or name == own:
+        return own
+    from rlft.rollout.server.backends.vllm_worker import WeightGroupWorker
+    from rlft.usercode import UserCodeError, load_user_function
+
+    try:
+        found, _ = load_user_function(name)  # a class is callable: found as a function would be
+    except UserCodeError as exc:
+        raise ConfigError(f"vllm.worker_extension_cls: {exc}") from None
+    if not (isinstance(found, type) and issubclass(found, WeightGroupWorker)):
+        raise ConfigError(f"vllm.worker_extension_cls: {name} must be a class that subclasses {own} (rlft syncs weights "
+                          "through its methods); subclass it, or remove the key")
+    return name
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
