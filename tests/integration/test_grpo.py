@@ -428,6 +428,21 @@ def test_math_verify_reward_runs_in_reward_workers(warm_model, cli, tmp_path, mo
     assert all(m["rewards/math_verify_reward/unscorable"] == 0 for m in steps)
 
 
+def test_builtin_rewards_named_with_weights(tiny_model_dir, cli, tmp_path, monkeypatch):
+    """Cosmos-RL's form `reward_funcs: {boxed_math: 0.9, format: 0.1}`: the built-ins score every completion (the rows'
+    `answer` is the reference) and log their own metrics."""
+    pytest.importorskip("math_verify")
+    monkeypatch.chdir(tmp_path)
+    config = _grpo_config(tmp_path, tiny_model_dir, "", [], random_init=True, max_steps=2, logging_steps=1,
+                          trl={"reward_funcs": {"boxed_math": 0.9, "format": 0.1}})
+    assert cli("train", config) == 0
+    steps = [m for m in _metrics(tmp_path / "out") if "reward" in m]
+    assert len(steps) == 2
+    for name in ("boxed_math", "format"):
+        assert all(f"rewards/{name}/mean" in m and m[f"rewards/{name}/failures"] == 0 for m in steps), steps[-1]
+        assert all(m[f"rewards/{name}/unscorable"] == 0 for m in steps)
+
+
 def test_reused_batches_with_sampling_filters_cache_filtered_logps(warm_model, cli, tmp_path, monkeypatch):
     """num_iterations 2 with top_p and an off-policy mask: the old log-probs of the reused batch are computed under the
     sampling filters too (the path that compares filtered distributions)."""

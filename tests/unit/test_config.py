@@ -470,6 +470,23 @@ def test_the_rules_judge_the_trl_keys_as_the_run_resolves_them(config, config_pr
             "prompt") in config_problems(**GRPO)
 
 
+@pytest.mark.parametrize("trl, loss_type, length", [
+    ({"loss_type": "seq-mean-token-mean"}, "grpo", 256),
+    ({"loss_type": "seq-mean-token-mean", "unbiased_loss_max_tokens": 100}, "dr_grpo", 100),  # Cosmos-RL's Dr. GRPO
+    ({"loss_type": "token-mean"}, "token-mean", 256),
+    ({"loss_type": "token-mean", "unbiased_loss_max_tokens": 100}, "token-mean", 100),  # ignored there, as in Cosmos-RL
+    ({"variant": "dapo", "loss_type": "seq-mean-token-mean"}, "grpo", 256),
+])
+def test_cosmos_loss_names(config, trl, loss_type, length):
+    from rlft.config.rl import rl_settings
+    from rlft.train.unbuilt import refuse_unbuilt
+
+    cfg = config(**GRPO, trl=trl)
+    settings = rl_settings(cfg)
+    assert (settings.loss_type, settings.unbiased_loss_max_tokens) == (loss_type, length)
+    assert refuse_unbuilt(cfg) is None
+
+
 def test_rl_settings_defaults_for_a_sync_run(config):
     from rlft.config.rl import rl_settings
 

@@ -103,6 +103,8 @@ def aggregate(loss_type: str, per_seq: list[list[float]], rows=range(3)) -> tupl
         return sum(sum(s) for s in per_seq) / n_tokens, 1.0
     if loss_type == "dr_grpo":
         return sum(sum(s) for s in per_seq), float(len(per_seq) * L_MAX)
+    if loss_type == "token-mean":
+        return len(per_seq) * sum(sum(s) for s in per_seq) / n_tokens, float(len(per_seq))
     return sum(sum(s) for s in per_seq), float(n_tokens)
 
 
@@ -129,7 +131,7 @@ def test_k3_by_hand_nonnegative_and_zero_when_equal():
 # ---- aggregation per loss_type ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "token-mean"])
 def test_ppo_clip_loss_types(loss_type):
     out, _ = run(loss_type=loss_type)
     expected_sum, expected_units = aggregate(loss_type, [token_losses(i) for i in range(3)])
@@ -160,6 +162,40 @@ def test_bnpo_is_mean_of_micro_batch_token_means():
     per_seq = [token_losses(i) for i in range(3)]
     expected = (sum(per_seq[0] + per_seq[1]) / 6 + sum(per_seq[2]) / 3) / 2
     assert (first.loss_sum.item() + second.loss_sum.item()) / (first.units + second.units) == pytest.approx(expected)
+
+
+def test_token_mean_weighs_micro_batch_token_means_by_their_rows():
+    """Cosmos-RL's token-mean: a micro-batch's token mean times its share of the step's sequences (1 of 3 with 4 tokens,
+    then 2 of 3 with 5 tokens); dapo's one token mean over the 9 tokens differs, and the two agree on a step of one
+    micro-batch."""
+    per_seq = [token_losses(i) for i in range(3)]
+    first, _ = run(rows=[0], loss_type="token-mean")
+    second, _ = run(rows=[1, 2], loss_type="token-mean")
+    step = (first.loss_sum.item() + second.loss_sum.item()) / (first.units + second.units)
+    expected = 1 / 3 * sum(per_seq[0]) / 4 + 2 / 3 * sum(per_seq[1] + per_seq[2]) / 5
+    assert step == pytest.approx(expected, abs=1e-12)
+    assert (first.units, second.units) == (1.0, 2.0)
+    dapo = sum(sum(s) for s in per_seq) / 9
+    assert abs(step - dapo) > 0.05
+    whole, _ = run(loss_type="token-mean")
+    assert whole.loss_sum.item() / whole.units == pytest.approx(dapo, abs=1e-12)
+
+
+def test_token_mean_counts_a_row_without_loss_tokens():
+    """A fully masked row adds no token but is one of the micro-batch's rows; a micro-batch with no loss token at all
+    contributes 0 over its rows (Cosmos-RL divides by tokens + 1e-8)."""
+    per_seq = [token_losses(i) for i in range(3)]
+    x = inputs(rows=[0, 1])
+    mask = x["mask"].clone()
+    mask[1] = 0
+    first = policy_loss(x["logps"], x["old_logps"], x["advantages"], mask, loss_type="token-mean")
+    assert first.units == 2.0
+    assert first.loss_sum.item() == pytest.approx(2 * sum(per_seq[0]) / 4, abs=1e-12)
+    second, _ = run(rows=[2], loss_type="token-mean")
+    empty = policy_loss(x["logps"], x["old_logps"], x["advantages"], torch.zeros(2, T), loss_type="token-mean")
+    assert (empty.loss_sum.item(), empty.units) == (0.0, 2.0)
+    step = (first.loss_sum + second.loss_sum + empty.loss_sum).item() / (first.units + second.units + empty.units)
+    assert step == pytest.approx((2 * sum(per_seq[0]) / 4 + sum(per_seq[2]) / 3) / 5, abs=1e-12)
 
 
 def test_dr_grpo_needs_a_length():
@@ -393,7 +429,7 @@ def test_empty_mask(loss_type, level):
         max_completion_length=L_MAX,
     )
     assert out.loss_sum.item() == 0.0
-    assert out.units == (3.0 * L_MAX if loss_type == "dr_grpo" else 0.0)
+    assert out.units == {"dr_grpo": 3.0 * L_MAX, "token-mean": 3.0}.get(loss_type, 0.0)
     assert all(v == 0.0 for v in out.metrics.values())
     out.loss_sum.backward()
     assert torch.equal(x["logps"].grad, torch.zeros(3, T, dtype=torch.float64))

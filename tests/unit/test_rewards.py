@@ -252,7 +252,9 @@ def test_loading_errors_name_the_function_the_file_and_the_fix(workdir, tmp_path
     assert "is a int, not a function" in load_error(["bad_rw.LIMIT"])
     message = load_error(["nowhere_rw.reward"])
     assert "no module 'nowhere_rw'" in message and str(tmp_path) in message
-    assert "neither `module.fn`" in load_error(["plainname"])
+    message = load_error(["plainname"])
+    assert "neither a built-in reward (boxed_math, single_choice, format), nor `module.fn`" in message
+    assert "did you mean the built-in 'boxed_math'" in load_error(["boxed-math"])
     message = load_error(["bad_rw.good", "bad_rw.good"], [1.0])
     assert "reward_weights has 1 value(s)" in message and "reward_funcs has 2" in message
 

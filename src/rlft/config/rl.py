@@ -141,7 +141,8 @@ class RLSettings:
 
 def trl_options(cfg) -> dict[str, Any]:
     """Every `trl:` key as a run reads it: the `variant`'s options where the key is not set, then `DEFAULTS` where it is
-    still None, then `rl_beta`, `rl: gdpo` and RLOO's scaling. The cross-field rules judge these values."""
+    still None, Cosmos-RL's loss name `seq-mean-token-mean` as grpo (dr_grpo with unbiased_loss_max_tokens), then
+    `rl_beta`, `rl: gdpo` and RLOO's scaling. The cross-field rules judge these values."""
     trl = cfg.trl
     options = {name: getattr(trl, name) for name in type(trl).model_fields}
     if trl.variant:
@@ -151,6 +152,8 @@ def trl_options(cfg) -> dict[str, Any]:
     for key, value in DEFAULTS.items():
         if options.get(key) is None:
             options[key] = value
+    if options["loss_type"] == "seq-mean-token-mean":  # Cosmos-RL's name of grpo; its Dr. GRPO with a token budget
+        options["loss_type"] = "dr_grpo" if options["unbiased_loss_max_tokens"] else "grpo"
     if trl.beta is None and "rl_beta" in cfg.model_fields_set:  # Axolotl's precedence: trl.beta, else rl_beta
         options["beta"] = cfg.rl_beta
     if method_spec(cfg.method).normalises_each_reward:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "token-mean")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 LOG_RATIO_LIMIT = 20.0  # Cosmos-RL clamps log-ratios to +-20: exp() stays finite and its gradient never NaN
 
@@ -141,16 +141,28 @@ def policy_loss(
         grpo     loss_sum = sum_i (sum_t m l / sum_t m),  units = #sequences with >= 1 token
                  -> mean over sequences of the per-sequence token mean (GRPO https://arxiv.org/abs/2402.03300).
                  TRL also counts fully masked sequences (e.g. mask_truncated_completions) in the mean; they carry no
-                 tokens, so here they do not dilute it.
+                 tokens, so here they do not dilute it, as in verl's `seq-mean-token-mean`. Cosmos-RL's
+                 `seq-mean-token-mean` is this mean too (it scales each mini-batch's mean of sequence means by the
+                 mini-batch's share of the sequences); the config maps that name here.
         dapo     loss_sum = sum m l, units = sum m -> token mean over the whole accumulated batch (DAPO
-                 https://arxiv.org/abs/2503.14476 Eq. 8; TRL's num_items_in_batch; Cosmos `token-mean`).
+                 https://arxiv.org/abs/2503.14476 Eq. 8; TRL's num_items_in_batch; verl's `token-mean` with its global
+                 token count, https://github.com/volcengine/verl `agg_loss`).
         dr_grpo  loss_sum = sum m l, units = B * max_completion_length -> sum / (n_sequences * L) (Dr. GRPO
                  https://arxiv.org/abs/2503.20783; pass Cosmos's unbiased_loss_max_tokens as L when set). The
                  normaliser is deliberately length-free, so units stay B * L even for an empty mask.
         bnpo     loss_sum = sum m l / sum m of this micro-batch, units = 1 -> mean of per-micro-batch token means
                  (TRL bnpo divided by gradient_accumulation_steps).
         cispo    as dapo (the CISPO paper's token mean over the batch; TRL the same).
-    An empty mask gives loss_sum 0 (with a graph, no NaN) and units 0, except dr_grpo (B * L, see above).
+        token-mean  loss_sum = B * sum m l / sum m, units = B -> Cosmos-RL's `token-mean` (`compute_loss` with
+                 balance_dp_token off, its default): each micro-batch's token mean, weighted by the micro-batch's
+                 share of the step's sequences (Cosmos scales each mini-batch's loss by len(mini-batch) / len(batch)).
+                 The same as dapo when a step is one micro-batch; with several it differs, since a micro-batch of
+                 short completions weighs as much per sequence as one of long ones. Every row counts in B, and a
+                 micro-batch without loss tokens adds 0 over B rows (Cosmos divides by tokens + 1e-8). Over several
+                 processes every process's micro-batches enter one such mean: Cosmos's mean over ranks when each
+                 rank holds as many rows.
+    An empty mask gives loss_sum 0 (with a graph, no NaN) and units 0, except dr_grpo (B * L, see above) and token-mean
+    (B).
 
     Metrics (floats, this micro-batch): `clip_ratio/low_mean` = share of masked tokens with r < 1 - epsilon and A < 0,
     `clip_ratio/high_mean` = r > 1 + eps_h and A > 0, `clip_ratio/region_mean` = either (TRL's definitions; at sequence
@@ -271,6 +283,9 @@ def policy_loss(
         assert max_completion_length is not None
         loss_sum = weighted.sum()
         units = float(n_rows * max_completion_length)
+    elif loss_type == "token-mean":
+        loss_sum = weighted.sum() * (n_rows / max(n_tokens, 1.0))
+        units = float(n_rows)
     else:  # dapo, cispo
         loss_sum = weighted.sum()
         units = n_tokens

@@ -31,7 +31,8 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     """Stop before loading anything when the config asks for something not built yet (`processes`: the training
     processes, by default those the launcher started)."""
     if method_spec(cfg.method).generates and cfg.trl.loss_type in UNBUILT_LOSS_TYPES:
-        raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo or cispo")
+        raise NotImplementedYet(f"trl.loss_type {cfg.trl.loss_type!r} is not implemented yet: use grpo, bnpo, dr_grpo, dapo, "
+                                "cispo, token-mean or seq-mean-token-mean")
     if method_spec(cfg.method).feature_matching and cfg.trl.reward_funcs:
         raise NotImplementedYet("trl.reward_funcs with rl: ebft: the feature-matching reward replaces reward functions, and "
                                 "combining the two is not built; remove trl.reward_funcs (or train with rl: grpo)")

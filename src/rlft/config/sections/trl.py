@@ -8,14 +8,16 @@ lives in `rlft.config.rl.DEFAULTS`.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import math
+from typing import Any, Literal, Optional, Union
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from rlft.config.axolotl_tables import TRL, known_only
 from rlft.config.base import field, planned
 
-GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "token-mean", "seq-mean-token-mean", "sapo", "luspo",
+                       "vespo"]
 ScaleRewards = Union[Literal["group", "batch", "none"], bool]
 ImportanceSamplingMode = Literal[
     "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
@@ -29,11 +31,12 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     # ---- rewards and rollouts ---------------------------------------------------------------
     reward_funcs: Optional[list[str]] = field(
         None,
-        "Reward functions as 'module.fn' (from the working dir) or reward-model paths.",
+        "Reward functions: a built-in by name (boxed_math, single_choice, format: Cosmos-RL's), 'module.fn' (from the "
+        "working dir) or a reward-model path; a mapping {name: weight} (Cosmos-RL's form) sets reward_weights too.",
     )
     reward_weights: Optional[list[float]] = field(
         None,
-        "One weight per reward function; None -> all 1.0.",
+        "One weight per reward function; None -> all 1.0 (or the weights of a reward_funcs mapping).",
     )
     rollout_func: Optional[str] = field(
         None,
@@ -179,8 +182,9 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     )
     loss_type: Optional[GRPOLossType] = field(
         None,
-        "Loss aggregation / objective (grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo); None"
-        " -> dapo.",
+        "Loss aggregation / objective (grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo; Cosmos-RL's token-mean: "
+        "each micro-batch's token mean weighted by its rows, and seq-mean-token-mean: grpo, or dr_grpo with "
+        "unbiased_loss_max_tokens set); None -> dapo.",
     )
     importance_sampling_level: Optional[Literal["token", "sequence"]] = field(
         None,
@@ -222,7 +226,8 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     )
     unbiased_loss_max_tokens: Optional[int] = field(
         None,
-        "Dr. GRPO constant length normaliser; None -> max_completion_length (dr_grpo).", ge=1,
+        "Dr. GRPO constant length normaliser; None -> max_completion_length (dr_grpo). Set with loss_type "
+        "seq-mean-token-mean, it makes that loss dr_grpo (Cosmos-RL's rule).", ge=1,
     )
     entropy_coeff: float = field(
         0.0,
@@ -377,6 +382,26 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
         1,
         "Most re-rolled prompt groups injected per batch.", ge=0,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_funcs_mapping(cls, data: Any) -> Any:
+        """Cosmos-RL's `reward_funcs: {name: weight}` is `reward_funcs: [names]` with `reward_weights: [weights]`, in
+        the mapping's order; with reward_weights given too the weights would be given twice, which is refused."""
+        if not isinstance(data, dict) or not isinstance(data.get("reward_funcs"), dict):
+            return data
+        if data.get("reward_weights") is not None:
+            raise ValueError("reward_funcs is a mapping {function: weight} and reward_weights is set too: give the weights "
+                             "once, either in the mapping or as reward_weights beside a list of reward_funcs")
+        for name, weight in data["reward_funcs"].items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"reward_funcs: the key {name!r} is not a reward function's name; write "
+                                 "{boxed_math: 0.9, format: 0.1}, or `module.fn` keys")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"reward_funcs: the weight of {name!r} is {weight!r}; give a finite number "
+                                 f"({name}: 1.0)")
+        return {**data, "reward_funcs": list(data["reward_funcs"]),
+                "reward_weights": [float(weight) for weight in data["reward_funcs"].values()]}
 
     @field_validator("generation_kwargs")
     @classmethod

@@ -1,7 +1,8 @@
 """Reward functions for online RL: loading `trl.reward_funcs`, calling them as TRL does, workers, timeouts.
 
-* `loading`: `trl.reward_funcs` (+ `trl.reward_weights`) -> RewardFunction: `module.fn` from the
-  working directory (rlft.usercode) or a trained reward-model folder (RewardModelScorer);
+* `loading`: `trl.reward_funcs` (+ `trl.reward_weights`) -> RewardFunction: a built-in by name, `module.fn`
+  from the working directory (rlft.usercode) or a trained reward-model folder (RewardModelScorer);
+* `builtin`: Cosmos-RL's `boxed_math`, `single_choice` and `format`; `math_verify`: `math_verify_reward`;
 * `calling`: the TRL calling convention, checking what a function returned, the in-process timeout;
 * `workers`: the persistent pool of "spawn" worker processes used when `num_workers > 1`;
 * `runner`: RewardRunner, which scores completions with every function; a function that raises or

@@ -132,6 +132,13 @@ def _time_limit(seconds: float | None):
 
 
 
+def completion_text(completion: Any) -> str:
+    """The text of one completion as reward functions receive it: the string, or the joined `content` of its messages."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) if isinstance(m, Mapping) else str(m) for m in completion)
+    return str(completion)
+
+
 def is_conversational_prompt(prompt: Any) -> bool:
     """A prompt is conversational when it is a list of {role, content} messages (TRL `is_conversational`)."""
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], Mapping) and "role" in prompt[0]

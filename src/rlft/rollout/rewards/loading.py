@@ -1,13 +1,17 @@
 """Loading `trl.reward_funcs` (+ `trl.reward_weights`) as RewardFunction objects.
 
-An entry is `module.fn`, a function in a .py file of the working directory (imported by
-rlft.usercode, as dataset transforms are), or a trained reward-model folder (or hub id), scored on
-prompt + completion text by RewardModelScorer. Signatures TRL's call cannot bind (no **kwargs,
+An entry is a built-in's bare name (`boxed_math`, `single_choice`, `format`: rlft.rollout.rewards.builtin),
+`module.fn`, a function in a .py file of the working directory (imported by rlft.usercode, as dataset
+transforms are), or a trained reward-model folder (or hub id), scored on prompt + completion text by
+RewardModelScorer. A name without a dot names a built-in or a folder; a folder named like a built-in is
+refused as ambiguous (write `./name` for the folder). Signatures TRL's call cannot bind (no **kwargs,
 positional-only parameters) are refused here, with the fix, rather than failing at every call.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import inspect
 import math
 import os
@@ -18,7 +22,8 @@ from typing import Any, Callable
 
 from rlft.errors import ConfigError, ModelError
 from rlft.models.reward import load_reward_for_scoring, score_texts
-from rlft.rollout.rewards.calling import RESERVED_ARGUMENTS, _invoke
+from rlft.rollout.rewards.builtin import BUILTIN_REWARDS, REQUIRES
+from rlft.rollout.rewards.calling import RESERVED_ARGUMENTS, _invoke, completion_text
 from rlft.usercode import UserCodeError, load_user_function
 
 
@@ -46,12 +51,12 @@ class RewardFunction:
 
 
 def load_reward_functions(names: list[str], weights: list[float] | None = None, device: str = "cpu") -> list[RewardFunction]:
-    """Resolve `trl.reward_funcs` (+ `trl.reward_weights`): `module.fn` from the working directory, or
-    a trained reward-model folder (scored on prompt + completion text). Raises ConfigError with the fix."""
+    """Resolve `trl.reward_funcs` (+ `trl.reward_weights`): a built-in by name, `module.fn` from the working
+    directory, or a trained reward-model folder (scored on prompt + completion text). Raises ConfigError with the fix."""
     names = list(names or [])
     if not names:
-        raise ConfigError("trl.reward_funcs is empty: give at least one `module.fn` or reward-model folder",
-                          [("trl.reward_funcs", "empty")])
+        raise ConfigError(f"trl.reward_funcs is empty: give at least one built-in ({BUILTIN_NAMES}), `module.fn` or "
+                          "reward-model folder", [("trl.reward_funcs", "empty")])
     if weights is None:
         weights = [1.0] * len(names)
     weights = list(weights)
@@ -91,9 +96,15 @@ ALIASES = {
 }
 
 
+BUILTIN_MODULE = "rlft.rollout.rewards.builtin"
+BUILTIN_NAMES = ", ".join(BUILTIN_REWARDS)
+
+
 def _load_one(name: str, weight: float, index: int, device: str) -> RewardFunction:
     key = f"trl.reward_funcs[{index}]"
     name = ALIASES.get(name, name)
+    if name in BUILTIN_REWARDS:
+        name = _builtin_path(name, key)
     folder = Path(name).expanduser()
     if folder.is_dir():
         return _reward_model_function(name, folder, weight, key, device)
@@ -102,8 +113,11 @@ def _load_one(name: str, weight: float, index: int, device: str) -> RewardFuncti
     if looks_like_path or not module_name or not attr:
         if looks_like_path:  # a hub id (org/name) or a folder that does not exist: the loader says which
             return _reward_model_function(name, folder, weight, key, device)
-        _fail(key, f"{name!r} is neither `module.fn` (a function in a .py file of {Path.cwd()}) nor a reward-model "
-                   f"folder: write it as e.g. `rewards.my_reward` for my_reward in rewards.py")
+        close = difflib.get_close_matches(name, list(BUILTIN_REWARDS), n=1)
+        hint = f"did you mean the built-in {close[0]!r}? " if close else ""
+        _fail(key, f"{name!r} is neither a built-in reward ({BUILTIN_NAMES}), nor `module.fn` (a function in a .py "
+                   f"file of {Path.cwd()}), nor a reward-model folder: {hint}write a function as e.g. `rewards.my_reward` "
+                   "for my_reward in rewards.py")
     try:
         fn, module_file = load_user_function(name)
     except UserCodeError as exc:
@@ -116,6 +130,17 @@ def _load_one(name: str, weight: float, index: int, device: str) -> RewardFuncti
     required = _check_signature(fn, name, module_file, key)
     return RewardFunction(name=attr, weight=weight, source=name, fn=fn, module_file=module_file,
                           import_path=name, required_columns=required)
+
+
+def _builtin_path(name: str, key: str) -> str:
+    """The import path of the built-in `name`, after checking that no folder claims the name and its package is there."""
+    if Path(name).is_dir():
+        _fail(key, f"{name!r} is both a built-in reward function and a folder in {Path.cwd()}: write `./{name}` for the "
+                   f"folder (a reward model), or `{BUILTIN_MODULE}.{name}` for the built-in")
+    module, install = REQUIRES.get(name, (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        _fail(key, f"the built-in reward {name!r} needs the {module} package, which is not installed: {install}")
+    return f"{BUILTIN_MODULE}.{name}"
 
 
 def _fail(key: str, message: str) -> None:
@@ -158,7 +183,7 @@ class RewardModelScorer:
         self.batch_size = batch_size
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
-        texts = [self._prompt_text(p) + _completion_text(c) for p, c in zip(prompts, completions)]
+        texts = [self._prompt_text(p) + completion_text(c) for p, c in zip(prompts, completions)]
         return score_texts(self.model, self.tokenizer, texts, batch_size=self.batch_size)
 
     def _prompt_text(self, prompt: Any) -> str:
@@ -167,12 +192,6 @@ class RewardModelScorer:
                 return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
             return "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, Mapping))
         return str(prompt)
-
-
-def _completion_text(completion: Any) -> str:
-    if isinstance(completion, list):
-        return "".join(str(m.get("content", "")) if isinstance(m, Mapping) else str(m) for m in completion)
-    return str(completion)
 
 
 def _reward_model_function(name: str, folder: Path, weight: float, key: str, device: str) -> RewardFunction:

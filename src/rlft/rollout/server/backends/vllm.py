@@ -251,8 +251,8 @@ def worker_extension(name: str | None) -> str:
     own = "rlft.rollout.server.backends.vllm_worker.WeightGroupWorker"
     if not name or name == own:
         return own
-    from rlft.rollout.server.backends.vllm_worker import WeightGroupWorker
-    from rlft.usercode import UserCodeError, load_user_function
+    from rlft.rollout.server.backends.vllm_worker import WeightGroupWorker  # only for a class of the user's
+    from rlft.usercode import UserCodeError, load_user_function  # only for a class of the user's
 
     try:
         found, _ = load_user_function(name)  # a class is callable: found as a function would be
