@@ -396,14 +396,17 @@ def test_corrupted_transfer_is_refused(server, remote, monkeypatch):
                         params={"version": 9, "checksum": weights_checksum(weights), "bucket": 0, "buckets": 1})
     assert answer.status_code == 400 and answer.json()["error"].startswith("transfer corrupted")
 
-    import rlft.rollout.remote as remote_module
+    from rlft.rollout import wire
 
-    def corrupting_save(tensors):
-        data = bytearray(save(tensors))
-        data[-4:] = bytes(255 - b for b in data[-4:])
-        return bytes(data)
+    encode = wire.encode
 
-    monkeypatch.setattr(remote_module, "save", corrupting_save)
+    def corrupting_encode(tensors):  # the sender's encoding damages the last tensor's bytes
+        chunks, size = encode(tensors)
+        last = bytearray(chunks[-1])
+        last[-4:] = bytes(255 - b for b in last[-4:])
+        return [*chunks[:-1], bytes(last)], size
+
+    monkeypatch.setattr(wire, "encode", corrupting_encode)
     with pytest.raises(RolloutError, match="transfer corrupted"):
         remote.load_weights(weights, version=9)
     after = remote.weight_info()

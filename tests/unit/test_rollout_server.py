@@ -406,3 +406,23 @@ def test_a_dead_engine_answers_503_and_fails_the_trainers_call_at_once(tmp_path)
         gate.set()
         engine.close()
         server.should_exit = True
+
+
+def test_wire_bytes_are_safetensors_both_ways():
+    from safetensors.torch import load
+
+    from rlft.rollout import wire
+
+    tensors = {"b": torch.arange(6, dtype=torch.bfloat16).view(2, 3), "a": torch.ones(3), "empty": torch.zeros(0, 4),
+               "flag": torch.tensor([True, False])}
+    chunks, size = wire.encode(tensors)
+    body = b"".join(bytes(chunk) for chunk in chunks)
+    assert len(body) == size
+    for read in (load(body), wire.decode(body), wire.decode(save(tensors))):  # the library reads ours; we read its
+        assert set(read) == set(tensors) and all(torch.equal(read[name], tensors[name]) for name in tensors)
+    for bad, reason in ((body[:5], "shorter than its 8-byte header"), (b"\xff" * 8 + body[8:], "runs past the end"),
+                        (body[:-1], "do not hold a")):
+        with pytest.raises(ValueError, match=reason):
+            wire.decode(bad)
+    with pytest.raises(ValueError, match="contiguous CPU tensor"):
+        wire.encode({"t": torch.ones(4, 4).t()})

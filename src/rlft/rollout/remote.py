@@ -21,11 +21,12 @@ from typing import Any, Callable, Mapping
 
 import httpx
 import torch
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file
 
 from rlft.errors import RolloutError
 from rlft.models.weights import ChecksumStream, architecture_digest, weights_checksum
 from rlft.rollout.local import NOT_FINITE
+from rlft.rollout import wire
 from rlft.rollout.remote_group import GroupBroken, GroupLink
 from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
 from rlft.rollout.server.transfer import body_digest
@@ -139,23 +140,23 @@ class RemoteEngine:
         buckets = _buckets(tensors, self.bucket_bytes)
         stream = ChecksumStream()
 
-        def encode(bucket: dict[str, torch.Tensor]) -> tuple[bytes, str]:
+        def encode(bucket: dict[str, torch.Tensor]) -> tuple[list, int, str]:
             stream.update(bucket)  # buckets are encoded in order, one at a time
-            body = save(bucket)
-            return body, body_digest(body)
+            chunks, size = wire.encode(bucket)  # the tensors' own memory: no copy
+            return chunks, size, body_digest(chunks)
 
         out: dict[str, Any] = {}
         with ThreadPoolExecutor(1, thread_name_prefix="rlft-encode") as pool:
             coming = pool.submit(encode, buckets[0])
             for index in range(len(buckets)):
-                body, digest = coming.result()
+                chunks, size, digest = coming.result()
                 if index + 1 < len(buckets):
                     coming = pool.submit(encode, buckets[index + 1])
                 params = {"version": version, "bucket": index, "buckets": len(buckets), "digest": digest}
                 if index + 1 == len(buckets):
                     params["checksum"] = stream.hexdigest()
-                out = self._watched("POST", "/update_weights", content=body, params=params,
-                                    headers={"content-type": "application/octet-stream"})
+                out = self._watched("POST", "/update_weights", content=iter(chunks), params=params,
+                                    headers={"content-type": "application/octet-stream", "content-length": str(size)})
         self._confirm(out, version, stream.hexdigest(), "weights")
 
     def wire_tensors(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -16,22 +16,27 @@ from typing import Any
 import torch
 import xxhash
 from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
 from rlft.models.weights import ChecksumStream, weights_checksum
+from rlft.rollout import wire
 from rlft.rollout.server.protocol import AdapterFiles, ServerError, dtype_name
 
 
-def body_digest(body: bytes) -> str:
-    """XXH3-64 of a request body: damage on the way shows before anything is decoded."""
-    return xxhash.xxh3_64_hexdigest(body)
+def body_digest(chunks) -> str:
+    """XXH3-64 of a request body (bytes, or the chunks it is sent as): damage on the way shows before anything is
+    decoded."""
+    digest = xxhash.xxh3_64()
+    for chunk in [chunks] if isinstance(chunks, (bytes, bytearray)) else chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def decode_bucket(body: bytes, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of one bucket, as views of its body (rlft.rollout.wire: no copy)."""
     try:
-        return load_safetensors_bytes(body)
-    except (SafetensorError, ValueError, RuntimeError) as exc:
+        return wire.decode(body)
+    except ValueError as exc:
         raise ServerError(400, f"transfer corrupted: {where} is not valid safetensors ({exc}); nothing was loaded: send it again") from None
 
 
