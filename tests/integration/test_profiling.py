@@ -6,6 +6,7 @@ import textwrap
 import pytest
 import yaml
 
+from distributed_utils import train, write
 from rlft.phase_ranges import ranges_open
 
 pytestmark = pytest.mark.slow
@@ -77,3 +78,21 @@ def test_grpo_trace_holds_the_rollout_phases(tiny_model_dir, cli, tmp_path, monk
     _, names = _trace(tmp_path / "out" / "profile", "rank0.2.pt.trace.json")
     assert {"generate", "reward", "logprobs", "forward_backward", "optimizer", "weight_sync", "step 2"} <= names, \
         sorted(n for n in names if n and "::" not in n)
+
+
+@pytest.mark.multiprocess
+def test_rank_filter_profiles_only_the_ranks_it_names(tiny_model_dir, addition_files, tmp_path):
+    """Two processes, rank_filter [1]: rank 1 writes its trace and says where (its console is otherwise quiet); rank 0
+    records nothing, and the summary lists rank 1's file."""
+    config = write(tmp_path / "two.yaml", {
+        "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
+        "sequence_len": 32, "micro_batch_size": 8, "max_steps": 3, "output_dir": str(tmp_path / "out"),
+        "profiler": {"enable_profiler": True, "sub_profiler_config": {"wait_steps": 0, "warmup_steps": 1, "active_steps": 1,
+                                                                      "rank_filter": [1]}}})
+    output = train(config)
+    folder = tmp_path / "out" / "profile"
+    assert sorted(p.name for p in folder.iterdir()) == ["rank1.2.pt.trace.json"]
+    _, names = _trace(folder, "rank1.2.pt.trace.json")
+    assert {"step 2", "forward_backward", "optimizer"} <= names
+    assert f"profile: rank 1: step 2 recorded in {folder / 'rank1.2.pt.trace.json'}" in output
+    assert "rank1.2.pt.trace.json (traces:" in " ".join(output.replace("│", " ").split())

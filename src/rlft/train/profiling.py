@@ -58,6 +58,8 @@ def window(settings: Settings, first_step: int, console: Console):
     profile, rank = settings.profile, settings.parallel.rank
     if not profile.records(rank):
         return NO_PROFILE
+    if console.quiet:  # a rank above 0 prints nothing, but says where its trace went
+        console = Console(stderr=True)
     return StepProfile(profile, rank, first_step, Path(settings.run.output_dir) / PROFILE_FOLDER, console,
                        torch.cuda.is_available())
 
