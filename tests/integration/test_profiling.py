@@ -68,7 +68,8 @@ def test_grpo_trace_holds_the_rollout_phases(tiny_model_dir, cli, tmp_path, monk
         def short(completions, **kwargs):
             return [-float(len(c)) for c in completions]
     """))
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+{b}="}) + "\n" for a in range(4) for b in range(4)))
+    rows = [{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = {"base_model": str(tiny_model_dir), "random_init": True, "rl": "grpo", "datasets": [{"path": "prompts.jsonl"}],
               "sequence_len": 32, "micro_batch_size": 8, "max_steps": 2, "learning_rate": 1e-4, "output_dir": "out",
               "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": [f"{module}.short"], "beta": 0.04},
