@@ -21,6 +21,7 @@ from rlft.config.sections.datasets import PretrainingDatasetConfig
 from rlft.config.sections.ebft import EBFTConfig
 from rlft.config.sections.nemo_gym import NemoGymDataset, NemoGymFields
 from rlft.config.sections.preference import PreferenceFields
+from rlft.config.sections.profiler import ProfilerConfig, SubProfilerConfig
 from rlft.config.sections.qat import QATConfig
 from rlft.config.sections.trl import TRLConfig
 from rlft.config.sections.vllm import VLLMConfig
@@ -116,6 +117,8 @@ TABLES = {
     "ebft": lambda: table(EBFTConfig, prefix="ebft."),
     "qat": lambda: table(QATConfig, prefix="qat."),
     "vllm": lambda: table(VLLMConfig, prefix="vllm."),
+    "profiler": lambda: table(ProfilerConfig, ["enable_profiler", "enable_nsys"], prefix="profiler.") + "\n" +
+    table(SubProfilerConfig, prefix="profiler.sub_profiler_config.").split("\n", 2)[2],
     "nemo-gym": lambda: table(NemoGymFields),
     "nemo-gym-dataset": lambda: table(NemoGymDataset),
     "axolotl-only": axolotl_only,

@@ -27,7 +27,7 @@ OUT = Path(__file__).resolve().parent
 plt.rcParams.update({"svg.hashsalt": "rlft", "svg.fonttype": "none", "font.size": 9})
 
 LAYERS = [  # bottom to top, as tests/unit/test_layers.py orders them
-    (("errors", "usercode", "heap"), "error classes, loading a user's module.fn, GC pauses"),
+    (("errors", "usercode", "heap", "phase_ranges"), "error classes, loading a user's module.fn, GC pauses, phase ranges"),
     (("config",), "YAML front end, schema, rules, method table, resolved settings"),
     (("losses",), "pure tensor functions: SFT, preference, policy, advantages, EBFT"),
     (("data",), "rows, formats, tokenizers, chat templates, collation, packing"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "rlft"
 # each layer may import the layers before it, never one after it
-LAYERS = (("errors", "usercode", "heap"), ("config",), ("losses",), ("data",), ("models",), ("tasks",), ("rollout",),
+LAYERS = (("errors", "usercode", "heap", "phase_ranges"), ("config",), ("losses",), ("data",), ("models",), ("tasks",), ("rollout",),
           ("train",), ("quickstart",), ("cli",))
 MAX_LINES = 450
 

@@ -260,8 +260,6 @@ TOP_LEVEL = {
     'process_reward_model': ('other', None),
     'processor_kwargs': ('other', None),
     'processor_type': ('other', None),
-    'profiler_steps': ('other', None),
-    'profiler_steps_start': ('other', 0),
     'push_dataset_to_hub': ('hub', None),
     'qgalore_cos_threshold': ('optim', 0.4),
     'qgalore_gamma_proj': ('optim', 2),

@@ -19,6 +19,7 @@ import torch
 from rlft.data.prompts import PromptRow
 from rlft.errors import RolloutError
 from rlft.losses.advantages import group_advantages, zero_variance_groups
+from rlft.phase_ranges import phase_range
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.scoring import Scorer, add_overlong_penalty, column_stats
 from rlft.rollout.types import BatchMetrics, Rollout, SampledBatch, SamplingParams, ScoredBatch, Scores
@@ -98,15 +99,16 @@ class RolloutProducer:
     def sample(self, prompts: list[PromptRow], index: int, injected: int = 0) -> SampledBatch:
         """Generate G completions per prompt. Touches only the engine: safe on a background thread."""
         started = time.perf_counter()
-        if self.environment is not None:
-            rollout, extra = self.environment.rollout(prompts, self.group, self.sampling_for(prompts, self.sampling),
-                                                      self.engine.version)
-        elif self.rollout_func is not None:
-            rollout, extra = self._user_rollout(prompts)
-        else:
-            params = self.sampling_for(prompts, self.sampling)
-            rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group, seed=self.seed_of(index))
-            extra = {}
+        with phase_range("generate"):
+            if self.environment is not None:
+                rollout, extra = self.environment.rollout(prompts, self.group, self.sampling_for(prompts, self.sampling),
+                                                          self.engine.version)
+            elif self.rollout_func is not None:
+                rollout, extra = self._user_rollout(prompts)
+            else:
+                params = self.sampling_for(prompts, self.sampling)
+                rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group, seed=self.seed_of(index))
+                extra = {}
         return SampledBatch(prompts, rollout, extra, index, round(time.perf_counter() - started, 4), injected)
 
     def seed_of(self, index: int) -> int:
@@ -160,20 +162,22 @@ class RolloutProducer:
     # ------------------------------------------------------------------ stages
     def _score(self, prompts: list[PromptRow], rollout: Rollout, extra: dict[str, list]) -> Scores:
         """The scorer over the whole batch, or chunk by chunk of groups when streaming (bounded memory per call)."""
-        s = self.settings
-        if s.streaming and len(prompts) > s.streaming_min_groups:
-            step = s.streaming_min_groups
-            parts = []
-            for start in range(0, len(prompts), step):
-                rows = list(range(start * self.group, min(len(prompts), start + step) * self.group))
-                part_extra = {k: [v[i] for i in rows] for k, v in extra.items()}
-                parts.append(self.scorer.score(prompts[start : start + step], rollout.select(rows), self.group, part_extra))
-            scores = Scores.concat(parts)
-        else:
-            scores = self.scorer.score(prompts, rollout, self.group, extra)
-        if s.overlong_penalty:
-            scores = add_overlong_penalty(scores, rollout, s.max_completion_length, s.overlong_buffer_length, s.overlong_penalty_factor)
-        return scores
+        with phase_range("reward"):
+            s = self.settings
+            if s.streaming and len(prompts) > s.streaming_min_groups:
+                step = s.streaming_min_groups
+                parts = []
+                for start in range(0, len(prompts), step):
+                    rows = list(range(start * self.group, min(len(prompts), start + step) * self.group))
+                    part_extra = {k: [v[i] for i in rows] for k, v in extra.items()}
+                    parts.append(self.scorer.score(prompts[start : start + step], rollout.select(rows), self.group, part_extra))
+                scores = Scores.concat(parts)
+            else:
+                scores = self.scorer.score(prompts, rollout, self.group, extra)
+            if s.overlong_penalty:
+                scores = add_overlong_penalty(scores, rollout, s.max_completion_length, s.overlong_buffer_length,
+                                              s.overlong_penalty_factor)
+            return scores
 
     def _dynamic_sampling(self, prompts, rollout: Rollout, scores: Scores, needed: int):
         """Drop groups whose filter metric(s) are constant; draw more prompt batches until `needed` groups are kept

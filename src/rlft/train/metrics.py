@@ -21,6 +21,7 @@ import torch
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
 from rlft.config.trackers import tracker_specs
+from rlft.phase_ranges import phase_range
 
 def flops_per_token(total_params: int, trainable_params: int) -> float:
     return 4.0 * total_params + 2.0 * trainable_params
@@ -57,13 +58,17 @@ def clock() -> float:
 
 
 class PhaseTimer:
-    """Accumulates wall time per phase (`with timer("forward_backward"): ...`), GPU work included (`clock`)."""
+    """Accumulates wall time per phase (`with timer("forward_backward"): ...`), GPU work included (`clock`); while a
+    profiler records, each phase is also a range on its timeline (`rlft.phase_ranges`)."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = {}
 
     def __call__(self, phase: str) -> "_Phase":
         return _Phase(self, phase)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.totals[phase] = self.totals.get(phase, 0.0) + seconds
 
     def pop(self) -> dict[str, float]:
         totals, self.totals = self.totals, {}
@@ -75,10 +80,13 @@ class _Phase:
         self.timer, self.phase = timer, phase
 
     def __enter__(self) -> None:
+        self.range = phase_range(self.phase)
+        self.range.__enter__()
         self.start = clock()
 
     def __exit__(self, *exc: Any) -> None:
-        self.timer.totals[self.phase] = self.timer.totals.get(self.phase, 0.0) + clock() - self.start
+        self.timer.add(self.phase, clock() - self.start)
+        self.range.__exit__(*exc)
 
 
 class MetricsLog:

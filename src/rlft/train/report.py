@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
 from rlft.config.methods import method_spec
 from rlft.config.settings import Settings
+from rlft.config.settings.profiling import PROFILE_FOLDER, ProfileSettings
 from rlft.config.settings.training import OptimSettings
 from rlft.config.plugins import cut_cross_entropy
 from rlft.models.compile import compile_plan
@@ -91,8 +93,29 @@ def print_plan(console: Console, cfg, settings: Settings, model, data, micro_bat
         default = "" if cfg.load_best_model_at_end else ", on with early_stopping_patience as in Axolotl"
         table.add_row("final model", f"the checkpoint with the {'highest' if higher else 'lowest'} {key}, each checkpoint "
                                      f"evaluated (load_best_model_at_end{default})")
+    if settings.profile.on:
+        table.add_row("profile", profile_plan(settings.profile, Path(cfg.output_dir)))
     table.add_row("output", str(Path(cfg.output_dir).resolve()))
     console.print(table)
+
+
+def profile_plan(profile: ProfileSettings, output_dir: Path) -> str:
+    """What the profiler records, of which steps and ranks, and where (`rlft.train.profiling`)."""
+    first, last = profile.recorded_steps(0)
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    ranks = ", ".join(str(rank) for rank in profile.ranks)
+    held = ", ".join(name for name, on in (("shapes", profile.record_shapes), ("memory", profile.profile_memory),
+                                           ("stacks", profile.with_stack)) if on)
+    held = f" ({held})" if held else ""
+    parts = []
+    if profile.trace:
+        parts.append(f"torch.profiler trace{held} in {(output_dir / PROFILE_FOLDER).resolve()}")
+    if profile.memory_snapshot:
+        parts.append("a CUDA memory snapshot" if torch.cuda.is_available() else "no CUDA memory snapshot (no CUDA GPU)")
+    if profile.nsys:
+        parts.append("NVTX ranges and nsys's cudaProfilerStart/Stop capture range")
+    return (f"{'; '.join(parts)}: {steps} of this run (after {profile.wait} waiting and {profile.warmup} warm-up), "
+            f"rank {ranks} ({profile.keys})")
 
 
 def print_summary(console: Console, cfg, result: LoopResult, peak: Peak | None = None) -> None:
@@ -115,4 +138,16 @@ def print_summary(console: Console, cfg, result: LoopResult, peak: Peak | None =
         table.add_row("mean MFU", f"{sum(mfus) / len(mfus):.4g} against {peak.describe()}")
     table.add_row("wall time", f"{result.wall_time:.1f} s")
     table.add_row("metrics", str((Path(cfg.output_dir) / "metrics.jsonl").resolve()))
+    if written := profile_files(Path(cfg.output_dir) / PROFILE_FOLDER):
+        table.add_row("profile", written)
     console.print(table)
+
+
+def profile_files(folder: Path) -> str | None:
+    """The profiler's files in `folder` and what opens them, or None when there are none."""
+    traces, snapshots = sorted(folder.glob("*.pt.trace.json")), sorted(folder.glob("*.memory_snapshot.pickle"))
+    if not traces and not snapshots:
+        return None
+    opened = ([f"traces: https://ui.perfetto.dev, or tensorboard --logdir {folder.resolve()} with torch-tb-profiler"]
+              if traces else []) + (["snapshots: https://pytorch.org/memory_viz"] if snapshots else [])
+    return f"{folder.resolve()}: {', '.join(path.name for path in traces + snapshots)} ({'; '.join(opened)})"

@@ -27,7 +27,7 @@ from rlft.data.batches import MicroBatch, PlanCursor, StepBatches, to_device
 from rlft.errors import RolloutError, TrainingDiverged, TrainingInterrupted
 from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
 from rlft.models.qat import fake_quant_schedule
-from rlft.train import zero
+from rlft.train import profiling, zero
 from rlft.train.best import BestCheckpoint
 from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, load_checkpoint, load_weights, read_state,
                                    save_checkpoint)
@@ -192,12 +192,13 @@ class Trainer:
             self.evaluate()  # the baseline, so the summary and metrics.jsonl show how far training moved it
         self.model.train()
         optimizer_mode(self.optimizer, training=True)
-        with self.progress:
+        with self.progress, profiling.window(self.settings, self.state.global_step, self.console) as profile:
             while self.state.global_step < self.total_steps:
                 if self.world == 1 and self.stop.requested:  # Ctrl-C during an evaluation or a save
                     raise _StopAfterStep
                 if not self.step():
                     break
+                profile.step()
 
     def step(self) -> bool:
         """One optimizer step, then the evaluation and checkpoint due after it. False: stop early."""
@@ -247,8 +248,7 @@ class Trainer:
         began = clock()
         batches = self.recipe.prepare_step(self.runs)
         if batches is not None:
-            phase = self.recipe.prepare_phase
-            self.timer.totals[phase] = self.timer.totals.get(phase, 0.0) + clock() - began
+            self.timer.add(self.recipe.prepare_phase, clock() - began)
         else:
             with self.timer("data"):
                 batches, (self.state.epoch, self.state.batch_in_epoch) = self.steps.next()

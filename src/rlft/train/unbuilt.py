@@ -1,7 +1,8 @@
 """What `rlft train` refuses before it loads anything: methods, losses and settings not built yet, and packages or tools
 the config needs that this machine lacks. Light to import: the launching command checks a config with it before it
 starts any training process. It runs before a run resolves its settings (`rlft.config.settings.resolve`), and in
-the launching command, which resolves none: it builds the parts it checks (`model_settings`, `optim_settings`)."""
+the launching command, which resolves none: it builds the parts it checks (`model_settings`, `optim_settings`,
+`profile_settings`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rlft.config.axolotl_keys import unsupported_settings
 from rlft.config.methods import method_spec
 from rlft.config.optimizers import AXOLOTL_OPTIMIZERS
 from rlft.config.settings.model import model_settings
+from rlft.config.settings.profiling import profile_problems, profile_settings
 from rlft.config.settings.training import optim_settings
 from rlft.config.parallel import launched, partitioned
 from rlft.config.trackers import missing_tracker_packages
@@ -71,6 +73,7 @@ def refuse_unbuilt(cfg, processes: int | None = None) -> None:
     if problem := scheduler_problem(optim_settings(cfg)):
         raise ConfigError(problem)
     missing = missing_tracker_packages(cfg) + missing_build_tools(cfg) + liger_problems(model_settings(cfg), torch.cuda.is_available())
+    missing += profile_problems(profile_settings(cfg), processes, torch.cuda.is_available())
     if missing:
         raise ConfigError("\n".join(missing))
     refused, _ = unsupported_settings(cfg)

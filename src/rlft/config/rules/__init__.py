@@ -13,6 +13,7 @@ from rlft.config.rules.nemo_gym import nemo_gym_problems
 from rlft.config.rules.online import online_problems
 from rlft.config.rules.parallel import ddp_problems, sharding_problems
 from rlft.config.rules.preference import preference_problems
+from rlft.config.rules.profiling import profiler_problems
 from rlft.config.rules.schedule import schedule_problems
 
 
@@ -37,3 +38,4 @@ def combination_problems(cfg):
     yield from lora_init_problems(cfg)
     yield from neftune_problems(cfg)
     yield from sharding_problems(cfg)
+    yield from profiler_problems(cfg)

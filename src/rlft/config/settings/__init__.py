@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from rlft.config.rl import RLSettings, rl_settings
 from rlft.config.settings.model import ModelSettings, model_settings
+from rlft.config.settings.profiling import ProfileSettings, profile_settings
 from rlft.config.settings.rollout import NemoGymSettings, ServerSettings, nemo_gym_settings, server_settings
 from rlft.config.settings.training import (DataSettings, LossSettings, OptimSettings, ParallelSettings, RunSettings,
                                            data_settings, loss_settings, optim_settings, parallel_settings,
@@ -31,6 +32,7 @@ class Settings:
     loss: LossSettings  # the preference losses' weights
     run: RunSettings  # steps, logging, saving, the output folder
     parallel: ParallelSettings  # processes and rows per step
+    profile: ProfileSettings  # the profiled steps and ranks, and what the trace holds (rlft.train.profiling)
 
 
 def resolve(cfg) -> Settings:
@@ -38,4 +40,4 @@ def resolve(cfg) -> Settings:
     model = model_settings(cfg)
     return Settings(model=model, data=data_settings(cfg), optim=optim_settings(cfg), rl=rl_settings(cfg),
                     server=server_settings(cfg, model), nemo_gym=nemo_gym_settings(cfg), loss=loss_settings(cfg),
-                    run=run_settings(cfg), parallel=parallel_settings(cfg))
+                    run=run_settings(cfg), parallel=parallel_settings(cfg), profile=profile_settings(cfg))

@@ -20,6 +20,7 @@ from rlft.losses.ebft import cfm_loss, ebft_advantages, feature_matching_rewards
 from rlft.models.features import feature_layer_indices, hidden_features, hidden_layer_count
 from rlft.data.collate import completion_batch
 from rlft.models.logprobs import completion_logps
+from rlft.phase_ranges import phase_range
 from rlft.rollout.feature_reward import layer_slices
 from rlft.rollout.strided import generate_blocks, model_attention, strided_layout
 from rlft.rollout.strided_scores import strided_scores
@@ -232,11 +233,13 @@ class EBFTStridedRecipe(Recipe):
             zero = sum(p.sum() * 0 for p in model.parameters() if p.requires_grad)
             return LossOutput(zero, 1, {"ebft/num_blocks": 0.0})
         started = time.perf_counter()
-        rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
-                                  num_samples=e.n_samples_per_prompt, temperature=e.temperature, top_p=e.top_p,
-                                  generator=seeded(batch["input_ids"].device, batch.get("sample_seed")))
+        with phase_range("generate"):
+            rollout = generate_blocks(getattr(model, "module", model), batch["input_ids"], batch["attention_mask"], layout,
+                                      num_samples=e.n_samples_per_prompt, temperature=e.temperature, top_p=e.top_p,
+                                      generator=seeded(batch["input_ids"].device, batch.get("sample_seed")))
         generated = time.perf_counter()
-        advantages, metrics = self._rewards(model, rollout, layout)
+        with phase_range("reward"):
+            advantages, metrics = self._rewards(model, rollout, layout)
         rewarded = time.perf_counter()
         scores = strided_scores(model, {"input_ids": rollout.sequences, "attention_mask": rollout.attention,
                                         "position_ids": rollout.position_ids})

@@ -27,6 +27,7 @@ from rlft.losses.policy import policy_loss
 from rlft.models.frozen import FrozenPolicy, ReferenceMoves
 from rlft.models.loading import hub_revision
 from rlft.models.logprobs import completion_scores, filters_active, sampled_logps, shared_completion_inputs
+from rlft.phase_ranges import phase_range
 from rlft.rollout.engine import RolloutEngine
 from rlft.rollout.producer import Environment
 from rlft.rollout.scoring import Scorer
@@ -132,7 +133,8 @@ class GRPORecipe(Recipe):
     def after_optimizer_step(self, model, step: int, changed: bool = True) -> None:
         started = clock()
         self.step = step
-        main_thread = self.engine.after_optimizer_step(model, step, changed)
+        with phase_range("weight_sync"):
+            main_thread = self.engine.after_optimizer_step(model, step, changed)
         self.reference_moves.after_step(model, step)
         self.engine.add_sync_phases(self.metrics, clock() - started, main_thread)
 

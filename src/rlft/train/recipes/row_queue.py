@@ -16,6 +16,7 @@ import torch
 
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.logprobs import completion_logps, completion_scores, sampled_logps
+from rlft.phase_ranges import phase_range
 from rlft.rollout.types import BatchMetrics, SamplingParams, TrainingRow
 from rlft.train.metrics import clock
 from rlft.train.parallel import gather_objects, max_across
@@ -108,7 +109,7 @@ class RowQueue:
             chunk = mine[start : start + size] or rows[:1]  # a pass with nothing of its own: computed and dropped
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.collate(chunk).items()}
             sampled = None
-            with torch.no_grad():
+            with torch.no_grad(), phase_range("logprobs"):
                 if reference:
                     with self.reference.view(model) as network:
                         logps, _ = completion_logps(network, batch, temperature, False)
