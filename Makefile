@@ -59,7 +59,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed
-	RLFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/test_vllm_backend.py
+	RLFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/test_vllm_backend.py tests/integration/test_stock_vllm.py
 
 # NeMo Gym's servers (nemo-gym 0.7.0 with its reasoning_gym environment) in their own environment, from the pinned
 # list envs/nemo-gym.txt, installed by uv (much faster than pip). nemo-gym declares Python >= 3.13.14 but

@@ -371,13 +371,18 @@ def test_several_training_processes_refuse_only_what_is_not_built(monkeypatch):
         refuse_unbuilt(build_config({**base, "context_parallel_size": 2}))
 
 
-def test_a_server_that_is_not_an_rlft_server_is_named_as_such():
-    """Another HTTP server on the port (a plain `vllm serve`, TRL's server): a clear RolloutError, not a KeyError."""
+def test_a_server_that_is_neither_rlfts_nor_vllms_is_named_as_such():
+    """Another HTTP server on the port (TRL's server): a clear RolloutError, not a KeyError, from the engine and from
+    the trainer's search for which kind of server answers."""
     import http.server
     import threading
 
+    from rich.console import Console
+
+    from rlft.config import build_config
     from rlft.errors import RolloutError
     from rlft.rollout.remote import RemoteEngine
+    from rlft.train.engines import engine_factory
 
     class Other(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -400,6 +405,12 @@ def test_a_server_that_is_not_an_rlft_server_is_named_as_such():
         with pytest.raises(RolloutError, match=r"answers /health but is not an rlft rollout server.*rlft vllm-serve CONFIG"):
             engine.wait_until_ready(timeout=5)
         engine.close()
+        cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                            "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "use_vllm": True, "vllm_server_timeout": 5,
+                                    "vllm_server_port": server.server_address[1]}})
+        connect, _ = engine_factory(cfg, resolve(cfg), Console(quiet=True))
+        with pytest.raises(RolloutError, match=r"neither rlft's rollout server .* nor a vLLM OpenAI server .*rlft vllm-serve CONFIG"):
+            connect(None, 0)
     finally:
         server.shutdown()
 

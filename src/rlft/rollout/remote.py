@@ -1,9 +1,6 @@
-"""The trainer's side of the rollout server: an engine (`RolloutEngine`) that samples over HTTP.
+"""The trainer's side of rlft's rollout server: an engine (`RolloutEngine`) that samples over HTTP.
 
-Every call has a timeout, and a long call (generation, a weight update) is watched: while it runs,
-`/health` is asked every ~2 s, and after 3 unanswered checks in a row the call fails with a
-RolloutError, so a dead or hung server is noticed within ~10 s instead of at the next timeout; a server
-that answers 503 (its engine is dead) fails the call at the first check.
+Calls are watched (`rlft.rollout.watched_http`): a dead or hung server is noticed within ~10 s.
 Weight syncs are verified: the server reads back what it loaded and returns its checksum, which must
 equal the checksum of what was sent; every generation reports the (version, checksum) it sampled
 with, and a checksum other than the one sent for that version stops the run.
@@ -11,10 +8,7 @@ with, and a checksum other than the one sent for that version stops the run.
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -32,9 +26,11 @@ from rlft.rollout.server.protocol import DTYPES, UNKNOWN_VERSION
 from rlft.rollout.server.transfer import body_digest
 from rlft.rollout.types import Rollout, SamplingParams
 from rlft.rollout.weight_group import TensorSpec
+from rlft.rollout.watched_http import WatchedServer
 
-TOKEN_ENV = "RLFT_SERVER_TOKEN"
-_GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+class NotAnRlftServer(RolloutError):
+    """Something answers /health at that address, without the weight version rlft's rollout server reports."""
 
 
 def _says_unhealthy(response: httpx.Response) -> bool:
@@ -46,25 +42,16 @@ def _says_unhealthy(response: httpx.Response) -> bool:
     return isinstance(payload, dict) and payload.get("status") == "unhealthy"
 
 
-class RemoteEngine:
+class RemoteEngine(WatchedServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 3600.0, *,
                  bucket_bytes: int = 64 * 2**20, health_interval: float = 2.0, health_failures: int = 3,
                  health_timeout: float = 1.5, on_note: Callable[[str], None] | None = None):
         """`timeout`: the longest a generation or weight update may take while the server keeps answering /health
         (a dead or hung server is noticed within ~10 s regardless); short calls (health, weight info) time out after
         5 x `health_timeout`. `on_note`: how a note for the user is shown (a fallback to HTTP)."""
-        self.host = "127.0.0.1" if host in ("0.0.0.0", "", None) else host  # 0.0.0.0 is where a server listens, not an address
-        self.port = port
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        self.base_url = f"http://{shown}:{port}"
-        self.timeout = timeout
+        super().__init__(host, port, token, timeout, health_interval=health_interval, health_failures=health_failures,
+                         health_timeout=health_timeout)
         self.bucket_bytes = bucket_bytes
-        self.health_interval, self.health_failures, self.health_timeout = health_interval, health_failures, health_timeout
-        token = token or os.environ.get(TOKEN_ENV) or None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
-        # one client for the liveness probes of watched calls (making a client costs ~20 ms: not once per call)
-        self._probe = httpx.Client(base_url=self.base_url, timeout=health_timeout)
         self._sent: dict[int, str] = {}  # version -> checksum of the weights this client sent for it
         self.group: GroupLink | None = None  # the collective weight group, when one is open
         self.on_note = on_note or (lambda text: print(f"note: {text}", file=sys.stderr))
@@ -82,10 +69,9 @@ class RemoteEngine:
     def health(self) -> dict[str, Any]:
         state = self._call("GET", "/health", timeout=self.health_timeout * 5)
         if not isinstance(state, dict) or "weight_version" not in state:
-            raise RolloutError(f"the server at {self.base_url} answers /health but is not an rlft rollout server (no weight "
-                               "version in its answer; a plain `vllm serve` or TRL's server cannot take verified weight "
-                               "syncs): start `rlft vllm-serve CONFIG` there, or point trl.vllm_server_host / "
-                               "vllm_server_port at the rlft server")
+            raise NotAnRlftServer(f"the server at {self.base_url} answers /health but is not an rlft rollout server (no "
+                                  "weight version in its answer): start `rlft vllm-serve CONFIG` there, or point "
+                                  "trl.vllm_server_host / vllm_server_port at the rlft server")
         if self._version is None:
             self._version = state["weight_version"]
         return {**state, "ok": state.get("status") == "ok", "version": state["weight_version"]}
@@ -222,100 +208,18 @@ class RemoteEngine:
             raise RolloutError(f"the rollout server at {self.host}:{self.port} serves {self.weight_info(False)['model']}, whose "
                                "weights differ in names or shapes from the trained model: start it with the same base_model")
 
-    def wait_until_ready(self, timeout: float = 240.0, on_progress: Callable[[float], None] | None = None) -> dict[str, Any]:
-        """Poll /health every second until the server answers; raise saying what to start when it never does."""
-        start = time.monotonic()
-        while True:
-            try:
-                return self.health()
-            except RolloutError as exc:
-                if "stopped answering" not in str(exc) and "no rollout server" not in str(exc):
-                    raise  # it answered, with an error: waiting will not help
-            elapsed = time.monotonic() - start
-            if elapsed >= timeout:
-                raise RolloutError(f"no rollout server answered at {self.base_url}/health after {timeout:.0f} s: start one with "
-                                   f"`rlft vllm-serve CONFIG` (listening on {self.host}:{self.port}: vllm.host / vllm.port, "
-                                   "or --host / --port), or fix the trainer's server host and port")
-            if on_progress is not None:
-                on_progress(elapsed)
-            time.sleep(min(1.0, max(timeout - elapsed, 0.0)))
-
     def close(self) -> None:
         if self.group is not None:
             self.group.close()
-        self._http.close()
-        self._probe.close()
+        super().close()
 
     # ---------------------------------------------------------------- HTTP
 
-    def _died(self) -> RolloutError:
-        return RolloutError(f"the rollout server at {self.host}:{self.port} stopped answering (it died or hangs): restart it "
-                            "with `rlft vllm-serve CONFIG`; the last checkpoint is kept")
-
-    def _dead_engine(self, probe: httpx.Response) -> RolloutError:
+    def _dead_engine(self, probe: httpx.Response) -> RolloutError | None:
+        if not _says_unhealthy(probe):
+            return None
         return RolloutError(f"the rollout server at {self.host}:{self.port} reports: {probe.json().get('error')}: restart "
                             "it (`rlft vllm-serve CONFIG`); the last checkpoint is kept")
-
-    def _call(self, method: str, path: str, timeout: float | None = None, **kwargs) -> Any:
-        try:
-            response = self._http.request(method, path, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT, **kwargs)
-        except httpx.ConnectError:
-            if self._version is None:
-                raise RolloutError(f"no rollout server at {self.base_url}: start one with `rlft vllm-serve CONFIG`") from None
-            raise self._died() from None
-        except (*_GONE, httpx.TimeoutException):
-            raise self._died() from None
-        return self._answer(response, path)
-
-    def _answer(self, response: httpx.Response, path: str) -> Any:
-        if response.status_code == 401:
-            raise RolloutError(f"the rollout server refused {path} (401): the token is wrong or missing: set vllm.api_key in "
-                               f"the trainer's config or the {TOKEN_ENV} environment variable to the server's token")
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = {"error": response.text[:300]}
-        if response.status_code >= 400:
-            reason = payload.get("error", payload) if isinstance(payload, dict) else payload
-            reason = reason.get("message", reason) if isinstance(reason, dict) else reason  # the /v1/ routes' OpenAI form
-            raise RolloutError(f"the rollout server refused {path} ({response.status_code}): {reason}")
-        return payload
-
-    def _watched(self, method: str, path: str, **kwargs) -> Any:
-        """A long call, with /health checked every `health_interval` s on the side: a dead server fails it within ~10 s."""
-        result: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                result["response"] = self._http.request(method, path, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-                result["error"] = exc
-
-        worker = threading.Thread(target=run, name=f"rlft-remote{path}", daemon=True)  # daemon: a hung call never blocks exit
-        worker.start()
-        failures, next_probe = 0, time.monotonic() + self.health_interval
-        while True:
-            worker.join(max(next_probe - time.monotonic(), 0.0))
-            if not worker.is_alive():
-                break
-            next_probe = time.monotonic() + self.health_interval  # a slow probe does not stretch the schedule
-            try:
-                probe = self._probe.get("/health")
-                if probe.status_code == 503 and _says_unhealthy(probe):  # its engine is dead: waiting will not help
-                    raise self._dead_engine(probe)
-                probe.raise_for_status()
-                failures = 0
-            except httpx.ConnectError:
-                raise self._died() from None  # refused: the process is gone
-            except httpx.HTTPError:
-                failures += 1
-                if failures >= self.health_failures:
-                    raise self._died() from None
-        if "error" in result:
-            if isinstance(result["error"], (*_GONE, httpx.TimeoutException)):
-                raise self._died() from None
-            raise result["error"]
-        return self._answer(result["response"], path)
 
     def _confirm(self, out: dict[str, Any], version: int, checksum: str | None, what: str) -> None:
         served_version, served = out.get("weight_version"), out.get("weight_checksum")

@@ -1,9 +1,11 @@
 """Which rollout engine an online-RL run samples from, from the `trl:` keys.
 
 * `use_vllm: false` (default): rlft's in-process transformers engine (a copy of the trained weights).
-* `use_vllm: true`, `vllm_mode: server` (default): a rollout server started with `rlft vllm-serve CONFIG`
-  (transformers or vLLM backend), reached over HTTP; the trainer waits for it up to `vllm_server_timeout`. With
-  `vllm_group_port`, full weights travel through a collective group with the server instead (gloo or NCCL).
+* `use_vllm: true`, `vllm_mode: server` (default): a rollout server reached over HTTP; the trainer waits for it up
+  to `vllm_server_timeout`, then finds which kind answers: rlft's (`rlft vllm-serve CONFIG`, transformers or vLLM
+  backend: its /health reports a weight version), or a stock vLLM OpenAI server (`vllm serve`, which takes LoRA
+  adapters only). With `vllm_group_port`, full weights travel to rlft's server through a collective group instead
+  (gloo or NCCL).
 * `use_vllm: true`, `vllm_mode: colocate`: vLLM inside the trainer process (needs vLLM and a CUDA GPU).
 """
 
@@ -16,15 +18,18 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlft.config.settings import Settings
+from rlft.config.plugins import nemo_gym_enabled
 from rlft.config.settings.rollout import ServerSettings
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, RolloutError
 from rlft.rollout.engine import RolloutEngine
 from rlft.models.weights import plain_state_dict
-from rlft.rollout.remote import RemoteEngine
+from rlft.rollout.remote import NotAnRlftServer, RemoteEngine
 from rlft.rollout.server.protocol import DTYPES, dtype_name
 from rlft.rollout.weight_group import TensorSpec
 from rlft.rollout.server.colocated import ColocatedEngine
 from rlft.rollout.server.security import local_token
+from rlft.rollout.types import sampling_params
+from rlft.rollout.vllm_openai import VLLMServerEngine
 
 
 def server_token(cfg, port: int, host: str = "127.0.0.1") -> str | None:
@@ -44,9 +49,16 @@ def engine_factory(cfg, settings: Settings, console: Console) -> tuple[Callable[
         return colocated_vllm(settings.server), True
 
     def connect(policy, version: int) -> RolloutEngine:
-        engine = RemoteEngine(s.server_host, s.server_port, token=server_token(cfg, s.server_port, s.server_host),
+        token = server_token(cfg, s.server_port, s.server_host)
+        engine = RemoteEngine(s.server_host, s.server_port, token=token,
                               on_note=lambda text: console.print(f"[yellow]note:[/yellow] {text}"))
-        wait_for_server(engine, s, console)
+        try:
+            state = wait_for_server(engine, s, console)
+        except NotAnRlftServer:
+            engine.close()
+            return stock_vllm(cfg, settings, console, token)
+        console.print(f"rollout server: rlft's at {engine.base_url} ({state.get('backend')} backend, {state.get('model')})",
+                      highlight=False, markup=False)
         engine.check_serves(policy)  # another model behind that port: say so before sending it weights
         if s.group_port is not None:
             open_weight_group(engine, policy, s.group_port, console)
@@ -64,7 +76,44 @@ def open_weight_group(engine: RemoteEngine, policy, port: int, console: Console)
                   "the group breaks)")
 
 
-def wait_for_server(engine, s, console: Console) -> None:
+def stock_vllm(cfg, settings: Settings, console: Console, token: str | None) -> VLLMServerEngine:
+    """The engine for a stock vLLM OpenAI server at the trainer's server address, once the run is one it can serve:
+    a LoRA adapter synced as a folder, from base_model's own weights, with log-probs of the sampled distribution."""
+    s = settings.rl
+    engine = VLLMServerEngine(s.server_host, s.server_port, token=token or os.environ.get("VLLM_API_KEY"))
+    try:
+        found = engine.describe()
+        console.print(f"rollout server: a stock vLLM {found['version']} OpenAI server at {engine.base_url}, serving "
+                      f"{found['id']}: LoRA adapters load through /v1/load_lora_adapter", highlight=False, markup=False)
+        stock_vllm_refusal(cfg, settings, engine.base_url)
+        engine.check_serves(str(settings.model.base_model))
+        engine.check_lora_support()
+        engine.check_logprobs_mode(sampling_params(s, ()))
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def stock_vllm_refusal(cfg, settings: Settings, where: str) -> None:
+    """Raise when this run needs more than a stock vLLM server gives: it takes adapters, not full weights."""
+    stock = f"the rollout server at {where} is a stock vLLM OpenAI server, which takes LoRA adapters but no full weights"
+    rlft_server = "or start rlft's server there with `rlft vllm-serve CONFIG`"
+    if not settings.model.adapter.kind:
+        raise RolloutError(f"{stock}, and this run trains every weight: train a LoRA adapter synced as a folder "
+                           f"(adapter: lora, trl.vllm_lora_sync: true), {rlft_server}")
+    if not settings.rl.lora_sync:
+        raise RolloutError(f"{stock}, and without trl.vllm_lora_sync the adapter is sent merged into full weights: set "
+                           f"trl.vllm_lora_sync: true, {rlft_server}")
+    if settings.model.random_init:
+        raise RolloutError(f"{stock}: it serves base_model's weights from disk, and random_init trains from other ones: "
+                           f"save the initial weights to a folder and serve and train that, {rlft_server}")
+    if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
+        raise RolloutError(f"{stock}: NeMo Gym's agents need the token ids and weight version of every turn, which only "
+                           "rlft's OpenAI routes report: start rlft's server there with `rlft vllm-serve CONFIG`")
+
+
+def wait_for_server(engine, s, console: Console) -> dict:
     """Poll the server's /health until it answers or `vllm_server_timeout` passes, with a progress bar."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                         transient=True, disable=not console.is_terminal)
@@ -73,7 +122,7 @@ def wait_for_server(engine, s, console: Console) -> None:
         task = progress.add_task(f"waiting for the rollout server at {where}", total=s.server_timeout)
         if not console.is_terminal:
             console.print(f"waiting for the rollout server at {where} (up to {s.server_timeout:.0f} s)")
-        engine.wait_until_ready(s.server_timeout, on_progress=lambda elapsed: progress.update(task, completed=elapsed))
+        return engine.wait_until_ready(s.server_timeout, on_progress=lambda elapsed: progress.update(task, completed=elapsed))
 
 
 def colocated_vllm(server: ServerSettings) -> Callable[..., RolloutEngine]:

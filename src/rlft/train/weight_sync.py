@@ -8,9 +8,10 @@ engine work runs (rollout/prefetch.py). What is sent depends on the engine:
 * an in-process engine copied from the policy gets the tensors that train (a LoRA adapter, or every weight);
 * a rollout server gets a plain model's weights: every trained weight of a full fine-tune, or, for a LoRA
   policy, the merged weights of the layers the adapter touches (W + scale * B A), or with `vllm_lora_sync`
-  the adapter itself, saved with PEFT as safetensors in a folder the server reads.
+  the adapter itself, saved with PEFT as safetensors in a folder the server reads (a stock vLLM server takes
+  only that).
 
-Every load is verified: the engine must then serve the version it was sent (and a server reports the
+Every load is verified: the engine must then serve the version it was sent (and rlft's server reports the
 checksum of what it loaded, which the client compares with what it sent). Sampling from weights other
 than the ones the trainer thinks it sent is how off-policy bugs start, so a mismatch stops the run.
 """
@@ -45,9 +46,10 @@ class WeightSync:
         every weight of the base model, then, with `lora_folder`, the adapter; without it, a LoRA policy's weights
         are sent merged. Later pushes send only what trains.
 
-        A quantized base (QLoRA) cannot be sent: the engine keeps base_model's own weights, which it must still
-        hold (no earlier run replaced them), and gets the adapter only."""
-        if self.lora_folder is not None and is_quantized(policy):
+        A quantized base (QLoRA) cannot be sent, and a stock vLLM server (`base_fixed`) takes no base weights: the
+        engine keeps base_model's own weights, which it must still hold (no earlier run replaced them), and gets the
+        adapter only."""
+        if self.lora_folder is not None and (is_quantized(policy) or getattr(self.engine, "base_fixed", False)):
             if self.engine_base_updated():
                 raise RolloutError("the rollout server's base weights were replaced by an earlier run, and a QLoRA run "
                                    "cannot send its 4-bit base: restart the server (rlft vllm-serve CONFIG), then this run")

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlft.config.settings.rollout import ServerSettings
@@ -31,6 +31,7 @@ from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
+from rlft.rollout.vllm_openai import prompt_seed
 
 
 class VLLMBackend(ThreadedBackend):
@@ -144,9 +145,7 @@ class VLLMBackend(ThreadedBackend):
         for request in requests:
             p = request.params
             for index, ids in enumerate(request.prompt_ids):
-                # one seed per prompt: vLLM seeds each prompt alone (its k-th sample draws from seed + k), so a shared
-                # seed, or seeds 1 apart, would give prompts of the batch the same random draws; spaced by n they do not
-                seed = None if request.seed is None else (request.seed * 1_000_003 + index * request.n) % (2**63 - 1)
+                seed = prompt_seed(request.seed, index, request.n)  # one per prompt, spaced by n
                 prompts.append(TokensPrompt(prompt_token_ids=ids))
                 sampling.append(SamplingParams(
                     n=request.n, max_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
