@@ -178,13 +178,13 @@ def test_two_training_processes_against_the_server_equal_one(served, tmp_path, s
         assert abs(first[step][0] - second[step][0]) < 1e-5 and first[step][1] == second[step][1], (step, first, second)
 
 
-def _kill_the_server_mid_run(served, root, name: str, save_steps: int, trained) -> tuple[int, str, float]:
+def _kill_the_server_mid_run(served, root, name: str, save_steps: int, trained, **trl) -> tuple[int, str, float]:
     """Train against a server of its own until `trained(output_dir)` holds, then kill the server: (the trainer's exit
     code, its output, seconds from the kill to its exit)."""
     port = free_port()
     (root / "rewards_async.py").write_text(REWARD)
     config = write(served, root, name, {"max_steps": 500, "save_steps": save_steps, "vllm": {"port": port},
-                                        "trl": {"vllm_server_port": port}})
+                                        "trl": {"vllm_server_port": port, **trl}})
     server_log = root / "server.log"
     server = run_cli("vllm-serve", str(config), log=server_log)
     trainer = None
@@ -214,15 +214,19 @@ def test_a_server_that_dies_mid_run_is_reported_within_10_seconds(served, tmp_pa
     assert (tmp_path / "dies" / "checkpoint-2" / "trainer_state.json").exists()  # nothing trained is lost
 
 
-def test_a_server_that_dies_between_checkpoints_leaves_the_steps_trained_saved(served, tmp_path, warm_model):
+@pytest.mark.parametrize("transport", ["http", "group"])
+def test_a_server_that_dies_between_checkpoints_leaves_the_steps_trained_saved(served, tmp_path, warm_model, transport):
     """No periodic save before the server dies: the run writes a checkpoint of the steps it finished (without the
-    engine: nothing is pushed or drained) and says where."""
+    engine: nothing is pushed or drained) and says where. With a weight group (a push after every step), the kill
+    may land inside a broadcast."""
     def two_steps(out):
         metrics = out / "metrics.jsonl"
         return metrics.exists() and sum('"loss"' in line for line in metrics.read_text().splitlines()) >= 2
 
-    code, text, _ = _kill_the_server_mid_run(served, tmp_path, "lost", 1000, two_steps)
+    group = {"vllm_group_port": free_port()} if transport == "group" else {}
+    code, text, seconds = _kill_the_server_mid_run(served, tmp_path, "lost", 1000, two_steps, **group)
     text = " ".join(text.split())
+    assert seconds < 10
     assert code == 1 and "Traceback" not in text and "stopped answering" in text
     saved = sorted(tmp_path.glob("lost/checkpoint-*"))
     assert len(saved) == 1 and f"steps trained are saved in {saved[0]}" in text
