@@ -426,3 +426,15 @@ def test_wire_bytes_are_safetensors_both_ways():
             wire.decode(bad)
     with pytest.raises(ValueError, match="contiguous CPU tensor"):
         wire.encode({"t": torch.ones(4, 4).t()})
+
+
+def test_bucket_plan_sends_large_tensors_alone_and_groups_small_ones_in_name_order():
+    from rlft.rollout.weight_group import TensorSpec, bucket_plan
+
+    specs = [TensorSpec("b.norm", (256,), "float32"), TensorSpec("a.big", (1024, 256), "float32"),
+             TensorSpec("c.norm", (256,), "float32"), TensorSpec("d.norm", (256,), "bfloat16"),
+             TensorSpec("e.small", (512, 256), "float32")]
+    plan = [[spec.name for spec in bucket] for bucket in bucket_plan(specs, bucket_bytes=4096, alone_bytes=2**20)]
+    # 1 MiB: alone; the norms together up to 4 KiB; a dtype change or a full bucket starts another
+    assert plan == [["a.big"], ["b.norm", "c.norm"], ["d.norm"], ["e.small"]]
+    assert [name for bucket in plan for name in bucket] == sorted(spec.name for spec in specs)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlft.errors import RolloutError
-from rlft.rollout.weight_group import BUCKET_BYTES, TensorSpec, WeightGroup, bucket_plan, connect_store, send_buckets, specs_of
+from rlft.rollout.weight_group import ALONE_BYTES, BUCKET_BYTES, TensorSpec, WeightGroup, bucket_plan, connect_store, send_buckets, specs_of
 
 
 class GroupBroken(RolloutError):
@@ -28,6 +28,7 @@ class GroupLink:
 
     def __init__(self, engine, port: int, timeout: float = 60.0, bucket_bytes: int = BUCKET_BYTES):
         self.engine, self.port, self.timeout, self.bucket_bytes = engine, port, timeout, bucket_bytes
+        self.alone_bytes = ALONE_BYTES
         self.group: WeightGroup | None = None
         self.device = torch.device("cpu")
 
@@ -56,7 +57,7 @@ class GroupLink:
             raise GroupBroken("the weight group is closed")
         group = self.group
         tensors = {name: tensor.to(self.device) for name, tensor in tensors.items()}
-        plan = bucket_plan(specs_of(tensors), self.bucket_bytes)
+        plan = bucket_plan(specs_of(tensors), self.bucket_bytes, self.alone_bytes)
         failed: list[BaseException] = []
 
         def broadcast() -> None:
@@ -69,7 +70,8 @@ class GroupLink:
         sender.start()
         try:
             answer = self.engine.watched_guarded("/update_weights_group", {
-                "version": version, "names": sorted(tensors), "bucket_bytes": self.bucket_bytes})
+                "version": version, "names": sorted(tensors), "bucket_bytes": self.bucket_bytes,
+                "alone_bytes": self.alone_bytes})
         except RolloutError as exc:
             self.close()
             if "stopped answering" in str(exc) or "reports:" in str(exc):

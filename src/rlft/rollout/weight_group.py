@@ -7,8 +7,10 @@ made directly, not torch.distributed's default group), so a trainer running DDP 
 store's keys live under a random prefix that only the trainer learns, in the handshake guarded by the server's
 token: a process that reaches the port without it cannot join. Every collective waits at most `timeout`.
 
-Both sides cut the same tensors into the same buckets (`bucket_plan`): tensors in name order, grouped up to
-`bucket_bytes`, one over the limit alone. A bucket travels as one flat buffer; a tensor alone travels in place.
+Both sides cut the same tensors into the same buckets (`bucket_plan`), in name order: a tensor of `ALONE_BYTES` or
+more travels alone and in place (the sender broadcasts its own memory, the engine receives into its parameter: no
+copy on either side); smaller ones (norms, biases) travel together in flat buffers of up to `bucket_bytes`, so a model
+of many small tensors does not pay a broadcast for each.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch.distributed as dist
 from rlft.errors import RolloutError
 
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BUCKET_BYTES = 256 * 2**20
+BUCKET_BYTES = 32 * 2**20  # the most small tensors travel together
+ALONE_BYTES = 2**20  # a tensor this large or larger travels alone
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,15 @@ def specs_of(tensors: dict[str, torch.Tensor]) -> list[TensorSpec]:
     return [TensorSpec(name, tuple(tensor.shape), names[tensor.dtype]) for name, tensor in sorted(tensors.items())]
 
 
-def bucket_plan(specs: list[TensorSpec], bucket_bytes: int) -> list[list[TensorSpec]]:
-    """Specs in name order, grouped into buckets of one dtype and at most `bucket_bytes` (a larger tensor goes alone)."""
+def bucket_plan(specs: list[TensorSpec], bucket_bytes: int, alone_bytes: int = ALONE_BYTES) -> list[list[TensorSpec]]:
+    """Specs in name order: each of `alone_bytes` or more alone, the others grouped into buckets of one dtype and at
+    most `bucket_bytes`."""
     buckets: list[list[TensorSpec]] = [[]]
     size = 0
     for spec in sorted(specs, key=lambda spec: spec.name):
-        if buckets[-1] and (size + spec.nbytes > bucket_bytes or spec.dtype != buckets[-1][0].dtype):
+        alone = spec.nbytes >= alone_bytes
+        if buckets[-1] and (alone or size + spec.nbytes > bucket_bytes or spec.dtype != buckets[-1][0].dtype
+                            or buckets[-1][0].nbytes >= alone_bytes):
             buckets.append([])
             size = 0
         buckets[-1].append(spec)

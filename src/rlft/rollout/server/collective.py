@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from rlft.models.weights import ChecksumStream
 from rlft.rollout.server.protocol import ServerError, dtype_name
-from rlft.rollout.weight_group import (BUCKET_BYTES, TensorSpec, WeightGroup, bucket_plan, first_difference, host_store,
+from rlft.rollout.weight_group import (ALONE_BYTES, BUCKET_BYTES, TensorSpec, WeightGroup, bucket_plan, first_difference, host_store,
                                        receive_buckets)
 
 
@@ -41,6 +41,7 @@ class GroupUpdateBody(BaseModel):
     version: int
     names: list[str]
     bucket_bytes: int = Field(BUCKET_BYTES, ge=1)
+    alone_bytes: int = Field(ALONE_BYTES, ge=1)
 
 
 class WeightGroupEndpoint:
@@ -88,7 +89,7 @@ class WeightGroupEndpoint:
         except Exception as exc:  # noqa: BLE001 - the join's own reason
             await self.close()
             raise ServerError(500, f"the engine could not join the weight group ({_reason(exc)}): send over HTTP") from None
-        plan = bucket_plan([self.specs[name] for name in body.names], body.bucket_bytes)
+        plan = bucket_plan([self.specs[name] for name in body.names], body.bucket_bytes, body.alone_bytes)
         try:
             loaded = await self.backend.on_engine(lambda: self.backend.receive_weights(plan, body.version))
         except Exception as exc:  # noqa: BLE001 - a broken group: the weights are in an unknown state
