@@ -24,8 +24,7 @@ from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
 from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, VersionBody, WeightsPathBody, generation_request
 from rlft.rollout.server.routes import add_route, error_response
 from rlft.rollout.server.security import token_guard
-from rlft.rollout.server.transfer import (StreamedTransfer, check_against_model, read_adapter_folder, read_weights_path,
-                                          verify_checksum)
+from rlft.rollout.server.transfer import StreamedTransfer, WeightsOnDisk, load_from_disk, read_adapter_folder
 
 
 def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...]) -> FastAPI:
@@ -61,12 +60,6 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
         return {"completion_ids": out.completion_ids, "logprobs": out.logprobs, "truncated": out.truncated,
                 "weight_version": out.weight_version, "weight_checksum": out.weight_checksum}
 
-    async def load_checked(tensors, claimed: str | None, version: int) -> dict[str, Any]:
-        received = await asyncio.to_thread(verify_checksum, tensors, claimed, "weights")
-        check_against_model(tensors, backend.parameter_shapes())
-        loaded = await backend.load_weights(tensors, version)
-        return {"weight_version": version, "weight_checksum": loaded, "received_checksum": received}
-
     async def update_weights(request: Request, version: int, checksum: str | None = None, bucket: int = 0, buckets: int = 1,
                              digest: str | None = None) -> dict[str, Any]:
         """One bucket of a full update (safetensors), loaded as it arrives: the body's `digest` (XXH3-64) is checked
@@ -78,8 +71,9 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
         return done
 
     async def update_weights_from_path(body: WeightsPathBody) -> dict[str, Any]:
-        tensors = await asyncio.to_thread(read_weights_path, body.path)
-        return await load_checked(tensors, body.checksum, body.version)
+        weights = await asyncio.to_thread(WeightsOnDisk, body.path, backend.parameter_shapes())
+        loaded = await backend.on_engine(lambda: load_from_disk(backend, weights, body.version, body.checksum))
+        return {"weight_version": body.version, "weight_checksum": loaded, "received_checksum": loaded}
 
     async def load_adapter(body: LoadAdapterBody, version: int) -> dict[str, Any]:
         adapter = await asyncio.to_thread(read_adapter_folder, body.lora_path, backend.max_lora_rank)

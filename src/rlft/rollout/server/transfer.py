@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import xxhash
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from rlft.models.weights import ChecksumStream, weights_checksum
@@ -147,8 +147,8 @@ def check_against_model(tensors: dict[str, torch.Tensor], shapes: dict[str, tupl
                                    f"cast before sending (RemoteEngine.load_weights does)")
 
 
-def read_weights_path(path: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a .safetensors file, or of all *.safetensors files of a folder."""
+def weights_path_files(path: str) -> list[Path]:
+    """The .safetensors file at `path`, or every *.safetensors file of the folder `path`."""
     source = Path(path).expanduser()
     if source.is_dir():
         files = sorted(source.glob("*.safetensors"))
@@ -156,19 +156,71 @@ def read_weights_path(path: str) -> dict[str, torch.Tensor]:
             pickles = sorted(p.name for p in source.glob("*.bin")) + sorted(p.name for p in source.glob("*.pt"))
             hint = f" (it holds {', '.join(pickles[:3])}: pickle files are never read; save with safe_serialization=True)" if pickles else ""
             raise ServerError(400, f"{source} has no *.safetensors file{hint}")
-    elif source.is_file():
+        return files
+    if source.is_file():
         if source.suffix != ".safetensors":
             raise ServerError(400, f"{source} is not a .safetensors file: only safetensors are read (never pickle)")
-        files = [source]
-    else:
-        raise ServerError(400, f"{source} does not exist on the server's machine: give a path both machines share")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            tensors.update(load_file(str(file)))
-        except (SafetensorError, OSError) as exc:
-            raise ServerError(400, f"cannot read {file}: {exc}") from None
-    return tensors
+        return [source]
+    raise ServerError(400, f"{source} does not exist on the server's machine: give a path both machines share")
+
+
+class WeightsOnDisk:
+    """The tensors of safetensors files, read a part at a time (memory-mapped: no copy of the whole model is held).
+    Every name, shape and dtype is checked against the served model before any tensor is read."""
+
+    def __init__(self, path: str, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]):
+        self.handles, self.where = [], {}
+        for file in weights_path_files(path):
+            try:
+                handle = safe_open(str(file), framework="pt")
+            except (SafetensorError, OSError) as exc:
+                raise ServerError(400, f"cannot read {file}: {exc}") from None
+            self.handles.append(handle)
+            for name in handle.keys():
+                self.where[name] = handle
+        if not self.where:
+            raise ServerError(400, f"{path} holds no tensors")
+        for name in sorted(self.where):
+            piece = self.where[name].get_slice(name)
+            if piece.get_dtype() not in wire.DTYPES:
+                raise ServerError(400, f"weight {name!r} in {path} has dtype {piece.get_dtype()}, which is not a weight dtype")
+            check_against_model({name: torch.empty(piece.get_shape(), dtype=wire.DTYPES[piece.get_dtype()],
+                                                   device="meta")}, shapes)
+
+    def parts(self, part_bytes: int = 64 * 2**20) -> Iterator[dict[str, torch.Tensor]]:
+        """The tensors in name order, in parts of about `part_bytes`."""
+        part: dict[str, torch.Tensor] = {}
+        size = 0
+        for name in sorted(self.where):
+            tensor = self.where[name].get_tensor(name)
+            part[name] = tensor
+            size += tensor.numel() * tensor.element_size()
+            if size >= part_bytes:
+                yield part
+                part, size = {}, 0
+        if part:
+            yield part
+
+
+def load_from_disk(backend, weights: WeightsOnDisk, version: int, claimed: str | None) -> str:
+    """On the engine thread: every part into the engine; the checksum of what it read back, which must be `claimed`."""
+    backend.begin_now(version)
+    stream = ChecksumStream()
+    try:
+        for part in weights.parts():
+            stream.update(backend.write_now(part, version))
+    except (SafetensorError, OSError) as exc:
+        backend.abandon_now()
+        raise ServerError(400, f"reading the weights failed part-way ({exc}): the served weights are in an unknown state; "
+                               "send them again") from None
+    loaded = stream.hexdigest()
+    if claimed and loaded != claimed:
+        backend.abandon_now()
+        raise ServerError(400, f"transfer corrupted: the weights read have checksum {loaded[:16]}..., the sender computed "
+                               f"{claimed[:16]}... (a file changed while it was read?); the served weights are in an "
+                               "unknown state: send them again")
+    backend.end_now(version, loaded)
+    return loaded
 
 
 def read_adapter_folder(folder: str, max_lora_rank: int) -> AdapterFiles:
