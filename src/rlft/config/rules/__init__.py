@@ -6,7 +6,7 @@ from __future__ import annotations
 from rlft.config.best_model import best_model_problems
 from rlft.config.rules.adapters import adapter_key_problems, lora_init_problems, unfrozen_problems
 from rlft.config.rules.batching import batching_problems
-from rlft.config.rules.data import streaming_problems
+from rlft.config.rules.data import conversation_problems, streaming_problems
 from rlft.config.rules.model import (essentials, kernel_problems, mistral_common_problems, model_config_problems,
                                      neftune_problems, offloading_problems, qat_problems)
 from rlft.config.rules.nemo_gym import nemo_gym_problems
@@ -15,6 +15,7 @@ from rlft.config.rules.parallel import ddp_problems, sharding_problems
 from rlft.config.rules.preference import preference_problems
 from rlft.config.rules.profiling import profiler_problems
 from rlft.config.rules.schedule import schedule_problems
+from rlft.config.trackers import logger_problems
 
 
 def combination_problems(cfg):
@@ -24,6 +25,7 @@ def combination_problems(cfg):
     yield from mistral_common_problems(cfg)
     yield from qat_problems(cfg)
     yield from streaming_problems(cfg)
+    yield from conversation_problems(cfg)
     yield from offloading_problems(cfg)
     yield from ddp_problems(cfg)
     yield from kernel_problems(cfg)
@@ -39,3 +41,4 @@ def combination_problems(cfg):
     yield from neftune_problems(cfg)
     yield from sharding_problems(cfg)
     yield from profiler_problems(cfg)
+    yield from logger_problems(cfg)

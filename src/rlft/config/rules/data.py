@@ -1,4 +1,5 @@
-"""Rules on the data keys: streamed data (`pretraining_dataset`, `streaming: true`)."""
+"""Rules on the data keys: streamed data (`pretraining_dataset`, `streaming: true`), and the keys of SFT's
+`chat_template` conversations."""
 
 from __future__ import annotations
 
@@ -62,3 +63,32 @@ def streaming_problems(cfg):
     if raw_lists and cfg.uses_mistral_common:
         yield (f"{raw_lists[0]} of raw text (type: pretrain) with tokenizer_use_mistral_common is not built: stream chat rows "
                "(type: chat_template) or set tokenizer_use_mistral_common: false")
+
+
+CONVERSATION_KEYS = ("field_prompt", "field_response", "system_prompt")  # read by SFT's chat_template rows alone
+
+
+def conversation_problems(cfg):
+    """Dataset entries' field_prompt, field_response and system_prompt: SFT's chat_template rows read them."""
+    sft = method_spec(cfg.method).data == "sft"
+    for key, entries in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets or []),
+                         ("pretraining_dataset", cfg.pretraining_dataset or [])):
+        for index, ds in enumerate(entries):
+            where, used = f"{key}[{index}]", [name for name in CONVERSATION_KEYS if getattr(ds, name)]
+            if not used:
+                continue
+            names, one = ", ".join(used), len(used) == 1
+            if not sft:
+                yield (f"{where}: {names} {'belongs' if one else 'belong'} to SFT's chat_template rows, and {cfg.method} "
+                       f"reads its rows in its own formats: remove {'it' if one else 'them'} (docs/sft.md#type-chat_template)")
+            elif ds.type not in ("chat_template", "chat_template.default"):
+                shown = "none" if ds.type is None else ds.type if isinstance(ds.type, str) else "a user-defined mapping"
+                inside = " (a mapping takes its own system_prompt inside `type:`)" if shown.startswith("a user") else ""
+                yield (f"{where}: {names} {'is' if one else 'are'} read by type: chat_template, and this entry has type: "
+                       f"{shown}{inside}: set type: chat_template, or remove {'it' if one else 'them'}")
+            if bool(ds.field_prompt) != bool(ds.field_response):
+                yield (f"{where}: field_prompt and field_response go together (the user's turn and the assistant's "
+                       "answer): set both, or neither")
+            if ds.field_prompt and "field_messages" in ds.model_fields_set:
+                yield (f"{where}: field_messages and field_prompt / field_response both say where the conversation is: "
+                       "keep field_messages (a message list) or the two columns")

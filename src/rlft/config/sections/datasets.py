@@ -74,6 +74,16 @@ class DatasetConfig(known_only("AxolotlDatasetKeys", DATASET)):
         "turn", "chat_template: train on the end-of-turn token of trained turns (turn), all turns, the last, or none."
     )
     drop_system_message: bool = field(False, "chat_template: drop system messages from every row.")
+    field_prompt: Optional[str] = field(
+        None, "chat_template (SFT): column holding the user's turn (a text or a message list), trained as a conversation "
+        "with field_response's answer, in place of field_messages (Cosmos-RL's prompt_column_name). Default: unset.")
+    field_response: Optional[str] = field(
+        None, "chat_template (SFT): column holding the assistant's answer to field_prompt (a text or a message list; "
+        "Cosmos-RL's response_column_name). Default: unset.")
+    system_prompt: Optional[str] = field(
+        None, "chat_template (SFT): a system turn of this text leads every conversation that starts without one (a row's "
+        "own system turn or `system` column wins; with drop_system_message, this replaces them). Cosmos-RL's "
+        "system_prompt. Default: unset (no system turn added).")
     field_chosen: str = field("chosen", "Preference chat_template: key of the chosen message.")
     field_rejected: str = field("rejected", "Preference chat_template: key of the rejected message.")
     # Last on purpose: the attribute `field` shadows the `field()` helper for the lines after it.

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import field_validator
 
-from rlft.config.base import Section, field
+from rlft.config.base import Section, field, planned
 from rlft.config.optimizers import check_optimizer
 
 # transformers' schedules (`get_scheduler`), less the two that need a metric at every step
@@ -42,6 +42,10 @@ class LoopFields(Section):
               "reads it (ceil(fraction x steps)). Neither this nor warmup_ratio: 3 % of the steps, at most 100 (Axolotl's "
               "default).", ge=0)
     warmup_ratio: Optional[float] = field(None, "Linear warm-up as a fraction of all steps, rounded down.", ge=0.0, le=1.0)
+    balance_dp_token: bool = planned(
+        True, "Each step's loss is its summed loss divided by the loss units (SFT: target tokens) of all data-parallel ranks "
+        "and micro-batches together, so every token weighs the same whichever rank holds it (Cosmos-RL's SFT key; default "
+        "true, the only way rlft trains).", what="balance_dp_token: false, each rank's own token mean, averaged over ranks")
     seed: int = field(42, "Seed for weights (random_init), data order, dropout and sampling (numpy takes 0 to 2**32 - 1).",
                       ge=0, le=2**32 - 1)
     logging_steps: int = field(1, "Log every N optimizer steps.")

@@ -94,9 +94,20 @@ UNRENDERED_FIELDS = ("tool_calls", "reasoning_content", "function_call")  # mess
 
 
 def chat_template_format(ds, chunks: bool = False) -> RowFormat:
-    """`chat_template`: a message list with configurable keys and role names. With `chunks` (mistral-common, which
-    encodes them itself) a message's content may also be a list of typed chunks ({"type": "text", "text": ...},
-    {"type": "thinking", "thinking": ...}); else it is text."""
+    """`chat_template`: a message list at `field_messages` with configurable keys and role names (`message_list`)."""
+    normalise = message_list(ds, chunks)
+
+    def convert(row: dict[str, Any]) -> Record:
+        return chat_record(ds, row, normalise(get_field(row, ds.field_messages), ds.field_messages))
+
+    return convert
+
+
+def message_list(ds, chunks: bool = False) -> Callable[[Any, str], list[dict[str, Any]]]:
+    """A function `(messages, name) -> messages` that reads the message list of a row's field `name` as `chat_template`
+    reads it: the keys of `message_property_mappings` and the role names of `roles`, system turns dropped with
+    `drop_system_message`. With `chunks` (mistral-common, which encodes them itself) a message's content may also be a
+    list of typed chunks ({"type": "text", "text": ...}, {"type": "thinking", "thinking": ...}); else it is text."""
     mapping = dict(ds.message_property_mappings or {})
     mapping.setdefault("role", ds.message_field_role or "role")
     mapping.setdefault("content", ds.message_field_content or "content")
@@ -105,19 +116,18 @@ def chat_template_format(ds, chunks: bool = False) -> RowFormat:
         for alias in aliases:
             role_names[alias] = canonical
 
-    def convert(row: dict[str, Any]) -> Record:
-        messages = get_field(row, ds.field_messages)
+    def normalise(messages: Any, name: str) -> list[dict[str, Any]]:
         if not isinstance(messages, list) or not messages:
-            raise RowError(f"field {ds.field_messages!r} must be a non-empty list of messages")
+            raise RowError(f"field {name!r} must be a non-empty list of messages")
         out = []
         for turn, message in enumerate(messages):
             if not isinstance(message, dict):
-                raise RowError(f"{ds.field_messages}[{turn}] is not a mapping")
+                raise RowError(f"{name}[{turn}] is not a mapping")
             try:
                 raw_role, content = message[mapping["role"]], message[mapping["content"]]
             except KeyError as missing:
-                raise RowError(f"{ds.field_messages}[{turn}] lacks key {missing.args[0]!r}") from None
-            where = f"{ds.field_messages}[{turn}]"
+                raise RowError(f"{name}[{turn}] lacks key {missing.args[0]!r}") from None
+            where = f"{name}[{turn}]"
             raw_role = text(raw_role, f"{where}.{mapping['role']}")
             role = role_names.get(raw_role, raw_role)
             if role == "system" and ds.drop_system_message:
@@ -136,15 +146,20 @@ def chat_template_format(ds, chunks: bool = False) -> RowFormat:
                 out.append({"role": role, "content": content})
                 continue
             out.append({"role": role, "content": text(content, f"{where}.{mapping['content']}", optional=True)})
-        # as Axolotl's chat_template strategy: a system column leads the chat unless it starts with its own system turn,
-        # and a tools column goes to the chat template (which shows the model the tools it may call)
-        system = row.get("system")
-        if system not in (None, "") and not ds.drop_system_message and (not out or out[0]["role"] != "system"):
-            out.insert(0, {"role": "system", "content": text(system, "system")})
-        tools = row.get(ds.field_tools)
-        return {"messages": out, **({"tools": tool_list(tools, ds.field_tools)} if tools not in (None, "", []) else {})}
+        return out
 
-    return convert
+    return normalise
+
+
+def chat_record(ds, row: dict[str, Any], messages: list[dict[str, Any]]) -> Record:
+    """The `messages` record of a row's conversation. As Axolotl's chat_template strategy: a `system` column leads the
+    chat unless it starts with its own system turn, and a tools column goes to the chat template (which shows the model
+    the tools it may call)."""
+    system = row.get("system")
+    if system not in (None, "") and not ds.drop_system_message and (not messages or messages[0]["role"] != "system"):
+        messages = [{"role": "system", "content": text(system, "system")}, *messages]
+    tools = row.get(ds.field_tools)
+    return {"messages": messages, **({"tools": tool_list(tools, ds.field_tools)} if tools not in (None, "", []) else {})}
 
 
 def tool_list(value: Any, name: str) -> list[dict[str, Any]]:

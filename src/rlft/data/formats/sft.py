@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlft.config import UserDefinedType
-from rlft.data.formats.rows import (Record, RowError, RowFormat, bind_tokenizer, call_transform, chat_template_format,
-                                    fields_of, short, text, text_field, user_transform)
+from rlft.data.formats.rows import (Record, RowError, RowFormat, bind_tokenizer, call_transform, chat_record,
+                                    chat_template_format, fields_of, get_field, message_list, short, text, text_field,
+                                    user_transform)
 from rlft.errors import DataError
 
 ALPACA_PROMPT = (
@@ -79,6 +80,33 @@ def prompt_completion_format(ds, chunks: bool = False) -> RowFormat:
     return convert
 
 
+def conversation_format(ds, chunks: bool = False) -> RowFormat:
+    """SFT's `chat_template`: the conversation at `field_messages`, or the user's turn at `field_prompt` and the
+    assistant's at `field_response` (each a text or a message list). With `system_prompt`, a system turn of that text
+    leads every conversation that starts without one (neither in its messages nor from its `system` column)."""
+    normalise = message_list(ds, chunks)
+
+    def turns(row: dict[str, Any], name: str, role: str) -> list[dict[str, Any]]:
+        value = get_field(row, name)
+        if isinstance(value, str):
+            return [{"role": role, "content": value}]
+        if isinstance(value, list):
+            return normalise(value, name)
+        raise RowError(f"field {name!r} holds {short(value)}: expected the {role}'s text or a list of messages")
+
+    def convert(row: dict[str, Any]) -> Record:
+        if ds.field_prompt:
+            messages = turns(row, ds.field_prompt, "user") + turns(row, ds.field_response, "assistant")
+        else:
+            messages = normalise(get_field(row, ds.field_messages), ds.field_messages)
+        record = chat_record(ds, row, messages)
+        if ds.system_prompt and (not record["messages"] or record["messages"][0]["role"] != "system"):
+            record["messages"] = [{"role": "system", "content": ds.system_prompt}, *record["messages"]]
+        return record
+
+    return convert
+
+
 def user_defined_sft_format(spec) -> RowFormat:
     def convert(row: dict[str, Any]) -> Record:
         values = {
@@ -101,8 +129,8 @@ def user_defined_sft_format(spec) -> RowFormat:
 
 
 SFT_FORMATS: dict[str, Callable[[Any], RowFormat]] = {
-    "chat_template": chat_template_format,
-    "chat_template.default": chat_template_format,
+    "chat_template": conversation_format,
+    "chat_template.default": conversation_format,
     "alpaca": alpaca_format,
     "completion": completion_format,
     "input_output": input_output_format,
@@ -117,7 +145,7 @@ def resolve_sft_format(ds, cfg, index: int, where: str, tokenizer) -> RowFormat:
     if isinstance(ds.type, UserDefinedType):
         return user_defined_sft_format(ds.type)
     if ds.type in ("chat_template", "chat_template.default"):
-        return chat_template_format(ds, chunks)
+        return conversation_format(ds, chunks)
     if ds.type in SFT_FORMATS:
         return SFT_FORMATS[ds.type](ds)
     found = user_transform(ds.type, cfg, index, where)
