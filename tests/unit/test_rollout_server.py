@@ -438,3 +438,21 @@ def test_bucket_plan_sends_large_tensors_alone_and_groups_small_ones_in_name_ord
     # 1 MiB: alone; the norms together up to 4 KiB; a dtype change or a full bucket starts another
     assert plan == [["a.big"], ["b.norm", "c.norm"], ["d.norm"], ["e.small"]]
     assert [name for bucket in plan for name in bucket] == sorted(spec.name for spec in specs)
+
+
+def test_weights_on_disk_are_checked_from_the_headers_then_read_in_parts(tmp_path):
+    from safetensors.torch import save_file
+
+    from rlft.rollout.server.transfer import WeightsOnDisk
+
+    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.bfloat16), "c": torch.zeros(0)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    shapes = {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    parts = list(WeightsOnDisk(str(tmp_path), shapes).parts(part_bytes=8))
+    assert len(parts) == 3 and [name for part in parts for name in part] == ["a", "b", "c"]  # 8 bytes: a part each
+    assert all(torch.equal(part[name], tensors[name]) for part in parts for name in part)
+    with pytest.raises(ServerError, match=r"weight 'a' has shape \(3, 4\), the served model's is \(3, 5\)"):
+        WeightsOnDisk(str(tmp_path), {**shapes, "a": ((3, 5), torch.float32)})
+    (tmp_path / "broken.safetensors").write_bytes(b"\x10" + b"\x00" * 7 + b"{not json")
+    with pytest.raises(ServerError, match="broken.safetensors as safetensors: .*header"):
+        WeightsOnDisk(str(tmp_path), shapes)

@@ -40,23 +40,22 @@ def encode(tensors: dict[str, torch.Tensor]) -> tuple[list[Any], int]:
     return [head, *views], len(head) + offset
 
 
-def decode(body: bytes) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors body, as views of `body` (read-only: they are copied into the model, never
-    written); ValueError for anything that is not a well-formed body."""
-    if len(body) < 8:
+def header(head: bytes, data_bytes: int) -> tuple[dict[str, tuple[torch.dtype, list[int], int, int]], int]:
+    """({name: (dtype, shape, begin, end)}, where the data starts) from the bytes a body or file begins with (at
+    least its first 8 + header length); `data_bytes`: how many bytes follow the header. ValueError when malformed."""
+    if len(head) < 8:
         raise ValueError("shorter than its 8-byte header length")
-    length = int.from_bytes(body[:8], "little")
-    if length > len(body) - 8:
+    length = int.from_bytes(head[:8], "little")
+    if length > len(head) - 8 or length > data_bytes + len(head):
         raise ValueError(f"its header of {length} bytes runs past the end of the body")
     try:
-        header = json.loads(body[8 : 8 + length])
+        entries = json.loads(head[8 : 8 + length])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"its header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
+    if not isinstance(entries, dict):
         raise ValueError("its header is not a JSON object")
-    start, data = 8 + length, len(body) - 8 - length
-    tensors: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
+    out = {}
+    for name, info in entries.items():
         if name == "__metadata__":
             continue
         try:
@@ -64,9 +63,21 @@ def decode(body: bytes) -> dict[str, torch.Tensor]:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"tensor {name!r}: its header entry is not a dtype, shape and data_offsets") from None
         count = math.prod(shape)
-        if not (0 <= begin <= end <= data and end - begin == count * dtype.itemsize) or min(shape, default=0) < 0:
+        if not (0 <= begin <= end <= data_bytes and end - begin == count * dtype.itemsize) or min(shape, default=0) < 0:
             raise ValueError(f"tensor {name!r}: data_offsets {[begin, end]} do not hold a {info['dtype']} tensor of shape "
                              f"{shape} within the body")
+        out[name] = (dtype, shape, begin, end)
+    return out, 8 + length
+
+
+def decode(body: bytes) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors body, as views of `body` (read-only: they are copied into the model, never
+    written); ValueError for anything that is not a well-formed body."""
+    length = int.from_bytes(body[:8], "little") if len(body) >= 8 else 0
+    entries, start = header(body[: 8 + length] if length <= len(body) - 8 else body, len(body) - 8 - length)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, (dtype, shape, begin, end) in entries.items():
+        count = math.prod(shape)
         if count == 0:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue
@@ -74,3 +85,25 @@ def decode(body: bytes) -> dict[str, torch.Tensor]:
             warnings.simplefilter("ignore", UserWarning)
             tensors[name] = torch.frombuffer(body, dtype=dtype, count=count, offset=start + begin).view(shape)
     return tensors
+
+
+def read_file_header(file) -> tuple[dict[str, tuple[torch.dtype, list[int], int, int]], int]:
+    """`header` of an open safetensors file (binary, seekable)."""
+    file.seek(0, 2)
+    size = file.tell()
+    file.seek(0)
+    first = file.read(8)
+    length = int.from_bytes(first, "little") if len(first) == 8 else 0
+    head = first + file.read(min(length, max(size - 8, 0)))
+    return header(head, size - len(head))
+
+
+def read_tensor(file, start: int, dtype: torch.dtype, shape: list[int], begin: int, end: int) -> torch.Tensor:
+    """One tensor of an open safetensors file, read into a fresh tensor (the file is not mapped into memory)."""
+    tensor = torch.empty(shape, dtype=dtype)
+    if end > begin:
+        file.seek(start + begin)
+        view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        if file.readinto(view) != end - begin:
+            raise ValueError("the file ends inside a tensor")
+    return tensor

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 import xxhash
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from rlft.models.weights import ChecksumStream, weights_checksum
@@ -165,41 +165,47 @@ def weights_path_files(path: str) -> list[Path]:
 
 
 class WeightsOnDisk:
-    """The tensors of safetensors files, read a part at a time (memory-mapped: no copy of the whole model is held).
-    Every name, shape and dtype is checked against the served model before any tensor is read."""
+    """The tensors of safetensors files, read a part at a time with plain reads (not memory-mapped: the files' pages
+    stay out of the server's memory). Every name, shape and dtype is checked against the served model from the files'
+    headers before any tensor is read."""
 
     def __init__(self, path: str, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]):
-        self.handles, self.where = [], {}
+        self.files = {}  # file -> (entries, data start)
+        self.where: dict[str, Path] = {}
         for file in weights_path_files(path):
             try:
-                handle = safe_open(str(file), framework="pt")
-            except (SafetensorError, OSError) as exc:
-                raise ServerError(400, f"cannot read {file}: {exc}") from None
-            self.handles.append(handle)
-            for name in handle.keys():
-                self.where[name] = handle
+                with open(file, "rb") as handle:
+                    self.files[file] = wire.read_file_header(handle)
+            except (OSError, ValueError) as exc:
+                raise ServerError(400, f"cannot read {file} as safetensors: {exc}") from None
+            for name in self.files[file][0]:
+                self.where[name] = file
         if not self.where:
             raise ServerError(400, f"{path} holds no tensors")
         for name in sorted(self.where):
-            piece = self.where[name].get_slice(name)
-            if piece.get_dtype() not in wire.DTYPES:
-                raise ServerError(400, f"weight {name!r} in {path} has dtype {piece.get_dtype()}, which is not a weight dtype")
-            check_against_model({name: torch.empty(piece.get_shape(), dtype=wire.DTYPES[piece.get_dtype()],
-                                                   device="meta")}, shapes)
+            dtype, shape, _, _ = self.files[self.where[name]][0][name]
+            check_against_model({name: torch.empty(shape, dtype=dtype, device="meta")}, shapes)
 
     def parts(self, part_bytes: int = 64 * 2**20) -> Iterator[dict[str, torch.Tensor]]:
         """The tensors in name order, in parts of about `part_bytes`."""
-        part: dict[str, torch.Tensor] = {}
-        size = 0
-        for name in sorted(self.where):
-            tensor = self.where[name].get_tensor(name)
-            part[name] = tensor
-            size += tensor.numel() * tensor.element_size()
-            if size >= part_bytes:
+        handles = {file: open(file, "rb") for file in self.files}
+        try:
+            part: dict[str, torch.Tensor] = {}
+            size = 0
+            for name in sorted(self.where):
+                file = self.where[name]
+                entries, start = self.files[file]
+                dtype, shape, begin, end = entries[name]
+                part[name] = wire.read_tensor(handles[file], start, dtype, shape, begin, end)
+                size += end - begin
+                if size >= part_bytes:
+                    yield part
+                    part, size = {}, 0
+            if part:
                 yield part
-                part, size = {}, 0
-        if part:
-            yield part
+        finally:
+            for handle in handles.values():
+                handle.close()
 
 
 def load_from_disk(backend, weights: WeightsOnDisk, version: int, claimed: str | None) -> str:
@@ -209,7 +215,7 @@ def load_from_disk(backend, weights: WeightsOnDisk, version: int, claimed: str |
     try:
         for part in weights.parts():
             stream.update(backend.write_now(part, version))
-    except (SafetensorError, OSError) as exc:
+    except (OSError, ValueError) as exc:
         backend.abandon_now()
         raise ServerError(400, f"reading the weights failed part-way ({exc}): the served weights are in an unknown state; "
                                "send them again") from None
