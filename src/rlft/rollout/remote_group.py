@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rlft.errors import RolloutError
+from rlft.rollout.watched_http import ServerRefused
 from rlft.rollout.weight_group import ALONE_BYTES, BUCKET_BYTES, TensorSpec, WeightGroup, bucket_plan, connect_store, send_buckets, specs_of
 
 
@@ -72,12 +73,13 @@ class GroupLink:
             answer = self.engine.watched_guarded("/update_weights_group", {
                 "version": version, "names": sorted(tensors), "bucket_bytes": self.bucket_bytes,
                 "alone_bytes": self.alone_bytes})
-        except RolloutError as exc:
+        except ServerRefused as exc:  # it answers, with an error: HTTP can still reach it
             self.close()
-            if "stopped answering" in str(exc) or "reports:" in str(exc):
-                raise  # the server is gone: nothing else can reach it either
             reason = f"; on the trainer's side: {_first_line(failed[0])}" if failed else ""
             raise GroupBroken(f"{exc}{reason}") from None
+        except RolloutError:
+            self.close()
+            raise  # the server died or hangs: nothing else can reach it either
         sender.join(self.timeout)  # the server has every bucket: the broadcasts are done
         if failed or sender.is_alive():
             self.close()

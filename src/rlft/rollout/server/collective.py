@@ -72,9 +72,12 @@ class WeightGroupEndpoint:
         world = self.backend.group_ranks + 1
         store, port = self.store, body.port
         self.specs = {spec.name: spec for spec in specs}
-        self.joining = asyncio.ensure_future(self.backend.on_engine(
-            lambda: self.backend.join_group(store, port, prefix=prefix, world_size=world, backend=backend,
-                                            timeout=body.timeout, address=address)))
+        def join() -> None:
+            self.backend.join_group(store, port, prefix=prefix, world_size=world, backend=backend, timeout=body.timeout,
+                                    address=address)
+        # an engine in this process joins on a thread of its own: generation goes on while the trainer connects
+        self.joining = asyncio.ensure_future(self.backend.on_engine(join) if self.backend.joins_on_engine
+                                             else asyncio.to_thread(join))
         return {"world_size": world, "rank": world - 1, "prefix": prefix, "backend": backend}
 
     async def update(self, body: GroupUpdateBody) -> dict[str, Any]:
@@ -114,6 +117,7 @@ class LocalGroupMember:
     host class provides `weight_tensors()` and the ThreadedBackend update steps."""
 
     group_ranks = 1
+    joins_on_engine = False  # the group is this process's own: no engine work to order it with
     _group: WeightGroup | None = None
 
     def group_device(self) -> torch.device:

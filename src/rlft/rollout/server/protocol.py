@@ -93,6 +93,19 @@ class ServingBackend(Protocol):
 
     def abandon_now(self) -> None: ...
 
+    # the weight group (rlft.rollout.server.collective): ranks it takes, whether joining is engine work, its device
+    group_ranks: int
+    joins_on_engine: bool
+
+    def group_device(self) -> torch.device: ...
+
+    def join_group(self, store, port: int, *, prefix: str, world_size: int, backend: str, timeout: float,
+                   address: str) -> None: ...
+
+    def leave_group(self) -> None: ...
+
+    def receive_weights(self, plan, version: int) -> str: ...  # on the engine thread; the checksum of what it loaded
+
     async def load_adapter(self, adapter: AdapterFiles, version: int) -> str: ...
 
     async def reset_prefix_cache(self) -> None: ...

@@ -59,6 +59,7 @@ class VLLMBackend(ThreadedBackend):
         self._lora_request = None
         self._lora_ids = 0
         self.group_ranks = workers  # each engine worker is a rank of a weight group
+        self.joins_on_engine = True  # through collective_rpc, which only the engine thread calls
         self._thread = EngineThread(self._run_batch, name="rlft-vllm")
 
     @classmethod
