@@ -24,6 +24,7 @@ from rlft.config.sections.preference import PreferenceFields
 from rlft.config.sections.profiler import ProfilerConfig, SubProfilerConfig
 from rlft.config.sections.qat import QATConfig
 from rlft.config.sections.trl import TRLConfig
+from rlft.config.sections.validation import ValidationConfig
 from rlft.config.sections.vllm import VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
@@ -114,6 +115,7 @@ TABLES = {
     "user-defined": lambda: table(UserDefinedType),
     "preference": lambda: table(PreferenceFields),
     "trl": lambda: table(TRLConfig, prefix="trl."),
+    "validation": lambda: table(ValidationConfig, prefix="validation."),
     "ebft": lambda: table(EBFTConfig, prefix="ebft."),
     "qat": lambda: table(QATConfig, prefix="qat."),
     "vllm": lambda: table(VLLMConfig, prefix="vllm."),

@@ -105,6 +105,25 @@ def test_seed_async_configs_run_against_the_server(seed, served, cli, tmp_path, 
     assert len(steps) == 3 and all("reward" in s for s in steps)
 
 
+def test_validation_samples_through_the_server(served, cli, tmp_path, monkeypatch):
+    """validation: 4 completions per held-out prompt at temperature 1.0, sampled by the rollout server (through the
+    background feed), scored by the validation's own exact-match reward: pass@k in [0, 1] and consistent with it."""
+    monkeypatch.chdir(served["root"])
+    (served["root"] / "rewards_exact.py").write_text(
+        "def exact(completions, answer, **kwargs):\n    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
+    validation = {"enable": True, "n_generation": 4, "temperature": 1.0, "reward_function": ["rewards_exact.exact"]}
+    config = write(served, tmp_path, "validation", {"val_set_size": 8, "eval_steps": 2, "validation": validation})
+    assert cli("train", config) == 0
+    evals = [m for m in read_metrics(tmp_path / "validation" / "metrics.jsonl") if "eval/reward" in m]
+    assert [e["step"] for e in evals] == [0, 2]
+    for metrics in evals:
+        assert metrics["eval/rollout_count"] == 32 and "eval/rewards/exact/mean" in metrics
+        assert not any(key.startswith("eval/rewards/r/") for key in metrics)  # not the training's reward
+        pass1, pass4 = metrics["eval/pass@1"], metrics["eval/pass@4"]
+        assert pass1 == pytest.approx(metrics["eval/reward"], abs=1e-6)  # 0/1 rewards, a pass at 1.0
+        assert 0.0 <= pass1 < pass4 <= 1.0  # sampled: some prompt's 4 answers disagree
+
+
 def _train_process(config: Path, log: Path) -> CliProcess:
     return CliProcess("train", config, stdout=log, env=server_env(), cwd=config.parent)
 

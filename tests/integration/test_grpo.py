@@ -443,6 +443,46 @@ def test_builtin_rewards_named_with_weights(tiny_model_dir, cli, tmp_path, monke
         assert all(m[f"rewards/{name}/unscorable"] == 0 for m in steps)
 
 
+def test_validation_samples_with_its_own_settings_and_logs_pass_at_k(tiny_model_dir, cli, tmp_path, monkeypatch, capsys):
+    """validation: two prompt sets of its own, 4 completions per prompt at temperature 1.0, up to 3 tokens, scored by a
+    reward function of its own (the training's is constant); evaluated at step 0 and at step 2, the end."""
+    monkeypatch.chdir(tmp_path)
+    source = """
+        def constant(completions, **kwargs):
+            return [0.0] * len(completions)
+        def even(completions, **kwargs):
+            return [float(len(c) % 2 == 0) for c in completions]
+    """
+    module = "rewards_" + "".join(ch if ch.isalnum() else "_" for ch in tmp_path.name)  # as _grpo_config names it
+    for name, rows in (("val_a", range(4)), ("val_b", range(4, 7))):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": f"{a}*2="}) + "\n" for a in rows))
+    validation = {"enable": True, "datasets": [{"path": "val_a.jsonl"}, {"path": "val_b.jsonl"}], "n_generation": 4,
+                  "temperature": 1.0, "max_response_length": 3, "reward_function": f"{module}.even"}
+    config = _grpo_config(tmp_path, tiny_model_dir, source, ["myrewards.constant"], random_init=True, max_steps=2,
+                          eval_steps=2, logging_steps=1, validation=validation)
+    assert cli("train", config) == 0
+    plan = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ validation "))
+    assert "val_a 4 prompts, val_b 3 prompts; 4 completion(s)" in plan
+    evals = [m for m in _metrics(tmp_path / "out") if "eval/reward" in m]
+    assert [e["step"] for e in evals] == [0, 2]
+    names = {"reward", "reward_std", "reward_min", "reward_max", "rollout_count", "rewards/even/mean", "pass@1", "pass@4",
+             "completions/mean_length", "completions/clipped_ratio"}
+    for metrics in evals:
+        for prefix in ("eval/", "eval/val_a/", "eval/val_b/"):
+            assert {prefix + name for name in names} <= set(metrics), prefix
+            # a 0/1 reward and a pass at 1.0: pass@1 is the mean reward; 4 draws pass at most 4 times as often
+            pass1, pass4 = metrics[prefix + "pass@1"], metrics[prefix + "pass@4"]
+            assert pass1 == pytest.approx(metrics[prefix + "reward"], abs=1e-6)
+            assert 0.0 <= pass1 <= pass4 <= min(1.0, 4 * pass1 + 1e-6)
+            assert metrics[prefix + "completions/mean_length"] <= 3  # validation.max_response_length, not trl's 4
+        assert not any("constant" in key for key in metrics)  # the validation's own reward function only
+        assert (metrics["eval/val_a/rollout_count"], metrics["eval/val_b/rollout_count"]) == (16, 12)
+        pooled = (16 * metrics["eval/val_a/reward"] + 12 * metrics["eval/val_b/reward"]) / 28
+        assert metrics["eval/reward"] == pytest.approx(pooled, abs=1e-6)
+        # sampled, not greedy: some prompt's 4 completions disagree (greedy would make pass@4 equal pass@1)
+        assert metrics["eval/pass@4"] > metrics["eval/pass@1"]
+
+
 def test_reused_batches_with_sampling_filters_cache_filtered_logps(warm_model, cli, tmp_path, monkeypatch):
     """num_iterations 2 with top_p and an off-policy mask: the old log-probs of the reused batch are computed under the
     sampling filters too (the path that compares filtered distributions)."""

@@ -8,7 +8,7 @@ from rlft.config.methods import method_spec
 
 
 def has_eval_set(cfg) -> bool:
-    return bool(cfg.test_datasets) or cfg.val_set_size > 0
+    return bool(cfg.test_datasets) or cfg.val_set_size > 0 or bool(cfg.validation.enable and cfg.validation.datasets)
 
 
 def axolotl_loads_best(cfg) -> bool:

@@ -1,5 +1,5 @@
-"""The whole config language: Axolotl-style top-level keys plus the `trl:`, `ebft:`, `vllm:`, `qat:` and `profiler:`
-sections.
+"""The whole config language: Axolotl-style top-level keys plus the `trl:`, `ebft:`, `vllm:`, `qat:`, `profiler:` and
+`validation:` sections.
 
 `RlftConfig` joins the key families of `rlft.config.sections` and `rlft.config.trackers` with the method keys and the
 multi-process keys. Defaults equal the documented Axolotl/TRL ones. Cross-field rules live in
@@ -26,6 +26,7 @@ from rlft.config.sections.preference import PreferenceFields
 from rlft.config.sections.profiler import ProfilerFields
 from rlft.config.sections.qat import QATConfig
 from rlft.config.sections.trl import TRLConfig
+from rlft.config.sections.validation import ValidationFields
 from rlft.config.sections.vllm import VLLMConfig
 from rlft.config.trackers import TrackerFields
 
@@ -41,9 +42,9 @@ def _as_bool(value: Any) -> bool | None:
 
 
 # The bases' order keeps the keys in the order the docs and error messages list them: Axolotl-only keys, trackers,
-# NeMo Gym, preference, model, data, loop, profiler, then the keys below.
-class RlftConfig(ProfilerFields, LoopFields, DataFields, ModelFields, PreferenceFields, NemoGymFields, TrackerFields,
-                 known_only("AxolotlKeys", TOP_LEVEL)):
+# NeMo Gym, preference, model, data, loop, profiler, validation, then the keys below.
+class RlftConfig(ValidationFields, ProfilerFields, LoopFields, DataFields, ModelFields, PreferenceFields, NemoGymFields,
+                 TrackerFields, known_only("AxolotlKeys", TOP_LEVEL)):
     """The whole config file."""
 
     # --- methods ---

@@ -154,10 +154,12 @@ class RolloutProducer:
             zero += float(result.frac_zero_std) * len(values)
         return torch.cat(parts), zero / max(1, len(scores.total))
 
-    def evaluate(self, prompts: list[PromptRow], params: SamplingParams) -> tuple[Rollout, Scores]:
-        """One completion per prompt with `params` (greedy for eval), scored."""
-        rollout = self.run_engine(lambda: self.engine.generate([p["prompt_ids"] for p in prompts], params, 1))
-        return rollout, self.scorer.score(prompts, rollout, 1)
+    def evaluate(self, prompts: list[PromptRow], params: SamplingParams, samples: int = 1, scorer: Scorer | None = None,
+                 seed: int | None = None) -> tuple[Rollout, Scores]:
+        """`samples` completions per prompt with `params` (greedy for the default eval), scored by `scorer` (None: the
+        training's reward functions); `seed` seeds the engine's sampling."""
+        rollout = self.run_engine(lambda: self.engine.generate([p["prompt_ids"] for p in prompts], params, samples, seed=seed))
+        return rollout, (scorer or self.scorer).score(prompts, rollout, samples)
 
     # ------------------------------------------------------------------ stages
     def _score(self, prompts: list[PromptRow], rollout: Rollout, extra: dict[str, list]) -> Scores:

@@ -15,6 +15,7 @@ from rlft.data.preference import assign_kl_completions
 from rlft.data.prepare import method_steps, prepare_data, prepare_records, prepare_sft_data, prompt_steps
 from rlft.data.prepared import PreparedData
 from rlft.data.stream import prepare_streamed_sft_data
+from rlft.data.validation_sets import validation_sets
 from rlft.errors import ConfigError, DataError
 from rlft.losses.preference.kto import check_kto_labels, kto_imbalance_warning
 from rlft.models.compile import compile_options
@@ -37,6 +38,7 @@ from rlft.train.recipes.grpo import GRPORecipe
 from rlft.train.recipes.preference import KTORecipe, PairRecipe, precompute_or_load
 from rlft.train.recipes.reward_model import RewardModelRecipe
 from rlft.train.recipes.sft import SFTRecipe
+from rlft.train.recipes.validation import Validation
 
 # (cfg, settings, tokenizer, accelerator, init_base, console) -> (model, recipe, data); the model not yet wrapped
 Setup = Callable[[Any, Any, Any, Optional[Path], Console], tuple[Any, Recipe, PreparedData]]
@@ -143,7 +145,13 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
     if trl.rollout_func:  # import it and check its form now, not after the model has loaded
         load_rollout_func(trl.rollout_func, settings.rl)
     functions = load_reward_functions(trl.reward_funcs, trl.reward_weights)
+    validating = settings.validation  # validation.enable's settings, else None
+    own_rewards = None
+    if validating is not None and validating.reward_funcs:  # loaded (and refused) before the model is
+        own_rewards = load_reward_functions(list(validating.reward_funcs), list(validating.reward_weights),
+                                            "validation.reward_function")
     data = nemo_gym_prompts(cfg, settings, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
+    sets = validation_sets(cfg, tokenizer, data.eval) if validating is not None else []
     environment = None
     if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
         gym = settings.nemo_gym
@@ -151,11 +159,16 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
     model, reference = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, bool(settings.rl.beta))
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
+    validation = None
+    if validating is not None:
+        own = FunctionScorer(RewardRunner(own_rewards, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
+                                          failure_score=trl.reward_failure_score), tokenizer) if own_rewards else None
+        validation = Validation(sets, validating, own, cfg.eval_batch_size or 64, cfg.seed)
     sharing = group_sharing(settings.data, [model, reference.model if reference else None])
     recipe = GRPORecipe(cfg, settings, data, tokenizer, FunctionScorer(runner, tokenizer), reference, _shard(accelerator),
                         make_engine=make_engine, remote_engine=remote, environment=environment, sharing=sharing,
                         share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
-                        rows_apart=rows_apart(settings.model, model))
+                        rows_apart=rows_apart(settings.model, model), validation=validation)
     return model, recipe, data
 
 

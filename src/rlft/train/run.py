@@ -157,7 +157,8 @@ def evaluate(cfg, console: Console | None = None) -> dict[str, float]:
     with nemo_gym_servers(cfg, settings, console):
         accelerator, _, model, recipe, _, _ = _setup(cfg, settings, console)
         if not recipe.eval_batches:
-            raise ConfigError("nothing to evaluate: give eval data with val_set_size or test_datasets")
+            raise ConfigError("nothing to evaluate: give eval data with val_set_size or test_datasets (online RL: or "
+                              "validation.datasets)")
         try:
             recipe.before_wrap(model)
             model = model.to(accelerator.device).eval()

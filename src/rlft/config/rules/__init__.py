@@ -15,6 +15,7 @@ from rlft.config.rules.parallel import ddp_problems, sharding_problems
 from rlft.config.rules.preference import preference_problems
 from rlft.config.rules.profiling import profiler_problems
 from rlft.config.rules.schedule import schedule_problems
+from rlft.config.rules.validation import validation_problems
 from rlft.config.trackers import logger_problems
 
 
@@ -42,3 +43,4 @@ def combination_problems(cfg):
     yield from sharding_problems(cfg)
     yield from profiler_problems(cfg)
     yield from logger_problems(cfg)
+    yield from validation_problems(cfg)

@@ -17,6 +17,7 @@ from rlft.config.settings.rollout import NemoGymSettings, ServerSettings, nemo_g
 from rlft.config.settings.training import (DataSettings, LossSettings, OptimSettings, ParallelSettings, RunSettings,
                                            data_settings, loss_settings, optim_settings, parallel_settings,
                                            run_settings)
+from rlft.config.settings.validation import ValidationSettings, validation_settings
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,13 @@ class Settings:
     run: RunSettings  # steps, logging, saving, the output folder
     parallel: ParallelSettings  # processes and rows per step
     profile: ProfileSettings  # the profiled steps and ranks, and what the trace holds (rlft.train.profiling)
+    validation: ValidationSettings | None = None  # the online-RL evaluation's own settings (validation.enable), else None
 
 
 def resolve(cfg) -> Settings:
     """The settings of a validated config (`rlft.config.build_config`), built once per run."""
-    model = model_settings(cfg)
-    return Settings(model=model, data=data_settings(cfg), optim=optim_settings(cfg), rl=rl_settings(cfg),
+    model, rl = model_settings(cfg), rl_settings(cfg)
+    return Settings(model=model, data=data_settings(cfg), optim=optim_settings(cfg), rl=rl,
                     server=server_settings(cfg, model), nemo_gym=nemo_gym_settings(cfg), loss=loss_settings(cfg),
-                    run=run_settings(cfg), parallel=parallel_settings(cfg), profile=profile_settings(cfg))
+                    run=run_settings(cfg), parallel=parallel_settings(cfg), profile=profile_settings(cfg),
+                    validation=validation_settings(cfg, rl))

@@ -50,13 +50,15 @@ class RewardFunction:
         return f"{self.source} ({self.module_file})" if self.module_file else self.source
 
 
-def load_reward_functions(names: list[str], weights: list[float] | None = None, device: str = "cpu") -> list[RewardFunction]:
-    """Resolve `trl.reward_funcs` (+ `trl.reward_weights`): a built-in by name, `module.fn` from the working
-    directory, or a trained reward-model folder (scored on prompt + completion text). Raises ConfigError with the fix."""
+def load_reward_functions(names: list[str], weights: list[float] | None = None, key: str = "trl.reward_funcs",
+                          device: str = "cpu") -> list[RewardFunction]:
+    """Resolve `trl.reward_funcs` (+ `trl.reward_weights`), or the config key `key` that names functions the same way
+    (`validation.reward_function`): a built-in by name, `module.fn` from the working directory, or a trained
+    reward-model folder (scored on prompt + completion text). Raises ConfigError with the fix, naming `key`."""
     names = list(names or [])
     if not names:
-        raise ConfigError(f"trl.reward_funcs is empty: give at least one built-in ({BUILTIN_NAMES}), `module.fn` or "
-                          "reward-model folder", [("trl.reward_funcs", "empty")])
+        raise ConfigError(f"{key} is empty: give at least one built-in ({BUILTIN_NAMES}), `module.fn` or "
+                          "reward-model folder", [(key, "empty")])
     if weights is None:
         weights = [1.0] * len(names)
     weights = list(weights)
@@ -70,7 +72,8 @@ def load_reward_functions(names: list[str], weights: list[float] | None = None, 
         if not isinstance(weight, (int, float)) or not math.isfinite(weight):
             message = f"trl.reward_weights[{index}] = {weight!r} is not a finite number"
             raise ConfigError(message, [(f"trl.reward_weights[{index}]", message)])
-    functions = [_load_one(name, float(weight), index, device) for index, (name, weight) in enumerate(zip(names, weights))]
+    functions = [_load_one(name, float(weight), f"{key}[{index}]", device)
+                 for index, (name, weight) in enumerate(zip(names, weights))]
     _make_names_unique(functions)
     return functions
 
@@ -100,8 +103,7 @@ BUILTIN_MODULE = "rlft.rollout.rewards.builtin"
 BUILTIN_NAMES = ", ".join(BUILTIN_REWARDS)
 
 
-def _load_one(name: str, weight: float, index: int, device: str) -> RewardFunction:
-    key = f"trl.reward_funcs[{index}]"
+def _load_one(name: str, weight: float, key: str, device: str) -> RewardFunction:
     name = ALIASES.get(name, name)
     if name in BUILTIN_REWARDS:
         name = _builtin_path(name, key)

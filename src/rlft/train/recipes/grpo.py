@@ -39,6 +39,7 @@ from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.completion_log import CompletionLog
 from rlft.train.recipes.grpo_engine import GRPOEngine
 from rlft.train.recipes.row_queue import RowQueue
+from rlft.train.recipes.validation import Validation
 
 ZERO_SIGNAL_WARN_STEPS = 10
 LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
@@ -68,13 +69,14 @@ class GRPORecipe(Recipe):
                  sampling_for: Callable[[list[dict[str, Any]], SamplingParams], SamplingParams] | None = None,
                  make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False,
                  environment: Environment | None = None, sharing: tuple[bool, str] | None = None,
-                 share_costs: tuple[int, int] | None = None, rows_apart: bool = False):
+                 share_costs: tuple[int, int] | None = None, rows_apart: bool = False, validation: Validation | None = None):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `sharing`: each
         group's prompt once in a micro-batch (`share_prompts`), and the plan's line; `share_costs`: the model's forward
-        costs (share only where that takes fewer FLOPs); `rows_apart`: flattened rows attend each on its own. Of
+        costs (share only where that takes fewer FLOPs); `rows_apart`: flattened rows attend each on its own;
+        `validation`: the evaluation of `validation.enable` (None: one greedy completion per eval prompt). Of
         `settings` the recipe reads the trl: options (`settings.rl`, kept as `self.settings`), the model's source and
         compile options, and the rows per step."""
         self.cfg, self.name, self.tokenizer, self.scorer, self.reference = cfg, cfg.rl, tokenizer, scorer, reference
@@ -112,6 +114,10 @@ class GRPORecipe(Recipe):
         self.step = 0
         self.metrics = BatchMetrics()  # of the generation batch being trained on, and this step's own
         self.pending: list[str] = []  # warnings for the loop to print
+        self.validation = validation
+        if validation is not None:
+            self.plan_rows = (*self.plan_rows, ("validation", validation.describe()))
+            self.pending += validation.warnings()
         self.shown: list[str] = []  # sampled completions for the loop to print (trl.num_completions_to_print)
         self.zero_signal_steps = self.steps_with_signal = 0
         self._restored: dict[str, Any] = {}
@@ -140,9 +146,13 @@ class GRPORecipe(Recipe):
 
     def close(self) -> None:
         self.engine.close()
+        if self.validation is not None:
+            self.validation.close()
 
     @property
     def eval_batches(self) -> list[dict[str, Any]]:
+        if self.validation is not None:
+            return self.validation.batches()
         return self.eval_plan.sequential() if self.eval_plan.items else []
 
     def epochs_done(self, loop_epochs: float) -> float:
@@ -265,7 +275,12 @@ class GRPORecipe(Recipe):
         return broadcast_object(self.evaluate_with_engine(whole, batches) if self.rank == 0 else None)
 
     def evaluate_with_engine(self, model, batches: list[dict[str, Any]]) -> dict[str, float]:
-        """Greedy completion per held-out prompt, scored by the reward functions: eval/reward (accuracy for 0/1 rewards)."""
+        """Greedy completion per held-out prompt, scored by the reward functions: eval/reward (accuracy for 0/1 rewards);
+        with `validation.enable`, the validation's samples, rewards and pass@k."""
+        if self.validation is not None:
+            metrics, notes = self.validation.evaluate(self.engine.producer, batches, self.sampling)
+            self.pending += notes
+            return metrics
         greedy = dataclasses.replace(self.sampling, temperature=0.0)
         totals, count = {}, 0
         for batch in batches:
