@@ -35,7 +35,7 @@ TRAINING_ONLY = {
     "dataset_num_proc", "ddp_timeout", "bf16", "fp16", "tf32", "gradient_checkpointing", "gradient_checkpointing_kwargs",
     "activation_offloading",
     "eval_strategy", "save_strategy", "load_best_model_at_end", "metric_for_best_model", "greater_is_better",
-    "early_stopping_patience", "unfrozen_parameters", "neftune_noise_alpha",
+    "early_stopping_patience", "unfrozen_parameters", "neftune_noise_alpha", "save_every_n_epochs", "save_mode",
 }
 
 
