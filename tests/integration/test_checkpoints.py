@@ -310,13 +310,13 @@ def test_a_full_disk_is_reported_before_the_save_and_while_it_writes(make_config
     import collections
     import errno
 
-    import rlft.train.checkpoint as checkpoint
+    import rlft.train.checkpoint_save as checkpoint_save
 
     out = tmp_path / "out"
     assert cli("train", make_config(max_steps=2, save_steps=1)) == 0
     before = _checkpoint_files(out / "checkpoint-2")
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 200 << 10))
+    monkeypatch.setattr(checkpoint_save.shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 200 << 10))
     capsys.readouterr()
     assert cli("train", make_config(max_steps=4, save_steps=1, resume_from_checkpoint="auto")) == 1
     err = " ".join(capsys.readouterr().err.split())
@@ -327,7 +327,7 @@ def test_a_full_disk_is_reported_before_the_save_and_while_it_writes(make_config
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(out / ".tmp-checkpoint-3" / "optimizer"))
 
-    monkeypatch.setattr(checkpoint, "save_optimizer", full)
+    monkeypatch.setattr(checkpoint_save, "_write_optimizer", full)
     assert cli("train", make_config(max_steps=4, save_steps=1, resume_from_checkpoint="auto")) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "saving checkpoint-3 failed: the disk is full" in err and "checkpoint-2, is untouched" in err, err

@@ -161,10 +161,11 @@ def test_a_lora_run_that_resized_the_embeddings_loads_for_generation_and_merges(
 
 
 @pytest.mark.parametrize("init, extra", [("gaussian", {}), ("pissa", {}), ("olora", {}),
-                                         ("pissa_niter_2", {"lora_modules_to_save": ["lm_head"]})])
+                                         ("pissa_niter_2", {"lora_modules_to_save": ["lm_head"], "save_mode": "async"})])
 def test_lora_init_options_give_adapters_that_load_on_the_original_base(make_config, cli, tmp_path, init, extra):
     """The final model and every checkpoint's model/ load as they are on the untouched base and give the trained model
-    (PiSSA and OLoRA adapters converted to plain LoRAs, modules_to_save kept); a resume continues the same run."""
+    (PiSSA and OLoRA adapters converted to plain LoRAs, modules_to_save kept; checkpoint-2 written in the background
+    for the last); a resume continues the same run."""
     from transformers import set_seed
 
     from rlft.config import load_config

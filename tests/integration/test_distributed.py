@@ -63,6 +63,28 @@ def test_sft_two_processes_equal_one(sft, strategy, monkeypatch):
         assert sum(p.numel() for p in model.parameters()) > 100_000
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2"])
+def test_async_saves_on_two_processes_write_what_sync_saves_write(sft, strategy):
+    """save_mode: async on 2 processes: each writes its part on a background thread (its collectives on a gloo group of
+    their own), and rank 0 renames the folder once both have. checkpoint-5, written while steps 6-10 train, holds what
+    the synchronous run's does (the gathered weights, each process's optimizer shard and RNG), and the steps are the
+    same."""
+    config, _, folder = sft
+    if not (folder / strategy / "checkpoint-10").exists():
+        train(config(strategy, 2, save_steps=5, **STRATEGIES[strategy]))
+    background = folder / f"{strategy}-async"
+    train(config(background.name, 2, save_steps=5, save_mode="async", **STRATEGIES[strategy]))
+    assert losses(background) == losses(folder / strategy)
+    for step in (5, 10):
+        written, expected = background / f"checkpoint-{step}", folder / strategy / f"checkpoint-{step}"
+        names = {str(p.relative_to(written)) for p in written.rglob("*") if p.is_file()}
+        assert names == {str(p.relative_to(expected)) for p in expected.rglob("*") if p.is_file()}
+        assert {"rng-0.pt", "rng-1.pt"} <= names and len([n for n in names if n.endswith((".distcp", "safetensors"))
+                                                          and n.startswith("optimizer/")]) == 2
+        for name in names - {"trainer_state.json", "optimizer/.metadata"}:  # the step times and DCP's save id differ
+            assert (written / name).read_bytes() == (expected / name).read_bytes(), name
+
+
 def test_prepared_data_is_written_by_the_nodes_first_process_and_read_by_the_other(sft):
     """With dataset_prepared_path the first process of a node tokenises and writes the entry, the others wait for it
     and read it (tests/unit/test_cache.py tests the waiting); the run trains what one process does."""

@@ -233,14 +233,15 @@ def test_resume_is_exact_with_queued_rollouts(warm_model, cli, tmp_path, monkeyp
     assert completions[0] == completions[1] and len(completions[0]) == 2 * 8  # 2 generation batches, once each
 
 
-@pytest.mark.parametrize("moves", [{"reference_reset_interval": 2}, {"sync_ref_model": True, "ref_model_sync_steps": 1}])
-def test_resume_goes_on_with_the_reference_as_it_had_moved(warm_model, cli, tmp_path, monkeypatch, moves):
-    """A reference reset (Cosmos-RL) or soft-updated (TR-DPO) during the run is saved in each checkpoint: resumed
-    after step 2, steps 3 and 4 train against the reference the uninterrupted run used (KL and loss equal), not
-    against the starting weights."""
+@pytest.mark.parametrize("moves, mode", [({"reference_reset_interval": 2}, "sync"),
+                                         ({"sync_ref_model": True, "ref_model_sync_steps": 1}, "async")])
+def test_resume_goes_on_with_the_reference_as_it_had_moved(warm_model, cli, tmp_path, monkeypatch, moves, mode):
+    """A reference reset (Cosmos-RL) or soft-updated (TR-DPO) during the run is saved in each checkpoint (also by a
+    save in the background, while step 3 moves it on): resumed after step 2, steps 3 and 4 train against the reference
+    the uninterrupted run used (KL and loss equal), not against the starting weights."""
     monkeypatch.chdir(tmp_path)
     first, second = _straight_and_resumed(tmp_path, cli, warm_model, 2, max_steps=4, save_steps=2, logging_steps=1,
-                                          learning_rate=1e-2, trl={"beta": 0.1, **moves})
+                                          learning_rate=1e-2, save_mode=mode, trl={"beta": 0.1, **moves})
     assert (tmp_path / "a" / "checkpoint-2" / "reference.safetensors").is_file()
     assert first[4]["kl"] > 0
     assert [(first[s]["loss"], first[s]["kl"]) for s in (3, 4)] == [(second[s]["loss"], second[s]["kl"]) for s in (3, 4)]

@@ -1,4 +1,5 @@
-"""Never lose a run: Ctrl-C (SIGINT) or SIGKILL at random moments of SFT (also streamed), DPO and GRPO runs, each resumed with
+"""Never lose a run: Ctrl-C (SIGINT) or SIGKILL at random moments of SFT (also streamed, and with checkpoints written in the
+background), DPO and GRPO runs, each resumed with
 `resume_from_checkpoint: auto` until it finishes, ends where an uninterrupted run ends: the same loss at every step
 (each step logged once) and bit-identical final weights on CPU."""
 
@@ -73,12 +74,12 @@ def _write(path, config):
     return path
 
 
-def _sft(tmp_path, tiny_model_dir, addition_files, output_dir):
+def _sft(tmp_path, tiny_model_dir, addition_files, output_dir, **extra):
     return _write(tmp_path / f"{output_dir.name}.yaml", {
         "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
         "sequence_len": 32, "micro_batch_size": 16, "gradient_accumulation_steps": 2, "max_steps": 30, "save_steps": 4,
         "learning_rate": 3e-3, "warmup_steps": 3, "logging_steps": 1, "seed": 5, "output_dir": str(output_dir),
-        "resume_from_checkpoint": "auto"})
+        "resume_from_checkpoint": "auto", **extra})
 
 
 def _streamed(tmp_path, tiny_model_dir, addition_files, output_dir):
@@ -116,11 +117,15 @@ def _grpo(tmp_path, warm_model, output_dir):
         "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["interrupt_rewards.r"]}})
 
 
-@pytest.mark.parametrize("method", ["sft", "sft-streamed", "dpo", "grpo"])
+@pytest.mark.parametrize("method", ["sft", "sft-async-saves", "sft-streamed", "dpo", "grpo"])
 def test_random_ctrl_c_and_kill_resume_to_the_uninterrupted_run(method, request, tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)  # the GRPO reward module is found from the working directory
     monkeypatch.syspath_prepend(str(tmp_path))
-    if method.startswith("sft"):
+    if method == "sft-async-saves":  # save_steps: 2, so that a signal often lands while a checkpoint is being written
+        def make(out):
+            return _sft(tmp_path, request.getfixturevalue("tiny_model_dir"), request.getfixturevalue("addition_files"), out,
+                        save_mode="async", save_steps=2)
+    elif method.startswith("sft"):
         def make(out):
             return (_sft if method == "sft" else _streamed)(tmp_path, request.getfixturevalue("tiny_model_dir"),
                                                             request.getfixturevalue("addition_files"), out)

@@ -101,6 +101,21 @@ def test_strategies_set_the_schedules(config):
     assert schedules(run_settings(config(**EVAL, eval_strategy="epoch", save_strategy="epoch")), 10) == (10, 10)
     assert schedules(run_settings(config(**EVAL, eval_steps=3, save_strategy="steps", saves_per_epoch=2)), 10) == (3, 5)
     assert schedules(run_settings(config(save_strategy="no")), 10) == (None, None)
+    # every Nth epoch's end (Cosmos-RL's save_freq_in_epoch), with or without save_strategy: epoch
+    assert schedules(run_settings(config(save_every_n_epochs=3)), 10) == (None, 30)
+    assert schedules(run_settings(config(save_every_n_epochs=1, save_strategy="epoch")), 10) == (None, 10)
+
+
+def test_save_every_n_epochs_is_refused_beside_another_save_schedule(config, config_problems):
+    assert _problems(config_problems, save_every_n_epochs=2, save_steps=5) == "save_every_n_epochs and save_steps are both set: keep one"
+    assert "save_every_n_epochs and saves_per_epoch are both set" in _problems(config_problems, save_every_n_epochs=2,
+                                                                             saves_per_epoch=2)
+    for strategy in ("steps", "best", "no"):
+        assert f"and save_strategy: {strategy} asks for another schedule" in _problems(config_problems, save_every_n_epochs=2,
+                                                                                   save_strategy=strategy, **EVAL)
+    assert "must be >= 0" in _problems(config_problems, save_every_n_epochs=-1)
+    config(save_every_n_epochs=2, save_strategy="epoch")
+    config(save_every_n_epochs=1, load_best_model_at_end=True, eval_strategy="epoch", **EVAL)  # checkpoints to choose from
 
 
 def test_save_strategy_best_saves_after_each_new_best_evaluation():

@@ -1,4 +1,5 @@
-"""What a save asks of the disk, and which checkpoint every process resumes from (rlft.train.checkpoint)."""
+"""What a save asks of the disk (rlft.train.checkpoint_save), and which checkpoint every process resumes from
+(rlft.train.checkpoint)."""
 
 import collections
 import json
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import rlft.train.checkpoint as checkpoint
+import rlft.train.checkpoint_save as checkpoint_save
 from rlft.errors import CheckpointError
 
 
@@ -18,14 +20,14 @@ def test_the_room_needed_before_a_first_save_counts_the_recipes_files(tmp_path, 
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     usage = collections.namedtuple("usage", "total used free")
     free = int(weights * 1.1) + (1 << 20) + 100  # room for the weights alone
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(1 << 40, 0, free))
-    checkpoint._check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer)
+    monkeypatch.setattr(checkpoint_save.shutil, "disk_usage", lambda path: usage(1 << 40, 0, free))
+    checkpoint_save.check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer)
     with pytest.raises(CheckpointError, match="not enough disk space to save checkpoint-1.*then resume with"):
-        checkpoint._check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer, extra_bytes=weights)
+        checkpoint_save.check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer, extra_bytes=weights)
     with pytest.raises(CheckpointError, match="then start a new run from a checkpoint's model/ folder$"):  # save_only_model
-        checkpoint._check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer, extra_bytes=weights, model_only=True)
-    assert "then start a new run" in checkpoint._write_failure(OSError(28, "No space left"), tmp_path / "checkpoint-1",
-                                                               tmp_path, model_only=True)
+        checkpoint_save.check_room(tmp_path, tmp_path / "checkpoint-1", model, optimizer, extra_bytes=weights, model_only=True)
+    assert "then start a new run" in checkpoint_save._write_failure(OSError(28, "No space left"), tmp_path / "checkpoint-1",
+                                                                    tmp_path, model_only=True)
 
 
 def _complete(folder):

@@ -17,6 +17,14 @@ def test_the_newest_are_kept_and_never_the_one_just_written(tmp_path):
     assert [p.name for p in pruned(checkpoints, tmp_path / "checkpoint-200", 200, 1)] == ["checkpoint-100", "checkpoint-150"]
 
 
+def test_a_limit_below_zero_keeps_every_earlier_checkpoint(tmp_path):
+    """save_total_limit: -1 (Cosmos-RL's max_keep: -1): nothing of this run is removed; a rolled-back run's later
+    checkpoints still go, which `auto` would otherwise take up after a crash."""
+    checkpoints = _folders(tmp_path, 100, 150, 200, 250)
+    assert pruned(checkpoints, tmp_path / "checkpoint-250", 250, -1) == []
+    assert [p.name for p in pruned(checkpoints, tmp_path / "checkpoint-150", 150, -1)] == ["checkpoint-200", "checkpoint-250"]
+
+
 def test_a_rolled_back_runs_later_checkpoints_go_first(tmp_path):
     """Resumed from checkpoint-100 while checkpoint-200 of the abandoned continuation exists: the save at 150 keeps
     itself (and with a limit of 2 the checkpoint it resumed from), and removes checkpoint-200, which `auto` would pick

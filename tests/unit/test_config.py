@@ -831,6 +831,9 @@ def test_unset_keys_take_axolotls_defaults(config_dict):
     assert (cfg.output_dir, cfg.save_total_limit) == ("./model-out", 4)
     assert build_config(config_dict(save_total_limit=None)).save_total_limit == 4  # an empty key is unset
     assert build_config(config_dict(save_total_limit=0)).save_total_limit == 4  # Axolotl's `save_total_limit or 4`
+    # -1: every checkpoint kept, as transformers' rotation reads what Axolotl passes on (Cosmos-RL's max_keep: -1)
+    assert build_config(config_dict(save_total_limit=-1)).save_total_limit == -1
+    assert build_config(config_dict()).save_mode == "sync"
 
 
 def test_test_datasets_with_val_set_size_is_refused(config_problems, config):

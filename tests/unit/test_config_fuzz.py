@@ -55,7 +55,7 @@ def test_random_mutations_are_named_or_accepted_never_a_crash(config_dict, seed)
 @pytest.mark.parametrize("key, value, message", [
     ("learning_rate", math.nan, "finite"), ("learning_rate", math.inf, "finite"), ("learning_rate", -1e-4, "must be > 0.0, got -0.0001"),
     ("max_grad_norm", -1.0, "must be >= 0.0, got -1.0"), ("max_grad_norm", math.inf, "finite"),
-    ("save_total_limit", -1, "must be >= 0, got -1"), ("adam_beta1", 1.0, "must be < 1.0, got 1.0"), ("adam_beta2", -0.1, ""),
+    ("save_total_limit", -2, "must be >= -1, got -2"), ("adam_beta1", 1.0, "must be < 1.0, got 1.0"), ("adam_beta2", -0.1, ""),
     ("adam_epsilon", -1e-8, ""), ("warmup_ratio", 1.5, "must be <= 1.0, got 1.5"), ("warmup_steps", -1, ""),
     ("max_steps", -1, ""), ("lora_r", 0, "must be >= 1, got 0"), ("lora_dropout", 1.0, "must be < 1.0, got 1.0"),
     ("seed", -1, ""), ("seed", 2**32, "must be <= 4294967295, got 4294967296"), ("weight_decay", math.inf, "finite"),

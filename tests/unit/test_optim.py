@@ -318,7 +318,8 @@ def test_the_loop_steps_the_torch_optimizer_itself_unless_accelerates_wrapper_sc
 def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path, tok):
     """fp16's loss scaler is saved with the checkpoint and restored on resume: a resumed run goes on at the scale it
     had found (here halved by an overflow and counting towards growth), not at the initial 65536."""
-    from rlft.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
+    from rlft.train.checkpoint import TrainState, load_checkpoint
+    from rlft.train.checkpoint_save import save_checkpoint
 
     config = LlamaConfig(vocab_size=300, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                          intermediate_size=16)

@@ -46,6 +46,8 @@ SPECIFIC = {
     "chat_template_kwargs": "set trl.chat_template_kwargs (online-RL prompts); SFT renders templates without extra arguments",
     "processor_type": "rlft trains text models only (no processors)",
     "pretrain_multipack_buffer_size": "Axolotl's older name of streaming_multipack_buffer_size: rename the key",
+    "save_safetensors": "rlft writes weights as safetensors only (no pickled .bin files, which would run code when loaded): "
+                        "remove save_safetensors: false",
 }
 
 

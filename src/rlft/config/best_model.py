@@ -74,7 +74,7 @@ def best_model_problems(cfg):
     if cfg.save_strategy == "best" and not (evaluates and periodic):
         yield ("save_strategy: best saves after an evaluation that improves metric_for_best_model, and this run evaluates "
                "only at its end: set an eval set and eval_steps, evals_per_epoch or eval_strategy: epoch")
-    if cfg.load_best_model_at_end and evaluates and not (cfg.save_steps or cfg.saves_per_epoch or
+    if cfg.load_best_model_at_end and evaluates and not (cfg.save_steps or cfg.saves_per_epoch or cfg.save_every_n_epochs or
                                                          cfg.save_strategy in ("epoch", "best")):
         yield ("load_best_model_at_end: true chooses among the checkpoints, and without save_steps, saves_per_epoch or "
                "save_strategy: epoch or best the only one is the last step's: set save_steps (a multiple of eval_steps), "

@@ -36,6 +36,7 @@ TRAINING_ONLY = {
     "activation_offloading",
     "eval_strategy", "save_strategy", "load_best_model_at_end", "metric_for_best_model", "greater_is_better",
     "early_stopping_patience", "unfrozen_parameters", "neftune_noise_alpha", "logger", "balance_dp_token",
+    "save_every_n_epochs", "save_mode",
 }
 
 

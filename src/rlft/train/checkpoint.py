@@ -13,23 +13,18 @@ A checkpoint `output_dir/checkpoint-N/` holds:
   rng-R.pt            python, numpy and torch RNG states of process R (tensors and numbers)
   trainer_state.json  step, data position (epoch, batch), process count, metrics; written last
 
-Every process takes part in a save. It is written under `output_dir/.tmp-checkpoint-N/` and renamed into
-place by rank 0 once every process has written its part, so a crash mid-save (of any process) leaves the
-previous checkpoints untouched and never a half-written `checkpoint-N`; a write error (a full disk) removes
-the staging folder and stops the run with the reason. Loading runs no code from the files (state_files.py).
-Checkpoints of earlier rlft versions (`optimizer.pt`, `scheduler.pt`, `rng.pt`) still load.
+Every process takes part in a save, written atomically (checkpoint_save.py: under `output_dir/.tmp-checkpoint-N/`,
+renamed into place once every process has written its part), while training waits or on a background thread. This
+module reads checkpoints: which are complete, which one a resume takes, and loading one. Loading runs no code from
+the files (state_files.py). Checkpoints of earlier rlft versions (`optimizer.pt`, `scheduler.pt`, `rng.pt`) still load.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
-import re
-import shutil
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,18 +33,17 @@ import torch.distributed.checkpoint as dcp
 from peft import set_peft_model_state_dict
 from safetensors import safe_open
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
-from rlft.models.base_changing import RESUME_FOLDER, convert_folder, keep_for_resume
+from rlft.models.base_changing import RESUME_FOLDER
 from rlft.train import zero
-from rlft.train.checkpoint_folders import list_checkpoints, pruned
+from rlft.train.checkpoint_folders import list_checkpoints
 from rlft.train.optim import optimizer_mode
-from rlft.train.parallel import barrier, broadcast_object, gathered_state_dict, peer_failure
+from rlft.train.parallel import broadcast_object
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
-                                    restore_rng, rng_state, save_scheduler, scheduler_state)
+                                    restore_rng, scheduler_state)
 
 STATE_FILE = "trainer_state.json"
 GROUP_STATE = ("train_mode", "k", "weight_sum", "lr_max", "scheduled_lr")  # schedule-free optimizers' running state
@@ -76,128 +70,8 @@ class TrainState:
     best: dict[str, Any] = field(default_factory=dict)  # load_best_model_at_end: the best checkpoint's step and metric
 
 
-def save_checkpoint(output_dir: Path, state: TrainState, model, tokenizer, optimizer, scheduler, keep: int | None,
-                    extra_files: Callable[[Path], None] | None = None, scaler=None, extra_bytes: int = 0,
-                    protect: Path | None = None, model_only: bool = False, initial_adapter: Path | None = None) -> Path:
-    """Write checkpoint-N atomically, then drop the oldest beyond `keep`, never `protect` (the best checkpoint).
-    Returns its path. Every process calls it. `extra_files(folder)` writes the recipe's own files into it (the main
-    process), about `extra_bytes` of them; fp16's loss `scaler` keeps its scale (a resumed run would otherwise start
-    again at 65536 and skip steps finding its way back down). Refused before anything is written when the disk lacks
-    the room; a write error on the way (a full disk, a quota) removes the staging folder and raises CheckpointError
-    naming what failed: earlier checkpoints are untouched either way. `model_only` (save_only_model): the weights and
-    the training state's record, no optimizer, schedule, RNG or recipe state, so it cannot resume. `initial_adapter`
-    (PiSSA, OLoRA): `model/` holds the adapter converted to load on the original base, and the checkpoint keeps the
-    adapter as trained for resuming (rlft.models.base_changing)."""
-    rank = launched()[0]
-    final = output_dir / f"checkpoint-{state.global_step}"
-    staging = output_dir / f".tmp-checkpoint-{state.global_step}"
-    if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        converted = 0 if initial_adapter is None else 2 * sum(  # the converted adapter (twice the rank) beside the one trained
-            p.numel() * p.element_size() for p in getattr(model, "module", model).parameters() if p.requires_grad)
-        _check_room(output_dir, final, model, None if model_only else optimizer, (0 if model_only else extra_bytes) + converted,
-                    model_only)
-        staging.mkdir(parents=True)
-    barrier()
-    unwrapped = getattr(model, "module", model)
-    weights = gathered_state_dict(model)  # sharded: gathered (a collective); else None, and the model saves itself
-    try:
-        if rank == 0:
-            unwrapped.save_pretrained(staging / "model", safe_serialization=True, state_dict=weights)
-            tokenizer.save_pretrained(staging / "model")
-            if initial_adapter is not None:
-                if not model_only:
-                    keep_for_resume(staging / "model", staging)
-                convert_folder(staging / "model", initial_adapter)
-        if not model_only:
-            save_optimizer(model, optimizer, staging / "optimizer")
-            torch.save(rng_state(), staging / f"rng-{rank}.pt")
-        barrier()  # every process has written its part
-        if rank == 0 and not model_only:
-            save_scheduler(scheduler, staging)
-            if extra_files is not None:
-                extra_files(staging)
-            if scaler is not None:
-                torch.save(scaler.state_dict(), staging / SCALER_FILE)
-        if rank == 0:
-            (staging / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
-            _fsync_tree(staging)
-    except (Exception, CheckpointException) as exc:  # OSError, or the writers' wrappers of one (safetensors, torch.save,
-        # DCP's CheckpointException, a BaseException)
-        shutil.rmtree(staging, ignore_errors=True)
-        if peer_failure(exc):  # another process died during the save: the disk is not the problem
-            raise
-        raise CheckpointError(_write_failure(exc, final, output_dir, model_only)) from None
-    if rank == 0:
-        if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
-            old = output_dir / f".old-checkpoint-{state.global_step}-{os.getpid()}"
-            final.rename(old)
-            staging.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(final)
-        if keep:
-            for stale in pruned(list_checkpoints(output_dir), final, state.global_step, keep, protect):
-                shutil.rmtree(stale, ignore_errors=True)
-    barrier()
-    return final
-
-
-def _last_complete(output_dir: Path, besides: Path) -> Path | None:
-    return next((p for p in reversed(list_checkpoints(output_dir)) if p != besides and checkpoint_problem(p) is None), None)
-
-
-def _then(model_only: bool) -> str:  # what to do after a failed save
-    return "start a new run from a checkpoint's model/ folder" if model_only else "resume with resume_from_checkpoint: auto"
-
-
-def _write_failure(exc: Exception, final: Path, output_dir: Path, model_only: bool = False) -> str:
-    last = _last_complete(output_dir, final)
-    keep = f"the last complete checkpoint, {last}, is untouched" if last else "no earlier checkpoint exists"
-    code = exc.errno if isinstance(exc, OSError) else None
-    if code is None and (found := re.search(r"os error (\d+)|errno (\d+)|\[Errno (\d+)\]", str(exc), re.IGNORECASE)):
-        code = int(next(group for group in found.groups() if group))
-    what = ("the disk is full" if code in (errno.ENOSPC, errno.EDQUOT) else
-            "a file grew past the size this process may write (ulimit -f)" if code == errno.EFBIG else
-            f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
-    where = getattr(exc, "filename", None) or output_dir
-    fix = "raise it" if code == errno.EFBIG else f"free space under {output_dir} (or lower save_total_limit)"
-    return (f"saving {final.name} failed: {what} (writing under {where}). The partial save was removed and {keep}. "
-            f"Fix it ({fix}), then {_then(model_only)}")
-
-
-def _check_room(output_dir: Path, final: Path, model, optimizer, extra_bytes: int = 0, model_only: bool = False) -> None:
-    """Refuse the save when the disk under `output_dir` has less room than it needs (the size of the previous
-    checkpoint, or the tensors it will hold and the recipe's `extra_bytes`, plus a tenth)."""
-    previous = _last_complete(output_dir, final)
-    if previous is not None:
-        needed = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
-    else:
-        unwrapped = getattr(model, "module", model)
-        saved = [p for p in unwrapped.parameters() if p.requires_grad] if hasattr(unwrapped, "peft_config") else list(unwrapped.parameters())
-        state = [v for entry in _inner(optimizer).state.values() for v in entry.values() if isinstance(v, torch.Tensor)] \
-            if optimizer is not None else []
-        needed = sum(t.numel() * t.element_size() for t in saved + state) + extra_bytes
-    needed = int(needed * 1.1) + (1 << 20)
-    free = shutil.disk_usage(output_dir).free
-    if free < needed:
-        keep = f"; the last complete checkpoint is {previous}" if previous else ""
-        raise CheckpointError(f"not enough disk space to save {final.name}: it needs about {needed / 2**20:.0f} MiB and "
-                              f"{free / 2**20:.0f} MiB are free under {output_dir}{keep}. Free space (or lower "
-                              f"save_total_limit), then {_then(model_only)}")
-
-
-def _inner(optimizer):
+def inner_optimizer(optimizer):
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-
-
-def save_optimizer(model, optimizer, folder: Path) -> None:
-    """The optimizer state keyed by parameter names, each process writing its shard (a collective)."""
-    if zero.is_deepspeed(model):
-        return zero.save_optimizer(model, folder)
-    with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", which it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}, checkpoint_id=str(folder))
 
 
 def load_optimizer(model, optimizer, folder: Path) -> None:
@@ -213,21 +87,14 @@ def load_optimizer(model, optimizer, folder: Path) -> None:
     # torch initialises the state to load into with a step at learning rate 0, and only when the state is empty: a
     # schedule-free optimizer steps only in train mode, and its mode switch leaves empty entries behind
     optimizer_mode(optimizer, training=True)
-    inner = _inner(optimizer)
+    inner = inner_optimizer(optimizer)
     for param in [param for param, values in inner.state.items() if not values]:
         del inner.state[param]
     target = {"optimizer": get_optimizer_state_dict(model, inner)}  # initialised: the tensors to load into
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(target, storage_reader=SafeReader(str(folder)), planner=SafePlanner())
-    set_optimizer_state_dict(model, _inner(optimizer), target["optimizer"])
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
+    set_optimizer_state_dict(model, inner_optimizer(optimizer), target["optimizer"])
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -386,7 +253,7 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler=None) -> T
         if (folder / "optimizer").is_dir():
             load_optimizer(model, optimizer, folder / "optimizer")
         else:
-            _inner(optimizer).load_state_dict(load_tensors(folder / "optimizer.pt"))
+            inner_optimizer(optimizer).load_state_dict(load_tensors(folder / "optimizer.pt"))
         scheduler.load_state_dict(scheduler_state(folder))
         for group, settings in zip(optimizer.param_groups, today):
             group.update(settings)

@@ -24,8 +24,10 @@ def pruned(checkpoints: list[Path], saved: Path, step: int, keep: int, protect: 
     those of steps after it, which a run resumed from an earlier checkpoint left behind (an abandoned continuation
     that `--resume_from_checkpoint=auto` would otherwise pick up later), then the oldest. Never `protect` either (the
     best checkpoint of load_best_model_at_end), which counts towards `keep`: with a limit of 1 it stays beside
-    `saved`, as in transformers."""
+    `saved`, as in transformers. `keep` -1 (`save_total_limit: -1`) keeps every earlier one."""
     later = [p for p in checkpoints if _step_of(p) > step]
+    if keep < 0:
+        return later
     earlier = [p for p in checkpoints if _step_of(p) < step]
     kept = [p for p in earlier if protect is None or p.name != protect.name]
     room = max(0, keep - 1 - (len(kept) < len(earlier)))

@@ -11,7 +11,8 @@ accelerate starts the process group (NCCL on CUDA, gloo on CPU). Strategies:
   accelerate makes on GPUs, so the same code runs on CPU (gloo), where accelerate has no FSDP;
 * DeepSpeed ZeRO-1/2/3 (`deepspeed: file.json`): `deepspeed.initialize`, also called directly (train/zero.py).
 
-Every collective runs on the main thread, in the same order on every rank.
+Every collective runs on the main thread, in the same order on every rank; a checkpoint written in the background
+(`save_mode: async`) has a process group of its own (train/checkpoint_save.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from rlft.config.settings.model import model_settings
 from rlft.errors import ConfigError
 from rlft.train.launch import check_devices
 from rlft.train.zero import gathered_state_dict as zero_gathered_state_dict
-from rlft.train.zero import is_deepspeed, zero3_parameters
+from rlft.train.zero import is_deepspeed, local_values, zero3_parameters
 
 
 def make_accelerator(cfg):
@@ -242,6 +243,12 @@ def sum_across(values: list[float], device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def not_finite_anywhere(params: list[torch.Tensor], device) -> bool:
+    """Whether any process holds a NaN or infinite value in its part of `params` (a collective)."""
+    local = [p.to_local() if hasattr(p, "to_local") else local_values(p) for p in params]
+    return bool(sum_across([float(any(not torch.isfinite(values).all() for values in local))], device)[0])
 
 
 def max_across(value: float, device) -> float:

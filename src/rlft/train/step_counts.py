@@ -89,9 +89,10 @@ def every(steps: int | None, per_epoch: int | None, epoch_steps: int) -> int | N
 
 def schedules(run: RunSettings, epoch_steps: int) -> tuple[int | None, int | None]:
     """Steps between evaluations and between saves (None: none before the end): the *_steps and *_per_epoch keys,
-    or `eval_strategy` / `save_strategy: epoch`, once an epoch."""
+    or `eval_strategy` / `save_strategy: epoch`, once an epoch, or `save_every_n_epochs`, once every N epochs."""
     def per_epoch(count, strategy):
         return count or (1 if strategy == "epoch" else None)
 
-    return (every(run.eval_steps, per_epoch(run.evals_per_epoch, run.eval_strategy), epoch_steps),
-            every(run.save_steps, per_epoch(run.saves_per_epoch, run.save_strategy), epoch_steps))
+    saves = run.save_every_n_epochs * epoch_steps if run.save_every_n_epochs else \
+        every(run.save_steps, per_epoch(run.saves_per_epoch, run.save_strategy), epoch_steps)
+    return every(run.eval_steps, per_epoch(run.evals_per_epoch, run.eval_strategy), epoch_steps), saves

@@ -29,18 +29,18 @@ from rlft.models.base_changing import INIT_FOLDER, changes_base, resume_weights
 from rlft.models.qat import fake_quant_schedule
 from rlft.train import profiling, zero
 from rlft.train.best import BestCheckpoint
-from rlft.train.checkpoint import (TrainState, agreed_resume, changed_learning_rate, load_checkpoint, load_weights, read_state,
-                                   save_checkpoint)
+from rlft.train.checkpoint import TrainState, agreed_resume, changed_learning_rate, load_checkpoint, load_weights, read_state
 from rlft.train.checkpoint_folders import clean_staging
+from rlft.train.checkpoint_save import CheckpointWriter
 from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_scheduler, optimizer_mode, step_was_skipped, stepping_optimizer
-from rlft.train.parallel import gradient_sync, max_across, mean_metrics, sum_across, unused_parameters_named
+from rlft.train.parallel import gradient_sync, max_across, mean_metrics, not_finite_anywhere, sum_across, unused_parameters_named
 from rlft.train.peak import Peak
 from rlft.train.recipe import Recipe
 from rlft.train.run_log import open_metrics_log
 from rlft.train.step_counts import (continue_position, epochs_steps, plan_batches, schedules, steps_per_epoch, total_steps_for,
                                     total_steps_resumed)
-from rlft.train.watch import RunGuards, StopRequest
+from rlft.train.watch import RunGuards, StopAfterStep, StopRequest
 from rlft.train.wrap import compiled_forward, wrap
 
 
@@ -52,7 +52,7 @@ class LoopResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     started_at: float = 0.0  # time.perf_counter() when the loop began and ended, for callers that time the set-up
     ended_at: float = 0.0
-    save_time: float = 0.0  # seconds spent writing checkpoints
+    save_time: float = 0.0  # seconds training waited for checkpoint saves (save_mode: async: the snapshots, a write in flight)
     recipe: Any = None  # the recipe that ran (its plan and state), for tools that inspect a finished run
     final_from: Path | None = None  # load_best_model_at_end: the checkpoint the final model's weights came from
 
@@ -70,10 +70,6 @@ class StepTotals:
     stopping: bool = False  # some process noted a Ctrl-C during the step
 
 
-class _StopAfterStep(Exception):
-    """Ctrl-C was noted and the step in progress has finished: save and stop."""
-
-
 class Trainer:
     """Trains `model` with `recipe` as `settings` say (.run, .optim, .parallel, .model); `run()` returns the LoopResult."""
 
@@ -83,15 +79,16 @@ class Trainer:
         self.main, self.world = accelerator.is_main_process, accelerator.num_processes
         self.history: list[dict[str, Any]] = []
         self.early: dict[str, float] | None = None  # the evaluation that stopped the run early (early_stopping_patience)
-        self.last_saved: Path | None = None
-        self.save_time, self.timer, self.peak = 0.0, PhaseTimer(), peak.flops * self.world  # MFU's peak: all devices' FLOP/s
+        self.last_saved: Path | None = None  # the newest checkpoint saved or being written (save_mode: async)
+        self.writer = CheckpointWriter(settings.run.save_mode, cfg.ddp_timeout)
+        self.timer, self.peak = PhaseTimer(), peak.flops * self.world  # MFU's peak: all devices' FLOP/s
 
     def run(self) -> LoopResult:
         self.start()
         try:
             self.train()
             checkpoint = self.finish()
-        except _StopAfterStep:
+        except StopAfterStep:
             self.interrupted()
         except RolloutError as exc:  # a rollout server that died: keep the steps trained since the last checkpoint
             if self.world > 1 or self.state.global_step == 0 or self.settings.run.save_only_model:
@@ -102,10 +99,11 @@ class Trainer:
         finally:
             self.stop.close()
             self.steps.close()
+            self.writer.close(self._warn if self.main else None)  # the write in flight ends first (save_mode: async)
         self.log.close()
         ended = time.perf_counter()
         return LoopResult(state=self.state, checkpoint=checkpoint, wall_time=ended - self.started, history=self.history,
-                          started_at=self.started, ended_at=ended, save_time=self.save_time, recipe=self.recipe)
+                          started_at=self.started, ended_at=ended, save_time=self.writer.waited, recipe=self.recipe)
 
     # ------------------------------------------------------------------ start or resume
     def start(self) -> None:
@@ -195,7 +193,7 @@ class Trainer:
         with self.progress, profiling.window(self.settings, self.state.global_step, self.console) as profile:
             while self.state.global_step < self.total_steps:
                 if self.world == 1 and self.stop.requested:  # Ctrl-C during an evaluation or a save
-                    raise _StopAfterStep
+                    raise StopAfterStep
                 if not self.step():
                     break
                 profile.step()
@@ -239,7 +237,7 @@ class Trainer:
             self.save()
         # with several processes: the same sum on every one; at the last step the run ends as it would anyway
         if (totals.stopping or (self.world == 1 and self.stop.requested)) and state.global_step < self.total_steps:
-            raise _StopAfterStep
+            raise StopAfterStep
         return True
 
     def next_batches(self) -> list[MicroBatch]:
@@ -368,30 +366,29 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------ save
-    def save(self, training_after: bool = True) -> Path | None:
+    def save(self, last: bool = False) -> Path | None:
+        """A checkpoint of this step; the `last` of the run is written whole before it returns (with no training after)."""
         state, recipe, optimizer = self.state, self.recipe, self.optimizer
-        local = [p.to_local() if hasattr(p, "to_local") else zero.local_values(p) for p in self.params]
-        if sum_across([float(any(not torch.isfinite(values).all() for values in local))], self.accelerator.device)[0]:
+        if not_finite_anywhere(self.params, self.accelerator.device):
             raise TrainingDiverged(f"the weights hold NaN or inf after step {state.global_step}{self.last_good()}. Lower "
                                    "learning_rate and keep max_grad_norm set")
         state.recipe_state = recipe.state_dict()
         state.guards = self.guards.state_dict()
         self.best.saving(state.global_step)
         state.best = self.best.state_dict()
-        began = time.perf_counter()
         optimizer_mode(optimizer, training=False)  # schedule-free: the averaged weights are the ones to keep
         with self.timer("save"):
-            self.last_saved = save_checkpoint(
+            self.last_saved = self.writer.save(
                 self.output_dir, state, self.model, self.tokenizer, optimizer, self.scheduler, self.settings.run.save_total_limit,
                 recipe.save_files, getattr(self.accelerator, "scaler", None), recipe.saved_files_bytes(),
-                self.best.folder(self.output_dir), model_only=self.settings.run.save_only_model, initial_adapter=self.initial)
-        if training_after:
+                self.best.folder(self.output_dir), model_only=self.settings.run.save_only_model, initial_adapter=self.initial,
+                wait=last)
+        if not last:
             optimizer_mode(optimizer, training=True)
-        self.save_time += time.perf_counter() - began
         return self.last_saved
 
     def last_good(self) -> str:
-        latest = self.last_saved or self.resume_from
+        latest = self.writer.finished() or self.resume_from  # a write in flight has ended: whole, or failed
         return f"; the last good checkpoint is {latest}" if latest else "; no checkpoint was saved"
 
     # ------------------------------------------------------------------ finish
@@ -399,11 +396,11 @@ class Trainer:
         """The final evaluation and checkpoint (a resumed finished run has both already); the final model's weights."""
         saves = self.settings.run.save_strategy != "no"
         if self.finished:
-            checkpoint = self.resume_from if not self.moved else self.save(training_after=False) if saves else None
+            checkpoint = self.resume_from if not self.moved else self.save(last=True) if saves else None
         else:
             final_eval = self.early if self.early is not None else self.evaluate()
             self.state.last_metrics.update(final_eval)
-            checkpoint = self.save(training_after=False) if saves else None
+            checkpoint = self.save(last=True) if saves else None
         optimizer_mode(self.optimizer, training=False)  # the final model: a schedule-free optimizer's averaged weights
         return checkpoint
 
@@ -411,7 +408,8 @@ class Trainer:
         """Ctrl-C: the step that was running has finished; save it and stop."""
         state = self.state
         done = self.last_saved is not None and self.last_saved.name == f"checkpoint-{state.global_step}"
-        saved = (self.last_saved if done else self.save()) if state.global_step > 0 else None
+        saved = (self.last_saved if done else self.save(last=True)) if state.global_step > 0 else None
+        self.writer.wait()  # a write in flight of this step: whole before it is named
         self.log.close()
         resume = ("its weights only (save_only_model: true): a new run can start from them, none can resume"
                   if self.settings.run.save_only_model else "resume with --resume_from_checkpoint=auto")
@@ -423,7 +421,8 @@ class Trainer:
         state = self.state
         done = self.last_saved is not None and self.last_saved.name == f"checkpoint-{state.global_step}"
         self.recipe.engine_lost()
-        saved = self.last_saved if done else self.save()
+        saved = self.last_saved if done else self.save(last=True)
+        self.writer.wait()
         self.log.close()
         raise RolloutError(f"{exc}\nthe {state.global_step} steps trained are saved in {saved}: resume with "
                            "--resume_from_checkpoint=auto once it answers again (the rollouts in flight are sampled "

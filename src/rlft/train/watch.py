@@ -39,6 +39,10 @@ class SetupInterrupts:
         SetupInterrupts.current = None
 
 
+class StopAfterStep(Exception):
+    """Ctrl-C was noted and the step in progress has finished: the loop saves and stops."""
+
+
 class StopRequest:
     """Ctrl-C during training. A step stopped half-way cannot be saved (its batch is drawn, its update half-made),
     so the first Ctrl-C is only noted: the loop finishes the step it is in and saves the state after it, which a

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +160,20 @@ def _state_keys(engine) -> tuple[list[str], dict[str, Any]]:
     return [], {}
 
 
-def save_optimizer(engine, folder: Path) -> None:
-    """Each trained parameter's whole optimizer state (and fp32 master weights when the model trains in bf16),
-    written by one process (parameter i by rank i mod processes). A collective: every rank calls it."""
+@dataclass
+class OptimizerShard:
+    """What one process writes of the optimizer state: its parameters' values, copied to the CPU, and (rank 0) the
+    index."""
+
+    rank: int
+    values: dict[str, torch.Tensor]
+    index: dict[str, Any] | None
+
+
+def optimizer_shard(engine) -> OptimizerShard:
+    """Each trained parameter's whole optimizer state (and fp32 master weights when the model trains in bf16), held by
+    one process (parameter i by rank i mod processes), as copies that later steps leave alone. A collective: every
+    rank calls it."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state  # optional, as in initialize
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -177,13 +189,19 @@ def save_optimizer(engine, folder: Path) -> None:
         if master:
             values["fp32"] = safe_get_full_fp32_param(param)
         if owner == rank:
-            mine.update({f"{name}::{key}": value.detach().to("cpu", torch.float32).contiguous() for key, value in values.items()})
+            mine.update({f"{name}::{key}": value.detach().to("cpu", torch.float32, copy=True).contiguous()
+                         for key, value in values.items()})
+    index = {"format": "rlft-zero-1", "processes": world, "keys": keys + (["fp32"] if master else []), "scalars": scalars,
+             "owners": owners} if rank == 0 else None
+    return OptimizerShard(rank, mine, index)
+
+
+def write_optimizer(shard: OptimizerShard, folder: Path) -> None:
+    """Write `shard` into `folder`: zero-R.safetensors, and zero.json from rank 0. Any thread; no collective."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(mine, str(folder / f"zero-{rank}.safetensors"))
-    if rank == 0:
-        index = {"format": "rlft-zero-1", "processes": world, "keys": keys + (["fp32"] if master else []),
-                 "scalars": scalars, "owners": owners}
-        (folder / INDEX).write_text(json.dumps(index, indent=1))
+    save_file(shard.values, str(folder / f"zero-{shard.rank}.safetensors"))
+    if shard.index is not None:
+        (folder / INDEX).write_text(json.dumps(shard.index, indent=1))
 
 
 def _prime(engine) -> None:
@@ -215,7 +233,7 @@ def _link(engine) -> None:
 
 
 def load_optimizer(engine, folder: Path) -> None:
-    """Load what `save_optimizer` wrote, written by any number of processes, into this run's partitions."""
+    """Load what `write_optimizer` wrote, written by any number of processes, into this run's partitions."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state  # optional, as in initialize
 
     index = json.loads((folder / INDEX).read_text())

@@ -12,3 +12,10 @@ def schedule_problems(cfg):
     for steps, per_epoch in (("eval_steps", "evals_per_epoch"), ("save_steps", "saves_per_epoch")):
         if getattr(cfg, steps) and getattr(cfg, per_epoch):
             yield f"{steps} and {per_epoch} are both set: keep one"
+    if cfg.save_every_n_epochs:
+        for key in ("save_steps", "saves_per_epoch"):
+            if getattr(cfg, key):
+                yield f"save_every_n_epochs and {key} are both set: keep one"
+        if cfg.save_strategy not in (None, "epoch"):
+            yield (f"save_every_n_epochs saves at the end of every Nth epoch, and save_strategy: {cfg.save_strategy} asks "
+                   "for another schedule: keep one")

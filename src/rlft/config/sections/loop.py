@@ -62,8 +62,17 @@ class LoopFields(Section):
         None, "Axolotl's checkpoint schedule: steps (save_steps or saves_per_epoch; the default), epoch (at each epoch's "
               "end), best (after each evaluation whose metric_for_best_model is the best so far), no (no checkpoints, "
               "only the final model). A checkpoint of the last step is saved at the end unless no.")
+    save_every_n_epochs: int = field(
+        0, "Save a checkpoint at the end of every Nth epoch (implies save_strategy: epoch, which is N = 1; Cosmos-RL's "
+           "train.ckpt.save_freq_in_epoch). 0 (the default): off.", ge=0)
     save_total_limit: int = field(4, "Keep only the newest N checkpoints (Axolotl's default 4; 0 also keeps 4, as in "
-                                     "Axolotl).", ge=0)
+                                     "Axolotl; -1 keeps every one, as transformers reads a value below 0; Cosmos-RL's "
+                                     "train.ckpt.max_keep).", ge=-1)
+    save_mode: Literal["sync", "async"] = field(
+        "sync", "How a checkpoint is written: sync (the default: training waits for the write) or async (the state is "
+                "copied to host memory between two steps, then written on a background thread while training goes on; "
+                "one write at a time; Cosmos-RL's train.ckpt.save_mode, whose default is async) "
+                "(docs/checkpoints.md#asynchronous-saving).")
     save_only_model: bool = field(
         False, "Checkpoints hold the model's weights only, not the optimizer, schedule and RNG state (HF's and Axolotl's "
                "key): smaller and faster to write, but no run can resume from them (docs/checkpoints.md#what-a-checkpoint-holds).")
@@ -115,5 +124,6 @@ class LoopFields(Section):
     @field_validator("save_total_limit")
     @classmethod
     def _zero_limit(cls, value: int) -> int:
-        """Axolotl passes `save_total_limit or 4` on (core/builders/base.py): 0 keeps 4, not every checkpoint."""
+        """Axolotl passes `save_total_limit or 4` on (core/builders/base.py): 0 keeps 4, not every checkpoint. -1
+        reaches transformers, whose rotation keeps every checkpoint for a value below 0 (trainer_utils.rotate_checkpoints)."""
         return value or 4

@@ -27,8 +27,10 @@ class RunSettings:
     save_steps: int | None  # save_steps
     saves_per_epoch: int | None  # saves_per_epoch: checkpoints an epoch, where save_steps is unset
     save_strategy: str | None  # save_strategy: no, steps, epoch or best
+    save_every_n_epochs: int  # save_every_n_epochs: a checkpoint every N epochs' end (0: off)
+    save_mode: str  # save_mode: sync or async (written on a background thread)
     streamed: bool  # the training rows are streamed: no epochs, max_steps stand for one
-    save_total_limit: int  # save_total_limit as written
+    save_total_limit: int  # save_total_limit (-1: keep every checkpoint)
     save_only_model: bool  # save_only_model: checkpoints without optimizer state
     resume_from_checkpoint: str | None  # resume_from_checkpoint: a folder or auto
 
@@ -95,7 +97,8 @@ def run_settings(cfg) -> RunSettings:
         output_dir=cfg.output_dir, seed=cfg.seed, max_steps=cfg.max_steps, num_epochs=cfg.num_epochs,
         logging_steps=cfg.logging_steps, eval_steps=cfg.eval_steps, evals_per_epoch=cfg.evals_per_epoch,
         eval_strategy=cfg.eval_strategy, save_steps=cfg.save_steps, saves_per_epoch=cfg.saves_per_epoch,
-        save_strategy=cfg.save_strategy, streamed=cfg.streamed,
+        save_strategy=cfg.save_strategy, save_every_n_epochs=cfg.save_every_n_epochs, save_mode=cfg.save_mode,
+        streamed=cfg.streamed,
         save_total_limit=cfg.save_total_limit, save_only_model=cfg.save_only_model,
         resume_from_checkpoint=cfg.resume_from_checkpoint,
     )
