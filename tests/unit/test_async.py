@@ -237,12 +237,14 @@ def test_closing_the_prefetcher_cancels_the_queued_rollouts():
     assert ran == [0] and time.perf_counter() - began < 0.8
 
 
-def test_a_pipeline_staler_than_allowed_outdated_steps_is_refused(tok, tmp_path):
+def test_a_bound_below_the_sync_interval_is_refused(tok, tmp_path):
+    """Weights reach the engine every 3 steps: a batch sampled when the trainer needs it can be 2 steps old, which a
+    bound of 1 would drop (a bound below the prefetch age is a throttle: tests/unit/test_rollout_control.py)."""
     from rlft.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="rollouts up to 3 steps old"):
-        make_recipe(tok, VersionedEngine(), tmp_path, async_prefetch=True, prefetch_depth=1, steps_per_generation=2,
-                    vllm_sync_interval=2, allowed_outdated_steps=2)
+    with pytest.raises(ConfigError, match="is below vllm_sync_interval - 1 = 2"):
+        make_recipe(tok, VersionedEngine(), tmp_path, async_prefetch=True, prefetch_depth=1, vllm_sync_interval=3,
+                    allowed_outdated_steps=1)
 
 
 def test_rows_older_than_allowed_outdated_steps_are_dropped_and_counted(tok, tiny_llama, tmp_path):

@@ -500,6 +500,8 @@ def test_rl_settings_defaults_for_a_sync_run(config):
     assert (s.decoupled_loss, s.behav_imp_weight_cap) == (False, None)
     assert (s.replay_buffer_size, s.replay_recompute_logps, s.reroll_start_fraction, s.reroll_max_groups) == (0, True, 1.0, 1)
     assert s.allowed_outdated_steps is None
+    assert (s.on_policy, s.outdated_fetch_prompts, s.max_retry_for_on_policy, s.min_filter_prefix_tokens) == (False, 0, None, 0)
+    assert s.reset_optimizer_with_reference
     assert not s.needs_sampling_correction
 
 
@@ -580,14 +582,15 @@ def test_async_prefetch_with_depth_zero(config_problems, config):
     assert config(**GRPO, trl={"prefetch_depth": 0}).trl.prefetch_depth == 0  # sync: nothing is generated ahead
 
 
-def test_allowed_outdated_steps_below_prefetch_depth(config_problems, config):
-    [(_, what)] = config_problems(**GRPO, trl={"async_prefetch": True, "prefetch_depth": 2, "allowed_outdated_steps": 1})
-    assert what.startswith("trl.allowed_outdated_steps = 1 is below the age of every prefetched batch: prefetch_depth = 2")
-    assert "rollouts up to 2 steps old" in what
-    assert config(**GRPO, trl={"async_prefetch": True, "allowed_outdated_steps": 1}).trl.allowed_outdated_steps == 1
-    # a generation batch of two steps' rows (8 x 1 x 1 each) feeds two steps: one batch ahead is 2 steps old
-    [(_, what)] = config_problems(**GRPO, trl={"async_prefetch": True, "allowed_outdated_steps": 1, "generation_batch_size": 16})
-    assert "prefetch_depth = 1 batches of 2 optimizer step(s)" in what and "rollouts up to 2 steps old" in what
+def test_allowed_outdated_steps_below_the_prefetch_age_throttles_and_below_the_sync_interval_is_refused(config_problems,
+                                                                                                          config):
+    # below the age prefetch_depth alone would give (2 batches ahead): a throttle, the producer waits
+    assert config(**GRPO, trl={"async_prefetch": True, "prefetch_depth": 2, "allowed_outdated_steps": 0}).trl.prefetch_depth == 2
+    # below vllm_sync_interval - 1: even a batch sampled on demand is that old
+    [(_, what)] = config_problems(**GRPO, trl={"allowed_outdated_steps": 1, "vllm_sync_interval": 4})
+    assert what.startswith("trl.allowed_outdated_steps = 1 is below vllm_sync_interval - 1 = 3: the engine gets new "
+                           "weights every 4 optimizer steps")
+    assert config(**GRPO, trl={"allowed_outdated_steps": 3, "vllm_sync_interval": 4}).trl.allowed_outdated_steps == 3
 
 
 def test_lora_sync_without_adapter(config_problems, config):

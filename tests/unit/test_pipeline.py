@@ -80,9 +80,9 @@ class FakeScorer:
 
 def settings(**overrides) -> SimpleNamespace:
     base = dict(num_generations=GROUP, prompts_per_step=2, steps_per_generation=1, filter_reward_metric=(),
-                dynamic_sampling_max_retries=0, scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
-                advantage_estimator="grpo", skip_zero_advantage_batches=True, overlong_penalty=False, rollout_func=None,
-                max_completion_length=4, streaming=False, streaming_min_groups=1)
+                dynamic_sampling_max_retries=0, max_retry_for_on_policy=None, scale_rewards="group",
+                multi_objective_aggregation="sum_then_normalize", advantage_estimator="grpo", skip_zero_advantage_batches=True,
+                overlong_penalty=False, rollout_func=None, max_completion_length=4, streaming=False, streaming_min_groups=1)
     return SimpleNamespace(**{**base, **overrides})
 
 

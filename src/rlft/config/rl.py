@@ -106,7 +106,12 @@ class RLSettings:
     prefetch_depth: int  # rollout batches generated ahead
     streaming: bool  # score a rollout batch in chunks of prompt groups
     streaming_min_groups: int
-    allowed_outdated_steps: int | None  # drop rows sampled more than this many optimizer steps ago; None = no bound
+    allowed_outdated_steps: int | None  # the throttle's bound, and rows older when trained are dropped; None = no bound
+    on_policy: bool  # Cosmos-RL: allowed_outdated_steps resolved to 0
+    outdated_fetch_prompts: int  # prompts of a batch the throttle holds sampled at once (outdated_rollout_fetch_batch_size)
+    max_retry_for_on_policy: int | None  # dynamic sampling's draw limit (an error past it); <= 0: none; None: the retries
+    min_filter_prefix_tokens: int  # the shared-prefix filter's least prefix; 0 = off
+    reset_optimizer_with_reference: bool  # a reference reset also clears the optimizer's state
     # importance-sampling correction and off-policy control (rlft.losses.importance)
     is_correction: bool  # weight the policy term by exp(old - sampling) (TRL's vllm_importance_sampling_correction)
     is_level: str  # token | sequence
@@ -142,7 +147,7 @@ class RLSettings:
 def trl_options(cfg) -> dict[str, Any]:
     """Every `trl:` key as a run reads it: the `variant`'s options where the key is not set, then `DEFAULTS` where it is
     still None, Cosmos-RL's loss name `seq-mean-token-mean` as grpo (dr_grpo with unbiased_loss_max_tokens), then
-    `rl_beta`, `rl: gdpo` and RLOO's scaling. The cross-field rules judge these values."""
+    `rl_beta`, `rl: gdpo`, `on_policy` (a staleness bound of 0) and RLOO's scaling. The cross-field rules judge these values."""
     trl = cfg.trl
     options = {name: getattr(trl, name) for name in type(trl).model_fields}
     if trl.variant:
@@ -158,6 +163,8 @@ def trl_options(cfg) -> dict[str, Any]:
         options["beta"] = cfg.rl_beta
     if method_spec(cfg.method).normalises_each_reward:
         options["multi_objective_aggregation"] = "normalize_then_sum"
+    if options["on_policy"] and options["allowed_outdated_steps"] is None:  # Cosmos-RL: on-policy is a bound of 0
+        options["allowed_outdated_steps"] = 0
     if options["advantage_estimator"] == "rloo" and "scale_rewards" not in trl.model_fields_set:
         options["scale_rewards"] = "none"  # RLOO (Ahmadian et al. 2024) and TRL's RLOOTrainer do not divide by a std
     return options
@@ -223,7 +230,11 @@ def rl_settings(cfg) -> RLSettings:
         lora_sync=options["vllm_lora_sync"], sync_interval=options["vllm_sync_interval"],
         async_prefetch=options["async_prefetch"], prefetch_depth=options["prefetch_depth"],
         streaming=bool(options["streaming_partial_batch"]), streaming_min_groups=options["streaming_min_groups"],
-        allowed_outdated_steps=options["allowed_outdated_steps"], is_correction=is_correction, is_level=is_level,
+        allowed_outdated_steps=options["allowed_outdated_steps"], on_policy=options["on_policy"],
+        outdated_fetch_prompts=options["outdated_rollout_fetch_batch_size"],
+        max_retry_for_on_policy=options["max_retry_for_on_policy"],
+        min_filter_prefix_tokens=options["min_filter_prefix_tokens"] or 0,
+        reset_optimizer_with_reference=options["reset_optimizer_with_reference"], is_correction=is_correction, is_level=is_level,
         is_mode=is_mode, is_cap=float(options["vllm_importance_sampling_cap"]),
         off_policy_mask_threshold=options["off_policy_mask_threshold"], bias_correction_kl=options["use_bias_correction_kl"],
         decoupled_loss=options["use_decoupled_loss"], behav_imp_weight_cap=options["behav_imp_weight_cap"],

@@ -150,13 +150,16 @@ class ReferenceMoves:
         self.reference, self.s = reference, settings
         self.active = reference is not None and reference.is_copy and bool(settings.reference_reset_interval or settings.sync_ref_model)
 
-    def after_step(self, policy: torch.nn.Module, step: int) -> None:
+    def after_step(self, policy: torch.nn.Module, step: int) -> bool:
+        """Move the reference when due after optimizer step `step`; True when it was reset (not for a soft update)."""
         if not self.active:
-            return
+            return False
         if self.s.reference_reset_interval and step % self.s.reference_reset_interval == 0:
             self.reference.reset(merged_weights(policy))
-        elif self.s.sync_ref_model and step % self.s.ref_model_sync_steps == 0:
+            return True
+        if self.s.sync_ref_model and step % self.s.ref_model_sync_steps == 0:
             self.reference.mix(merged_weights(policy), self.s.ref_model_mixup_alpha)
+        return False
 
     def save(self, folder: Path) -> None:
         if self.active:

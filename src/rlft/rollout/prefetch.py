@@ -53,6 +53,11 @@ class Prefetcher:
             self._wait(future)
         return future
 
+    def submit_part(self, job: Callable[[], Any]) -> Future:
+        """Enqueue engine work that is not taken but read by a later sample job (the first share of a batch sampled in
+        two, rlft.train.rollout_feed); jobs run in order, so it is done when that job runs."""
+        return self._enqueue(job)
+
     def call(self, job: Callable[[], Any]) -> Any:
         """Run `job` after everything already enqueued and wait for its result (evaluation, dynamic-sampling draws)."""
         return self._wait(self._enqueue(job))

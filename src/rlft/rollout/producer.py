@@ -96,8 +96,9 @@ class RolloutProducer:
         self.draws += 1
         return prompts, self.draws - 1, injected
 
-    def sample(self, prompts: list[PromptRow], index: int, injected: int = 0) -> SampledBatch:
-        """Generate G completions per prompt. Touches only the engine: safe on a background thread."""
+    def sample(self, prompts: list[PromptRow], index: int, injected: int = 0, part: int = 0) -> SampledBatch:
+        """Generate G completions per prompt. Touches only the engine: safe on a background thread. `part`: which share
+        of draw `index` these prompts are, when it is sampled in two (the throttle's early prompts, then the rest)."""
         started = time.perf_counter()
         with phase_range("generate"):
             if self.environment is not None:
@@ -107,12 +108,13 @@ class RolloutProducer:
                 rollout, extra = self._user_rollout(prompts)
             else:
                 params = self.sampling_for(prompts, self.sampling)
-                rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group, seed=self.seed_of(index))
+                rollout = self.engine.generate([p["prompt_ids"] for p in prompts], params, self.group,
+                                               seed=self.seed_of(index, part))
                 extra = {}
         return SampledBatch(prompts, rollout, extra, index, round(time.perf_counter() - started, 4), injected)
 
-    def seed_of(self, index: int) -> int:
-        return (self.seed * 1_000_003 + index) % (2**63 - 1)
+    def seed_of(self, index: int, part: int = 0) -> int:
+        return (self.seed * 1_000_003 + index + part * 2**40) % (2**63 - 1)
 
     def score(self, sampled: SampledBatch) -> ScoredBatch:
         """Rewards, the overlong penalty, dynamic sampling, advantages, replay and metrics (main thread)."""
@@ -182,10 +184,13 @@ class RolloutProducer:
             return scores
 
     def _dynamic_sampling(self, prompts, rollout: Rollout, scores: Scores, needed: int):
-        """Drop groups whose filter metric(s) are constant; draw more prompt batches until `needed` groups are kept
-        or `dynamic_sampling_max_retries` extra draws are spent."""
+        """Drop groups whose filter metric(s) are constant; draw more prompt batches until `needed` groups are kept,
+        or `dynamic_sampling_max_retries` extra draws are spent (then what is kept trains). With
+        `max_retry_for_on_policy` N > 0 (Cosmos-RL), at most N x `needed` prompts are drawn, and a batch still short then
+        stops the run; N <= 0 draws until the batch is full, up to an epoch of prompts."""
         kept_prompts, kept_rollouts, kept_scores = [], [], []
-        retries, dropped = 0, 0
+        retries, dropped, drawn = 0, 0, len(prompts)
+        limit = self.settings.max_retry_for_on_policy
         while True:
             flat = None
             for name in self.settings.filter_reward_metric:  # a group is dropped when every listed metric is constant in it
@@ -201,10 +206,13 @@ class RolloutProducer:
             kept_prompts += [prompts[g] for g in keep]
             kept_rollouts.append(rollout.select(rows))
             kept_scores.append(scores.select(rows))
-            if len(kept_prompts) >= needed or retries >= self.settings.dynamic_sampling_max_retries:
+            if len(kept_prompts) >= needed or (limit is None and retries >= self.settings.dynamic_sampling_max_retries):
                 break
+            if limit is not None:
+                draw_limit(limit, drawn, needed, len(kept_prompts), self.prompts)
             retries += 1
             prompts = self.prompts.next()["prompts"]
+            drawn += len(prompts)
             index = self.draws
             self.draws += 1
             sampled = self.run_engine(lambda: self.sample(prompts, index))
@@ -244,6 +252,22 @@ class RolloutProducer:
                           weight_versions=[self.engine.version] * count)
         extra = {k: (v if isinstance(v, list) else [v] * count) for k, v in result.items() if k not in ROLLOUT_KEYS + ("env_mask",)}
         return rollout, extra
+
+
+def draw_limit(limit: int, drawn: int, needed: int, kept: int, prompts: PromptSource) -> None:
+    """Cosmos-RL's `max_retry_for_on_policy`: stop the run when dynamic sampling would draw more than `limit` x `needed`
+    prompts for one generation batch (limit <= 0: an epoch of prompts more than `needed`, where the source knows its
+    data; a run that never fills a batch would otherwise draw for ever)."""
+    epoch = len(getattr(getattr(prompts, "plan", None), "items", None) or ())
+    bound = limit * needed if limit > 0 else (epoch + needed if epoch else None)
+    if bound is not None and drawn >= bound:
+        what = (f"{limit} x the batch (trl.max_retry_for_on_policy)" if limit > 0 else
+                "an epoch of prompts (trl.max_retry_for_on_policy <= 0 draws until the batch is full)")
+        raise RolloutError(f"dynamic sampling kept {kept} of the {needed} prompt groups a generation batch needs after drawing "
+                           f"{drawn} prompts, {what}: nearly every group's trl.filter_reward_metric is equal within it, so the "
+                           "data may be too hard or too easy for the model. Check the reward functions on a few "
+                           "completions, raise max_retry_for_on_policy, or remove it to train on the groups kept "
+                           "(dynamic_sampling_max_retries)")
 
 
 def episode_metrics(extra: dict[str, list], metrics: BatchMetrics) -> list[str]:

@@ -84,6 +84,13 @@ class SampledBatch:
     generate_time: float = 0.0
     injected: int = 0  # prompts the re-roll queue put in place of drawn ones
 
+    @staticmethod
+    def join(first: "SampledBatch", second: "SampledBatch") -> "SampledBatch":
+        """One draw sampled in two shares (its first prompts, then the others) as one batch, in prompt order."""
+        extra = {key: list(values) + list(second.extra[key]) for key, values in first.extra.items()}  # the same columns
+        return SampledBatch(first.prompts + second.prompts, Rollout.concat([first.rollout, second.rollout]), extra,
+                            first.index, first.generate_time + second.generate_time, first.injected + second.injected)
+
     def to_state(self) -> dict[str, Any]:
         return {"prompts": self.prompts, "rollout": dataclasses.asdict(self.rollout), "extra": self.extra,
                 "index": self.index, "generate_time": self.generate_time, "injected": self.injected}

@@ -20,6 +20,7 @@ import torch
 from rlft.config.optimizers import ALIASES, TORCH_ADAMW
 from rlft.config.settings.training import OptimSettings
 from rlft.errors import ConfigError
+from rlft.train import zero
 
 NO_DECAY = ("bias", "norm", "layernorm", "ln_")
 
@@ -161,6 +162,41 @@ def optimizer_mode(optimizer, training: bool) -> None:
     switch = getattr(inner, "train" if training else "eval", None)
     if callable(switch):
         switch()
+
+
+def reset_state(model, optimizer) -> None:
+    """Start the optimizer's state again as a new optimizer's (Cosmos-RL's reset_optimizer_with_reference): Adam's
+    moments zero and its step count 0; the parameter groups (learning rate, weight decay) and the schedule go on.
+
+    The state is created at once rather than left empty: one step with zero gradients at learning rate and weight
+    decay 0 (no weight moves), then every step count back to 0. An empty state would be created that way, with a step
+    count of 1, by the next checkpoint save (torch.distributed.checkpoint's get_optimizer_state_dict), so a run saved
+    right after a reset would train on differently from one that was not."""
+    if zero.is_deepspeed(model):
+        inner = zero.restart_optimizer(model)
+    else:
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+        inner.state.clear()
+        trained = [param for group in inner.param_groups for param in group["params"] if param.requires_grad]
+        kept = [(group["lr"], group.get("weight_decay")) for group in inner.param_groups]
+        for param in trained:
+            param.grad = torch.zeros_like(param)
+        for group in inner.param_groups:
+            group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
+            if "weight_decay" in group:
+                group["weight_decay"] = 0.0
+        inner.step()
+        for group, (rate, decay) in zip(inner.param_groups, kept):
+            group["lr"] = rate
+            if decay is not None:
+                group["weight_decay"] = decay
+        for param in trained:
+            param.grad = None
+    for state in inner.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
 
 
 def step_was_skipped(optimizer) -> bool:

@@ -73,9 +73,11 @@ class Recipe:
     def evaluate(self, model: torch.nn.Module, batches: list[dict[str, Any]]) -> dict[str, float]:
         return {}
 
-    def after_optimizer_step(self, model: torch.nn.Module, step: int, changed: bool = True) -> None:
+    def after_optimizer_step(self, model: torch.nn.Module, step: int, changed: bool = True) -> bool:
         """Step `step` (1-based) is done: sync engines and references here. `changed`: it updated the weights (False
-        for a step skipped for want of a learning signal, or by fp16's scaler)."""
+        for a step skipped for want of a learning signal, or by fp16's scaler). True asks the loop to start the
+        optimizer's state again (rlft.train.optim.reset_state), as at a reference reset in online RL."""
+        return False
 
     def step_metrics(self) -> dict[str, float]:
         return {}

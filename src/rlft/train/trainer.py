@@ -33,7 +33,7 @@ from rlft.train.checkpoint import TrainState, agreed_resume, changed_learning_ra
 from rlft.train.checkpoint_folders import clean_staging
 from rlft.train.checkpoint_save import CheckpointWriter
 from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_memory_mb
-from rlft.train.optim import advance_schedule, build_scheduler, optimizer_mode, step_was_skipped, stepping_optimizer
+from rlft.train.optim import advance_schedule, build_scheduler, optimizer_mode, reset_state, step_was_skipped, stepping_optimizer
 from rlft.train.parallel import gradient_sync, max_across, mean_metrics, not_finite_anywhere, sum_across, unused_parameters_named
 from rlft.train.peak import Peak
 from rlft.train.recipe import Recipe
@@ -218,7 +218,8 @@ class Trainer:
             grad_norm, changed = self.update(bool(batches), totals)
         state.global_step += 1
         state.tokens_seen += totals.tokens
-        self.recipe.after_optimizer_step(self.unwrapped, state.global_step, changed)
+        if self.recipe.after_optimizer_step(self.unwrapped, state.global_step, changed):  # e.g. at a reference reset
+            reset_state(self.model, self.optimizer)
         record = self.step_record(totals, loss_value, lr, grad_norm, time.perf_counter() - step_start)
         self.log_step(record, loss_value, lr, grad_norm)
         self.progress.update(self.task, completed=state.global_step)
@@ -241,8 +242,7 @@ class Trainer:
         return True
 
     def next_batches(self) -> list[MicroBatch]:
-        """This step's micro-batches, on the device: built by the recipe (online RL: generate, score, log-probs), or drawn
-        from its plan."""
+        """This step's micro-batches on the device: the recipe's (online RL: generate, score, log-probs) or its plan's."""
         began = clock()
         batches = self.recipe.prepare_step(self.runs)
         if batches is not None:

@@ -259,6 +259,15 @@ def load_optimizer(engine, folder: Path) -> None:
                 state[key] = torch.tensor(value, dtype=state[key].dtype) if torch.is_tensor(state[key]) else type(state[key])(value)
 
 
+def restart_optimizer(engine):
+    """Drop the optimizer state of ZeRO's flat partitions and create it again as its first step would (`_prime`); the
+    torch optimizer that holds it (rlft.train.optim.reset_state sets its step counts back to 0)."""
+    inner = _inner(engine)
+    inner.state.clear()
+    _prime(engine)
+    return inner
+
+
 def optimizer_files_problem(folder: Path) -> str | None:
     """Why the ZeRO optimizer folder cannot be read (an unreadable index, a missing or unreadable shard), or None."""
     try:

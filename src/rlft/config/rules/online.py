@@ -54,6 +54,10 @@ def _grpo_problems(cfg, spec, options):
     if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
         yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
                "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")
+    if trl.reference_reset_interval and trl.reset_optimizer_with_reference and "schedule_free" in cfg.optimizer:
+        yield (f"trl.reset_optimizer_with_reference (default true) starts the optimizer's state again at each reference "
+               f"reset, and optimizer: {cfg.optimizer} keeps the sequence its weights average over in that state: set "
+               "trl.reset_optimizer_with_reference: false, or use another optimizer")
     groups = options["num_generations"]
     if groups < 2:
         yield f"trl.num_generations is {groups}: group-relative advantages need at least 2 completions per prompt"
@@ -98,18 +102,7 @@ def _rollout_problems(cfg, options):
     if trl.async_prefetch and depth < 1:
         yield (f"trl.prefetch_depth is {depth} with trl.async_prefetch: true: prefetch_depth counts the rollout batches "
                "generated ahead and must be >= 1 (1 is the usual choice), or set async_prefetch: false")
-    if trl.async_prefetch and trl.allowed_outdated_steps is not None:
-        # optimizer steps per generation batch: its windows of one step's rows (generation_batch_size), each reused
-        # num_iterations times
-        step_rows = rows_per_step(cfg)
-        windows = -(-trl.generation_batch_size // step_rows) if trl.generation_batch_size else 1
-        per_batch = options["steps_per_generation"] * windows * options["num_iterations"]
-        oldest = depth * per_batch + options["vllm_sync_interval"] - 1
-        if trl.allowed_outdated_steps < oldest:
-            yield (f"trl.allowed_outdated_steps = {trl.allowed_outdated_steps} is below the age of every prefetched batch: "
-                   f"prefetch_depth = {depth} batches of {per_batch} optimizer step(s) with vllm_sync_interval = "
-                   f"{options['vllm_sync_interval']} trains on rollouts up to {oldest} steps old, so every batch would be "
-                   "dropped; raise allowed_outdated_steps or lower prefetch_depth / vllm_sync_interval")
+    yield from _staleness_problems(cfg, options)
     if trl.vllm_group_port is not None and not (trl.use_vllm and options["vllm_mode"] == "server"):
         yield ("trl.vllm_group_port opens a weight group with a rollout server: it needs trl.use_vllm: true with "
                "vllm_mode: server (a colocated engine shares the trainer's process); remove vllm_group_port otherwise")
@@ -141,3 +134,35 @@ def _rollout_problems(cfg, options):
     if trl.reroll_start_fraction < 1 and cfg.max_steps is None:
         yield (f"trl.reroll_start_fraction = {trl.reroll_start_fraction} is a fraction of max_steps, which is not set: "
                "set max_steps, or remove reroll_start_fraction (1.0 = no re-roll)")
+
+
+def _staleness_problems(cfg, options):
+    """On-policy sampling, the staleness bound (the throttle) and dynamic sampling's draw limit."""
+    trl = cfg.trl
+    bound, interval = options["allowed_outdated_steps"], options["vllm_sync_interval"]
+    if trl.on_policy and interval != 1:
+        yield (f"trl.on_policy samples every batch with the weights that start training on it, so the engine needs the "
+               f"weights of every optimizer step: set trl.vllm_sync_interval: 1 (it is {interval}), or remove on_policy")
+    elif trl.on_policy and trl.allowed_outdated_steps:
+        yield (f"trl.on_policy is a staleness bound of 0, and trl.allowed_outdated_steps is {trl.allowed_outdated_steps}: "
+               "keep one of them")
+    elif bound is not None and bound < interval - 1:
+        # the weights reach the engine every `interval` steps: a batch sampled when the trainer needs it is up to
+        # interval - 1 steps old, and the throttle cannot wait for weights that are not sent
+        yield (f"trl.allowed_outdated_steps = {bound} is below vllm_sync_interval - 1 = {interval - 1}: the engine gets "
+               f"new weights every {interval} optimizer steps, so even a batch sampled when the trainer needs it can be "
+               f"{interval - 1} steps old and its rows would be dropped; raise allowed_outdated_steps to at least "
+               f"{interval - 1} (Cosmos-RL raises it so), or lower vllm_sync_interval")
+    if trl.on_policy and trl.replay_buffer_size:
+        yield ("trl.on_policy trains only on rows sampled by the current weights, and trl.replay_buffer_size trains again "
+               "on groups older weights sampled: remove one of them")
+    if trl.outdated_rollout_fetch_batch_size and (not trl.async_prefetch or bound is None):
+        yield ("trl.outdated_rollout_fetch_batch_size is how many prompts are sampled while allowed_outdated_steps holds the "
+               "producer back, which only happens with trl.async_prefetch: true and allowed_outdated_steps (or on_policy) "
+               "set: set them, or remove outdated_rollout_fetch_batch_size")
+    if trl.max_retry_for_on_policy is not None and not options["filter_reward_metric"]:
+        yield ("trl.max_retry_for_on_policy limits the draws of dynamic sampling, which is off: set trl.filter_reward_metric "
+               "(or variant: dapo), or remove max_retry_for_on_policy")
+    elif trl.max_retry_for_on_policy is not None and "dynamic_sampling_max_retries" in trl.model_fields_set:
+        yield ("trl.max_retry_for_on_policy and trl.dynamic_sampling_max_retries both limit dynamic sampling's draws (past "
+               "the first the run stops, past the second the step trains on what it has): keep one of them")

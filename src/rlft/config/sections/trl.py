@@ -15,6 +15,7 @@ from pydantic import field_validator, model_validator
 
 from rlft.config.axolotl_tables import TRL, known_only
 from rlft.config.base import field, planned
+from rlft.config.sections.trl_rollout_control import RolloutControlKeys
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "token-mean", "seq-mean-token-mean", "sapo", "luspo",
                        "vespo"]
@@ -24,7 +25,7 @@ ImportanceSamplingMode = Literal[
 ]
 MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 
-class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
+class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys):
     """The `trl:` section: online RL (GRPO family, GDPO, DAPO, GSPO, Dr. GRPO, RLOO, Cosmos-RL
     loss options), rollouts (in-process or vLLM, sync or async) and rewards."""
 
@@ -328,8 +329,9 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL)):
     )
     allowed_outdated_steps: Optional[int] = field(
         None,
-        "Drop rollout rows sampled more than this many optimizer steps before they are trained on (counted in "
-        "async/stale_rows_dropped; Cosmos-RL's staleness bound); None = no bound beyond prefetch_depth.", ge=0,
+        "Cosmos-RL's staleness bound: with async_prefetch the producer waits rather than sample a batch that would "
+        "start training more than this many optimizer steps after its weights (the throttle), and rows older than "
+        "that when trained are dropped (async/stale_rows_dropped). None = no bound beyond prefetch_depth.", ge=0,
     )
 
     # ---- importance-sampling correction for stale / engine log-probs ------------------------

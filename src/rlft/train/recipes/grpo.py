@@ -29,6 +29,7 @@ from rlft.models.loading import hub_revision
 from rlft.models.logprobs import completion_scores, filters_active, sampled_logps, shared_completion_inputs
 from rlft.phase_ranges import phase_range
 from rlft.rollout.engine import RolloutEngine
+from rlft.rollout.prefix_filter import shared_prefix_lengths
 from rlft.rollout.producer import Environment
 from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import BatchMetrics, SamplingParams, ScoredBatch, TrainingRow, sampling_params
@@ -45,14 +46,16 @@ ZERO_SIGNAL_WARN_STEPS = 10
 LOGP_VALUES = ("old_logps", "old_sampled_logps", "ref_logps", "sampling_logps")
 
 
-def training_rows(scored: ScoredBatch, mask_truncated: bool) -> list[TrainingRow]:
+def training_rows(scored: ScoredBatch, mask_truncated: bool, ignored: list[int] | None = None) -> list[TrainingRow]:
     """One TrainingRow per sampled completion: its advantage, sampling log-probs and weight version come from
     `scored`; the loss mask is the rollout's env_mask (environment tokens never train), zeroed for truncated
-    completions when `mask_truncated`."""
+    completions when `mask_truncated`, and over the first `ignored[i]` tokens of row i (the shared-prefix filter)."""
     rollout, rows = scored.rollout, []
     for index in range(len(rollout)):
         completion = rollout.completion_ids[index]
         mask = [0] * len(completion) if mask_truncated and rollout.truncated[index] else list(rollout.env_mask[index])
+        if ignored and ignored[index]:
+            mask[: ignored[index]] = [0] * min(ignored[index], len(mask))
         rows.append(TrainingRow(prompt_ids=rollout.prompt_ids[index], completion_ids=completion, loss_mask=mask,
                                 advantage=float(scored.advantages[index]), sampling_logps=rollout.logprobs[index],
                                 weight_version=rollout.weight_versions[index], replayed=index in scored.replayed_rows))
@@ -104,10 +107,11 @@ class GRPORecipe(Recipe):
         # a generation batch (steps_per_generation plan batches) feeds ceil(its rows / one step's rows) steps, each
         # num_iterations times: the plan batches one optimizer step uses
         generation = s.steps_per_generation * s.prompts_per_step * s.num_generations
-        self.draws_per_step = Fraction(s.steps_per_generation, s.num_iterations * max(1, -(-generation // self.step_rows)))
+        steps_per_batch = s.num_iterations * max(1, -(-generation // self.step_rows))
+        self.draws_per_step = Fraction(s.steps_per_generation, steps_per_batch)
         self.prompts = PlanCursor(self.train_plan)
         self.engine = GRPOEngine(cfg, s, settings.model, tokenizer, scorer, self.prompts, self.sampling, shard, sampling_for, make_engine,
-                                 remote_engine, environment, rollout_func)
+                                 remote_engine, environment, rollout_func, steps_per_batch)
         self.queue = RowQueue(s, self.step_rows, self.parallel.micro_batch_size, shard, reference, self.sampling, self.compares_sampled,
                               self.micro_batch)
         self.model = None  # the trained module (unwrapped), for weight pushes at checkpoints and evaluation
@@ -136,13 +140,16 @@ class GRPORecipe(Recipe):
         if self._restored and self.rank == 0:  # a resume generates the batches after its checkpoint again
             self.completions.resume(self.engine.generations)
 
-    def after_optimizer_step(self, model, step: int, changed: bool = True) -> None:
+    def after_optimizer_step(self, model, step: int, changed: bool = True) -> bool:
+        """Weight sync, then the reference's move; True: the reference was reset and the optimizer's state must start
+        again (reset_optimizer_with_reference)."""
         started = clock()
         self.step = step
         with phase_range("weight_sync"):
             main_thread = self.engine.after_optimizer_step(model, step, changed)
-        self.reference_moves.after_step(model, step)
+        reset = self.reference_moves.after_step(model, step)
         self.engine.add_sync_phases(self.metrics, clock() - started, main_thread)
+        return reset and self.settings.reset_optimizer_with_reference
 
     def close(self) -> None:
         self.engine.close()
@@ -310,7 +317,14 @@ class GRPORecipe(Recipe):
         self.queue.fill(model, rows, scored.skip, self.step, self.metrics)
 
     def rows_of(self, scored: ScoredBatch) -> list[TrainingRow]:
-        return training_rows(scored, self.settings.mask_truncated_completions)
+        s = self.settings
+        if not s.min_filter_prefix_tokens:
+            return training_rows(scored, s.mask_truncated_completions)
+        ignored = shared_prefix_lengths(scored.rollout.completion_ids, scored.scores.total.tolist(), scored.group_size,
+                                        s.min_filter_prefix_tokens, self.sampling.stop_token_ids)
+        scored.metrics.describe({"prefix_filter/masked_rows": float(sum(1 for n in ignored if n)),
+                                 "prefix_filter/masked_tokens": float(sum(ignored))})
+        return training_rows(scored, s.mask_truncated_completions, ignored)
 
     def _take_metrics(self, scored: ScoredBatch) -> None:
         self.metrics = scored.metrics

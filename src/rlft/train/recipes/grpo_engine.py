@@ -30,18 +30,19 @@ from rlft.train.weight_sync import WeightSync, sync_due
 class GRPOEngine:
     def __init__(self, cfg, settings: RLSettings, model: ModelSettings, tokenizer, scorer: Scorer, prompts: PlanCursor, sampling: SamplingParams,
                  shard: tuple[int, int], sampling_for: Callable | None, make_engine: Callable[..., RolloutEngine] | None,
-                 remote_engine: bool, environment: Environment | None, rollout_func: Callable | None):
+                 remote_engine: bool, environment: Environment | None, rollout_func: Callable | None, steps_per_batch: int = 1):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `settings`: the trl: options; `model`: the model's
-        settings, which say how the in-process engine compiles."""
+        settings, which say how the in-process engine compiles; `steps_per_batch`: the optimizer steps a generation
+        batch trains at most (the feed's throttle)."""
         self.cfg, self.settings, self.tokenizer, self.scorer, self.prompts = cfg, settings, tokenizer, scorer, prompts
         self.sampling, self.sampling_for, self.rollout_func, self.environment = sampling, sampling_for, rollout_func, environment
         self.rank, self.world = shard
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
             policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model)))
-        self.remote_engine = remote_engine
+        self.remote_engine, self.steps_per_batch = remote_engine, steps_per_batch
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
         self.feed: RolloutFeed | None = None
         self.twin = None  # rank 0's full copy of a sharded (FSDP2, ZeRO-3) policy, which the engine and weight sync read
@@ -82,7 +83,8 @@ class GRPOEngine:
         sync = WeightSync(engine, every=s.sync_interval, plain=self.remote_engine, lora_folder=lora_folder)
         self.feed = RolloutFeed(lambda **hooks: RolloutProducer(
             engine, self.scorer, self.prompts, s, self.tokenizer, self.sampling, self.rollout_func, self.sampling_for,
-            seed=self.cfg.seed, environment=self.environment, **hooks), sync, s, self.cfg.max_steps, self.cfg.seed)
+            seed=self.cfg.seed, environment=self.environment, **hooks), sync, s, self.cfg.max_steps, self.cfg.seed,
+            self.steps_per_batch)
         self.producer = self.feed.producer
         self.producer.generations = generations
         self.feed.load_state_dict(feed_state, step)
