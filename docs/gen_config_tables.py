@@ -25,6 +25,7 @@ from rlft.config.sections.profiler import ProfilerConfig, SubProfilerConfig
 from rlft.config.sections.qat import QATConfig
 from rlft.config.sections.trl import TRLConfig
 from rlft.config.sections.validation import ValidationConfig
+from rlft.config.sections.trl_multi_turn import MultiTurnConfig
 from rlft.config.sections.vllm import VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
@@ -116,6 +117,7 @@ TABLES = {
     "preference": lambda: table(PreferenceFields),
     "trl": lambda: table(TRLConfig, prefix="trl."),
     "validation": lambda: table(ValidationConfig, prefix="validation."),
+    "multi-turn": lambda: table(MultiTurnConfig, prefix="trl.multi_turn_config."),
     "ebft": lambda: table(EBFTConfig, prefix="ebft."),
     "qat": lambda: table(QATConfig, prefix="qat."),
     "vllm": lambda: table(VLLMConfig, prefix="vllm."),

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -206,7 +207,7 @@ def test_one_episode_with_a_tool_call_is_stitched_with_env_mask_and_sampling_log
     prompt = {"prompt_ids": [1, 2, 3], "columns": {VERIFY_ROW: task, AGENT_URL: url, AGENT_NAME: name}}
     sampling = SamplingParams(max_new_tokens=96, temperature=0.3)
     rollout, extra = NemoGymAgents(eos_token_id=259, run_timeout=120, max_turns=None, max_completion_length=512).rollout(
-        [prompt], 1, sampling, version=0)
+        [prompt], 1, sampling, SimpleNamespace(version=0))
     assert extra["env_error"] == [None] and extra["num_turns"] == [2] and extra["env_reward"] == [1.0]
     tokenizer = AutoTokenizer.from_pretrained(gym["model"])
     prompt_ids, completion, mask, logps = rollout.prompt_ids[0], rollout.completion_ids[0], rollout.env_mask[0], rollout.logprobs[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_episodes_come_back_in_order_and_failures_are_counted_with_their_reason(
     prompts = [{"prompt_ids": [1], "columns": {VERIFY_ROW: {"responses_create_params": {}}, AGENT_NAME: "a", AGENT_URL: f"{agent}/{kind}"}}
                for kind in ("ok", "slow", "500")]
     rollout, extra = NemoGymAgents(EOS, run_timeout=1, max_turns=None, max_completion_length=2).rollout(
-        prompts, 2, SamplingParams(max_new_tokens=8), version=3)
+        prompts, 2, SamplingParams(max_new_tokens=8), SimpleNamespace(version=3))
     assert extra["env_reward"] == [0.5, 0.5, None, None, None, None]
     assert extra["num_turns"][:2] == [2, 2]
     assert extra["env_error"][2].startswith("/run took over nemo_gym_run_timeout=1 s") and "/run answered 500" in extra["env_error"][4]
@@ -103,7 +104,7 @@ def test_episodes_come_back_in_order_and_failures_are_counted_with_their_reason(
 
 def test_an_agent_that_is_down_is_a_failed_episode_not_an_exception():
     prompts = [{"prompt_ids": [1], "columns": {VERIFY_ROW: {}, AGENT_NAME: "a", AGENT_URL: "http://127.0.0.1:9/run"}}]
-    _, extra = NemoGymAgents(EOS, 1, None, 8).rollout(prompts, 1, SamplingParams(max_new_tokens=8), version=0)
+    _, extra = NemoGymAgents(EOS, 1, None, 8).rollout(prompts, 1, SamplingParams(max_new_tokens=8), SimpleNamespace(version=0))
     assert extra["env_error"][0].startswith("no agent answered at http://127.0.0.1:9/run")
 
 

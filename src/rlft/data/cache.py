@@ -62,11 +62,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def _user_code(cfg) -> list[str]:
-    """The source of every user transform (`type: module.fn`) the datasets name, found as rlft imports it (the working
-    directory first): an edit of the transform changes the prepared rows."""
+    """The source of every user transform (`type: module.fn`) the datasets name and of every multi-turn tool (whose
+    docstring is shown in the prompts), found as rlft imports it (the working directory first): an edit of one changes
+    the prepared rows."""
     texts = []
-    for ds in list(cfg.datasets) + list(cfg.test_datasets or []):
-        module = ds.type.rpartition(".")[0] if isinstance(ds.type, str) else ""
+    names = [ds.type for ds in list(cfg.datasets) + list(cfg.test_datasets or [])]
+    names += list(cfg.trl.multi_turn_config.tools or []) if cfg.trl.multi_turn_config.enable else []
+    for name in names:
+        module = name.rpartition(".")[0] if isinstance(name, str) else ""
         origin = module_origin(module) if module else None  # None for a built-in format's name (chatml.intel)
         if origin and Path(origin).is_file():
             texts.append(hashlib.sha256(Path(origin).read_bytes()).hexdigest())

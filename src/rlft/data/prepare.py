@@ -69,14 +69,16 @@ def _preference_resolve(method: str):
     return resolve
 
 
-def prompt_steps(cfg) -> MethodSteps:
-    """Online RL prompts: the prompt plus every other column (for the reward functions)."""
+def prompt_steps(cfg, chat_template_kwargs: dict | None = None, chat: bool = False) -> MethodSteps:
+    """Online RL prompts: the prompt plus every other column (for the reward functions). `chat_template_kwargs` replace
+    trl.chat_template_kwargs and `chat` renders string prompts as a user message (multi-turn rollouts with tools)."""
     budget = prompt_budget(cfg)
+    kwargs = cfg.trl.chat_template_kwargs if chat_template_kwargs is None else chat_template_kwargs
 
     def fit(example, cfg):
         return (example, "ok") if budget is None else fit_prompt(example, budget, cfg.excess_length_strategy)
 
-    return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, cfg.trl.chat_template_kwargs), fit)
+    return MethodSteps(resolve_prompt_format, lambda record, tokenizer, ds: tokenize_prompt(record, tokenizer, kwargs, chat), fit)
 
 
 def structured_steps(cfg) -> MethodSteps:

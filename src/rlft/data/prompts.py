@@ -69,15 +69,20 @@ def prompt_text(prompt: str | list, tokenizer, chat_template_kwargs: dict | None
     tokenizer's special tokens unless it already starts with BOS (a prompt rendered beforehand).
     """
     if isinstance(prompt, list):
-        return render_chat(tokenizer, prompt, add_generation_prompt=True, **(chat_template_kwargs or {})), False
+        kwargs = dict(chat_template_kwargs or {})
+        opening = kwargs.pop("add_generation_prompt", True)  # multi-turn rollouts may set it (and continue_final_message)
+        return render_chat(tokenizer, prompt, add_generation_prompt=opening, **kwargs), False
     return prompt, not (tokenizer.bos_token is not None and prompt.startswith(tokenizer.bos_token))
 
 
 def template_kwargs(record: dict[str, Any], chat_template_kwargs: dict | None) -> dict | None:
     """The chat template's keyword arguments for a prompt: the config's, and the row's tools (a chat_template dataset's
-    tools column, parsed), which the template shows the model."""
+    tools column, parsed) after any the config gives (a multi-turn run's Python tools), which the template shows the
+    model."""
     tools = record.get(CHAT_TOOLS)
-    return {**(chat_template_kwargs or {}), "tools": tools} if tools else chat_template_kwargs
+    if not tools:
+        return chat_template_kwargs
+    return {**(chat_template_kwargs or {}), "tools": [*((chat_template_kwargs or {}).get("tools") or []), *tools]}
 
 
 class PromptRow(TypedDict, total=False):
@@ -89,9 +94,12 @@ class PromptRow(TypedDict, total=False):
     ground_truth_ids: list[int]  # structured EBFT: the reference completion's ids, end token included
 
 
-def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None) -> PromptRow:
+def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dict | None, chat: bool = False) -> PromptRow:
+    """`chat`: a string prompt is rendered as one user message (multi-turn rollouts, whose later turns the chat template
+    renders too); the row keeps the prompt as given."""
     prompt = record["prompt"]
-    text, special = prompt_text(prompt, tokenizer, template_kwargs(record, chat_template_kwargs))
+    shown = [{"role": "user", "content": prompt}] if chat and isinstance(prompt, str) else prompt
+    text, special = prompt_text(shown, tokenizer, template_kwargs(record, chat_template_kwargs))
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids", CHAT_TOOLS)}
     return {"prompt_ids": ids, "prompt": prompt, "columns": columns}

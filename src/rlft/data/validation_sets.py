@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from rlft.data.prepare import prompt_steps, tokenize_dataset
+from rlft.data.prepare import MethodSteps, prompt_steps, tokenize_dataset
 from rlft.data.prepared import LengthReport
 from rlft.errors import DataError
 
@@ -45,13 +45,14 @@ def _clean(text: str) -> str:
     return re.sub(r"[^\w.-]+", "_", text).strip("_") or "set"
 
 
-def validation_sets(cfg, tokenizer, evaluation: list[dict[str, Any]]) -> list[ValidationSet]:
-    """`validation.datasets` tokenised as prompts (as training prompts are: prompt budget, chat template), one set each;
-    without them, the eval split `evaluation` as one set named `eval` (none when it is empty)."""
+def validation_sets(cfg, tokenizer, evaluation: list[dict[str, Any]], steps: MethodSteps | None = None) -> list[ValidationSet]:
+    """`validation.datasets` tokenised as prompts (as training prompts are: prompt budget, chat template, and `steps`
+    where the training's prompts have steps of their own, e.g. a multi-turn run's tools), one set each; without them,
+    the eval split `evaluation` as one set named `eval` (none when it is empty)."""
     entries = list(cfg.validation.datasets or [])
     if not entries:
         return [ValidationSet("eval", evaluation)] if evaluation else []
-    steps, sets = prompt_steps(cfg), []
+    steps, sets = steps or prompt_steps(cfg), []
     for index, (entry, name) in enumerate(zip(entries, set_names(entries))):
         prompts, report = tokenize_dataset(entry, index, cfg, tokenizer, "validation.datasets", steps)
         if not prompts:

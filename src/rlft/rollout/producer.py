@@ -21,6 +21,7 @@ from rlft.errors import RolloutError
 from rlft.losses.advantages import group_advantages, zero_variance_groups
 from rlft.phase_ranges import phase_range
 from rlft.rollout.engine import RolloutEngine
+from rlft.rollout.envs.multi_turn import tool_metrics
 from rlft.rollout.scoring import Scorer, add_overlong_penalty, column_stats
 from rlft.rollout.types import BatchMetrics, Rollout, SampledBatch, SamplingParams, ScoredBatch, Scores
 from rlft.rollout.user_rollouts import call_user, completions_rollout, rollout_form
@@ -49,12 +50,13 @@ class RolloutContext:
 
 
 class Environment(Protocol):
-    """Plays whole episodes instead of the engine sampling single answers (NeMo Gym's agents): G rows per prompt,
-    with `env_mask` over what the environment wrote, and extra columns for the reward functions (`env_reward`,
-    `num_turns`, `env_error`: a failed episode's reason, None otherwise)."""
+    """Plays whole episodes instead of the engine sampling single answers (NeMo Gym's agents, which call the rollout
+    server themselves; rlft's Python tools, `rlft.rollout.envs.multi_turn`, which sample each turn from `engine` with
+    `seed`): G rows per prompt, with `env_mask` over what the environment wrote, and extra columns for the reward
+    functions (`env_reward`, `num_turns`, `env_error`: a failed episode's reason, None otherwise)."""
 
-    def rollout(self, prompts: list[PromptRow], group: int, sampling: SamplingParams,
-                version: int) -> tuple[Rollout, dict[str, list]]: ...
+    def rollout(self, prompts: list[PromptRow], group: int, sampling: SamplingParams, engine: RolloutEngine,
+                seed: int | None = None) -> tuple[Rollout, dict[str, list]]: ...
 
 
 class RolloutProducer:
@@ -103,7 +105,7 @@ class RolloutProducer:
         with phase_range("generate"):
             if self.environment is not None:
                 rollout, extra = self.environment.rollout(prompts, self.group, self.sampling_for(prompts, self.sampling),
-                                                          self.engine.version)
+                                                          self.engine, seed=self.seed_of(index))
             elif self.rollout_func is not None:
                 rollout, extra = self._user_rollout(prompts)
             else:
@@ -158,10 +160,14 @@ class RolloutProducer:
 
     def evaluate(self, prompts: list[PromptRow], params: SamplingParams, samples: int = 1, scorer: Scorer | None = None,
                  seed: int | None = None) -> tuple[Rollout, Scores]:
-        """`samples` completions per prompt with `params` (greedy for the default eval), scored by `scorer` (None: the
-        training's reward functions); `seed` seeds the engine's sampling."""
+        """`samples` completions (or episodes, with an environment) per prompt with `params` (greedy for the default
+        eval), scored by `scorer` (None: the training's reward functions); `seed` seeds the engine's sampling."""
+        scorer = scorer or self.scorer
+        if self.environment is not None:
+            rollout, extra = self.run_engine(lambda: self.environment.rollout(prompts, samples, params, self.engine, seed))
+            return rollout, scorer.score(prompts, rollout, samples, extra)
         rollout = self.run_engine(lambda: self.engine.generate([p["prompt_ids"] for p in prompts], params, samples, seed=seed))
-        return rollout, (scorer or self.scorer).score(prompts, rollout, samples)
+        return rollout, scorer.score(prompts, rollout, samples)
 
     # ------------------------------------------------------------------ stages
     def _score(self, prompts: list[PromptRow], rollout: Rollout, extra: dict[str, list]) -> Scores:
@@ -271,12 +277,13 @@ def draw_limit(limit: int, drawn: int, needed: int, kept: int, prompts: PromptSo
 
 
 def episode_metrics(extra: dict[str, list], metrics: BatchMetrics) -> list[str]:
-    """An environment's turns and failures into the batch's description (Axolotl's rollout/num_turns/*); the first
-    failure's reason, to print."""
+    """An environment's turns, tool calls and failures into the batch's description (Axolotl's rollout/num_turns/*, TRL's
+    tools/*); the first failure's reason, to print."""
     turns = [t for t in extra.get("num_turns") or [] if t is not None]
     if turns:
         metrics.describe({"rollout/num_turns/mean": sum(turns) / len(turns), "rollout/num_turns/min": float(min(turns)),
                           "rollout/num_turns/max": float(max(turns))})
+    metrics.describe(tool_metrics(extra))
     if "env_error" not in extra:
         return []
     errors = [e for e in extra["env_error"] if e]

@@ -13,6 +13,7 @@ import torch
 
 from rlft.data.prompts import PromptRow
 from rlft.losses.advantages import overlong_penalty
+from rlft.rollout.envs.multi_turn import COMPLETION_MESSAGES
 from rlft.rollout.types import RewardFailure, Rollout, Scores
 
 
@@ -61,11 +62,17 @@ class FunctionScorer:
         self.weights = [f.weight for f in runner.functions]
 
     def score(self, prompts: list[PromptRow], rollout: Rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
+        """A chat prompt's completion is a message list: the answer as one assistant message, or an episode's messages
+        (assistant turns with their tool calls, tool results) where the environment gives them (`completion_messages`);
+        a string prompt's is the decoded text of every completion token."""
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         expanded = [p for p in prompts for _ in range(group)]
-        completions = [[{"role": "assistant", "content": t}] if isinstance(p["prompt"], list) else t for t, p in zip(texts, expanded)]
+        extra = dict(extra or {})
+        episodes = extra.pop(COMPLETION_MESSAGES, None) or [None] * len(texts)
+        completions = [(episode or [{"role": "assistant", "content": t}]) if isinstance(p["prompt"], list) else t
+                       for t, p, episode in zip(texts, expanded, episodes)]
         columns: dict[str, list] = {name: [p["columns"].get(name) for p in expanded] for name in (expanded[0]["columns"] if expanded else [])}
-        columns.update(extra or {})
+        columns.update(extra)
         result = self.runner.score([p["prompt"] for p in expanded], completions, rollout.completion_ids, columns)
         return make_scores(result.values, self.names, self.weights, result.metrics, result.failures)
 

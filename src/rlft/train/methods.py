@@ -24,7 +24,9 @@ from rlft.models.reward import load_reward_model
 from rlft.models.shared_prompts import forward_costs, group_sharing, prompt_sharing, reward_sharing
 from rlft.models.varlen import rows_apart
 from rlft.rollout.envs.nemo_gym import agent_servers, resource_servers, task_rows
+from rlft.rollout.envs.multi_turn import ToolEpisodes
 from rlft.rollout.envs.nemo_gym_episodes import NemoGymAgents
+from rlft.rollout.envs.python_tools import load_tools
 from rlft.rollout.feature_reward import FeatureMatchingReward
 from rlft.rollout.rewards.loading import load_reward_functions
 from rlft.rollout.rewards.runner import RewardRunner
@@ -150,9 +152,12 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
     if validating is not None and validating.reward_funcs:  # loaded (and refused) before the model is
         own_rewards = load_reward_functions(list(validating.reward_funcs), list(validating.reward_weights),
                                             "validation.reward_function")
-    data = nemo_gym_prompts(cfg, settings, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, prompt_steps(cfg))
-    sets = validation_sets(cfg, tokenizer, data.eval) if validating is not None else []
-    environment = None
+    environment, steps = None, prompt_steps(cfg)
+    if settings.multi_turn.enabled:  # the tools load and the chat template is checked before any data or model
+        environment, template_kwargs = tool_episodes(settings, tokenizer)
+        steps = prompt_steps(cfg, template_kwargs, chat=True)
+    data = nemo_gym_prompts(cfg, settings, tokenizer, console) if nemo_gym_enabled(cfg) else prepare_data(cfg, tokenizer, steps)
+    sets = validation_sets(cfg, tokenizer, data.eval, steps) if validating is not None else []
     if nemo_gym_enabled(cfg) and cfg.nemo_gym_multi_turn:
         gym = settings.nemo_gym
         environment = NemoGymAgents(tokenizer.eos_token_id, gym.run_timeout, gym.max_turns, settings.rl.max_completion_length)
@@ -170,6 +175,18 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
                         share_costs=forward_costs(model) if sharing[0] and cfg.share_prompts is None else None,
                         rows_apart=rows_apart(settings.model, model), validation=validation)
     return model, recipe, data
+
+
+def tool_episodes(settings: Settings, tokenizer) -> tuple[ToolEpisodes, dict]:
+    """The multi-turn environment of `trl.multi_turn_config` and the chat template arguments its prompts are rendered
+    with: the tools' schemas, enable_thinking, and how the first turn opens."""
+    turns = settings.multi_turn
+    tools = load_tools(turns.tools)
+    environment = ToolEpisodes(tokenizer, tools, turns.template_kwargs, turns.max_assistant_turns, turns.tool_timeout,
+                               turns.add_generation_prompt)
+    opening = {"continue_final_message": True, "add_generation_prompt": False} if turns.continue_final_message else {
+        "add_generation_prompt": turns.add_generation_prompt}
+    return environment, {**turns.template_kwargs, "tools": [tool.schema for tool in tools], **opening}
 
 
 def nemo_gym_prompts(cfg, settings: Settings, tokenizer, console: Console):

@@ -9,13 +9,15 @@ from rich.table import Table
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState
 from rlft.config import load_config
+from rlft.config.settings import resolve
 from rlft.config.settings.model import model_settings
 from rlft.config.plugins import nemo_gym_enabled
 from rlft.data.inspect import describe_examples
-from rlft.data.prepare import method_steps, prepare_data
+from rlft.data.prepare import method_steps, prepare_data, prompt_steps
 from rlft.data.stream import preview
 from rlft.errors import ConfigError
 from rlft.models.loading import check_context_length, load_tokenizer
+from rlft.train.methods import tool_episodes
 
 
 def preprocess(args: argparse.Namespace, state: CommandState) -> int:
@@ -28,6 +30,9 @@ def preprocess(args: argparse.Namespace, state: CommandState) -> int:
     check_context_length(model)
     steps = method_steps(cfg)
     tokenizer = load_tokenizer(model)
+    if cfg.trl.multi_turn_config.enable:  # the prompts show the tools, as `rlft train` renders them
+        _, template_kwargs = tool_episodes(resolve(cfg), tokenizer)
+        steps = prompt_steps(cfg, template_kwargs, chat=True)
     if cfg.streamed:  # nothing to prepare: the first buffer, to check the format and lengths
         examples, line = preview(cfg, tokenizer)
         if args.debug or cfg.debug:

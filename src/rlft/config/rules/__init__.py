@@ -9,6 +9,7 @@ from rlft.config.rules.batching import batching_problems
 from rlft.config.rules.data import conversation_problems, streaming_problems
 from rlft.config.rules.model import (essentials, kernel_problems, mistral_common_problems, model_config_problems,
                                      neftune_problems, offloading_problems, qat_problems)
+from rlft.config.rules.multi_turn import multi_turn_problems
 from rlft.config.rules.nemo_gym import nemo_gym_problems
 from rlft.config.rules.online import online_problems
 from rlft.config.rules.parallel import ddp_problems, sharding_problems
@@ -36,6 +37,7 @@ def combination_problems(cfg):
     yield from preference_problems(cfg)
     yield from online_problems(cfg)
     yield from nemo_gym_problems(cfg)
+    yield from multi_turn_problems(cfg)
     yield from best_model_problems(cfg)
     yield from unfrozen_problems(cfg)
     yield from lora_init_problems(cfg)

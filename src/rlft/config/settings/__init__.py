@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from rlft.config.rl import RLSettings, rl_settings
 from rlft.config.settings.model import ModelSettings, model_settings
 from rlft.config.settings.profiling import ProfileSettings, profile_settings
-from rlft.config.settings.rollout import NemoGymSettings, ServerSettings, nemo_gym_settings, server_settings
+from rlft.config.settings.rollout import (MultiTurnSettings, NemoGymSettings, ServerSettings, multi_turn_settings,
+                                          nemo_gym_settings, server_settings)
 from rlft.config.settings.training import (DataSettings, LossSettings, OptimSettings, ParallelSettings, RunSettings,
                                            data_settings, loss_settings, optim_settings, parallel_settings,
                                            run_settings)
@@ -30,6 +31,7 @@ class Settings:
     rl: RLSettings  # the trl: options: rollouts, rewards, the policy loss, the engine (rlft.rollout, the GRPO family)
     server: ServerSettings  # the rollout server (rlft vllm-serve, the colocated engine)
     nemo_gym: NemoGymSettings  # NeMo Gym's environments
+    multi_turn: MultiTurnSettings  # multi-turn rollouts with Python tools
     loss: LossSettings  # the preference losses' weights
     run: RunSettings  # steps, logging, saving, the output folder
     parallel: ParallelSettings  # processes and rows per step
@@ -41,6 +43,7 @@ def resolve(cfg) -> Settings:
     """The settings of a validated config (`rlft.config.build_config`), built once per run."""
     model, rl = model_settings(cfg), rl_settings(cfg)
     return Settings(model=model, data=data_settings(cfg), optim=optim_settings(cfg), rl=rl,
-                    server=server_settings(cfg, model), nemo_gym=nemo_gym_settings(cfg), loss=loss_settings(cfg),
+                    server=server_settings(cfg, model), nemo_gym=nemo_gym_settings(cfg),
+                    multi_turn=multi_turn_settings(cfg), loss=loss_settings(cfg),
                     run=run_settings(cfg), parallel=parallel_settings(cfg), profile=profile_settings(cfg),
                     validation=validation_settings(cfg, rl))

@@ -1,4 +1,5 @@
-"""What `rlft.rollout` reads besides the `trl:` options (`rlft.config.rl.RLSettings`): the rollout server and NeMo Gym."""
+"""What `rlft.rollout` reads besides the `trl:` options (`rlft.config.rl.RLSettings`): the rollout server, NeMo Gym and
+multi-turn rollouts with Python tools."""
 
 from __future__ import annotations
 
@@ -35,6 +36,33 @@ class NemoGymSettings:
     model_name: str  # the model name sent to /verify: nemo_gym_model_name, else base_model
     seed: int  # seed: for sampling max_samples tasks
     log: Path  # where ng_run's output goes: output_dir/nemo_gym/ng_run.log
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    """Multi-turn rollouts with Python tools (`trl.multi_turn_config`), resolved."""
+
+    enabled: bool  # enable
+    tools: tuple[str, ...]  # the tools' 'module.function' names, when enable_tools (else none)
+    template_kwargs: dict[str, Any]  # for every render: trl.chat_template_kwargs with enable_thinking where set
+    max_assistant_turns: int
+    add_generation_prompt: bool
+    continue_final_message: bool
+    tool_timeout: float  # seconds per tool call
+
+
+def multi_turn_settings(cfg) -> MultiTurnSettings:
+    """The multi-turn settings of `cfg`: enable_tools None -> true when tools are listed."""
+    section = cfg.trl.multi_turn_config
+    use_tools = section.enable_tools if section.enable_tools is not None else bool(section.tools)
+    kwargs = dict(cfg.trl.chat_template_kwargs or {})
+    if section.enable_thinking is not None:
+        kwargs["enable_thinking"] = section.enable_thinking
+    return MultiTurnSettings(
+        enabled=section.enable, tools=tuple(section.tools or ()) if use_tools else (), template_kwargs=kwargs,
+        max_assistant_turns=section.max_assistant_turns, add_generation_prompt=section.add_generation_prompt,
+        continue_final_message=section.continue_final_message, tool_timeout=float(section.tool_timeout),
+    )
 
 
 def server_settings(cfg, model: ModelSettings | None = None) -> ServerSettings:

@@ -107,9 +107,11 @@ class NemoGymAgents:
         self.eos, self.timeout, self.max_turns = eos_token_id, float(run_timeout), max_turns
         self.max_completion_length = max_completion_length
 
-    def rollout(self, prompts: list[dict[str, Any]], group: int, sampling: SamplingParams,
-                version: int) -> tuple[Rollout, dict[str, list]]:
-        """G episodes per prompt (`prompt_ids` and `columns` with the task row and its agent, from `task_rows`)."""
+    def rollout(self, prompts: list[dict[str, Any]], group: int, sampling: SamplingParams, engine,
+                seed: int | None = None) -> tuple[Rollout, dict[str, list]]:
+        """G episodes per prompt (`prompt_ids` and `columns` with the task row and its agent, from `task_rows`). The
+        agents ask the rollout server themselves: of `engine` only its weight version is read; `seed` is unused."""
+        version = engine.version
         jobs = [(p, run_body(p["columns"][VERIFY_ROW], p["columns"][AGENT_NAME], sampling)) for p in prompts for _ in range(group)]
         with httpx.Client(timeout=httpx.Timeout(self.timeout, connect=5.0), limits=httpx.Limits(max_connections=POOL)) as client, \
                 ThreadPoolExecutor(POOL) as pool:

@@ -76,7 +76,8 @@ class GRPORecipe(Recipe):
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
-        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `sharing`: each
+        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server; the Python
+        tools of trl.multi_turn_config, sampling each turn from the engine). `sharing`: each
         group's prompt once in a micro-batch (`share_prompts`), and the plan's line; `share_costs`: the model's forward
         costs (share only where that takes fewer FLOPs); `rows_apart`: flattened rows attend each on its own;
         `validation`: the evaluation of `validation.enable` (None: one greedy completion per eval prompt). Of

@@ -34,9 +34,10 @@ class GRPOEngine:
         """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
         holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
-        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server). `settings`: the trl: options; `model`: the model's
-        settings, which say how the in-process engine compiles; `steps_per_batch`: the optimizer steps a generation
-        batch trains at most (the feed's throttle)."""
+        plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server; the Python
+        tools of trl.multi_turn_config, sampling each turn from the engine). `settings`: the trl: options; `model`: the
+        model's settings, which say how the in-process engine compiles; `steps_per_batch`: the optimizer steps a
+        generation batch trains at most (the feed's throttle)."""
         self.cfg, self.settings, self.tokenizer, self.scorer, self.prompts = cfg, settings, tokenizer, scorer, prompts
         self.sampling, self.sampling_for, self.rollout_func, self.environment = sampling, sampling_for, rollout_func, environment
         self.rank, self.world = shard
