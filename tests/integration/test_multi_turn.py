@@ -1,7 +1,7 @@
 """Multi-turn rollouts with a Python tool through the real CLI: `rlft train` with trl.multi_turn_config on a tiny model.
 
 A tiny random model seldom writes a tool call, so this checks the run end to end (the tool loaded, its schema in the
-prompts, episodes played by the in-process engine, scored, trained on and evaluated) and that the multi-turn metrics
+prompts, episodes played by the in-process engine, scored, trained on and validated) and that the multi-turn metrics
 are logged; the loop's own logic is tested with a scripted engine in tests/unit/test_multi_turn.py."""
 
 import json
@@ -42,7 +42,8 @@ def test_grpo_with_a_python_tool_runs_and_logs_turns_and_tool_use(cli, tmp_path,
     (tmp_path / "sums.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     model = write_tiny_model(tmp_path / "tiny", "XS", max_positions=1024)
     config = {"base_model": str(model), "random_init": True, "rl": "grpo", "datasets": [{"path": "sums.jsonl"}],
-              "val_set_size": 2, "eval_steps": 2, "sequence_len": 560, "micro_batch_size": 4, "max_steps": 2,
+              "val_set_size": 2, "eval_steps": 2, "validation": {"enable": True, "n_generation": 2, "temperature": 1.0},
+              "sequence_len": 560, "micro_batch_size": 4, "max_steps": 2,
               "learning_rate": 1e-4, "logging_steps": 1, "output_dir": str(tmp_path / "out"),
               "trl": {"num_generations": 4, "max_completion_length": 24, "reward_funcs": ["mt_scores.final_answer"],
                       "multi_turn_config": {"enable": True, "tools": ["mt_calculator.add"], "max_assistant_turns": 3}}}
@@ -62,7 +63,7 @@ def test_grpo_with_a_python_tool_runs_and_logs_turns_and_tool_use(cli, tmp_path,
              "tools/malformed_calls", "rewards/final_answer/mean"}
     assert names <= set(steps[-1]), names - set(steps[-1])
     assert all(1 <= m["rollout/num_turns/min"] <= m["rollout/num_turns/max"] <= 3 for m in steps)
-    assert any("eval/reward" in m for m in metrics)
+    assert any("eval/pass@2" in m for m in metrics)  # the validation played episodes, 2 per prompt
     seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
     # every completion the reward function read was an episode's messages, ending with the model's last turn
     assert seen and all(roles and roles[-1] == "assistant" for call in seen for roles in call)

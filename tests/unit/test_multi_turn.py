@@ -357,3 +357,15 @@ def test_the_reward_functions_score_whole_episodes_and_the_batch_reports_turns_a
     metrics = scored.metrics.take_step()
     assert metrics["rollout/num_turns/mean"] == 1.5 and metrics["tools/call_frequency"] == 0.5
     assert metrics["rollout/env_failures"] == 0.0 and torch.isfinite(scored.advantages).all()
+
+
+def test_evaluation_plays_episodes_with_its_own_sampling_and_length(tok):
+    runner = RewardRunner([RewardFunction("r", 1.0, "tests.r", Recorded())], timeout=None)
+    cursor = PlanCursor(BatchPlan([prompt_row(tok)], 1, seed=0, pad_id=0, collate=lambda r: {"prompts": r}))
+    engine = ScriptedEngine(tok, [[call("add", a=2, b=3) + END, "It is 5." + END], ["It is 5." + END]])
+    producer = RolloutProducer(engine, FunctionScorer(runner, tok), cursor, SimpleNamespace(num_generations=2), tok,
+                               SamplingParams(max_new_tokens=2000), environment=ToolEpisodes(tok, TOOLS, {}, 3, 5.0))
+    rollout, scores = producer.evaluate([prompt_row(tok)], SamplingParams(max_new_tokens=300, temperature=0.0), 2, None, 7)
+    assert len(rollout) == 2 and scores.total.tolist() == [1.0, 1.0]
+    assert engine.calls[0] == {"prompts": 2, "max_new_tokens": 300, "seed": 7}  # the evaluation's length bounds episodes
+    assert max(len(ids) for ids in rollout.completion_ids) <= 300 and 0 in rollout.env_mask[0]
