@@ -50,10 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.set_defaults(handler=("evaluate", "evaluate"))
 
-    p = commands.add_parser("validate", help="check a config without loading models or data")
+    p = commands.add_parser("validate", help="check a config (rlft YAML, or a Cosmos-RL TOML) without loading models or data")
     p.add_argument("config", nargs="?")
-    p.add_argument("--explain", action="append", metavar="KEY", help="describe a key, e.g. trl.beta")
+    p.add_argument("--explain", action="append", nargs="?", const="", metavar="KEY",
+                   help="describe a key (trl.beta, train.train_policy.kl_beta); with no KEY, or given the config: each "
+                        "key the config sets, and for a Cosmos-RL file what it became in rlft")
     p.set_defaults(handler=("validate", "validate"))
+
+    p = commands.add_parser("convert", help="write the rlft YAML of a Cosmos-RL config (TOML or YAML)")
+    p.add_argument("config")
+    p.add_argument("-o", "--output", help="the YAML file to write (default: print it)")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT when it exists")
+    p.set_defaults(handler=("convert", "convert"))
 
     p = commands.add_parser("preprocess", help="load and tokenise the datasets; report kept, dropped and truncated rows "
                             "(--debug: show the first rows token by token, trained tokens marked)")

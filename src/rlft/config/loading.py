@@ -1,4 +1,5 @@
-"""Read a YAML config, apply `--key=value` overrides, validate, and turn every error into plain words.
+"""Read a config (rlft's YAML, or a Cosmos-RL TOML or YAML: rlft.config.cosmos), apply `--key=value` overrides,
+validate, and turn every error into plain words.
 
 A pydantic error becomes `(key path, message)`: unknown keys name the closest valid key (also when
 the key belongs to another section, e.g. top-level `beta` -> `trl.beta`), wrong types name the
@@ -16,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlft.config.base import Section
+from rlft.config.cosmos.front import is_cosmos, read_toml, split_overrides, translated, with_origins
+from rlft.config.cosmos.translate import Translation
 from rlft.config.rules import combination_problems
 from rlft.config.schema import RlftConfig
 from rlft.config.sections.datasets import DatasetConfig, PretrainingDatasetConfig, UserDefinedType
@@ -39,12 +42,14 @@ _TYPE_WORDS = {
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Parse a YAML config file; syntax errors name the file, line and column."""
+    """Parse a config file (YAML, or TOML by its suffix); syntax errors name the file, line and column."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path} (check the path; it is relative to {Path.cwd()})")
     if path.is_dir():
         raise ConfigError(f"{path} is a folder: pass the YAML config file inside it")
+    if path.suffix.lower() == ".toml":
+        return read_toml(path)
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -174,10 +179,21 @@ def _config_error(source: str, problems: list[tuple[str, str]]) -> ConfigError:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RlftConfig:
     """Read, override and validate a config file. Relative paths in it stay relative to the working directory."""
+    return load_translated(path, overrides)[0]
+
+
+def load_translated(path: str | Path, overrides: list[str] | None = None) -> tuple[RlftConfig, Translation | None]:
+    """`load_config`, and for a Cosmos-RL file what became of each of its keys (None for an rlft config)."""
     data = read_yaml(path)
-    if overrides:
-        data = deep_merge(data, parse_overrides(overrides))
-    return build_config(data, source=str(path))
+    parsed = parse_overrides(overrides) if overrides else {}
+    if not is_cosmos(Path(path), data):
+        return build_config(deep_merge(data, parsed), source=str(path)), None
+    cosmos, rlft = split_overrides(parsed)
+    translation = translated(Path(path), deep_merge(data, cosmos))
+    try:
+        return build_config(deep_merge(translation.rlft, rlft), source=str(path)), translation
+    except ConfigError as exc:
+        raise with_origins(exc, translation) from None
 
 
 def describe_error(err: dict[str, Any]) -> tuple[str, str]:

@@ -1,28 +1,65 @@
-"""`rlft validate`: check a config, or describe its keys, without loading models or data."""
+"""`rlft validate`: check a config, or describe its keys, without loading models or data.
+
+A Cosmos-RL file validates when Cosmos-RL's schema and rlft's rules take its translation; what `rlft train` would
+refuse of it (hardware rlft does not drive, unknown keys) and the keys rlft does not read are listed after `OK`.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rlft.cli.consoles import console, err_console
 from rlft.cli.exit import CommandState
-from rlft.config import explain, load_config
+from rlft.config import explain
+from rlft.config.cosmos.report import explain_cosmos_key, explain_file, notes
+from rlft.config.cosmos.schema import unknown_path
+from rlft.config.loading import load_translated
 from rlft.config.settings import resolve
 from rlft.errors import ConfigError
 
 
 def validate(args: argparse.Namespace, state: CommandState) -> int:
-    if args.explain:
-        for key in args.explain:
-            console.print(explain(key), markup=False, highlight=False)
-        if not args.config:
-            return 0
+    keys = [key for key in args.explain or [] if key]
+    if not args.config and keys and Path(keys[-1]).is_file():  # `--explain FILE`: the file, every key of it
+        args.config, keys, args.explain = keys[-1], keys[:-1], keys[:-1] + [""]
+    for key in keys:
+        console.print(_describe(key), markup=False, highlight=False, soft_wrap=True)
     if not args.config:
+        if keys:
+            return 0
         raise ConfigError("validate needs a CONFIG file (or --explain KEY)")
     try:
-        resolve(load_config(args.config, args.overrides))  # the settings `rlft train` builds: a config that validates builds them
+        cfg, translation = load_translated(args.config, args.overrides)
+        resolve(cfg)  # the settings `rlft train` builds: a config that validates builds them
     except ConfigError as exc:
-        err_console.print(str(exc), style="red", markup=False, highlight=False)
+        err_console.print(str(exc), style="red", markup=False, highlight=False, soft_wrap=True)
         return 1
+    if "" in (args.explain or []):
+        text = explain_file(translation, args.config) if translation else _explain_rlft(cfg)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+    for line in notes(translation, args.config) if translation else []:
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print("OK")
     return 0
+
+
+def _describe(key: str) -> str:
+    """An rlft key, else a Cosmos-RL key (train.train_policy.kl_beta): rlft's unknown-key message where it is neither."""
+    try:
+        return explain(key)
+    except ConfigError:
+        described = explain_cosmos_key(key)
+        if described is not None:
+            return described
+        unknown = unknown_path(key)
+        if unknown is not None:
+            raise ConfigError(f"{key}: {unknown}") from None
+        raise
+
+
+def _explain_rlft(cfg) -> str:
+    """Each top-level key (and trl: key) an rlft config sets, described."""
+    keys = [name for name in type(cfg).model_fields if name in cfg.model_fields_set and name != "trl"]
+    keys += [f"trl.{name}" for name in type(cfg.trl).model_fields if name in cfg.trl.model_fields_set]
+    return "\n".join(explain(key) for key in keys)
