@@ -16,8 +16,10 @@ from rlft.config.loading import build_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "data" / "cosmos").glob("*.toml"))
 # rlft keys the table maps onto that rlft does not have yet: a file setting their Cosmos-RL key is refused by `rlft train`
-PENDING = {"datasets[*].field_prompt", "datasets[*].field_response", "datasets[*].system_prompt", "save_every_n_epochs",
-           "save_mode", "trl.max_token_len_per_mini_batch", "trl.outdated_rollout_fetch_batch_size",
+PENDING = {"save_every_n_epochs", "save_mode", "validation.enable", "validation.datasets", "validation.temperature",
+           "validation.top_p", "validation.top_k", "validation.repetition_penalty", "validation.n_generation",
+           "validation.max_response_length", "validation.reward_function", "trl.max_token_len_per_mini_batch",
+           "trl.outdated_rollout_fetch_batch_size",
            "trl.min_filter_prefix_tokens", "trl.reset_optimizer_with_reference", "trl.balance_dp_token"}
 GRPO = {"type": "grpo", "dataset": {"name": "data.jsonl"}}
 
@@ -102,7 +104,7 @@ CASES = [
     (dict(train={"train_batch_per_replica": 32}, train_policy={"allowed_outdated_steps": 2}),
      {"trl": {"async_prefetch": True, "prefetch_depth": 2, "allowed_outdated_steps": 2}}),
     (dict(logging={"logger": ["console", "wandb"], "project_name": "p", "experiment_name": "e"}),
-     {"use_wandb": True, "wandb_project": "p", "wandb_name": "e"}),
+     {"logger": ["console", "wandb"], "wandb_project": "p", "wandb_name": "e"}),
     (dict(profiler={"enable_profiler": True, "sub_profiler_config": {"active_steps": 2, "rank_filter": [0, 1]}}),
      {"profiler": {"enable_profiler": True, "sub_profiler_config": {"active_steps": 2, "rank_filter": [0, 1]}}}),
     (dict(policy={"lora": {"r": 16, "target_modules": "all-linear"}}),
@@ -113,7 +115,13 @@ CASES = [
      {"vllm": {"tensor_parallel_size": 4, "gpu_memory_utilization": 0.5}}),
     (dict(validation={"enable": True, "freq": 10, "batch_size": 4, "dataset": {"name": "v.jsonl", "split": "test",
                                                                               "test_size": 0.25}}),
-     {"eval_steps": 10, "eval_batch_size": 4, "test_datasets": [{"path": "v.jsonl", "split": "test[:25%]"}]}),
+     {"eval_steps": 10, "eval_batch_size": 4, "test_datasets": [{"path": "v.jsonl", "split": "test"}]}),
+    (dict(validation={"enable": True}, train_policy={"dataset": {"name": "data.jsonl", "test_size": 16}}),
+     {"val_set_size": 16}),
+    (dict(validation={"enable": True}), {"val_set_size": 0.1}),
+    (dict(train_policy={"prompt_column_name": "question", "response_column_name": "solution"}),
+     {"datasets": [{"path": "data.jsonl", "field_prompt": "question", "field_response": "solution"}]}),
+    (dict(logging={"logger": ["console", "tensorboard"]}), {"logger": ["console", "tensorboard"]}),
 ]
 
 

@@ -3,7 +3,9 @@
 A row needs a `prompt` (a string or a message list) after its transform; every other column is
 kept and reaches the reward functions as a keyword argument (TRL's convention). `type:` may be a
 user transform `module.fn` (Axolotl/TRL style, returning `transform_fn` or `(transform_fn,
-map_kwargs)`), or `chat_template` (the messages at `field_messages` are the prompt).
+map_kwargs)`), or `chat_template` (the messages at `field_messages` are the prompt). With no type,
+`field_prompt` and `field_response` name the prompt's and the reference answer's columns (Cosmos-RL's
+prompt_column_name and response_column_name), read as `prompt` and `answer`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,26 @@ from rlft.errors import DataError
 CHAT_TOOLS = "_chat_tools"  # a prompt record's parsed tools for the chat template (the tools column itself stays a column)
 
 
+def _columns(prompt: str | None, answer: str | None) -> Callable[[dict], dict]:
+    """Rows as they are, with `field_prompt`'s column read as `prompt` and `field_response`'s as `answer` (the column the
+    built-in rewards read); the named columns stay too (reward functions get every column)."""
+    renames = [(column, name) for column, name in ((prompt, "prompt"), (answer, "answer")) if column]
+
+    def convert(row: dict) -> dict:
+        record = dict(row)
+        for column, name in renames:
+            if column not in row:
+                raise RowError(f"no column {column!r} (field_{'prompt' if name == 'prompt' else 'response'}; the row has "
+                               f"{fields_of(row)})")
+            record[name] = row[column]
+        return record
+
+    return convert
+
+
 def resolve_prompt_format(ds, cfg, index: int, where: str, tokenizer) -> Callable[[dict], dict]:
     if ds.type is None:
-        convert: Callable[[dict], dict] = dict
+        convert: Callable[[dict], dict] = _columns(ds.field_prompt, ds.field_response)
     elif ds.type in ("chat_template", "chat_template.default"):
         messages = chat_template_format(ds)
         field = ds.field_messages.split(".")[0]

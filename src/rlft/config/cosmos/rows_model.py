@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlft.config.cosmos.rows import Row, View, above_one, refused_when, rows_to, to, unused
+from rlft.config.trackers import SINKS as LOGGERS
 
 FSDP = ("rlft shards a model with FSDP2 over the processes it starts: set policy.parallelism.dp_shard_size to the GPUs "
         "(it becomes fsdp: [full_shard, auto_wrap]) and run `rlft train FILE --num-processes N`")
@@ -62,8 +63,13 @@ def _max_length(value: Any, view: View) -> dict[str, Any] | None:
     return {"sequence_len": value}
 
 
-def _loggers(value: Any, view: View) -> dict[str, Any]:
-    return {f"use_{name}": True for name in value if name in ("wandb", "tensorboard")}
+def _loggers(view: View) -> list[str]:
+    return [name.lower() for name in view.get("logging.logger") or []]
+
+
+def _unknown_loggers(value: Any, view: View) -> str | None:
+    unknown = [name for name in value if name.lower() not in LOGGERS]
+    return f"{', '.join(unknown)}: not a logger rlft has ({', '.join(LOGGERS)})" if unknown else None
 
 
 def _liger(value: Any, view: View) -> dict[str, Any]:
@@ -176,13 +182,11 @@ for _key in ("enable_tools", "enable_thinking", "custom_chat_template_path", "ma
                                                                     "(rollout.multi_turn_config.enable)"))
 
 LOGGING_ROWS: list[Row] = [
-    Row("logging.logger", ("use_wandb", "use_tensorboard"), _loggers, note="console: always; wandb, tensorboard: use_*",
-        refuse=lambda value, view: (f"{', '.join(n for n in value if n not in ('console', 'wandb', 'tensorboard'))}: "
-                                    "loggers rlft does not have (console, wandb, tensorboard)")
-        if set(value) - {"console", "wandb", "tensorboard"} else None),
+    Row("logging.logger", ("logger",), lambda value, view: {"logger": value}, refuse=_unknown_loggers,
+        note="the same names (console, wandb, tensorboard, ...)"),
     rows_to("logging.project_name", ("wandb_project",),
-            lambda value, view: {"wandb_project": value} if "wandb" in view.get("logging.logger") else {}, carry=True),
+            lambda value, view: {"wandb_project": value} if "wandb" in _loggers(view) else {}, carry=True),
     rows_to("logging.experiment_name", ("wandb_name",),
-            lambda value, view: {"wandb_name": value} if value and "wandb" in view.get("logging.logger") else {}),
+            lambda value, view: {"wandb_name": value} if value and "wandb" in _loggers(view) else {}),
     unused("logging.report_mfu", "rlft logs MFU in every run"),
 ]

@@ -6,11 +6,12 @@ from typing import Any
 
 from rlft.config.cosmos.rows import Row, View, refused_when, rows_to, to, unused
 from rlft.config.cosmos.schema import SCHEMA
+from rlft.config.cosmos.targets import rlft_has
 
 V = "validation"
 OFF = "validation is off (validation.enable)"
-# validation's sampling keys at the values that are what rlft's evaluation does (greedy, one answer, the training
-# rewards and completion length)
+# validation's sampling keys at the values that are what rlft's evaluation does without a `validation:` section (one
+# greedy completion per prompt, the training rewards and completion length)
 SAME_AS_RLFT = {"temperature": 0.0, "top_p": None, "top_k": 1, "repetition_penalty": 1.0, "n_generation": 1,
                 "max_response_length": None, "reward_function": []}
 LAUNCHER = "a setting of Cosmos-RL's launcher (its controller and workers); rlft starts its processes itself"
@@ -20,65 +21,68 @@ def _on(convert):
     return lambda value, view: convert(value, view) if view.get(f"{V}.enable") else {}
 
 
-def _splits(view: View) -> list[str]:
-    split = view.get(f"{V}.dataset.split")
-    return ([split] if isinstance(split, str) else list(split or [])) or [""]
-
-
-def _sliced(split: str, size: Any) -> str:
-    """`test_size` rows of a split: rlft reads them as a slice (the first rows, where Cosmos-RL draws them)."""
-    split = split or "train"
-    if size is None:
-        return split
-    return f"{split}[:{round(size * 100)}%]" if isinstance(size, float) else f"{split}[:{size}]"
-
-
-def _test_datasets(value: Any, view: View) -> dict[str, Any]:
-    """One test dataset per split of validation.dataset (its name, split and test_size rows)."""
+def _validation_sets(value: Any, view: View) -> dict[str, Any]:
+    """validation.dataset, one entry per split (Cosmos-RL joins them): rlft's validation.datasets where rlft has that
+    section, else test_datasets."""
     name = view.get(f"{V}.dataset.name")
     if not name:
         return {}
-    size = view.get(f"{V}.dataset.test_size")
-    return {"test_datasets": [{"path": name, "split": _sliced(split, size)} for split in _splits(view)]}
+    split = view.get(f"{V}.dataset.split")
+    entry = {"path": name, **{key: view.get(f"{V}.dataset.{key}") for key in ("subset", "revision")
+                              if view.get(f"{V}.dataset.{key}")}}
+    entry = {("name" if key == "subset" else key): item for key, item in entry.items()}
+    splits = [split] if isinstance(split, str) else list(split or []) or [""]
+    target = "validation.datasets" if rlft_has("validation.datasets") and view.method == "grpo" else "test_datasets"
+    return {target: [{**entry, "split": s or "train"} for s in splits]}
 
 
-def _no_data(value: Any, view: View) -> str | None:
-    if value and not view.get(f"{V}.dataset.name") and view.get("train.train_policy.dataset.test_size") is None:
-        return ("validation without validation.dataset.name or train.train_policy.dataset.test_size has no rows to "
-                "evaluate on: name a dataset, or hold rows out with test_size")
-    return None
+def _enable(value: Any, view: View) -> dict[str, Any]:
+    """On: evaluation on validation.dataset, else on the first train_policy.dataset.test_size rows of the training data
+    (Cosmos-RL's default 0.1; rlft's val_set_size holds out the last rows)."""
+    if not value:
+        return {}
+    out = {"validation.enable": True} if rlft_has("validation.enable") and view.method == "grpo" else {}
+    if not view.get(f"{V}.dataset.name"):
+        test_size = view.get("train.train_policy.dataset.test_size")
+        out["val_set_size"] = 0.1 if test_size is None else test_size
+    return out
 
 
-def _sampling(key: str):
-    """A validation sampling key: rlft's evaluation is greedy, one answer per prompt, scored by the training rewards."""
-    same = SAME_AS_RLFT[key]
+def _sampling(key: str) -> Row:
+    """A validation sampling key: rlft's `validation:` key of the same name where rlft has it; otherwise only the value
+    that is what rlft's evaluation does (greedy, one answer per prompt, the training rewards)."""
+    same, target = SAME_AS_RLFT[key], f"{V}.{key}"
+
+    def convert(value: Any, view: View) -> dict[str, Any]:
+        if not view.get(f"{V}.enable") or view.method != "grpo" or not rlft_has(target) or value in (same, []):
+            return {}
+        return {target: value}
 
     def refuse(value: Any, view: View) -> str | None:
-        if not view.get(f"{V}.enable") or value == same or (key == "reward_function" and not value):
+        if not view.get(f"{V}.enable") or view.method != "grpo" or rlft_has(target) or value in (same, []):
             return None
-        return (f"validation.{key} = {value!r}: validation with its own sampling settings has no rlft key yet; rlft's "
-                "evaluation samples greedily one answer per prompt, scored by the training rewards (leave the key out)")
+        return (f"validation with its own sampling settings has no rlft key yet ({target}); rlft's evaluation samples "
+                "greedily one answer per prompt, scored by the training rewards: leave the key out")
 
-    return Row(f"{V}.{key}", refuse=refuse, unused=lambda value, view: OFF if not view.get(f"{V}.enable") else
-               "what rlft's evaluation does")
+    return Row(target, (target,), convert, refuse=refuse, carry=True, unused=lambda value, view: (
+        OFF if not view.get(f"{V}.enable") else "SFT evaluates the loss on held-out rows" if view.method == "sft" else
+        "what rlft's evaluation does"))
 
 
 VALIDATION_ROWS: list[Row] = [
-    Row(f"{V}.enable", ("test_datasets",), lambda value, view: {}, refuse=_no_data,
-        note="true: evaluation on test_datasets every validation.freq steps"),
+    Row(f"{V}.enable", ("validation.enable", "val_set_size"), _enable,
+        note="true: evaluation every validation.freq steps (and before the first step)"),
     rows_to(f"{V}.freq", ("eval_steps",), _on(lambda value, view: {"eval_steps": value}), carry=True),
     rows_to(f"{V}.batch_size", ("eval_batch_size",), _on(lambda value, view: {} if value is None else
                                                           {"eval_batch_size": value})),
-    Row(f"{V}.dataset.name", ("test_datasets[*].path",), _on(_test_datasets), carry=True),
-    rows_to(f"{V}.dataset.subset", ("test_datasets[*].name",), _on(lambda value, view: {"test_datasets[*].name": value}
-                                                                    if value else {})),
-    rows_to(f"{V}.dataset.revision", ("test_datasets[*].revision",),
-            _on(lambda value, view: {"test_datasets[*].revision": value} if value else {})),
-    Row(f"{V}.dataset.split", ("test_datasets[*].split",), _on(_test_datasets)),
-    Row(f"{V}.dataset.test_size", ("test_datasets[*].split",), _on(_test_datasets),
-        note="the first rows of the split, as a slice (Cosmos-RL draws them)"),
-    refused_when(f"{V}.val_before_train", bool, "an evaluation before the first step has no rlft key yet: rlft evaluates "
-                 "every validation.freq steps and at the end", otherwise="no evaluation before training"),
+    Row(f"{V}.dataset.name", ("validation.datasets", "test_datasets"), _on(_validation_sets), carry=True,
+        note="one entry per split: validation.datasets where rlft has that section, else test_datasets"),
+    Row(f"{V}.dataset.subset", ("validation.datasets", "test_datasets"), _on(_validation_sets)),
+    Row(f"{V}.dataset.revision", ("validation.datasets", "test_datasets"), _on(_validation_sets)),
+    Row(f"{V}.dataset.split", ("validation.datasets", "test_datasets"), _on(_validation_sets)),
+    unused(f"{V}.dataset.test_size", "Cosmos-RL reads the test_size of train.train_policy.dataset only (with no "
+                                     "validation.dataset.name)"),
+    unused(f"{V}.val_before_train", "rlft evaluates before the first step whatever this says"),
 ] + [_sampling(key) for key in SAME_AS_RLFT]
 
 PROFILER_ROWS: list[Row] = [to(f"profiler.{key}", f"profiler.{key}") for key in ("enable_profiler", "enable_nsys")] + [

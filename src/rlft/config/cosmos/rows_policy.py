@@ -140,9 +140,9 @@ DATASET_ROWS: list[Row] = [
     rows_to(f"{P}.dataset.subset", ("datasets[*].name",), _every("name"), carry=True),
     rows_to(f"{P}.dataset.revision", ("datasets[*].revision",), _every("revision"), carry=True),
     rows_to(f"{P}.dataset.split", ("datasets[*].split",), _split, carry=True),
-    rows_to(f"{P}.dataset.test_size", ("val_set_size",), lambda value, view: {} if value is None or not view.get(
-        "validation.enable") or view.get("validation.dataset.name") else {"val_set_size": value},
-            note="with validation on and no validation.dataset.name: the rows held out for it"),
+    rows_to(f"{P}.dataset.test_size", ("val_set_size",), lambda value, view: {} if not view.get(
+        "validation.enable") or view.get("validation.dataset.name") else {"val_set_size": 0.1 if value is None else value},
+            note="with validation on and no validation.dataset.name: the rows held out for it (Cosmos-RL: 0.1)"),
     unused(f"{P}.dataloader_shuffle", lambda value, view: None if value else (
         "rlft shuffles the merged training rows once (shuffle_merged_datasets); Cosmos-RL's loader order is not kept")),
     unused(f"{P}.enable_dataset_cache", "rlft keeps tokenised data in dataset_prepared_path when that is set"),
@@ -160,10 +160,10 @@ SFT_ROWS: list[Row] = [
             lambda value, view: {"datasets[*].type": "chat_template", "datasets[*].field_messages": value},
             method="sft", carry=True, note="a column of message lists, rendered by the chat template"),
     rows_to(f"{P}.system_prompt", ("datasets[*].system_prompt",), _every("system_prompt"), method="sft"),
-    Row(f"{P}.balance_dp_token", method="sft", unused="rlft divides each step's loss by its target tokens over every "
-        "process, as balance_dp_token = true does",
-        refuse=lambda value, view: None if value else ("balance_dp_token = false (each process's own token mean) has no "
-                                                       "rlft key: rlft divides by the step's tokens over every process")),
+    Row(f"{P}.balance_dp_token", ("balance_dp_token",), lambda value, view: {"balance_dp_token": value}, method="sft",
+        refuse=lambda value, view: None if value else ("balance_dp_token = false (each process's own token mean) is not "
+                                                       "built: rlft divides by the step's tokens over every process"),
+        note="true: the step's loss is divided by its target tokens over every process"),
 ]
 
 GRPO_ROWS: list[Row] = [

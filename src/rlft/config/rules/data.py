@@ -65,11 +65,12 @@ def streaming_problems(cfg):
                "(type: chat_template) or set tokenizer_use_mistral_common: false")
 
 
-CONVERSATION_KEYS = ("field_prompt", "field_response", "system_prompt")  # read by SFT's chat_template rows alone
+CONVERSATION_KEYS = ("field_prompt", "field_response", "system_prompt")  # SFT's chat_template rows; GRPO's columns
 
 
 def conversation_problems(cfg):
-    """Dataset entries' field_prompt, field_response and system_prompt: SFT's chat_template rows read them."""
+    """Dataset entries' field_prompt, field_response and system_prompt: SFT's chat_template rows read them, and the
+    GRPO family's prompt rows read the first two as their prompt and answer columns."""
     sft = method_spec(cfg.method).data == "sft"
     for key, entries in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets or []),
                          ("pretraining_dataset", cfg.pretraining_dataset or [])):
@@ -78,6 +79,9 @@ def conversation_problems(cfg):
             if not used:
                 continue
             names, one = ", ".join(used), len(used) == 1
+            if method_spec(cfg.method).data == "prompt":
+                yield from _prompt_columns(where, ds, used)
+                continue
             if not sft:
                 yield (f"{where}: {names} {'belongs' if one else 'belong'} to SFT's chat_template rows, and {cfg.method} "
                        f"reads its rows in its own formats: remove {'it' if one else 'them'} (docs/sft.md#type-chat_template)")
@@ -92,3 +96,14 @@ def conversation_problems(cfg):
             if ds.field_prompt and "field_messages" in ds.model_fields_set:
                 yield (f"{where}: field_messages and field_prompt / field_response both say where the conversation is: "
                        "keep field_messages (a message list) or the two columns")
+
+
+def _prompt_columns(where: str, ds, used: list[str]):
+    """GRPO-family prompt rows (no type): field_prompt is the prompt column, field_response the reference answer's."""
+    if "system_prompt" in used:
+        yield (f"{where}: system_prompt belongs to SFT's chat_template rows; a GRPO prompt takes its system turn from the "
+               "data (a message-list prompt): remove it")
+    if ds.type is not None and (ds.field_prompt or ds.field_response):
+        yield (f"{where}: field_prompt / field_response name the prompt and answer columns of rows read as they are (no "
+               f"type), and this entry has type: {ds.type if isinstance(ds.type, str) else 'a mapping'}: remove the type "
+               "(or the two keys; a transform can return `prompt` and `answer` itself)")

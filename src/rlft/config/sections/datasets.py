@@ -76,10 +76,12 @@ class DatasetConfig(known_only("AxolotlDatasetKeys", DATASET)):
     drop_system_message: bool = field(False, "chat_template: drop system messages from every row.")
     field_prompt: Optional[str] = field(
         None, "chat_template (SFT): column holding the user's turn (a text or a message list), trained as a conversation "
-        "with field_response's answer, in place of field_messages (Cosmos-RL's prompt_column_name). Default: unset.")
+        "with field_response's answer, in place of field_messages. GRPO family (no type): column holding the prompt, "
+        "read as `prompt`. Cosmos-RL's prompt_column_name. Default: unset.")
     field_response: Optional[str] = field(
-        None, "chat_template (SFT): column holding the assistant's answer to field_prompt (a text or a message list; "
-        "Cosmos-RL's response_column_name). Default: unset.")
+        None, "chat_template (SFT): column holding the assistant's answer to field_prompt (a text or a message list). GRPO "
+        "family (no type): column holding the reference answer, which reward functions get as `answer` (the built-ins "
+        "read it). Cosmos-RL's response_column_name. Default: unset.")
     system_prompt: Optional[str] = field(
         None, "chat_template (SFT): a system turn of this text leads every conversation that starts without one (a row's "
         "own system turn or `system` column wins; with drop_system_message, this replaces them). Cosmos-RL's "
