@@ -1,4 +1,5 @@
-"""Regenerate the reference tables of docs/config.md (and the option table of docs/ebft.md) from the schema.
+"""Regenerate the reference tables of docs/config.md (and the option table of docs/ebft.md) from the schema, and the
+Cosmos-RL key table of docs/cosmos-rl.md from the translation table (rlft.config.cosmos).
 
     PYTHONPATH=src .venv/bin/python docs/gen_config_tables.py
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rlft.config import DatasetConfig, RlftConfig, UserDefinedType
+from rlft.config.cosmos.report import mapping_table
 from rlft.config.sections.datasets import PretrainingDatasetConfig
 from rlft.config.sections.ebft import EBFTConfig
 from rlft.config.sections.nemo_gym import NemoGymDataset, NemoGymFields
@@ -30,6 +32,7 @@ from rlft.config.sections.vllm import VLLMConfig
 
 DOC = Path(__file__).with_name("config.md")
 EBFT_DOC = Path(__file__).with_name("ebft.md")
+COSMOS_DOC = Path(__file__).with_name("cosmos-rl.md")
 MODEL_NAMES = {"DatasetConfig": "dataset entry", "PretrainingDatasetConfig": "dataset entry", "UserDefinedType": "mapping", "NemoGymDataset": "Gym dataset entry"}
 
 
@@ -129,7 +132,7 @@ TABLES = {
 }
 
 
-PAGES = {DOC: TABLES, EBFT_DOC: {"ebft": TABLES["ebft"]}}
+PAGES = {DOC: TABLES, EBFT_DOC: {"ebft": TABLES["ebft"]}, COSMOS_DOC: {"cosmos-keys": mapping_table}}
 
 
 def rendered(doc: Path, tables: dict) -> str:

@@ -38,6 +38,7 @@ SECTION_NAMES = {
 # what the flat text cannot hold or lost: defaults made by a factory or lost as an empty cell, a tuple's item type,
 # a description the extraction garbled, and the `choices` Cosmos-RL's fields declare (json_schema_extra, dropped)
 PATCHES = {
+    ("Config", "custom"): {"default": {}},
     ("GrpoConfig", "reward_function"): {"default": ["single_choice"]},
     ("GrpoConfig", "filter_reward_metric"): {"default": []},
     ("SubProfilerConfig", "rank_filter"): {"default": []},

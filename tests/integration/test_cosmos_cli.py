@@ -156,3 +156,20 @@ def test_a_hub_model_offline_gets_the_message_of_an_rlft_config(cli, capsys, grp
     from_yaml = capsys.readouterr().err
     line = next(text for text in from_yaml.splitlines() if text.startswith("error:"))
     assert line in from_toml and "HF_HUB_OFFLINE" in line
+
+
+def test_the_worked_example_of_the_docs_is_what_convert_writes(cli, capsys, repo_root, tmp_path):
+    page = (repo_root / "docs" / "cosmos-rl.md").read_text()
+    toml = re.search(r"^```toml\n(.*?)^```", page, re.MULTILINE | re.DOTALL).group(1)
+    converted = re.search(r"^```yaml\n(.*?)^```", page, re.MULTILINE | re.DOTALL).group(1)
+    path = tmp_path / "grpo.toml"
+    path.write_text(toml)
+    assert cli("validate", path) == 0
+    capsys.readouterr()
+    assert cli("convert", path) == 0
+    assert capsys.readouterr().out == converted
+    assert cli("validate", "--explain", path) == 0
+    explained = capsys.readouterr().out
+    shown = re.search(r"^```text\n(.*?)^```", page, re.MULTILINE | re.DOTALL).group(1)
+    for pair in re.findall(r"^\S.*\n    -> .*$", shown, re.MULTILINE):
+        assert pair in explained, pair

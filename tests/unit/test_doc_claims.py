@@ -5,7 +5,9 @@
   that is not an rlft config (an accelerate or DeepSpeed file, a dataset row) follows `<!-- not a config -->`.
 * Every paragraph, list item or table row that says something is "not built" or that rlft "refuses" it carries a
   `<!-- refused: FLOW-YAML -->` marker: the keys that show it, merged onto `BASE`. The test checks that `rlft train` refuses them before it loads anything (`rlft validate`'s checks, then
-  `refuse_unbuilt`), so a claim of that kind cannot outlive the code that makes it true.
+  `refuse_unbuilt`), so a claim of that kind cannot outlive the code that makes it true. A marker `cosmos: {...}` holds
+  Cosmos-RL keys instead (docs/cosmos-rl.md), merged onto a small Cosmos-RL GRPO file (`COSMOS_BASE`): `rlft train`
+  refuses its translation or one of its keys.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import yaml
 from pydantic import BaseModel
 
 from rlft.config import RlftConfig
+from rlft.config.cosmos.front import refuse_cosmos, translated
 from rlft.config.loading import build_config, deep_merge
 from rlft.config.settings import resolve
 from rlft.errors import ConfigError, NotImplementedYet
@@ -96,7 +99,10 @@ def claims() -> list[tuple[str, str, list[str]]]:
     return found
 
 
-SCAFFOLD = {"rl", "trl", "reward_funcs", "base_model", "datasets", "path", "micro_batch_size", "output_dir", "m.r", "grpo"}
+SCAFFOLD = {"rl", "trl", "reward_funcs", "base_model", "datasets", "path", "micro_batch_size", "output_dir", "m.r", "grpo",
+            "cosmos"}
+COSMOS_BASE = {"policy": {"model_name_or_path": "./model"},
+               "train": {"train_policy": {"type": "grpo", "dataset": {"name": "data.jsonl"}}}}
 
 
 def leaves(data, key: str = "") -> list[str]:
@@ -115,9 +121,16 @@ def check(data: dict) -> None:
     resolve(cfg)
 
 
+def check_cosmos(data: dict) -> None:
+    """What `rlft train` runs on a Cosmos-RL file before it loads anything; raises when it refuses."""
+    translation = translated(Path("example.toml"), deep_merge(COSMOS_BASE, data))
+    refuse_cosmos(translation, "example.toml")
+    check(translation.rlft)
+
+
 def refused(data: dict) -> str | None:
     try:
-        check(data)
+        check_cosmos(data["cosmos"]) if "cosmos" in data else check(data)
     except (ConfigError, NotImplementedYet) as exc:
         return str(exc)
     return None

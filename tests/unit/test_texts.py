@@ -18,7 +18,8 @@ BENCH_README = REPO / "bench" / "README.md"
 STRICT = [README, BENCH_README] + sorted((REPO / "docs").glob("*.md"))
 # the topic pages a newcomer looks for, each a page of its own
 TOPICS = ["getting-started.md", "config.md", "sft.md", "preference.md", "grpo.md", "rollout-server.md", "environments.md",
-          "ebft.md", "distributed.md", "checkpoints.md", "training.md", "troubleshooting.md", "architecture.md"]
+          "ebft.md", "distributed.md", "checkpoints.md", "training.md", "troubleshooting.md", "architecture.md",
+          "cosmos-rl.md"]
 
 ORDINALS = r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\d+(?:st|nd|rd|th)"
 FORBIDDEN = {

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from rlft.config.cosmos.schema import find
+from rlft.config.cosmos.schema import all_keys, find
+from rlft.config.cosmos.targets import rlft_has
 from rlft.config.cosmos.translate import Outcome, Translation, row_for
 
 # the converted file's first keys, in this order; the rest follow as the rows wrote them
@@ -87,3 +88,29 @@ def converted_yaml(translation: Translation, source: str) -> str:
         header += textwrap.wrap("Not used by rlft: " + ", ".join(o.path for o in unused), 116, initial_indent="# ",
                                 subsequent_indent="#   ")
     return "\n".join(header) + "\n" + yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True, width=120)
+
+
+def mapping_table() -> str:
+    """The translation table as Markdown (docs/cosmos-rl.md, made by docs/gen_config_tables.py): each Cosmos-RL key,
+    its default, the rlft keys it becomes and what to know about it."""
+    lines = ["| Cosmos-RL key | default | rlft | notes |", "|---|---|---|---|"]
+    collapsed, seen = False, set()
+    for key in all_keys():
+        if key.is_section and not key.entry.get("nullable"):
+            continue
+        if key.path.startswith("distillation.") and key.path != "distillation.enable":
+            if not collapsed:
+                lines.append("| `distillation.*` (the rest) | | | settings of distillation (distillation.enable) |")
+            collapsed = True
+            continue
+        method = {"SFTDataConfig": "sft", "GrpoConfig": "grpo"}.get(key.section)
+        row = row_for(key.path, method or "grpo")
+        if row is None or id(row) in seen:
+            continue  # a key both policy types share (dataset.*, mini_batch): listed once
+        seen.add(id(row))
+        label = f"`{key.path}`" + {"sft": " (SFT)", "grpo": " (GRPO)"}.get(row.method or "", "")
+        targets = ", ".join(f"`{t}`" + ("" if rlft_has(t) else " (not in rlft yet)") for t in row.targets) or "—"
+        notes = row.note or (row.unused if isinstance(row.unused, str) else "")
+        cells = (label, f"`{shown(key.default)}`", targets, notes.replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

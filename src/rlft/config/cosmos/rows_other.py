@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rlft.config.cosmos.rows import Row, View, refused_when, rows_to, to, unused
@@ -66,7 +67,8 @@ def _sampling(key: str) -> Row:
 
     return Row(target, (target,), convert, refuse=refuse, carry=True, unused=lambda value, view: (
         OFF if not view.get(f"{V}.enable") else "SFT evaluates the loss on held-out rows" if view.method == "sft" else
-        "what rlft's evaluation does"))
+        "what rlft's evaluation does"),
+               note=f"GRPO with validation on; without rlft's {target}, only {json.dumps(same)} runs (rlft's greedy evaluation)")
 
 
 VALIDATION_ROWS: list[Row] = [

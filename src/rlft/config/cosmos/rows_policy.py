@@ -144,7 +144,8 @@ DATASET_ROWS: list[Row] = [
         "validation.enable") or view.get("validation.dataset.name") else {"val_set_size": 0.1 if value is None else value},
             note="with validation on and no validation.dataset.name: the rows held out for it (Cosmos-RL: 0.1)"),
     unused(f"{P}.dataloader_shuffle", lambda value, view: None if value else (
-        "rlft shuffles the merged training rows once (shuffle_merged_datasets); Cosmos-RL's loader order is not kept")),
+        "rlft shuffles the merged training rows once (shuffle_merged_datasets); Cosmos-RL's loader order is not kept"),
+           note="rlft shuffles the merged training rows once (seeded)"),
     unused(f"{P}.enable_dataset_cache", "rlft keeps tokenised data in dataset_prepared_path when that is set"),
     unused(f"{P}.dataloader_num_workers", LOADER),
     unused(f"{P}.dataloader_prefetch_factor", LOADER),

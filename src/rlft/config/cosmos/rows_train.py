@@ -144,7 +144,8 @@ TRAIN_ROWS: list[Row] = [
     to("train.optm_grad_norm_clip", "max_grad_norm", carry=True),
     to("train.epsilon", "adam_epsilon", carry=True),
     unused("train.master_dtype", lambda value, view: None if value == "float32" else (
-        "rlft keeps float32 master weights under mixed precision (more memory, the same or better numerics)")),
+        "rlft keeps float32 master weights under mixed precision (more memory, the same or better numerics)"),
+           note="float32: what rlft keeps under mixed precision; other values are not used"),
     Row("train.param_dtype", ("bf16", "fp16"), _precision, carry=True,
         note="bfloat16: bf16: auto (bfloat16 on a GPU that has it); float16: fp16: true; float32: bf16: false"),
     unused("train.transfer_dtype", "a rollout server receives the weights in its own dtype (vllm.dtype)"),
@@ -154,7 +155,7 @@ TRAIN_ROWS: list[Row] = [
         note="true: FSDP2 keeps parameters on the CPU"),
     Row("train.fsdp_reshard_after_forward", ("fsdp_config.fsdp_reshard_after_forward",), _sharded(
         lambda value: {} if value == "default" else {"fsdp_config.fsdp_reshard_after_forward": value == "always"}),
-        unused=NOT_SHARDED),
+        unused=NOT_SHARDED, note="with dp_shard_size sharding: always, never: true, false"),
     Row("train.train_batch_per_replica", BATCHES, batches, refuse=_batches_refused, carry=True,
         note="rows per process and step: micro_batch_size = train_policy.mini_batch, gradient_accumulation_steps = the rest"),
     rows_to("train.resume", ("resume_from_checkpoint",), lambda value, view: {} if value is False else {
@@ -202,7 +203,7 @@ TRAIN_ROWS: list[Row] = [
     rows_to("train.ckpt.max_keep", ("save_total_limit",), _saving(_keep), carry=True,
             note="-1 keeps every checkpoint"),
     unused("train.ckpt.export_safetensors", lambda value, view: "rlft writes its final model as safetensors" if value else
-           "rlft writes its final model as safetensors whatever this says"),
+           "rlft writes its final model as safetensors whatever this says", note="rlft writes safetensors always"),
     refused_when("train.ckpt.upload_hf", bool, HUB, otherwise="uploading is off"),
     unused("train.ckpt.hf_repo_name", "a setting of train.ckpt.upload_hf"),
     refused_when("train.ckpt.upload_s3", bool, "rlft never uploads: copy the output folder to S3 yourself (aws s3 sync "

@@ -9,6 +9,7 @@ a misspelt key is not lost). Keys the file leaves out are translated at Cosmos-R
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +119,7 @@ def _apply(row: Row, value: Any, view: View, given: bool, out: dict[str, Any]) -
     for key, new in converted.items():
         if key in lacking or (not given and _is_rlft_default(key, new)):
             continue
-        set_path(out, key, new)
+        set_path(out, key, copy.deepcopy(new))
         written[key] = new
     return Outcome(row.cosmos, value, "mapped", "" if written or converted else _same(row, value, view), written)
 
