@@ -71,7 +71,11 @@ def _names(key: str) -> set[str]:
 
 def translate(data: dict[str, Any]) -> Translation:
     """The rlft mapping of a Cosmos-RL file (already parsed), and the outcome of each key it sets."""
-    problems = [f for f in check(data) if not f.unknown]
+    findings = check(data)
+    problems = [f for f in findings if not f.unknown]
+    if problems:  # the rows read values of the schema's types: a file with wrong ones stops here (front.translated)
+        return Translation({}, [], problems, "grpo")
+    unknown = {f.path: f.message for f in findings if f.unknown}
     view = View(data)
     out: dict[str, Any] = {}
     outcomes: dict[str, Outcome] = {}
@@ -90,7 +94,7 @@ def translate(data: dict[str, Any]) -> Translation:
     listed = []
     for path, value, key in leaves(data):
         if key is None:
-            listed.append(Outcome(path, value, "unknown", next(f.message for f in check(data) if f.path == path)))
+            listed.append(Outcome(path, value, "unknown", unknown[path]))
         elif path in outcomes:
             listed.append(outcomes[path])
         elif row_for(path, view.method) is None:  # a train_policy key of the other type: check() reports it
