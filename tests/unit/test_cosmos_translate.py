@@ -16,10 +16,7 @@ from rlft.config.loading import build_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "data" / "cosmos").glob("*.toml"))
 # rlft keys the table maps onto that rlft does not have yet: a file setting their Cosmos-RL key is refused by `rlft train`
-PENDING = {"save_every_n_epochs", "save_mode", "validation.enable", "validation.datasets", "validation.temperature",
-           "validation.top_p", "validation.top_k", "validation.repetition_penalty", "validation.n_generation",
-           "validation.max_response_length", "validation.reward_function", "trl.max_token_len_per_mini_batch",
-           "trl.outdated_rollout_fetch_batch_size",
+PENDING = {"save_every_n_epochs", "save_mode", "trl.max_token_len_per_mini_batch", "trl.outdated_rollout_fetch_batch_size",
            "trl.min_filter_prefix_tokens", "trl.reset_optimizer_with_reference", "trl.balance_dp_token"}
 GRPO = {"type": "grpo", "dataset": {"name": "data.jsonl"}}
 
@@ -115,9 +112,14 @@ CASES = [
      {"vllm": {"tensor_parallel_size": 4, "gpu_memory_utilization": 0.5}}),
     (dict(validation={"enable": True, "freq": 10, "batch_size": 4, "dataset": {"name": "v.jsonl", "split": "test",
                                                                               "test_size": 0.25}}),
-     {"eval_steps": 10, "eval_batch_size": 4, "test_datasets": [{"path": "v.jsonl", "split": "test"}]}),
+     {"eval_steps": 10, "eval_batch_size": 4,
+      "validation": {"enable": True, "datasets": [{"path": "v.jsonl", "split": "test"}], "top_k": 1}}),
+    (dict(validation={"enable": True, "dataset": {"name": "v.jsonl"}, "temperature": 0.7, "top_k": -1, "n_generation": 4,
+                      "max_response_length": 64, "reward_function": {"boxed_math": 1.0}}),
+     {"validation": {"temperature": 0.7, "top_k": -1, "n_generation": 4, "max_response_length": 64,
+                     "reward_function": {"boxed_math": 1.0}}}),
     (dict(validation={"enable": True}, train_policy={"dataset": {"name": "data.jsonl", "test_size": 16}}),
-     {"val_set_size": 16}),
+     {"val_set_size": 16, "validation": {"enable": True}}),
     (dict(validation={"enable": True}), {"val_set_size": 0.1}),
     (dict(train_policy={"prompt_column_name": "question", "response_column_name": "solution"}),
      {"datasets": [{"path": "data.jsonl", "field_prompt": "question", "field_response": "solution"}]}),
@@ -143,6 +145,15 @@ def test_on_policy_and_no_staleness_are_synchronous():
     for policy in ({"on_policy": True}, {"allowed_outdated_steps": 0}):
         trl = translate(cosmos(train={"train_batch_per_replica": 32}, train_policy=policy)).rlft["trl"]
         assert "async_prefetch" not in trl and "allowed_outdated_steps" not in trl
+
+
+def test_validation_of_an_sft_run_is_its_eval_loss():
+    data = {"train": {"train_policy": {"type": "sft", "dataset": {"name": "chat.jsonl"}}}, "policy": {"model_name_or_path": "m"},
+            "validation": {"enable": True, "freq": 5, "dataset": {"name": "held.jsonl", "split": ["a", "b"]}}}
+    rlft = translate(data).rlft
+    assert "validation" not in rlft and rlft["eval_steps"] == 5
+    assert rlft["test_datasets"] == [{"path": "held.jsonl", "split": "a"}, {"path": "held.jsonl", "split": "b"}]
+    build_config(rlft)
 
 
 def test_an_sft_policy():
@@ -220,9 +231,9 @@ def sample(key):
         choices = [c for c in entry.get("choices", []) if c != default]
         return choices[-1] if choices else "x"
     if "array" in kinds:
-        return [0.9, 0.95] if entry.get("items") == ["number"] else ["x"]
+        return {"number": [0.9, 0.95], "integer": [0, 1]}.get((entry.get("items") or ["string"])[0], ["x"])
     if "object" in kinds:
-        return {"x": True}
+        return {"x": {"number": 1.5, "integer": 2}.get((entry.get("values") or ["boolean"])[0], True)}
     return None
 
 

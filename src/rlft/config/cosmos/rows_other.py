@@ -55,9 +55,9 @@ def _sampling(key: str) -> Row:
     same, target = SAME_AS_RLFT[key], f"{V}.{key}"
 
     def convert(value: Any, view: View) -> dict[str, Any]:
-        if not view.get(f"{V}.enable") or view.method != "grpo" or not rlft_has(target) or value in (same, []):
+        if not view.get(f"{V}.enable") or view.method != "grpo" or not rlft_has(target) or value in (None, []):
             return {}
-        return {target: value}
+        return {target: value}  # top_k 1, Cosmos-RL's default, keeps the evaluation greedy at any temperature
 
     def refuse(value: Any, view: View) -> str | None:
         if not view.get(f"{V}.enable") or view.method != "grpo" or rlft_has(target) or value in (same, []):
