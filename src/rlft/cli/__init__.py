@@ -1,4 +1,5 @@
-"""`rlft` command line: train | evaluate | validate | preprocess | vllm-serve | generate | score | merge-lora | quickstart.
+"""`rlft` command line: train | evaluate | validate | convert | preprocess | vllm-serve | generate | score | merge-lora |
+quickstart.
 
 `run_command` is the console script; `main` runs one command and returns its exit code (tests call it in-process).
 """
