@@ -19,7 +19,7 @@ TRAINERS = {"grpo", "sft"}
 
 def _splits(view: View, prefix: str) -> list[str]:
     split = view.get(f"{prefix}.dataset.split")
-    return [s for s in ([split] if isinstance(split, str) else list(split or []))] or [""]
+    return ([split] if isinstance(split, str) else list(split or [])) or [""]
 
 
 def _datasets(value: Any, view: View) -> dict[str, Any]:

@@ -91,14 +91,8 @@ def translate(data: dict[str, Any]) -> Translation:
             outcomes[row.cosmos] = outcome
         elif outcome.rlft:
             carried.append(outcome)
-    listed = []
-    for path, value, key in leaves(data):
-        if key is None:
-            listed.append(Outcome(path, value, "unknown", unknown[path]))
-        elif path in outcomes:
-            listed.append(outcomes[path])
-        elif row_for(path, view.method) is None:  # a train_policy key of the other type: check() reports it
-            continue
+    listed = [Outcome(path, value, "unknown", unknown[path]) if key is None else outcomes[path]
+              for path, value, key in leaves(data)]
     return Translation(out, listed, problems, view.method, carried)
 
 
