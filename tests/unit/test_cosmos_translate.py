@@ -17,6 +17,7 @@ from rlft.config.loading import build_config
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "data" / "cosmos").glob("*.toml"))
 # rlft keys the table maps onto that rlft does not have yet: a file setting their Cosmos-RL key is refused by `rlft train`
 PENDING = {"save_every_n_epochs", "save_mode", "trl.max_token_len_per_mini_batch", "trl.outdated_rollout_fetch_batch_size",
+           "trl.max_retry_for_on_policy",
            "trl.min_filter_prefix_tokens", "trl.reset_optimizer_with_reference", "trl.balance_dp_token"}
 GRPO = {"type": "grpo", "dataset": {"name": "data.jsonl"}}
 

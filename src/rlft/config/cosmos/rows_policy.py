@@ -210,8 +210,10 @@ GRPO_ROWS: list[Row] = [
         "trl.allowed_outdated_steps": value} if _asynchronous(view) else {}, method="grpo", carry=True),
     _grpo("outdated_rollout_fetch_batch_size", "trl.outdated_rollout_fetch_batch_size"),
     _grpo("min_filter_prefix_tokens", "trl.min_filter_prefix_tokens"),
-    unused(f"{P}.max_retry_for_on_policy", "rlft's synchronous steps sample every rollout with the current weights: no "
-                                           "retries", method="grpo"),
+    Row(f"{P}.max_retry_for_on_policy", ("trl.max_retry_for_on_policy",), lambda value, view: {
+        "trl.max_retry_for_on_policy": value} if view.get(f"{P}.variant") == "dapo" else {}, method="grpo",
+        unused="draws of dynamic sampling, which runs with variant dapo only",
+        note="with variant dapo: how many times dynamic sampling draws prompts to fill a generation batch"),
     _grpo("reference_reset_interval", "trl.reference_reset_interval", refuse=_reset_optimizer),
     Row(f"{P}.reset_optimizer_with_reference", ("trl.reset_optimizer_with_reference",),
         lambda value, view: {"trl.reset_optimizer_with_reference": value} if view.get(f"{P}.reference_reset_interval") else {},
