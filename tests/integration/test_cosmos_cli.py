@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,36 @@ def test_cosmos_rl_examples_validate(path, cli, capsys):
     assert "redis" in captured.err  # a launcher key: accepted, reported as not used
 
 
+def hardware_keys(data: dict) -> list[str]:
+    """The keys of a Cosmos-RL file that ask for hardware or engines rlft does not drive."""
+    found = []
+    for side in ("policy", "rollout"):
+        parallelism = data.get(side, {}).get("parallelism", {})
+        sizes = ("tp_size", "pp_size", "cp_size", "ep_size", "n_init_replicas") if side == "policy" else \
+            ("pp_size", "cp_size", "ep_size", "n_init_replicas")
+        found += [f"{side}.parallelism.{key}" for key in sizes if parallelism.get(key, 1) > 1]
+    if data.get("rollout", {}).get("backend", "vllm") != "vllm":
+        found.append("rollout.backend")
+    if data.get("rollout", {}).get("quantization", "none") != "none":
+        found.append("rollout.quantization")
+    if data.get("train", {}).get("fp8", {}).get("enable_fp8"):
+        found.append("train.fp8.enable_fp8")
+    return found
+
+
+HARDWARE = [path for path in EXAMPLES if hardware_keys(tomllib.loads(path.read_text()))]
+
+
+@pytest.mark.parametrize("path", HARDWARE, ids=[p.name for p in HARDWARE])
+def test_train_refuses_the_hardware_keys_of_cosmos_rl_examples(path, cli, capsys):
+    """Before it loads anything (the hub models and datasets these files name are not read)."""
+    assert cli("train", path) == 1
+    err = capsys.readouterr().err
+    assert "rlft does not run these Cosmos-RL settings" in err and "Traceback" not in err
+    missing = [key for key in hardware_keys(tomllib.loads(path.read_text())) if f"{key} = " not in err]
+    assert not missing, (missing, err)
+
+
 def test_a_toml_syntax_error_names_the_line_and_column(cli, capsys, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\noptm_lr = 1e-6\nepoch = = 2\n")
@@ -91,8 +122,6 @@ def test_a_config_mixing_the_two_languages_is_refused(cli, capsys, tmp_path):
 
 
 def test_the_same_structure_as_yaml_is_a_cosmos_rl_config(cli, capsys, grpo_toml, tmp_path):
-    import tomllib
-
     as_yaml = tmp_path / "grpo.yaml"
     as_yaml.write_text(yaml.safe_dump(tomllib.loads(grpo_toml().read_text())))
     assert cli("validate", as_yaml, "--explain") == 0
