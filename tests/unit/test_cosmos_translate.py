@@ -16,9 +16,7 @@ from rlft.config.loading import build_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "data" / "cosmos").glob("*.toml"))
 # rlft keys the table maps onto that rlft does not have yet: a file setting their Cosmos-RL key is refused by `rlft train`
-PENDING = {"save_every_n_epochs", "save_mode", "trl.max_token_len_per_mini_batch", "trl.outdated_rollout_fetch_batch_size",
-           "trl.max_retry_for_on_policy",
-           "trl.min_filter_prefix_tokens", "trl.reset_optimizer_with_reference", "trl.balance_dp_token"}
+PENDING = {"trl.max_token_len_per_mini_batch", "trl.balance_dp_token"}
 GRPO = {"type": "grpo", "dataset": {"name": "data.jsonl"}}
 
 
@@ -82,6 +80,11 @@ CASES = [
     (dict(train={"train_batch_per_replica": 8}, rollout={"n_generation": 16}), {"trl": {"generation_batch_size": 16}}),
     (dict(train={"ckpt": {"enable_checkpoint": True, "save_freq": 50, "max_keep": 3}}),
      {"save_steps": 50, "save_total_limit": 3}),
+    (dict(train={"ckpt": {"enable_checkpoint": True, "save_mode": "async", "max_keep": -1, "save_freq_in_epoch": 2}}),
+     {"save_mode": "async", "save_total_limit": -1, "save_every_n_epochs": 2}),
+    (dict(train_policy={"min_filter_prefix_tokens": 8, "reference_reset_interval": 10, "kl_beta": 0.01,
+                        "reset_optimizer_with_reference": False}),
+     {"trl": {"min_filter_prefix_tokens": 8, "reference_reset_interval": 10, "reset_optimizer_with_reference": False}}),
     (dict(train={"max_num_steps": 10, "seed": 7, "resume": True, "compile": True, "param_dtype": "float32"}),
      {"max_steps": 10, "seed": 7, "resume_from_checkpoint": "auto", "torch_compile": True, "bf16": False}),
     (dict(train_policy={"dataset": {"name": "org/data", "subset": "main", "split": ["train", "extra"]}}),

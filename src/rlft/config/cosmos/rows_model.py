@@ -172,14 +172,17 @@ ROLLOUT_ROWS: list[Row] = [
     unused("rollout.vllm_use_flashinfer", "an attention kernel choice of vLLM that changes no result"),
     Row("rollout.backend", refuse=_backend, unused="rlft samples in the trainer's process, or with vLLM through `rlft "
         "vllm-serve FILE` and trl.use_vllm = true"),
-    refused_when("rollout.multi_turn_config.enable", bool, "multi-turn rollouts with tools have no rlft key yet; "
-                 "nearest: NeMo Gym's multi-turn environments (docs/environments.md) or trl.rollout_func",
+    refused_when("rollout.multi_turn_config.enable", bool, "Cosmos-RL's multi-turn rollouts take their tools from its "
+                 "launch script, and rlft's (trl.multi_turn_config) names them as Python functions: write the run as "
+                 "rlft YAML (`rlft convert FILE`) with trl.multi_turn_config: {enable: true, tools: [module.function]}, "
+                 "this section's other keys under the same names (docs/environments.md)",
                  otherwise="single-turn rollouts"),
 ]
-for _key in ("enable_tools", "enable_thinking", "custom_chat_template_path", "max_assistant_turns", "add_generation_prompt",
-             "continue_final_message"):
+for _key in ("enable_tools", "enable_thinking", "max_assistant_turns", "add_generation_prompt", "continue_final_message"):
     ROLLOUT_ROWS.append(unused(f"rollout.multi_turn_config.{_key}", "a setting of multi-turn rollouts "
-                                                                    "(rollout.multi_turn_config.enable)"))
+                               "(rollout.multi_turn_config.enable)", note=f"rlft's trl.multi_turn_config.{_key}"))
+ROLLOUT_ROWS.append(unused("rollout.multi_turn_config.custom_chat_template_path", "a setting of multi-turn rollouts "
+                           "(rollout.multi_turn_config.enable)", note="rlft's chat_template: the path of a .jinja file"))
 
 LOGGING_ROWS: list[Row] = [
     Row("logging.logger", ("logger",), lambda value, view: {"logger": value}, refuse=_unknown_loggers,

@@ -195,7 +195,9 @@ TRAIN_ROWS: list[Row] = [
     # checkpoints
     rows_to("train.ckpt.enable_checkpoint", ("save_strategy",), lambda value, view: {} if value else {"save_strategy": "no"},
             carry=True, note="false (Cosmos-RL's default): save_strategy: no (rlft still writes the final model)"),
-    rows_to("train.ckpt.save_freq", ("save_steps",), _saving(lambda value: {"save_steps": value}), carry=True),
+    Row("train.ckpt.save_freq", ("save_steps",), lambda value, view: {} if view.get("train.ckpt.save_freq_in_epoch") else
+        _saving(lambda steps: {"save_steps": steps})(value, view), carry=True,
+        unused="train.ckpt.save_freq_in_epoch, set above 0, wins (as in Cosmos-RL)"),
     rows_to("train.ckpt.save_freq_in_epoch", ("save_every_n_epochs",),
             _saving(lambda value: {"save_every_n_epochs": value} if value else {})),
     rows_to("train.ckpt.save_mode", ("save_mode",), _saving(lambda value: {"save_mode": value}),
