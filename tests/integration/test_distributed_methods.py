@@ -1,5 +1,6 @@
 """GRPO, async GRPO, DPO and EBFT on several training processes on CPU (gloo), through the real launcher: the same global
-batch on 1 and on 2 processes gives the same losses under DDP, FSDP2 and DeepSpeed ZeRO-3 (GRPO under FSDP2 and ZeRO-3); a GRPO checkpoint written by
+batch on 1 and on 2 processes gives the same losses under DDP, FSDP2 and DeepSpeed ZeRO-3 (GRPO under FSDP2 and ZeRO-3, also with
+micro-batches packed by a token budget; Cosmos-RL's token-mean with and without balance_dp_token); a GRPO checkpoint written by
 2 FSDP processes resumes on 1. (SFT and the launcher's own behaviour: test_distributed.py.)"""
 
 import json
@@ -26,12 +27,13 @@ def grpo(tmp_path_factory, warm_model):
     data = folder / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
 
-    def config(name: str, accumulation: int, **extra) -> Path:
+    def config(name: str, accumulation: int, trl: dict | None = None, **extra) -> Path:
         return write(folder / f"{name}.yaml", {
             "base_model": str(warm_model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
             "micro_batch_size": 8, "gradient_accumulation_steps": accumulation, "max_steps": 10, "learning_rate": 1e-3,
             "logging_steps": 1, "output_dir": str(folder / name), "save_steps": 5,
-            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["dist_rewards.r"], "beta": 0.01}, **extra})
+            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["dist_rewards.r"], "beta": 0.01,
+                    **(trl or {})}, **extra})
 
     train_here(config("one", 2), cwd=folder)
     return config, losses(folder / "one"), folder
@@ -63,6 +65,35 @@ def test_grpo_fsdp_checkpoint_resumes_on_one_process(grpo):
     got = losses(folder / "resumed")
     assert set(got) == {6, 7, 8, 9, 10}
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+
+
+def test_micro_batches_packed_by_tokens_under_fsdp_equal_one_process(grpo):
+    """trl.max_token_len_per_mini_batch: 20 on 2 FSDP processes: each packs its 8 completions into micro-batches of at
+    most 20 tokens, the process with fewer runs padding ones (FSDP's collectives need as many forward passes on each),
+    and the old and reference log-prob passes pack the same way. dapo's token mean does not depend on the split: the
+    losses of one process with 2 fixed micro-batches of 8."""
+    config, expected, folder = grpo
+    train(config("budget", 1, {"max_token_len_per_mini_batch": 20}, **FSDP))
+    assert max(abs(got - expected[step]) for step, got in losses(folder / "budget").items()) < 1e-5
+    counts = [m["batching/micro_batches"] for m in read_metrics(folder / "budget" / "metrics.jsonl") if "loss" in m]
+    assert len(counts) == 10 and min(counts) >= 2, counts
+
+
+def test_balance_dp_token_takes_token_mean_over_both_processes(grpo):
+    """loss_type token-mean on 2 processes with one micro-batch of 8 completions each. balance_dp_token: true divides
+    both processes' token sums by their tokens together: one token mean over the step's 16 completions, which is dapo's
+    (the fixture's one-process run). false (Cosmos-RL's default): each process's own token mean, averaged, which is
+    one process's token-mean over 2 micro-batches of 8, and another loss wherever the two processes' completions hold
+    different numbers of tokens."""
+    config, expected, folder = grpo
+    train(config("balanced", 1, {"loss_type": "token-mean", "balance_dp_token": True}))
+    balanced = losses(folder / "balanced")
+    assert balanced.keys() == expected.keys() and max(abs(balanced[s] - expected[s]) for s in balanced) < 1e-5
+    train(config("per-rank", 1, {"loss_type": "token-mean"}))
+    train_here(config("per-rank-one", 2, {"loss_type": "token-mean"}), cwd=folder)
+    per_rank, one = losses(folder / "per-rank"), losses(folder / "per-rank-one")
+    assert per_rank.keys() == one.keys() == expected.keys() and max(abs(per_rank[s] - one[s]) for s in one) < 1e-5
+    assert max(abs(per_rank[s] - balanced[s]) for s in one) > 1e-3, (per_rank, balanced)
 
 
 def test_async_grpo_on_two_ranks_learns(warm_model, tmp_path, repo_root):

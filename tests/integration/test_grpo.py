@@ -659,3 +659,29 @@ def test_shared_prompts_train_what_rows_of_their_own_train(warm_model, cli, tmp_
             # MFU counts a shared prompt once (mfu_peak_flops 1: mfu x step time is FLOPs); `tokens` counts every row's
             computed = lambda m: m["mfu"] * m["step_time_s"] / m["tokens"]  # noqa: E731
             assert got["tokens"] == expected["tokens"] and 0.2 < computed(got) / computed(expected) < 0.9, variant
+
+
+def test_micro_batches_packed_by_tokens_train_what_fixed_ones_train(warm_model, cli, tmp_path, monkeypatch, capsys):
+    """`trl.max_token_len_per_mini_batch: 24`: each step's 8 completions (and the old and reference log-prob passes)
+    run in micro-batches of at most 24 prompt + completion tokens instead of one of 8 rows. The loss and the gradient
+    are those of the fixed micro-batch (dapo's token mean does not depend on the split), so are the rollouts; the
+    number of micro-batches is logged. (entropy, kl and the clip ratios are means of per-micro-batch means, so they
+    move with the split.)"""
+    monkeypatch.chdir(tmp_path)
+    source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+    runs = {}
+    for name, trl in (("fixed", {}), ("budget", {"max_token_len_per_mini_batch": 24})):
+        path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name), max_steps=3,
+                            logging_steps=1, seed=5, learning_rate=1e-3,
+                            trl={"temperature": 1.0, "num_iterations": 2, "beta": 0.04, **trl})
+        assert cli("train", path) == 0
+        runs[name] = [m for m in _metrics(tmp_path / name) if "loss" in m]
+    out = capsys.readouterr().out
+    assert "max_token_len_per_mini_batch = 24" not in out  # the warning of a row longer than the budget
+    assert "│ micro-batches " in out and "at most 24 prompt + completion tokens each" in out  # the plan
+    assert len(runs["budget"]) == len(runs["fixed"]) == 3
+    for got, expected in zip(runs["budget"], runs["fixed"]):
+        assert "batching/micro_batches" not in expected and got["batching/micro_batches"] >= 3
+        assert got["reward"] == expected["reward"] and got["completions/mean_length"] == expected["completions/mean_length"]
+        for key in ("loss", "grad_norm"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-5), (key, got[key], expected[key])

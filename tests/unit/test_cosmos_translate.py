@@ -16,7 +16,7 @@ from rlft.config.loading import build_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "data" / "cosmos").glob("*.toml"))
 # rlft keys the table maps onto that rlft does not have yet: a file setting their Cosmos-RL key is refused by `rlft train`
-PENDING = {"trl.max_token_len_per_mini_batch", "trl.balance_dp_token"}
+PENDING: set[str] = set()
 GRPO = {"type": "grpo", "dataset": {"name": "data.jsonl"}}
 
 
@@ -92,6 +92,8 @@ CASES = [
                    {"path": "org/data", "name": "main", "split": "extra"}]}),
     (dict(train_policy={"loss_type": "seq-mean-token-mean", "unbiased_loss_max_tokens": 512}),
      {"trl": {"loss_type": "seq-mean-token-mean", "unbiased_loss_max_tokens": 512}}),
+    (dict(train_policy={"balance_dp_token": True, "max_token_len_per_mini_batch": 4096}),
+     {"trl": {"balance_dp_token": True, "max_token_len_per_mini_batch": 4096}}),
     (dict(train_policy={"reward_function": {"boxed_math": 0.9, "format": 0.1}}),
      {"trl": {"reward_funcs": ["boxed_math", "format"], "reward_weights": [0.9, 0.1]}}),
     (dict(train_policy={"reward_function": "single_choice"}), {"trl": {"reward_funcs": ["single_choice"]}}),
@@ -149,6 +151,16 @@ def test_on_policy_and_no_staleness_are_synchronous():
     for policy in ({"on_policy": True}, {"allowed_outdated_steps": 0}):
         trl = translate(cosmos(train={"train_batch_per_replica": 32}, train_policy=policy)).rlft["trl"]
         assert "async_prefetch" not in trl and "allowed_outdated_steps" not in trl
+
+
+def test_balance_dp_token_is_read_with_token_mean_only():
+    """Cosmos-RL balances loss_type token-mean alone; with another loss it ignores the key, and so does the translation
+    (rlft refuses trl.balance_dp_token with a loss that has no per-process token mean)."""
+    translation = translate(cosmos(train_policy={"balance_dp_token": True, "loss_type": "seq-mean-token-mean"}))
+    assert "balance_dp_token" not in translation.rlft["trl"]
+    [outcome] = [o for o in translation.outcomes if o.path == "train.train_policy.balance_dp_token"]
+    assert outcome.kind == "mapped" and "loss_type token-mean only" in outcome.detail, outcome
+    build_config(translation.rlft)
 
 
 def test_validation_of_an_sft_run_is_its_eval_loss():

@@ -224,6 +224,8 @@ def test_keys_the_reference_calls_not_built_are_refused(key, info):
     target[name] = other_value(info)
     if key.startswith("ebft."):
         data = {"rl": "ebft", "ebft": {**data["ebft"], "feature_layers": [0.5]}}
+    if key == "balance_dp_token":  # Cosmos-RL's SFT key: a GRPO config is sent to trl.balance_dp_token instead
+        data = {name: data[name]}
     message = refused(deep_merge(dict(BASE), data))
     assert message, f"{key}: the reference says it is not built, and rlft train accepts {data}"
     assert key in message and info.json_schema_extra["planned"] in message, message

@@ -65,6 +65,8 @@ class RLSettings:
     prompts_per_step: int
     num_iterations: int
     steps_per_generation: int
+    max_token_len_per_mini_batch: int | None  # micro-batches packed to at most this many tokens; None = micro_batch_size rows
+    balance_dp_token: bool  # token-mean's per-micro-batch mean over every process's tokens (Cosmos-RL)
     # rewards and advantages
     scale_rewards: str | bool  # group | batch | none, or TRL's booleans (losses.advantages.normalise_scale reads them)
     multi_objective_aggregation: str
@@ -212,6 +214,7 @@ def rl_settings(cfg) -> RLSettings:
         num_completions_to_print=options["num_completions_to_print"],
         prompts_per_step=completions_per_step // group, num_iterations=options["num_iterations"],
         steps_per_generation=options["steps_per_generation"], scale_rewards=scale,
+        max_token_len_per_mini_batch=options["max_token_len_per_mini_batch"] or None, balance_dp_token=options["balance_dp_token"],
         multi_objective_aggregation=options["multi_objective_aggregation"], advantage_estimator=options["advantage_estimator"],
         skip_zero_advantage_batches=options["skip_zero_advantage_batches"],
         filter_reward_metric=((metric,) if isinstance(metric, str) else tuple(metric or ())),

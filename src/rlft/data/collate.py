@@ -52,12 +52,17 @@ def pad_batch(examples: list[Example], pad_id: int, width: int = 0, multiple: in
 
 
 def pack_examples(examples: list[Example], capacity: int) -> list[list[int]]:
-    """Group example indices into packs of at most `capacity` tokens (first fit, order kept). A full pack leaves the
-    search: rows that each fill a pack (pretraining text cut to sequence_len) pack in linear time."""
+    """Group example indices into packs of at most `capacity` tokens (`first_fit` of their lengths)."""
+    return first_fit([len(example["input_ids"]) for example in examples], capacity)
+
+
+def first_fit(sizes: list[int], capacity: int) -> list[list[int]]:
+    """Group indices of `sizes` into packs whose sizes add up to at most `capacity` (first fit, order kept within and
+    across packs); a size above `capacity` gets a pack of its own. A full pack leaves the search: rows that each fill a
+    pack (pretraining text cut to sequence_len) pack in linear time."""
     packs: list[list[int]] = []
     room: list[tuple[int, int]] = []  # (pack, free tokens) of the packs not full, oldest first
-    for index, example in enumerate(examples):
-        size = len(example["input_ids"])
+    for index, size in enumerate(sizes):
         for slot, (pack, free) in enumerate(room):
             if size <= free:
                 packs[pack].append(index)

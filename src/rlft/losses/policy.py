@@ -85,6 +85,7 @@ def policy_loss(
     is_weights: torch.Tensor | None = None,
     sequence_keep: torch.Tensor | None = None,
     bias_correction_kl: bool = False,
+    across_ranks: tuple[float, float] | None = None,
 ) -> PolicyLossOutput:
     """Clipped policy-gradient loss over one micro-batch.
 
@@ -161,6 +162,11 @@ def policy_loss(
                  micro-batch without loss tokens adds 0 over B rows (Cosmos divides by tokens + 1e-8). Over several
                  processes every process's micro-batches enter one such mean: Cosmos's mean over ranks when each
                  rank holds as many rows.
+                 With `across_ranks` = (B_k, T_k), the rows and loss tokens of the micro-batches at this one's place
+                 on every data-parallel rank together: loss_sum = B_k * sum m l / T_k, units = B -> over a step of
+                 N rows on all ranks, sum_k (B_k / N) * (sum m l of the place's micro-batches on all ranks) / T_k:
+                 each place's token mean over all ranks' tokens, weighted by its share of the step's rows (Cosmos-RL's
+                 `balance_dp_token`, which divides each rank's token sum by the all-reduced token count).
     An empty mask gives loss_sum 0 (with a graph, no NaN) and units 0, except dr_grpo (B * L, see above) and token-mean
     (B).
 
@@ -173,7 +179,8 @@ def policy_loss(
 
     None for loss_type, epsilon, importance_sampling_level, beta, entropy_coeff or positive_nll_coef means the default.
     Raises ValueError for an unknown loss_type or level, mismatched shapes, dr_grpo without max_completion_length,
-    beta > 0 without ref_logps, entropy_coeff != 0 without entropy, aipo_rho with cispo, epsilon < 0.
+    beta > 0 without ref_logps, entropy_coeff != 0 without entropy, aipo_rho with cispo, epsilon < 0, across_ranks
+    with a loss_type other than token-mean.
     """
     # None: the config's unset value, meaning the default
     loss_type = loss_type or "dapo"
@@ -203,6 +210,8 @@ def policy_loss(
         raise ValueError(f"entropy_coeff = {entropy_coeff} needs the per-token entropy: pass entropy")
     if aipo_rho is not None and loss_type == "cispo":
         raise ValueError("aipo_rho replaces the PPO clip; loss_type 'cispo' has its own IS-weight cap (epsilon_high)")
+    if across_ranks is not None and loss_type != "token-mean":
+        raise ValueError(f"across_ranks balances loss_type 'token-mean' over ranks; {loss_type!r} has no per-rank token mean")
 
     if logps.dtype in (torch.float16, torch.bfloat16):
         logps = logps.float()  # ratios and exp() in half precision lose the differences that matter
@@ -284,7 +293,8 @@ def policy_loss(
         loss_sum = weighted.sum()
         units = float(n_rows * max_completion_length)
     elif loss_type == "token-mean":
-        loss_sum = weighted.sum() * (n_rows / max(n_tokens, 1.0))
+        rows, tokens = (n_rows, n_tokens) if across_ranks is None else across_ranks
+        loss_sum = weighted.sum() * (rows / max(tokens, 1.0))
         units = float(n_rows)
     else:  # dapo, cispo
         loss_sum = weighted.sum()

@@ -218,7 +218,10 @@ GRPO_ROWS: list[Row] = [
     Row(f"{P}.reset_optimizer_with_reference", ("trl.reset_optimizer_with_reference",),
         lambda value, view: {"trl.reset_optimizer_with_reference": value} if view.get(f"{P}.reference_reset_interval") else {},
         method="grpo"),
-    _grpo("balance_dp_token", "trl.balance_dp_token"),
+    Row(f"{P}.balance_dp_token", ("trl.balance_dp_token",), lambda value, view: {"trl.balance_dp_token": value} if view.get(
+        f"{P}.loss_type") == "token-mean" else {}, method="grpo", unused=lambda value, view: None if view.get(
+        f"{P}.loss_type") == "token-mean" else "Cosmos-RL reads it with loss_type token-mean only",
+        note="with loss_type token-mean, which alone reads it"),
     _grpo("use_decoupled_loss", "trl.use_decoupled_loss"),
     _grpo("behav_imp_weight_cap", "trl.behav_imp_weight_cap"),
     unused(f"{P}.rollout_as_token_ids", "rlft's rollouts are token ids whatever this says", method="grpo"),

@@ -1,9 +1,11 @@
 """Which methods' batches can be packed, grouped by length, flattened or padded, and share their prompts; the
-rules on those keys."""
+rules on those keys and on the GRPO family's micro-batch keys (`trl.max_token_len_per_mini_batch`,
+`trl.balance_dp_token`)."""
 
 from __future__ import annotations
 
 from rlft.config.methods import method_spec, names_where, spec_of
+from rlft.config.rl import trl_options
 
 
 def prompt_sharing_problem(cfg) -> str | None:
@@ -49,3 +51,24 @@ def batching_problems(cfg):
                f"{': use batch_flattening: true' if flattened else ''}")
     if cfg.pad_to_sequence_len and spec.generates:
         yield f"pad_to_sequence_len applies to SFT, preference and reward-model batches, not {cfg.method}"
+    yield from _rl_micro_batch_problems(cfg, spec)
+
+
+def _rl_micro_batch_problems(cfg, spec):
+    trl = cfg.trl
+    keys = [f"trl.{key}" for key in ("max_token_len_per_mini_batch", "balance_dp_token") if getattr(trl, key)]
+    if keys and not spec.engine:
+        yield (f"{' and '.join(keys)} shape the micro-batches of the GRPO family and structured EBFT, not of {cfg.method}"
+               f"{f' in {spec.mode} mode' if spec.mode else ''}: remove {'them' if len(keys) > 1 else 'it'}")
+        return
+    if trl.balance_dp_token and (loss_type := trl_options(cfg)["loss_type"]) != "token-mean":
+        other = {"dapo": "already divides by the loss tokens of every process",
+                 "cispo": "already divides by the loss tokens of every process",
+                 "grpo": "averages each completion's own token mean", "dr_grpo": "divides by completions x a fixed length",
+                 "bnpo": "is TRL's mean of each micro-batch's own token mean"}.get(loss_type, "has no token mean to balance")
+        written = f" (as trl.loss_type: {trl.loss_type} runs)" if trl.loss_type not in (None, loss_type) else ""
+        yield (f"trl.balance_dp_token balances Cosmos-RL's loss_type token-mean across processes; loss_type {loss_type}"
+               f"{written} {other}: set trl.loss_type: token-mean, or remove balance_dp_token")
+    if spec.engine and "balance_dp_token" in cfg.model_fields_set:
+        yield ("balance_dp_token at the top level is Cosmos-RL's SFT key; the GRPO family's is trl.balance_dp_token "
+               "(for loss_type token-mean, default false): move it under trl:")

@@ -15,6 +15,7 @@ from pydantic import field_validator, model_validator
 
 from rlft.config.axolotl_tables import TRL, known_only
 from rlft.config.base import field, planned
+from rlft.config.sections.trl_batching import BatchingKeys
 from rlft.config.sections.trl_rollout_control import RolloutControlKeys
 from rlft.config.sections.trl_multi_turn import MultiTurnKeys
 
@@ -26,7 +27,7 @@ ImportanceSamplingMode = Literal[
 ]
 MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 
-class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys, MultiTurnKeys):
+class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys, MultiTurnKeys, BatchingKeys):
     """The `trl:` section: online RL (GRPO family, GDPO, DAPO, GSPO, Dr. GRPO, RLOO, Cosmos-RL
     loss options), rollouts (in-process or vLLM, sync or async) and rewards."""
 

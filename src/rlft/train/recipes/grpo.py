@@ -35,11 +35,12 @@ from rlft.rollout.scoring import Scorer
 from rlft.rollout.types import BatchMetrics, SamplingParams, ScoredBatch, TrainingRow, sampling_params
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.metrics import clock
-from rlft.train.parallel import broadcast_object, my_micro_batches
+from rlft.train.micro_batches import split_step
+from rlft.train.parallel import broadcast_object
 from rlft.train.recipe import LossOutput, Recipe
 from rlft.train.recipes.completion_log import CompletionLog
 from rlft.train.recipes.grpo_engine import GRPOEngine
-from rlft.train.recipes.row_queue import RowQueue
+from rlft.train.recipes.row_queue import RowQueue, row_length
 from rlft.train.recipes.validation import Validation
 
 ZERO_SIGNAL_WARN_STEPS = 10
@@ -89,6 +90,9 @@ class GRPORecipe(Recipe):
             self.plan_rows = (("prompts", sharing[1]),)
         self.settings = s = settings.rl
         self.parallel = settings.parallel
+        if s.max_token_len_per_mini_batch is not None:
+            self.plan_rows += (("micro-batches", f"at most {s.max_token_len_per_mini_batch} prompt + completion tokens each, "
+                                                 "the step's rows packed (trl.max_token_len_per_mini_batch)"),)
         self.reference_moves = ReferenceMoves(reference, s)  # Cosmos-RL's reset, TR-DPO's soft update
         self.completions = CompletionLog(cfg.output_dir, tokenizer, bool(s.log_completions), s.num_completions_to_print or 0)
         unknown = sorted(set(s.raw["generation_kwargs"] or {}) - set(GENERATION_KWARGS))
@@ -125,6 +129,7 @@ class GRPORecipe(Recipe):
             self.pending += validation.warnings()
         self.shown: list[str] = []  # sampled completions for the loop to print (trl.num_completions_to_print)
         self.zero_signal_steps = self.steps_with_signal = 0
+        self.over_budget_noted = False  # the warning of a row above trl.max_token_len_per_mini_batch, once a run
         self._restored: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -195,11 +200,29 @@ class GRPORecipe(Recipe):
         window = self.queue.pop()
         if not window:
             self.metrics.note(self.queue.empty_reason)
-        mine, count = my_micro_batches(window, self.rank, self.world, self.parallel.micro_batch_size,
-                                       self.parallel.gradient_accumulation_steps)
+        s, parallel = self.settings, self.parallel
+        split = split_step(window, self.rank, self.world, parallel.micro_batch_size, parallel.gradient_accumulation_steps,
+                           s.max_token_len_per_mini_batch, row_length,
+                           (lambda row: sum(row.loss_mask)) if s.balance_dp_token else None)
+        batches = [self.micro_batch(rows) for rows in split.mine]
+        for batch, totals in zip(batches, split.totals):  # balance_dp_token: the place's rows and tokens on every process
+            batch["across_ranks"] = totals
+        if s.max_token_len_per_mini_batch is not None and window:
+            self._note_token_budget(window, len(split.mine) + split.padding)
         # a process with fewer rows than the others runs padding micro-batches (weight 0): collectives stay in step
-        padding = [MicroBatch.collated(self.micro_batch(window[:1]), padding=True)] * count if count else []
-        return [MicroBatch.collated(self.micro_batch(rows)) for rows in mine] + padding
+        padding = [MicroBatch.collated(self.micro_batch(window[:1]), padding=True)] * split.padding if split.padding else []
+        return [MicroBatch.collated(batch) for batch in batches] + padding
+
+    def _note_token_budget(self, window: list[TrainingRow], passes: int) -> None:
+        """The step's forward passes (`batching/micro_batches`), and once a run a warning of a row above the budget."""
+        budget = self.settings.max_token_len_per_mini_batch
+        self.metrics.note("batching/micro_batches", passes)
+        longest = max(row_length(row) for row in window)
+        if longest > budget and not self.over_budget_noted:
+            self.over_budget_noted = True
+            self.pending.append(f"a row of {longest} tokens (prompt + completion) is longer than "
+                                f"trl.max_token_len_per_mini_batch = {budget}: it trains in a micro-batch of its own, above "
+                                "the budget. Raise the budget to the longest prompt + max_completion_length")
 
     def micro_batch(self, rows: list[TrainingRow]) -> dict[str, Any]:
         inputs, pad, multiple = [row_inputs(r) for r in rows], self.tokenizer.pad_token_id, pad_multiple(self.cfg)
@@ -233,6 +256,7 @@ class GRPORecipe(Recipe):
             ref_logps=batch.get("ref_logps"), beta=s.beta, entropy=entropy, entropy_coeff=s.entropy_coeff,
             positive_nll_coef=s.positive_nll_coef, max_completion_length=s.unbiased_loss_max_tokens,
             is_weights=is_weights, sequence_keep=keep, bias_correction_kl=s.bias_correction_kl,
+            across_ranks=batch.get("across_ranks"),
         )
         return LossOutput(result.loss_sum, float(result.units), {**result.metrics, **metrics}).plus_router_loss(router)
 

@@ -19,9 +19,15 @@ from rlft.models.logprobs import completion_logps, completion_scores, sampled_lo
 from rlft.phase_ranges import phase_range
 from rlft.rollout.types import BatchMetrics, SamplingParams, TrainingRow
 from rlft.train.metrics import clock
+from rlft.train.micro_batches import chunks
 from rlft.train.parallel import gather_objects, max_across
 
 Logps = tuple[list[float], list[float] | None]  # a row's log-probs, and under the sampling filters (or None)
+
+
+def row_length(row: TrainingRow) -> int:
+    """The tokens a row puts into a forward pass (prompt and completion): what trl.max_token_len_per_mini_batch counts."""
+    return len(row.prompt_ids) + len(row.completion_ids)
 
 
 class RowQueue:
@@ -98,15 +104,20 @@ class RowQueue:
     def _logps(self, model, rows: list[TrainingRow], reference: bool) -> list[Logps]:
         """The policy's (or with `reference` the reference's) log-probs of every row, in order. Each process computes a
         contiguous share of the rows (a group's rows stay together, so they can share their prompt; the same number of
-        forward passes on each, for FSDP's collectives), and all processes get all of them."""
-        size, temperature = self.micro_batch_size, self.settings.temperature
+        forward passes on each, for FSDP's collectives), and all processes get all of them. A pass holds
+        micro_batch_size rows, or as many as trl.max_token_len_per_mini_batch allows."""
+        temperature = self.settings.temperature
         device = next(model.parameters()).device
         bounds = [len(rows) * rank // self.world for rank in range(self.world + 1)]
         mine = rows[bounds[self.rank] : bounds[self.rank + 1]]
-        passes = int(max_across(-(-len(mine) // size), device))
-        values: list[Logps] = []
-        for start in range(0, passes * size, size):
-            chunk = mine[start : start + size] or rows[:1]  # a pass with nothing of its own: computed and dropped
+        # packing by tokens may put a later row into an earlier pass: passes of positions, the values put back in order
+        packs = chunks(range(len(mine)), self.micro_batch_size, self.settings.max_token_len_per_mini_batch,
+                       lambda position: row_length(mine[position]))
+        passes = int(max_across(len(packs), device))
+        values: list[Logps | None] = [None] * len(mine)
+        for place in range(passes):
+            # a pass with nothing of its own: computed and dropped
+            chunk = [mine[position] for position in packs[place]] if place < len(packs) else rows[:1]
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.collate(chunk).items()}
             sampled = None
             with torch.no_grad(), phase_range("logprobs"):
@@ -117,10 +128,10 @@ class RowQueue:
                     scores = completion_scores(model, batch)
                     logps, _ = scores.token_logps(temperature, False)
                     sampled = sampled_logps(scores, batch, self.sampling, logps)[0] if self.compares_sampled else None
-            if start < len(mine):
-                values += [(logps[index, : len(row.completion_ids)].tolist(),
-                            sampled[index, : len(row.completion_ids)].tolist() if sampled is not None else None)
-                           for index, row in enumerate(chunk)]
+            for index, position in enumerate(packs[place] if place < len(packs) else ()):
+                width = len(mine[position].completion_ids)
+                values[position] = (logps[index, :width].tolist(),
+                                    sampled[index, :width].tolist() if sampled is not None else None)
         return gather_objects(values)  # rank order: rank r's are rows[bounds[r]:bounds[r + 1]], so all rows in order
 
     def state_dict(self) -> list[list[dict[str, Any]]]:
