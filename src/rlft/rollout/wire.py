@@ -74,9 +74,9 @@ def header(head: bytes, data_bytes: int) -> tuple[dict[str, tuple[torch.dtype, l
     return out, 8 + length
 
 
-def decode(body: bytes) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors body, as views of `body` (read-only: they are copied into the model, never
-    written); ValueError for anything that is not a well-formed body."""
+def decode(body: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors body, as views of `body` (they are copied into the model, never written);
+    ValueError for anything that is not a well-formed body."""
     length = int.from_bytes(body[:8], "little") if len(body) >= 8 else 0
     entries, start = header(body[: 8 + length] if length <= len(body) - 8 else body, len(body) - 8 - length)
     tensors: dict[str, torch.Tensor] = {}
@@ -85,7 +85,7 @@ def decode(body: bytes) -> dict[str, torch.Tensor]:
         if count == 0:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue
-        with warnings.catch_warnings():  # bytes are read-only: these views are only read
+        with warnings.catch_warnings():  # torch warns on read-only bytes: these views are only read
             warnings.simplefilter("ignore", UserWarning)
             tensors[name] = torch.frombuffer(body, dtype=dtype, count=count, offset=start + begin).view(shape)
     return tensors

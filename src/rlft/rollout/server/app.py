@@ -27,6 +27,9 @@ from rlft.rollout.server.security import token_guard
 from rlft.rollout.server.transfer import StreamedTransfer, WeightsOnDisk, load_from_disk, read_adapter_folder
 
 
+LARGE_BODY = 128 * 2**20  # a bucket this large waits for the one before to load (one tensor alone, an embedding)
+
+
 def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...]) -> FastAPI:
     """`ends`: the token ids that end an answer (`rlft.data.tokenizer.end_ids` of the served model)."""
     app = FastAPI(title="rlft rollout server", redirect_slashes=False)
@@ -64,8 +67,8 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
                              digest: str | None = None) -> dict[str, Any]:
         """One bucket of a full update (safetensors), loaded as it arrives: the body's `digest` (XXH3-64) is checked
         before it is loaded, `checksum` (of every bucket's tensors) against what was read back at the last bucket."""
-        done = await transfer.add(await request.body(), version=version, bucket=bucket, buckets=buckets, digest=digest,
-                                  checksum=checksum)
+        done = await transfer.add(await read_body(request, transfer), version=version, bucket=bucket, buckets=buckets,
+                                  digest=digest, checksum=checksum)
         if done is None:
             return {"received": bucket, "buckets": buckets, "weight_version": backend.weight_version}
         return done
@@ -124,6 +127,27 @@ def build_app(backend: ServingBackend, *, model_name: str, token: str | None, en
     add_route(app, "/update_weights_group", update_weights_group, ["POST"], guard)
     add_openai_routes(app, backend, model_name, ends)
     return app
+
+
+async def read_body(request: Request, transfer: StreamedTransfer) -> bytearray:
+    """The body, read into one buffer of its announced length (starlette's `body()` keeps the pieces and their join:
+    twice the bucket). A bucket larger than LARGE_BODY is read once the one before is loaded, so two are never held."""
+    try:
+        size = int(request.headers.get("content-length", ""))
+    except ValueError:
+        raise ServerError(411, "a weight bucket needs a content-length header") from None
+    if size > LARGE_BODY and transfer.loading is not None:
+        await asyncio.wait([transfer.loading])
+    body, filled = bytearray(size), 0
+    view = memoryview(body)
+    async for piece in request.stream():
+        if filled + len(piece) > size:
+            raise ServerError(400, f"the body is longer than its content-length of {size} bytes")
+        view[filled : filled + len(piece)] = piece
+        filled += len(piece)
+    if filled != size:
+        raise ServerError(400, f"the body ended after {filled} of its {size} bytes: resend the transfer from bucket 0")
+    return body
 
 
 def _add_error_handlers(app: FastAPI) -> None:

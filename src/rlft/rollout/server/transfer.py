@@ -32,7 +32,7 @@ def body_digest(chunks) -> str:
     return digest.hexdigest()
 
 
-def decode_bucket(body: bytes, where: str) -> dict[str, torch.Tensor]:
+def decode_bucket(body: bytes | bytearray, where: str) -> dict[str, torch.Tensor]:
     """The tensors of one bucket, as views of its body (rlft.rollout.wire: no copy)."""
     try:
         return wire.decode(body)
@@ -58,7 +58,7 @@ class StreamedTransfer:
         self.loading: asyncio.Future | None = None  # the load of the bucket before
         self.last_name: str | None = None  # the last tensor name of the bucket before
 
-    async def add(self, body: bytes, *, version: int, bucket: int, buckets: int, digest: str | None,
+    async def add(self, body: bytes | bytearray, *, version: int, bucket: int, buckets: int, digest: str | None,
                   checksum: str | None) -> dict[str, Any] | None:
         """Check one bucket and queue its load; the answer of the whole transfer after the last, else None."""
         if buckets < 1 or not 0 <= bucket < buckets:
@@ -88,7 +88,7 @@ class StreamedTransfer:
         loaded = await self.loading
         return {"weight_version": version, "weight_checksum": loaded, "received_checksum": loaded}
 
-    def _checked(self, body: bytes, version: int, bucket: int, buckets: int, digest: str | None,
+    def _checked(self, body: bytes | bytearray, version: int, bucket: int, buckets: int, digest: str | None,
                  checksum: str | None) -> dict[str, torch.Tensor]:
         where = f"bucket {bucket} of version {version}"
         if digest is not None and (arrived := body_digest(body)) != digest:

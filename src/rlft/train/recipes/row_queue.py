@@ -138,7 +138,7 @@ class RowQueue:
         return [[row.to_state() for row in window] for window in self.windows]
 
     def load_state_dict(self, windows: list) -> None:
-        # a window is a list of rows (earlier versions: of micro-batches of rows)
+        # a window is a list of rows
         self.windows = [[TrainingRow.from_state(row) for row in _flat(window)] for window in windows]
 
 
