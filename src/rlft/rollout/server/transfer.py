@@ -214,7 +214,9 @@ def load_from_disk(backend, weights: WeightsOnDisk, version: int, claimed: str |
     stream = ChecksumStream()
     try:
         for part in weights.parts():
-            stream.update(backend.write_now(part, version))
+            readback = backend.write_now(part, version)
+            del part  # before the next part is read: one held at a time
+            stream.update(readback)
     except (OSError, ValueError) as exc:
         backend.abandon_now()
         raise ServerError(400, f"reading the weights failed part-way ({exc}): the served weights are in an unknown state; "
