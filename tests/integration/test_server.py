@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import signal
@@ -448,14 +449,22 @@ def test_wait_until_ready_names_the_command_to_start():
     assert time.monotonic() - start < 10 and seen
 
 
-def test_a_dead_or_hung_server_is_noticed_within_10_seconds(tmp_path):
-    folder = _model_folder(tmp_path / "long", 4096)
+@contextlib.contextmanager
+def _own_server(tmp_path, max_positions: int):
+    """A server of the test's own (it gets stopped, hung or killed): (its process, a RemoteEngine, the model folder)."""
+    folder = _model_folder(tmp_path / "model", max_positions)
     port = free_port()
     log = tmp_path / "server.log"
     process = run_cli("vllm-serve", str(_config(folder, tmp_path / "serve.yaml")), "--port", str(port), log=log)
     try:
         wait_for_health(process, port, log)
-        engine = RemoteEngine("127.0.0.1", port, timeout=300)
+        yield process, RemoteEngine("127.0.0.1", port, timeout=300), folder, (port, log)
+    finally:
+        kill_group(process)
+
+
+def test_a_dead_or_hung_server_is_noticed_within_10_seconds(tmp_path):
+    with _own_server(tmp_path, 4096) as (process, engine, _, (port, log)):
         engine.health()
         params = SamplingParams(max_new_tokens=4000, temperature=1.0)
 
@@ -482,18 +491,10 @@ def test_a_dead_or_hung_server_is_noticed_within_10_seconds(tmp_path):
         wait_for_health(process, port, log)
         dead, waited = outcome(lambda: os.killpg(process.pid, signal.SIGKILL))
         assert "rlft vllm-serve CONFIG" in str(dead.get("error")) and waited < 10
-    finally:
-        kill_group(process)
 
 
 def test_a_server_that_hangs_or_dies_mid_broadcast_stops_the_trainer_within_10_seconds(tmp_path):
-    folder = _model_folder(tmp_path / "model", 128)
-    port = free_port()
-    log = tmp_path / "server.log"
-    process = run_cli("vllm-serve", str(_config(folder, tmp_path / "serve.yaml")), "--port", str(port), log=log)
-    try:
-        wait_for_health(process, port, log)
-        engine = RemoteEngine("127.0.0.1", port, timeout=300)
+    with _own_server(tmp_path, 128) as (process, engine, folder, _):
         trained = _trained(folder, 5)
         engine.open_group(free_port(), _specs(trained), timeout=120)  # longer than the wait allowed: health decides
         os.killpg(process.pid, signal.SIGSTOP)  # hung: the broadcast and the update call wait on it
@@ -506,8 +507,6 @@ def test_a_server_that_hangs_or_dies_mid_broadcast_stops_the_trainer_within_10_s
         with pytest.raises(RolloutError, match="rlft vllm-serve CONFIG"):
             engine.load_weights(trained.state_dict(), version=2)
         assert time.monotonic() - began < 10
-    finally:
-        kill_group(process)
 
 
 def test_sigterm_stops_the_server_cleanly(server):
