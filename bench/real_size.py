@@ -32,8 +32,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from common import RESULTS, device_name, free_port  # noqa: E402
 from weight_sync import SHAPES, Server, build, versions  # noqa: E402
 
-# on token ids: the random model's ids are mostly beyond the byte tokenizer's 260, which decode to no text
-REWARD = "def distinct(completions, completion_ids, **kwargs):\n    return [len(set(ids)) / 10 for ids in completion_ids]\n"
+# on token ids (the random model's ids are mostly beyond the byte tokenizer's 260, which decode to no text), and
+# varying within a group (its completions hold 16 distinct ids each): every step trains and pushes its weights
+REWARD = "def distinct(completions, completion_ids, **kwargs):\n    return [sum(ids) % 7 / 7 for ids in completion_ids]\n"
 
 
 def env() -> dict[str, str]:
