@@ -2,9 +2,9 @@
 
 Two sweeps, each point a real `rlft.train.run.train` run in a fresh process of its own (so one point's memory cannot
 hide another's), on a CPU:
-  size     the tiny Llama sizes S, M, L (rlft.models.tiny) and a 0.5B-parameter Qwen2-shaped model (Qwen2-0.5B's
-           config: hidden 896, 24 layers, 14 heads, 2 KV heads, 151,936-entry tied vocabulary), random weights
-           (`random_init: true`, nothing is downloaded), at --size-length tokens (default 128);
+  size     the tiny Llama sizes S, M, L (rlft.models.tiny) and bench/weight_sync.py's "0.5B" (its `build`: a Qwen2
+           model of Qwen2-0.5B's shape, 151,936-entry tied vocabulary, at most 1,024 positions), at --size-length
+           tokens (default 128); every run starts from random weights (`random_init: true`, nothing is downloaded);
   length   sequence lengths --lengths (default 128 to 2,048) at --length-size (default M).
 Every run: fp32, eager, AdamW, --batch rows per step (default 4: SFT rows, DPO pairs, GRPO completions of one prompt,
 G = 4), --steps steps (default 3; the first, which allocates and warms up, is left out of the median). Rows are
@@ -21,8 +21,8 @@ Measured per point:
               (Chowdhery et al. 2022, appendix B), plus for DPO the reference's forward (a third of that) and for
               GRPO the generation's forward (2N + 4 x layers x hidden x length per generated token)
   s/TFLOP     the median step over the work: flat where the cost grows as the work does
-Weight-sync times over size are bench/weight_sync.py's to measure; its JSON (results/weight_sync*.json) is not read
-here.
+Weight-sync time over size is bench/weight_sync.py's measurement: when its JSON (results/weight_sync.json, or
+--weight-sync-json) exists, the size plot draws its full and LoRA sync times beside these, as that file has them.
 
 Usage (from the repository root):
   .venv/bin/python bench/cost_curves.py                                   # both sweeps, ~15 minutes on 2 cores
@@ -49,31 +49,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 METHODS = ("sft", "dpo", "grpo")
-SIZES = ("S", "M", "L", "0.5B")
+SIZES = ("XS", "S", "M", "L", "0.5B")  # XS for a quick rehearsal; the default sweep is S, M, L, 0.5B
 GRPO_PROMPT = 16  # tokens of a GRPO prompt; completions fill the rest of the length
 POINT_TIMEOUT_S = 900
-# Qwen2-0.5B's shape (its config.json on the Hugging Face hub), with random weights
-QWEN2_HALF_B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-                "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1e6}
+HALF_B_POSITIONS = 1024  # weight_sync.build's max_position_embeddings
 
 
 # --------------------------------------------------------------------------- models and rows (the parent writes them)
 
 
 def write_model(folder: Path, size: str, max_positions: int) -> Path:
-    """config.json and the byte tokenizer (no weights: runs use random_init)."""
+    """config.json and the byte tokenizer of one size (runs use random_init, so weights in the folder are not read)."""
+    if size == "0.5B":
+        try:
+            from weight_sync import build  # Qwen2-0.5B's shape, as bench/weight_sync.py syncs it
+        except ImportError as exc:
+            raise SystemExit(f"size 0.5B is bench/weight_sync.py's model, and importing it failed ({exc}): run the "
+                             "other sizes (--sizes S M L)") from exc
+        return build(folder, "0.5B")
     from rlft.models.tiny import write_tiny_model
 
-    write_tiny_model(folder, "S" if size == "0.5B" else size, max_positions)
-    if size == "0.5B":
-        from transformers import Qwen2Config
-
-        from rlft.data.tokenizer import byte_tokenizer
-
-        tokenizer = byte_tokenizer()  # ids past the byte range are never fed; every logit spans the whole vocabulary
-        Qwen2Config(**QWEN2_HALF_B, max_position_embeddings=max_positions, pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id, bos_token_id=None).save_pretrained(folder)
-    return folder
+    return write_tiny_model(folder, size, max_positions)
 
 
 def write_rows(path: Path, method: str, length: int, count: int, seed: int) -> Path:
@@ -184,10 +180,10 @@ def run_point(point: dict, folder: Path) -> dict:
 # --------------------------------------------------------------------------- the sweeps (the parent)
 
 
-def measure(point: dict, folder: Path, max_positions: int) -> dict:
-    """Write the point's model and rows and train it in a fresh process; a point that fails is kept with its error."""
+def measure(point: dict, folder: Path, model_dir: Path) -> dict:
+    """Write the point's rows and train it on `model_dir` in a fresh process; a point that fails is kept with its error."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_model(folder / "model", point["size"], max_positions)
+    (folder / "model").symlink_to(model_dir)
     count = max(64, 4 * point["batch"] * point["steps"])
     write_rows(folder / "rows.jsonl", point["method"], point["length"], count, seed=0)
     (folder / "cost_curves_reward.py").write_text(REWARD)
@@ -233,8 +229,28 @@ def summarise(report: dict) -> dict:
     return summary
 
 
-def plot(report: dict, folder: Path) -> list[Path]:
-    """Two PNGs, one per sweep: step time, peak memory, tokens/s and seconds per TFLOP of work, a line per method."""
+def weight_sync_panel(axis, path: Path) -> None:
+    """bench/weight_sync.py's seconds per sync over parameters (its full-weight HTTP push and LoRA adapter), from its
+    JSON as that file has them."""
+    sync = json.loads(path.read_text())
+    for way, label in (("http", "full weights, HTTP"), ("lora", "LoRA adapter")):
+        line = sorted((r for r in sync["results"] if isinstance(r.get(way), dict)), key=lambda r: r["parameters"])
+        if line:
+            axis.plot([r["parameters"] for r in line], [r[way]["seconds"] for r in line], marker="s", label=label)
+            for r in line:
+                axis.annotate(r["size"], (r["parameters"], r[way]["seconds"]), fontsize=7, xytext=(3, 3),
+                              textcoords="offset points")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("parameters")
+    axis.set_title(f"weight sync to rlft vllm-serve (s), from {path.name}", fontsize=10)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+
+
+def plot(report: dict, folder: Path, weight_sync: Path | None = None) -> list[Path]:
+    """Two PNGs, one per sweep: step time, peak memory, tokens/s and seconds per TFLOP of work, a line per method; the
+    size sweep's also bench/weight_sync.py's sync times when `weight_sync` (its JSON) exists."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,8 +263,12 @@ def plot(report: dict, folder: Path) -> list[Path]:
         points = [p for p in report[sweep] if "error" not in p]
         if not points:
             continue
-        figure, axes = plt.subplots(2, 2, figsize=(11, 8))
-        for axis, (key, title) in zip(axes.flat, panels):
+        sync = sweep == "size" and weight_sync is not None and weight_sync.exists()
+        figure, axes = plt.subplots(2, 3 if sync else 2, figsize=(16 if sync else 11, 8))
+        if sync:
+            weight_sync_panel(axes[0, 2], weight_sync)
+            axes[1, 2].axis("off")
+        for axis, (key, title) in zip([axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]], panels):
             for method in report["methods"]:
                 line = sorted((p for p in points if p["method"] == method), key=lambda p: p[x])
                 if line:
@@ -261,7 +281,7 @@ def plot(report: dict, folder: Path) -> list[Path]:
             axis.set_xlabel(label)
             axis.set_title(title, fontsize=10)
             axis.grid(True, which="both", alpha=0.3)
-        axes.flat[0].legend()
+        axes[0, 0].legend()
         where = (f"size sweep at {report['size_length']} tokens" if sweep == "size"
                  else f"length sweep at size {report['length_size']}")
         figure.suptitle(f"rlft on {report['machine']} ({report['cpu_count']} cores), {report['threads']} threads, fp32, eager, batch {report['batch']}: {where}",
@@ -286,7 +306,7 @@ def cpu_name() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--sizes", nargs="*", choices=SIZES, default=list(SIZES), help="the size sweep (none: skip it)")
+    parser.add_argument("--sizes", nargs="*", choices=SIZES, default=list(SIZES[1:]), help="the size sweep (none: skip it)")
     parser.add_argument("--size-length", type=int, default=128, help="sequence length of the size sweep")
     parser.add_argument("--lengths", nargs="*", type=int, default=[128, 256, 512, 1024, 2048],
                         help="the length sweep (none: skip it)")
@@ -295,6 +315,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per point (the first is left out of the median)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every point")
     parser.add_argument("--out", type=Path, default=RESULTS / "cost_curves.json")
+    parser.add_argument("--weight-sync-json", type=Path, default=RESULTS / "weight_sync.json",
+                        help="bench/weight_sync.py's results, drawn in the size plot when the file exists")
     parser.add_argument("--plot-only", action="store_true", help="draw the plots from --out's JSON, measure nothing")
     parser.add_argument("--point", help=argparse.SUPPRESS)  # a child: one point, as JSON
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
@@ -306,7 +328,7 @@ def main() -> None:
         return
     if args.plot_only:
         report = json.loads(args.out.read_text())
-        for path in plot(report, args.out.parent):
+        for path in plot(report, args.out.parent, args.weight_sync_json):
             print(f"wrote {path}")
         return
     if any(length <= GRPO_PROMPT + 1 for length in [args.size_length, *args.lengths]):
@@ -316,6 +338,10 @@ def main() -> None:
     plan += [("length", {"method": m, "size": args.length_size, "length": n, **common}) for n in args.lengths
              for m in args.methods]
     max_positions = max([args.size_length, *args.lengths]) + 64
+    if "0.5B" in {point["size"] for _, point in plan} and max(point["length"] for _, point in plan
+                                                              if point["size"] == "0.5B") > HALF_B_POSITIONS:
+        raise SystemExit(f"the 0.5B model (bench/weight_sync.py's build) has {HALF_B_POSITIONS} positions: keep its "
+                         "lengths at or below that")
     report = {"benchmark": "cost_curves", "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": cpu_name(), "cpu_count": os.cpu_count(),
               "threads": args.threads, "batch": args.batch, "steps": args.steps, "methods": args.methods,
@@ -329,8 +355,11 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlft-cost-") as tmp:
+        models = {}
         for index, (sweep, point) in enumerate(plan):
-            result = measure(point, Path(tmp) / str(index), max_positions)
+            if point["size"] not in models:  # one folder per size, written once
+                models[point["size"]] = write_model(Path(tmp) / f"model-{point['size']}", point["size"], max_positions)
+            result = measure(point, Path(tmp) / str(index), models[point["size"]])
             report[sweep].append(result)
             load.append(os.getloadavg()[0])
             said = result.get("error") or (f"step {result['median_step_s'] * 1e3:.1f} ms, peak {result['peak_above_start_mib']:.0f} "
@@ -345,7 +374,7 @@ def main() -> None:
     for key, values in report["growth"].items():
         print(f"{key}: over {values['x']} {values['values']}: step time ^{values['step_time_exponent']}, work "
               f"^{values['work_exponent']}, peak memory ^{values['peak_memory_exponent']}")
-    for path in plot(report, args.out.parent):
+    for path in plot(report, args.out.parent, args.weight_sync_json):
         print(f"wrote {path}")
 
 
