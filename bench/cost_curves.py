@@ -284,7 +284,8 @@ def plot(report: dict, folder: Path, weight_sync: Path | None = None) -> list[Pa
         axes[0, 0].legend()
         where = (f"size sweep at {report['size_length']} tokens" if sweep == "size"
                  else f"length sweep at size {report['length_size']}")
-        figure.suptitle(f"rlft on {report['machine']} ({report['cpu_count']} cores), {report['threads']} threads, fp32, eager, batch {report['batch']}: {where}",
+        figure.suptitle(f"rlft on {report['machine']} ({report['cpu_count']} cores), {report['threads']} threads, fp32, eager, "
+                        f"batch {report['batch']}: {where}",
                         fontsize=10)
         figure.tight_layout()
         path = folder / f"cost_curves-{sweep}.png"
@@ -362,7 +363,8 @@ def main() -> None:
             result = measure(point, Path(tmp) / str(index), models[point["size"]])
             report[sweep].append(result)
             load.append(os.getloadavg()[0])
-            said = result.get("error") or (f"step {result['median_step_s'] * 1e3:.1f} ms, peak {result['peak_above_start_mib']:.0f} "
+            said = result.get("error") or (f"step {result['median_step_s'] * 1e3:.1f} ms, "
+                                           f"peak {result['peak_above_start_mib']:.0f} "
                                            f"MiB, {result['tokens_per_s']:,.0f} tokens/s, {result['s_per_tflop']:.2f} s/TFLOP")
             print(f"[{time.perf_counter() - started:6.0f} s] {sweep} {point['method']} {point['size']} {point['length']}: {said}",
                   flush=True)

@@ -382,10 +382,12 @@ def print_report(res: dict) -> None:
         ("  setup: model, tokenizer, data (s)", lambda n: runs[n]["setup_s"], "{:.2f}"),
         ("  sum of step times (s)", lambda n: runs[n]["steps_s"], "{:.2f}"),
         ("first step (ms)", lambda n: runs[n]["first_step_s"] * 1e3, "{:.1f}"),
-        ("  rollout: generate+reward+batch (ms)", lambda n: phase(n, "prepare_median_s", "prepare_inputs_median_s") * 1e3, "{:.1f}"),
+        ("  rollout: generate+reward+batch (ms)", lambda n: phase(n, "prepare_median_s", "prepare_inputs_median_s") * 1e3,
+         "{:.1f}"),
         ("    generate (ms)", lambda n: phase(n, "generate_median_s", "generate_median_s") * 1e3, "{:.1f}"),
         ("    reward (ms)", lambda n: phase(n, "reward_median_s", "reward_median_s") * 1e3, "{:.2f}"),
-        ("  forward+backward (ms)", lambda n: phase(n, "forward_backward_median_s", ("forward_median_s", "backward_median_s")) * 1e3, "{:.1f}"),
+        ("  forward+backward (ms)",
+         lambda n: phase(n, "forward_backward_median_s", ("forward_median_s", "backward_median_s")) * 1e3, "{:.1f}"),
         ("  optimizer (ms)", lambda n: phase(n, "optimizer_median_s", "optimizer_median_s") * 1e3, "{:.1f}"),
         ("generated tokens per step (median)", lambda n: median(runs[n]["generated_tokens_per_step"]), "{:.0f}"),
         ("generated tokens/s (median step)", lambda n: runs[n]["generate_tokens_per_s"], "{:,.0f}"),
@@ -401,7 +403,8 @@ def print_report(res: dict) -> None:
         r = runs[n]
         if n.startswith("rlft"):
             print(f"{n}: time/logprobs {r['phase_medians']['logprobs_median_s'] * 1e3:.1f} ms, step outside prepare/fb/"
-                  f"optimizer {r['phase_medians']['other_median_s'] * 1e3:.1f} ms, checkpoint {r['checkpoint_save_s'] * 1e3:.0f} ms, "
+                  f"optimizer {r['phase_medians']['other_median_s'] * 1e3:.1f} ms, "
+                  f"checkpoint {r['checkpoint_save_s'] * 1e3:.0f} ms, "
                   f"final save {r['final_model_save_s'] * 1e3:.0f} ms, loop outside steps {r['loop_other_s']:.3f} s")
         else:
             print(f"{n}: model compiled {r['model_compiled']}, median step interval incl. prompt fetch "

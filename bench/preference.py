@@ -511,7 +511,8 @@ def main() -> None:
                 reset_between_runs()
                 plain_runs.append(run_plain_loop(model_dir, recipe, args.steps, args.bf16))
                 print(f"round {index + 1}/{args.repeat} plain PyTorch loop: median step "
-                      f"{plain_runs[-1]['median_step_s'] * 1e3:.1f} ms, step-1 loss {plain_runs[-1]['losses'][0]:.6f}", flush=True)
+                      f"{plain_runs[-1]['median_step_s'] * 1e3:.1f} ms, step-1 loss {plain_runs[-1]['losses'][0]:.6f}",
+                      flush=True)
         load_after = os.getloadavg()
         # Peak memory in a run of its own per variant (the sampler thread would perturb the timed runs).
         memory = {name: peak_memory(lambda name=name: run(name, tmp / f"mem-{name}", args.steps).pop("_first_input_ids", None))

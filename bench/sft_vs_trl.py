@@ -29,7 +29,8 @@ shared 2-core machine is noisy (OpenMP threads stall badly when another process 
 
 Usage (from the repository root):
   .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --threads 2
-  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --vocab 32768 --rlft-compile off --trl-compile off   # a real tokenizer's output layer
+  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --vocab 32768 --rlft-compile off --trl-compile off
+      # a real tokenizer's output layer, both eager
   .venv/bin/python bench/sft_vs_trl.py --long --vocab 32768 --micro-batch 8 --steps 20 [--group-by-length]
       # 64-600-character prompts (chains of solved sums before the asked one), sequences up to 640 tokens
 Results: a table on stdout and bench/results/sft_vs_trl-<size>[-long][-grouped][-v<vocab>].json. Peak memory (resident memory a
