@@ -411,6 +411,7 @@ def print_report(res: dict) -> None:
                   f"{r['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s, prompt "
                   f"lengths {min(r['prompt_lengths'])}-{max(r['prompt_lengths'])}")
     print(describe_ratios(res["ratios"]) + "  (>1: rlft is faster)")
+    print(describe_ratios(res["wall_ratios"]).replace("TRL/rlft", "TRL/rlft wall of the training call"))
     for key, value in res.get("sharing", {}).items():
         print(f"{key}: {value}")
 
@@ -533,6 +534,9 @@ def main() -> None:
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
         "ratios": ratios,
+        # the training call's wall (set-up, steps with the compile, saves; imports excluded): bench/grpo_wall.py times
+        # whole processes
+        "wall_ratios": fair_ratios(runs, rlft_side, trl_side, key="wall_s"),
         "median_over_rounds_s": {name: median(result["median_step_s"] for result in variant_runs)
                                  for name, variant_runs in runs.items()},
         "median_step_pooled_s": {name: pooled(name) for name in runs},
