@@ -10,12 +10,14 @@ Every run: fp32, eager, AdamW, --batch rows per step (default 4: SFT rows, DPO p
 G = 4), --steps steps (default 3; the first, which allocates and warms up, is left out of the median). Rows are
 exactly the length asked for, made of digits: SFT a prompt of half the length and a completion of the rest (EOS
 included); DPO the same prompt with a chosen and a rejected answer of the rest; GRPO a 16-token prompt and
-completions of the rest (`ignore_eos`, so every completion is full length).
+completions of the rest (`ignore_eos`, so every completion is full length) under a random reward
+(every step trains).
 
 Measured per point:
   step        median `step_time_s` from metrics.jsonl (GRPO: generation included)
   tokens/s    trained tokens per step (metrics.jsonl `tokens`) / the median step
-  peak        the child's peak resident memory (ru_maxrss) above its resident memory before `train()`: the model,
+  peak        the child's peak resident memory (VmHWM, which starts afresh at exec, unlike ru_maxrss, which keeps the
+              parent's level at the fork) above its resident memory before `train()`: the model,
               its gradients and AdamW state, the reference copy (DPO), activations, logits, the KV cache (GRPO)
   work        model FLOPs per step: 6N per trained token plus PaLM's attention term 12 x layers x hidden x length
               (Chowdhery et al. 2022, appendix B), plus for DPO the reference's forward (a third of that) and for
@@ -39,7 +41,6 @@ import json
 import os
 import platform
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -110,9 +111,14 @@ def settings(point: dict, model_dir: Path, rows: Path, out_dir: Path) -> dict:
     return keys
 
 
-REWARD = '''def length_reward(completions, **kwargs):
-    """Any reward that varies: the count of one digit."""
-    return [text.count("7") / 10 for text in completions]
+REWARD = '''import random
+
+
+def length_reward(completions, **kwargs):
+    """A random reward: the cost does not depend on it, and a reward that varies within every group makes every step
+    train (a group of equal rewards has no advantage, and its step is skipped). Random weights sample tokens that
+    decode to nothing often (ids past the byte tokenizer's range), so a reward of the text would often be equal."""
+    return [random.random() for _ in completions]
 '''
 
 
@@ -128,6 +134,12 @@ def work_flops(point: dict, config, n: int, tokens: float, generated: float) -> 
     if point["method"] == "grpo":
         return trained + generated * (2 * n + attention / 3)
     return trained
+
+
+def high_water_mark() -> int:
+    """This process's peak resident memory in bytes since it was exec'd (VmHWM of /proc/self/status)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
 def run_point(point: dict, folder: Path) -> dict:
@@ -155,7 +167,7 @@ def run_point(point: dict, folder: Path) -> dict:
     start = time.perf_counter()
     rlft.train.run.train(cfg, Console(file=io.StringIO(), width=120))
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = high_water_mark()
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in steps if "step_time_s" in r]
     timed = steps[1:] or steps  # the first step allocates and warms up
