@@ -11,10 +11,10 @@ TRL as shipped, eager), alternating over --repeat rounds, each run after common.
 holds its median steps, ratios (common.fair_ratios) and peak GPU memory (torch.cuda.max_memory_allocated). This
 script gathers them into one file, with the machine.
 
-The parts run in the order above, each with a time limit, and the whole within --budget-s (default 450 s: it fits in 8
-minutes with the start-up); a part that would not fit is skipped and named in the output. Without a CUDA GPU the
-script stops at once and says so: nothing here runs on a CPU (the CPU benches are the scripts above, run without
-these settings).
+The parts run in the order above, each with a time limit, and the whole within --budget-s (default 450 s, meant to
+leave a lent GPU's 8 minutes room for the start-up); a part that would not fit is skipped and named in the output.
+Without a CUDA GPU the script stops at once and says so: nothing here runs on a CPU (the CPU benches are the scripts
+above, run without these settings).
 
 Usage (a CUDA GPU; from the repository root):
   python bench/gpu_fair.py [--budget-s 450] [--repeat 2] [--only decode sft dpo grpo] [--with-trl-eager]
