@@ -96,6 +96,89 @@ def peak_memory(run, *args, **kwargs) -> float:
     return round(sampler.above_start_mib, 1)
 
 
+def reset_between_runs() -> None:
+    """Start a tool's run from the process state a fresh process has, so neither tool inherits the other's.
+
+    accelerate keeps one `AcceleratorState` per process, and the first `Accelerator` made decides it for the later
+    ones. transformers' TrainingArguments clears it when it sets up its device, so a TRL run starts clean; rlft's
+    `Accelerator(dynamo_backend="no")` does not, so after a TRL run with `torch_compile=True` (transformers hands
+    accelerate a dynamo plugin) accelerate's `prepare` would compile the model of every later rlft run, an eager one
+    included. `AcceleratorState._reset_state(True)` (accelerate's own tests reset it so between cases) and
+    `GradientState._reset_state()` clear it. dynamo keeps compiled graphs and recompile counts on shared code objects
+    (`LlamaModel.forward`): `torch._dynamo.reset()` drops them, so each compiled run compiles as a new process would
+    (inductor's on-disk cache of compiled graphs stays, as it does between processes)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def variant_name(tool: str, compiled: bool, setting: str = "") -> str:
+    """A run's name in the tables and JSON: tool, setting, eager or compiled ("trl-compiled", "rlft-copy-eager")."""
+    return "-".join(part for part in (tool, setting, "compiled" if compiled else "eager") if part)
+
+
+def compile_choices(flag: str) -> list[bool]:
+    """--rlft-compile / --trl-compile: both (the default: measure each and report the faster), on, off."""
+    return {"both": [False, True], "on": [True], "off": [False]}[flag]
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The run order of each round: `names` as given, reversed every other round, so no variant always runs first
+    (right after the warm-ups, or right after the same neighbour)."""
+    return [list(names) if index % 2 == 0 else list(reversed(names)) for index in range(rounds)]
+
+
+def fair_ratios(runs: dict[str, list[dict]], rlft: dict[bool, str], trl: dict[bool, str],
+                key: str = "median_step_s") -> dict:
+    """TRL/rlft ratios of `key` (above 1: rlft is faster) from runs made in alternating rounds.
+
+    `runs` maps a variant's name to its runs, one per round; `rlft` and `trl` map compiled (True/False) to the
+    variant's name, for the settings measured. Each variant's median over the rounds decides its side's best setting.
+    A ratio is given two ways: `median_of_rounds`, the median of the round-by-round ratios (each TRL run against the
+    rlft run of its round: a machine whose speed drifts moves both), the headline; and `of_medians`, the ratio of the
+    medians over the rounds. The ratios:
+      fair          rlft at its best against TRL at its best (the faster of eager and torch_compile=True)
+      vs_shipped    rlft at its best against TRL as shipped (eager, its default)
+      eager         rlft's CPU default (eager) against TRL's default (eager)
+      compiled      both compiled"""
+    medians = {name: median(run[key] for run in runs[name]) for name in {*rlft.values(), *trl.values()}}
+    best_rlft = min(rlft, key=lambda compiled: medians[rlft[compiled]])
+    best_trl = min(trl, key=lambda compiled: medians[trl[compiled]])
+
+    def ratio(ours: str, theirs: str) -> dict:
+        by_round = [t[key] / r[key] for r, t in zip(runs[ours], runs[theirs])]
+        return {"rlft": ours, "trl": theirs, "median_of_rounds": median(by_round),
+                "of_medians": medians[theirs] / medians[ours], "by_round": by_round}
+
+    result = {"key": key, "rounds": len(runs[rlft[best_rlft]]), "median_over_rounds_s": medians,
+              "rlft_best": rlft[best_rlft], "trl_best": trl[best_trl],
+              "fair": ratio(rlft[best_rlft], trl[best_trl])}
+    if False in trl:
+        result["vs_shipped"] = ratio(rlft[best_rlft], trl[False])
+        if False in rlft:
+            result["eager"] = ratio(rlft[False], trl[False])
+    if True in rlft and True in trl:
+        result["compiled"] = ratio(rlft[True], trl[True])
+    return result
+
+
+def describe_ratios(ratios: dict, label: str = "") -> str:
+    """One line per ratio of `fair_ratios`, for a bench's printed report."""
+    names = {"fair": "at its best vs TRL at its best", "vs_shipped": "at its best vs TRL as shipped (eager)",
+             "eager": "eager vs TRL eager (both defaults)", "compiled": "compiled vs TRL compiled"}
+    lines = []
+    for name, words in names.items():
+        if name in ratios:
+            r = ratios[name]
+            lines.append(f"{label}TRL/rlft, rlft {words}: {r['median_of_rounds']:.2f}x median of {ratios['rounds']} "
+                         f"rounds ({r['of_medians']:.2f}x of the medians; {r['rlft']} vs {r['trl']}; by round "
+                         + ", ".join(f"{x:.2f}" for x in r["by_round"]) + ")")
+    return "\n".join(lines)
+
+
 def device_name() -> str:
     """The GPU's name, or the CPU's."""
     import platform

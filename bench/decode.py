@@ -19,7 +19,8 @@ count), timed
 the same way after a warm-up call. On a GPU (`--device cuda`) the compiled engine's step runs as CUDA graphs
 (`reduce-overhead`), `--bf16` runs every engine under bf16 autocast, and `parity` says how far the compiled engine's
 samples and log-probs are from the eager engine's at the same seed (in float32 they agree to rounding; a GPU's
-kernels may round otherwise, and one different draw changes the rest of its row). Results go to
+kernels may round otherwise, and one different draw changes the rest of its row); each engine's peak GPU memory in one
+more decode is recorded there too (`peak_memory_mib`). Results go to
 bench/results/decode-<size>[-v<vocab>][-cuda][-bf16].json.
 """
 
@@ -216,6 +217,21 @@ def main() -> None:
         run(args)
 
 
+def decode_peak_mib(decode) -> dict | None:
+    """On a GPU, the memory one decode allocates at its peak: above what was allocated before it (`above_start`: the KV
+    cache, logits, sampling; not a compiled engine's static cache, kept from its first call) and in all
+    (`allocated`: the model and every engine's kept buffers too). None on a CPU."""
+    if DEVICE.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    decode()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return {"above_start": round((peak - before) / 2**20, 1), "allocated": round(peak / 2**20, 1)}
+
+
 def run(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -239,6 +255,11 @@ def run(args) -> None:
         with torch.no_grad():
             times["transformers generate"].append(time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens,
                                                                 args.seed + index))
+    with torch.no_grad():
+        peaks = {"rlft eager": decode_peak_mib(lambda: time_engine(eager, prompts, params, args.seed)),
+                 "rlft compiled": decode_peak_mib(lambda: time_engine(compiled, prompts, params, args.seed)),
+                 "transformers generate": decode_peak_mib(lambda: time_generate(model, prompts, tokenizer.pad_token_id,
+                                                                                args.new_tokens, args.seed))}
     split = split_compiled(compiled, prompts, args.new_tokens, args.repeat)
     samplers = time_samplers(args.rows, model.config.vocab_size, args.repeat)
     same = parity(eager, compiled, prompts, params, range(args.seed, args.seed + 3))
@@ -264,10 +285,15 @@ def run(args) -> None:
         "tokens_per_s": {name: tokens / value for name, value in medians.items()}, "compiled_split_s": split,
         "sampler_per_token_s": samplers, "compiled_profile": profiled, "parity": same, "all_s": times,
     }
+    if DEVICE.type == "cuda":
+        report["peak_memory_mib"] = peaks
     print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows x {args.new_tokens} new tokens, "
           f"{report['threads']} threads, load {load_before[0]:.2f}/{load_after[0]:.2f}; first compiled call {compile_s:.1f} s")
     for name, value in medians.items():
         print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
+    if DEVICE.type == "cuda":
+        print("  peak GPU memory of one decode (MiB, above its start / allocated in all): "
+              + ", ".join(f"{name} {peak['above_start']:,.0f} / {peak['allocated']:,.0f}" for name, peak in peaks.items()))
     print("  compiled decode split: " + ", ".join(f"{key[:-2]} {value * 1e3:.1f} ms" for key, value in split.items()))
     print("  compiled vs eager at the same seeds: " + ", ".join(f"{key} {value:.3g}" for key, value in same.items()))
     print(f"  compiled decode: dynamo's guards {profiled['guards_us_per_step']:.1f} us per step (torch.profiler)")

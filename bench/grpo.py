@@ -34,14 +34,20 @@ Measured per run:
             peak, as `rlft train` logs it (rlft.train.metrics): generation's FLOPs are not counted.
   tokens/s  generated tokens / generate time, the median over steps (so the compiling first step of
             torch_compile does not count; until 2026-11-28 it was the sum over all steps, which did).
-  ratio     TRL/rlft of the best runs' wall and median step, of the medians over runs, and of the median of
-            all steps of all runs pooled (the least noisy).
+  ratio     TRL/rlft of the median step (common.fair_ratios): the median of the round-by-round ratios, with
+            the ratio of the medians over the rounds and of all steps of all runs pooled beside it.
 
-The tools alternate --repeat times (default 5) after a short warm-up of each; the table shows each tool's
-run with the smallest wall time, the JSON keeps every run and the 1-minute load average (a shared 2-core
-machine is noisy). Both tools run with one torch thread by default (--threads): with two threads on a
+Each tool runs eager and compiled (rlft `torch_compile: true`: static KV cache and compiled decode step, and the
+compiled training forward; TRL `torch_compile=True`: accelerate compiles the trained model; --rlft-compile and
+--trl-compile choose), the variants alternating over --repeat rounds (default 5, the order reversed every other
+round) after a short warm-up run of each. Before every run the process state a tool leaves is cleared
+(common.reset_between_runs). Each side's best setting is the one with the smaller median step over the rounds; the
+ratios are rlft at its best against TRL at its best, against TRL as shipped (eager), and both eager (the defaults).
+The table shows each variant's run at its median; the JSON keeps every run and the 1-minute load average (a shared
+2-core machine is noisy). Both tools run with one torch thread by default (--threads): with two threads on a
 2-core VM any other busy process makes OpenMP spin-waits stall every small op (measured: generate 44 ms
 with 1 thread vs 180-430 ms with 2 while another process ran), which drowns the comparison.
+bench/grpo_wall.py times whole runs instead, each tool in a fresh process, start-up included.
 
 rlft shares each group's prompt by default (`share_prompts`, docs/grpo.md): where its FLOPs estimate says so, a
 micro-batch runs each prompt once with its G completions after it. --compare-sharing adds a third tool to the
@@ -95,8 +101,10 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
-from common import RESULTS, flop_params, make_model, median, mfu, peak_memory, quiet, rlft_keys, trl_keys
-from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, warm_up
+from accelerate.utils import is_compiled_module
+from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, median, mfu,
+                    peak_memory, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys, variant_name)
+from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, median_run, warm_up
 from rlft.train.metrics import clock
 
 GROUP = 4
@@ -121,8 +129,10 @@ sys.modules[REWARD_MODULE].count_a_reward = count_a_reward
 # --------------------------------------------------------------------------- rlft
 
 
-def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args, share: bool | None = None) -> dict:
-    cfg = build_config({
+def rlft_settings(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args, share: bool | None = None,
+                  compiled: bool = False) -> dict:
+    """rlft's config keys for this benchmark (what a YAML file would hold)."""
+    return {
         **rlft_keys(model_dir, out_dir, steps, args.seed, LR, args.bf16),
         "rl": "grpo",
         "trl": {
@@ -145,10 +155,15 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args,
         "sequence_len": (LONG_LENGTH if args.long else 32) + MAX_COMPLETION,  # the prompt + the completion fit
         "share_prompts": share,  # None: rlft's default
         "micro_batch_size": COMPLETIONS_PER_STEP,
-        "torch_compile": args.compile,  # static KV cache + compiled decode step (compiled in the run's first step)
-    }, source="bench")
+        "torch_compile": compiled,  # static KV cache + compiled decode step (compiled in the run's first step)
+    }
 
+
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args, share: bool | None = None,
+             compiled: bool = False) -> dict:
+    cfg = build_config(rlft_settings(model_dir, train_file, out_dir, steps, args, share, compiled), source="bench")
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    reset_between_runs()
     start = time.perf_counter()
     result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
@@ -168,6 +183,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args,
     loop_total = result.ended_at - result.started_at
     checkpoint = result.save_time
     return {
+        "variant": variant_name("rlft", compiled, "separate" if share is False else ""),
         "wall_s": wall,
         "setup_s": result.started_at - start,  # tokenizer, prompt preparation, model load, reward import
         "loop_s": loop_total,
@@ -251,11 +267,12 @@ class RecordingGRPOTrainer(GRPOTrainer):
         return completion_ids, logprobs
 
 
-def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, args) -> dict:
-    dataset = datasets.Dataset.from_list(prompts)  # row generation, not timed (rlft's jsonl is written untimed too)
-    config = GRPOConfig(
+def trl_settings(out_dir: Path, steps: int, args, compiled: bool = False) -> dict:
+    """GRPOConfig's keyword arguments for this benchmark."""
+    return dict(
         output_dir=str(out_dir),
         **trl_keys(steps, args.seed, args.bf16),
+        torch_compile=compiled,  # transformers' compile: accelerate's prepare wraps the trained model in torch.compile
         per_device_train_batch_size=COMPLETIONS_PER_STEP,
         gradient_accumulation_steps=1,
         num_generations=GROUP,
@@ -273,6 +290,12 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
         use_vllm=False,
         learning_rate=LR,
     )
+
+
+def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, args, compiled: bool = False) -> dict:
+    dataset = datasets.Dataset.from_list(prompts)  # row generation, not timed (rlft's jsonl is written untimed too)
+    reset_between_runs()
+    config = GRPOConfig(**trl_settings(out_dir, steps, args, compiled))
     timer = GRPOStepTimer()
     PROFILED.clear()
     start = time.perf_counter()
@@ -306,6 +329,8 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
             p - g - r for p, g, r in zip(prepare, generate, PROFILED.get("_calculate_rewards", []))),
     }
     return {
+        "variant": variant_name("trl", compiled),
+        "model_compiled": is_compiled_module(trainer.model_wrapped),  # the compile setting took effect (or did not)
         "wall_s": wall,
         "setup_s": init_done - start,  # tokenizer, model load, dataset, generation config
         "train_call_s": wall - (init_done - start),
@@ -334,55 +359,61 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
 
 
 def print_report(res: dict) -> None:
-    r, t = res["rlft"], res["trl"]
-    print(f"\nbest of {res['repeat']} runs per tool; 1-min load average before/after: "
-          f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
+    runs = res["median_run"]
+    names = list(runs)
+    print(f"\n{res['repeat']} rounds; each variant's run at its median (the round whose median step is the median); "
+          f"1-min load average before/after: {res['load_average_1m_before_after'][0]:.2f}/"
+          f"{res['load_average_1m_before_after'][1]:.2f}")
     print(f"GRPO {res['size']} ({res['params']:,} params), {res['steps']} steps, {COMPLETIONS_PER_STEP} completions/step "
           f"({COMPLETIONS_PER_STEP // GROUP} prompts x G={GROUP}), max completion {MAX_COMPLETION}, force length "
-          f"{res['force_length']}, rlft torch_compile {res['rlft_torch_compile']}, {res['threads']} threads; torch {res['versions']['torch']}, transformers "
+          f"{res['force_length']}, {res['threads']} threads; torch {res['versions']['torch']}, transformers "
           f"{res['versions']['transformers']}, trl {res['versions']['trl']}")
+
+    def phase(name: str, rlft_key: str, trl_key) -> float:
+        p = runs[name]["phase_medians"]
+        if name.startswith("rlft"):
+            return p[rlft_key]
+        return sum(p[key] for key in trl_key) if isinstance(trl_key, tuple) else p[trl_key]
+
     rows = [
-        ("wall time of the training call (s)", r["wall_s"], t["wall_s"], "{:.2f}"),
-        ("  setup: model, tokenizer, data (s)", r["setup_s"], t["setup_s"], "{:.2f}"),
-        ("  sum of step times (s)", r["steps_s"], t["steps_s"], "{:.2f}"),
-        ("median step (ms)", r["median_step_s"] * 1e3, t["median_step_s"] * 1e3, "{:.1f}"),
-        ("first step (ms)", r["first_step_s"] * 1e3, t["first_step_s"] * 1e3, "{:.1f}"),
-        ("  rollout: generate+reward+batch (ms)", r["phase_medians"]["prepare_median_s"] * 1e3,
-         t["phase_medians"]["prepare_inputs_median_s"] * 1e3, "{:.1f}"),
-        ("    generate (ms)", r["phase_medians"]["generate_median_s"] * 1e3, t["phase_medians"]["generate_median_s"] * 1e3, "{:.1f}"),
-        ("    reward (ms)", r["phase_medians"]["reward_median_s"] * 1e3, t["phase_medians"]["reward_median_s"] * 1e3, "{:.2f}"),
-        ("    rest of rollout (ms)", r["phase_medians"]["prepare_minus_generate_reward_median_s"] * 1e3,
-         t["phase_medians"]["prepare_minus_generate_reward_median_s"] * 1e3, "{:.2f}"),
-        ("  forward+backward (ms)", r["phase_medians"]["forward_backward_median_s"] * 1e3,
-         (t["phase_medians"]["forward_median_s"] + t["phase_medians"]["backward_median_s"]) * 1e3, "{:.1f}"),
-        ("  optimizer (ms)", r["phase_medians"]["optimizer_median_s"] * 1e3, t["phase_medians"]["optimizer_median_s"] * 1e3, "{:.1f}"),
-        ("generated tokens per step (median)", median(r["generated_tokens_per_step"]), median(t["generated_tokens_per_step"]), "{:.0f}"),
-        ("generated tokens/s (median step)", r["generate_tokens_per_s"], t["generate_tokens_per_s"], "{:,.0f}"),
-        ("MFU of training over the step", r["mfu"], t["mfu"], "{:.4f}"),
-        ("mean reward", statistics.fmean(r["rewards"]), statistics.fmean(t["rewards"]), "{:.4f}"),
-        ("peak memory above start (MiB)", res["peak_memory_mib"]["rlft"], res["peak_memory_mib"]["trl"], "{:.1f}"),
+        ("median step, median of rounds (ms)", lambda n: res["median_over_rounds_s"][n] * 1e3, "{:.1f}"),
+        ("median step, all steps pooled (ms)", lambda n: res["median_step_pooled_s"][n] * 1e3, "{:.1f}"),
+        ("wall time of the training call (s)", lambda n: runs[n]["wall_s"], "{:.2f}"),
+        ("  setup: model, tokenizer, data (s)", lambda n: runs[n]["setup_s"], "{:.2f}"),
+        ("  sum of step times (s)", lambda n: runs[n]["steps_s"], "{:.2f}"),
+        ("first step (ms)", lambda n: runs[n]["first_step_s"] * 1e3, "{:.1f}"),
+        ("  rollout: generate+reward+batch (ms)", lambda n: phase(n, "prepare_median_s", "prepare_inputs_median_s") * 1e3,
+         "{:.1f}"),
+        ("    generate (ms)", lambda n: phase(n, "generate_median_s", "generate_median_s") * 1e3, "{:.1f}"),
+        ("    reward (ms)", lambda n: phase(n, "reward_median_s", "reward_median_s") * 1e3, "{:.2f}"),
+        ("  forward+backward (ms)",
+         lambda n: phase(n, "forward_backward_median_s", ("forward_median_s", "backward_median_s")) * 1e3, "{:.1f}"),
+        ("  optimizer (ms)", lambda n: phase(n, "optimizer_median_s", "optimizer_median_s") * 1e3, "{:.1f}"),
+        ("generated tokens per step (median)", lambda n: median(runs[n]["generated_tokens_per_step"]), "{:.0f}"),
+        ("generated tokens/s (median step)", lambda n: runs[n]["generate_tokens_per_s"], "{:,.0f}"),
+        ("MFU of training over the step", lambda n: runs[n]["mfu"], "{:.4f}"),
+        ("mean reward", lambda n: statistics.fmean(runs[n]["rewards"]), "{:.4f}"),
+        ("peak memory above start (MiB)", lambda n: res["peak_memory_mib"][n], "{:.1f}"),
     ]
-    print(f"{'':40s} {'rlft':>10s} {'TRL':>10s}")
-    for name, a, b, fmt in rows:
-        print(f"{name:40s} {fmt.format(a):>10s} {fmt.format(b):>10s}")
-    print(f"rlft extra: time/logprobs {r['phase_medians']['logprobs_median_s'] * 1e3:.1f} ms, step outside prepare/fb/optimizer "
-          f"{r['phase_medians']['other_median_s'] * 1e3:.1f} ms, checkpoint {r['checkpoint_save_s'] * 1e3:.0f} ms, final save "
-          f"{r['final_model_save_s'] * 1e3:.0f} ms, loop outside steps {r['loop_other_s']:.3f} s")
-    print(f"TRL extra: forward (compute_loss) {t['phase_medians']['forward_median_s'] * 1e3:.1f} ms, backward "
-          f"{t['phase_medians']['backward_median_s'] * 1e3:.1f} ms, median step interval incl. prompt fetch "
-          f"{t['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {t['train_other_s']:.3f} s, prompt lengths "
-          f"{min(t['prompt_lengths'])}-{max(t['prompt_lengths'])}")
-    ratio = res["ratio_trl_over_rlft"]
-    print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: wall "
-          f"{ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x; all steps pooled: "
-          f"{res['median_step_pooled_s']['rlft'] * 1e3:.1f} vs {res['median_step_pooled_s']['trl'] * 1e3:.1f} ms, "
-          f"{ratio['median_step_pooled']:.2f}x  (>1: rlft is faster)")
-    if "rlft-separate" in res:
-        separate = res["rlft-separate"]
-        print(f"rlft-separate (share_prompts: false): median step {separate['median_step_s'] * 1e3:.1f} ms, forward+backward "
-              f"{separate['phase_medians']['forward_backward_median_s'] * 1e3:.1f} ms; all steps pooled "
-              f"{res['median_step_pooled_s']['rlft-separate'] * 1e3:.1f} ms: separate/shared {ratio['separate_over_shared_pooled']:.2f}x, "
-              f"TRL/rlft-separate {ratio['median_step_pooled_separate']:.2f}x; max |loss diff| vs rlft {res['max_abs_loss_diff_separate']:.2e}")
+    width = max(15, *(len(n) + 2 for n in names))
+    print(f"{'':40s}" + "".join(f"{n:>{width}s}" for n in names))
+    for title, value, fmt in rows:
+        print(f"{title:40s}" + "".join(f"{fmt.format(value(n)):>{width}s}" for n in names))
+    for n in names:
+        r = runs[n]
+        if n.startswith("rlft"):
+            print(f"{n}: time/logprobs {r['phase_medians']['logprobs_median_s'] * 1e3:.1f} ms, step outside prepare/fb/"
+                  f"optimizer {r['phase_medians']['other_median_s'] * 1e3:.1f} ms, "
+                  f"checkpoint {r['checkpoint_save_s'] * 1e3:.0f} ms, "
+                  f"final save {r['final_model_save_s'] * 1e3:.0f} ms, loop outside steps {r['loop_other_s']:.3f} s")
+        else:
+            print(f"{n}: model compiled {r['model_compiled']}, median step interval incl. prompt fetch "
+                  f"{r['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s, prompt "
+                  f"lengths {min(r['prompt_lengths'])}-{max(r['prompt_lengths'])}")
+    print(describe_ratios(res["ratios"]) + "  (>1: rlft is faster)")
+    print(describe_ratios(res["wall_ratios"]).replace("TRL/rlft", "TRL/rlft wall of the training call"))
+    for key, value in res.get("sharing", {}).items():
+        print(f"{key}: {value}")
 
 
 def main() -> None:
@@ -392,8 +423,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (5-20 is plenty)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=5,
-                        help="alternate the tools this many times and report each tool's fastest run (a shared "
-                             "2-core machine is noisy; every run is kept in the JSON)")
+                        help="rounds: every variant runs once per round, in alternating order; ratios are medians over "
+                             "the rounds, every run is kept in the JSON")
     parser.add_argument("--no-force-length", dest="force_length", action="store_false",
                         help="let completions stop at EOS (then generated tokens per step differ by tool)")
     parser.add_argument("--threads", type=int, default=1,
@@ -403,21 +434,28 @@ def main() -> None:
                         help="tokens per completion (default 32; 512 for the long-sequence case)")
     parser.add_argument("--vocab", type=int, default=None,
                         help="widen the model's embeddings and output layer to this many entries (e.g. 32768)")
-    parser.add_argument("--compile", action="store_true",
-                        help="rlft with torch_compile: true (static KV cache, compiled decode step; the compile falls in "
-                             "each run's first step, so compare median steps)")
+    parser.add_argument("--rlft-compile", choices=["both", "on", "off"], default="both",
+                        help="rlft with torch_compile: false, true or both (static KV cache, compiled decode step; the "
+                             "compile falls in each run's first step, so compare median steps)")
+    parser.add_argument("--trl-compile", choices=["both", "on", "off"], default="both",
+                        help="TRL with torch_compile=False (as shipped), True, or both")
     parser.add_argument("--long", action="store_true", help="prompts led by 64-600 characters of solved sums")
     parser.add_argument("--bf16", action="store_true", help="both tools in bf16 autocast over fp32 weights")
     parser.add_argument("--compare-sharing", action="store_true",
-                        help="also run rlft with share_prompts: false (a third tool in the alternation)")
+                        help="also run rlft with share_prompts: false (more variants in the alternation)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default bench/results/grpo-<size>[-long][-c<length>][-v<vocab>][-compiled].json)")
+                        help="JSON path (default bench/results/grpo-<size>[-long][-c<length>][-v<vocab>].json)")
     args = parser.parse_args()
     MAX_COMPLETION = args.max_completion
     quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    variants = {variant_name("rlft", compiled): ("rlft", None, compiled) for compiled in compile_choices(args.rlft_compile)}
+    variants.update({variant_name("trl", compiled): ("trl", None, compiled) for compiled in compile_choices(args.trl_compile)})
+    if args.compare_sharing:
+        variants.update({variant_name("rlft", compiled, "separate"): ("rlft", False, compiled)
+                         for compiled in compile_choices(args.rlft_compile)})
     prompts = [{"prompt": row["prompt"]} for row in split_rows()[0]]
     if args.long:  # the same sums behind long leads of solved ones
         prompts = [{"prompt": lead["prompt"].rsplit("; ", 1)[0] + "; " + row["prompt"]}
@@ -430,36 +468,40 @@ def main() -> None:
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
         n = flop_params(model_dir)
         warm_up(model_dir, COMPLETIONS_PER_STEP)
-        # Warm-up runs (not reported): one-time costs (imports inside the tools, first generate, reward import).
-        run_rlft(model_dir, train_file, tmp / "warm-rlft", 2, args)
-        run_trl(model_dir, prompts, tmp / "warm-trl", 2, args)
 
+        def run(name: str, out: Path, steps: int) -> dict:
+            tool, share, compiled = variants[name]
+            if tool == "trl":
+                return run_trl(model_dir, prompts, out, steps, args, compiled)
+            return run_rlft(model_dir, train_file, out, steps, args, share, compiled)
+
+        for name in variants:  # warm-up runs, not reported: one-time costs (imports inside the tools, first generate)
+            run(name, tmp / f"warm-{name}", 2)
         load_before = os.getloadavg()
-        tools = ("rlft", "trl", "rlft-separate") if args.compare_sharing else ("rlft", "trl")
-        runs: dict[str, list[dict]] = {tool: [] for tool in tools}
-        for index in range(args.repeat):
-            for tool in tools:
-                out = tmp / f"{tool}-out-{index}"
-                run = run_trl(model_dir, prompts, out, args.steps, args) if tool == "trl" else \
-                    run_rlft(model_dir, train_file, out, args.steps, args, False if tool == "rlft-separate" else None)
-                runs[tool].append(run)
-                print(f"run {index + 1}/{args.repeat} {tool}: wall {run['wall_s']:.2f} s, median step "
-                      f"{run['median_step_s'] * 1e3:.1f} ms, generated tokens/step {median(run['generated_tokens_per_step']):.0f}",
-                      flush=True)
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
+        for index, order in enumerate(round_orders(list(variants), args.repeat)):
+            for name in order:
+                result = run(name, tmp / f"{name}-{index}", args.steps)
+                runs[name].append(result)
+                print(f"round {index + 1}/{args.repeat} {name}: wall {result['wall_s']:.2f} s, median step "
+                      f"{result['median_step_s'] * 1e3:.1f} ms, generated tokens/step "
+                      f"{median(result['generated_tokens_per_step']):.0f}", flush=True)
         load_after = os.getloadavg()
-        # Peak memory in a run of its own per tool (the sampler thread would perturb the timed runs).
-        memory = {"rlft": peak_memory(run_rlft, model_dir, train_file, tmp / "mem-rlft", args.steps, args),
-                  "trl": peak_memory(run_trl, model_dir, prompts, tmp / "mem-trl", args.steps, args)}
-    best = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items()}
-    for run in best.values():
-        run["mfu"] = mfu(run["trained_tokens_per_step"] / run["median_step_s"], n, args.bf16)
+        # Peak memory in a run of its own per variant (the sampler thread would perturb the timed runs).
+        memory = {name: peak_memory(run, name, tmp / f"mem-{name}", args.steps) for name in variants}
+    middle = {name: median_run(variant_runs) for name, variant_runs in runs.items()}
+    for result in middle.values():
+        result["mfu"] = mfu(result["trained_tokens_per_step"] / result["median_step_s"], n, args.bf16)
 
-    def across(tool: str, key: str) -> float:  # the median over repeats: less sensitive to one lucky run
-        return statistics.median(run[key] for run in runs[tool])
+    def pooled(name: str) -> float:  # the median of every step of every run of a variant
+        return statistics.median(t for result in runs[name] for t in result["step_times_s"])
 
-    def pooled(tool: str) -> float:  # the median of every step of every run of a tool
-        return statistics.median(t for run in runs[tool] for t in run["step_times_s"])
-
+    rlft_side = {compiled: variant_name("rlft", compiled) for compiled in compile_choices(args.rlft_compile)}
+    trl_side = {compiled: variant_name("trl", compiled) for compiled in compile_choices(args.trl_compile)}
+    ratios = fair_ratios(runs, rlft_side, trl_side)
+    for key in ("fair", "vs_shipped", "eager", "compiled"):
+        if key in ratios:
+            ratios[key]["pooled"] = pooled(ratios[key]["trl"]) / pooled(ratios[key]["rlft"])
     report = {
         "benchmark": "grpo",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -472,7 +514,8 @@ def main() -> None:
         "max_completion_length": MAX_COMPLETION,
         "vocab": args.vocab,
         "force_length": args.force_length,
-        "rlft_torch_compile": args.compile,
+        "variants": {name: {"tool": tool, "torch_compile": compiled, "share_prompts": share}
+                     for name, (tool, share, compiled) in variants.items()},
         "device": DEVICE.type,
         "device_name": torch.cuda.get_device_name() if DEVICE.type == "cuda" else None,
         "bf16": args.bf16,
@@ -481,7 +524,8 @@ def main() -> None:
         "learning_rate": LR,
         "prompts": len(prompts),
         "repeat": args.repeat,
-        "reported_run": "each tool's run with the smallest wall time",
+        "round_orders": round_orders(list(variants), args.repeat),
+        "reported": "medians over the rounds; ratios TRL/rlft, the median of the round-by-round ratios (fair_ratios)",
         "threads": torch.get_num_threads(),
         "load_average_1m_before_after": [load_before[0], load_after[0]],
         "cpu_count": os.cpu_count(),
@@ -489,28 +533,28 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
-        **best,
-        "ratio_trl_over_rlft": {
-            "wall": best["trl"]["wall_s"] / best["rlft"]["wall_s"],
-            "median_step": best["trl"]["median_step_s"] / best["rlft"]["median_step_s"],
-            "wall_median_of_runs": across("trl", "wall_s") / across("rlft", "wall_s"),
-            "median_step_median_of_runs": across("trl", "median_step_s") / across("rlft", "median_step_s"),
-            "median_step_pooled": pooled("trl") / pooled("rlft"),
-        },
-        "median_step_pooled_s": {tool: pooled(tool) for tool in runs},
+        "ratios": ratios,
+        # the training call's wall (set-up, steps with the compile, saves; imports excluded): bench/grpo_wall.py times
+        # whole processes
+        "wall_ratios": fair_ratios(runs, rlft_side, trl_side, key="wall_s"),
+        "median_over_rounds_s": {name: median(result["median_step_s"] for result in variant_runs)
+                                 for name, variant_runs in runs.items()},
+        "median_step_pooled_s": {name: pooled(name) for name in runs},
+        "median_run": middle,
         "long_prompts": args.long,
         "peak_memory_mib": memory,
         "all_runs": runs,
     }
     if args.compare_sharing:
-        report["ratio_trl_over_rlft"].update(separate_over_shared_pooled=pooled("rlft-separate") / pooled("rlft"),
-                                             median_step_pooled_separate=pooled("trl") / pooled("rlft-separate"))
-        report["max_abs_loss_diff_separate"] = max(abs(a - b) for a, b in zip(best["rlft"]["losses"], best["rlft-separate"]["losses"]))
+        report["sharing"] = {
+            f"{variant_name('rlft', compiled, 'separate')} over {variant_name('rlft', compiled)} (all steps pooled)":
+                round(pooled(variant_name("rlft", compiled, "separate")) / pooled(variant_name("rlft", compiled)), 3)
+            for compiled in compile_choices(args.rlft_compile)}
     print_report(report)
     length = ("-long" if args.long else "") + (f"-c{MAX_COMPLETION}" if MAX_COMPLETION != 32 else "")
     vocab = f"-v{args.vocab}" if args.vocab else ""
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
-    out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{device}{'-compiled' if args.compile else ''}.json"
+    out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

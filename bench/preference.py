@@ -13,13 +13,20 @@ same 8 pairs, padded to the same width; the first batch's token ids are compared
 at step 1 the step-1 loss must be log 2 in every run (asserted); the loss curves are then compared step by
 step (they should agree to float noise, since the weights, data and optimizer are the same).
 
-Five settings, each tool run alternately --repeat times after a short warm-up of each:
+Settings, each eager and compiled (rlft `torch_compile: true`, TRL `torch_compile=True`; --rlft-compile and
+--trl-compile choose), alternating over --repeat rounds (the order reversed every other round) after a short warm-up
+run of each:
   rlft  ref=copy        the frozen reference copy runs a forward every step (rlft's default)
   rlft  ref=precompute  `precompute_ref_log_probs: true`: reference log-probs computed once before training
   TRL   ref=model       TRL's default: a reference model (loaded from the saved path) runs every step
   TRL   ref=precompute  `precompute_ref_log_probs=True` (same precompute batch size, 8, as rlft)
   rlft  ref=copy, twice `share_prompts: false`: each prompt computed twice, in 2B padded rows, as TRL does
+                        (with --compare-sharing)
 rlft's other two settings share each pair's prompt (its default, docs/preference.md): one sequence per pair.
+Before every run the process state a tool leaves is cleared (common.reset_between_runs). For the reference every step
+and precomputed each, each side's best compile setting is the one with the smaller median step over the rounds; the
+ratios TRL/rlft are the median of the round-by-round ratios (common.fair_ratios): rlft at its best against TRL at its
+best, against TRL as shipped (eager), and both eager (the defaults).
 
 Measured per run:
   wall      the training call: rlft `train(cfg, console)` (tokenizer + data preparation + model and reference
@@ -28,15 +35,15 @@ Measured per run:
             generation are excluded.
   step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the batch);
             TRL on_step_begin -> on_step_end (excludes the batch fetch; the end -> end interval is also given).
-  tokens/s  non-padding tokens trained / summed step time (both tools see the same tokens).
+  tokens/s  non-padding tokens trained per step (the mean) / the median step (both tools see the same tokens).
   MFU       tokens/s x 6N / the device's peak, as `rlft train` logs it (rlft.train.metrics; N without the input
             embedding, a lookup; the reference model's forward not counted); the same formula for every setting.
 
-The table shows each setting's run with the smallest wall time; the JSON keeps every run and the load
-average (a shared 2-core machine is noisy).
+The table shows each variant's run at its median (the round whose median step is the median); the JSON keeps every
+run and the load average (a shared 2-core machine is noisy).
 
 Usage (from the repository root):
-  .venv/bin/python bench/preference.py --size S --steps 40
+  .venv/bin/python bench/preference.py --size S --steps 40 --threads 2
   .venv/bin/python bench/preference.py --size S --steps 40 --vocab 32768   # a real tokenizer's output layer
   .venv/bin/python bench/preference.py --long --vocab 32768 --rows 64 --steps 4 --repeat 1
       # prompts of 64-600 characters (solved sums before the asked one), sequences up to 640 tokens
@@ -84,27 +91,33 @@ import rlft.train.run
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
-from common import RESULTS, flop_params, make_model, mfu, peak_memory, plain_update, quiet, rlft_keys, trl_keys
+from accelerate.utils import is_compiled_module
+from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, mfu, peak_memory,
+                    plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys)
 from rlft.train.metrics import clock
-from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, warm_up
+from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, median_run, warm_up
 
 LR = 5e-4
 BETA = 0.1
 MAX_LENGTH = 32
 LOG2 = math.log(2)
-# (tool, precompute, rlft's share_prompts): the run order. rlft shares each pair's prompt by default; "-twice" is
-# rlft with share_prompts: false, the 2B padded rows TRL computes too
-SETTINGS = [("rlft", False, None), ("trl", False, None), ("rlft", True, None), ("trl", True, None), ("rlft", False, False)]
+# (tool, precompute, rlft's share_prompts): the run order within a compile setting. rlft shares each pair's prompt by
+# default; "-twice" (--compare-sharing) is rlft with share_prompts: false, the 2B padded rows TRL computes too
+SETTINGS = [("rlft", False, None), ("trl", False, None), ("rlft", True, None), ("trl", True, None)]
+TWICE = ("rlft", False, False)
 
 
-def label(tool: str, precompute: bool, share: bool | None = None) -> str:
-    return f"{tool}-{'precompute' if precompute else ('copy' if tool == 'rlft' else 'model')}{'-twice' if share is False else ''}"
+def label(tool: str, precompute: bool, share: bool | None = None, compiled: bool = False) -> str:
+    """A variant's name: rlft-copy-eager, trl-model-compiled, rlft-precompute-compiled, rlft-copy-twice-eager, ..."""
+    reference = "precompute" if precompute else ("copy" if tool == "rlft" else "model")
+    return f"{tool}-{reference}{'-twice' if share is False else ''}-{'compiled' if compiled else 'eager'}"
 
 
 # --------------------------------------------------------------------------- rlft
 
 
-def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args, share: bool | None = None) -> dict:
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, precompute: bool, args, share: bool | None = None,
+             compiled: bool = False) -> dict:
     cfg = build_config({
         **rlft_keys(model_dir, out_dir, steps, args.seed, LR, args.bf16),
         "rl": "dpo",
@@ -115,10 +128,11 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "datasets": [{"path": str(train_file)}],
         "sequence_len": MAX_LENGTH,
         "micro_batch_size": args.micro_batch,
-        "torch_compile": args.compile,  # the compiled forward: compiled in each run's first steps
+        "torch_compile": compiled,  # the compiled forward: compiled in each run's first steps
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    reset_between_runs()
     start = time.perf_counter()
     result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
@@ -137,7 +151,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
     loop_total = result.ended_at - result.started_at
     checkpoint = result.save_time
     return {
-        "setting": label("rlft", precompute, share),
+        "setting": label("rlft", precompute, share, compiled),
         "wall_s": wall,
         "setup_s": result.started_at - start,  # tokenizer, data, model + reference, precompute, plan table
         "precompute_s": result.recipe.precompute_time,
@@ -152,7 +166,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "phase_medians": phases,
         "reference_forwards_in_loop": len(in_loop_reference),
         "tokens": tokens,
-        "tokens_per_s": tokens / in_steps,
+        "tokens_per_s": tokens / len(steps_) / statistics.median(step_times),
         "losses": [r["loss"] for r in steps_],
         "margins": [r.get("rewards/margins") for r in steps_],
         "global_step": result.state.global_step,
@@ -232,11 +246,14 @@ PRECOMPUTE_TIMES: list[float] = []  # _precompute_ref_logps runs inside DPOTrain
 PRECOMPUTE_BATCHES: list[int] = []
 
 
-def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int, precompute: bool, args) -> dict:
+def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int, precompute: bool, args,
+            compiled: bool = False) -> dict:
     dataset = datasets.Dataset.from_list(ordered_rows)  # row generation, not timed (rlft's jsonl is written untimed too)
+    reset_between_runs()
     config = DPOConfig(
         output_dir=str(out_dir),
         **trl_keys(steps, args.seed, args.bf16),
+        torch_compile=compiled,  # transformers' compile: accelerate's prepare wraps the model in torch.compile
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
         learning_rate=LR,
@@ -267,7 +284,8 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
     if precompute and not PRECOMPUTE_BATCHES:
         raise SystemExit("TRL reused cached reference log-probs: the precompute timing would be wrong")
     return {
-        "setting": label("trl", precompute),
+        "setting": label("trl", precompute, None, compiled),
+        "model_compiled": is_compiled_module(trainer.model_wrapped),  # the compile setting took effect (or did not)
         "wall_s": wall,
         "setup_s": init_done - start,  # tokenizer, model + reference load, dataset tokenisation, precompute
         "precompute_s": sum(PRECOMPUTE_TIMES),
@@ -280,7 +298,7 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
         "median_step_interval_s": statistics.median(intervals),
         "first_step_s": durations[0],
         "tokens": bench["tokens"],
-        "tokens_per_s": bench["tokens"] / sum(durations),
+        "tokens_per_s": bench["tokens"] / len(durations) / statistics.median(durations),
         "losses": bench["losses"],
         "margins": bench["margins"],
         "global_step": trainer.state.global_step,
@@ -328,78 +346,87 @@ def run_plain_loop(model_dir: Path, recipe, steps: int, bf16: bool = False) -> d
 
 
 def curve_check(runs: dict[str, dict]) -> dict:
-    """Step-1 losses (must be log 2) and the step-by-step agreement of matched settings."""
+    """Step-1 losses (must be log 2) and the step-by-step agreement of matched settings, for each compile setting that
+    both runs of a pair have."""
     step1 = {name: run["losses"][0] for name, run in runs.items()}
     bad = {name: loss for name, loss in step1.items() if abs(loss - LOG2) > 1e-4}
     assert not bad, f"step-1 loss is not log(2) = {LOG2:.6f}: {bad}"
     pairs = {"copy_vs_model": ("rlft-copy", "trl-model"), "precompute_vs_precompute": ("rlft-precompute", "trl-precompute"),
              "rlft_copy_vs_rlft_precompute": ("rlft-copy", "rlft-precompute"),
-             "rlft_prompt_once_vs_twice": ("rlft-copy", "rlft-copy-twice")}
+             "rlft_prompt_once_vs_twice": ("rlft-copy", "rlft-copy-twice"),
+             "rlft_eager_vs_compiled": ("rlft-copy", "rlft-copy")}
     compared = {}
     for key, (a, b) in pairs.items():
-        la, lb = runs[a]["losses"], runs[b]["losses"]
-        ma, mb = runs[a]["margins"], runs[b]["margins"]
-        compared[key] = {
-            "loss_step2": [la[1], lb[1]],
-            "margin_step2": [ma[1], mb[1]],
-            "max_abs_loss_diff": max(abs(x - y) for x, y in zip(la, lb)),
-            "max_abs_margin_diff": max(abs(x - y) for x, y in zip(ma, mb)),
-            "final_loss": [la[-1], lb[-1]],
-        }
+        for suffix_a, suffix_b in (("eager", "compiled"),) if a == b else (("eager", "eager"), ("compiled", "compiled")):
+            first, second = f"{a}-{suffix_a}", f"{b}-{suffix_b}"
+            if first not in runs or second not in runs:
+                continue
+            la, lb = runs[first]["losses"], runs[second]["losses"]
+            ma, mb = runs[first]["margins"], runs[second]["margins"]
+            compared[f"{key}-{suffix_a}" if a != b else key] = {
+                "runs": [first, second],
+                "loss_step2": [la[1], lb[1]],
+                "margin_step2": [ma[1], mb[1]],
+                "max_abs_loss_diff": max(abs(x - y) for x, y in zip(la, lb)),
+                "max_abs_margin_diff": max(abs(x - y) for x, y in zip(ma, mb)),
+                "final_loss": [la[-1], lb[-1]],
+            }
     return {"step1_loss": step1, "log2": LOG2, "pairs": compared}
 
 
 def print_report(res: dict) -> None:
-    r = res["best"]
-    names = ["rlft-copy", "trl-model", "rlft-precompute", "trl-precompute", "rlft-copy-twice"]
-    print(f"\nbest of {res['repeat']} runs per setting; 1-min load average before/after: "
-          f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
+    r = res["median_run"]
+    names = list(r)
+    print(f"\n{res['repeat']} rounds; each variant's run at its median (the round whose median step is the median); "
+          f"1-min load average before/after: {res['load_average_1m_before_after'][0]:.2f}/"
+          f"{res['load_average_1m_before_after'][1]:.2f}")
     print(f"DPO {res['size']} ({res['params']:,} params), {res['steps']} steps, {res['micro_batch']} pairs/step, "
           f"{res['rows']} rows, {res['threads']} threads; torch {res['versions']['torch']}, "
           f"transformers {res['versions']['transformers']}, trl {res['versions']['trl']}")
     rows = [
+        ("median step, median of rounds (ms)", None, 1e3, "{:.1f}"),
         ("wall time of the training call (s)", "wall_s", 1, "{:.2f}"),
         ("  setup incl. precompute (s)", "setup_s", 1, "{:.2f}"),
         ("  of which precompute (s)", "precompute_s", 1, "{:.2f}"),
-        ("  sum of step times (s)", "steps_s", 1, "{:.2f}"),
-        ("median step (ms)", "median_step_s", 1e3, "{:.1f}"),
         ("first step (ms)", "first_step_s", 1e3, "{:.1f}"),
-        ("tokens/s (over step time)", "tokens_per_s", 1, "{:,.0f}"),
+        ("tokens/s (over the median step)", "tokens_per_s", 1, "{:,.0f}"),
         ("MFU (tokens/s x 6N / peak)", "mfu", 1, "{:.4f}"),
     ]
-    print(f"{'':36s}" + "".join(f"{n:>16s}" for n in names))
-    for title, key, scale, fmt in rows:
-        print(f"{title:36s}" + "".join(f"{fmt.format(r[n][key] * scale):>16s}" for n in names))
-    for title, index in (("loss at step 1", 0), ("loss at step 2", 1), ("loss at the last step", -1)):
-        print(f"{title:36s}" + "".join(f"{r[n]['losses'][index]:>16.6f}" for n in names))
-    for n in ("rlft-copy", "rlft-precompute", "rlft-copy-twice"):
-        p = r[n]["phase_medians"]
-        print(f"{n} phase medians (ms): data {p['data_median_s'] * 1e3:.1f}, forward+backward "
-              f"{p['forward_backward_median_s'] * 1e3:.1f} (reference forward {p['reference_forward_median_s'] * 1e3:.1f}), "
-              f"optimizer {p['optimizer_median_s'] * 1e3:.1f}; checkpoint {r[n]['checkpoint_save_s'] * 1e3:.0f} ms, "
-              f"final save {r[n]['final_model_save_s'] * 1e3:.0f} ms")
-    for n in ("trl-model", "trl-precompute"):
-        print(f"{n}: median step interval incl. batch fetch {r[n]['median_step_interval_s'] * 1e3:.1f} ms, "
-              f"train() outside steps {r[n]['train_other_s']:.2f} s")
+    for group in range(0, len(names), 5):  # five variants a table, for an 120-column terminal
+        chunk = names[group:group + 5]
+        print(f"{'':36s}" + "".join(f"{n:>24s}" for n in chunk))
+        for title, key, scale, fmt in rows:
+            values = [res["median_over_rounds_s"][n] if key is None else r[n][key] for n in chunk]
+            print(f"{title:36s}" + "".join(f"{fmt.format(v * scale):>24s}" for v in values))
+        for title, index in (("loss at step 2", 1), ("loss at the last step", -1)):
+            print(f"{title:36s}" + "".join(f"{r[n]['losses'][index]:>24.6f}" for n in chunk))
+        print(f"{'peak memory above start (MiB)':36s}" + "".join(f"{res['peak_memory_mib'][n]:>24.1f}" for n in chunk))
+    for n in names:
+        if n.startswith("rlft"):
+            p = r[n]["phase_medians"]
+            print(f"{n} phase medians (ms): data {p['data_median_s'] * 1e3:.1f}, forward+backward "
+                  f"{p['forward_backward_median_s'] * 1e3:.1f} (reference forward {p['reference_forward_median_s'] * 1e3:.1f}), "
+                  f"optimizer {p['optimizer_median_s'] * 1e3:.1f}; checkpoint {r[n]['checkpoint_save_s'] * 1e3:.0f} ms, "
+                  f"final save {r[n]['final_model_save_s'] * 1e3:.0f} ms")
+        else:
+            print(f"{n}: model compiled {r[n]['model_compiled']}, median step interval incl. batch fetch "
+                  f"{r[n]['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r[n]['train_other_s']:.2f} s")
     pad = res["padding"]
     print(f"padding share: rlft length-grouped {pad['grouped_epoch']:.1%} (first {res['steps']} steps "
           f"{pad['grouped_first_steps']:.1%}; TRL is fed the same batches) vs random batches {pad['random_epoch']:.1%}")
     check = res["curve_check"]
-    print(f"step-1 loss (log 2 = {LOG2:.4f}): " + ", ".join(f"{k} {v:.6f}" for k, v in check["step1_loss"].items())
-          + f"; first batch identical: {res['first_batch_identical']}")
+    print(f"step-1 loss is log 2 = {LOG2:.4f} in every run; first batch identical: {res['first_batch_identical']}")
     for key, c in check["pairs"].items():
         print(f"  {key}: step-2 loss {c['loss_step2'][0]:.6f} vs {c['loss_step2'][1]:.6f}, margin "
               f"{c['margin_step2'][0]:.5f} vs {c['margin_step2'][1]:.5f}; max |loss diff| over all steps "
               f"{c['max_abs_loss_diff']:.2e}")
-    print("peak memory above start (MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in res["peak_memory_mib"].items()))
-    for key, ratio in res["ratio_trl_over_rlft"].items():
-        print(f"TRL/rlft {key}: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs: "
-              f"wall {ratio['wall_median_of_runs']:.2f}x, step {ratio['median_step_median_of_runs']:.2f}x  (>1: rlft is faster)")
-    plain, over = res["plain_loop"], res["over_plain_loop"]
-    print(f"plain PyTorch loop on rlft's batches (reference every step): median step {plain['median_step_s'] * 1e3:.1f} ms; "
-          f"rlft-copy {over['rlft-copy']:.2f}x it, rlft-copy-twice {over['rlft-copy-twice']:.2f}x it, trl-model "
-          f"{over['trl-model']:.2f}x it; its losses vs rlft-copy's: max |diff| "
-          f"{res['plain_loop_max_abs_loss_diff_vs_rlft_copy']:.2e}")
+    for key, ratios in res["ratios"].items():
+        print(describe_ratios(ratios, f"{key}: "))
+    print("(>1: rlft is faster)")
+    plain = res["plain_loop"]
+    if plain:
+        print(f"plain PyTorch loop on rlft's batches (reference every step): median step {plain['median_step_s'] * 1e3:.1f} ms "
+              "(median of rounds); " + ", ".join(f"{n} {v:.2f}x it" for n, v in res["over_plain_loop"].items()))
 
 
 def main() -> None:
@@ -411,16 +438,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=None,
                         help="output-layer width (default: the byte tokenizer's; 32768 for a real tokenizer's logits)")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="run the five settings this many times, alternating, and report each one's fastest run")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="rounds: every variant runs once per round, in alternating order; ratios are medians over "
+                             "the rounds, every run is kept in the JSON")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--compile", action="store_true",
-                        help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--rlft-compile", choices=["both", "on", "off"], default="both",
+                        help="rlft with torch_compile: false, true or both (its first steps compile; compare median steps)")
+    parser.add_argument("--trl-compile", choices=["both", "on", "off"], default="both",
+                        help="TRL with torch_compile=False (as shipped), True, or both")
+    parser.add_argument("--compare-sharing", action="store_true",
+                        help="also run rlft with share_prompts: false (each prompt twice, as TRL runs it)")
+    parser.add_argument("--no-plain-loop", dest="plain_loop", action="store_false",
+                        help="skip the plain PyTorch loop's run in each round")
     parser.add_argument("--bf16", action="store_true", help="both tools (and the plain loop) in bf16 autocast over fp32 weights")
     parser.add_argument("--long", action="store_true",
                         help="each prompt led by 64-600 characters of solved sums (sequences up to 640 tokens)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default bench/results/preference-<size>.json, ...-compiled.json with --compile)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/preference-<size>...json)")
     args = parser.parse_args()
     quiet()
     if args.threads:
@@ -432,6 +465,10 @@ def main() -> None:
         MAX_LENGTH = LONG_LENGTH
         rows = [{**row, "prompt": lead["prompt"].rsplit("; ", 1)[0] + "; " + row["prompt"]}
                 for row, lead in zip(rows, long_rows(len(rows), args.seed))]
+    variants = {}  # name -> (tool, precompute, share, compiled)
+    for tool, precompute, share in SETTINGS + ([TWICE] if args.compare_sharing else []):
+        for compiled in compile_choices(args.rlft_compile if tool == "rlft" else args.trl_compile):
+            variants[label(tool, precompute, share, compiled)] = (tool, precompute, share, compiled)
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
         model_dir = make_model(tmp / "model", args.size, args.seed, args.vocab)
@@ -442,62 +479,69 @@ def main() -> None:
         n = flop_params(model_dir)
         warm_up(model_dir, 2 * args.micro_batch)
 
-        # Warm-up runs (not reported): one-time costs, and rlft's batch order for TRL.
-        first = run_rlft(model_dir, train_file, tmp / "warm-rlft", 3, False, args)
+        # rlft's batch order for TRL, from a short run (not reported)
+        first = run_rlft(model_dir, train_file, tmp / "order-rlft", 3, False, args)
         recipe = first.pop("_recipe")
         ordered, rlft_first = rlft_order(recipe, tokenizer, rows, args.steps)
         padding = padding_stats(recipe, args.steps, args.seed)
-        run_trl(model_dir, ordered, tmp / "warm-trl", 3, False, args)
 
+        def run(name: str, out: Path, steps: int) -> dict:
+            tool, precompute, share, compiled = variants[name]
+            if tool == "rlft":
+                result = run_rlft(model_dir, train_file, out, steps, precompute, args, share, compiled)
+                result.pop("_recipe")
+                return result
+            return run_trl(model_dir, ordered, out, steps, precompute, args, compiled)
+
+        for name in variants:  # warm-up runs, not reported: one-time costs (imports inside the tools, compile workers)
+            run(name, tmp / f"warm-{name}", 3).pop("_first_input_ids", None)
         load_before = os.getloadavg()
         plain_runs: list[dict] = []
-        runs: dict[str, list[dict]] = {label(*setting): [] for setting in SETTINGS}
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
         first_batch_identical = True
-        for index in range(args.repeat):
-            for tool, precompute, share in SETTINGS:
-                out = tmp / f"{label(tool, precompute, share)}-{index}"
-                if tool == "rlft":
-                    run = run_rlft(model_dir, train_file, out, args.steps, precompute, args, share)
-                    run.pop("_recipe")
-                else:
-                    run = run_trl(model_dir, ordered, out, args.steps, precompute, args)
-                    first_batch_identical &= torch.equal(run.pop("_first_input_ids"), rlft_first["first_input_ids"])
-                runs[run["setting"]].append(run)
-                print(f"run {index + 1}/{args.repeat} {run['setting']:16s}: wall {run['wall_s']:.2f} s, "
-                      f"median step {run['median_step_s'] * 1e3:.1f} ms, step-1 loss {run['losses'][0]:.6f}", flush=True)
-            plain_runs.append(run_plain_loop(model_dir, recipe, args.steps, args.bf16))
-            print(f"run {index + 1}/{args.repeat} plain PyTorch loop: median step {plain_runs[-1]['median_step_s'] * 1e3:.1f} ms, "
-                  f"step-1 loss {plain_runs[-1]['losses'][0]:.6f}", flush=True)
+        for index, order in enumerate(round_orders(list(variants), args.repeat)):
+            for name in order:
+                result = run(name, tmp / f"{name}-{index}", args.steps)
+                if name.startswith("trl"):
+                    first_batch_identical &= torch.equal(result.pop("_first_input_ids"), rlft_first["first_input_ids"])
+                runs[name].append(result)
+                print(f"round {index + 1}/{args.repeat} {name:26s}: wall {result['wall_s']:.2f} s, median step "
+                      f"{result['median_step_s'] * 1e3:.1f} ms, step-1 loss {result['losses'][0]:.6f}", flush=True)
+            if args.plain_loop:
+                reset_between_runs()
+                plain_runs.append(run_plain_loop(model_dir, recipe, args.steps, args.bf16))
+                print(f"round {index + 1}/{args.repeat} plain PyTorch loop: median step "
+                      f"{plain_runs[-1]['median_step_s'] * 1e3:.1f} ms, step-1 loss {plain_runs[-1]['losses'][0]:.6f}",
+                      flush=True)
         load_after = os.getloadavg()
-        # Peak memory in a run of its own per setting (the sampler thread would perturb the timed runs).
-        memory = {label(tool, precompute, share): peak_memory(run_rlft, model_dir, train_file, tmp / f"mem-{tool}-{precompute}-{share}",
-                                                              args.steps, precompute, args, share) if tool == "rlft" else
-                  peak_memory(run_trl, model_dir, ordered, tmp / f"mem-{tool}-{precompute}", args.steps, precompute, args)
-                  for tool, precompute, share in SETTINGS}
-    best = {name: min(setting_runs, key=lambda run: run["wall_s"]) for name, setting_runs in runs.items()}
-    for run in best.values():  # the trained tokens of the policy: the reference's forward is not counted, as in rlft's log
-        run["mfu"] = mfu(run["tokens_per_s"], n, args.bf16)
-    plain = min(plain_runs, key=lambda run: run["median_step_s"])
-    check = curve_check(best)
-    bad = [(run["setting"], run["losses"][0]) for setting_runs in runs.values() for run in setting_runs
-           if abs(run["losses"][0] - LOG2) > 1e-4]
+        # Peak memory in a run of its own per variant (the sampler thread would perturb the timed runs).
+        memory = {name: peak_memory(lambda name=name: run(name, tmp / f"mem-{name}", args.steps).pop("_first_input_ids", None))
+                  for name in variants}
+    middle = {name: median_run(variant_runs) for name, variant_runs in runs.items()}
+    for result in middle.values():  # the trained tokens of the policy: the reference's forward is not counted, as in rlft's log
+        result["mfu"] = mfu(result["tokens_per_s"], n, args.bf16)
+    check = curve_check(middle)
+    bad = [(result["setting"], result["losses"][0]) for variant_runs in runs.values() for result in variant_runs
+           if abs(result["losses"][0] - LOG2) > 1e-4]
     assert not bad, f"step-1 loss is not log(2) = {LOG2:.6f} in every run: {bad}"
 
-    def across(name: str, key: str) -> float:  # the median over repeats: less sensitive to one lucky run
-        return statistics.median(run[key] for run in runs[name])
+    def side(tool: str, precompute: bool, share: bool | None = None) -> dict[bool, str]:
+        return {compiled: label(tool, precompute, share, compiled)
+                for compiled in compile_choices(args.rlft_compile if tool == "rlft" else args.trl_compile)}
 
-    def ratio(rlft_name: str, trl_name: str) -> dict:
-        return {"wall": best[trl_name]["wall_s"] / best[rlft_name]["wall_s"],
-                "median_step": best[trl_name]["median_step_s"] / best[rlft_name]["median_step_s"],
-                "wall_median_of_runs": across(trl_name, "wall_s") / across(rlft_name, "wall_s"),
-                "median_step_median_of_runs": across(trl_name, "median_step_s") / across(rlft_name, "median_step_s")}
-
+    ratios = {"reference_every_step": fair_ratios(runs, side("rlft", False), side("trl", False)),
+              "precomputed": fair_ratios(runs, side("rlft", True), side("trl", True))}
+    if args.compare_sharing:
+        ratios["reference_every_step_prompt_twice"] = fair_ratios(runs, side("rlft", False, False), side("trl", False))
+    medians = {name: statistics.median(result["median_step_s"] for result in variant_runs) for name, variant_runs in runs.items()}
+    plain = {"median_step_s": statistics.median(result["median_step_s"] for result in plain_runs)} if plain_runs else None
     report = {
         "benchmark": "preference",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "size": args.size,
         "vocab": args.vocab,
-        "rlft_torch_compile": args.compile,
+        "variants": {name: {"tool": tool, "precompute_ref_log_probs": precompute, "share_prompts": share,
+                            "torch_compile": compiled} for name, (tool, precompute, share, compiled) in variants.items()},
         "device": DEVICE.type,
         "device_name": torch.cuda.get_device_name() if DEVICE.type == "cuda" else None,
         "bf16": args.bf16,
@@ -511,8 +555,8 @@ def main() -> None:
         "max_length": MAX_LENGTH,
         "long": args.long,
         "repeat": args.repeat,
-        "run_order": [label(*setting) for setting in SETTINGS],
-        "reported_run": "each setting's run with the smallest wall time",
+        "round_orders": round_orders(list(variants), args.repeat),
+        "reported": "medians over the rounds; ratios TRL/rlft, the median of the round-by-round ratios (fair_ratios)",
         "data_order": "TRL fed rlft's first-epoch batch order with sequential sampling",
         "first_batch_identical": first_batch_identical,
         "rlft_batch_widths": rlft_first["batch_widths"],
@@ -524,22 +568,25 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
-        "best": best,
+        "ratios": ratios,
+        "median_over_rounds_s": medians,
+        "median_run": middle,
         "curve_check": check,
         "peak_memory_mib": memory,
-        "ratio_trl_over_rlft": {"reference_every_step": ratio("rlft-copy", "trl-model"),
-                                "precomputed": ratio("rlft-precompute", "trl-precompute"),
-                                "reference_every_step_prompt_twice": ratio("rlft-copy-twice", "trl-model")},
-        "plain_loop": plain,  # a plain PyTorch loop on rlft's batches, reference every step (run_plain_loop): its fastest run
-        "over_plain_loop": {name: best[name]["median_step_s"] / plain["median_step_s"] for name in ("rlft-copy", "rlft-copy-twice", "trl-model")},
-        "plain_loop_max_abs_loss_diff_vs_rlft_copy": max(abs(a - b) for a, b in zip(plain["losses"], best["rlft-copy"]["losses"])),
+        "plain_loop": plain,  # a plain PyTorch loop on rlft's batches, reference every step: the median over the rounds
+        "over_plain_loop": {name: medians[name] / plain["median_step_s"] for name in variants
+                            if not variants[name][1]} if plain else {},
         "all_runs": runs,
+        "plain_loop_runs": plain_runs,
     }
+    if plain_runs and "rlft-copy-eager" in middle:  # the hand-written loop trains on the same batches: the same losses
+        report["plain_loop_max_abs_loss_diff_vs_rlft_copy_eager"] = max(
+            abs(a - b) for a, b in zip(plain_runs[0]["losses"], middle["rlft-copy-eager"]["losses"]))
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
     long = "-long" if args.long else ""
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
-    out = args.out or RESULTS / f"preference-{args.size}{long}{vocab}{device}{'-compiled' if args.compile else ''}.json"
+    out = args.out or RESULTS / f"preference-{args.size}{long}{vocab}{device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

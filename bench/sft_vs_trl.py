@@ -13,22 +13,28 @@ Measured per tool:
   step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the
             batch); TRL on_step_begin -> on_step_end from a callback (excludes fetching the batch,
             which happens before on_step_begin; the end -> end interval, which includes it, is also given).
-  tokens/s  non-padding tokens trained / summed step time.
+  tokens/s  non-padding tokens trained per step (the mean) / the median step (a compiling first step does not count).
   MFU       tokens/s x 6N / the device's peak, as `rlft train` logs it (rlft.train.metrics; N without the input
             embedding, a lookup); the same formula and tokens for both tools.
   loss      last step's loss, and the mean over the last 10 steps (less noisy).
 
-The tools run alternately --repeat times (default 3) after a short warm-up; the table shows each
-tool's run with the smallest wall time, the JSON keeps every run plus the 1-minute load average,
-because a shared 2-core machine is noisy (OpenMP threads stall badly when another process competes).
+Each tool runs eager and compiled (rlft `torch_compile: true`, TRL `torch_compile=True`; --rlft-compile and
+--trl-compile choose), and the variants alternate over --repeat rounds (default 5, the order reversed every other
+round) after a short warm-up run of each. Before every run the process state a tool leaves is cleared
+(common.reset_between_runs: accelerate's state, which would carry one run's compile setting into the next, and dynamo's
+graphs). Each side's best setting is the one with the smaller median step over the rounds; the ratios TRL/rlft are the
+median of the round-by-round ratios (common.fair_ratios): rlft at its best against TRL at its best, against TRL as
+shipped (eager), and both eager (the defaults). The JSON keeps every run and the 1-minute load average, because a
+shared 2-core machine is noisy (OpenMP threads stall badly when another process competes).
 
 Usage (from the repository root):
-  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100
-  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --vocab 32768   # a real tokenizer's output layer
+  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --threads 2
+  .venv/bin/python bench/sft_vs_trl.py --size S --steps 100 --vocab 32768 --rlft-compile off --trl-compile off
+      # a real tokenizer's output layer, both eager
   .venv/bin/python bench/sft_vs_trl.py --long --vocab 32768 --micro-batch 8 --steps 20 [--group-by-length]
       # 64-600-character prompts (chains of solved sums before the asked one), sequences up to 640 tokens
 Results: a table on stdout and bench/results/sft_vs_trl-<size>[-long][-grouped][-v<vocab>].json. Peak memory (resident memory a
-run adds at its peak) is measured in one more run of each tool, after the timed ones.
+run adds at its peak) is measured in one more run of each variant, after the timed ones.
 
 Each round also times a plain PyTorch loop on the batches rlft trains on (run_plain_loop: the model's logits,
 cross-entropy, backward, clip, AdamW; nothing else), what a hand-written script does. Each tool's median step over it
@@ -69,8 +75,10 @@ import rlft.train.trainer  # noqa: F401
 import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
 from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
-from common import (RESULTS, device_name, flop_params, fresh_memory_peak, make_model, mfu, peak_memory, plain_update, quiet,
-                    rlft_keys, trl_keys)
+from accelerate.utils import is_compiled_module
+from common import (RESULTS, compile_choices, describe_ratios, device_name, fair_ratios, flop_params, fresh_memory_peak,
+                    make_model, mfu, peak_memory, plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
+                    variant_name)
 from rlft.config import build_config
 from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
@@ -117,19 +125,20 @@ def last_mean(values: list[float], n: int = 10) -> float:
 # --------------------------------------------------------------------------- rlft
 
 
-def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
+def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args, compiled: bool, steps: int | None = None) -> dict:
     cfg = build_config({
-        **rlft_keys(model_dir, out_dir, args.steps, args.seed, args.lr, args.bf16),
+        **rlft_keys(model_dir, out_dir, steps or args.steps, args.seed, args.lr, args.bf16),
         "datasets": [{"path": str(train_file)}],
         "sequence_len": LONG_LENGTH if args.long else 32,
         "sample_packing": False,
         "group_by_length": args.group_by_length,
         "batch_flattening": args.flatten,  # rows without padding, attention per row (rlft.models.varlen on SDPA)
         "micro_batch_size": args.micro_batch,
-        "torch_compile": args.compile,  # the compiled forward: compiled in each run's first steps
+        "torch_compile": compiled,  # the compiled forward: compiled in each run's first steps
     }, source="bench")
 
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
+    reset_between_runs()
     fresh_memory_peak()  # on a GPU metrics.jsonl's peak_memory_mb is then this run's
     start = time.perf_counter()
     result = rlft.train.run.train(cfg, console)
@@ -148,6 +157,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
     loop_total = result.ended_at - result.started_at
     checkpoint = result.save_time
     return {
+        "variant": variant_name("rlft", compiled),
         "wall_s": wall,
         "setup_s": result.started_at - start,  # tokenizer, data preparation, model load, plan table
         "loop_s": loop_total,
@@ -161,7 +171,7 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args) -> dict:
         "phase_medians": phases,
         "steps_peak_memory_mb": max(r.get("peak_memory_mb", 0.0) for r in steps),  # GPU: allocated at the peak of the steps
         "tokens": tokens,
-        "tokens_per_s": tokens / in_steps,
+        "tokens_per_s": tokens / len(steps) / statistics.median(step_times),
         "final_loss": losses[-1],
         "loss_last10_mean": last_mean(losses),
         "loss_mean": sum(losses) / len(losses),
@@ -238,11 +248,13 @@ class RecordingSFTTrainer(SFTTrainer):
         return loss
 
 
-def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
+def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args, compiled: bool, steps: int | None = None) -> dict:
     dataset = datasets.Dataset.from_list(rows)  # row generation, not timed (rlft's jsonl is written untimed too)
+    reset_between_runs()
     config = SFTConfig(
         output_dir=str(out_dir),
-        **trl_keys(args.steps, args.seed, args.bf16),
+        **trl_keys(steps or args.steps, args.seed, args.bf16),
+        torch_compile=compiled,  # transformers' compile: accelerate's prepare wraps the model in torch.compile
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=1,
         learning_rate=args.lr,
@@ -268,6 +280,8 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
     losses = trainer.bench_losses
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {
+        "variant": variant_name("trl", compiled),
+        "model_compiled": is_compiled_module(trainer.model_wrapped),  # the compile setting took effect (or did not)
         "wall_s": wall,
         "setup_s": init_done - start,  # tokenizer, model load, dataset tokenisation
         "train_call_s": wall - (init_done - start),
@@ -278,7 +292,7 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
         "median_step_interval_s": statistics.median(intervals),
         "first_step_s": durations[0],
         "tokens": trainer.bench_tokens,
-        "tokens_per_s": trainer.bench_tokens / sum(durations),
+        "tokens_per_s": trainer.bench_tokens / len(durations) / statistics.median(durations),
         "final_loss": losses[-1],
         "loss_last10_mean": last_mean(losses),
         "loss_mean": sum(losses) / len(losses),
@@ -292,43 +306,48 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args) -> dict:
 
 
 def print_report(res: dict) -> None:
-    r, t = res["rlft"], res["trl"]
+    runs = res["median_run"]
+    names = list(runs)
     rows = [
-        ("wall time of the training call (s)", r["wall_s"], t["wall_s"], "{:.2f}"),
-        ("  setup: model, tokenizer, data (s)", r["setup_s"], t["setup_s"], "{:.2f}"),
-        ("  sum of step times (s)", r["steps_s"], t["steps_s"], "{:.2f}"),
-        ("median step (ms)", r["median_step_s"] * 1e3, t["median_step_s"] * 1e3, "{:.1f}"),
-        ("first step (ms)", r["first_step_s"] * 1e3, t["first_step_s"] * 1e3, "{:.1f}"),
-        ("tokens/s (over step time)", r["tokens_per_s"], t["tokens_per_s"], "{:,.0f}"),
-        ("MFU (tokens/s x 6N / peak)", r["mfu"], t["mfu"], "{:.4f}"),
-        ("final loss (last step)", r["final_loss"], t["final_loss"], "{:.4f}"),
-        ("loss, mean of last 10 steps", r["loss_last10_mean"], t["loss_last10_mean"], "{:.4f}"),
-        ("loss, mean of all steps", r["loss_mean"], t["loss_mean"], "{:.4f}"),
-        ("peak memory above start (MiB)", res["peak_memory_mib"]["rlft"], res["peak_memory_mib"]["trl"], "{:.1f}"),
+        ("median step, median of rounds (ms)", lambda n: res["ratios"]["median_over_rounds_s"][n] * 1e3, "{:.1f}"),
+        ("wall time of the training call (s)", lambda n: runs[n]["wall_s"], "{:.2f}"),
+        ("  setup: model, tokenizer, data (s)", lambda n: runs[n]["setup_s"], "{:.2f}"),
+        ("  sum of step times (s)", lambda n: runs[n]["steps_s"], "{:.2f}"),
+        ("first step (ms)", lambda n: runs[n]["first_step_s"] * 1e3, "{:.1f}"),
+        ("tokens/s (over the median step)", lambda n: runs[n]["tokens_per_s"], "{:,.0f}"),
+        ("MFU (tokens/s x 6N / peak)", lambda n: runs[n]["mfu"], "{:.4f}"),
+        ("loss, mean of last 10 steps", lambda n: runs[n]["loss_last10_mean"], "{:.4f}"),
+        ("peak memory above start (MiB)", lambda n: res["peak_memory_mib"][n], "{:.1f}"),
     ]
-    print(f"\nbest of {res['repeat']} runs per tool; 1-min load average before/after: "
-          f"{res['load_average_1m_before_after'][0]:.2f}/{res['load_average_1m_before_after'][1]:.2f}")
+    print(f"\n{res['repeat']} rounds; each variant's run at its median (the round whose median step is the median); "
+          f"1-min load average before/after: {res['load_average_1m_before_after'][0]:.2f}/"
+          f"{res['load_average_1m_before_after'][1]:.2f}")
     print(f"SFT {res['size']} ({res['params']:,} params), {res['steps']} steps, micro batch {res['micro_batch']}, "
-          f"{res['machine']}{', bf16' if res['bf16'] else ''}, {res['threads']} threads; torch {res['versions']['torch']}, transformers {res['versions']['transformers']}, "
-          f"trl {res['versions']['trl']}")
-    print(f"{'':38s} {'rlft':>10s} {'TRL':>10s}")
-    for name, a, b, fmt in rows:
-        print(f"{name:38s} {fmt.format(a):>10s} {fmt.format(b):>10s}")
-    print(f"rlft extra: checkpoint save {r['checkpoint_save_s']:.3f} s, final model save {r['final_model_save_s']:.3f} s, "
-          f"other loop {r['loop_other_s']:.3f} s; phase medians (ms): "
-          + ", ".join(f"{k.removesuffix('_median_s')} {v * 1e3:.1f}" for k, v in r["phase_medians"].items()))
-    if res["device"] == "cuda":
-        print(f"rlft's peak GPU memory during its steps alone (metrics.jsonl, the checkpoint save excluded): "
-              f"{r['steps_peak_memory_mb']:.1f} MiB")
-    print(f"TRL extra: median step interval incl. batch fetch {t['median_step_interval_s'] * 1e3:.1f} ms, "
-          f"train() outside steps {t['train_other_s']:.3f} s, logged mean loss {t['trl_logged_mean_loss']}")
-    ratio = res["ratio_trl_over_rlft"]
-    print(f"TRL/rlft: wall {ratio['wall']:.2f}x, median step {ratio['median_step']:.2f}x; median over runs "
-          f"{ratio['median_step_median_of_runs']:.2f}x; run by run {', '.join(f'{r:.2f}' for r in ratio['median_step_by_run'])}x "
-          "(>1: rlft is faster)")
-    plain, over = res["plain_loop"], res["over_plain_loop"]
-    print(f"plain PyTorch loop on rlft's batches (model logits, cross-entropy, backward, clip, AdamW): median step "
-          f"{plain['median_step_s'] * 1e3:.1f} ms; rlft {over['rlft']:.2f}x it, TRL {over['trl']:.2f}x it")
+          f"{res['machine']}{', bf16' if res['bf16'] else ''}, {res['threads']} threads; torch {res['versions']['torch']}, "
+          f"transformers {res['versions']['transformers']}, trl {res['versions']['trl']}")
+    print(f"{'':38s}" + "".join(f"{n:>15s}" for n in names))
+    for title, value, fmt in rows:
+        print(f"{title:38s}" + "".join(f"{fmt.format(value(n)):>15s}" for n in names))
+    for n in names:
+        r = runs[n]
+        if n.startswith("rlft"):
+            print(f"{n}: checkpoint save {r['checkpoint_save_s']:.3f} s, final model save {r['final_model_save_s']:.3f} s, "
+                  f"other loop {r['loop_other_s']:.3f} s; phase medians (ms): "
+                  + ", ".join(f"{k.removesuffix('_median_s')} {v * 1e3:.1f}" for k, v in r["phase_medians"].items()))
+        else:
+            print(f"{n}: model compiled {r['model_compiled']}, median step interval incl. batch fetch "
+                  f"{r['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s")
+    print(describe_ratios(res["ratios"]) + "  (>1: rlft is faster)")
+    plain = res["plain_loop"]
+    if plain:
+        print(f"plain PyTorch loop on rlft's batches (model logits, cross-entropy, backward, clip, AdamW): median step "
+              f"{plain['median_step_s'] * 1e3:.1f} ms (median of rounds); "
+              + ", ".join(f"{n} {v:.2f}x it" for n, v in res["over_plain_loop"].items()))
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose median step is the median over the rounds (the lower one of the middle two for an even count)."""
+    return sorted(runs, key=lambda run: run["median_step_s"])[(len(runs) - 1) // 2]
 
 
 def main() -> None:
@@ -339,13 +358,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=None,
                         help="output-layer width (default: the byte tokenizer's; 32768 for a real tokenizer's logits)")
-    parser.add_argument("--order", choices=["rlft,trl", "trl,rlft"], default="rlft,trl", help="which tool runs first")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="alternate the tools this many times and report each tool's fastest run (a shared "
-                             "2-core machine is noisy; every run is kept in the JSON)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="rounds: every variant runs once per round, in alternating order (a shared 2-core machine "
+                             "is noisy; the ratios are medians over the rounds, every run is kept in the JSON)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--compile", action="store_true",
-                        help="rlft with torch_compile: true (its first steps compile; compare median steps)")
+    parser.add_argument("--rlft-compile", choices=["both", "on", "off"], default="both",
+                        help="rlft with torch_compile: false, true or both (its first steps compile; compare median steps)")
+    parser.add_argument("--trl-compile", choices=["both", "on", "off"], default="both",
+                        help="TRL with torch_compile=False (as shipped), True, or both")
+    parser.add_argument("--no-plain-loop", dest="plain_loop", action="store_false",
+                        help="skip the plain PyTorch loop's run in each round")
     parser.add_argument("--long", action="store_true", help="rows of 64-600 characters (sequences up to 640 tokens)")
     parser.add_argument("--flatten", action="store_true",
                         help="rlft with batch_flattening: true (each micro-batch as one sequence without padding); TRL "
@@ -356,13 +378,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3,
                         help="learning rate of both tools (3e-3 suits the tiny sizes; size L in bf16 diverged at it once)")
     parser.add_argument("--bf16", action="store_true", help="both tools in bf16 mixed precision (autocast over fp32 weights)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default bench/results/sft_vs_trl-<size>.json, ...-compiled.json with --compile)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/sft_vs_trl-<size>...json)")
     args = parser.parse_args()
     quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    rlft_variants = {compiled: variant_name("rlft", compiled) for compiled in compile_choices(args.rlft_compile)}
+    trl_variants = {compiled: variant_name("trl", compiled) for compiled in compile_choices(args.trl_compile)}
+    variants = {name: ("rlft", compiled) for compiled, name in rlft_variants.items()}
+    variants.update({name: ("trl", compiled) for compiled, name in trl_variants.items()})
     train_rows = long_rows(2000, args.seed) if args.long else split_rows()[0]
     with tempfile.TemporaryDirectory(prefix="rlft-bench-") as tmp:
         tmp = Path(tmp)
@@ -372,26 +397,34 @@ def main() -> None:
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(model_dir).parameters())
         n = flop_params(model_dir)
         warm_up(model_dir, args.micro_batch, args.bf16)
+
+        def run(name: str, out: Path, steps: int | None = None) -> dict:
+            tool, compiled = variants[name]
+            if tool == "rlft":
+                return run_rlft(model_dir, train_file, out, args, compiled, steps)
+            return run_trl(model_dir, train_rows, out, args, compiled, steps)
+
+        for name in variants:  # warm-up runs, not reported: one-time costs (imports inside the tools, compile workers)
+            run(name, tmp / f"warm-{name}", 3)
         load_before = os.getloadavg()
-        runs: dict[str, list[dict]] = {"rlft": [], "trl": [], "plain loop": []}
-        for index in range(args.repeat):
-            for tool in [*args.order.split(","), "plain loop"]:
-                if tool == "rlft":
-                    runs["rlft"].append(run_rlft(model_dir, train_file, tmp / f"rlft-out-{index}", args))
-                elif tool == "trl":
-                    runs["trl"].append(run_trl(model_dir, train_rows, tmp / f"trl-out-{index}", args))
-                else:
-                    runs["plain loop"].append(run_plain_loop(model_dir, train_file, args))
-                print(f"run {index + 1}/{args.repeat} {tool}: wall {runs[tool][-1]['wall_s']:.2f} s, "
-                      f"median step {runs[tool][-1]['median_step_s'] * 1e3:.1f} ms", flush=True)
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
+        plain_runs: list[dict] = []
+        for index, order in enumerate(round_orders(list(variants), args.repeat)):
+            for name in order:
+                runs[name].append(run(name, tmp / f"{name}-{index}"))
+                print(f"round {index + 1}/{args.repeat} {name}: wall {runs[name][-1]['wall_s']:.2f} s, "
+                      f"median step {runs[name][-1]['median_step_s'] * 1e3:.1f} ms", flush=True)
+            if args.plain_loop:
+                reset_between_runs()
+                plain_runs.append(run_plain_loop(model_dir, train_file, args))
         load_after = os.getloadavg()
-        # Peak memory in a run of its own per tool (the sampler thread would perturb the timed runs).
-        memory = {"rlft": peak_memory(run_rlft, model_dir, train_file, tmp / "mem-rlft", args),
-                  "trl": peak_memory(run_trl, model_dir, train_rows, tmp / "mem-trl", args)}
-        results = {tool: min(tool_runs, key=lambda run: run["wall_s"]) for tool, tool_runs in runs.items() if tool != "plain loop"}
-        plain = min(runs["plain loop"], key=lambda run: run["median_step_s"])
-        for run in results.values():
-            run["mfu"] = mfu(run["tokens_per_s"], n, args.bf16)
+        # Peak memory in a run of its own per variant (the sampler thread would perturb the timed runs).
+        memory = {name: peak_memory(run, name, tmp / f"mem-{name}") for name in variants}
+    ratios = fair_ratios(runs, rlft_variants, trl_variants)
+    middle = {name: median_run(variant_runs) for name, variant_runs in runs.items()}
+    for name, chosen in middle.items():
+        chosen["mfu"] = mfu(chosen["tokens_per_s"], n, args.bf16)
+    plain = {"median_step_s": statistics.median(run["median_step_s"] for run in plain_runs)} if plain_runs else None
 
     report = {
         "benchmark": "sft_vs_trl",
@@ -401,16 +434,16 @@ def main() -> None:
         "long": args.long,
         "group_by_length": args.group_by_length,
         "rlft_batch_flattening": args.flatten,
-        "rlft_torch_compile": args.compile,
+        "variants": {name: {"tool": tool, "torch_compile": compiled} for name, (tool, compiled) in variants.items()},
         "params": params,
         "flop_params": n,
         "steps": args.steps,
         "learning_rate": args.lr,
         "micro_batch": args.micro_batch,
         "train_rows": len(train_rows),
-        "order": args.order,
         "repeat": args.repeat,
-        "reported_run": "each tool's run with the smallest wall time",
+        "round_orders": round_orders(list(variants), args.repeat),
+        "reported": "medians over the rounds; ratios TRL/rlft, the median of the round-by-round ratios (fair_ratios)",
         "threads": torch.get_num_threads(),
         "load_average_1m_before_after": [load_before[0], load_after[0]],
         "cpu_count": os.cpu_count(),
@@ -420,26 +453,20 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "trl": trl.__version__,
                      "accelerate": accelerate.__version__, "datasets": datasets.__version__},
-        **results,
-        "plain_loop": plain,  # a plain PyTorch loop on the same batches (run_plain_loop): its fastest run
+        "ratios": ratios,
+        "median_run": middle,
+        "plain_loop": plain,  # a plain PyTorch loop on the same batches (run_plain_loop): the median over the rounds
+        "over_plain_loop": ({name: ratios["median_over_rounds_s"][name] / plain["median_step_s"] for name in variants}
+                            if plain else {}),
         "peak_memory_mib": memory,
         "all_runs": runs,
-        "ratio_trl_over_rlft": {
-            "wall": results["trl"]["wall_s"] / results["rlft"]["wall_s"],
-            "median_step": results["trl"]["median_step_s"] / results["rlft"]["median_step_s"],
-            # less sensitive to one lucky run, and to a machine whose speed drifts: each TRL run against the rlft run
-            # next to it
-            "median_step_median_of_runs": (statistics.median(run["median_step_s"] for run in runs["trl"])
-                                           / statistics.median(run["median_step_s"] for run in runs["rlft"])),
-            "median_step_by_run": [trl["median_step_s"] / ours["median_step_s"] for ours, trl in zip(runs["rlft"], runs["trl"])],
-        },
-        "over_plain_loop": {tool: results[tool]["median_step_s"] / plain["median_step_s"] for tool in ("rlft", "trl")},
+        "plain_loop_runs": plain_runs,
     }
     print_report(report)
     vocab = f"-v{args.vocab}" if args.vocab else ""
     shape = ("-long" if args.long else "") + ("-grouped" if args.group_by_length else "") + ("-flat" if args.flatten else "")
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
-    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{'-compiled' if args.compile else ''}{device}.json"
+    out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
