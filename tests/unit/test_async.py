@@ -1,7 +1,7 @@
 """Asynchronous rollouts without the CLI: the ordered prefetcher, exact staleness, determinism, resume, replay, re-roll.
 
-A fake engine stands in for the rollout engine (it records the weight version it sampled with); the real GRPO
-recipe, producer, feed and weight sync run around it.
+A fake engine (tests/unit/fake_engines.py) stands in for the rollout engine; the real GRPO recipe, producer, feed and
+weight sync run around it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlft.config.settings import resolve
 from rlft.errors import RolloutError
@@ -21,31 +21,9 @@ from rlft.rollout.prefetch import Prefetcher
 from rlft.rollout.scoring import make_scores
 from rlft.rollout.types import Rollout, ScoredBatch
 
+from fake_engines import VersionedEngine, tiny_llama_model
+
 GROUP = 2
-
-
-class VersionedEngine:
-    """Completion [p0, version, j]; reward (FakeScorer) varies within a group. Slow enough to overlap."""
-
-    def __init__(self, delay: float = 0.0):
-        self.version, self.calls, self.delay = 0, [], delay
-        self.lock = threading.Lock()
-
-    def generate(self, prompt_ids, params, num_samples=1, seed=None):
-        with self.lock:
-            time.sleep(self.delay)
-            self.calls.append((tuple(p[0] for p in prompt_ids), self.version))
-            expanded = [p for p in prompt_ids for _ in range(num_samples)]
-            completions = [[p[0], 20 + self.version, 10 + j % num_samples] for j, p in enumerate(expanded)]
-            return Rollout(expanded, completions, [[-0.5] * 3 for _ in expanded], [False] * len(expanded),
-                           weight_versions=[self.version] * len(expanded))
-
-    def load_weights(self, weights, version):
-        with self.lock:
-            self.version = version
-
-    def health(self):
-        return {"ok": True, "version": self.version}
 
 
 class FakeScorer:
@@ -61,10 +39,7 @@ class FakeScorer:
 
 @pytest.fixture
 def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                        num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64,
-                                        pad_token_id=0, eos_token_id=1))
+    return tiny_llama_model()
 
 
 def make_recipe(tok, engine, output_dir, **trl):

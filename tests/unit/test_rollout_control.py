@@ -2,51 +2,28 @@
 (outdated_rollout_fetch_batch_size), on_policy, dynamic sampling's draw limit (max_retry_for_on_policy), the
 shared-prefix filter (min_filter_prefix_tokens) and the optimizer reset with the reference.
 
-A fake engine stands in for the rollout engine (it records each call's prompts and the weight version it sampled
-with); the real GRPO recipe, producer, feed and weight sync run around it.
+A fake engine (tests/unit/fake_engines.py: it records each call's prompts and the weight version it sampled with)
+stands in for the rollout engine; the real GRPO recipe, producer, feed and weight sync run around it.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlft.config import build_config
 from rlft.config.settings import resolve
 from rlft.errors import ConfigError, RolloutError
 from rlft.rollout.prefix_filter import maximal_prefixes, shared_prefix_lengths
 from rlft.rollout.scoring import make_scores
-from rlft.rollout.types import Rollout
+
+from fake_engines import VersionedEngine, tiny_llama_model
 
 GROUP = 2
-
-
-class RecordingEngine:
-    """Completion [p0, 20 + version, 10 + j]: the reward (first token's parity, or the last token) is set by the scorer."""
-
-    def __init__(self):
-        self.version, self.calls = 0, []
-        self.lock = threading.Lock()
-
-    def generate(self, prompt_ids, params, num_samples=1, seed=None):
-        with self.lock:
-            self.calls.append(([p[0] for p in prompt_ids], self.version))
-            expanded = [p for p in prompt_ids for _ in range(num_samples)]
-            completions = [[p[0], 20 + self.version, 10 + j % num_samples] for j, p in enumerate(expanded)]
-            return Rollout(expanded, completions, [[-0.5] * 3 for _ in expanded], [False] * len(expanded),
-                           weight_versions=[self.version] * len(expanded))
-
-    def load_weights(self, weights, version):
-        with self.lock:
-            self.version = version
-
-    def health(self):
-        return {"ok": True, "version": self.version}
 
 
 class Scorer:
@@ -68,10 +45,7 @@ class Scorer:
 
 @pytest.fixture
 def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                        num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64,
-                                        pad_token_id=0, eos_token_id=1))
+    return tiny_llama_model()
 
 
 def make_recipe(tok, engine, output_dir, scorer=None, micro_batch_size=2, reference=None, **trl):
@@ -114,7 +88,7 @@ def test_the_producer_never_samples_more_than_allowed_outdated_steps_ahead(tok, 
     """prefetch_depth 3 alone trains on batches 3 steps old; the bound makes the producer wait for fresher weights, so
     every batch starts training exactly `bound` steps after the weights that sampled it (no row is dropped: the
     throttle waits instead), and it still samples as far ahead as the bound lets it."""
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, async_prefetch=True, prefetch_depth=3, allowed_outdated_steps=bound)
     recipe.start(tiny_llama)
     steps = run(recipe, tiny_llama, 7)
@@ -131,7 +105,7 @@ def test_the_producer_never_samples_more_than_allowed_outdated_steps_ahead(tok, 
 def test_the_throttle_counts_every_optimizer_step_of_a_batch(tok, tiny_llama, tmp_path):
     """num_iterations 2: a batch trains 2 steps, so with prefetch_depth 2 the next but one starts 4 steps on; a bound of
     2 holds it until the weights of step 2 are in the engine."""
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, async_prefetch=True, prefetch_depth=2, allowed_outdated_steps=2,
                          num_iterations=2)
     recipe.start(tiny_llama)
@@ -145,7 +119,7 @@ def test_early_prompts_of_a_held_batch_are_sampled_then_dropped_for_age(tok, tin
     """outdated_rollout_fetch_batch_size 1: while the throttle (here a bound of 0) holds the next batch, its first
     prompt is sampled at once with the weights there are; the other waits for the fresh weights. The early rows are a
     step too old when trained and are dropped (the bound's safety net), the fresh ones train."""
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, micro_batch_size=4, async_prefetch=True, prefetch_depth=1,
                          allowed_outdated_steps=0, outdated_rollout_fetch_batch_size=1)
     recipe.start(tiny_llama)
@@ -166,7 +140,7 @@ def test_a_held_batch_is_saved_and_the_resume_is_exact(tok, tiny_llama, tmp_path
                     outdated_rollout_fetch_batch_size=1)  # weights every 2 steps: a batch stays held past a step
 
     def straight():
-        recipe = make_recipe(tok, RecordingEngine(), tmp_path / "a", **settings)
+        recipe = make_recipe(tok, VersionedEngine(), tmp_path / "a", **settings)
         recipe.start(tiny_llama)
         steps = run(recipe, tiny_llama, 3)
         recipe.state_dict()
@@ -175,13 +149,13 @@ def test_a_held_batch_is_saved_and_the_resume_is_exact(tok, tiny_llama, tmp_path
         return [s["ids"] for s in steps]
 
     expected = straight()
-    recipe = make_recipe(tok, RecordingEngine(), tmp_path / "b", **settings)
+    recipe = make_recipe(tok, VersionedEngine(), tmp_path / "b", **settings)
     recipe.start(tiny_llama)
     head = run(recipe, tiny_llama, 3)
     state = json.loads(json.dumps(recipe.state_dict()))  # as the checkpoint stores it
     assert state["feed"]["held"] is not None and state["feed"]["held"]["size"] == 1
     recipe.close()
-    resumed = make_recipe(tok, RecordingEngine(), tmp_path / "b", **settings)
+    resumed = make_recipe(tok, VersionedEngine(), tmp_path / "b", **settings)
     resumed.load_state_dict(state)
     resumed.start(tiny_llama)
     tail = run(resumed, tiny_llama, 3, first_step=3)
@@ -193,7 +167,7 @@ def test_a_held_batch_is_saved_and_the_resume_is_exact(tok, tiny_llama, tmp_path
 
 
 def test_on_policy_samples_every_batch_with_the_weights_that_train_on_it(tok, tiny_llama, tmp_path):
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, async_prefetch=True, prefetch_depth=2, on_policy=True)
     assert recipe.settings.allowed_outdated_steps == 0
     recipe.start(tiny_llama)
@@ -236,7 +210,7 @@ def test_a_bound_below_the_prefetch_age_is_a_throttle_not_an_error():
 
 
 def test_max_retry_for_on_policy_stops_the_run_after_that_many_batches_of_prompts(tok, tiny_llama, tmp_path):
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, scorer=Scorer(varies=lambda first: False), micro_batch_size=4,
                          filter_reward_metric="r", max_retry_for_on_policy=3)
     recipe.start(tiny_llama)
@@ -249,7 +223,7 @@ def test_max_retry_for_on_policy_stops_the_run_after_that_many_batches_of_prompt
 def test_max_retry_for_on_policy_fills_the_batch_from_later_draws(tok, tiny_llama, tmp_path):
     """Only the groups of prompts 3 and 4 vary; with no limit the producer draws until both are in the batch, wherever
     the epoch's order put them."""
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, scorer=Scorer(varies=lambda first: first in (3, 4)), micro_batch_size=4,
                          filter_reward_metric="r", max_retry_for_on_policy=0)
     recipe.start(tiny_llama)
@@ -261,7 +235,7 @@ def test_max_retry_for_on_policy_fills_the_batch_from_later_draws(tok, tiny_llam
 
 
 def test_without_a_limit_a_batch_that_never_fills_stops_after_an_epoch(tok, tiny_llama, tmp_path):
-    engine = RecordingEngine()
+    engine = VersionedEngine()
     recipe = make_recipe(tok, engine, tmp_path, scorer=Scorer(varies=lambda first: False), micro_batch_size=4,
                          filter_reward_metric="r", max_retry_for_on_policy=-1)
     recipe.start(tiny_llama)
@@ -294,7 +268,7 @@ def test_shared_prefix_lengths_mask_a_prefix_whose_completions_score_differently
 
 def test_the_filter_takes_the_prefix_out_of_the_loss_mask(tok, tiny_llama, tmp_path):
     """Every group's completions share [p0, 20 + version] and score 10 and 11: those two tokens leave the loss."""
-    recipe = make_recipe(tok, RecordingEngine(), tmp_path, min_filter_prefix_tokens=2)
+    recipe = make_recipe(tok, VersionedEngine(), tmp_path, min_filter_prefix_tokens=2)
     recipe.start(tiny_llama)
     recipe.fill_queue(tiny_llama)
     rows = recipe.queue.windows[0]
@@ -302,7 +276,7 @@ def test_the_filter_takes_the_prefix_out_of_the_loss_mask(tok, tiny_llama, tmp_p
     assert recipe.metrics.batch["prefix_filter/masked_tokens"] == 4.0
     assert recipe.metrics.batch["prefix_filter/masked_rows"] == 2.0
     recipe.close()
-    plain = make_recipe(tok, RecordingEngine(), tmp_path / "plain", min_filter_prefix_tokens=3)
+    plain = make_recipe(tok, VersionedEngine(), tmp_path / "plain", min_filter_prefix_tokens=3)
     plain.start(tiny_llama)
     plain.fill_queue(tiny_llama)
     assert [row.loss_mask for row in plain.queue.windows[0]] == [[1, 1, 1], [1, 1, 1]]
@@ -357,7 +331,7 @@ def test_the_optimizer_resets_exactly_at_a_reference_reset(tok, tiny_llama, tmp_
     from rlft.models.frozen import FrozenPolicy
     from rlft.train.optim import reset_state
 
-    recipe = make_recipe(tok, RecordingEngine(), tmp_path, reference=FrozenPolicy.copy_of(tiny_llama), beta=0.1,
+    recipe = make_recipe(tok, VersionedEngine(), tmp_path, reference=FrozenPolicy.copy_of(tiny_llama), beta=0.1,
                          reference_reset_interval=3, reset_optimizer_with_reference=reset_optimizer)
     recipe.start(tiny_llama)
     optimizer = adam_after_steps(tiny_llama, 1)
@@ -375,7 +349,7 @@ def test_the_optimizer_resets_exactly_at_a_reference_reset(tok, tiny_llama, tmp_
 def test_a_soft_reference_update_is_not_a_reset(tok, tiny_llama, tmp_path):
     from rlft.models.frozen import FrozenPolicy
 
-    recipe = make_recipe(tok, RecordingEngine(), tmp_path, reference=FrozenPolicy.copy_of(tiny_llama), beta=0.1,
+    recipe = make_recipe(tok, VersionedEngine(), tmp_path, reference=FrozenPolicy.copy_of(tiny_llama), beta=0.1,
                          sync_ref_model=True, ref_model_sync_steps=1)
     recipe.start(tiny_llama)
     for step in range(1, 4):
