@@ -112,3 +112,22 @@ def stand_in(answer: Callable[[str, dict[str, Any]], tuple[int, Any]]) -> Iterat
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+def saved_tiny_model(folder: Path, size: str, max_positions: int) -> Path:
+    """A tiny model folder (rlft.models.tiny) with seeded random weights saved, as a server loads it from disk."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlft.models.tiny import write_tiny_model
+
+    write_tiny_model(folder, size, max_positions=max_positions)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    return folder
+
+
+def addition_prompts(path: Path) -> Path:
+    """32 "a+b=" prompts with their answers, one JSON row each."""
+    path.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    return path

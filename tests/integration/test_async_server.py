@@ -12,7 +12,7 @@ import yaml
 
 from cli_process import CliProcess
 from rlft.train.metrics import read_metrics
-from server_utils import free_port, kill_group, run_cli, server_env, wait_for_health
+from server_utils import addition_prompts, free_port, kill_group, run_cli, server_env, wait_for_health
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 SEEDS = Path(__file__).resolve().parents[1] / "data" / "seed_configs"  # the seed guide's YAML examples, verbatim
@@ -33,7 +33,7 @@ def served(tmp_path_factory, warm_model):
     root = tmp_path_factory.mktemp("served")
     (root / "rewards_async.py").write_text(REWARD)
     data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    addition_prompts(data)
     port = free_port()
     base = {"base_model": str(warm_model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
             "micro_batch_size": 8, "max_steps": 2, "learning_rate": 1e-4, "logging_steps": 1,

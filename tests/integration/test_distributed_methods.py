@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from distributed_utils import FSDP, STRATEGIES, assert_same_evals, evals, losses, train, train_here, write
+from server_utils import addition_prompts
 from rlft.train.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -25,7 +26,7 @@ def grpo(tmp_path_factory, warm_model):
     folder = tmp_path_factory.mktemp("grpo")
     (folder / "dist_rewards.py").write_text(REWARD)
     data = folder / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    addition_prompts(data)
 
     def config(name: str, accumulation: int, trl: dict | None = None, **extra) -> Path:
         return write(folder / f"{name}.yaml", {

@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from cli_process import CliProcess
+from server_utils import addition_prompts
 from rlft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -109,7 +110,7 @@ def _grpo(tmp_path, warm_model, output_dir):
     (tmp_path / "interrupt_rewards.py").write_text(
         "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n")
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    addition_prompts(data)
     return _write(tmp_path / f"{output_dir.name}.yaml", {
         "base_model": str(warm_model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
         "micro_batch_size": 8, "max_steps": 24, "save_steps": 2, "learning_rate": 1e-4, "logging_steps": 1,

@@ -22,7 +22,7 @@ from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.local import LocalEngine
 from rlft.rollout.remote import RemoteEngine
 from rlft.rollout.types import SamplingParams
-from server_utils import free_port, kill_group, run_cli, wait_for_health
+from server_utils import free_port, kill_group, run_cli, saved_tiny_model, wait_for_health
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 TOKEN = "test-token"
@@ -30,10 +30,7 @@ PROMPTS = [[49, 43, 50, 61], [55, 43, 56, 43, 57, 61]]  # "1+2=", "7+8+9="
 
 
 def _model_folder(folder, max_positions: int):
-    write_tiny_model(folder, "XS", max_positions=max_positions)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
-    return folder
+    return saved_tiny_model(folder, "XS", max_positions)
 
 
 def _config(folder, path, **vllm):

@@ -10,7 +10,6 @@ process group.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -28,7 +27,7 @@ from rlft.models.logprobs import completion_forward, logps_from_logits
 from rlft.rollout.types import SamplingParams
 from rlft.rollout.vllm_openai import VLLMServerEngine, completion_body, parse_completion
 from rlft.train.metrics import read_metrics
-from server_utils import free_port, kill_group, server_env, wait_for_health
+from server_utils import addition_prompts, free_port, kill_group, saved_tiny_model, server_env, wait_for_health
 
 VLLM_PYTHON = os.environ.get("RLFT_VLLM_PYTHON")
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.vllm, pytest.mark.skipif(
@@ -40,15 +39,7 @@ PROMPTS = [[49, 43, 50, 61], [55, 43, 56, 43, 57, 61]]
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
     """A seeded random tiny model of size S, with its tokenizer (vLLM's CPU attention needs a head size of 32 or more)."""
-    from transformers import AutoConfig
-
-    from rlft.models.tiny import write_tiny_model
-
-    folder = tmp_path_factory.mktemp("stock-vllm-model") / "model"
-    write_tiny_model(folder, "S", max_positions=128)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
-    return folder
+    return saved_tiny_model(tmp_path_factory.mktemp("stock-vllm-model") / "model", "S", 128)
 
 
 @contextlib.contextmanager
@@ -80,7 +71,7 @@ def workdir(tmp_path_factory, model_folder):
     root = tmp_path_factory.mktemp("stock-vllm")
     (root / "rewards_stock.py").write_text(REWARD)
     data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    addition_prompts(data)
     base = {"base_model": str(model_folder), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
             "micro_batch_size": 8, "max_steps": 3, "learning_rate": 1e-2, "logging_steps": 1, "seed": 0,
             "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"],

@@ -8,7 +8,6 @@ at it. On a GPU machine, point RLFT_VLLM_PYTHON at a Python with `rlft[vllm]`. W
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from rlft.rollout.remote import RemoteEngine
 from rlft.rollout.types import SamplingParams
 from rlft.train.metrics import read_metrics
 from rlft.train.weight_sync import WeightSync
-from server_utils import free_port, kill_group, run_cli, wait_for_health
+from server_utils import addition_prompts, free_port, kill_group, run_cli, saved_tiny_model, wait_for_health
 
 VLLM_PYTHON = os.environ.get("RLFT_VLLM_PYTHON")
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.vllm, pytest.mark.skipif(
@@ -36,15 +35,7 @@ REWARD = "def r(completions, **kwargs):\n    return [float(len(set(c))) for c in
 @pytest.fixture(scope="module")
 def vllm_model(tmp_path_factory) -> Path:
     """A seeded random tiny model of size S (vLLM's CPU attention needs a head size of at least 32)."""
-    from transformers import AutoConfig
-
-    from rlft.models.tiny import write_tiny_model
-
-    folder = tmp_path_factory.mktemp("vllm-model") / "model"
-    write_tiny_model(folder, "S", max_positions=128)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
-    return folder
+    return saved_tiny_model(tmp_path_factory.mktemp("vllm-model") / "model", "S", 128)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +45,7 @@ def vllm_server(tmp_path_factory, vllm_model):
     root = tmp_path_factory.mktemp("vllm")
     (root / "rewards_vllm.py").write_text(REWARD)
     data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(4)))
+    addition_prompts(data)
     port = free_port()
     base = {"base_model": str(warm_model), "rl": "grpo", "datasets": [{"path": str(data)}], "sequence_len": 32,
             "micro_batch_size": 8, "max_steps": 4, "learning_rate": 1e-3, "logging_steps": 1,
