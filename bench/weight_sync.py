@@ -105,7 +105,6 @@ class Server:
 def measure(size: str, work: Path, repeats: int) -> dict:
     import copy
 
-    import torch
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -151,7 +150,11 @@ def measure(size: str, work: Path, repeats: int) -> dict:
 
         def by_path(v: int) -> None:
             tensors = engine.wire_tensors(weights)
-            save_file(tensors, str(shared / "model.safetensors"))
+            stored, seen = {}, set()
+            for name, tensor in tensors.items():  # safetensors writes each storage under one name only
+                stored[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
+                seen.add(tensor.data_ptr())
+            save_file(stored, str(shared / "model.safetensors"))
             engine.load_weights_from_path(shared, v, weights_checksum(tensors))
         timed("path", by_path)
         (shared / "model.safetensors").unlink()

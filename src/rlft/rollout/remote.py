@@ -146,16 +146,10 @@ class RemoteEngine(WatchedServer):
         self._confirm(out, version, stream.hexdigest(), "weights")
 
     def wire_tensors(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The tensors as the server holds them: on the CPU, in its dtype, contiguous, one storage each."""
+        """The tensors as the server holds them: on the CPU, in its dtype, contiguous (tied names keep sharing one
+        storage: rlft's wire format and the group send each name from it, with no copy)."""
         dtype = DTYPES[self.weight_info(refresh=self._info is None)["dtype"]]
-        tensors, seen = {}, set()
-        for name, tensor in weights.items():
-            tensor = tensor.detach().to("cpu", dtype).contiguous()
-            if tensor.data_ptr() in seen:  # tied weights share storage, which safetensors refuses to write twice
-                tensor = tensor.clone()
-            seen.add(tensor.data_ptr())
-            tensors[name] = tensor
-        return tensors
+        return {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in weights.items()}
 
     # ---------------------------------------------------------------- beyond the protocol
 
