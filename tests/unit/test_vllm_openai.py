@@ -231,9 +231,11 @@ GRPO = {"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "
     ({"adapter": "lora", "trl": {"vllm_lora_sync": True, "reward_funcs": ["rlft.rollout.envs.nemo_gym.reward_env"]},
       "nemo_gym_enabled": True, "nemo_gym_auto_start": False, "nemo_gym_datasets": [{"path": "t", "server_name": "s"}],
       "nemo_gym_multi_turn": True}, "NeMo Gym's agents need the token ids and weight version of every turn"),
+    ({"adapter": "lora", "trl": {"vllm_lora_sync": True, "vllm_group_port": 51216}}, "forms no weight group: remove "
+     "trl.vllm_group_port"),
     ({"adapter": "lora", "trl": {"vllm_lora_sync": True}}, None),
     ({"adapter": "qlora", "load_in_4bit": True, "trl": {"vllm_lora_sync": True}}, None),
-], ids=["full", "lora_merged", "random_init", "nemo_gym_multi_turn", "lora_sync", "qlora_sync"])
+], ids=["full", "lora_merged", "random_init", "nemo_gym_multi_turn", "group_port", "lora_sync", "qlora_sync"])
 def test_a_run_a_stock_server_cannot_serve_stops_with_the_fix(change, message):
     from rlft.config import build_config, deep_merge
     from rlft.config.settings import resolve

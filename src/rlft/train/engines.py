@@ -102,6 +102,9 @@ def stock_vllm_refusal(cfg, settings: Settings, where: str) -> None:
     if not settings.model.adapter.kind:
         raise RolloutError(f"{stock}, and this run trains every weight: train a LoRA adapter synced as a folder "
                            f"(adapter: lora, trl.vllm_lora_sync: true), {rlft_server}")
+    if settings.rl.group_port is not None:
+        raise RolloutError(f"{stock}, and forms no weight group: remove trl.vllm_group_port (the adapter travels as a "
+                           f"folder), {rlft_server}")
     if not settings.rl.lora_sync:
         raise RolloutError(f"{stock}, and without trl.vllm_lora_sync the adapter is sent merged into full weights: set "
                            f"trl.vllm_lora_sync: true, {rlft_server}")
