@@ -45,7 +45,8 @@ def type_name(annotation) -> str:
         return " \\| ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         members = [a for a in args if a is not type(None)]
-        text = " or ".join(type_name(a) for a in members)
+        # sorted: typing caches a union by its set of members, so their order is that of whichever spelling came first
+        text = " or ".join(sorted(type_name(a) for a in members))
         return f"{text} or null" if len(members) < len(args) else text
     if origin in (list, typing.List):
         return f"list[{type_name(args[0])}]" if args else "list"
