@@ -102,3 +102,41 @@ def test_a_failed_background_write_is_raised_where_the_run_waits(tmp_path, tok, 
         writer.wait()
     writer.wait()  # said once
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
+
+
+def test_a_wait_that_a_signal_interrupts_leaves_the_write_in_flight_to_the_next_wait(tmp_path, tok, monkeypatch):
+    """Ctrl-C or SIGTERM raises in the main thread while it waits for a background write: the run's way out waits
+    again, and that wait lasts until the write has ended (an interrupted Thread.join marks a running thread ended)."""
+    import signal
+    import threading
+
+    import rlft.train.checkpoint_save as checkpoint_save
+
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    release, real = threading.Event(), checkpoint_save._write_model
+
+    def held(snapshot):
+        real(snapshot)
+        release.wait(30)
+
+    monkeypatch.setattr(checkpoint_save, "_write_model", held)
+    writer = CheckpointWriter("async", 60)
+    saved = writer.save(tmp_path, TrainState(global_step=1), model, tok, optimizer, scheduler, 4, None, None, 0, None,
+                        model_only=False, initial_adapter=None)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            writer.wait()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    threading.Timer(0.3, release.set).start()
+    writer.wait()  # the way out of the run: until the write has ended
+    assert writer.completed == saved and (saved / "trainer_state.json").is_file()

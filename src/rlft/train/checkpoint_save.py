@@ -263,6 +263,7 @@ class CheckpointWriter:
         self.waited = 0.0  # seconds training waited for saves (a snapshot; a write in flight; a save written whole)
         self.group = None  # the background writes' gloo process group, made at the first one
         self.thread: threading.Thread | None = None
+        self.written = threading.Event()  # set when the write in flight has ended
         self.failure: BaseException | None = None
         self.completed: Path | None = None  # the newest checkpoint this run wrote whole
 
@@ -282,6 +283,7 @@ class CheckpointWriter:
             self.waited += time.perf_counter() - began
         if self.group is None and distributed():
             self.group = dist.new_group(backend="gloo", timeout=self.timeout)  # every process, on the main thread
+        self.written = threading.Event()
         self.thread = threading.Thread(target=self._write, args=(snapshot,), name=f"rlft-save-{snapshot.final.name}", daemon=True)
         self.thread.start()
         return snapshot.final
@@ -292,11 +294,15 @@ class CheckpointWriter:
             self.completed = snapshot.final
         except BaseException as exc:  # noqa: BLE001 - raised on the main thread by `wait`
             self.failure = exc
+        finally:
+            self.written.set()
 
     def finished(self) -> Path | None:
         """The newest checkpoint this run wrote whole, once the write in flight has ended (its failure kept for `wait`)."""
         if self.thread is not None:
-            self.thread.join()
+            # an Event, not Thread.join: a join that a signal handler's exception (Ctrl-C, SIGTERM) interrupts can
+            # leave the thread marked as ended while it still writes, and the run would exit mid-write
+            self.written.wait()
             self.thread = None
         return self.completed
 
