@@ -69,6 +69,8 @@ def test_boxed_math_unscorable_reference(boxed_math):
     (THINK + "<answer>C</answer>", "<answer>c</answer>", 1.0),                  # the reference's tag too
     ("<answer>B", "B", 0.0),                                                    # an unclosed tag is plain text
     ([{"role": "assistant", "content": "<answer>A</answer>"}], "A", 1.0),
+    ([{"role": "assistant", "content": None, "tool_calls": [{}]}, {"role": "tool", "content": "B is listed"},
+      {"role": "assistant", "content": "B"}], "B", 1.0),                        # a tool's result is not the model's text
 ])
 def test_single_choice(completion, reference, expected):
     assert single_choice([completion], [reference]) == [expected]

@@ -369,3 +369,34 @@ def test_evaluation_plays_episodes_with_its_own_sampling_and_length(tok):
     assert len(rollout) == 2 and scores.total.tolist() == [1.0, 1.0]
     assert engine.calls[0] == {"prompts": 2, "max_new_tokens": 300, "seed": 7}  # the evaluation's length bounds episodes
     assert max(len(ids) for ids in rollout.completion_ids) <= 300 and 0 in rollout.env_mask[0]
+
+
+def test_a_string_prompts_completion_is_scored_on_the_tokens_the_model_sampled(tok):
+    """An episode of a string prompt holds the tool's result as environment tokens (env_mask 0): the reward
+    functions get the model's own text, not the tool's answer."""
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    own, tool = tok.encode("The answer:", add_special_tokens=False), tok.encode(" 5 from the tool.", add_special_tokens=False)
+    rollout = Rollout([[1]], [own + tool], [[0.0] * (len(own) + len(tool))], [False],
+                      env_mask=[[1] * len(own) + [0] * len(tool)])
+    runner = RewardRunner([RewardFunction("r", 1.0, "tests.r", reward)], timeout=None)
+    FunctionScorer(runner, tok).score([{"prompt": "What is 2+3?", "columns": {}}], rollout, 1)
+    assert seen == ["The answer:"]
+
+
+def test_the_two_shares_of_one_draw_play_episodes_on_different_seeds(tok):
+    """A draw sampled in two shares (`part`): the second share's episodes are not replays of the first's."""
+    runner = RewardRunner([RewardFunction("r", 1.0, "tests.r", Recorded())], timeout=None)
+    cursor = PlanCursor(BatchPlan([prompt_row(tok)], 1, seed=0, pad_id=0, collate=lambda r: {"prompts": r}))
+    seeds = []
+    for part in (0, 1):
+        engine = ScriptedEngine(tok, [["It is 5." + END]])  # a script per share: each plays one new episode
+        producer = RolloutProducer(engine, FunctionScorer(runner, tok), cursor, SimpleNamespace(num_generations=1), tok,
+                                   SamplingParams(max_new_tokens=50), environment=ToolEpisodes(tok, TOOLS, {}, 3, 5.0))
+        producer.sample([prompt_row(tok)], index=4, part=part)
+        seeds.append(engine.calls[0]["seed"])
+    assert None not in seeds and seeds[0] != seeds[1]

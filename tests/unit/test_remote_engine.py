@@ -33,3 +33,16 @@ def test_weight_folders_are_sent_as_absolute_paths(monkeypatch, tmp_path):
     assert [json.get("lora_path") or json.get("path") for _, json in sent] == [
         str(tmp_path / "model-out/lora_sync/v0"), str(tmp_path / "model-out/full/v1")]
     engine.close()
+
+
+def test_wire_tensors_convert_each_storage_once_and_tied_names_share_it(monkeypatch):
+    import torch
+
+    engine = RemoteEngine("127.0.0.1", 9, timeout=1)
+    monkeypatch.setattr(engine, "weight_info", lambda refresh=True: {"dtype": "bfloat16"})
+    embedding, norm = torch.randn(4, 3), torch.ones(3)
+    wire = engine.wire_tensors({"embed.weight": embedding, "lm_head.weight": embedding, "norm.weight": norm})
+    assert all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in wire.values())
+    assert wire["embed.weight"] is wire["lm_head.weight"] and torch.equal(wire["embed.weight"], embedding.bfloat16())
+    assert wire["norm.weight"].data_ptr() != wire["embed.weight"].data_ptr()
+    engine.close()

@@ -420,8 +420,14 @@ def test_wire_bytes_are_safetensors_both_ways():
     assert len(body) == size
     for read in (load(body), wire.decode(body), wire.decode(save(tensors))):  # the library reads ours; we read its
         assert set(read) == set(tensors) and all(torch.equal(read[name], tensors[name]) for name in tensors)
+    def with_offsets(offsets) -> bytes:
+        header = json.dumps({"t": {"dtype": "F32", "shape": [1], "data_offsets": offsets}}).encode()
+        return len(header).to_bytes(8, "little") + header + b"\x00" * 4
+
+    assert wire.decode(with_offsets([0, 4]))["t"].tolist() == [0.0]
     for bad, reason in ((body[:5], "shorter than its 8-byte header"), (b"\xff" * 8 + body[8:], "runs past the end"),
-                        (body[:-1], "do not hold a")):
+                        (body[:-1], "do not hold a"), (with_offsets(["0", "4"]), "not a dtype, shape and data_offsets"),
+                        (with_offsets([0.0, 4.0]), "not a dtype, shape and data_offsets")):
         with pytest.raises(ValueError, match=reason):
             wire.decode(bad)
     with pytest.raises(ValueError, match="contiguous CPU tensor"):
@@ -453,6 +459,10 @@ def test_weights_on_disk_are_checked_from_the_headers_then_read_in_parts(tmp_pat
     assert all(torch.equal(part[name], tensors[name]) for part in parts for name in part)
     with pytest.raises(ServerError, match=r"weight 'a' has shape \(3, 4\), the served model's is \(3, 5\)"):
         WeightsOnDisk(str(tmp_path), {**shapes, "a": ((3, 5), torch.float32)})
+    save_file({"a": tensors["a"]}, str(tmp_path / "again.safetensors"))
+    with pytest.raises(ServerError, match="tensor 'a' is in both .*: keep one copy"):
+        WeightsOnDisk(str(tmp_path), shapes)
+    (tmp_path / "again.safetensors").unlink()
     (tmp_path / "broken.safetensors").write_bytes(b"\x10" + b"\x00" * 7 + b"{not json")
     with pytest.raises(ServerError, match="broken.safetensors as safetensors: .*header"):
         WeightsOnDisk(str(tmp_path), shapes)

@@ -105,7 +105,7 @@ class RolloutProducer:
         with phase_range("generate"):
             if self.environment is not None:
                 rollout, extra = self.environment.rollout(prompts, self.group, self.sampling_for(prompts, self.sampling),
-                                                          self.engine, seed=self.seed_of(index))
+                                                          self.engine, seed=self.seed_of(index, part))
             elif self.rollout_func is not None:
                 rollout, extra = self._user_rollout(prompts)
             else:

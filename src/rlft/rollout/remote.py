@@ -93,8 +93,8 @@ class RemoteEngine(WatchedServer):
         is open (`open_group`), else in safetensors buckets that the server loads as they arrive (with each body's
         digest against damage on the way). Verify the checksum of what the server read back. A group that breaks
         while the server still answers is closed with a note, and this update and the later ones go over HTTP."""
-        tensors = self.wire_tensors(weights)
         if self.group is not None:
+            tensors = self.wire_tensors(weights, self.group.device)  # an NCCL group sends from the GPU
             with ThreadPoolExecutor(1, thread_name_prefix="rlft-checksum") as hashing:
                 sent = hashing.submit(weights_checksum, tensors)  # while the buckets travel
                 try:
@@ -106,12 +106,12 @@ class RemoteEngine(WatchedServer):
                 else:
                     self._confirm(out, version, sent.result(), "weights")
                     return
-        self._load_by_http(tensors, version)
+        self._load_by_http(self.wire_tensors(weights), version)
 
     def relabel(self, version: int) -> None:
         """The server's weights stand for `version` too (no step changed them): its version moves on, nothing is sent."""
         served = self.version
-        out = self.call_guarded("/set_weight_version", {"from_version": served, "version": version})
+        out = self.watched_guarded("/set_weight_version", {"from_version": served, "version": version})  # after a batch
         self._confirm(out, version, self._sent.get(served), "weights")
 
     def open_group(self, port: int, specs: list[TensorSpec], timeout: float = 60.0) -> str:
@@ -145,11 +145,18 @@ class RemoteEngine(WatchedServer):
                                     headers={"content-type": "application/octet-stream", "content-length": str(size)})
         self._confirm(out, version, stream.hexdigest(), "weights")
 
-    def wire_tensors(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The tensors as the server holds them: on the CPU, in its dtype, contiguous (tied names keep sharing one
-        storage: rlft's wire format and the group send each name from it, with no copy)."""
+    def wire_tensors(self, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The tensors as the server holds them: on `device`, in its dtype, contiguous. Tied names share one converted
+        tensor (converted once; rlft's wire format and the group send each name from it)."""
         dtype = DTYPES[self.weight_info(refresh=self._info is None)["dtype"]]
-        return {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in weights.items()}
+        converted: dict[tuple, torch.Tensor] = {}
+        tensors = {}
+        for name, tensor in weights.items():
+            key = (tensor.data_ptr(), tensor.device, tuple(tensor.shape), tensor.stride())
+            if key not in converted:
+                converted[key] = tensor.detach().to(device, dtype).contiguous()
+            tensors[name] = converted[key]
+        return tensors
 
     # ---------------------------------------------------------------- beyond the protocol
 
@@ -181,10 +188,6 @@ class RemoteEngine(WatchedServer):
             lora_dtype = DTYPES[self.weight_info(refresh=self._info is None)["lora_dtype"]]
             expected = weights_checksum({name: tensor.to(lora_dtype) for name, tensor in stored.items()})
         self._confirm(out, version, expected, "LoRA adapter")
-
-    def call_guarded(self, path: str, body: dict[str, Any]) -> Any:
-        """A short POST to a route that needs the token."""
-        return self._call("POST", path, json=body, timeout=self.health_timeout * 20)
 
     def watched_guarded(self, path: str, body: dict[str, Any]) -> Any:
         """A long POST, watched by /health (a dead server fails it within ~10 s)."""

@@ -3,8 +3,8 @@
 `GroupLink.open` makes the handshake (`/init_weight_group`, with the server's token) and joins the group as its last
 rank; `send` asks the server to receive one update (`/update_weights_group`, a watched call) and broadcasts the
 buckets meanwhile. The server answers with the checksum of what it loaded, which the caller verifies as for every
-other path. When the server stops answering during a broadcast, the watched call fails within ~10 s and leaves the
-group, which ends a broadcast still waiting for it.
+other path. When the server stops answering during a broadcast, the watched call fails within ~10 s; the broadcast,
+which cannot be interrupted, ends on its own thread when the group's timeout passes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class GroupLink:
     def open(self, specs: list[TensorSpec]) -> str:
         """Form the group with the server; the backend it runs (gloo or nccl)."""
         wanted = "nccl" if torch.cuda.is_available() else "gloo"
-        answer = self.engine.call_guarded("/init_weight_group", {
+        # watched: the server first waits for an earlier trainer's join to end (up to that group's timeout)
+        answer = self.engine.watched_guarded("/init_weight_group", {
             "port": self.port, "backend": wanted, "tensors": [spec.to_json() for spec in specs], "timeout": self.timeout})
         store = connect_store(self.engine.host, self.port, self.timeout)
         try:

@@ -64,8 +64,10 @@ class FunctionScorer:
     def score(self, prompts: list[PromptRow], rollout: Rollout, group: int, extra: dict[str, list] | None = None) -> Scores:
         """A chat prompt's completion is a message list: the answer as one assistant message, or an episode's messages
         (assistant turns with their tool calls, tool results) where the environment gives them (`completion_messages`);
-        a string prompt's is the decoded text of every completion token."""
-        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+        a string prompt's is the decoded text of the tokens the model sampled (an environment's tokens left out)."""
+        sampled = [ids if all(mask) else [t for t, own in zip(ids, mask) if own]
+                   for ids, mask in zip(rollout.completion_ids, rollout.env_mask)]
+        texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)
         expanded = [p for p in prompts for _ in range(group)]
         extra = dict(extra or {})
         episodes = extra.pop(COMPLETION_MESSAGES, None) or [None] * len(texts)

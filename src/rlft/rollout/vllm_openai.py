@@ -107,7 +107,8 @@ class VLLMServerEngine(WatchedServer):
     """A `RolloutEngine` on a stock vLLM OpenAI server; `base_fixed`: it serves base_model's own weights, and takes
     adapters only (`WeightSync` then sends the adapter alone)."""
 
-    start_hint = "`vllm serve` as before (with --enable-lora, in an environment with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+    start_hint = ("`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE_MODEL --enable-lora --host HOST --port PORT` "
+                  "(python -m vllm.entrypoints.openai.api_server takes the same arguments)")
     base_fixed = True
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 3600.0, **watch):

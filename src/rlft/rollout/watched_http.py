@@ -31,11 +31,15 @@ class ServerRefused(RolloutError):
         self.status, self.reason = status, reason
 
 
+class ServerUnreachable(RolloutError):
+    """No answer from the server: nothing listens yet, or it stopped answering (died or hangs)."""
+
+
 class WatchedServer:
     """The HTTP side of a rollout engine that samples on a server. Subclasses define `health()` and may override
     `start_hint` (how to start such a server, for messages) and `_dead_engine` (what a 503 from /health means)."""
 
-    start_hint = "`rlft vllm-serve CONFIG`"
+    start_hint = "`rlft vllm-serve CONFIG` (its vllm.host / vllm.port, or --host / --port)"
     parallel_calls = 64  # most calls of one `_watched_all` in flight at once
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, timeout: float = 3600.0, *,
@@ -66,14 +70,13 @@ class WatchedServer:
         while True:
             try:
                 return self.health()
-            except RolloutError as exc:
-                if "stopped answering" not in str(exc) and "no rollout server" not in str(exc):
-                    raise  # it answered, with an error: waiting will not help
+            except ServerUnreachable:
+                pass  # an answer with an error is raised: waiting would not help
             elapsed = time.monotonic() - start
             if elapsed >= timeout:
                 raise RolloutError(f"no rollout server answered at {self.base_url}/health after {timeout:.0f} s: start one with "
-                                   f"{self.start_hint} (listening on {self.host}:{self.port}: vllm.host / vllm.port, "
-                                   "or --host / --port), or fix the trainer's server host and port")
+                                   f"{self.start_hint}, listening on {self.host}:{self.port}, or point the trainer's "
+                                   "trl.vllm_server_host / trl.vllm_server_port at the server")
             if on_progress is not None:
                 on_progress(elapsed)
             time.sleep(min(1.0, max(timeout - elapsed, 0.0)))
@@ -85,7 +88,7 @@ class WatchedServer:
     # ---------------------------------------------------------------- HTTP
 
     def _died(self) -> RolloutError:
-        return RolloutError(f"the rollout server at {self.host}:{self.port} stopped answering (it died or hangs): restart it "
+        return ServerUnreachable(f"the rollout server at {self.host}:{self.port} stopped answering (it died or hangs): restart it "
                             f"with {self.start_hint}; the last checkpoint is kept")
 
     def _dead_engine(self, probe: httpx.Response) -> RolloutError | None:
@@ -97,7 +100,7 @@ class WatchedServer:
             response = self._http.request(method, path, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT, **kwargs)
         except httpx.ConnectError:
             if not self._answered:
-                raise RolloutError(f"no rollout server at {self.base_url}: start one with {self.start_hint}") from None
+                raise ServerUnreachable(f"no rollout server at {self.base_url}: start one with {self.start_hint}") from None
             raise self._died() from None
         except (*_GONE, httpx.TimeoutException):
             raise self._died() from None

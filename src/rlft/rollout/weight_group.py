@@ -8,8 +8,8 @@ store's keys live under a random prefix that only the trainer learns, in the han
 token: a process that reaches the port without it cannot join. Every collective waits at most `timeout`.
 
 Both sides cut the same tensors into the same buckets (`bucket_plan`), in name order: a tensor of `ALONE_BYTES` or
-more travels alone and in place (the sender broadcasts its own memory, the engine receives into its parameter: no
-copy on either side); smaller ones (norms, biases) travel together in flat buffers of up to `bucket_bytes`, so a model
+more travels alone (the sender broadcasts the tensor it holds; the transformers backend receives into its
+parameter, the vLLM backend into a buffer its reload copies from); smaller ones (norms, biases) travel together in flat buffers of up to `bucket_bytes`, so a model
 of many small tensors does not pay a broadcast for each.
 """
 
@@ -156,8 +156,8 @@ class WeightGroup:
             raise RolloutError(f"a weight broadcast did not finish within {self.timeout:.0f} s")
 
     def close(self) -> None:
-        """Leave the group: its connections close when the process group is freed, which fails the peers' pending
-        broadcasts at once (gloo's abort does not interrupt a broadcast in progress; this is the way that does)."""
+        """Leave the group: it is freed, and its connections closed, once no broadcast holds it (a broadcast in
+        progress cannot be interrupted: it ends when the group's timeout passes)."""
         self.group = None
 
 

@@ -64,6 +64,8 @@ def header(head: bytes, data_bytes: int) -> tuple[dict[str, tuple[torch.dtype, l
             continue
         try:
             dtype, shape, (begin, end) = DTYPES[info["dtype"]], [int(n) for n in info["shape"]], info["data_offsets"]
+            if not (type(begin) is int and type(end) is int):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"tensor {name!r}: its header entry is not a dtype, shape and data_offsets") from None
         count = math.prod(shape)

@@ -133,9 +133,11 @@ def _time_limit(seconds: float | None):
 
 
 def completion_text(completion: Any) -> str:
-    """The text of one completion as reward functions receive it: the string, or the joined `content` of its messages."""
+    """The model's text of one completion: the string, or the joined `content` of its assistant messages (an episode's
+    tool results are not the model's words, and a scorer that read them would credit the tool's answer)."""
     if isinstance(completion, list):
-        return "".join(str(m.get("content", "")) if isinstance(m, Mapping) else str(m) for m in completion)
+        return "".join(str(m.get("content") or "") if isinstance(m, Mapping) else str(m)
+                       for m in completion if not isinstance(m, Mapping) or m.get("role", "assistant") == "assistant")
     return str(completion)
 
 

@@ -146,7 +146,7 @@ class ThreadedBackend:
     version)` (returning the checksum of what it loaded); `_before_full_update` and `_after_full_update` run around
     a full update.
 
-    A full update comes whole (`load_weights`) or in parts (`begin_update`, `write_part` per bucket, `end_update`):
+    A full update comes whole (`load_weights`) or in parts (`begin_now`, `write_now` per bucket, `end_now`, or `abandon_now`):
     between the first part and the last, generation waits and the served version is UNKNOWN_VERSION, so a sender
     that dies half-way leaves a state no trainer accepts samples from."""
 

@@ -179,6 +179,9 @@ class WeightsOnDisk:
             except (OSError, ValueError) as exc:
                 raise ServerError(400, f"cannot read {file} as safetensors: {exc}") from None
             for name in self.files[file][0]:
+                if name in self.where:
+                    raise ServerError(400, f"tensor {name!r} is in both {self.where[name]} and {file}: keep one copy of "
+                                           "each tensor in the weights folder")
                 self.where[name] = file
         if not self.where:
             raise ServerError(400, f"{path} holds no tensors")

@@ -190,10 +190,13 @@ class VLLMBackend(ThreadedBackend):
     def _write_weights(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """vLLM stacks and renames what it loads: the tensors handed to it, verified before, are what is checksummed."""
         given = tensors
-        for names in self._tied:  # vLLM's reload keeps the old weights of a layer it gets nothing for: send every name
-            source = next((name for name in names if name in tensors), None)
+        self._written.update(tensors)
+        for names in self._tied:  # vLLM's reload keeps the old weights of a layer it gets nothing for: every name once
+            source = next((name for name in names if name in given), None)
             if source is not None:
-                tensors = {**tensors, **{name: tensors[source] for name in names if name not in tensors}}
+                aliases = [name for name in names if name not in self._written]
+                tensors = {**tensors, **{name: given[source] for name in aliases}}
+                self._written.update(aliases)
         folder = "/dev/shm" if Path("/dev/shm").is_dir() else None  # shared memory: the workers read it without disk I/O
         with tempfile.TemporaryDirectory(dir=folder, prefix="rlft-weights-") as scratch:
             path = str(Path(scratch) / "part.safetensors")
@@ -224,6 +227,9 @@ class VLLMBackend(ThreadedBackend):
             raise
         self.end_now(version, checksums[0])
         return checksums[0]
+
+    def _before_full_update(self) -> None:
+        self._written: set[str] = set()  # names loaded in this update (a tied name comes once, sent or aliased)
 
     def _after_full_update(self) -> None:
         self._llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
