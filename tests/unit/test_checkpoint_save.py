@@ -140,3 +140,15 @@ def test_a_wait_that_a_signal_interrupts_leaves_the_write_in_flight_to_the_next_
     threading.Timer(0.3, release.set).start()
     writer.wait()  # the way out of the run: until the write has ended
     assert writer.completed == saved and (saved / "trainer_state.json").is_file()
+
+
+def test_the_schedule_is_written_as_json_and_read_back_as_its_state(tmp_path):
+    from rlft.train.state_files import SCHEDULER_FILE, scheduler_json, scheduler_state, write_scheduler
+
+    optimizer = torch.optim.AdamW(_model().parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=4)
+    optimizer.step()
+    scheduler.step()
+    write_scheduler(scheduler_json(scheduler), tmp_path)
+    assert scheduler_state(tmp_path) == scheduler.state_dict() == json.loads((tmp_path / SCHEDULER_FILE).read_text())
+    assert scheduler_state(tmp_path)["last_epoch"] == 1
