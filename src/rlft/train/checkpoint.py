@@ -40,7 +40,7 @@ from rlft.errors import CheckpointError
 from rlft.models.base_changing import RESUME_FOLDER
 from rlft.train import zero
 from rlft.train.checkpoint_folders import list_checkpoints
-from rlft.train.optim import optimizer_mode
+from rlft.train.optim import inner_optimizer, optimizer_mode
 from rlft.train.parallel import broadcast_object
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
                                     restore_rng, scheduler_state)
@@ -68,10 +68,6 @@ class TrainState:
     recipe_state: dict[str, Any] = field(default_factory=dict)  # e.g. running statistics of a loss
     guards: dict[str, Any] = field(default_factory=dict)  # the loss watchdog's and early stopping's counters
     best: dict[str, Any] = field(default_factory=dict)  # load_best_model_at_end: the best checkpoint's step and metric
-
-
-def inner_optimizer(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
 
 
 def load_optimizer(model, optimizer, folder: Path) -> None:

@@ -45,8 +45,9 @@ from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
 from rlft.models.base_changing import convert_folder, keep_for_resume
 from rlft.train import zero
-from rlft.train.checkpoint import SCALER_FILE, STATE_FILE, TrainState, checkpoint_problem, inner_optimizer
+from rlft.train.checkpoint import SCALER_FILE, STATE_FILE, TrainState, checkpoint_problem
 from rlft.train.checkpoint_folders import list_checkpoints, pruned
+from rlft.train.optim import inner_optimizer
 from rlft.train.parallel import barrier, distributed, gathered_state_dict, peer_failure
 from rlft.train.state_files import rng_state, scheduler_json, write_scheduler
 
