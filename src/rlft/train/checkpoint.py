@@ -71,7 +71,9 @@ class TrainState:
 
 
 def load_optimizer(model, optimizer, folder: Path) -> None:
-    """Load a state `save_optimizer` wrote, re-sharded for however many processes run now."""
+    """Load the optimizer state of a checkpoint (written by checkpoint_save.py's `_write_optimizer`: each process's
+    shard through torch.distributed.checkpoint, or `zero.write_optimizer` under DeepSpeed), re-sharded for however
+    many processes run now."""
     written_by_deepspeed = (folder / zero.INDEX).is_file()
     if written_by_deepspeed != zero.is_deepspeed(model):
         raise CheckpointError(f"{folder.parent} was written {'with' if written_by_deepspeed else 'without'} DeepSpeed and "
