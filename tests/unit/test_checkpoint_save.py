@@ -152,3 +152,16 @@ def test_the_schedule_is_written_as_json_and_read_back_as_its_state(tmp_path):
     write_scheduler(scheduler_json(scheduler), tmp_path)
     assert scheduler_state(tmp_path) == scheduler.state_dict() == json.loads((tmp_path / SCHEDULER_FILE).read_text())
     assert scheduler_state(tmp_path)["last_epoch"] == 1
+
+
+def test_a_snapshot_carries_its_step_and_prunes_by_it(tmp_path, tok):
+    """save_total_limit prunes around the snapshot's own step, whatever its folder is called."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    save_checkpoint(tmp_path, TrainState(global_step=1), model, tok, optimizer, scheduler, None)
+    snapshot = take_snapshot(tmp_path, TrainState(global_step=3), model, tok, optimizer, scheduler, 1, None, None, 0, None,
+                             False, None, copied=False)
+    assert snapshot.step == 3 and snapshot.final.name == "checkpoint-3"
+    write_snapshot(snapshot)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]

@@ -63,6 +63,7 @@ class Snapshot:
     training goes on changing."""
 
     output_dir: Path
+    step: int  # the N of checkpoint-N: the optimizer steps taken
     final: Path  # checkpoint-N
     staging: Path  # .tmp-checkpoint-N
     rank: int
@@ -119,8 +120,8 @@ def take_snapshot(output_dir: Path, state: TrainState, model, tokenizer, optimiz
     weights = gathered_state_dict(model)  # sharded: gathered (a collective); else None, and the model saves itself
     if copied and rank == 0:
         weights = detached_weights(unwrapped, weights)
-    snapshot = Snapshot(output_dir, final, staging, rank, unwrapped, tokenizer, weights, None, None, None, None,
-                        json.dumps(asdict(state), indent=2), keep, protect, model_only, initial_adapter)
+    snapshot = Snapshot(output_dir, state.global_step, final, staging, rank, unwrapped, tokenizer, weights, None, None, None,
+                        None, json.dumps(asdict(state), indent=2), keep, protect, model_only, initial_adapter)
     if model_only:
         return snapshot
     if zero.is_deepspeed(model):
@@ -234,8 +235,7 @@ def _finish(snapshot: Snapshot) -> None:
     else:
         staging.rename(final)
     if snapshot.keep:
-        step = int(final.name.rsplit("-", 1)[1])
-        for stale in pruned(list_checkpoints(snapshot.output_dir), final, step, snapshot.keep, snapshot.protect):
+        for stale in pruned(list_checkpoints(snapshot.output_dir), final, snapshot.step, snapshot.keep, snapshot.protect):
             shutil.rmtree(stale, ignore_errors=True)
 
 
