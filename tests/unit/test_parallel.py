@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlft.config.parallel import fsdp_settings
 from rlft.data.batches import BatchPlan, PlanCursor
@@ -83,6 +84,29 @@ def test_a_step_splits_as_one_process_would():
     assert my_micro_batches(short, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5]], 0)
     assert my_micro_batches(short, 1, 2, 4, 2) == ([], 2)
     assert my_micro_batches([], 0, 2, 4, 2) == ([], 0)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value by the host (`aten._local_scalar_dense`: `bool()`, `.item()`), each of
+    which waits for the device to finish its queued work."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_the_weights_check_reads_one_number_from_the_device(bad):
+    from rlft.train.parallel import not_finite_anywhere
+
+    params = [torch.ones(3), torch.zeros(2, 2), torch.full((4,), 2.0)]
+    if bad is not None:
+        params[1][0, 1] = bad
+    with HostReads() as reads:
+        found = not_finite_anywhere(params, torch.device("cpu"))
+    assert found is (bad is not None) and reads.count == 1
 
 
 def test_plan_padding_and_reshard():
