@@ -8,7 +8,6 @@ from rlft.config.parallel import fsdp_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import ConfigError
 from rlft.train.launch import launch_command
-from rlft.train.parallel import my_micro_batches
 
 
 def test_the_guides_fsdp_block(config):
@@ -74,16 +73,6 @@ def test_launch_command():
 def test_launch_command_refuses_impossible_layouts(args, words):
     with pytest.raises(ConfigError, match=words):
         launch_command("c.yaml", [], *args)
-
-
-def test_a_step_splits_as_one_process_would():
-    rows = list(range(16))  # one step of 2 processes x 2 micro-batches x 4 rows
-    assert my_micro_batches(rows, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5, 6, 7]], 0)
-    assert my_micro_batches(rows, 1, 2, 4, 2) == ([[8, 9, 10, 11], [12, 13, 14, 15]], 0)
-    short = list(range(6))  # rows filtered out: rank 1 has none, and runs rank 0's count of padding batches
-    assert my_micro_batches(short, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5]], 0)
-    assert my_micro_batches(short, 1, 2, 4, 2) == ([], 2)
-    assert my_micro_batches([], 0, 2, 4, 2) == ([], 0)
 
 
 class HostReads(TorchDispatchMode):

@@ -321,13 +321,3 @@ def peer_failure(exc: BaseException) -> bool:
 def barrier() -> None:
     if distributed():
         dist.barrier()
-
-
-def my_micro_batches(window: list, rank: int, world: int, size: int, accumulation: int):
-    """This process's micro-batches of one optimizer step's rows (its contiguous share of micro_batch_size x
-    accumulation rows, as one process would have split them), and how many padding micro-batches it must add to
-    run as many as rank 0."""
-    share = window[rank * size * accumulation : (rank + 1) * size * accumulation]
-    mine = [share[i : i + size] for i in range(0, len(share), size)]
-    most = -(-min(len(window), size * accumulation) // size)
-    return mine, most - len(mine)
