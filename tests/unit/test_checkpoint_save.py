@@ -165,3 +165,35 @@ def test_a_snapshot_carries_its_step_and_prunes_by_it(tmp_path, tok):
     assert snapshot.step == 3 and snapshot.final.name == "checkpoint-3"
     write_snapshot(snapshot)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+
+
+def test_the_deepspeed_optimizer_shard_keeps_the_gathered_buffers_without_copying_them(monkeypatch):
+    """DeepSpeed's safe_get_full_* gather each state into a new buffer: an fp32 one on the CPU is kept as it is (no
+    second host copy, on a synchronous save as on an asynchronous one), any other goes to the CPU in fp32."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from rlft.train import zero
+
+    model = torch.nn.Linear(2, 3)
+    gathered = {}
+
+    def full_state(param, key):  # as DeepSpeed's: a new buffer per call
+        gathered[(param.shape, key)] = torch.full(param.shape, 1.5, dtype=torch.float32 if key == "exp_avg" else torch.bfloat16)
+        return gathered[(param.shape, key)]
+
+    utils = ModuleType("deepspeed.utils")
+    utils.safe_get_full_optimizer_state, utils.safe_get_full_fp32_param = full_state, None
+    monkeypatch.setitem(sys.modules, "deepspeed", ModuleType("deepspeed"))
+    monkeypatch.setitem(sys.modules, "deepspeed.utils", utils)
+    monkeypatch.setattr(zero.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(zero.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(zero, "_state_keys", lambda engine: (["exp_avg", "exp_avg_sq"], {"step": 1.0}))
+    monkeypatch.setattr(zero, "_link", lambda engine: None)
+    shard = zero.optimizer_shard(SimpleNamespace(module=model))
+    assert sorted(shard.values) == ["bias::exp_avg", "bias::exp_avg_sq", "weight::exp_avg", "weight::exp_avg_sq"]
+    for name, param in model.named_parameters():
+        kept, moved = shard.values[f"{name}::exp_avg"], shard.values[f"{name}::exp_avg_sq"]
+        assert kept.data_ptr() == gathered[(param.shape, "exp_avg")].data_ptr()
+        assert moved.dtype == torch.float32 and torch.equal(moved, torch.full(param.shape, 1.5))
+    assert shard.index["keys"] == ["exp_avg", "exp_avg_sq"] and shard.index["owners"] == {"weight": 0, "bias": 0}
