@@ -420,6 +420,8 @@ def test_accelerate_never_compiles_the_model_even_when_its_config_asks(config, m
 
 @pytest.mark.parametrize("asked", [None, "NO", "INDUCTOR"])
 def test_the_plan_says_which_compile_runs_and_what_becomes_of_accelerates(asked, config, monkeypatch):
+    """The plan's one compile row: what compiles (the rollout engine's decode too, where it runs in the process), what
+    becomes of accelerate's compile, and that the first steps pay for it."""
     from rlft.config.settings.model import model_settings
     from rlft.models.compile import compile_plan
 
@@ -428,14 +430,18 @@ def test_the_plan_says_which_compile_runs_and_what_becomes_of_accelerates(asked,
     else:
         monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", asked)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    compiled = compile_plan(model_settings(config(torch_compile=True, torch_compile_backend="aot_eager")))
+    settings = model_settings(config(torch_compile=True, torch_compile_backend="aot_eager"))
+    compiled, decoding = compile_plan(settings), compile_plan(settings, engine_decodes=True)
     assert compiled.startswith("rlft's torch.compile of the training forward (torch_compile: true; aot_eager, mode default)")
+    cost = "; the first steps compile (seconds to a minute), then run faster"
+    assert compiled.endswith(cost) and decoding.endswith(cost)
+    assert decoding.replace("; the rollout engine decodes with a static KV cache and a compiled step", "") == compiled
     plain, auto = (compile_plan(model_settings(config(torch_compile=flag))) for flag in (False, "auto"))
     if asked != "INDUCTOR":  # nothing asks accelerate to compile
-        assert compiled.endswith("mode default)") and plain is None and auto is None
+        assert compiled.endswith(f"mode default){cost}") and plain is None and auto is None
         return
     assert compiled.endswith("; ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from `accelerate config`) is "
-                             "not applied on top: the model is compiled once")
+                             f"not applied on top: the model is compiled once{cost}")
     assert plain == ("none (torch_compile: false); ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from "
                      "`accelerate config`) is not applied: rlft compiles only as torch_compile says (set torch_compile: "
                      "true, with torch_compile_backend for a backend other than inductor)")
