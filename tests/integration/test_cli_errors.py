@@ -33,6 +33,13 @@ def test_validate_ok_and_explain(cli, capsys, make_config):
     assert "not built: custom vLLM server code" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argument", ["missing.yaml", "configs/grpo"])
+def test_explain_given_a_missing_config_file_says_so(cli, capsys, argument):
+    assert cli("validate", "--explain", argument) == 1
+    err = capsys.readouterr().err
+    assert f"config file not found: {argument}" in err and "no section" not in err and "Traceback" not in err
+
+
 def test_missing_base_model_folder(cli, capsys, make_config, tmp_path):
     assert cli("train", make_config(base_model=str(tmp_path / "no-such-model"))) == 1
     assert "does not exist" in capsys.readouterr().err

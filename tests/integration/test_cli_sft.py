@@ -269,7 +269,10 @@ def test_torch_compile_trains_the_same_losses(make_config, cli, tmp_path, capsys
         runs[flag] = [m for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
         graphs[flag] = counters["stats"]["unique_graphs"]
     assert graphs[False] == 0 and graphs[True] > 0, graphs  # the compiled run did go through dynamo
-    assert "note: torch_compile: the training forward is compiled; the first steps" in " ".join(capsys.readouterr().out.split())
+    flat = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert flat.count("the first steps compile") == 1, flat  # said once, in the plan's compile row
+    assert ("compile rlft's torch.compile of the training forward (torch_compile: true; inductor, mode default); the first "
+            "steps compile (seconds to a minute), then run faster") in flat, flat
     assert [m["loss"] for m in runs[True]] == pytest.approx([m["loss"] for m in runs[False]], abs=1e-4)
 
 
@@ -296,7 +299,7 @@ def test_accelerates_dynamo_variable_neither_compiles_on_top_nor_overrides_torch
     if flag:
         assert ("compile rlft's torch.compile of the training forward (torch_compile: true; aot_eager, mode default); "
                 "ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from `accelerate config`) is not applied on "
-                "top: the model is compiled once") in flat, flat
+                "top: the model is compiled once; the first steps compile (seconds to a minute), then run faster") in flat, flat
     else:
         assert ("compile none (torch_compile: false); ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from "
                 "`accelerate config`) is not applied") in flat, flat

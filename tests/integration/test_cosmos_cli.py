@@ -167,6 +167,27 @@ def test_convert_writes_the_rlft_yaml(cli, capsys, grpo_toml, tmp_path):
     assert "exists" in capsys.readouterr().err
 
 
+def test_convert_names_a_missing_folder_or_a_folder_given_as_the_output(cli, capsys, grpo_toml, tmp_path):
+    path = grpo_toml()
+    assert cli("convert", path, "-o", tmp_path / "nodir" / "out.yaml") == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nodir'} does not exist: create it (mkdir -p {tmp_path / 'nodir'})" in err and "Traceback" not in err
+    assert cli("convert", path, "-o", tmp_path, "--force") == 1
+    err = capsys.readouterr().err
+    assert f"-o {tmp_path} is a folder: give the file to write, e.g. -o {tmp_path / 'grpo.yaml'}" in err
+    assert "Traceback" not in err and not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize("command", ["preprocess", "evaluate", "serve"])
+def test_every_command_that_runs_a_cosmos_rl_file_stops_on_a_misspelt_key(cli, capsys, grpo_toml, command):
+    """As `rlft train` does: Cosmos-RL ignores unknown keys, and a run with a misspelt one would lose that setting."""
+    path = grpo_toml()
+    path.write_text(path.read_text().replace("optm_lr = 1e-6", "optm_lr = 1e-6\nepochz = 3"))
+    assert cli(command, path) == 1
+    err = capsys.readouterr().err
+    assert "rlft does not run these Cosmos-RL settings" in err and "train.epochz" in err and "Traceback" not in err
+
+
 def test_overrides_take_either_language(cli, capsys, grpo_toml):
     path = grpo_toml()
     assert cli("validate", path, "--explain", "--rollout.n_generation=8", "--trl.beta=0.1") == 0

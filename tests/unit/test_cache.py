@@ -3,6 +3,8 @@
 import threading
 import time
 
+import pytest
+
 import rlft.data.cache as cache
 
 
@@ -29,3 +31,15 @@ def test_the_other_processes_of_a_node_wait_for_the_first_and_read_its_entry(con
     assert len(list((tmp_path / "prepared").iterdir())) == 1
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert cache._local_rank() == 0  # one process: LOCAL_RANK alone means nothing
+
+
+@pytest.mark.parametrize("training_only", [
+    {"profiler": {"enable_profiler": True, "sub_profiler_config": {"active_steps": 3}}},
+    {"profiler_steps": 3, "profiler_steps_start": 2},
+    {"validation": {"enable": True, "datasets": [{"path": "held_out.jsonl"}], "n_generation": 4, "temperature": 0.7}},
+])
+def test_keys_that_only_steer_training_keep_the_cache_key(config, tok, training_only):
+    """The profiler records steps and `validation:` tokenises its own prompts apart from the cached data: neither
+    changes the prepared rows, so neither may make a run tokenise them again."""
+    grpo = {"rl": "grpo", "micro_batch_size": 8, "datasets": [{"path": "p.jsonl"}]}
+    assert cache.cache_key(config(**grpo), tok) == cache.cache_key(config(**grpo, **training_only), tok)

@@ -140,3 +140,60 @@ def test_a_wait_that_a_signal_interrupts_leaves_the_write_in_flight_to_the_next_
     threading.Timer(0.3, release.set).start()
     writer.wait()  # the way out of the run: until the write has ended
     assert writer.completed == saved and (saved / "trainer_state.json").is_file()
+
+
+def test_the_schedule_is_written_as_json_and_read_back_as_its_state(tmp_path):
+    from rlft.train.state_files import SCHEDULER_FILE, scheduler_json, scheduler_state, write_scheduler
+
+    optimizer = torch.optim.AdamW(_model().parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=4)
+    optimizer.step()
+    scheduler.step()
+    write_scheduler(scheduler_json(scheduler), tmp_path)
+    assert scheduler_state(tmp_path) == scheduler.state_dict() == json.loads((tmp_path / SCHEDULER_FILE).read_text())
+    assert scheduler_state(tmp_path)["last_epoch"] == 1
+
+
+def test_a_snapshot_carries_its_step_and_prunes_by_it(tmp_path, tok):
+    """save_total_limit prunes around the snapshot's own step, whatever its folder is called."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    save_checkpoint(tmp_path, TrainState(global_step=1), model, tok, optimizer, scheduler, None)
+    snapshot = take_snapshot(tmp_path, TrainState(global_step=3), model, tok, optimizer, scheduler, 1, None, None, 0, None,
+                             False, None, copied=False)
+    assert snapshot.step == 3 and snapshot.final.name == "checkpoint-3"
+    write_snapshot(snapshot)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+
+
+def test_the_deepspeed_optimizer_shard_keeps_the_gathered_buffers_without_copying_them(monkeypatch):
+    """DeepSpeed's safe_get_full_* gather each state into a new buffer: an fp32 one on the CPU is kept as it is (no
+    second host copy, on a synchronous save as on an asynchronous one), any other goes to the CPU in fp32."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from rlft.train import zero
+
+    model = torch.nn.Linear(2, 3)
+    gathered = {}
+
+    def full_state(param, key):  # as DeepSpeed's: a new buffer per call
+        gathered[(param.shape, key)] = torch.full(param.shape, 1.5, dtype=torch.float32 if key == "exp_avg" else torch.bfloat16)
+        return gathered[(param.shape, key)]
+
+    utils = ModuleType("deepspeed.utils")
+    utils.safe_get_full_optimizer_state, utils.safe_get_full_fp32_param = full_state, None
+    monkeypatch.setitem(sys.modules, "deepspeed", ModuleType("deepspeed"))
+    monkeypatch.setitem(sys.modules, "deepspeed.utils", utils)
+    monkeypatch.setattr(zero.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(zero.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(zero, "_state_keys", lambda engine: (["exp_avg", "exp_avg_sq"], {"step": 1.0}))
+    monkeypatch.setattr(zero, "_link", lambda engine: None)
+    shard = zero.optimizer_shard(SimpleNamespace(module=model))
+    assert sorted(shard.values) == ["bias::exp_avg", "bias::exp_avg_sq", "weight::exp_avg", "weight::exp_avg_sq"]
+    for name, param in model.named_parameters():
+        kept, moved = shard.values[f"{name}::exp_avg"], shard.values[f"{name}::exp_avg_sq"]
+        assert kept.data_ptr() == gathered[(param.shape, "exp_avg")].data_ptr()
+        assert moved.dtype == torch.float32 and torch.equal(moved, torch.full(param.shape, 1.5))
+    assert shard.index["keys"] == ["exp_avg", "exp_avg_sq"] and shard.index["owners"] == {"weight": 0, "bias": 0}

@@ -658,6 +658,28 @@ def test_grpo_prompts_of_the_wrong_shape_name_the_line(tmp_path, data_config, to
         tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", prompt_steps(cfg))
 
 
+@pytest.mark.parametrize("prompt, message", [
+    ("2+3?", r"line 2: field `prompt`: the prompt is a string \(rendered as one user message\), and continue_final_message"),
+    ([{"role": "user", "content": "2+3?"}], r"line 2: field `prompt`: the prompt's last message is 'user', not 'assistant'"),
+])
+def test_continue_final_message_refuses_prompts_that_do_not_end_with_an_assistant_turn(tmp_path, data_config, tok, prompt,
+                                                                                       message):
+    """The first row ends with the assistant's started answer, which the model may continue; the second would have the
+    model go on writing the user's words."""
+    from rlft.data.prepare import prompt_steps
+
+    started = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "It is"}]
+    content = json.dumps({"prompt": started}) + "\n" + json.dumps({"prompt": prompt}) + "\n"
+    path, _ = _tokenize_file(tmp_path, data_config, tok, content)
+    cfg = data_config({"path": str(path)}, rl="grpo", micro_batch_size=2, trl={"num_generations": 2, "reward_funcs": ["r.f"]})
+    steps = prompt_steps(cfg, {"continue_final_message": True, "add_generation_prompt": False}, chat=True)
+    with pytest.raises(DataError, match=message):
+        tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", steps)
+    path.write_text(json.dumps({"prompt": started}) + "\n")
+    [example], _ = tokenize_dataset(cfg.datasets[0], 0, cfg, tok, "datasets", steps)
+    assert tok.decode(example["prompt_ids"]).endswith("<|im_start|>assistant\nIt is")
+
+
 def test_a_chat_template_that_rejects_a_row_names_the_line(tmp_path, data_config, tok):
     strict = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}{% endif %}{{ m.content }}{% endfor %}"
     original = tok.chat_template

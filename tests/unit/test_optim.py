@@ -411,3 +411,19 @@ def test_optimizers_the_loop_cannot_drive_are_refused_before_the_model_loads(con
         refuse_unbuilt(config(optimizer="lomo"))
     with pytest.raises(NotImplementedYet, match=r"optimizer: schedule_free_adamw with deepspeed: ZeRO keeps"):
         refuse_unbuilt(config(optimizer="schedule_free_adamw", deepspeed="deepspeed_configs/zero2.json"))
+
+
+def test_inner_optimizer_is_the_torch_optimizer_inside_accelerates_wrapper():
+    """What a checkpoint saves and loads the state of, and what reset_state clears: the torch optimizer itself."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from rlft.train.optim import inner_optimizer
+
+    inner = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    try:
+        wrapped = Accelerator(cpu=True).prepare(inner)
+        assert wrapped is not inner and inner_optimizer(wrapped) is inner and inner_optimizer(inner) is inner
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()

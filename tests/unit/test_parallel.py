@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlft.config.parallel import fsdp_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import ConfigError
 from rlft.train.launch import launch_command
-from rlft.train.parallel import my_micro_batches
 
 
 def test_the_guides_fsdp_block(config):
@@ -75,14 +75,27 @@ def test_launch_command_refuses_impossible_layouts(args, words):
         launch_command("c.yaml", [], *args)
 
 
-def test_a_step_splits_as_one_process_would():
-    rows = list(range(16))  # one step of 2 processes x 2 micro-batches x 4 rows
-    assert my_micro_batches(rows, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5, 6, 7]], 0)
-    assert my_micro_batches(rows, 1, 2, 4, 2) == ([[8, 9, 10, 11], [12, 13, 14, 15]], 0)
-    short = list(range(6))  # rows filtered out: rank 1 has none, and runs rank 0's count of padding batches
-    assert my_micro_batches(short, 0, 2, 4, 2) == ([[0, 1, 2, 3], [4, 5]], 0)
-    assert my_micro_batches(short, 1, 2, 4, 2) == ([], 2)
-    assert my_micro_batches([], 0, 2, 4, 2) == ([], 0)
+class HostReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value by the host (`aten._local_scalar_dense`: `bool()`, `.item()`), each of
+    which waits for the device to finish its queued work."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_the_weights_check_reads_one_number_from_the_device(bad):
+    from rlft.train.parallel import not_finite_anywhere
+
+    params = [torch.ones(3), torch.zeros(2, 2), torch.full((4,), 2.0)]
+    if bad is not None:
+        params[1][0, 1] = bad
+    with HostReads() as reads:
+        found = not_finite_anywhere(params, torch.device("cpu"))
+    assert found is (bad is not None) and reads.count == 1
 
 
 def test_plan_padding_and_reshard():
@@ -407,6 +420,8 @@ def test_accelerate_never_compiles_the_model_even_when_its_config_asks(config, m
 
 @pytest.mark.parametrize("asked", [None, "NO", "INDUCTOR"])
 def test_the_plan_says_which_compile_runs_and_what_becomes_of_accelerates(asked, config, monkeypatch):
+    """The plan's one compile row: what compiles (the rollout engine's decode too, where it runs in the process), what
+    becomes of accelerate's compile, and that the first steps pay for it."""
     from rlft.config.settings.model import model_settings
     from rlft.models.compile import compile_plan
 
@@ -415,14 +430,18 @@ def test_the_plan_says_which_compile_runs_and_what_becomes_of_accelerates(asked,
     else:
         monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", asked)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    compiled = compile_plan(model_settings(config(torch_compile=True, torch_compile_backend="aot_eager")))
+    settings = model_settings(config(torch_compile=True, torch_compile_backend="aot_eager"))
+    compiled, decoding = compile_plan(settings), compile_plan(settings, engine_decodes=True)
     assert compiled.startswith("rlft's torch.compile of the training forward (torch_compile: true; aot_eager, mode default)")
+    cost = "; the first steps compile (seconds to a minute), then run faster"
+    assert compiled.endswith(cost) and decoding.endswith(cost)
+    assert decoding.replace("; the rollout engine decodes with a static KV cache and a compiled step", "") == compiled
     plain, auto = (compile_plan(model_settings(config(torch_compile=flag))) for flag in (False, "auto"))
     if asked != "INDUCTOR":  # nothing asks accelerate to compile
-        assert compiled.endswith("mode default)") and plain is None and auto is None
+        assert compiled.endswith(f"mode default){cost}") and plain is None and auto is None
         return
     assert compiled.endswith("; ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from `accelerate config`) is "
-                             "not applied on top: the model is compiled once")
+                             f"not applied on top: the model is compiled once{cost}")
     assert plain == ("none (torch_compile: false); ACCELERATE_DYNAMO_BACKEND=INDUCTOR (accelerate's compile, from "
                      "`accelerate config`) is not applied: rlft compiles only as torch_compile says (set torch_compile: "
                      "true, with torch_compile_backend for a backend other than inductor)")

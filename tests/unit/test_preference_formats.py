@@ -263,6 +263,20 @@ def test_chat_template_field_names_and_mappings(chatml_tok):
     assert legacy(row) == convert(row)
 
 
+def test_chat_template_reads_every_field_with_one_message_reader(chatml_tok, monkeypatch):
+    """The prompt's and both answers' messages go through one reader of the dataset's role names and keys, built once."""
+    import rlft.data.formats.preference.chat as chat
+    from rlft.data.formats.rows import message_list
+
+    built = []
+    monkeypatch.setattr(chat, "message_list", lambda *a: built.append(a) or message_list(*a))
+    convert = resolve("chat_template", tokenizer=chatml_tok, roles={"user": ["asker"], "assistant": ["answerer"]})
+    row = {"messages": [{"role": "asker", "content": "q"}], "chosen": [{"role": "answerer", "content": "good"}],
+           "rejected": {"role": "answerer", "content": "bad"}}
+    assert convert(row) == {"prompt": CHATML_PROMPT, "chosen": "good<|im_end|>", "rejected": "bad<|im_end|>"}
+    assert convert(row) == convert(row) and len(built) == 1
+
+
 def test_chat_template_errors_name_the_field(chatml_tok):
     convert = resolve("chat_template", tokenizer=chatml_tok)
     assert "'messages'" in row_error(convert, {"chosen": "good", "rejected": "bad"})

@@ -16,7 +16,6 @@ from rlft.losses.policy import policy_loss
 from rlft.rollout.scoring import make_scores
 from rlft.rollout.types import Rollout
 from rlft.train.micro_batches import by_tokens, chunks, split_step
-from rlft.train.parallel import my_micro_batches
 
 
 def row(prompt: int, completion: int, advantage: float = 0.0) -> SimpleNamespace:
@@ -56,10 +55,26 @@ def test_chunks_without_a_budget_are_micro_batch_size_rows():
     assert chunks(list(range(5)), 2, None, len) == [[0, 1], [2, 3], [4]]
 
 
+def test_a_step_splits_as_one_process_would():
+    """Each process trains its contiguous share of micro_batch_size x accumulation rows, cut as one process would."""
+    rows = list(range(16))  # one step of 2 processes x 2 micro-batches x 4 rows
+
+    def fixed(window, rank):
+        split = split_step(window, rank, 2, 4, 2, None, len)
+        return split.mine, split.padding
+
+    assert fixed(rows, 0) == ([[0, 1, 2, 3], [4, 5, 6, 7]], 0)
+    assert fixed(rows, 1) == ([[8, 9, 10, 11], [12, 13, 14, 15]], 0)
+    short = list(range(6))  # rows filtered out: rank 1 has none, and runs rank 0's count of padding batches
+    assert fixed(short, 0) == ([[0, 1, 2, 3], [4, 5]], 0)
+    assert fixed(short, 1) == ([], 2)
+    assert fixed([], 0) == ([], 0)
+
+
 def test_each_process_packs_its_own_share_and_pads_to_the_most_passes():
     """2 processes x 4 rows a step (micro_batch_size 2 x 2 accumulation): rank 0's rows of 4, 4, 4, 4 tokens take 2
-    micro-batches of 8, rank 1's of 2, 2, 2, 2 one; rank 1 then runs one padding micro-batch. Without a budget both
-    split as my_micro_batches does."""
+    micro-batches of 8, rank 1's of 2, 2, 2, 2 one; rank 1 then runs one padding micro-batch. Without a budget each
+    runs micro_batch_size rows at a time."""
     window = [row(2, 2)] * 4 + [row(1, 1)] * 4
     first, second = (split_step(window, rank, 2, 2, 2, 8, length, tokens) for rank in (0, 1))
     assert [len(b) for b in first.mine] == [2, 2] and first.padding == 0
@@ -68,7 +83,8 @@ def test_each_process_packs_its_own_share_and_pads_to_the_most_passes():
     assert first.totals == second.totals == [(6, 8), (2, 4)]
     for rank in (0, 1):
         fixed = split_step(window, rank, 2, 2, 2, None, length)
-        assert (fixed.mine, fixed.padding) == my_micro_batches(window, rank, 2, 2, 2) and fixed.totals == []
+        start = 4 * rank
+        assert (fixed.mine, fixed.padding, fixed.totals) == ([window[start : start + 2], window[start + 2 : start + 4]], 0, [])
     empty = split_step([], 1, 2, 2, 2, 8, length, tokens)  # a skipped step: nothing to run anywhere
     assert (empty.mine, empty.padding, empty.totals) == ([], 0, [])
 

@@ -111,3 +111,17 @@ def test_balance_dp_token_true_is_how_rlft_trains_and_false_is_refused(config):
     refuse_unbuilt(config(balance_dp_token=True))  # nothing to refuse
     with pytest.raises(NotImplementedYet, match=r"balance_dp_token \(not built: balance_dp_token: false, each rank's own"):
         refuse_unbuilt(config(balance_dp_token=False))
+
+
+def test_rows_without_a_type_read_their_messages_with_one_reader_built_once(data_config, tok, monkeypatch):
+    """The message reader (role names, key mappings) is built once per dataset, not again for every row."""
+    import rlft.data.formats.sft as sft
+    from rlft.data.formats.rows import chat_template_format
+
+    built = []
+    monkeypatch.setattr(sft, "chat_template_format", lambda *a: built.append(a) or chat_template_format(*a))
+    cfg = data_config({"path": "rows.jsonl", "roles": {"assistant": ["bot"]}})
+    read = convert(cfg, tok)
+    records = [read({"messages": [{"role": "user", "content": f"{i}+{i}?"}, {"role": "bot", "content": str(2 * i)}]})
+               for i in range(3)]
+    assert len(built) == 1 and records[2]["messages"][1] == {"role": "assistant", "content": "4"}

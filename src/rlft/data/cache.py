@@ -37,6 +37,8 @@ TRAINING_ONLY = {
     "eval_strategy", "save_strategy", "load_best_model_at_end", "metric_for_best_model", "greater_is_better",
     "early_stopping_patience", "unfrozen_parameters", "neftune_noise_alpha", "logger", "balance_dp_token",
     "save_every_n_epochs", "save_mode",
+    # the profiler records steps; validation: tokenises its own prompts apart from the cached rows (data/validation_sets.py)
+    "profiler", "profiler_steps", "profiler_steps_start", "validation",
 }
 
 

@@ -118,10 +118,27 @@ def tokenize_prompt(record: dict[str, Any], tokenizer, chat_template_kwargs: dic
     renders too); the row keeps the prompt as given."""
     prompt = record["prompt"]
     shown = [{"role": "user", "content": prompt}] if chat and isinstance(prompt, str) else prompt
+    if (chat_template_kwargs or {}).get("continue_final_message") and isinstance(shown, list):
+        _refuse_continuing_a_non_assistant_turn(shown, isinstance(prompt, str))
     text, special = prompt_text(shown, tokenizer, template_kwargs(record, chat_template_kwargs))
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     columns = {k: v for k, v in record.items() if k not in ("prompt", "completion", "completion_ids", CHAT_TOOLS)}
     return {"prompt_ids": ids, "prompt": prompt, "columns": columns}
+
+
+def _refuse_continuing_a_non_assistant_turn(messages: list, from_string: bool) -> None:
+    """continue_final_message renders the last message open for the model to go on writing, which is right only for an
+    assistant message the dataset started; any other last turn would have the model write the user's (or a tool's)
+    words."""
+    last = messages[-1].get("role") if messages and isinstance(messages[-1], dict) else None
+    if last == "assistant":
+        return
+    shown = "the prompt is a string (rendered as one user message)" if from_string else \
+        f"the prompt's last message is {last!r}, not 'assistant'"
+    raise RowError(f"field `prompt`: {shown}, and continue_final_message is true, so the model would continue that turn "
+                   "instead of answering it. End each prompt with the assistant message the model should continue, or "
+                   "set trl.multi_turn_config.continue_final_message: false (or drop continue_final_message from "
+                   "trl.chat_template_kwargs)")
 
 
 def fit_prompt(example: dict[str, Any], budget: int, strategy: str) -> tuple[dict | None, str]:

@@ -21,8 +21,10 @@ def compile_options(settings: ModelSettings) -> tuple[str | None, str] | None:
     return None
 
 
-def compile_plan(settings: ModelSettings) -> str | None:
-    """The plan's line on compiling: which compile runs and why, or None when nothing compiles and nothing asked to.
+def compile_plan(settings: ModelSettings, engine_decodes: bool = False) -> str | None:
+    """The plan's line on compiling: which compile runs and why, what the first steps pay for it, or None when nothing
+    compiles and nothing asked to. `engine_decodes`: the run's in-process rollout engine decodes too (through a static
+    KV cache and a compiled step, `rlft.rollout.compiled`).
 
     `accelerate launch` sets ACCELERATE_DYNAMO_BACKEND from a user's `accelerate config`, and accelerate's `prepare`
     would then wrap the model in a compile of its own; rlft's accelerator is made with that plugin off
@@ -40,4 +42,8 @@ def compile_plan(settings: ModelSettings) -> str | None:
                 "(set torch_compile: true, with torch_compile_backend for a backend other than inductor)")
     mode, backend = options
     line = f"rlft's torch.compile of the training forward (torch_compile: {flag}; {backend}, mode {mode or 'default'})"
-    return line + (f"; {accelerate} is not applied on top: the model is compiled once" if asked else "")
+    if engine_decodes:
+        line += "; the rollout engine decodes with a static KV cache and a compiled step"
+    if asked:
+        line += f"; {accelerate} is not applied on top: the model is compiled once"
+    return line + "; the first steps compile (seconds to a minute), then run faster"

@@ -40,7 +40,7 @@ from rlft.errors import CheckpointError
 from rlft.models.base_changing import RESUME_FOLDER
 from rlft.train import zero
 from rlft.train.checkpoint_folders import list_checkpoints
-from rlft.train.optim import optimizer_mode
+from rlft.train.optim import inner_optimizer, optimizer_mode
 from rlft.train.parallel import broadcast_object
 from rlft.train.state_files import (SCHEDULER_FILE, SafePlanner, SafeReader, UnsafeState, load_tensors, optimizer_files_problem,
                                     restore_rng, scheduler_state)
@@ -70,12 +70,10 @@ class TrainState:
     best: dict[str, Any] = field(default_factory=dict)  # load_best_model_at_end: the best checkpoint's step and metric
 
 
-def inner_optimizer(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-
-
 def load_optimizer(model, optimizer, folder: Path) -> None:
-    """Load a state `save_optimizer` wrote, re-sharded for however many processes run now."""
+    """Load the optimizer state of a checkpoint (written by checkpoint_save.py's `_write_optimizer`: each process's
+    shard through torch.distributed.checkpoint, or `zero.write_optimizer` under DeepSpeed), re-sharded for however
+    many processes run now."""
     written_by_deepspeed = (folder / zero.INDEX).is_file()
     if written_by_deepspeed != zero.is_deepspeed(model):
         raise CheckpointError(f"{folder.parent} was written {'with' if written_by_deepspeed else 'without'} DeepSpeed and "

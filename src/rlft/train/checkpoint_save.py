@@ -45,10 +45,11 @@ from rlft.config.parallel import launched
 from rlft.errors import CheckpointError
 from rlft.models.base_changing import convert_folder, keep_for_resume
 from rlft.train import zero
-from rlft.train.checkpoint import SCALER_FILE, STATE_FILE, TrainState, checkpoint_problem, inner_optimizer
+from rlft.train.checkpoint import SCALER_FILE, STATE_FILE, TrainState, checkpoint_problem
 from rlft.train.checkpoint_folders import list_checkpoints, pruned
+from rlft.train.optim import inner_optimizer
 from rlft.train.parallel import barrier, distributed, gathered_state_dict, peer_failure
-from rlft.train.state_files import SCHEDULER_FILE, rng_state
+from rlft.train.state_files import rng_state, scheduler_json, write_scheduler
 
 # one process writes the optimizer folder without a process group, which is what torch warns of; set here and not
 # around the call, since warnings.catch_warnings is not safe on a thread
@@ -62,6 +63,7 @@ class Snapshot:
     training goes on changing."""
 
     output_dir: Path
+    step: int  # the N of checkpoint-N: the optimizer steps taken
     final: Path  # checkpoint-N
     staging: Path  # .tmp-checkpoint-N
     rank: int
@@ -118,8 +120,8 @@ def take_snapshot(output_dir: Path, state: TrainState, model, tokenizer, optimiz
     weights = gathered_state_dict(model)  # sharded: gathered (a collective); else None, and the model saves itself
     if copied and rank == 0:
         weights = detached_weights(unwrapped, weights)
-    snapshot = Snapshot(output_dir, final, staging, rank, unwrapped, tokenizer, weights, None, None, None, None,
-                        json.dumps(asdict(state), indent=2), keep, protect, model_only, initial_adapter)
+    snapshot = Snapshot(output_dir, state.global_step, final, staging, rank, unwrapped, tokenizer, weights, None, None, None,
+                        None, json.dumps(asdict(state), indent=2), keep, protect, model_only, initial_adapter)
     if model_only:
         return snapshot
     if zero.is_deepspeed(model):
@@ -128,7 +130,7 @@ def take_snapshot(output_dir: Path, state: TrainState, model, tokenizer, optimiz
         snapshot.optimizer = {"optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
         if copied:
             snapshot.optimizer = BlockingAsyncStager().stage(snapshot.optimizer)
-    snapshot.rng, snapshot.scheduler = rng_state(), json.dumps(scheduler.state_dict())
+    snapshot.rng, snapshot.scheduler = rng_state(), scheduler_json(scheduler)
     snapshot.scaler = dict(scaler.state_dict()) if scaler is not None else None
     if rank == 0 and extra_files is not None:  # the recipe's state as it is now: written before training goes on
         try:
@@ -220,7 +222,7 @@ def _finish(snapshot: Snapshot) -> None:
     """Rank 0, once every process has written its part: the small files, the flush to disk, the rename, the pruning."""
     staging, final = snapshot.staging, snapshot.final
     if not snapshot.model_only:
-        (staging / SCHEDULER_FILE).write_text(snapshot.scheduler)
+        write_scheduler(snapshot.scheduler, staging)
         if snapshot.scaler is not None:
             torch.save(snapshot.scaler, staging / SCALER_FILE)
     (staging / STATE_FILE).write_text(snapshot.state)  # written last
@@ -233,8 +235,7 @@ def _finish(snapshot: Snapshot) -> None:
     else:
         staging.rename(final)
     if snapshot.keep:
-        step = int(final.name.rsplit("-", 1)[1])
-        for stale in pruned(list_checkpoints(snapshot.output_dir), final, step, snapshot.keep, snapshot.protect):
+        for stale in pruned(list_checkpoints(snapshot.output_dir), final, snapshot.step, snapshot.keep, snapshot.protect):
             shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
 from rlft.data.collate import first_fit
-from rlft.train.parallel import my_micro_batches
 
 Row = TypeVar("Row")
 
@@ -40,14 +39,13 @@ class StepSplit(Generic[Row]):
 
 def split_step(window: Sequence[Row], rank: int, world: int, size: int, accumulation: int, budget: int | None,
                length: Callable[[Row], int], loss_tokens: Callable[[Row], int] | None = None) -> StepSplit[Row]:
-    """Process r trains its contiguous share of the step's `window` (`my_micro_batches`: `size` x `accumulation` rows),
-    cut into micro-batches of `size` rows, or with a `budget` packed `by_tokens`. `totals` (only with `loss_tokens`)
-    adds up, for each place k, the rows and the loss tokens of every process's k-th micro-batch (a process without
-    one adds nothing)."""
-    splits = []
-    for process in range(world):
-        fixed, _ = my_micro_batches(list(window), process, world, size, accumulation)
-        splits.append(fixed if budget is None else by_tokens([row for batch in fixed for row in batch], budget, length))
+    """Process r trains its contiguous share of the step's `window` (rows r x `size` x `accumulation` onwards, as many
+    as one process would have trained alone), cut into micro-batches of `size` rows, or with a `budget` packed
+    `by_tokens`; a process with fewer micro-batches than the most runs padding ones. `totals` (only with
+    `loss_tokens`) adds up, for each place k, the rows and the loss tokens of every process's k-th micro-batch (a
+    process without one adds nothing)."""
+    share = size * accumulation
+    splits = [chunks(window[process * share : (process + 1) * share], size, budget, length) for process in range(world)]
     most = max((len(split) for split in splits), default=0)
     totals = []
     if loss_tokens is not None:

@@ -151,6 +151,11 @@ def advance_schedule(scheduler, updated: bool) -> None:
         scheduler.step()
 
 
+def inner_optimizer(optimizer):
+    """The torch optimizer inside accelerate's `AcceleratedOptimizer` (any other optimizer as it is)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
 def optimizer_mode(optimizer, training: bool) -> None:
     """Schedule-free optimizers (`schedule_free_adamw`, `schedule_free_radam`, `schedule_free_sgd`: schedulefree's, Defazio
     et al. 2024, arXiv:2405.15682) take their steps at one point and evaluate at another, the average: `train()` before
@@ -175,7 +180,7 @@ def reset_state(model, optimizer) -> None:
     if zero.is_deepspeed(model):
         inner = zero.restart_optimizer(model)
     else:
-        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+        inner = inner_optimizer(optimizer)
         inner.state.clear()
         trained = [param for group in inner.param_groups for param in group["params"] if param.requires_grad]
         kept = [(group["lr"], group.get("weight_decay")) for group in inner.param_groups]

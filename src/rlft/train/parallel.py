@@ -246,9 +246,14 @@ def sum_across(values: list[float], device) -> list[float]:
 
 
 def not_finite_anywhere(params: list[torch.Tensor], device) -> bool:
-    """Whether any process holds a NaN or infinite value in its part of `params` (a collective)."""
+    """Whether any process holds a NaN or infinite value in its part of `params` (a collective). The count of tensors
+    with one stays on `device` through the sum over processes: the host reads one number, once."""
     local = [p.to_local() if hasattr(p, "to_local") else local_values(p) for p in params]
-    return bool(sum_across([float(any(not torch.isfinite(values).all() for values in local))], device)[0])
+    found = [(~torch.isfinite(values)).any().to(device) for values in local]
+    count = torch.stack(found).sum(dtype=torch.float32) if found else torch.zeros((), device=device)
+    if distributed():
+        dist.all_reduce(count)
+    return bool(count)
 
 
 def max_across(value: float, device) -> float:
@@ -316,13 +321,3 @@ def peer_failure(exc: BaseException) -> bool:
 def barrier() -> None:
     if distributed():
         dist.barrier()
-
-
-def my_micro_batches(window: list, rank: int, world: int, size: int, accumulation: int):
-    """This process's micro-batches of one optimizer step's rows (its contiguous share of micro_batch_size x
-    accumulation rows, as one process would have split them), and how many padding micro-batches it must add to
-    run as many as rank 0."""
-    share = window[rank * size * accumulation : (rank + 1) * size * accumulation]
-    mine = [share[i : i + size] for i in range(0, len(share), size)]
-    most = -(-min(len(window), size * accumulation) // size)
-    return mine, most - len(mine)

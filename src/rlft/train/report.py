@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlft.config.best_model import best_metric, loads_best_model
-from rlft.config.methods import method_spec
+from rlft.config.methods import method_spec, spec_of
 from rlft.config.settings import Settings
 from rlft.config.settings.profiling import PROFILE_FOLDER, ProfileSettings
 from rlft.config.settings.training import OptimSettings
@@ -77,7 +77,7 @@ def print_plan(console: Console, cfg, settings: Settings, model, data, micro_bat
         table.add_row("device", f"{accelerator.device} ({accelerator.mixed_precision} mixed precision)" if accelerator.mixed_precision != "no" else f"{accelerator.device} (fp32)")
     if peak is not None:
         table.add_row("MFU peak", peak.describe())
-    if compiling := compile_plan(model_settings):
+    if compiling := compile_plan(model_settings, bool(spec_of(cfg).engine) and not cfg.trl.use_vllm):
         table.add_row("compile", compiling)
     if model_settings.liger:
         table.add_row("kernels", liger_summary(model_settings, model.config.model_type, logits_reason(model, sharded)))

@@ -21,7 +21,6 @@ from rlft.heap import collector_paused, release_heap
 from rlft.models.base_changing import convert_folder, is_converted, save_initial_adapter
 from rlft.models.freeze import freeze_except
 from rlft.models.loading import base_model_source, check_context_length, hub_revision, load_tokenizer
-from rlft.models.compile import compile_options
 from rlft.rollout.envs.nemo_gym_launch import GymServers
 from rlft.train.best import copy_model_files, final_checkpoint
 from rlft.train.engines import server_token
@@ -117,12 +116,6 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     if accelerator.is_main_process:
         print_plan(console, cfg, settings, model, data, len(recipe.train_plan), accelerator, recipe.draws_per_step, recipe.plan_rows,
                    sharded, peak)
-        if compile_options(settings.model) is not None:
-            engine = spec_of(cfg).engine
-            decode = ("; the rollout engine decodes with a static KV cache and a compiled step" if engine and not
-                      cfg.trl.use_vllm else "")
-            console.print(f"note: torch_compile: the training forward is compiled{decode}; the first steps compile (seconds "
-                          "to a minute), then run faster", markup=False)
     try:
         result = Trainer(cfg, settings, recipe, model, tokenizer, accelerator, console, peak).run()
     finally:

@@ -78,8 +78,13 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------ schedule
 
-def save_scheduler(scheduler, folder: Path) -> None:
-    (folder / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
+def scheduler_json(scheduler) -> str:
+    """`scheduler.json`'s text: the schedule's state, taken with a checkpoint's snapshot and written by `write_scheduler`."""
+    return json.dumps(scheduler.state_dict())
+
+
+def write_scheduler(text: str, folder: Path) -> None:
+    (folder / SCHEDULER_FILE).write_text(text)
 
 
 def scheduler_state(folder: Path) -> dict[str, Any]:

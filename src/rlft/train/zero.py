@@ -172,8 +172,9 @@ class OptimizerShard:
 
 def optimizer_shard(engine) -> OptimizerShard:
     """Each trained parameter's whole optimizer state (and fp32 master weights when the model trains in bf16), held by
-    one process (parameter i by rank i mod processes), as copies that later steps leave alone. A collective: every
-    rank calls it."""
+    one process (parameter i by rank i mod processes), as tensors that later steps leave alone: DeepSpeed's
+    safe_get_full_* gather each into a buffer of its own (a zeroed or empty one filled by an all-reduce or all-gather),
+    which goes to the CPU in fp32 without a further copy where it is there already. A collective: every rank calls it."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state  # optional, as in initialize
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -188,9 +189,8 @@ def optimizer_shard(engine) -> OptimizerShard:
         values = {key: safe_get_full_optimizer_state(param, key) for key in keys}
         if master:
             values["fp32"] = safe_get_full_fp32_param(param)
-        if owner == rank:
-            mine.update({f"{name}::{key}": value.detach().to("cpu", torch.float32, copy=True).contiguous()
-                         for key, value in values.items()})
+        if owner == rank:  # each value is a new buffer the gather filled, which no later step writes: moved, not copied
+            mine.update({f"{name}::{key}": value.detach().to("cpu", torch.float32).contiguous() for key, value in values.items()})
     index = {"format": "rlft-zero-1", "processes": world, "keys": keys + (["fp32"] if master else []), "scalars": scalars,
              "owners": owners} if rank == 0 else None
     return OptimizerShard(rank, mine, index)

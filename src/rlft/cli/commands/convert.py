@@ -27,8 +27,17 @@ def convert(args: argparse.Namespace, state: CommandState) -> int:
         sys.stdout.write(text)
         return 0
     out = Path(args.output)
+    if out.is_dir():
+        example = out / Path(args.config).with_suffix(".yaml").name
+        raise ConfigError(f"-o {out} is a folder: give the file to write, e.g. -o {example}")
+    if not out.parent.is_dir():
+        fix = "is a file, not a folder" if out.parent.exists() else f"does not exist: create it (mkdir -p {out.parent})"
+        raise ConfigError(f"-o {out}: {out.parent} {fix}, or write the YAML elsewhere")
     if out.exists() and not args.force:
         raise ConfigError(f"{out} exists: pick another file, or add --force to replace it")
-    out.write_text(text)
+    try:
+        out.write_text(text)
+    except OSError as exc:  # no permission, a full disk: the system's reason, without a traceback
+        raise ConfigError(f"-o {out}: cannot write it ({exc.strerror}): pick a file you can write") from None
     console.print(f"wrote {out}", markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -6,9 +6,9 @@ import argparse
 
 from rich.table import Table
 
+from rlft.cli.config_file import load_run_config
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState
-from rlft.config import load_config
 from rlft.config.settings import resolve
 from rlft.config.settings.model import model_settings
 from rlft.config.plugins import nemo_gym_enabled
@@ -21,7 +21,7 @@ from rlft.train.methods import tool_episodes
 
 
 def preprocess(args: argparse.Namespace, state: CommandState) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides)
     if nemo_gym_enabled(cfg):
         raise ConfigError("rlft preprocess prepares datasets:, and with NeMo Gym on the prompts are nemo_gym_datasets' "
                           "tasks, which the running Gym servers route: `rlft train` prepares them (and starts the servers "

@@ -6,9 +6,9 @@ import argparse
 
 from pydantic import ValidationError
 
+from rlft.cli.config_file import load_run_config
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState
-from rlft.config import load_config
 from rlft.config.settings.rollout import server_settings
 from rlft.errors import ConfigError
 from rlft.rollout.server.launch import serve as run_server
@@ -18,7 +18,7 @@ SERVE_FLAGS = ("host", "port", "tensor_parallel_size", "data_parallel_size", "gp
 
 
 def serve(args: argparse.Namespace, state: CommandState) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides)
     for name in SERVE_FLAGS:  # flags override the `vllm:` section (booleans too, when given as --no-...)
         value = getattr(args, name)
         if value is not None:

@@ -7,11 +7,9 @@ import os
 
 from rich.console import Console
 
+from rlft.cli.config_file import load_run_config
 from rlft.cli.consoles import console
 from rlft.cli.exit import CommandState, resume_hint, stop_on_sigterm
-from rlft.config.cosmos.front import refuse_cosmos
-from rlft.config.cosmos.report import notes
-from rlft.config.loading import load_translated
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError
 from rlft.heap import collector_paused
@@ -21,12 +19,7 @@ from rlft.train.unbuilt import refuse_unbuilt
 
 
 def train(args: argparse.Namespace, state: CommandState) -> int:
-    cfg, cosmos = load_translated(args.config, args.overrides)  # a bad config stops here, before any process starts
-    if cosmos is not None:  # a Cosmos-RL file: what rlft does not build stops here, the keys it does not read are said
-        refuse_cosmos(cosmos, args.config)
-        if "WORLD_SIZE" not in os.environ:  # said once, by the command the user ran
-            for line in notes(cosmos, args.config):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+    cfg = load_run_config(args.config, args.overrides)  # a bad config stops here, before any process starts
     state.weights_only = cfg.save_only_model  # what the lines for a run stopped from outside say of its checkpoints
 
     if args.num_processes > 1 or args.nnodes > 1:

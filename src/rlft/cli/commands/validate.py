@@ -7,6 +7,7 @@ refuse of it (hardware rlft does not drive, unknown keys) and the keys rlft does
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from rlft.cli.consoles import console, err_console
@@ -21,27 +22,37 @@ from rlft.errors import ConfigError
 
 def validate(args: argparse.Namespace, state: CommandState) -> int:
     keys = [key for key in args.explain or [] if key]
-    if not args.config and keys and Path(keys[-1]).is_file():  # `--explain FILE`: the file, every key of it
-        args.config, keys, args.explain = keys[-1], keys[:-1], keys[:-1] + [""]
+    every_key = "" in (args.explain or [])  # `--explain` without a KEY: each key the config sets
+    config = args.config
+    if not config and keys and Path(keys[-1]).is_file():  # `--explain FILE`: the file, every key of it
+        config, keys, every_key = keys[-1], keys[:-1], True
+    for key in keys:
+        if _is_config_path(key) and not Path(key).is_file():  # a config file's name, not a key: the file is missing
+            raise ConfigError(f"config file not found: {key} (check the path; it is relative to {Path.cwd()})")
     for key in keys:
         console.print(_describe(key), markup=False, highlight=False, soft_wrap=True)
-    if not args.config:
+    if not config:
         if keys:
             return 0
         raise ConfigError("validate needs a CONFIG file (or --explain KEY)")
     try:
-        cfg, translation = load_translated(args.config, args.overrides)
+        cfg, translation = load_translated(config, args.overrides)
         resolve(cfg)  # the settings `rlft train` builds: a config that validates builds them
     except ConfigError as exc:
         err_console.print(str(exc), style="red", markup=False, highlight=False, soft_wrap=True)
         return 1
-    if "" in (args.explain or []):
-        text = explain_file(translation, args.config) if translation else _explain_rlft(cfg)
+    if every_key:
+        text = explain_file(translation, config) if translation else _explain_rlft(cfg)
         console.print(text, markup=False, highlight=False, soft_wrap=True)
-    for line in notes(translation, args.config) if translation else []:
+    for line in notes(translation, config) if translation else []:
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print("OK")
     return 0
+
+
+def _is_config_path(argument: str) -> bool:
+    """A config file's name (a .yaml, .yml or .toml suffix, or a folder in it); keys are dotted names (trl.beta)."""
+    return Path(argument).suffix in (".yaml", ".yml", ".toml") or "/" in argument or os.sep in argument
 
 
 def _describe(key: str) -> str:

@@ -68,12 +68,13 @@ def input_output_format(ds) -> RowFormat:
 
 def prompt_completion_format(ds, chunks: bool = False) -> RowFormat:
     """Rows that already hold `prompt` and `completion` strings (or `messages`, or `text`)."""
+    chat = chat_template_format(ds, chunks)
 
     def convert(row: dict[str, Any]) -> Record:
         for keys in (("messages",), ("prompt", "completion"), ("text",)):
             if all(key in row and row[key] is not None for key in keys):
                 if keys == ("messages",):
-                    return chat_template_format(ds, chunks)(row)
+                    return chat(row)
                 return {key: text(row[key], key) for key in keys}
         raise RowError(f"no `type:` set and the row has none of messages / prompt+completion / text (it has {fields_of(row)})")
 

@@ -8,22 +8,11 @@ from typing import Any
 
 from rlft.config.methods import method_spec
 from rlft.data.formats.preference.fields import Record, RowFormat, checked_text, required_text, system_text
-from rlft.data.formats.rows import RowError, chat_template_format, get_field, render_chat
+from rlft.data.formats.rows import RowError, get_field, message_list, render_chat
 from rlft.data.tokenizer import apply_chat_template_setting
 from rlft.errors import DataError
 
 DUMMY_USER = "[[dummy_message]]"
-
-
-class _MessagesAt:
-    """`ds` seen with `field_messages` pointing at another column, to reuse `chat_template_format`."""
-
-    def __init__(self, ds, field_name: str):
-        self._ds = ds
-        self.field_messages = field_name
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ds, name)
 
 
 def dataset_chat_template(ds) -> str | None:
@@ -45,8 +34,8 @@ class ChatRenderer:
                 "this format renders with a chat template but the tokenizer has none: set "
                 "`chat_template: chatml` (or llama3, or jinja with chat_template_jinja)"
             )
-        self.ds, self.tokenizer, self.template = ds, tokenizer, template
-        self._normalisers: dict[str, RowFormat] = {}
+        self.tokenizer, self.template = tokenizer, template
+        self._normalise = message_list(ds)
 
     def messages(self, value: Any, name: str) -> list[dict[str, str]]:
         """A message list (a plain string is one user message), with roles and keys mapped."""
@@ -54,12 +43,7 @@ class ChatRenderer:
             return [{"role": "user", "content": value}]
         if not isinstance(value, list):
             raise RowError(f"field {name!r} must be a list of messages, got {type(value).__name__}")
-        if name not in self._normalisers:
-            self._normalisers[name] = chat_template_format(_MessagesAt(self.ds, name))
-        nested: Any = value
-        for part in reversed(name.split(".")):  # so `get_field` finds a dotted name where it looks
-            nested = {part: nested}
-        return self._normalisers[name](nested)["messages"]
+        return self._normalise(value, name)
 
     def answer(self, value: Any, name: str) -> dict[str, str]:
         """An answer: a string (assistant message), one message, or a list (its last message)."""
