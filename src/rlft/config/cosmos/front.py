@@ -4,7 +4,8 @@ A file is a Cosmos-RL config when it is TOML (Cosmos-RL's format), or YAML whose
 sections (`train`, `rollout`, `policy`, `logging`, `validation`, `custom`, ...). A file that mixes those with rlft's
 (Axolotl's) top-level keys is refused, naming which keys are which. Overrides on the command line use either
 language: `--train.max_num_steps=2` changes the Cosmos-RL file before it is translated, `--max_steps=2` the rlft
-config after.
+config after. Under a section both languages have (`validation`, `profiler`), an override is Cosmos-RL's where
+Cosmos-RL's schema has the key and rlft's where only rlft's has it (`--validation.pass_threshold=0.5`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rlft.config.cosmos.schema import SCHEMA, TOP
+from rlft.config.cosmos.schema import SCHEMA, TOP, find
+from rlft.config.cosmos.targets import rlft_has, set_path
 from rlft.config.cosmos.translate import Translation, translate
 from rlft.config.schema import RlftConfig
 from rlft.errors import ConfigError, NotImplementedYet
@@ -32,7 +34,8 @@ def _rlft_top() -> set[str]:
 
 
 RLFT_TOP = _rlft_top()
-COSMOS_ONLY = COSMOS_TOP - RLFT_TOP  # `profiler` is both: rlft's section has Cosmos-RL's keys
+SHARED = COSMOS_TOP & RLFT_TOP  # validation and profiler: rlft's sections hold Cosmos-RL's keys, and some of their own
+COSMOS_ONLY = COSMOS_TOP - RLFT_TOP
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -67,9 +70,27 @@ def is_cosmos(path: Path, data: dict[str, Any]) -> bool:
 
 
 def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Cosmos-RL overrides, rlft overrides): a key under one of Cosmos-RL's top-level names is Cosmos-RL's."""
-    cosmos = {key: value for key, value in overrides.items() if key in COSMOS_TOP}
-    return cosmos, {key: value for key, value in overrides.items() if key not in cosmos}
+    """(Cosmos-RL overrides, rlft overrides): a key under one of Cosmos-RL's top-level names is Cosmos-RL's, but for a
+    key of a section both have (`SHARED`) that only rlft's schema holds."""
+    cosmos: dict[str, Any] = {}
+    rlft: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in SHARED:
+            _split_shared(key, value, cosmos, rlft)
+        else:
+            (cosmos if key in COSMOS_TOP else rlft)[key] = value
+    return cosmos, rlft
+
+
+def _split_shared(path: str, value: Any, cosmos: dict[str, Any], rlft: dict[str, Any]) -> None:
+    """Walk a shared section's override down Cosmos-RL's tables; each value goes to rlft where Cosmos-RL has no such key
+    and rlft has one, else to Cosmos-RL (whose check names an unknown key)."""
+    key = find(path)
+    if key is not None and key.is_section and isinstance(value, dict):
+        for name, inner in value.items():
+            _split_shared(f"{path}.{name}", inner, cosmos, rlft)
+        return
+    set_path(rlft if key is None and rlft_has(path) else cosmos, path, value)
 
 
 def translated(path: Path, data: dict[str, Any]) -> Translation:
