@@ -294,13 +294,12 @@ def test_a_file_without_a_train_policy_table_trains_grpo_with_grpos_defaults():
 
 @pytest.mark.parametrize("sections,key,words", [
     (dict(train={"train_batch_per_replica": 0}), "train.train_batch_per_replica",
-     "train.train_batch_per_replica = 0 gives no rows to train on: set it to the rows each process trains per step, at "
-     "least 1"),
+     "train_batch_per_replica 0 trains no rows: set it to the rows each process trains per step, at least 1"),
     (dict(train={"train_batch_per_replica": -8}, train_policy={"mini_batch": 4}), "train.train_policy.mini_batch",
-     "train.train_batch_per_replica = -8 gives no rows"),
+     "train_batch_per_replica -8 trains no rows"),
     (dict(train_policy={"mini_batch": 3}), "train.train_policy.mini_batch",  # the default 8 rows: not 3s
      "train_batch_per_replica 8 is not a whole number of mini-batches of 3 rows"),
-    (dict(train={"optm_betas": [0.9]}), "train.optm_betas", "train.optm_betas has 1 number(s), and Adam takes two"),
+    (dict(train={"optm_betas": [0.9]}), "train.optm_betas", "optm_betas has 1 number(s), and Adam takes two"),
     (dict(train={"optm_betas": [0.9, 0.95, 0.99]}), "train.optm_betas", "has 3 number(s), and Adam takes two"),
     (dict(train_policy={"dataloader_shuffle": False}), "train.train_policy.dataloader_shuffle",
      "rlft draws each epoch's rows in a seeded random order (train.seed) and has no key that keeps the dataset's order"),
@@ -383,3 +382,18 @@ def test_an_override_of_a_key_only_rlft_has_goes_to_rlft(tmp_path):
     cfg, translation = load_translated(path, ["--validation.pass_threshold=0.5", "--validation.freq=5"])
     assert cfg.validation.pass_threshold == 0.5 and cfg.eval_steps == 5
     assert not translation.of("unknown")
+
+
+def test_a_translation_rlft_refuses_names_the_refused_keys_too(tmp_path):
+    """A refused key is left out of the translation, which may then fail rlft's rules: the error says both."""
+    from rlft.config.loading import load_translated
+
+    path = tmp_path / "grpo.toml"
+    path.write_text('[policy]\nmodel_name_or_path = "./model"\n[train]\ntrain_batch_per_replica = 0\n'
+                    '[train.train_policy]\ntype = "grpo"\ndataset.name = "data.jsonl"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_translated(path)
+    text = str(caught.value)
+    assert "must be divisible by trl.num_generations" in text
+    assert ("Cosmos-RL keys that rlft train refuses, left out of the translation:\n  - train.train_batch_per_replica = 0: "
+            "train_batch_per_replica 0 trains no rows") in text

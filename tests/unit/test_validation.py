@@ -149,6 +149,9 @@ def test_unset_keys_take_the_trl_options_and_reward_forms_resolve_to_names_and_w
 @pytest.mark.parametrize("keys, words", [
     ({"validation": {"temperature": 1.0, "n_generation": 4}},
      "validation.n_generation, validation.temperature change nothing while validation.enable is false"),
+    ({"validation": {"pass_threshold": 0.5}},
+     "validation.pass_threshold changes nothing while validation.enable is false \\(the default\\): set "
+     "validation.enable: true, or remove it"),
     ({"validation": {"enable": True}}, "has no prompts to evaluate on"),
     ({"validation": VALIDATION, "val_set_size": 0.1}, "validation.datasets and val_set_size are both set"),
     ({"validation": VALIDATION, "test_datasets": [{"path": "t.jsonl"}]}, "validation.datasets and test_datasets"),

@@ -104,7 +104,9 @@ def translated(path: Path, data: dict[str, Any]) -> Translation:
 
 
 def with_origins(exc: ConfigError, translation: Translation) -> ConfigError:
-    """rlft's problems with a translated config, each naming the Cosmos-RL keys its rlft key came from."""
+    """rlft's problems with a translated config, each naming the Cosmos-RL keys its rlft key came from; then the keys
+    `rlft train` refuses, which the translation leaves out (a refused train_batch_per_replica leaves rlft's batch
+    keys at their defaults, which can be the problem above)."""
     lines = []
     for where, what in exc.problems:
         named = set(re.findall(r"[\w.\[\]]+", f"{where} {what}")) & translation.written()
@@ -113,8 +115,10 @@ def with_origins(exc: ConfigError, translation: Translation) -> ConfigError:
     if not lines:
         return exc
     head = str(exc).splitlines()[0]
-    return ConfigError(f"{head} (the file's rlft translation; `rlft validate --explain FILE` shows it)\n" + "\n".join(lines),
-                       exc.problems)
+    refused = [f"  - {o.path} = {_shown(o.value)}: {o.detail}" for o in translation.of("refused")]
+    after = "\nCosmos-RL keys that rlft train refuses, left out of the translation:\n" + "\n".join(refused) if refused else ""
+    return ConfigError(f"{head} (the file's rlft translation; `rlft validate --explain FILE` shows it)\n" + "\n".join(lines)
+                       + after, exc.problems)
 
 
 def refuse_cosmos(translation: Translation, source: str) -> None:

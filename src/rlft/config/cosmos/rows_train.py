@@ -110,8 +110,8 @@ def _batch_sizes(view: View) -> tuple[int, int, int]:
 def batches_refused(value: Any, view: View) -> str | None:
     rows, step_rows, micro = _batch_sizes(view)
     if rows < 1:
-        return (f"train.train_batch_per_replica = {rows} gives no rows to train on: set it to the rows each process trains "
-                "per step, at least 1 (Cosmos-RL's default is 8)")
+        return (f"train_batch_per_replica {rows} trains no rows: set it to the rows each process trains per step, at least 1 "
+                "(Cosmos-RL's default is 8)")
     if step_rows % micro or rows % step_rows:
         return (f"train_batch_per_replica {rows} is not a whole number of mini-batches of {micro} rows (or of "
                 f"batch_size_per_optimize {step_rows}): rlft steps in whole micro-batches; make it a multiple")
@@ -135,8 +135,8 @@ def _unsharded(key: str):
 def _betas(value: Any, view: View) -> str | None:
     if len(value) == 2:
         return None
-    return (f"train.optm_betas has {len(value)} number(s), and Adam takes two (beta1, beta2): write two, e.g. "
-            "optm_betas = [0.9, 0.999] (Cosmos-RL's default)")
+    return (f"optm_betas has {len(value)} number(s), and Adam takes two (beta1, beta2): write two, e.g. [0.9, 0.999] "
+            "(Cosmos-RL's default)")
 
 
 def _saving(convert):

@@ -13,8 +13,9 @@ def validation_problems(cfg):
     if not section.enable:
         if written:
             keys = ", ".join(f"validation.{key}" for key in written)
-            yield (f"{keys} change nothing while validation.enable is false (the default): set validation.enable: true, "
-                   "or remove them")
+            one = len(written) == 1
+            yield (f"{keys} {'changes' if one else 'change'} nothing while validation.enable is false (the default): set "
+                   f"validation.enable: true, or remove {'it' if one else 'them'}")
         return
     if not method_spec(cfg.method).reward_functions:
         yield (f"validation.enable is the evaluation of the GRPO family (rl: grpo or gdpo), scored by reward functions; "
