@@ -118,6 +118,13 @@ def test_save_every_n_epochs_is_refused_beside_another_save_schedule(config, con
     config(save_every_n_epochs=1, load_best_model_at_end=True, eval_strategy="epoch", **EVAL)  # checkpoints to choose from
 
 
+def test_asynchronous_saving_without_checkpoints_is_refused(config, config_problems):
+    assert _problems(config_problems, save_mode="async", save_strategy="no").startswith(
+        "save_mode: async writes the checkpoints of save_strategy on a background thread, and save_strategy: no saves none")
+    config(save_mode="sync", save_strategy="no")
+    config(save_mode="async", save_steps=10)
+
+
 def test_save_strategy_best_saves_after_each_new_best_evaluation():
     best = _best(load_best_model_at_end=False, save_strategy="best")
     saved = []

@@ -500,7 +500,7 @@ def test_rl_settings_defaults_for_a_sync_run(config):
     assert (s.decoupled_loss, s.behav_imp_weight_cap) == (False, None)
     assert (s.replay_buffer_size, s.replay_recompute_logps, s.reroll_start_fraction, s.reroll_max_groups) == (0, True, 1.0, 1)
     assert s.allowed_outdated_steps is None
-    assert (s.on_policy, s.outdated_fetch_prompts, s.max_retry_for_on_policy, s.min_filter_prefix_tokens) == (False, 0, None, 0)
+    assert (s.outdated_fetch_prompts, s.max_retry_for_on_policy, s.min_filter_prefix_tokens) == (0, None, 0)
     assert s.reset_optimizer_with_reference
     assert not s.needs_sampling_correction
 
@@ -633,16 +633,39 @@ def test_reroll_without_max_steps(config_problems, config):
     assert config(**GRPO, max_steps=100, trl={"reroll_start_fraction": 0.5}).trl.reroll_start_fraction == 0.5
 
 
-def test_rollout_keys_on_other_methods_follow_other_trl_keys(config):
-    # trl: keys are not checked for methods that do not read them (as every other trl key)
-    assert config(rl="dpo", trl={"vllm_lora_sync": True, "streaming_min_groups": 2}).trl.vllm_lora_sync
+ENGINE_KEYS = {"on_policy": True, "outdated_rollout_fetch_batch_size": 2, "max_retry_for_on_policy": 3,
+               "min_filter_prefix_tokens": 8, "reset_optimizer_with_reference": False, "vllm_group_port": 6000}
+
+
+@pytest.mark.parametrize("method", [{}, {"rl": "dpo"}, {"rl": "ipo"}, {"rl": "kto", "micro_batch_size": 2}, {"rl": "orpo"},
+                                    {"rl": "simpo"}, {"reward_model": True}])
+def test_trl_keys_only_a_rollout_engine_reads_are_refused_for_methods_without_one(config_problems, method):
+    [(_, what)] = config_problems(**method, trl=ENGINE_KEYS)
+    named = ", ".join(f"trl.{key}" for key in ENGINE_KEYS)
+    assert what.startswith(f"{named} are read only where a rollout engine generates (rl: grpo, gdpo, or ebft in "
+                           "structured mode), not by "), what
+    [(_, what)] = config_problems(**method, trl={"use_vllm": False})  # a value at its default, written, is refused too
+    assert what.startswith("trl.use_vllm is read only where a rollout engine generates") and what.endswith("remove it")
+
+
+def test_trl_keys_methods_without_an_engine_read_are_not_refused(config):
+    from rlft.config.rl import preference_beta
+    from rlft.config.rules.online import engine_only
+    from rlft.train.unbuilt import refuse_unbuilt
+
+    assert preference_beta(config(rl="dpo", trl={"beta": 0.3})) == 0.3
+    assert not any(engine_only(key) for key in ("beta", "sync_ref_model", "reference_reset_interval", "use_liger_loss"))
+    with pytest.raises(NotImplementedYet, match="trl.use_liger_loss"):  # an Axolotl key: refused by train, its own way
+        refuse_unbuilt(config(rl="dpo", trl={"use_liger_loss": True}))
+    config(rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["m.r"], "min_filter_prefix_tokens": 8, "use_vllm": False})
+    config(rl="ebft", micro_batch_size=8, ebft={"mode": "structured"}, trl={"min_filter_prefix_tokens": 8})
 
 
 def test_strided_ebft_refuses_rollout_engine_keys(config_problems):
     problems = config_problems(rl="ebft", ebft={"mode": "strided"}, trl={"use_vllm": True, "async_prefetch": True})
-    assert ("combination", "trl.use_vllm and trl.async_prefetch with ebft.mode: strided: strided EBFT generates its blocks "
-            "inside each document in the trainer, not through a rollout engine; remove them (they apply to structured "
-            "mode)") in problems
+    assert ("combination", "trl.use_vllm, trl.async_prefetch are read only where a rollout engine generates (rl: grpo, gdpo, "
+            "or ebft in structured mode), not by ebft in strided mode, which generates its blocks inside each document in "
+            "the trainer: remove them") in problems
 
 
 def test_replay_with_recorded_logps_and_sampling_filters_is_refused(config_problems, config):

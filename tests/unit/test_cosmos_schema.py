@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from rlft.config.cosmos.schema import SCHEMA, all_keys, check, effective, find, policy_section, unknown_path
+from rlft.config.cosmos.schema import SCHEMA, all_keys, check, effective, find, policy_section, policy_type, unknown_path
 
 
 def test_known_keys_have_their_type_default_and_description():
@@ -65,6 +65,15 @@ def test_the_policy_type_follows_cosmos_rl():
     assert policy_section({"type": "sft"}) == "SFTDataConfig"
     assert policy_section({"kl_beta": 0.1}) == "GrpoConfig"  # Cosmos-RL's rule: a GRPO key without `type`
     assert policy_section({"mini_batch": 2}) == "SFTDataConfig"
+
+
+def test_a_file_without_a_policy_table_is_read_as_a_grpo_policy():
+    """Cosmos-RL's TrainingConfig.train_policy defaults to a GRPO policy; a table without `type` is Cosmos-RL's guess."""
+    assert effective({})["train"]["train_policy"]["type"] == "grpo" and policy_type({}) == "grpo"
+    assert effective({"train": {"epoch": 2}})["train"]["train_policy"]["reward_function"] == ["single_choice"]
+    assert policy_type({"train": {"epoch": 2}}) == "grpo"
+    assert effective({"train": {"train_policy": {}}})["train"]["train_policy"]["type"] == "sft"
+    assert policy_type({"train": {"train_policy": {}}}) == "sft"
 
 
 def test_effective_fills_cosmos_rl_defaults():

@@ -13,10 +13,9 @@ from rlft.config.cosmos.schema import all_keys, find
 from rlft.config.cosmos.targets import rlft_has
 from rlft.config.cosmos.translate import ROWS, row_for, translate
 from rlft.config.loading import build_config
+from rlft.errors import ConfigError
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "data" / "cosmos").glob("*.toml"))
-# rlft keys the table maps onto that rlft does not have yet: a file setting their Cosmos-RL key is refused by `rlft train`
-PENDING: set[str] = set()
 GRPO = {"type": "grpo", "dataset": {"name": "data.jsonl"}}
 
 
@@ -45,9 +44,9 @@ def test_every_key_of_the_schema_has_its_row():
     assert not stale, f"rows of keys that are not in Cosmos-RL's schema: {stale}"
 
 
-def test_every_row_names_rlft_keys_that_exist_or_are_pending():
+def test_every_row_names_rlft_keys_that_exist():
     targets = {target for row in ROWS for target in row.targets}
-    unknown = sorted(t for t in targets if not rlft_has(t) and t not in PENDING)
+    unknown = sorted(t for t in targets if not rlft_has(t))
     assert not unknown, f"rows name rlft keys that do not exist: {unknown}"
 
 
@@ -284,3 +283,117 @@ def test_each_row_says_what_its_key_became(key):
     for written in outcome.rlft:
         general = re.sub(r"\[\d+\]", "[*]", written)
         assert any(general == t or t.startswith(general + "[") for t in row.targets), (written, row.targets)
+
+
+def test_a_file_without_a_train_policy_table_trains_grpo_with_grpos_defaults():
+    """Cosmos-RL's train_policy default is a GRPO policy: the method and the defaults the rows read agree."""
+    translation = translate({"train": {"train_batch_per_replica": 8}, "policy": {"model_name_or_path": "./model"}})
+    assert translation.method == "grpo" and translation.rlft["rl"] == "grpo"
+    assert translation.rlft["trl"]["reward_funcs"] == ["single_choice"] and translation.rlft["trl"]["loss_type"] == "token-mean"
+
+
+@pytest.mark.parametrize("sections,key,words", [
+    (dict(train={"train_batch_per_replica": 0}), "train.train_batch_per_replica",
+     "train_batch_per_replica 0 trains no rows: set it to the rows each process trains per step, at least 1"),
+    (dict(train={"train_batch_per_replica": -8}, train_policy={"mini_batch": 4}), "train.train_policy.mini_batch",
+     "train_batch_per_replica -8 trains no rows"),
+    (dict(train_policy={"mini_batch": 3}), "train.train_policy.mini_batch",  # the default 8 rows: not 3s
+     "train_batch_per_replica 8 is not a whole number of mini-batches of 3 rows"),
+    (dict(train={"optm_betas": [0.9]}), "train.optm_betas", "optm_betas has 1 number(s), and Adam takes two"),
+    (dict(train={"optm_betas": [0.9, 0.95, 0.99]}), "train.optm_betas", "has 3 number(s), and Adam takes two"),
+    (dict(train_policy={"dataloader_shuffle": False}), "train.train_policy.dataloader_shuffle",
+     "rlft draws each epoch's rows in a seeded random order (train.seed) and has no key that keeps the dataset's order"),
+    (dict(validation={"enable": True, "val_before_train": False}), "validation.val_before_train",
+     "rlft evaluates before the first step whenever it evaluates"),
+    (dict(train_policy={"reward_function": {"boxed_math": float("nan")}}), "train.train_policy.reward_function",
+     "the weight of 'boxed_math' is nan; give a finite number"),
+    (dict(train_policy={"reward_function": {"": 1.0}}), "train.train_policy.reward_function",
+     "the key '' is not a reward function's name"),
+])
+def test_values_rlft_cannot_run_are_refused_with_the_key_and_the_fix(sections, key, words):
+    translation = translate(cosmos(**sections))
+    outcome = leaf(translation, key)
+    assert outcome.kind == "refused" and words in outcome.detail, outcome
+
+
+def test_keys_at_what_rlft_does_are_accepted():
+    translation = translate(cosmos(train_policy={"dataloader_shuffle": True}, validation={"val_before_train": True}))
+    assert not translation.of("refused")
+    off = translate(cosmos(validation={"enable": False, "val_before_train": False}))
+    assert leaf(off, "validation.val_before_train").detail == "validation is off (validation.enable)"
+
+
+def test_fsdp_keys_say_why_they_set_nothing_by_the_sharding():
+    for shards, words in ((1, "dp_shard_size = 1 shards nothing"), (4, "FSDP2 keeps the parameters on the GPU")):
+        translation = translate(cosmos(policy={"parallelism": {"dp_shard_size": shards}}, train={"fsdp_offload": False}))
+        outcome = leaf(translation, "train.fsdp_offload")
+        assert outcome.kind == "mapped" and not outcome.rlft and words in outcome.detail, outcome
+    sharded = translate(cosmos(policy={"parallelism": {"dp_shard_size": 4}}, train={"fsdp_reshard_after_forward": "default"}))
+    assert "FSDP2 reshards after each forward" in leaf(sharded, "train.fsdp_reshard_after_forward").detail
+
+
+def test_on_policy_is_rlfts_on_policy_and_needs_a_sync_every_step():
+    translation = translate(cosmos(train={"train_batch_per_replica": 32}, train_policy={"on_policy": True}))
+    assert translation.rlft["trl"]["on_policy"] is True and "async_prefetch" not in translation.rlft["trl"]
+    assert build_config(translation.rlft).trl.on_policy
+    every_two = translate(cosmos(train={"train_batch_per_replica": 32, "sync_weight_interval": 2},
+                                 train_policy={"on_policy": True}))
+    with pytest.raises(ConfigError, match="trl.on_policy samples every batch .* set trl.vllm_sync_interval: 1"):
+        build_config(every_two.rlft)
+
+
+def test_outdated_rollouts_are_fetched_only_while_rollouts_are_sampled_ahead():
+    ahead = translate(cosmos(train={"train_batch_per_replica": 32}, train_policy={"outdated_rollout_fetch_batch_size": 2}))
+    assert ahead.rlft["trl"]["outdated_rollout_fetch_batch_size"] == 2 and ahead.rlft["trl"]["async_prefetch"]
+    build_config(ahead.rlft)
+    assert translate(cosmos(train={"train_batch_per_replica": 32})).rlft["trl"]["outdated_rollout_fetch_batch_size"] == 1
+    for policy in ({"on_policy": True}, {"allowed_outdated_steps": 0}):
+        synchronous = translate(cosmos(train={"train_batch_per_replica": 32},
+                                       train_policy={**policy, "outdated_rollout_fetch_batch_size": 2}))
+        assert "outdated_rollout_fetch_batch_size" not in synchronous.rlft["trl"]
+        outcome = leaf(synchronous, "train.train_policy.outdated_rollout_fetch_batch_size")
+        assert not outcome.rlft and "this run samples each generation batch when it trains" in outcome.detail
+        build_config(synchronous.rlft)
+
+
+def test_profiler_settings_are_translated_where_a_profiler_runs():
+    off = translate(cosmos(profiler={"sub_profiler_config": {"active_steps": 2, "rank_filter": [1]}}))
+    assert "profiler" not in off.rlft
+    assert "the profiler, which is off" in leaf(off, "profiler.sub_profiler_config.rank_filter").detail
+    build_config(off.rlft)
+    on = translate(cosmos(profiler={"enable_nsys": True, "sub_profiler_config": {"active_steps": 2, "with_modules": True}}))
+    assert on.rlft["profiler"]["sub_profiler_config"] == {"active_steps": 2}
+    modules = leaf(on, "profiler.sub_profiler_config.with_modules")
+    assert modules.kind == "unused" and "TorchScript models only" in modules.detail
+    build_config(on.rlft)
+
+
+def test_an_override_of_a_key_only_rlft_has_goes_to_rlft(tmp_path):
+    from rlft.config.cosmos.front import split_overrides
+    from rlft.config.loading import load_translated
+
+    cosmos_side, rlft_side = split_overrides({"validation": {"enable": True, "pass_threshold": 0.5, "dataset": {"name": "v"}},
+                                              "profiler": {"enable_profiler": True}, "max_steps": 2})
+    assert cosmos_side == {"validation": {"enable": True, "dataset": {"name": "v"}}, "profiler": {"enable_profiler": True}}
+    assert rlft_side == {"validation": {"pass_threshold": 0.5}, "max_steps": 2}
+    path = tmp_path / "grpo.toml"
+    path.write_text('[policy]\nmodel_name_or_path = "./model"\n[train.train_policy]\ntype = "grpo"\n'
+                    'dataset.name = "data.jsonl"\n[validation]\nenable = true\ndataset.name = "val.jsonl"\n')
+    cfg, translation = load_translated(path, ["--validation.pass_threshold=0.5", "--validation.freq=5"])
+    assert cfg.validation.pass_threshold == 0.5 and cfg.eval_steps == 5
+    assert not translation.of("unknown")
+
+
+def test_a_translation_rlft_refuses_names_the_refused_keys_too(tmp_path):
+    """A refused key is left out of the translation, which may then fail rlft's rules: the error says both."""
+    from rlft.config.loading import load_translated
+
+    path = tmp_path / "grpo.toml"
+    path.write_text('[policy]\nmodel_name_or_path = "./model"\n[train]\ntrain_batch_per_replica = 0\n'
+                    '[train.train_policy]\ntype = "grpo"\ndataset.name = "data.jsonl"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_translated(path)
+    text = str(caught.value)
+    assert "must be divisible by trl.num_generations" in text
+    assert ("Cosmos-RL keys that rlft train refuses, left out of the translation:\n  - train.train_batch_per_replica = 0: "
+            "train_batch_per_replica 0 trains no rows") in text

@@ -28,7 +28,7 @@ def _config(**keys):
 
 def _settings(**fields) -> ProfileSettings:
     values = dict(trace=False, nsys=False, wait=1, warmup=1, active=1, ranks=(0,), record_shapes=False, profile_memory=False,
-                  with_stack=False, with_modules=False, memory_snapshot=False, keys="profiler")
+                  with_stack=False, memory_snapshot=False, keys="profiler")
     return ProfileSettings(**{**values, **fields})
 
 
@@ -54,8 +54,36 @@ def test_cosmos_keys_resolve_with_cosmos_defaults_and_rank_0_for_an_empty_filter
 
 def test_a_profiler_left_off_records_on_no_rank():
     assert not resolve(_config()).profile.on
-    assert not profile_settings(_config(profiler={"sub_profiler_config": {"active_steps": 3}})).records(0)
+    assert not profile_settings(_config(profiler={"enable_profiler": False})).records(0)
     assert not profile_settings(_config(profiler_steps=0)).on  # Axolotl: 0 is off
+
+
+@pytest.mark.parametrize("keys,words", [
+    ({"profiler": {"sub_profiler_config": {"active_steps": 3, "rank_filter": [1]}}},
+     "profiler.sub_profiler_config.active_steps, profiler.sub_profiler_config.rank_filter are read while a profiler runs, "
+     "and none is on: set profiler.enable_profiler: true"),
+    ({"profiler": {"enable_profiler": False, "sub_profiler_config": {"wait_steps": 0}}},
+     "profiler.sub_profiler_config.wait_steps is read while a profiler runs"),
+    ({"profiler_steps": 2, "profiler": {"sub_profiler_config": {"record_shape": False, "rank_filter": [0]}}},
+     "profiler.sub_profiler_config.record_shape with profiler_steps (Axolotl's profiler), which records profiler_steps "
+     "steps after profiler_steps_start with shapes, memory and stacks whatever these say"),
+    ({"profiler_steps_start": 3}, "profiler_steps_start counts the steps trained before profiler_steps records, and "
+                                  "profiler_steps is not set"),
+    ({"profiler_steps": 0, "profiler_steps_start": 0}, "profiler_steps_start counts the steps"),
+    ({"profiler": {"enable_profiler": True, "sub_profiler_config": {"with_modules": True}}},
+     "with_modules: true asks torch.profiler for each operator's module hierarchy, which it records for TorchScript "
+     "models only"),
+])
+def test_profiler_keys_that_would_change_nothing_are_refused(keys, words):
+    with pytest.raises(ConfigError) as caught:
+        _config(**keys)
+    assert words in str(caught.value)
+
+
+def test_the_keys_each_way_of_profiling_reads_are_accepted():
+    _config(profiler={"enable_nsys": True, "sub_profiler_config": {"active_steps": 2, "with_modules": False}})
+    assert profile_settings(_config(profiler_steps=2, profiler_steps_start=1, profiler={
+        "sub_profiler_config": {"rank_filter": [1]}})).ranks == (1,)  # profiler_steps reads rank_filter
 
 
 def test_axolotl_profiler_steps_are_a_window_without_warm_up_with_shapes_memory_and_stacks():
@@ -95,7 +123,7 @@ def test_train_refuses_nsys_without_cuda_and_ranks_the_run_does_not_have(monkeyp
     assert "rank(s) [2]" in str(caught.value) and "2 process(es)" in str(caught.value)
     refuse_unbuilt(_config(profiler={"enable_profiler": True, "sub_profiler_config": {"rank_filter": [1]}}), processes=2)
     # a filter with the profiler off profiles nothing, so it names no missing rank
-    assert profile_problems(profile_settings(_config(profiler={"sub_profiler_config": {"rank_filter": [5]}})), 1, False) == []
+    assert profile_problems(_settings(ranks=(5,)), 1, False) == []
     assert profile_problems(profile_settings(_config(profiler={"enable_nsys": True})), 1, cuda=True) == []
 
 

@@ -40,3 +40,6 @@ def test_a_missing_column_names_itself():
 def test_what_grpo_rows_do_not_read_is_refused(entry, words):
     with pytest.raises(ConfigError, match=words):
         config(**entry)
+    validation = {"enable": True, "datasets": [{"path": "val.jsonl", **entry}]}  # validation prompts are read the same way
+    with pytest.raises(ConfigError, match=f"validation.datasets\\[0\\]: .*{words}"):
+        build_config({**BASE, "datasets": [{"path": "math.jsonl"}], "validation": validation})

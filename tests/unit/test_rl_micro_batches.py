@@ -322,9 +322,10 @@ def test_the_keys_resolve_into_the_rl_settings(config):
     ({"rl": "grpo", "balance_dp_token": True, "trl": {"reward_funcs": ["m.r"]}},
      "balance_dp_token at the top level is Cosmos-RL's SFT key; the GRPO family's is trl.balance_dp_token"),
     ({"trl": {"max_token_len_per_mini_batch": 512}},
-     "trl.max_token_len_per_mini_batch shape the micro-batches of the GRPO family and structured EBFT, not of sft"),
+     "trl.max_token_len_per_mini_batch is read only where a rollout engine generates (rl: grpo, gdpo, or ebft in "
+     "structured mode), not by sft: remove it"),
     ({"rl": "dpo", "trl": {"max_token_len_per_mini_batch": 512, "balance_dp_token": True}},
-     "trl.max_token_len_per_mini_batch and trl.balance_dp_token shape the micro-batches"),
+     "trl.max_token_len_per_mini_batch, trl.balance_dp_token are read only where a rollout engine generates"),
 ])
 def test_the_rules_on_the_keys(config_problems, overrides, message):
     assert any(message in text for _, text in config_problems(**overrides)), config_problems(**overrides)

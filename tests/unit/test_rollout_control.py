@@ -189,6 +189,11 @@ def test_on_policy_samples_every_batch_with_the_weights_that_train_on_it(tok, ti
                                                "allowed_outdated_steps holds the producer back"),
     ({"outdated_rollout_fetch_batch_size": 2, "async_prefetch": True}, "only happens with trl.async_prefetch: true and"),
     ({"max_retry_for_on_policy": 3}, "max_retry_for_on_policy limits the draws of dynamic sampling, which is off"),
+    ({"reset_optimizer_with_reference": False}, "trl.reset_optimizer_with_reference says what a reference reset does to "
+                                                "the optimizer, and trl.reference_reset_interval \\(unset or 0\\) makes no "
+                                                "reset: set reference_reset_interval, or remove"),
+    ({"reset_optimizer_with_reference": True, "reference_reset_interval": 0, "beta": 0.1},
+     "trl.reference_reset_interval \\(unset or 0\\) makes no reset"),
     ({"max_retry_for_on_policy": 3, "filter_reward_metric": "r", "dynamic_sampling_max_retries": 2},
      "both limit dynamic sampling's draws"),
 ])

@@ -136,7 +136,7 @@ def test_unset_keys_take_the_trl_options_and_reward_forms_resolve_to_names_and_w
     settings = resolve(cfg).validation
     assert (settings.temperature, settings.top_p, settings.top_k, settings.repetition_penalty, settings.max_new_tokens) == \
         (0.0, 0.8, 10, 1.2, 48)
-    assert settings.greedy and settings.own_datasets
+    assert settings.greedy
     assert (settings.reward_funcs, settings.reward_weights) == (("boxed_math",), (1.0,))
     listed = resolve(_config(validation={**VALIDATION, "reward_function": ["boxed_math", "format"]})).validation
     assert (listed.reward_funcs, listed.reward_weights) == (("boxed_math", "format"), (1.0, 1.0))
@@ -149,6 +149,9 @@ def test_unset_keys_take_the_trl_options_and_reward_forms_resolve_to_names_and_w
 @pytest.mark.parametrize("keys, words", [
     ({"validation": {"temperature": 1.0, "n_generation": 4}},
      "validation.n_generation, validation.temperature change nothing while validation.enable is false"),
+    ({"validation": {"pass_threshold": 0.5}},
+     "validation.pass_threshold changes nothing while validation.enable is false \\(the default\\): set "
+     "validation.enable: true, or remove it"),
     ({"validation": {"enable": True}}, "has no prompts to evaluate on"),
     ({"validation": VALIDATION, "val_set_size": 0.1}, "validation.datasets and val_set_size are both set"),
     ({"validation": VALIDATION, "test_datasets": [{"path": "t.jsonl"}]}, "validation.datasets and test_datasets"),
@@ -160,6 +163,16 @@ def test_unset_keys_take_the_trl_options_and_reward_forms_resolve_to_names_and_w
     ({"validation": {"batch_size": 8}}, "write eval_batch_size: N"),
     ({"validation": {"dataset": {"name": "gsm8k"}}}, "validation.datasets: \\[\\{path"),
     ({"validation": {**VALIDATION, "reward_function": ["boxed_math", " "]}}, "a reward function's name is empty"),
+    ({"validation": {**VALIDATION, "reward_function": {"boxed_math": True}}},
+     "validation.reward_function: the weight of 'boxed_math' is True; give a finite number"),
+    ({"validation": {**VALIDATION, "reward_function": {"": 1.0}}}, "the key '' is not a reward function's name"),
+    ({"validation": {**VALIDATION, "n_generation": 4}},
+     "validation.n_generation 4 with validation.temperature 0 samples greedily: a prompt's 4 completions would be the "
+     "same one, so pass@4 would equal pass@1"),
+    ({"validation": {**VALIDATION, "n_generation": 2, "temperature": 1.0, "top_k": 1}},
+     "validation.n_generation 2 with validation.top_k 1 samples greedily"),
+    ({"validation": {**VALIDATION, "n_generation": 2, "temperature": 1.0}, "trl": {"reward_funcs": ["m.r"], "top_k": 1}},
+     "validation.n_generation 2 with top_k 1 \\(trl.top_k, as validation.top_k is unset\\) samples greedily"),
     ({"validation": {**VALIDATION, "n_generation": 0}}, "validation.n_generation"),
     ({"validation": {**VALIDATION, "top_p": 0}}, "validation.top_p"),
 ])
@@ -169,7 +182,13 @@ def test_refusals_name_the_keys_and_the_fix(keys, words):
 
 
 def test_the_eval_split_is_enough_for_validation():
-    assert resolve(_config(val_set_size=0.1, validation={"enable": True})).validation.own_datasets is False
+    assert resolve(_config(val_set_size=0.1, validation={"enable": True})).validation is not None
+
+
+def test_several_samples_a_prompt_need_a_sampling_temperature():
+    sampled = resolve(_config(validation={**VALIDATION, "n_generation": 4, "temperature": 1.0, "top_k": 0})).validation
+    assert (sampled.n_generation, sampled.greedy) == (4, False)
+    assert resolve(_config(validation={**VALIDATION, "n_generation": 1})).validation.greedy  # one greedy answer: pass@1
 
 
 def test_an_unknown_validation_reward_is_reported_under_its_key():
@@ -218,15 +237,12 @@ def test_evaluation_batches_by_set_and_seeds_each_batch_the_same_at_every_evalua
     assert first["eval/a/rollout_count"] == 6 and first["eval/b/rollout_count"] == 4
     assert first["eval/pass@1"] == 0.5 and first["eval/pass@2"] == 1.0
     assert "a 3 prompts, b 2 prompts; 2 completion(s) per prompt, temperature 1" in validation.describe()
-    assert validation.warnings() == []
 
 
-def test_greedy_evaluation_draws_no_seed_and_warns_of_identical_samples():
-    cfg = _config(validation={**VALIDATION, "n_generation": 4})
+def test_greedy_evaluation_draws_no_seed():
+    cfg = _config(validation={**VALIDATION})
     validation = Validation([ValidationSet("a", [{"prompt": "1", "prompt_ids": [1], "columns": {}}])],
                             resolve(cfg).validation, scorer=None, batch_size=8, seed=0)
     producer = StandInProducer()
     validation.evaluate(producer, validation.batches(), SamplingParams(max_new_tokens=4))
-    assert producer.calls[0][4] is None and producer.calls[0][1].temperature == 0.0
-    (warning,) = validation.warnings()
-    assert "pass@4 equals pass@1" in warning
+    assert producer.calls[0][4] is None and producer.calls[0][1].temperature == 0.0 and producer.calls[0][2] == 1

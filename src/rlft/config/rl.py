@@ -108,8 +108,7 @@ class RLSettings:
     prefetch_depth: int  # rollout batches generated ahead
     streaming: bool  # score a rollout batch in chunks of prompt groups
     streaming_min_groups: int
-    allowed_outdated_steps: int | None  # the throttle's bound, and rows older when trained are dropped; None = no bound
-    on_policy: bool  # Cosmos-RL: allowed_outdated_steps resolved to 0
+    allowed_outdated_steps: int | None  # the throttle's bound (0: on_policy), rows older when trained dropped; None: none
     outdated_fetch_prompts: int  # prompts of a batch the throttle holds sampled at once (outdated_rollout_fetch_batch_size)
     max_retry_for_on_policy: int | None  # dynamic sampling's draw limit (an error past it); <= 0: none; None: the retries
     min_filter_prefix_tokens: int  # the shared-prefix filter's least prefix; 0 = off
@@ -233,7 +232,7 @@ def rl_settings(cfg) -> RLSettings:
         lora_sync=options["vllm_lora_sync"], sync_interval=options["vllm_sync_interval"],
         async_prefetch=options["async_prefetch"], prefetch_depth=options["prefetch_depth"],
         streaming=bool(options["streaming_partial_batch"]), streaming_min_groups=options["streaming_min_groups"],
-        allowed_outdated_steps=options["allowed_outdated_steps"], on_policy=options["on_policy"],
+        allowed_outdated_steps=options["allowed_outdated_steps"],
         outdated_fetch_prompts=options["outdated_rollout_fetch_batch_size"],
         max_retry_for_on_policy=options["max_retry_for_on_policy"],
         min_filter_prefix_tokens=options["min_filter_prefix_tokens"] or 0,

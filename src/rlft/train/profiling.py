@@ -116,8 +116,7 @@ class StepProfile:
         if p.trace:
             self.profiler = torch.profiler.profile(
                 activities=self.activities, schedule=self.schedule, on_trace_ready=self._save_trace,
-                record_shapes=p.record_shapes, profile_memory=p.profile_memory, with_stack=p.with_stack,
-                with_modules=p.with_modules)
+                record_shapes=p.record_shapes, profile_memory=p.profile_memory, with_stack=p.with_stack)
             self.profiler.start()
         open_ranges_with(self._range)
         self._follow_schedule()

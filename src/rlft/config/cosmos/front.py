@@ -4,7 +4,8 @@ A file is a Cosmos-RL config when it is TOML (Cosmos-RL's format), or YAML whose
 sections (`train`, `rollout`, `policy`, `logging`, `validation`, `custom`, ...). A file that mixes those with rlft's
 (Axolotl's) top-level keys is refused, naming which keys are which. Overrides on the command line use either
 language: `--train.max_num_steps=2` changes the Cosmos-RL file before it is translated, `--max_steps=2` the rlft
-config after.
+config after. Under a section both languages have (`validation`, `profiler`), an override is Cosmos-RL's where
+Cosmos-RL's schema has the key and rlft's where only rlft's has it (`--validation.pass_threshold=0.5`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rlft.config.cosmos.schema import SCHEMA, TOP
+from rlft.config.cosmos.schema import SCHEMA, TOP, find
+from rlft.config.cosmos.targets import rlft_has, set_path
 from rlft.config.cosmos.translate import Translation, translate
 from rlft.config.schema import RlftConfig
 from rlft.errors import ConfigError, NotImplementedYet
@@ -32,7 +34,8 @@ def _rlft_top() -> set[str]:
 
 
 RLFT_TOP = _rlft_top()
-COSMOS_ONLY = COSMOS_TOP - RLFT_TOP  # `profiler` is both: rlft's section has Cosmos-RL's keys
+SHARED = COSMOS_TOP & RLFT_TOP  # validation and profiler: rlft's sections hold Cosmos-RL's keys, and some of their own
+COSMOS_ONLY = COSMOS_TOP - RLFT_TOP
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -67,9 +70,27 @@ def is_cosmos(path: Path, data: dict[str, Any]) -> bool:
 
 
 def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Cosmos-RL overrides, rlft overrides): a key under one of Cosmos-RL's top-level names is Cosmos-RL's."""
-    cosmos = {key: value for key, value in overrides.items() if key in COSMOS_TOP}
-    return cosmos, {key: value for key, value in overrides.items() if key not in cosmos}
+    """(Cosmos-RL overrides, rlft overrides): a key under one of Cosmos-RL's top-level names is Cosmos-RL's, but for a
+    key of a section both have (`SHARED`) that only rlft's schema holds."""
+    cosmos: dict[str, Any] = {}
+    rlft: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in SHARED:
+            _split_shared(key, value, cosmos, rlft)
+        else:
+            (cosmos if key in COSMOS_TOP else rlft)[key] = value
+    return cosmos, rlft
+
+
+def _split_shared(path: str, value: Any, cosmos: dict[str, Any], rlft: dict[str, Any]) -> None:
+    """Walk a shared section's override down Cosmos-RL's tables; each value goes to rlft where Cosmos-RL has no such key
+    and rlft has one, else to Cosmos-RL (whose check names an unknown key)."""
+    key = find(path)
+    if key is not None and key.is_section and isinstance(value, dict):
+        for name, inner in value.items():
+            _split_shared(f"{path}.{name}", inner, cosmos, rlft)
+        return
+    set_path(rlft if key is None and rlft_has(path) else cosmos, path, value)
 
 
 def translated(path: Path, data: dict[str, Any]) -> Translation:
@@ -83,7 +104,9 @@ def translated(path: Path, data: dict[str, Any]) -> Translation:
 
 
 def with_origins(exc: ConfigError, translation: Translation) -> ConfigError:
-    """rlft's problems with a translated config, each naming the Cosmos-RL keys its rlft key came from."""
+    """rlft's problems with a translated config, each naming the Cosmos-RL keys its rlft key came from; then the keys
+    `rlft train` refuses, which the translation leaves out (a refused train_batch_per_replica leaves rlft's batch
+    keys at their defaults, which can be the problem above)."""
     lines = []
     for where, what in exc.problems:
         named = set(re.findall(r"[\w.\[\]]+", f"{where} {what}")) & translation.written()
@@ -92,8 +115,10 @@ def with_origins(exc: ConfigError, translation: Translation) -> ConfigError:
     if not lines:
         return exc
     head = str(exc).splitlines()[0]
-    return ConfigError(f"{head} (the file's rlft translation; `rlft validate --explain FILE` shows it)\n" + "\n".join(lines),
-                       exc.problems)
+    refused = [f"  - {o.path} = {_shown(o.value)}: {o.detail}" for o in translation.of("refused")]
+    after = "\nCosmos-RL keys that rlft train refuses, left out of the translation:\n" + "\n".join(refused) if refused else ""
+    return ConfigError(f"{head} (the file's rlft translation; `rlft validate --explain FILE` shows it)\n" + "\n".join(lines)
+                       + after, exc.problems)
 
 
 def refuse_cosmos(translation: Translation, source: str) -> None:

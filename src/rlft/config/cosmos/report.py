@@ -11,7 +11,6 @@ from typing import Any
 import yaml
 
 from rlft.config.cosmos.schema import all_keys, find
-from rlft.config.cosmos.targets import rlft_has
 from rlft.config.cosmos.translate import Outcome, Translation, row_for
 
 # the converted file's first keys, in this order; the rest follow as the rows wrote them
@@ -109,7 +108,7 @@ def mapping_table() -> str:
             continue  # a key both policy types share (dataset.*, mini_batch): listed once
         seen.add(id(row))
         label = f"`{key.path}`" + {"sft": " (SFT)", "grpo": " (GRPO)"}.get(row.method or "", "")
-        targets = ", ".join(f"`{t}`" + ("" if rlft_has(t) else " (not in rlft yet)") for t in row.targets) or "—"
+        targets = ", ".join(f"`{t}`" for t in row.targets) or "—"
         notes = row.note or (row.unused if isinstance(row.unused, str) else "")
         cells = (label, f"`{shown(key.default)}`", targets, notes.replace("|", "\\|"))
         lines.append("| " + " | ".join(cells) + " |")

@@ -9,8 +9,8 @@ A row says what one Cosmos-RL key becomes in rlft, in one of three ways:
 
 A row may have `refuse` beside `convert` or `unused` (the value decides). `carry` rows also translate Cosmos-RL's
 default when the file leaves the key out, since rlft's own default may differ (Cosmos-RL's learning rate is 1e-6,
-rlft's 2e-5). Where a row's rlft key is not in rlft's schema, `missing` says why going without it changes no result;
-without `missing`, `rlft train` refuses the key, naming the rlft key it lacks.
+rlft's 2e-5). A value that rlft's key does not take (a bound, a type) is refused by `rlft train`, naming the key
+(at Cosmos-RL's default, the key is not used, for the same reason).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlft.config.cosmos.schema import effective, find, policy_section
+from rlft.config.cosmos.schema import effective, find, policy_type
 
 Convert = Callable[[Any, "View"], dict[str, Any]]
 Judge = Callable[[Any, "View"], "str | None"]
@@ -31,8 +31,7 @@ class View:
     def __init__(self, data: dict[str, Any]):
         self.data = data
         self.full = effective(data)
-        policy = (data.get("train") or {}).get("train_policy") if isinstance(data.get("train"), dict) else None
-        self.method = "sft" if policy_section(policy if policy is not None else {"type": "grpo"}) == "SFTDataConfig" else "grpo"
+        self.method = policy_type(data)
 
     def get(self, path: str) -> Any:
         node: Any = self.full
@@ -65,7 +64,6 @@ class Row:
     unused: str | Judge | None = None
     carry: bool = False
     method: str | None = None
-    missing: str | None = None
     note: str = ""
 
     def why_unused(self, value: Any, view: View) -> str | None:

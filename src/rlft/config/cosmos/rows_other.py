@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rlft.config.cosmos.rows import Row, View, refused_when, rows_to, to, unused
 from rlft.config.cosmos.schema import SCHEMA
-from rlft.config.cosmos.targets import rlft_has
 
 V = "validation"
 OFF = "validation is off (validation.enable)"
-# validation's sampling keys at the values that are what rlft's evaluation does without a `validation:` section (one
-# greedy completion per prompt, the training rewards and completion length)
-SAME_AS_RLFT = {"temperature": 0.0, "top_p": None, "top_k": 1, "repetition_penalty": 1.0, "n_generation": 1,
-                "max_response_length": None, "reward_function": []}
+# validation's sampling keys: rlft's `validation:` section has each under the same name
+SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "n_generation", "max_response_length", "reward_function")
 LAUNCHER = "a setting of Cosmos-RL's launcher (its controller and workers); rlft starts its processes itself"
 
 
@@ -23,8 +19,8 @@ def _on(convert):
 
 
 def _validation_sets(value: Any, view: View) -> dict[str, Any]:
-    """validation.dataset, one entry per split (Cosmos-RL joins them): rlft's validation.datasets where rlft has that
-    section, else test_datasets."""
+    """validation.dataset, one entry per split (Cosmos-RL joins them): rlft's validation.datasets for GRPO, test_datasets
+    for SFT (whose evaluation is its loss on them)."""
     name = view.get(f"{V}.dataset.name")
     if not name:
         return {}
@@ -33,7 +29,7 @@ def _validation_sets(value: Any, view: View) -> dict[str, Any]:
                               if view.get(f"{V}.dataset.{key}")}}
     entry = {("name" if key == "subset" else key): item for key, item in entry.items()}
     splits = [split] if isinstance(split, str) else list(split or []) or [""]
-    target = "validation.datasets" if rlft_has("validation.datasets") and view.method == "grpo" else "test_datasets"
+    target = "validation.datasets" if view.method == "grpo" else "test_datasets"
     return {target: [{**entry, "split": s or "train"} for s in splits]}
 
 
@@ -42,7 +38,7 @@ def _enable(value: Any, view: View) -> dict[str, Any]:
     (Cosmos-RL's default 0.1; rlft's val_set_size holds out the last rows)."""
     if not value:
         return {}
-    out = {"validation.enable": True} if rlft_has("validation.enable") and view.method == "grpo" else {}
+    out = {"validation.enable": True} if view.method == "grpo" else {}
     if not view.get(f"{V}.dataset.name"):
         test_size = view.get("train.train_policy.dataset.test_size")
         out["val_set_size"] = 0.1 if test_size is None else test_size
@@ -50,25 +46,17 @@ def _enable(value: Any, view: View) -> dict[str, Any]:
 
 
 def _sampling(key: str) -> Row:
-    """A validation sampling key: rlft's `validation:` key of the same name where rlft has it; otherwise only the value
-    that is what rlft's evaluation does (greedy, one answer per prompt, the training rewards)."""
-    same, target = SAME_AS_RLFT[key], f"{V}.{key}"
+    """A validation sampling key: rlft's `validation:` key of the same name, read by GRPO with validation on."""
+    target = f"{V}.{key}"
 
     def convert(value: Any, view: View) -> dict[str, Any]:
-        if not view.get(f"{V}.enable") or view.method != "grpo" or not rlft_has(target) or value in (None, []):
+        if not view.get(f"{V}.enable") or view.method != "grpo" or value in (None, []):
             return {}
         return {target: value}  # top_k 1, Cosmos-RL's default, keeps the evaluation greedy at any temperature
 
-    def refuse(value: Any, view: View) -> str | None:
-        if not view.get(f"{V}.enable") or view.method != "grpo" or rlft_has(target) or value in (same, []):
-            return None
-        return (f"validation with its own sampling settings has no rlft key yet ({target}); rlft's evaluation samples "
-                "greedily one answer per prompt, scored by the training rewards: leave the key out")
-
-    return Row(target, (target,), convert, refuse=refuse, carry=True, unused=lambda value, view: (
+    return Row(target, (target,), convert, carry=True, unused=lambda value, view: (
         OFF if not view.get(f"{V}.enable") else "SFT evaluates the loss on held-out rows" if view.method == "sft" else
-        "what rlft's evaluation does"),
-               note=f"GRPO with validation on; without rlft's {target}, only {json.dumps(same)} runs (rlft's greedy evaluation)")
+        "what rlft's evaluation does"), note="GRPO with validation on")
 
 
 VALIDATION_ROWS: list[Row] = [
@@ -78,18 +66,37 @@ VALIDATION_ROWS: list[Row] = [
     rows_to(f"{V}.batch_size", ("eval_batch_size",), _on(lambda value, view: {} if value is None else
                                                           {"eval_batch_size": value})),
     Row(f"{V}.dataset.name", ("validation.datasets", "test_datasets"), _on(_validation_sets), carry=True,
-        note="one entry per split: validation.datasets where rlft has that section, else test_datasets"),
+        note="one entry per split: validation.datasets (GRPO), test_datasets (SFT)"),
     Row(f"{V}.dataset.subset", ("validation.datasets", "test_datasets"), _on(_validation_sets)),
     Row(f"{V}.dataset.revision", ("validation.datasets", "test_datasets"), _on(_validation_sets)),
     Row(f"{V}.dataset.split", ("validation.datasets", "test_datasets"), _on(_validation_sets)),
     unused(f"{V}.dataset.test_size", "Cosmos-RL reads the test_size of train.train_policy.dataset only (with no "
                                      "validation.dataset.name)"),
-    unused(f"{V}.val_before_train", "rlft evaluates before the first step whatever this says"),
-] + [_sampling(key) for key in SAME_AS_RLFT]
+    Row(f"{V}.val_before_train", convert=lambda value, view: {}, refuse=lambda value, view: (
+        "rlft evaluates before the first step whenever it evaluates (the baseline in metrics.jsonl) and has no key to "
+        "skip it: set val_before_train = true (what rlft does), or remove it") if value is False and view.get(
+        f"{V}.enable") else None, unused=lambda value, view: OFF if not view.get(f"{V}.enable") else "what rlft does",
+        note="true: what rlft does; false is refused (rlft evaluates before the first step, also where the key is left "
+             "out)"),
+] + [_sampling(key) for key in SAMPLING]
+
+PROFILING_OFF = "a setting of the profiler, which is off (profiler.enable_profiler, profiler.enable_nsys)"
+MODULES = ("torch.profiler records module hierarchies for TorchScript models only, and rlft trains eager models (so does "
+           "Cosmos-RL): with_stack shows each nn.Module call as a range")
+
+
+def _profiling(key: str) -> Row:
+    """A `[profiler.sub_profiler_config]` key: rlft's key of the same name, where a profiler is on."""
+    target = f"profiler.sub_profiler_config.{key}"
+    on = ("profiler.enable_profiler", "profiler.enable_nsys")
+    return Row(target, (target,), lambda value, view: {target: value} if any(view.get(k) for k in on) else {},
+               unused=PROFILING_OFF, note="read where profiler.enable_profiler or enable_nsys is on")
+
 
 PROFILER_ROWS: list[Row] = [to(f"profiler.{key}", f"profiler.{key}") for key in ("enable_profiler", "enable_nsys")] + [
-    to(f"profiler.sub_profiler_config.{key}", f"profiler.sub_profiler_config.{key}")
-    for key in SCHEMA["SubProfilerConfig"]]
+    to("profiler.sub_profiler_config.do_profile", "profiler.sub_profiler_config.do_profile"),
+    unused("profiler.sub_profiler_config.with_modules", MODULES)] + [
+    _profiling(key) for key in SCHEMA["SubProfilerConfig"] if key not in ("do_profile", "with_modules")]
 
 TOP_ROWS: list[Row] = [
     unused("custom", "options that a Cosmos-RL launch script reads: rlft runs no script"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlft.config.cosmos.rows import Row, View, refused_when, rows_to, to, unused
-from rlft.config.cosmos.rows_train import BATCHES, batches, steps_per_batch
-from rlft.config.cosmos.targets import rlft_has
+from rlft.config.cosmos.rows_train import BATCHES, batches, batches_refused, steps_per_batch
+from rlft.config.reward_weights import names_and_weights
 
 P = "train.train_policy"
 # rlft's built-in rewards (rlft.rollout.rewards.builtin, which the config layer does not import; a unit test holds the two
@@ -15,6 +15,8 @@ BUILTIN_REWARDS = ("boxed_math", "single_choice", "format")
 LOSSES = ("token-mean", "seq-mean-token-mean")
 LOADER = "rlft builds batches in the training process (no DataLoader workers or prefetching)"
 TRAINERS = {"grpo", "sft"}
+SYNCHRONOUS = ("read while allowed_outdated_steps holds rollouts sampled ahead back, and this run samples each generation "
+               "batch when it trains (on_policy, or allowed_outdated_steps leaves no room to sample ahead)")
 
 
 def _splits(view: View, prefix: str) -> list[str]:
@@ -53,11 +55,17 @@ def _rewards(value: Any, view: View) -> dict[str, Any]:
     """A name or a list; a mapping {name: weight} gives trl.reward_weights in its order (what rlft makes of the same
     mapping written in trl.reward_funcs)."""
     if isinstance(value, dict):
-        return {"trl.reward_funcs": list(value), "trl.reward_weights": [float(weight) for weight in value.values()]}
+        names, weights = names_and_weights(value)
+        return {"trl.reward_funcs": names, "trl.reward_weights": weights}
     return {"trl.reward_funcs": [value] if isinstance(value, str) else value}
 
 
 def _unbuilt_rewards(value: Any, view: View) -> str | None:
+    if isinstance(value, dict):
+        try:
+            names_and_weights(value)
+        except ValueError as exc:
+            return str(exc)
     names = [value] if isinstance(value, str) else list(value)
     missing = [name for name in names if name not in BUILTIN_REWARDS]
     if missing:
@@ -107,21 +115,19 @@ def _asynchronous(view: View) -> bool:
 
 
 def _on_policy(value: Any, view: View) -> dict[str, Any]:
+    if value:
+        return {"trl.on_policy": True}
     if not _asynchronous(view):
         return {}
     return {"trl.async_prefetch": True, "trl.prefetch_depth": _depth(view)}
 
 
+def _when_asynchronous(key: str):
+    return lambda value, view: {key: value} if _asynchronous(view) else {}
+
+
 def _overlong(key: str):
     return lambda value, view: {key: value} if view.get(f"{P}.overlong_reward.enable_overlong_penalty") else {}
-
-
-def _reset_optimizer(value: Any, view: View) -> str | None:
-    key = "trl.reset_optimizer_with_reference"
-    if value and view.get(f"{P}.reset_optimizer_with_reference") and not rlft_has(key):
-        return (f"with reset_optimizer_with_reference = true (Cosmos-RL's default) each reset also clears the optimizer's "
-                f"state, which has no rlft key ({key}); set reset_optimizer_with_reference = false to keep it")
-    return None
 
 
 def _trainer(value: Any, view: View) -> str | None:
@@ -143,14 +149,17 @@ DATASET_ROWS: list[Row] = [
     rows_to(f"{P}.dataset.test_size", ("val_set_size",), lambda value, view: {} if not view.get(
         "validation.enable") or view.get("validation.dataset.name") else {"val_set_size": 0.1 if value is None else value},
             note="with validation on and no validation.dataset.name: the rows held out for it (Cosmos-RL: 0.1)"),
-    unused(f"{P}.dataloader_shuffle", lambda value, view: None if value else (
-        "rlft shuffles the merged training rows once (shuffle_merged_datasets); Cosmos-RL's loader order is not kept"),
-           note="rlft shuffles the merged training rows once (seeded)"),
+    refused_when(f"{P}.dataloader_shuffle", lambda value: value is False,
+                 "rlft draws each epoch's rows in a seeded random order (train.seed) and has no key that keeps the "
+                 "dataset's order: set dataloader_shuffle = true (what rlft does), or remove it",
+                 otherwise="true: rlft draws each epoch's rows in a seeded random order, as a shuffling loader does",
+                 note="true: what rlft does (a seeded random order each epoch); false is refused (no rlft key keeps "
+                      "the dataset's order)"),
     unused(f"{P}.enable_dataset_cache", "rlft keeps tokenised data in dataset_prepared_path when that is set"),
     unused(f"{P}.dataloader_num_workers", LOADER),
     unused(f"{P}.dataloader_prefetch_factor", LOADER),
     unused(f"{P}.dataloader_batch_size", LOADER, method="grpo"),
-    Row(f"{P}.mini_batch", BATCHES, batches, carry=True,
+    Row(f"{P}.mini_batch", BATCHES, batches, refuse=batches_refused, carry=True,
         note="rows per micro-batch (with train.train_batch_per_replica)"),
     Row(f"{P}.trainer_type", refuse=_trainer, unused="rlft's own trainer"),
 ]
@@ -200,21 +209,25 @@ GRPO_ROWS: list[Row] = [
     _grpo("kl_beta", "trl.beta", carry=True),
     _grpo("aipo_rho", "trl.aipo_rho"),
     _grpo("mu_iterations", "trl.num_iterations", carry=True),
-    Row(f"{P}.batch_size_per_optimize", BATCHES, batches, method="grpo",
+    Row(f"{P}.batch_size_per_optimize", BATCHES, batches, refuse=batches_refused, method="grpo",
         note="rows per optimizer step: one generation batch serves several steps"),
     _grpo("max_token_len_per_mini_batch", "trl.max_token_len_per_mini_batch"),
     _grpo("entropy_coeff", "trl.entropy_coeff"),
-    Row(f"{P}.on_policy", ("trl.async_prefetch", "trl.prefetch_depth"), _on_policy, method="grpo", carry=True,
-        note="false: rollouts sampled ahead by as many generation batches as allowed_outdated_steps leaves room for"),
-    Row(f"{P}.allowed_outdated_steps", ("trl.allowed_outdated_steps",), lambda value, view: {
-        "trl.allowed_outdated_steps": value} if _asynchronous(view) else {}, method="grpo", carry=True),
-    _grpo("outdated_rollout_fetch_batch_size", "trl.outdated_rollout_fetch_batch_size"),
+    Row(f"{P}.on_policy", ("trl.on_policy", "trl.async_prefetch", "trl.prefetch_depth"), _on_policy, method="grpo",
+        carry=True, note="true: trl.on_policy (which rlft runs with train.sync_weight_interval = 1 only, and refuses with "
+                         "another; Cosmos-RL takes both); false: rollouts sampled ahead by as many generation batches as "
+                         "allowed_outdated_steps leaves room for"),
+    Row(f"{P}.allowed_outdated_steps", ("trl.allowed_outdated_steps",), _when_asynchronous("trl.allowed_outdated_steps"),
+        method="grpo", carry=True),
+    Row(f"{P}.outdated_rollout_fetch_batch_size", ("trl.outdated_rollout_fetch_batch_size",),
+        _when_asynchronous("trl.outdated_rollout_fetch_batch_size"), method="grpo", carry=True, unused=SYNCHRONOUS,
+        note="with rollouts sampled ahead (on_policy false, room in allowed_outdated_steps)"),
     _grpo("min_filter_prefix_tokens", "trl.min_filter_prefix_tokens"),
     Row(f"{P}.max_retry_for_on_policy", ("trl.max_retry_for_on_policy",), lambda value, view: {
         "trl.max_retry_for_on_policy": value} if view.get(f"{P}.variant") == "dapo" else {}, method="grpo",
         unused="draws of dynamic sampling, which runs with variant dapo only",
         note="with variant dapo: how many times dynamic sampling draws prompts to fill a generation batch"),
-    _grpo("reference_reset_interval", "trl.reference_reset_interval", refuse=_reset_optimizer),
+    _grpo("reference_reset_interval", "trl.reference_reset_interval"),
     Row(f"{P}.reset_optimizer_with_reference", ("trl.reset_optimizer_with_reference",),
         lambda value, view: {"trl.reset_optimizer_with_reference": value} if view.get(f"{P}.reference_reset_interval") else {},
         method="grpo"),

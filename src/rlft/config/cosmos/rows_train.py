@@ -10,6 +10,9 @@ from rlft.config.cosmos.rows import Row, View, refused_when, rows_to, to, unused
 SCHEDULE = ("lr_scheduler", "cosine_min_lr_ratio")
 BATCHES = ("micro_batch_size", "gradient_accumulation_steps", "trl.steps_per_generation", "trl.generation_batch_size")
 NOT_SHARDED = "an FSDP setting, and policy.parallelism.dp_shard_size = 1 shards nothing"
+SHARDED_DEFAULTS = {"train.fsdp_offload": "false: FSDP2 keeps the parameters on the GPU (rlft's fsdp_offload_params default)",
+                    "train.fsdp_reshard_after_forward": "default: FSDP2 reshards after each forward (rlft's "
+                                                        "fsdp_reshard_after_forward default)"}
 HUB = "rlft never uploads (it runs offline): push the output folder yourself, e.g. `hf upload ORG/NAME outputs/run`"
 
 
@@ -70,8 +73,11 @@ def batches(value: Any, view: View) -> dict[str, Any]:
     """train_batch_per_replica rows per process and generation batch, in micro-batches of mini_batch rows; GRPO's
     batch_size_per_optimize splits them into several optimizer steps (trl.steps_per_generation). Where the rows are
     not whole groups of n_generation completions, a generation batch of whole groups serves several optimizer steps
-    (trl.generation_batch_size): each group's advantages are still computed over the whole group, as in Cosmos-RL."""
+    (trl.generation_batch_size): each group's advantages are still computed over the whole group, as in Cosmos-RL.
+    Nothing where train_batch_per_replica is below 1 (`batches_refused` says why)."""
     rows, step_rows, micro = _batch_sizes(view)
+    if rows < 1:
+        return {}
     out: dict[str, Any] = {"micro_batch_size": micro, "gradient_accumulation_steps": max(1, step_rows // micro)}
     if view.method != "grpo":
         return out
@@ -87,6 +93,8 @@ def steps_per_batch(view: View) -> int:
     """Optimizer steps one generation batch serves: its steps of rows, each taken mu_iterations times."""
     rows, step_rows, _ = _batch_sizes(view)
     group = view.get("rollout.n_generation") or 1
+    if rows < 1:  # refused (`batches_refused`)
+        return 1
     batch_rows = math.lcm(rows, group) if rows % group else rows
     return max(1, batch_rows // max(1, step_rows)) * max(1, view.get("train.train_policy.mu_iterations") or 1)
 
@@ -99,10 +107,11 @@ def _batch_sizes(view: View) -> tuple[int, int, int]:
     return rows, step_rows, min(mini, step_rows) if mini and mini > 0 else step_rows
 
 
-def _batches_refused(value: Any, view: View) -> str | None:
+def batches_refused(value: Any, view: View) -> str | None:
     rows, step_rows, micro = _batch_sizes(view)
     if rows < 1:
-        return f"train_batch_per_replica {rows}: give at least 1"
+        return (f"train_batch_per_replica {rows} trains no rows: set it to the rows each process trains per step, at least 1 "
+                "(Cosmos-RL's default is 8)")
     if step_rows % micro or rows % step_rows:
         return (f"train_batch_per_replica {rows} is not a whole number of mini-batches of {micro} rows (or of "
                 f"batch_size_per_optimize {step_rows}): rlft steps in whole micro-batches; make it a multiple")
@@ -111,7 +120,23 @@ def _batches_refused(value: Any, view: View) -> str | None:
 
 def _sharded(convert):
     """An FSDP key: read where policy.parallelism.dp_shard_size shards the model (an fsdp_config alone turns FSDP on)."""
-    return lambda value, view: convert(value) if view.get("policy.parallelism.dp_shard_size") != 1 else {}
+    return lambda value, view: convert(value) if _shards(view) else {}
+
+
+def _shards(view: View) -> bool:
+    return view.get("policy.parallelism.dp_shard_size") != 1
+
+
+def _unsharded(key: str):
+    """Why an FSDP key sets nothing: no sharding, or its value is what rlft's FSDP2 does by default."""
+    return lambda value, view: SHARDED_DEFAULTS[key] if _shards(view) else NOT_SHARDED
+
+
+def _betas(value: Any, view: View) -> str | None:
+    if len(value) == 2:
+        return None
+    return (f"optm_betas has {len(value)} number(s), and Adam takes two (beta1, beta2): write two, e.g. [0.9, 0.999] "
+            "(Cosmos-RL's default)")
 
 
 def _saving(convert):
@@ -133,8 +158,8 @@ TRAIN_ROWS: list[Row] = [
        refuse=lambda value, view: ("one learning rate per optimizer (a list): rlft trains one optimizer; give one number")
        if isinstance(value, list) else None),
     to("train.optm_weight_decay", "weight_decay", carry=True),
-    rows_to("train.optm_betas", ("adam_beta1", "adam_beta2"),
-            lambda value, view: {"adam_beta1": value[0], "adam_beta2": value[1]}, carry=True),
+    Row("train.optm_betas", ("adam_beta1", "adam_beta2"), lambda value, view: {"adam_beta1": value[0], "adam_beta2": value[1]},
+        refuse=_betas, carry=True),
     rows_to("train.optm_warmup_steps", ("warmup_steps", "warmup_ratio"), lambda value, view: _warmup(value), carry=True,
             note="a float up to 1.0: warmup_ratio (a fraction of the run, rounded down, as Cosmos-RL); else warmup_steps"),
     Row("train.optm_decay_type", SCHEDULE, _schedule, refuse=_schedule_refused, carry=True,
@@ -151,12 +176,12 @@ TRAIN_ROWS: list[Row] = [
     unused("train.transfer_dtype", "a rollout server receives the weights in its own dtype (vllm.dtype)"),
     unused("train.fsdp_reduce_dtype", "rlft's FSDP2 reduces gradients in the dtype of its mixed-precision policy"),
     Row("train.fsdp_offload", ("fsdp_config.fsdp_offload_params",),
-        _sharded(lambda value: {"fsdp_config.fsdp_offload_params": True} if value else {}), unused=NOT_SHARDED,
-        note="true: FSDP2 keeps parameters on the CPU"),
+        _sharded(lambda value: {"fsdp_config.fsdp_offload_params": True} if value else {}),
+        unused=_unsharded("train.fsdp_offload"), note="true: FSDP2 keeps parameters on the CPU"),
     Row("train.fsdp_reshard_after_forward", ("fsdp_config.fsdp_reshard_after_forward",), _sharded(
         lambda value: {} if value == "default" else {"fsdp_config.fsdp_reshard_after_forward": value == "always"}),
-        unused=NOT_SHARDED, note="with dp_shard_size sharding: always, never: true, false"),
-    Row("train.train_batch_per_replica", BATCHES, batches, refuse=_batches_refused, carry=True,
+        unused=_unsharded("train.fsdp_reshard_after_forward"), note="with dp_shard_size sharding: always, never: true, false"),
+    Row("train.train_batch_per_replica", BATCHES, batches, refuse=batches_refused, carry=True,
         note="rows per process and step: micro_batch_size = train_policy.mini_batch, gradient_accumulation_steps = the rest"),
     rows_to("train.resume", ("resume_from_checkpoint",), lambda value, view: {} if value is False else {
         "resume_from_checkpoint": "auto" if value is True else value}),
@@ -200,8 +225,7 @@ TRAIN_ROWS: list[Row] = [
         unused="train.ckpt.save_freq_in_epoch, set above 0, wins (as in Cosmos-RL)"),
     rows_to("train.ckpt.save_freq_in_epoch", ("save_every_n_epochs",),
             _saving(lambda value: {"save_every_n_epochs": value} if value else {})),
-    rows_to("train.ckpt.save_mode", ("save_mode",), _saving(lambda value: {"save_mode": value}),
-            missing="rlft writes each checkpoint synchronously: the same files, the step waits for the write"),
+    rows_to("train.ckpt.save_mode", ("save_mode",), _saving(lambda value: {"save_mode": value})),
     rows_to("train.ckpt.max_keep", ("save_total_limit",), _saving(_keep), carry=True,
             note="-1 keeps every checkpoint"),
     unused("train.ckpt.export_safetensors", lambda value, view: "rlft writes its final model as safetensors" if value else

@@ -82,7 +82,10 @@ def type_words(entry: dict[str, Any]) -> str:
 
 
 def policy_section(policy: Any) -> str | None:
-    """The section a train_policy table is read as: its `type`, else Cosmos-RL's guess from its keys."""
+    """The section a train_policy table is read as: its `type`, else Cosmos-RL's guess from its keys. None (a file
+    without the table) is Cosmos-RL's default, a GRPO policy (TrainingConfig.train_policy)."""
+    if policy is None:
+        return POLICY_TYPES["grpo"]
     if not isinstance(policy, dict):
         return None
     kind = policy.get("type")
@@ -95,6 +98,13 @@ def section_of(entry: dict[str, Any], value: Any) -> str | None:
     if "sections" in entry:  # train_policy: GRPO or SFT
         return policy_section(value)
     return entry.get("section")
+
+
+def policy_type(data: dict[str, Any]) -> str:
+    """The method a whole file trains: `grpo` or `sft`, from its train_policy table (GRPO without one)."""
+    train = data.get("train")
+    policy = train.get("train_policy") if isinstance(train, dict) else None
+    return "sft" if policy_section(policy) == POLICY_TYPES["sft"] else "grpo"
 
 
 def _fits(kind: str, value: Any, entry: dict[str, Any]) -> bool:
@@ -175,7 +185,7 @@ def effective(data: dict[str, Any], section: str = TOP) -> dict[str, Any]:
                 out[key] = None
                 continue
             given = value if isinstance(value, dict) else {}
-            inner = section_of(entry, given) if "sections" in entry else entry["section"]
+            inner = section_of(entry, value if isinstance(value, dict) else None)
             out[key] = effective(given, inner or entry["section"])
             continue
         out[key] = copy.deepcopy(value) if key in data else copy.deepcopy(entry.get("default"))

@@ -19,7 +19,7 @@ from rlft.config.cosmos.rows_other import PROFILER_ROWS, TOP_ROWS, VALIDATION_RO
 from rlft.config.cosmos.rows_policy import POLICY_ROWS
 from rlft.config.cosmos.rows_train import TRAIN_ROWS
 from rlft.config.cosmos.schema import Finding, check, leaves
-from rlft.config.cosmos.targets import rlft_accepts, rlft_default, rlft_has, set_path
+from rlft.config.cosmos.targets import rlft_accepts, rlft_default, set_path
 
 ROWS: list[Row] = (TOP_ROWS + TRAIN_ROWS + POLICY_ROWS + POLICY_MODEL_ROWS + ROLLOUT_ROWS + VALIDATION_ROWS + LOGGING_ROWS
                    + PROFILER_ROWS)
@@ -105,11 +105,9 @@ def _apply(row: Row, value: Any, view: View, given: bool, out: dict[str, Any]) -
     if row.convert is None:
         return Outcome(row.cosmos, value, "unused", row.why_unused(value, view) or "")
     converted = row.convert(value, view)
-    lacking = [key for key in converted if not rlft_has(key) or not rlft_accepts(key, converted[key])]
+    lacking = [key for key in converted if not rlft_accepts(key, converted[key])]
     if lacking and given:
-        why = _lacking(lacking, converted)
-        if row.missing:
-            return Outcome(row.cosmos, value, "unused", row.missing)
+        why = "; ".join(f"rlft's {key} does not take {converted[key]!r}" for key in lacking)
         if value == view.default(row.cosmos):
             return Outcome(row.cosmos, value, "unused", f"Cosmos-RL's default; {why}")
         return Outcome(row.cosmos, value, "refused", why)
@@ -120,13 +118,6 @@ def _apply(row: Row, value: Any, view: View, given: bool, out: dict[str, Any]) -
         set_path(out, key, copy.deepcopy(new))
         written[key] = new
     return Outcome(row.cosmos, value, "mapped", "" if written or converted else _same(row, value, view), written)
-
-
-def _lacking(keys: list[str], converted: dict[str, Any]) -> str:
-    absent = [key for key in keys if not rlft_has(key)]
-    if absent:
-        return f"rlft has no key for this yet ({', '.join(absent)})"
-    return "; ".join(f"rlft's {key} does not take {converted[key]!r}" for key in keys)
 
 
 def _is_rlft_default(key: str, value: Any) -> bool:

@@ -56,10 +56,7 @@ def batching_problems(cfg):
 
 def _rl_micro_batch_problems(cfg, spec):
     trl = cfg.trl
-    keys = [f"trl.{key}" for key in ("max_token_len_per_mini_batch", "balance_dp_token") if getattr(trl, key)]
-    if keys and not spec.engine:
-        yield (f"{' and '.join(keys)} shape the micro-batches of the GRPO family and structured EBFT, not of {cfg.method}"
-               f"{f' in {spec.mode} mode' if spec.mode else ''}: remove {'them' if len(keys) > 1 else 'it'}")
+    if not spec.engine:  # their trl: keys are refused for it with the other rollout keys (rlft.config.rules.online)
         return
     if trl.balance_dp_token and (loss_type := trl_options(cfg)["loss_type"]) != "token-mean":
         other = {"dapo": "already divides by the loss tokens of every process",

@@ -69,10 +69,12 @@ CONVERSATION_KEYS = ("field_prompt", "field_response", "system_prompt")  # SFT's
 
 
 def conversation_problems(cfg):
-    """Dataset entries' field_prompt, field_response and system_prompt: SFT's chat_template rows read them, and the
-    GRPO family's prompt rows read the first two as their prompt and answer columns."""
+    """Dataset entries' field_prompt, field_response and system_prompt (of datasets, test_datasets, validation.datasets
+    and pretraining_dataset): SFT's chat_template rows read them, and the GRPO family's prompt rows read the first two
+    as their prompt and answer columns."""
     sft = method_spec(cfg.method).data == "sft"
     for key, entries in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets or []),
+                         ("validation.datasets", cfg.validation.datasets or []),
                          ("pretraining_dataset", cfg.pretraining_dataset or [])):
         for index, ds in enumerate(entries):
             where, used = f"{key}[{index}]", [name for name in CONVERSATION_KEYS if getattr(ds, name)]

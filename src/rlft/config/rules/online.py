@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from rlft.config.methods import spec_of
+from rlft.config.methods import names_where, spec_of
 from rlft.config.parallel import rows_per_process, rows_per_step
 from rlft.config.rl import trl_options
+from rlft.config.sections.trl import TRLConfig
 
 
 def online_problems(cfg):
@@ -15,6 +16,27 @@ def online_problems(cfg):
         yield from _ebft_problems(cfg, spec, options)
     if spec.engine:
         yield from _grpo_problems(cfg, spec, options)
+    else:
+        yield from _engine_keys_problems(cfg, spec)
+
+
+def engine_only(name: str) -> bool:
+    """Whether only a method with a rollout engine reads the `trl:` key `name` (Axolotl's keys are `train`'s to refuse)."""
+    extra = TRLConfig.model_fields[name].json_schema_extra
+    return not (isinstance(extra, dict) and ("read_without_engine" in extra or "axolotl_only" in extra))
+
+
+def _engine_keys_problems(cfg, spec):
+    """`trl:` keys that only a method with a rollout engine reads, written for one without (`engine_only`)."""
+    written = [f"trl.{name}" for name in type(cfg.trl).model_fields if name in cfg.trl.model_fields_set and engine_only(name)]
+    if not written:
+        return
+    one = len(written) == 1
+    engines = ", ".join(name for name in names_where("engine") if name != "ebft")
+    method = f"{cfg.method} in {spec.mode} mode, which generates its blocks inside each document in the trainer" if \
+        spec.strided_blocks else cfg.method
+    yield (f"{', '.join(written)} {'is' if one else 'are'} read only where a rollout engine generates (rl: {engines}, or ebft in "
+           f"structured mode), not by {method}: remove {'it' if one else 'them'}")
 
 
 def _ebft_problems(cfg, spec, options):
@@ -28,10 +50,6 @@ def _ebft_problems(cfg, spec, options):
         yield f"ebft.embed_method {ebft.embed_method!r} is for structured mode; strided mode pools a block: last_token or mean_pooling"
     if spec.strided_blocks and ebft.temperature <= 0:
         yield "ebft.temperature must be > 0: the REINFORCE term needs the sampling distribution's log-probs"
-    rollout_keys = [f"trl.{key}" for key in ("use_vllm", "async_prefetch") if getattr(cfg.trl, key)]
-    if spec.strided_blocks and rollout_keys:
-        yield (f"{' and '.join(rollout_keys)} with ebft.mode: strided: strided EBFT generates its blocks inside each "
-               "document in the trainer, not through a rollout engine; remove them (they apply to structured mode)")
 
 
 def _grpo_problems(cfg, spec, options):
@@ -54,6 +72,10 @@ def _grpo_problems(cfg, spec, options):
     if resets and cfg.adapter and not cfg.rl_adapter_ref_model:
         yield (f"trl.{resets[0]} updates a frozen reference copy, but with an adapter the reference is the policy with its "
                "adapter disabled: set rl_adapter_ref_model: true to keep a copy, or remove the key")
+    if "reset_optimizer_with_reference" in trl.model_fields_set and not trl.reference_reset_interval:
+        yield ("trl.reset_optimizer_with_reference says what a reference reset does to the optimizer, and "
+               "trl.reference_reset_interval (unset or 0) makes no reset: set reference_reset_interval, or remove "
+               "reset_optimizer_with_reference")
     if trl.reference_reset_interval and trl.reset_optimizer_with_reference and "schedule_free" in cfg.optimizer:
         yield (f"trl.reset_optimizer_with_reference (default true) starts the optimizer's state again at each reference "
                f"reset, and optimizer: {cfg.optimizer} keeps the sequence its weights average over in that state: set "

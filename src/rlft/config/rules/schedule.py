@@ -19,3 +19,7 @@ def schedule_problems(cfg):
         if cfg.save_strategy not in (None, "epoch"):
             yield (f"save_every_n_epochs saves at the end of every Nth epoch, and save_strategy: {cfg.save_strategy} asks "
                    "for another schedule: keep one")
+    if cfg.save_mode == "async" and cfg.save_strategy == "no":
+        yield ("save_mode: async writes the checkpoints of save_strategy on a background thread, and save_strategy: no "
+               "saves none (the final model, and a checkpoint when a run is stopped, are written while the run waits): "
+               "remove save_mode, or choose a save_strategy that saves checkpoints")

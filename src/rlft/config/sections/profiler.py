@@ -30,9 +30,9 @@ class SubProfilerConfig(Section):
                                         "the trace. Default false.")
     with_stack: bool = field(False, "Record the Python calls that led to each operator (file and line), each nn.Module "
                                     "call as a range of its own. Default false.")
-    with_modules: bool = field(False, "Passed to torch.profiler, which records the module hierarchy of each operator for "
-                                      "TorchScript models only: rlft's eager models show theirs with with_stack. Default "
-                                      "false.")
+    with_modules: bool = field(False, "torch.profiler's module hierarchy of each operator, which it records for TorchScript "
+                                      "models only; rlft trains eager models, so true is refused: with_stack shows each "
+                                      "nn.Module call as a range. Default false.")
 
     @field_validator("rank_filter")
     @classmethod

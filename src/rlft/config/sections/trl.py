@@ -8,13 +8,13 @@ lives in `rlft.config.rl.DEFAULTS`.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, Optional, Union
 
 from pydantic import field_validator, model_validator
 
 from rlft.config.axolotl_tables import TRL, known_only
 from rlft.config.base import field, planned
+from rlft.config.reward_weights import names_and_weights
 from rlft.config.sections.trl_batching import BatchingKeys
 from rlft.config.sections.trl_rollout_control import RolloutControlKeys
 from rlft.config.sections.trl_multi_turn import MultiTurnKeys
@@ -26,6 +26,9 @@ ImportanceSamplingMode = Literal[
     "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 ]
 MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+# A key that methods without a rollout engine read too (the preference losses' beta), or that `rlft train` refuses for
+# them with a reason of its own: the rule refusing the other `trl:` keys for them (rlft.config.rules.online) leaves it.
+READ_WITHOUT_ENGINE = {"read_without_engine": True}
 
 class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys, MultiTurnKeys, BatchingKeys):
     """The `trl:` section: online RL (GRPO family, GDPO, DAPO, GSPO, Dr. GRPO, RLOO, Cosmos-RL
@@ -245,7 +248,9 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys, MultiTurn
     # ---- KL and reference model -------------------------------------------------------------
     beta: Optional[float] = field(
         None,
-        "KL coefficient (k3 estimator) to the reference; None -> 0.0 (no reference loaded).", ge=0.0,
+        "KL coefficient (k3 estimator) to the reference; None -> 0.0 (no reference loaded). Also the preference losses' "
+        "beta (DPO family, KTO, SimPO; ORPO's lambda), where it takes precedence over rl_beta.", ge=0.0,
+        json_schema_extra=READ_WITHOUT_ENGINE,
     )
     use_bias_correction_kl: Optional[bool] = field(
         None,
@@ -255,10 +260,12 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys, MultiTurn
     reference_reset_interval: Optional[int] = field(
         None,
         "Copy the policy into the frozen reference every N optimizer steps (Cosmos-RL); needs a reference copy.", ge=0,
+        json_schema_extra=READ_WITHOUT_ENGINE,
     )
     sync_ref_model: bool = field(
         False,
         "Soft-update the reference model (TR-DPO, https://arxiv.org/abs/2404.09656).",
+        json_schema_extra=READ_WITHOUT_ENGINE,
     )
     ref_model_mixup_alpha: float = field(
         0.9,
@@ -397,15 +404,11 @@ class TRLConfig(known_only("AxolotlTrlKeys", TRL), RolloutControlKeys, MultiTurn
         if data.get("reward_weights") is not None:
             raise ValueError("reward_funcs is a mapping {function: weight} and reward_weights is set too: give the weights "
                              "once, either in the mapping or as reward_weights beside a list of reward_funcs")
-        for name, weight in data["reward_funcs"].items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"reward_funcs: the key {name!r} is not a reward function's name; write "
-                                 "{boxed_math: 0.9, format: 0.1}, or `module.fn` keys")
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise ValueError(f"reward_funcs: the weight of {name!r} is {weight!r}; give a finite number "
-                                 f"({name}: 1.0)")
-        return {**data, "reward_funcs": list(data["reward_funcs"]),
-                "reward_weights": [float(weight) for weight in data["reward_funcs"].values()]}
+        try:
+            names, weights = names_and_weights(data["reward_funcs"])
+        except ValueError as exc:
+            raise ValueError(f"reward_funcs: {exc}") from None
+        return {**data, "reward_funcs": names, "reward_weights": weights}
 
     @field_validator("generation_kwargs")
     @classmethod

@@ -26,7 +26,7 @@ class RolloutControlKeys(BaseModel):
         "While allowed_outdated_steps holds the producer back (async_prefetch), it still samples this many prompts of the "
         "held generation batch with the weights it has (Cosmos-RL's outdated rollouts: rows older than the bound when "
         "trained are dropped, async/stale_rows_dropped); the batch's other prompts wait for fresher weights. 0 = the "
-        "producer waits. Default 0, as Cosmos-RL's.", ge=0,
+        "producer waits. Default 0 (Cosmos-RL's is 1, which a translated Cosmos-RL file carries).", ge=0,
     )
     max_retry_for_on_policy: Optional[int] = field(
         None,

@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 from pydantic import field_validator, model_validator
 
 from rlft.config.base import Section, field
+from rlft.config.reward_weights import EXAMPLE, names_and_weights
 from rlft.config.sections.datasets import DatasetConfig
 
 # Cosmos-RL's validation keys that an Axolotl key already holds in rlft: the key to write instead
@@ -63,20 +64,25 @@ class ValidationConfig(Section):
                     raise ValueError(f"{key} is Cosmos-RL's key: in rlft write {instead}")
         return data
 
-    @field_validator("reward_function")
+    @field_validator("reward_function", mode="before")
     @classmethod
     def _reward_names(cls, value: Any) -> Any:
-        names = [value] if isinstance(value, str) else list(value or [])
-        if any(not isinstance(name, str) or not name.strip() for name in names):
-            raise ValueError("a reward function's name is empty: write e.g. boxed_math, [boxed_math, format] or "
-                             "{boxed_math: 0.9, format: 0.1}")
+        """Names as trl.reward_funcs takes them; a mapping's weights checked before the field reads them (it would read
+        true as 1.0)."""
+        if isinstance(value, dict):
+            names_and_weights(value)
+            return value
+        names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        if any(isinstance(name, str) and not name.strip() for name in names):
+            raise ValueError(f"a reward function's name is empty: write e.g. boxed_math, [boxed_math, format] or {EXAMPLE}")
         return value
 
     def reward_names_and_weights(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """`reward_function` as names and one weight each (1.0 for a name or a list); empty when unset."""
         value = self.reward_function
         if isinstance(value, dict):
-            return tuple(value), tuple(float(weight) for weight in value.values())
+            names, weights = names_and_weights(value)
+            return tuple(names), tuple(weights)
         names = (value,) if isinstance(value, str) else tuple(value or ())
         return names, (1.0,) * len(names)
 

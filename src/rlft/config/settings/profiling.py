@@ -22,7 +22,6 @@ class ProfileSettings:
     record_shapes: bool
     profile_memory: bool
     with_stack: bool
-    with_modules: bool
     memory_snapshot: bool  # profiler_steps (Axolotl's): a CUDA memory snapshot over the recorded steps
     keys: str  # the keys that asked for it, for messages
 
@@ -49,12 +48,10 @@ def profile_settings(cfg) -> ProfileSettings:
     ranks = tuple(sorted(set(sub.rank_filter))) or (0,)
     if cfg.profiler_steps:  # Axolotl's PytorchProfilerCallback: shapes, memory and stacks over the steps, no warm-up
         return ProfileSettings(trace=True, nsys=False, wait=cfg.profiler_steps_start or 0, warmup=0, active=cfg.profiler_steps,
-                               ranks=ranks, record_shapes=True, profile_memory=True, with_stack=True, with_modules=False,
-                               memory_snapshot=True, keys="profiler_steps")
+                               ranks=ranks, record_shapes=True, profile_memory=True, with_stack=True, memory_snapshot=True, keys="profiler_steps")
     return ProfileSettings(trace=cfg.profiler.enable_profiler, nsys=cfg.profiler.enable_nsys, wait=sub.wait_steps,
                            warmup=sub.warmup_steps, active=sub.active_steps, ranks=ranks, record_shapes=sub.record_shape,
-                           profile_memory=sub.profile_memory, with_stack=sub.with_stack, with_modules=sub.with_modules,
-                           memory_snapshot=False, keys="profiler")
+                           profile_memory=sub.profile_memory, with_stack=sub.with_stack, memory_snapshot=False, keys="profiler")
 
 
 def profile_problems(profile: ProfileSettings, processes: int, cuda: bool) -> list[str]:

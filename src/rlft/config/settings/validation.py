@@ -22,7 +22,6 @@ class ValidationSettings:
     reward_funcs: tuple[str, ...]  # empty: the training's reward functions
     reward_weights: tuple[float, ...]
     pass_threshold: float  # a completion passes when its weighted total reward is at least this
-    own_datasets: bool  # validation.datasets, not the eval split
 
     @property
     def greedy(self) -> bool:
@@ -42,6 +41,5 @@ def validation_settings(cfg, rl: RLSettings) -> ValidationSettings | None:
         top_k=section.top_k if section.top_k is not None else rl.top_k,
         repetition_penalty=section.repetition_penalty if section.repetition_penalty is not None else rl.repetition_penalty,
         max_new_tokens=section.max_response_length or rl.max_completion_length, n_generation=section.n_generation,
-        reward_funcs=names, reward_weights=weights, pass_threshold=section.pass_threshold,
-        own_datasets=bool(section.datasets))
+        reward_funcs=names, reward_weights=weights, pass_threshold=section.pass_threshold)
 

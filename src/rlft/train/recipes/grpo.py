@@ -126,7 +126,6 @@ class GRPORecipe(Recipe):
         self.validation = validation
         if validation is not None:
             self.plan_rows = (*self.plan_rows, ("validation", validation.describe()))
-            self.pending += validation.warnings()
         self.shown: list[str] = []  # sampled completions for the loop to print (trl.num_completions_to_print)
         self.zero_signal_steps = self.steps_with_signal = 0
         self.over_budget_noted = False  # the warning of a row above trl.max_token_len_per_mini_batch, once a run

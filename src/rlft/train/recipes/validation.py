@@ -59,16 +59,6 @@ class Validation:
         return (f"{sets}; {s.n_generation} completion(s) per prompt, {sampling}, up to {s.max_new_tokens} tokens; rewards "
                 f"{rewards}; {k} with reward >= {s.pass_threshold:g}")
 
-    def warnings(self) -> list[str]:
-        s = self.settings
-        if s.greedy and s.n_generation > 1:
-            why = "validation.temperature 0" if s.temperature == 0 else "top_k 1"
-            warning = (f"validation.n_generation is {s.n_generation} with {why} (greedy): a prompt's {s.n_generation} "
-                       f"completions are the same one, so pass@{s.n_generation} equals pass@1; set validation.temperature "
-                       "above 0 (e.g. 1.0) and top_k to 0 or above 1 to sample them")
-            return [warning]
-        return []
-
     def close(self) -> None:
         if self.scorer is not None:
             self.scorer.close()
