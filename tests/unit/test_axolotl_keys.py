@@ -25,7 +25,7 @@ def test_an_empty_key_inside_a_dataset_means_unset(config):
 
 
 def test_null_keeps_its_own_meaning_where_it_has_one(config):
-    assert config(trl={"reward_timeout": None}).trl.reward_timeout is None  # no limit, documented
+    assert config(rl="grpo", micro_batch_size=8, trl={"reward_funcs": ["m.r"], "reward_timeout": None}).trl.reward_timeout is None
 
 
 def test_an_empty_unknown_key_is_still_reported(config_problems):
