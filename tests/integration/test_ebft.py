@@ -151,8 +151,8 @@ def test_strided_loss_through_the_output_layer_trains_what_the_logits_train(warm
 
 def test_strided_documents_shorter_than_one_block(warm_model, cli, tmp_path, capsys):
     rows = [{"text": "1+1=2"}] * 4
-    config = _config(tmp_path, warm_model, rows, ebft={"mode": "strided", "feature_layers": [0.5, 1.0], "context_length": 8,
-                                                        "generate_max_len": 4, "stride": 4})
+    config = _config(tmp_path, warm_model, rows, trl={}, ebft={"mode": "strided", "feature_layers": [0.5, 1.0],
+                                                                "context_length": 8, "generate_max_len": 4, "stride": 4})
     assert cli("train", config) == 1
     err = capsys.readouterr().err
     assert "no training rows left" in err and "shorter than one EBFT block" in err

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from rlft.errors import RolloutError
-from rlft.rollout.types import SamplingParams
+from rlft.rollout.types import SamplingParams, prompt_seed
 from rlft.rollout.vllm_openai import (VLLMServerEngine, completion_body, needs_processed_logprobs, newest_adapter,
-                                      parse_completion, prompt_seed)
+                                      parse_completion)
 from rlft.rollout.watched_http import ServerRefused
 
 # /v1/completions with n=2, logprobs=0, return_token_ids and return_tokens_as_token_ids (vLLM 0.32, some keys left out)

@@ -223,3 +223,9 @@ class TrainingRow:
     @staticmethod
     def from_state(state: dict[str, Any]) -> "TrainingRow":
         return TrainingRow(**state)
+
+
+def prompt_seed(seed: int | None, index: int, num_samples: int) -> int | None:
+    """The seed of prompt `index` of a seeded batch. vLLM seeds each prompt alone (its k-th sample draws from seed +
+    k), so prompts seeded alike, or 1 apart, would share random draws; spaced by `num_samples` they do not."""
+    return None if seed is None else (seed * 1_000_003 + index * num_samples) % (2**63 - 1)

@@ -30,18 +30,12 @@ import httpx
 
 from rlft.errors import RolloutError
 from rlft.rollout.local import NOT_FINITE
-from rlft.rollout.types import Rollout, SamplingParams
+from rlft.rollout.types import Rollout, SamplingParams, prompt_seed
 from rlft.rollout.watched_http import ServerRefused, WatchedServer
 
 ADAPTER_NAME = re.compile(r"^rlft-v(\d+)-([0-9a-f]+)-(\d+)$")
 LOGPROBS_FLAG = "--logprobs-mode processed_logprobs"
 RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
-
-
-def prompt_seed(seed: int | None, index: int, num_samples: int) -> int | None:
-    """The seed of prompt `index` of a seeded batch. vLLM seeds each prompt alone (its k-th sample draws from seed +
-    k), so prompts seeded alike, or 1 apart, would share random draws; spaced by `num_samples` they do not."""
-    return None if seed is None else (seed * 1_000_003 + index * num_samples) % (2**63 - 1)
 
 
 def needs_processed_logprobs(params: SamplingParams) -> bool:

@@ -118,10 +118,11 @@ class TransformersBackend(LocalGroupMember, ThreadedBackend):
     def _before_full_update(self) -> None:
         if self._lora_config is not None:  # full weights are what is served now: an earlier adapter must not stay on top
             self._unwrap()
+        self._plain = plain_state_dict(self._engine.model)  # once per update, not per bucket
 
     @torch.no_grad()
     def _write_weights(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        state = plain_state_dict(self._engine.model)  # shares storage with the module: copy_ writes the weights
+        state = self._plain  # shares storage with the module: copy_ writes the weights
         for name, tensor in tensors.items():
             if tensor.data_ptr() != state[name].data_ptr():  # a collective may have received it in place
                 state[name].copy_(tensor)

@@ -31,7 +31,7 @@ from rlft.models.loading import base_model_source, hub_revision, load_tokenizer
 from rlft.models.weights import architecture_digest, weights_checksum
 from rlft.rollout.server.engine_thread import EngineThread, ThreadedBackend
 from rlft.rollout.server.protocol import DTYPES, AdapterFiles, Generated, GenerationRequest, ServerError
-from rlft.rollout.vllm_openai import prompt_seed
+from rlft.rollout.types import prompt_seed
 
 
 class VLLMBackend(ThreadedBackend):
