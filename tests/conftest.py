@@ -15,7 +15,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # `make test` runs two test processes on the machine's cores: one torch thread in each, and in every process a test
+    # `make test` runs several test processes on the machine's two cores: one torch thread in each, and in every process a test
     # starts (they inherit it), or OpenMP's spinning threads of one stall the other's
     os.environ["OMP_NUM_THREADS"] = "1"
 
@@ -130,9 +130,24 @@ def cli():
 
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory, tiny_model_dir, addition_files):
-    """An XS model after a short SFT on addition: it half-knows the sums, so preferences can move it."""
+    """An XS model after a short SFT on addition: it half-knows the sums, so preferences can move it. Trained once
+    per test session: under `make test` the first test process to need it trains it, the others wait and read it."""
+    from filelock import FileLock
+
     from rlft.cli import main
-    out = tmp_path_factory.mktemp("warm") / "sft"
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the folder above every test process's own
+    out = shared / "warm-model" / "sft"
+    with FileLock(str(shared / "warm-model.lock")):
+        if not (out / "model.safetensors").exists():
+            _train_warm_model(main, out, tiny_model_dir, addition_files)
+    return out
+
+
+def _train_warm_model(main, out: Path, tiny_model_dir: Path, addition_files) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     config = out.parent / "sft.yaml"
     config.write_text(yaml.safe_dump({
         "base_model": str(tiny_model_dir), "random_init": True, "datasets": [{"path": str(addition_files["train"])}],
@@ -140,7 +155,6 @@ def warm_model(tmp_path_factory, tiny_model_dir, addition_files):
         "logging_steps": 50, "seed": 0, "output_dir": str(out),
     }))
     assert main(["train", str(config)]) == 0
-    return out
 
 
 # ------------------------------------------------------------------ real tokenizers (files fetched by `make test`)

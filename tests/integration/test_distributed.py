@@ -364,8 +364,7 @@ def test_under_fsdp_the_final_model_is_the_best_checkpoint(sft):
     """load_best_model_at_end on 2 processes (tests/integration/test_cli_best_model.py: one): one row trained on and
     held-out sums evaluated, so eval/loss dips; the evaluation is split and gathered, so both processes agree on the
     best, and the final model is its gathered weights. A PiSSA adapter's too: checkpoints hold it converted to load on
-    the original base, so the best one is copied as it is (refused before 2026-11-27, when only the final save
-    converted)."""
+    the original base, so the best one is copied as it is."""
     from safetensors.torch import load_file
 
     from rlft.tasks.addition import write_jsonl

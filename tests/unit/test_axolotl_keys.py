@@ -513,7 +513,7 @@ def test_the_router_loss_joins_the_pair_methods_loss_as_trl_adds_it(config, tiny
     forward = model(input_ids=ids, attention_mask=mask)  # the router's loss of the pairs' forward, transformers' own
     coef = model.config.router_aux_loss_coef
     assert forward.aux_loss > 0 and coef > 0 and out.metrics["aux_loss"] == pytest.approx(float(forward.aux_loss), rel=1e-5)
-    model.config.output_router_logits = False  # the preference loss alone, as before the change
+    model.config.output_router_logits = False  # the preference loss alone, without the router's
     plain = recipe.loss(model, batch)
     assert "aux_loss" not in plain.metrics and out.units == plain.units == 2
     assert float(out.loss_sum) / out.units == pytest.approx(float(plain.loss_sum) / 2 + coef * float(forward.aux_loss), rel=1e-5)

@@ -237,7 +237,7 @@ def test_colocated_engine_loads_verified_weights_and_adapters_in_process(tmp_pat
 
 def test_a_pissa_adapter_pushed_with_its_residual_base_gives_the_trainer_s_model(tmp_path):
     """A PiSSA run's lora sync sends the residual base, then the adapter as trained, whose config still names the
-    init: the server must not run that init again on the residual (it did before 2026-11-27)."""
+    init: the server must not run that init again on the residual."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -28,7 +28,7 @@ WINDOW = 3
 
 @pytest.fixture
 def no_window(monkeypatch):
-    """rlft's masks as they were before 2026-11-26: the window left out."""
+    """rlft's masks with the window left out (what a mask that ignores sliding windows gives)."""
     def without():
         monkeypatch.setattr(masks, "sliding_window", lambda model: (None, False))
         monkeypatch.setattr(varlen, "layer_window", lambda module, kwargs: None)

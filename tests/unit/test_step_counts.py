@@ -19,7 +19,7 @@ def _cfg(**keys):
 @pytest.mark.parametrize("epochs, steps", [(1, 3), (3, 8), (0.5, 2), (2.5, 7)])
 def test_num_epochs_of_micro_batches_rounded_up_to_one_step(epochs, steps):
     """10 micro-batches per epoch, 4 per step: 3 epochs are 30 micro-batches, 8 steps (32), not 3 x 3 = 9 steps (36,
-    3.6 epochs: each epoch rounded up on its own, as before 2026-11-26). The loop's cursor then ends where asked."""
+    3.6 epochs, were each epoch rounded up on its own). The loop's cursor then ends where asked."""
     cfg = _cfg(num_epochs=epochs)
     assert total_steps_for(cfg, 10, 4) == steps and steps_per_epoch(10, 4) == 3
     cursor = PlanCursor(BatchPlan(list(range(10)), 1, seed=0, pad_id=0))
