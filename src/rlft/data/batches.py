@@ -142,6 +142,9 @@ class PlanCursor:
     def next(self) -> dict[str, Any]:
         return self.collate(self.draw())
 
+    def epoch_rows(self) -> int:
+        return len(self.plan.items)
+
     def draw(self) -> tuple[list[int], dict[str, Any]]:
         """The next micro-batch's example indices and what it carries besides its rows, the cursor moved past it.
         `collate` builds it, and may run on another thread (it reads nothing that `draw` changes)."""

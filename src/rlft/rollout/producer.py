@@ -34,6 +34,8 @@ class PromptSource(Protocol):
 
     def next(self) -> dict[str, Any]: ...
 
+    def epoch_rows(self) -> int | None: ...  # the prompts of an epoch, where the source knows them
+
 
 class RolloutContext:
     """What a user `rollout_func(prompts, trainer)` receives as `trainer` (the parts of TRL's trainer it reads)."""
@@ -264,7 +266,7 @@ def draw_limit(limit: int, drawn: int, needed: int, kept: int, prompts: PromptSo
     """Cosmos-RL's `max_retry_for_on_policy`: stop the run when dynamic sampling would draw more than `limit` x `needed`
     prompts for one generation batch (limit <= 0: an epoch of prompts more than `needed`, where the source knows its
     data; a run that never fills a batch would otherwise draw for ever)."""
-    epoch = len(getattr(getattr(prompts, "plan", None), "items", None) or ())
+    epoch = prompts.epoch_rows()
     bound = limit * needed if limit > 0 else (epoch + needed if epoch else None)
     if bound is not None and drawn >= bound:
         what = (f"{limit} x the batch (trl.max_retry_for_on_policy)" if limit > 0 else
