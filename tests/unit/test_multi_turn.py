@@ -400,3 +400,28 @@ def test_the_two_shares_of_one_draw_play_episodes_on_different_seeds(tok):
         producer.sample([prompt_row(tok)], index=4, part=part)
         seeds.append(engine.calls[0]["seed"])
     assert None not in seeds and seeds[0] != seeds[1]
+
+
+def test_a_tool_with_many_calls_hung_past_their_timeout_starts_no_more_threads():
+    """A call past its timeout goes on in the background (a thread cannot be killed): once a tool has MAX_HUNG such
+    calls running, its new calls are answered with a timeout at once, and run again once the hung ones end."""
+    from rlft.rollout.envs.python_tools import ToolRunner
+
+    release, started = threading.Event(), []
+
+    def stuck() -> str:
+        started.append(1)
+        release.wait(30)
+        return "late"
+
+    runner = ToolRunner([PythonTool("stuck", "m.stuck", stuck, {})], timeout=0.05)
+    runner.MAX_HUNG = 2
+    call = {"function": {"name": "stuck", "arguments": "{}"}}
+    assert [r.outcome for r in runner.run([call, call])] == ["timeout", "timeout"] and len(started) == 2
+    assert [r.outcome for r in runner.run([call])] == ["timeout"] and len(started) == 2  # no third thread
+    release.set()
+    for thread in runner.hung["stuck"]:
+        thread.join(5)
+    release.clear()
+    assert [r.outcome for r in runner.run([call])] == ["timeout"] and len(started) == 3  # it runs again
+    release.set()

@@ -82,11 +82,18 @@ def result_text(value: Any) -> str:
 
 
 class ToolRunner:
-    """Runs the model's tool calls (OpenAI `tool_calls` items, arguments as a JSON string) with a timeout each."""
+    """Runs the model's tool calls (OpenAI `tool_calls` items, arguments as a JSON string) with a timeout each.
+
+    A call runs on a thread of its own; one past its timeout cannot be stopped (Python threads cannot be killed) and
+    goes on in the background. While `MAX_HUNG` calls of a tool still run so, its new calls are answered with a timeout
+    at once instead of starting more threads."""
+
+    MAX_HUNG = 16
 
     def __init__(self, tools: list[PythonTool], timeout: float):
         self.tools = {tool.name: tool for tool in tools}
         self.timeout = float(timeout)
+        self.hung: dict[str, list[threading.Thread]] = {}  # per tool: its calls still running past their timeout
 
     def malformed(self, detail: str) -> ToolResult:
         return ToolResult(None, f"Error: the tool call {detail}. Write a call as {CALL_FORM}.", "malformed")
@@ -100,6 +107,11 @@ class ToolRunner:
                 started.append(ready)
                 continue
             tool, arguments = ready
+            hung = self.hung[tool.name] = [t for t in self.hung.get(tool.name, []) if t.is_alive()]
+            if len(hung) >= self.MAX_HUNG:
+                started.append(ToolResult(tool.name, f"Error: {tool.name} did not finish within {self.timeout:g} s.",
+                                          "timeout"))
+                continue
             box: dict[str, Any] = {}
             thread = threading.Thread(target=_call, args=(tool.fn, arguments, box), daemon=True,
                                       name=f"rlft-tool-{tool.name}")
@@ -113,6 +125,7 @@ class ToolRunner:
             tool, thread, box = item
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
+                self.hung.setdefault(tool.name, []).append(thread)
                 results.append(ToolResult(tool.name, f"Error: {tool.name} did not finish within {self.timeout:g} s.", "timeout"))
             elif "error" in box:
                 results.append(ToolResult(tool.name, f"Error: {tool.name} raised {box['error']}", "error"))
