@@ -321,7 +321,7 @@ def test_the_first_turn_may_continue_the_prompts_assistant_message_and_turns_may
                               add_generation_prompt=False))
     episodes, kwargs = tool_episodes(resolve(cfg), tok)
     assert tok.decode(tokenize_prompt(record, tok, kwargs)["prompt_ids"]).endswith("<|im_start|>assistant\nLet me add")
-    bridge = episodes.template.bridge(tok(call("add", a=2, b=3) + END)["input_ids"], [episodes.runner.run(
+    bridge = episodes.template.bridge(call("add", a=2, b=3) + END, [episodes.runner.run(
         [{"function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}])[0]])
     assert tok.decode(bridge) == RESULT_TURN.format(5)  # no opening: the model writes <|im_start|>assistant itself
 

@@ -71,8 +71,9 @@ class TurnTemplate:
         sampled = next(k for k in range(len(self.trailer), -1, -1) if turn_text.endswith(self.trailer[:k]))
         return self.trailer[sampled:] + tail[len(self.trailer):]
 
-    def bridge(self, turn_ids: list[int], results: list[ToolResult]) -> list[int]:
-        text = self.bridge_text(self.tokenizer.decode(turn_ids), results)
+    def bridge(self, turn_text: str, results: list[ToolResult]) -> list[int]:
+        """The bridge's tokens after a turn whose text (special tokens kept) is `turn_text`."""
+        text = self.bridge_text(turn_text, results)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _check(self, tools: list[PythonTool]) -> None:
@@ -157,7 +158,7 @@ class ToolEpisodes:
 
     def _after_turn(self, episodes: list[Episode], sampled: Rollout, limit: int) -> None:
         """Append each episode's sampled turn; run the tool calls of those that go on, and append their bridges."""
-        calls_of: list[tuple[Episode, list[int], list[dict[str, Any]], list[str]]] = []
+        calls_of: list[tuple[Episode, str, list[dict[str, Any]], list[str]]] = []
         for episode, ids, logps, cut in zip(episodes, sampled.completion_ids, sampled.logprobs, sampled.truncated):
             room = limit - len(episode.completion_ids)
             if len(ids) > room:
@@ -167,26 +168,27 @@ class ToolEpisodes:
             episode.env_mask += [1] * len(ids)
             episode.turns += 1
             # the calls from the text as sampled (a tokenizer may mark <tool_call> special), the message without markers
-            _, calls, malformed = read_tool_calls(self.tokenizer.decode(ids))
+            text = self.tokenizer.decode(ids)
+            _, calls, malformed = read_tool_calls(text)
             content = read_tool_calls(self.tokenizer.decode(ids, skip_special_tokens=True))[0]
             message = decoded_arguments({"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})})
             episode.messages.append(message)
             episode.truncated = cut
             episode.playing = bool(calls or malformed) and not cut and episode.turns < self.max_turns
             if episode.playing:
-                calls_of.append((episode, ids, calls, malformed))
+                calls_of.append((episode, text, calls, malformed))
         results = iter(self.runner.run([call for _, _, calls, _ in calls_of for call in calls]))
-        for episode, ids, calls, malformed in calls_of:
+        for episode, text, calls, malformed in calls_of:
             answered = [next(results) for _ in calls] + [self.runner.malformed(detail) for detail in malformed]
             episode.counts["calls"] += len(answered)
             for result in answered:
                 if result.outcome != "ok":
                     episode.counts[result.outcome] += 1
-            self._bridge(episode, ids, answered, limit)
+            self._bridge(episode, text, answered, limit)
 
-    def _bridge(self, episode: Episode, turn_ids: list[int], results: list[ToolResult], limit: int) -> None:
+    def _bridge(self, episode: Episode, turn_text: str, results: list[ToolResult], limit: int) -> None:
         try:
-            bridge = self.template.bridge(turn_ids, results)
+            bridge = self.template.bridge(turn_text, results)
         except (TemplateError, ValueError, TypeError, KeyError) as exc:
             episode.playing, episode.error = False, f"the chat template failed to render the tool results: {exc}"
             return
