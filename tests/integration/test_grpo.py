@@ -519,8 +519,8 @@ def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, mo
     forward: the run samples the same completions and trains the same losses as the eager one (float32 rounding
     apart). The run compiles with `torch_compile_backend: aot_eager`: dynamo captures the same graphs, guards and
     static cache as under inductor, without a minute of C++ code generation; inductor's own numerics are checked
-    where they are compiled on their own (the compiled decode in tests/unit/test_engine.py and test_server.py, the
-    compiled SFT forward and backward in test_cli_sft.py)."""
+    where they are compiled on their own (the compiled decode in tests/unit/test_engine.py, the compiled SFT forward
+    and backward in test_cli_sft.py)."""
     monkeypatch.chdir(tmp_path)
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
     settings = dict(max_steps=2, logging_steps=1, seed=5, trl={"temperature": 1.0})  # step 2 samples from updated weights
