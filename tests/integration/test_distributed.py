@@ -39,7 +39,8 @@ def sft(tmp_path_factory, tiny_model_dir, addition_files):
     return config, losses(folder / "one"), folder
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+# DDP: test_prepared_data_is_written_by_the_nodes_first_process_and_read_by_the_other, the same run with its data prepared
+@pytest.mark.parametrize("strategy", ["fsdp", "zero2", "zero3"])
 def test_sft_two_processes_equal_one(sft, strategy, monkeypatch):
     config, expected, folder = sft
     extensions = folder / f"torch-extensions-{strategy}"  # DeepSpeed on a CPU compiles no op (its shm collectives: 45 s)
@@ -87,7 +88,8 @@ def test_async_saves_on_two_processes_write_what_sync_saves_write(sft, strategy)
 
 def test_prepared_data_is_written_by_the_nodes_first_process_and_read_by_the_other(sft):
     """With dataset_prepared_path the first process of a node tokenises and writes the entry, the others wait for it
-    and read it (tests/unit/test_cache.py tests the waiting); the run trains what one process does."""
+    and read it (tests/unit/test_cache.py tests the waiting); the run (DDP) trains and evaluates what one process does,
+    and its checkpoint holds each process's RNG and optimizer part."""
     config, expected, folder = sft
     work = folder / "prepared-work"
     work.mkdir()
@@ -98,10 +100,18 @@ def test_prepared_data_is_written_by_the_nodes_first_process_and_read_by_the_oth
                                       "    return lambda row: {'prompt': row['prompt'], 'completion': row['completion']}\n")
     base = yaml.safe_load(config("prepared", 2).read_text())
     dataset = {**base["datasets"][0], "type": "counting.rows"}
-    train(config("prepared", 2, datasets=[dataset], dataset_prepared_path=str(folder / "prepared-data")), cwd=work)
+    out = train(config("prepared", 2, datasets=[dataset], dataset_prepared_path=str(folder / "prepared-data"), save_steps=5),
+                cwd=work)
     assert (work / "prepared-by.txt").read_text().split() == ["0"]  # one process prepared; the other read its entry
+    assert "8 micro x 2 accumulation x 2 process(es)" in out
     got = losses(folder / "prepared")
+    assert got.keys() == expected.keys() == set(range(1, 11))
     assert max(abs(got[s] - expected[s]) for s in expected) < 1e-5
+    assert_same_evals(evals(folder / "prepared"), evals(folder / "one"))
+    checkpoint = folder / "prepared" / "checkpoint-10"
+    assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
+    assert len(list((checkpoint / "optimizer").glob("*.distcp"))) == 2  # each process wrote its part
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["world_size"] == 2
     entries = list((folder / "prepared-data").iterdir())
     assert len(entries) == 1 and (entries[0] / "reports.json").is_file(), entries
 
