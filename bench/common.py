@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import gc
 import os
 import socket
@@ -284,3 +285,17 @@ def trl_keys(steps: int, seed: int, bf16: bool = False) -> dict:
         "dataloader_num_workers": 0,
         "seed": seed,
     }
+
+
+def write_report(out: Path, report: dict) -> None:
+    """The run's JSON report at `out` (its folder made), and where it went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def print_table(names: list[str], rows: list, label_width: int, width: int = 15) -> None:
+    """One column per run name, one line per (title, value(name), format) row."""
+    print(f"{'':{label_width}s}" + "".join(f"{n:>{width}s}" for n in names))
+    for title, value, fmt in rows:
+        print(f"{title:{label_width}s}" + "".join(f"{fmt.format(value(n)):>{width}s}" for n in names))

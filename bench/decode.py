@@ -42,7 +42,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, device_name, make_model, quiet  # noqa: E402
+from common import RESULTS, device_name, make_model, quiet, write_report  # noqa: E402
 
 from rlft.models.logprobs import draw_tokens  # noqa: E402
 from rlft.rollout.local import LocalEngine  # noqa: E402
@@ -301,9 +301,7 @@ def run(args) -> None:
                                                 f"decode)" for name, value in samplers.items()))
     suffix = f"{f'-v{args.vocab}' if args.vocab else ''}{'-cuda' if DEVICE.type == 'cuda' else ''}{'-bf16' if args.bf16 else ''}"
     out = args.out or RESULTS / f"decode-{args.size}{suffix}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, report)
 
 
 if __name__ == "__main__":

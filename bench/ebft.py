@@ -75,7 +75,7 @@ import rlft.models.loading  # noqa: F401
 import rlft.train.trainer  # noqa: F401
 import rlft.train.recipes.ebft  # noqa: F401
 import rlft.train.run
-from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys
+from common import RESULTS, make_model, median, peak_memory, quiet, rlft_keys, write_report
 from rlft.models import head
 from rlft.config import build_config
 from rlft.models.tiny import SIZES
@@ -290,9 +290,7 @@ def main() -> None:
                   "machine": platform.processor() or platform.machine(),
                   "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, **result}
         out = args.out or RESULTS / f"ebft-paths-{args.size}-v{args.vocab or 260}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {out}")
+        write_report(out, report)
         return
 
     prompts = [{"prompt": row["prompt"], "completion": row["completion"]} for row in split_rows()[0]]
@@ -341,9 +339,7 @@ def main() -> None:
     }
     print_report(report)
     out = args.out or RESULTS / f"ebft-{args.size}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, report)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 from accelerate.utils import is_compiled_module
 from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, median, mfu,
-                    peak_memory, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys, variant_name)
+                    peak_memory, print_table, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
+                    variant_name, write_report)
 from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, median_run, warm_up
 from rlft.train.metrics import clock
 
@@ -395,10 +396,7 @@ def print_report(res: dict) -> None:
         ("mean reward", lambda n: statistics.fmean(runs[n]["rewards"]), "{:.4f}"),
         ("peak memory above start (MiB)", lambda n: res["peak_memory_mib"][n], "{:.1f}"),
     ]
-    width = max(15, *(len(n) + 2 for n in names))
-    print(f"{'':40s}" + "".join(f"{n:>{width}s}" for n in names))
-    for title, value, fmt in rows:
-        print(f"{title:40s}" + "".join(f"{fmt.format(value(n)):>{width}s}" for n in names))
+    print_table(names, rows, 40, max(15, *(len(n) + 2 for n in names)))
     for n in names:
         r = runs[n]
         if n.startswith("rlft"):
@@ -555,9 +553,7 @@ def main() -> None:
     vocab = f"-v{args.vocab}" if args.vocab else ""
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
     out = args.out or RESULTS / f"grpo-{args.size}{length}{vocab}{device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, report)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import grpo
 import yaml
-from common import RESULTS, compile_choices, describe_ratios, fair_ratios, make_model, median, round_orders, variant_name
+from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, make_model, median, round_orders,
+                    variant_name, write_report)
 
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
@@ -184,9 +185,7 @@ def main() -> None:
         print(f"  {name:14s} " + ", ".join(f"{key.removesuffix('_s')} {value:.2f}" for key, value in values.items()))
     print(describe_ratios(ratios).replace("TRL/rlft", "TRL/rlft wall") + "  (>1: rlft is faster)")
     out = args.out or RESULTS / f"grpo_wall-{args.size}-{args.steps}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, report)
 
 
 if __name__ == "__main__":

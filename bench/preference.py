@@ -93,7 +93,7 @@ from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
 from accelerate.utils import is_compiled_module
 from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, mfu, peak_memory,
-                    plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys)
+                    plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys, write_report)
 from rlft.train.metrics import clock
 from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, median_run, warm_up
 
@@ -587,9 +587,7 @@ def main() -> None:
     long = "-long" if args.long else ""
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
     out = args.out or RESULTS / f"preference-{args.size}{long}{vocab}{device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, report)
 
 
 if __name__ == "__main__":

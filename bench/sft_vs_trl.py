@@ -77,8 +77,8 @@ import rlft.train.run
 from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
 from accelerate.utils import is_compiled_module
 from common import (RESULTS, compile_choices, describe_ratios, device_name, fair_ratios, flop_params, fresh_memory_peak,
-                    make_model, mfu, peak_memory, plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
-                    variant_name)
+                    make_model, mfu, peak_memory, plain_update, print_table, quiet, reset_between_runs, rlft_keys,
+                    round_orders, trl_keys, variant_name, write_report)
 from rlft.config import build_config
 from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
@@ -325,9 +325,7 @@ def print_report(res: dict) -> None:
     print(f"SFT {res['size']} ({res['params']:,} params), {res['steps']} steps, micro batch {res['micro_batch']}, "
           f"{res['machine']}{', bf16' if res['bf16'] else ''}, {res['threads']} threads; torch {res['versions']['torch']}, "
           f"transformers {res['versions']['transformers']}, trl {res['versions']['trl']}")
-    print(f"{'':38s}" + "".join(f"{n:>15s}" for n in names))
-    for title, value, fmt in rows:
-        print(f"{title:38s}" + "".join(f"{fmt.format(value(n)):>15s}" for n in names))
+    print_table(names, rows, 38)
     for n in names:
         r = runs[n]
         if n.startswith("rlft"):
@@ -467,9 +465,7 @@ def main() -> None:
     shape = ("-long" if args.long else "") + ("-grouped" if args.group_by_length else "") + ("-flat" if args.flatten else "")
     device = ("-cuda" if DEVICE.type == "cuda" else "") + ("-bf16" if args.bf16 else "")
     out = args.out or RESULTS / f"sft_vs_trl-{args.size}{shape}{vocab}{device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_report(out, report)
 
 
 if __name__ == "__main__":
