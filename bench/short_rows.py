@@ -54,8 +54,8 @@ def sft_run(size: str, seed: int, steps: int, compile: bool = True):
     train_file = tmp / "train.jsonl"
     write_jsonl(split_rows()[0], train_file)
     run_args = argparse.Namespace(steps=steps, seed=seed, lr=3e-3, bf16=False, long=False, group_by_length=False,
-                                  flatten=False, micro_batch=32, compile=compile, vocab=None)
-    return lambda out_dir: sft_vs_trl.run_rlft(model_dir, train_file, out_dir, run_args)
+                                  flatten=False, micro_batch=32, vocab=None)
+    return lambda out_dir: sft_vs_trl.run_rlft(model_dir, train_file, out_dir, run_args, compile)
 
 
 def alternate(args, settings: dict[str, Callable[[], ContextManager]], benchmark: str, baseline: str,

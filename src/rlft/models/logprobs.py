@@ -225,20 +225,14 @@ def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: Samp
     return scores
 
 
-INVERSE_CDF_VOCAB = 4096  # from this many entries on, draw_tokens samples by inverse CDF
-
-
 def draw_tokens(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of (N, V) normalised log-probs, drawn exactly from exp(log_probs).
+    """One token per row of (N, V) normalised log-probs, drawn exactly from exp(log_probs) by the inverse CDF: one
+    uniform u per row picks the first token whose cumulative probability (float64) exceeds u times the total.
 
-    torch.multinomial draws V exponentials per row (the Gumbel-max trick): about 10x the time of the inverse CDF at
-    32,768 entries on a CPU (`bench/decode.py --vocab 32768`). From INVERSE_CDF_VOCAB entries on, one uniform
-    u per row picks instead the first token whose cumulative probability (float64) exceeds u times the total, the
-    inverse CDF: the same distribution from one random number per row. Smaller vocabularies keep multinomial: there
-    it costs nothing, and the random streams of existing seeded runs stay what they were. Tokens of probability 0
-    (filtered, -inf) are never drawn by either."""
-    if log_probs.size(-1) < INVERSE_CDF_VOCAB:
-        return torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+    torch.multinomial draws V exponentials per row (the Gumbel-max trick) for the same distribution: about 10x the
+    time at 32,768 entries on a CPU (`bench/decode.py --vocab 32768`), and 60 against 19 us per draw of 8 rows at 265
+    entries, where decoding a small model is bound by such per-token costs. Tokens of probability 0 (filtered, -inf)
+    are never drawn."""
     cumulative = log_probs.exp().double().cumsum(-1)
     u = torch.rand((log_probs.size(0), 1), dtype=torch.float64, device=log_probs.device, generator=generator)
     chosen = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True).squeeze(-1)

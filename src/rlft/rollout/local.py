@@ -147,15 +147,8 @@ class LocalEngine:
         for step in range(params.max_new_tokens):
             scores = process_logits(logits, seen, params)
             distribution = torch.log_softmax(scores, dim=-1)
-            if params.temperature > 0:
-                try:
-                    chosen = draw_tokens(distribution, generator)
-                except RuntimeError as exc:  # torch.multinomial: "probability tensor contains either `inf`, `nan` ..."
-                    if "probability tensor" in str(exc):
-                        raise RolloutError(NOT_FINITE) from None
-                    raise
-            else:
-                chosen = scores.argmax(-1)
+            # a NaN distribution draws some token: its NaN log-prob stops the rollout below (NOT_FINITE)
+            chosen = draw_tokens(distribution, generator) if params.temperature > 0 else scores.argmax(-1)
             chosen = chosen.masked_fill_(finished, self.pad_id)  # in place: decoding is overhead-bound
             tokens.append(chosen)
             logps.append(distribution.gather(-1, chosen.clamp_min(0)[:, None]).squeeze(-1))

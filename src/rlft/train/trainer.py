@@ -32,6 +32,7 @@ from rlft.train.best import BestCheckpoint
 from rlft.train.checkpoint import TrainState, agreed_resume, changed_learning_rate, load_checkpoint, load_weights, read_state
 from rlft.train.checkpoint_folders import clean_staging
 from rlft.train.checkpoint_save import CheckpointWriter
+from rlft.train.clipping import GradientClip
 from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_memory_mb
 from rlft.train.optim import advance_schedule, build_scheduler, optimizer_mode, reset_state, step_was_skipped, stepping_optimizer
 from rlft.train.parallel import gradient_sync, max_across, mean_metrics, not_finite_anywhere, sum_across, unused_parameters_named
@@ -125,6 +126,7 @@ class Trainer:
                                     self.console)
         self.total_params, self.trainable_params = flop_parameters(self.unwrapped)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.clip = GradientClip(self.params, self.stepping, self.accelerator, self.settings.optim.max_grad_norm)
         self.started = time.perf_counter()
         self.cursor = PlanCursor(plan, self.state.epoch, self.state.batch_in_epoch)  # where recipes not drawing their own are
         # on a GPU the next step's batches collate while this one computes; on a CPU that would take the step's own cores
@@ -292,14 +294,8 @@ class Trainer:
             factor = totals.scale * self.world / max(totals.units, 1.0)
             if self.deepspeed:  # DeepSpeed scales, clips and updates in one call
                 grad_norm = zero.step(self.model, factor)
-            else:
-                if factor != 1.0:  # one micro-batch on one process: the sum is already the mean's scale
-                    for param in self.params:
-                        if param.grad is not None:
-                            param.grad.mul_(factor)
-                max_norm = self.settings.optim.max_grad_norm or float("inf")
-                norm = self.accelerator.clip_grad_norm_(self.params, max_norm)
-                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
+            else:  # scaled and clipped, or (a fused optimizer) told to scale and clip in its step
+                grad_norm = self.clip.norm(factor)
             if not math.isfinite(grad_norm) and self.accelerator.mixed_precision != "fp16":  # fp16: the scaler skips
                 applied = "DeepSpeed applied the step" if self.deepspeed else "the step was not applied"
                 raise TrainingDiverged(f"the gradient norm is {grad_norm} at step {self.state.global_step + 1} "
