@@ -523,7 +523,8 @@ def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, mo
     and backward in test_cli_sft.py)."""
     monkeypatch.chdir(tmp_path)
     source = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
-    settings = dict(max_steps=2, logging_steps=1, seed=5, trl={"temperature": 1.0})  # step 2 samples from updated weights
+    # step 2 samples from updated weights; beta > 0: the reference copy runs (compiled in the compiled run)
+    settings = dict(max_steps=2, logging_steps=1, seed=5, learning_rate=5e-3, warmup_steps=0, trl={"temperature": 1.0, "beta": 0.05})
     runs = {}
     for name, compiled in (("eager", False), ("compiled", True)):
         path = _grpo_config(tmp_path, warm_model, source, ["myrewards.r"], output_dir=str(tmp_path / name),
@@ -536,6 +537,8 @@ def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, mo
     assert [m["reward"] for m in runs["compiled"]] == [m["reward"] for m in runs["eager"]]
     assert [m["completions/mean_length"] for m in runs["compiled"]] == [m["completions/mean_length"] for m in runs["eager"]]
     assert [m["loss"] for m in runs["compiled"]] == pytest.approx([m["loss"] for m in runs["eager"]], abs=1e-5)
+    assert [m["kl"] for m in runs["compiled"]] == pytest.approx([m["kl"] for m in runs["eager"]], abs=1e-6)
+    assert runs["eager"][1]["kl"] > 1e-5, runs  # step 2: the policy has moved from its reference
 
 
 def test_a_real_size_vocabulary_trains_through_the_output_layer(cli, tmp_path, monkeypatch):

@@ -143,6 +143,38 @@ def test_precomputed_and_live_reference_give_the_same_losses(warm_model, cli, tm
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.compile
+def test_a_compiled_run_compiles_its_reference_copy_and_trains_the_eager_losses(warm_model, cli, tmp_path, monkeypatch):
+    """`torch_compile: true` runs the reference copy of a full fine-tune through torch.compile too (a graph without
+    gradients), and not a reference that only precomputes its values before training; the losses are the eager
+    run's. aot_eager: dynamo captures the graphs inductor would compile, without the C++ code generation."""
+    import rlft.train.policy as policy
+    from rlft.models.frozen import FrozenPolicy
+
+    compiled = []
+    monkeypatch.setattr(policy, "compiled_forward", lambda settings, model, _f=policy.compiled_forward:
+                        compiled.append(model) or _f(settings, model))
+    seen = []
+    view = FrozenPolicy.view
+    monkeypatch.setattr(FrozenPolicy, "view", lambda self, model: seen.append(type(self.runs).__name__) or view(self, model))
+    losses = {}
+    for name, settings in (("eager", {}), ("compiled", {"torch_compile": True, "torch_compile_backend": "aot_eager"}),
+                           ("precomputed", {"torch_compile": True, "torch_compile_backend": "aot_eager",
+                                            "precompute_ref_log_probs": True})):
+        compiled.clear(), seen.clear()
+        out = tmp_path / name
+        config = _pair_config(tmp_path, warm_model, _pairs(16), output_dir=str(out), max_steps=3, **settings)
+        assert cli("train", config) == 0
+        losses[name] = [m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
+        if name == "compiled":
+            assert len(compiled) == 1 and set(seen) == {"OptimizedModule"}, (compiled, seen)
+        else:  # eager: nothing compiles; precomputed: the policy itself gives the values, once, before training
+            assert set(seen) <= {"LlamaForCausalLM", "NoneType"} and seen, seen
+    assert losses["compiled"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy == reference at step 1
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5, abs=1e-6)
+    assert losses["precomputed"] == pytest.approx(losses["eager"], rel=1e-5, abs=1e-6)
+
+
 def test_dpo_on_an_moe_model_adds_the_router_loss_and_learns(tiny_moe_dir, cli, tmp_path):
     """model_config: {output_router_logits: true} on a Mixtral: every step logs the load-balancing loss, and the
     preference is learnt (the loss falls from ln 2, the chosen answers' margin grows)."""

@@ -31,6 +31,7 @@ class FrozenPolicy:
                  initial: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] | None = None):
         self.model = copy_  # None: a view of the policy (its adapter disabled, or its `initial` values)
         self.initial = initial  # id(parameter) -> (the policy's parameter, its value at set-up)
+        self.runs = copy_  # what `view` runs of a copy: the copy, or (torch_compile) its compiled forward
 
     @classmethod
     def copy_of(cls, model: torch.nn.Module) -> "FrozenPolicy":
@@ -54,7 +55,7 @@ class FrozenPolicy:
         """The frozen network; `policy` (possibly DDP-wrapped) is used only when the frozen network is a view of it
         (its adapter disabled, or its initial tensors swapped in)."""
         if self.model is not None:
-            yield self.model
+            yield self.runs
             return
         base = getattr(policy, "module", policy)
         if self.initial is not None:

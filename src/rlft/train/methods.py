@@ -33,7 +33,7 @@ from rlft.rollout.rewards.runner import RewardRunner
 from rlft.rollout.scoring import FunctionScorer
 from rlft.rollout.user_rollouts import load_rollout_func
 from rlft.train.engines import engine_factory
-from rlft.train.policy import attach_with_frozen, policy_and_frozen
+from rlft.train.policy import attach_with_frozen, compile_frozen, policy_and_frozen
 from rlft.train.recipe import Recipe
 from rlft.train.recipes.ebft import EBFTStridedRecipe, EBFTStructuredRecipe
 from rlft.train.recipes.grpo import GRPORecipe
@@ -120,6 +120,8 @@ def _preference_policy(cfg, settings: Settings, tokenizer, accelerator, init_bas
             disable_dropout(reference.model)
     if reference is not None:
         reference.to(accelerator.device)
+    if not cfg.precompute_ref_log_probs:  # precomputed: the reference runs once, before training, uncompiled
+        compile_frozen(settings.model, reference)
     return model, reference
 
 
@@ -162,6 +164,7 @@ def online_rl_setup(cfg, settings: Settings, tokenizer, accelerator, init_base: 
         gym = settings.nemo_gym
         environment = NemoGymAgents(tokenizer.eos_token_id, gym.run_timeout, gym.max_turns, settings.rl.max_completion_length)
     model, reference = policy_and_frozen(cfg, settings.model, tokenizer, accelerator, init_base, bool(settings.rl.beta))
+    compile_frozen(settings.model, reference)
     runner = RewardRunner(functions, num_workers=trl.reward_num_workers, timeout=trl.reward_timeout,
                           failure_score=trl.reward_failure_score)
     validation = None

@@ -11,6 +11,7 @@ from rlft.models.base_changing import rewrites_base
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.loading import attach_adapter, disable_dropout, load_model
 from rlft.models.reference import load_reference_model
+from rlft.train.wrap import compiled_forward
 
 
 def shards_parameters(cfg, accelerator) -> bool:
@@ -62,3 +63,11 @@ def policy_and_frozen(cfg, model_settings: ModelSettings, tokenizer, accelerator
     if frozen is not None:
         frozen.to(accelerator.device)
     return model, frozen
+
+
+def compile_frozen(model_settings: ModelSettings, frozen: FrozenPolicy | None) -> None:
+    """`torch_compile`: a frozen copy that runs every step (a reference model) runs through torch.compile as the policy
+    does (`compiled_forward`), a graph of its own without gradients; its weights stay the copy's, so a reset or a
+    soft update reaches it. A view of the policy runs the policy's own forward."""
+    if frozen is not None and frozen.is_copy:
+        frozen.runs = compiled_forward(model_settings, frozen.model)

@@ -1,0 +1,81 @@
+"""What `torch_compile: true` costs and saves in an SFT run on a CPU: the numbers behind its default (false).
+
+    .venv/bin/python bench/compile_cost.py               # size S, 100 steps, 2 torch threads
+    .venv/bin/python bench/compile_cost.py --size M
+
+rlft's SFT run of `bench/sft_vs_trl.py` (the addition rows, micro batch 32) trains in fresh processes: eager, then
+compiled with an empty inductor cache (a first run on a machine), then compiled again with that cache filled (a later
+run of the same model). Each run's first step holds its compile; the steps after it show what compiling saves. The
+break-even is the step count from which a compiled run ends first: (compiled first step - eager median step) over
+(eager median step - compiled median step). Writes bench/results/compile_cost-<size>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, write_report  # noqa: E402
+
+CHILD = """
+import json, statistics, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import torch
+from common import quiet
+from short_rows import sft_run
+quiet()
+torch.set_num_threads({threads})
+out = Path(tempfile.mkdtemp()) / "out"
+result = sft_run({size!r}, 0, {steps}, compile={compiled})(out)
+steps = [json.loads(line)["step_time_s"] for line in (out / "metrics.jsonl").read_text().splitlines() if "step_time_s" in line]
+print("RESULT " + json.dumps({{"first_step_s": steps[0], "median_step_s": statistics.median(steps[10:]),
+                               "wall_s": result["wall_s"]}}))
+"""
+
+
+def child(args, compiled: bool, cache: str) -> dict:
+    code = CHILD.format(bench=str(Path(__file__).resolve().parent), threads=args.threads, size=args.size,
+                        steps=args.steps, compiled=compiled)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="S")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="rlft-inductor-") as cache:
+        runs = {"eager": child(args, False, cache), "compiled, empty cache": child(args, True, cache),
+                "compiled, filled cache": child(args, True, cache)}
+    eager = runs["eager"]["median_step_s"]
+    for name, run in runs.items():
+        saved = eager - run["median_step_s"]
+        run["break_even_steps"] = (run["first_step_s"] - eager) / saved if name != "eager" and saved > 0 else None
+        print(f"{name:24s} first step {run['first_step_s']:7.3f} s, median step {run['median_step_s'] * 1e3:6.1f} ms, "
+              f"training call {run['wall_s']:6.2f} s"
+              + (f", ends first from step {run['break_even_steps']:,.0f}" if run["break_even_steps"] else ""))
+    report = {"benchmark": "compile_cost", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "size": args.size, "steps": args.steps, "threads": args.threads, "runs": runs,
+              "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]],
+              "versions": {"torch": torch.__version__},
+              "command": " ".join(["bench/compile_cost.py", *sys.argv[1:]])}
+    write_report(args.out or RESULTS / f"compile_cost-{args.size}.json", report)
+
+
+if __name__ == "__main__":
+    main()
