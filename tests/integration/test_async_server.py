@@ -107,17 +107,18 @@ def test_seed_async_configs_run_against_the_server(seed, served, cli, tmp_path, 
 
 def test_validation_samples_through_the_server(served, cli, tmp_path, monkeypatch):
     """validation: 4 completions per held-out prompt at temperature 1.0, sampled by the rollout server (through the
-    background feed), scored by the validation's own exact-match reward: pass@k in [0, 1] and consistent with it."""
+    background feed), scored by the validation's own 0/1 reward (the parity of a completion's character codes, a pass
+    for about half of the samples whatever the model knows): pass@k in [0, 1] and consistent with it."""
     monkeypatch.chdir(served["root"])
-    (served["root"] / "rewards_exact.py").write_text(
-        "def exact(completions, answer, **kwargs):\n    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
-    validation = {"enable": True, "n_generation": 4, "temperature": 1.0, "reward_function": ["rewards_exact.exact"]}
+    (served["root"] / "rewards_parity.py").write_text(
+        "def parity(completions, **kwargs):\n    return [float(sum(map(ord, c)) % 2 == 0) for c in completions]\n")
+    validation = {"enable": True, "n_generation": 4, "temperature": 1.0, "reward_function": ["rewards_parity.parity"]}
     config = write(served, tmp_path, "validation", {"val_set_size": 8, "eval_steps": 2, "validation": validation})
     assert cli("train", config) == 0
     evals = [m for m in read_metrics(tmp_path / "validation" / "metrics.jsonl") if "eval/reward" in m]
     assert [e["step"] for e in evals] == [0, 2]
     for metrics in evals:
-        assert metrics["eval/rollout_count"] == 32 and "eval/rewards/exact/mean" in metrics
+        assert metrics["eval/rollout_count"] == 32 and "eval/rewards/parity/mean" in metrics
         assert not any(key.startswith("eval/rewards/r/") for key in metrics)  # not the training's reward
         pass1, pass4 = metrics["eval/pass@1"], metrics["eval/pass@4"]
         assert pass1 == pytest.approx(metrics["eval/reward"], abs=1e-6)  # 0/1 rewards, a pass at 1.0

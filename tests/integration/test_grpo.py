@@ -202,7 +202,10 @@ def test_loss_units_match_the_policy_loss(warm_model):
         assert float(out.loss_sum) == pytest.approx(float(expected.loss_sum), abs=1e-5), loss_type
 
 
-RESUME_REWARD = "def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) for c, a in zip(completions, answer)]\n"
+# the characters' codes make two different completions' rewards differ, so a step's advantages are not all zero (and
+# it updates) whatever the sampled completions are
+RESUME_REWARD = ("def r(completions, answer, **kwargs):\n    return [float(c.strip() == a) + 0.1 * len(c) + 0.001 * (sum(map(ord, c)) % 97)"
+                 " for c, a in zip(completions, answer)]\n")
 
 
 def _straight_and_resumed(tmp_path, cli, model, checkpoint: int, keep=(), **settings) -> tuple[dict, dict]:
