@@ -4,11 +4,11 @@ data-sheet figures for the GPUs it names, else measured on this machine by a sho
 The probe times square matrix products on the run's device, in the run's matmul precision and with torch's thread
 count: the size doubles until one product takes PROBE_SECONDS (large enough that arithmetic, not memory, bounds it),
 then the best of REPEATS timings counts, 2 n^3 FLOPs per product. It takes a fraction of a second (0.07 s in fp32,
-0.35 s in bf16 on a 2-core CPU) and runs at every start. A JSON file under the cache folder ($XDG_CACHE_HOME/rlft,
-else ~/.cache/rlft) keeps the best figure any run on the machine has measured, one entry per device model,
-precision, thread count (CPUs) and torch version, and a run takes the higher of its own probe and that figure: a
-probe taken while other work loads the machine reads low (2.4 against 199 GFLOP/s on a 2-core CPU that a test suite
-kept busy) and must not stay the machine's figure, and the next start on a quiet machine raises it.
+0.35 s in bf16 on a 2-core CPU). A JSON file under the cache folder ($XDG_CACHE_HOME/rlft, else ~/.cache/rlft) keeps
+the best figure a probe of the machine has measured and when it last probed, one entry per device model, precision,
+thread count (CPUs) and torch version. A start within REPROBE_SECONDS of the last probe reads the figure; a later one
+probes again and keeps the higher figure: a probe taken while other work loads the machine reads low (2.4 against
+199 GFLOP/s on a 2-core CPU that a test suite kept busy) and must not stay the machine's figure.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ REPEATS = 3
 FIRST_SIZE = 256
 MAX_SIZE = {"cpu": 4096, "other": 8192}  # 8192: 3 x 256 MiB of fp32 matrices on a GPU
 CACHE_NAME = "peak_flops.json"
+REPROBE_SECONDS = 600  # a start this long after the last probe probes again (a figure read under load heals then)
 
 
 @dataclass(frozen=True)
@@ -67,23 +68,37 @@ def device_peak(device: torch.device, precision: str, override: float | None = N
 
 
 def measured_peak(device: torch.device, precision: str, name: str, cache: Path) -> Peak:
-    """This machine's figure: the probe's now, or the best an earlier run measured (read from `cache`) where that is
-    higher; a higher figure is written back. A cache that cannot be read or parsed counts as empty; one that cannot be
-    written leaves the figure uncached."""
+    """This machine's figure: the best a probe of it has measured (`cache`), probed again at a start more than
+    REPROBE_SECONDS after the last probe, the higher figure kept. A cache that cannot be read or parsed counts as
+    empty; one that cannot be written leaves the figure uncached."""
     key = cache_key(device, precision, name)
     entries = _read_cache(cache)
-    cached = entries.get(key)
-    if not (isinstance(cached, (int, float)) and not isinstance(cached, bool) and math.isfinite(cached) and cached > 0):
-        cached = 0.0
+    best, probed_at = _entry(entries.get(key))
+    now = time.time()
+    if best > 0 and 0 <= now - probed_at < REPROBE_SECONDS:
+        return Peak(best, precision, f"the best a matmul probe of this machine has measured, cached in {cache}")
     flops = probe_flops(device, DTYPES[precision])
-    if flops <= cached:
-        return Peak(float(cached), precision, f"the best a matmul probe of this machine has measured, cached in {cache} "
-                                              f"(this start's probe: {flops / 1e12:.4g} TFLOP/s)")
     try:
-        _write_cache(cache, {**entries, key: flops})
+        _write_cache(cache, {**entries, key: {"flops": max(flops, best), "probed_at": now}})
     except OSError as exc:
-        return Peak(flops, precision, f"measured by a matmul probe at start-up; not cached: {exc}")
-    return Peak(flops, precision, f"measured by a matmul probe at start-up, cached in {cache}")
+        return Peak(max(flops, best), precision, f"measured by a matmul probe at start-up; not cached: {exc}")
+    if flops >= best:
+        return Peak(flops, precision, f"measured by a matmul probe at start-up, cached in {cache}")
+    return Peak(best, precision, f"the best a matmul probe of this machine has measured, cached in {cache} (this start's "
+                                 f"probe: {flops / 1e12:.4g} TFLOP/s)")
+
+
+def _entry(value) -> tuple[float, float]:
+    """(best FLOP/s, when it was last probed) of a cache entry; (0, 0) for anything else. A bare number (an entry
+    without its time) counts as probed long ago."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if number(value) and value > 0:
+        return float(value), 0.0
+    if isinstance(value, dict) and number(value.get("flops")) and value["flops"] > 0 and number(value.get("probed_at")):
+        return float(value["flops"]), float(value["probed_at"])
+    return 0.0, 0.0
 
 
 def probe_flops(device: torch.device, dtype: torch.dtype) -> float:
