@@ -364,6 +364,12 @@ def test_a_compiled_forward_on_a_cpu_attends_short_rows_through_sdpas_math_path(
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", AttentionInterface._global_mapping["sdpa"])  # restored after
     assert install()
+    # what an earlier test of this process left: a max-autotune compile turns the math path off, and dynamo keeps the
+    # graphs it traced on transformers' shared code objects
+    import rlft.models.varlen as varlen
+
+    monkeypatch.setattr(varlen, "SHORT_ROWS_MATH", True)
+    torch._dynamo.reset()
     model = tiny_of_type("llama").train()
     ids = torch.randint(0, 128, (4, 12))
     mask = torch.ones_like(ids)
