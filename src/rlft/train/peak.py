@@ -80,11 +80,12 @@ def measured_peak(device: torch.device, precision: str, name: str, cache: Path) 
     flops = probe_flops(device, DTYPES[precision])
     try:
         _write_cache(cache, {**entries, key: {"flops": max(flops, best), "probed_at": now}})
+        kept = f", cached in {cache}"
     except OSError as exc:
-        return Peak(max(flops, best), precision, f"measured by a matmul probe at start-up; not cached: {exc}")
+        kept = f"; not cached: {exc}"
     if flops >= best:
-        return Peak(flops, precision, f"measured by a matmul probe at start-up, cached in {cache}")
-    return Peak(best, precision, f"the best a matmul probe of this machine has measured, cached in {cache} (this start's "
+        return Peak(flops, precision, f"measured by a matmul probe at start-up{kept}")
+    return Peak(best, precision, f"the best a matmul probe of this machine has measured{kept} (this start's "
                                  f"probe: {flops / 1e12:.4g} TFLOP/s)")
 
 
