@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rlft.config.parallel import fsdp_settings
 from rlft.data.batches import BatchPlan, PlanCursor
 from rlft.errors import ConfigError
-from rlft.train.launch import launch_command
+from rlft.train.launch import launch_arguments
 
 
 def test_the_guides_fsdp_block(config):
@@ -57,10 +57,10 @@ def test_deepspeed_with_fsdp_is_refused(config):
         config(deepspeed="ds.json", fsdp=["full_shard"])
 
 
-def test_launch_command():
-    command = launch_command("c.yaml", ["--max_steps=3"], 4, nodes=2, node_rank=1, main_ip="10.0.0.1", main_port=29600)
-    joined = " ".join(command)
-    assert "-m rlft.train.launch --multi_gpu --num_processes 4 --num_machines 2 --machine_rank 1" in joined
+def test_launch_arguments():
+    arguments = launch_arguments("c.yaml", ["--max_steps=3"], 4, nodes=2, node_rank=1, main_ip="10.0.0.1", main_port=29600)
+    joined = " ".join(arguments)
+    assert joined.startswith("--multi_gpu --num_processes 4 --num_machines 2 --machine_rank 1")
     assert joined.endswith("--main_process_ip 10.0.0.1 --main_process_port 29600 -m rlft.cli train c.yaml --max_steps=3")
 
 
@@ -70,9 +70,9 @@ def test_launch_command():
     ((2, 2, 0, None), "needs --main-process-ip"),
     ((0, 1, 0, None), "both must be at least 1"),
 ])
-def test_launch_command_refuses_impossible_layouts(args, words):
+def test_launch_arguments_refuse_impossible_layouts(args, words):
     with pytest.raises(ConfigError, match=words):
-        launch_command("c.yaml", [], *args)
+        launch_arguments("c.yaml", [], *args)
 
 
 class HostReads(TorchDispatchMode):

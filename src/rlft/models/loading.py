@@ -12,13 +12,12 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import transformers
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import LocalEntryNotFoundError
-from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from safetensors import safe_open
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel,
                           PreTrainedTokenizerBase)
@@ -34,6 +33,9 @@ from rlft.models.base_changing import is_converted
 from rlft.models.checkpointing import enable_checkpointing
 from rlft.models.liger import apply_liger, check_liger
 from rlft.models.qat import check_qat, prepare_qat
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -334,6 +336,8 @@ def _quantization_kwargs(settings: ModelSettings) -> dict[str, Any]:
 
 
 def lora_config(adapter: AdapterSettings, task_type: str = "CAUSAL_LM") -> LoraConfig:
+    from peft import LoraConfig  # noqa: PLC0415 (peft takes 2 s to import: runs without an adapter skip it)
+
     if adapter.target_linear:
         targets: Any = "all-linear"
     else:  # parameters alone: no modules (PEFT would otherwise pick its default modules for the model type)
@@ -356,6 +360,8 @@ def lora_config(adapter: AdapterSettings, task_type: str = "CAUSAL_LM") -> LoraC
 
 def attach_adapter(model: PreTrainedModel, settings: ModelSettings, task_type: str = "CAUSAL_LM") -> Any:
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
+    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training  # noqa: PLC0415 (2 s to import)
+
     if settings.load_in_4bit or settings.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if settings.checkpointing:
@@ -403,6 +409,8 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
         rows = _saved_embedding_rows(base, Path(source))
         if rows and rows != base.get_input_embeddings().num_embeddings:  # the run resized them (tokens:, 32x, shrink)
             base.resize_token_embeddings(rows, mean_resizing=False)  # the adapter holds the trained rows
+        from peft import PeftModel  # noqa: PLC0415 (2 s to import: adapters only)
+
         model = PeftModel.from_pretrained(base, source)
     else:
         try:

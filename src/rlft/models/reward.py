@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from peft import PeftModel
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlft.config.settings.model import ModelSettings
@@ -81,6 +80,8 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
     if adapter_file.exists():
         base_source, revision = adapter_base(Path(source))
         base = AutoModelForSequenceClassification.from_pretrained(base_source, num_labels=1, **revision)
+        from peft import PeftModel  # noqa: PLC0415 (2 s to import: adapters only)
+
         model = PeftModel.from_pretrained(base, source)
     else:
         architectures = AutoConfig.from_pretrained(source).architectures or []

@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
-from peft import set_peft_model_state_dict
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
@@ -215,6 +214,8 @@ def load_weights(model, folder: Path) -> None:
             raise CheckpointError(f"{file} is unreadable ({exc}): use another checkpoint") from None
     if (folder / "adapter_config.json").exists():
         try:
+            from peft import set_peft_model_state_dict  # noqa: PLC0415 (2 s to import: adapters only)
+
             result = set_peft_model_state_dict(model, state)
         except RuntimeError as exc:  # torch: "size mismatch for ...": another lora_r, or another base model's widths
             raise CheckpointError(f"{folder}: adapter weights do not fit the configured adapter ({_mismatch(exc)}): was it "

@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 from rich.console import Console
-from transformers.integrations.neftune import neftune_post_forward_hook
 
 from rlft.config.activation_checkpointing import checkpoints
 from rlft.config.axolotl_keys import unsupported_settings
@@ -101,6 +100,8 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     if cfg.unfrozen_parameters:
         freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
     if cfg.neftune_noise_alpha:  # NEFTune: transformers' hook, so the noise is the one its Trainer (and Axolotl) adds
+        from transformers.integrations.neftune import neftune_post_forward_hook  # noqa: PLC0415 (imports peft: 2 s)
+
         embeddings = model.get_input_embeddings()
         embeddings.neftune_noise_alpha = cfg.neftune_noise_alpha
         embeddings.register_forward_hook(neftune_post_forward_hook)

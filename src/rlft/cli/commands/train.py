@@ -13,7 +13,7 @@ from rlft.cli.exit import CommandState, resume_hint, stop_on_sigterm
 from rlft.config.parallel import launched
 from rlft.errors import ConfigError
 from rlft.heap import collector_paused
-from rlft.train.launch import check_devices, launch_command, run_launched
+from rlft.train.launch import check_devices, launch_arguments, run_launched
 from rlft.train.parallel import check_layer_classes
 from rlft.train.unbuilt import refuse_unbuilt
 
@@ -30,8 +30,8 @@ def train(args: argparse.Namespace, state: CommandState) -> int:
         if "WORLD_SIZE" in os.environ:
             raise ConfigError("--num-processes inside an already launched process (torchrun / accelerate launch set "
                               "WORLD_SIZE): use one launcher, e.g. `rlft train CONFIG --num-processes N` alone")
-        return run_launched(launch_command(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
-                                           args.main_ip, args.main_port, args.debug), resume_hint(state))
+        return run_launched(launch_arguments(args.config, args.overrides, args.num_processes, args.nnodes, args.node_rank,
+                                             args.main_ip, args.main_port, args.debug), resume_hint(state))
     # imported here, with the collector paused: the training code brings transformers, datasets and the models
     # (seconds), which the launching process above never needs, since it only checks the config
     with collector_paused():

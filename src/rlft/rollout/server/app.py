@@ -11,6 +11,7 @@ TRL and Axolotl clients call `/health/` and `/generate/`.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,11 +24,31 @@ from rlft.rollout.server.openai_routes import add_openai_routes
 from rlft.rollout.server.protocol import ServerError, ServingBackend, dtype_name
 from rlft.rollout.server.requests import GenerateBody, LoadAdapterBody, VersionBody, WeightsPathBody, generation_request
 from rlft.rollout.server.routes import add_route, error_response
-from rlft.rollout.server.security import token_guard
+from rlft.rollout.server.security import TOKEN_ENV
 from rlft.rollout.server.transfer import StreamedTransfer, WeightsOnDisk, load_from_disk, read_adapter_folder
 
 
 LARGE_BODY = 128 * 2**20  # a bucket this large waits for the one before to load (one tensor alone, an embedding)
+
+
+def token_guard(token: str | None):
+    """A FastAPI dependency that refuses a request without `Authorization: Bearer <token>` (when one is in force)."""
+
+    async def require_token(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise ServerError(401, f"{request.url.path} changes the served weights and needs `Authorization: Bearer <token>`: "
+                                   f"the token is vllm.api_key in the config, the {TOKEN_ENV} environment variable, "
+                                   "or the one the server printed at start (a trainer on the same machine reads that one "
+                                   "from ~/.cache/rlft/)")
+        if not secrets.compare_digest(given.strip().encode(), token.encode()):
+            raise ServerError(401, f"{request.url.path}: wrong token: use the server's vllm.api_key, its {TOKEN_ENV} "
+                                   "environment variable, or the token it printed at start")
+
+    return require_token
 
 
 def build_app(backend: ServingBackend, *, model_name: str, token: str | None, ends: tuple[int, ...]) -> FastAPI:

@@ -12,8 +12,6 @@ import os
 import secrets
 from pathlib import Path
 
-from fastapi import Request
-
 from rlft.rollout.server.protocol import ServerError
 
 TOKEN_ENV = "RLFT_SERVER_TOKEN"
@@ -59,23 +57,3 @@ def local_token(port: int) -> str | None:
         return token_file(port).read_text().strip() or None
     except OSError:
         return None
-
-
-def token_guard(token: str | None):
-    """A FastAPI dependency that refuses a request without `Authorization: Bearer <token>` (when one is in force)."""
-
-    async def require_token(request: Request) -> None:
-        if token is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            raise ServerError(401, f"{request.url.path} changes the served weights and needs `Authorization: Bearer <token>`: "
-                                   f"the token is vllm.api_key in the config, the {TOKEN_ENV} environment variable, "
-                                   "or the one the server printed at start (a trainer on the same machine reads that one "
-                                   "from ~/.cache/rlft/)")
-        if not secrets.compare_digest(given.strip().encode(), token.encode()):
-            raise ServerError(401, f"{request.url.path}: wrong token: use the server's vllm.api_key, its {TOKEN_ENV} "
-                                   "environment variable, or the token it printed at start")
-
-    return require_token

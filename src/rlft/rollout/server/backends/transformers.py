@@ -9,7 +9,6 @@ Log-probs come from the distribution actually sampled (`process_logits`), as in 
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
 from rlft.config.settings.rollout import ServerSettings
 from rlft.errors import ConfigError
@@ -136,8 +135,8 @@ class TransformersBackend(LocalGroupMember, ThreadedBackend):
     def _load_adapter(self, adapter: AdapterFiles, version: int) -> str:
         previous = None  # the adapter served now, to serve again unchanged if this one is refused half-way
         if self._lora_config is not None:
-            previous = (self._lora_config, {k: v.clone() for k, v in get_peft_model_state_dict(self._engine.model).items()},
-                        self.lora)
+            served = _peft().get_peft_model_state_dict(self._engine.model)
+            previous = (self._lora_config, {k: v.clone() for k, v in served.items()}, self.lora)
             if _adapter_shape(adapter.config) != _adapter_shape(self._lora_config):
                 self._unwrap()
         try:
@@ -161,9 +160,9 @@ class TransformersBackend(LocalGroupMember, ThreadedBackend):
         return checksum
 
     def _wrap(self, config: dict) -> None:
-        known = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
+        known = {k: v for k, v in config.items() if k in _peft().LoraConfig.__dataclass_fields__}
         known.update(inference_mode=True, init_lora_weights=True)  # the tensors come next: no PiSSA/OLoRA init on this base
-        model = get_peft_model(self._engine.model, LoraConfig(**known), autocast_adapter_dtype=False)
+        model = _peft().get_peft_model(self._engine.model, _peft().LoraConfig(**known), autocast_adapter_dtype=False)
         model.to(self.dtype).requires_grad_(False).eval()
         self._engine = LocalEngine(model, self._engine.pad_id, self.tokenizer, self._engine.max_batch, self.weight_version,
                                    compiled=self._engine.compiled)
@@ -177,7 +176,7 @@ class TransformersBackend(LocalGroupMember, ThreadedBackend):
 
     def _set_adapter_tensors(self, adapter: AdapterFiles) -> dict[str, torch.Tensor]:
         model = self._engine.model
-        expected = get_peft_model_state_dict(model)
+        expected = _peft().get_peft_model_state_dict(model)
         missing = sorted(set(expected) - set(adapter.tensors))
         unknown = sorted(set(adapter.tensors) - set(expected))
         if missing or unknown:
@@ -190,7 +189,7 @@ class TransformersBackend(LocalGroupMember, ThreadedBackend):
                                        f"is {tuple(expected[name].shape)}")
         cast = {name: tensor.to(self.lora_dtype) for name, tensor in adapter.tensors.items()}
         _set_state(model, cast)
-        readback = {name: tensor for name, tensor in get_peft_model_state_dict(model).items() if name in cast}
+        readback = {name: tensor for name, tensor in _peft().get_peft_model_state_dict(model).items() if name in cast}
         bad = next((name for name in cast if not torch.equal(readback[name].cpu(), cast[name])), None)
         if bad is not None:
             raise ServerError(500, f"adapter tensor {bad!r} reads back different from the file after loading")
@@ -198,7 +197,7 @@ class TransformersBackend(LocalGroupMember, ThreadedBackend):
 
 
 def _set_state(model, tensors: dict[str, torch.Tensor]) -> None:
-    set_peft_model_state_dict(model, tensors)
+    _peft().set_peft_model_state_dict(model, tensors)
 
 
 def _adapter_shape(config: dict) -> tuple:
@@ -206,3 +205,9 @@ def _adapter_shape(config: dict) -> tuple:
     keys = ("r", "lora_alpha", "target_modules", "rank_pattern", "alpha_pattern", "use_rslora", "use_dora",
             "modules_to_save", "layers_to_transform", "bias", "fan_in_fan_out", "exclude_modules")
     return tuple(repr(config.get(key)) for key in keys)
+
+
+def _peft():
+    import peft  # noqa: PLC0415 (seconds to import: only a server that loads an adapter needs it)
+
+    return peft
