@@ -174,11 +174,12 @@ def test_fsdp_activation_checkpointing_is_checkpointing():
 def test_a_quantized_base_keeps_the_checkpointing_rlft_set_up(monkeypatch):
     """PEFT's prepare_model_for_kbit_training would enable checkpointing again, its own way (no offload, no
     gradient_checkpointing_kwargs): rlft asks it not to."""
-    from rlft.models import loading
+    import peft
+
     from rlft.models.loading import attach_adapter
 
     asked = []
-    monkeypatch.setattr(loading, "prepare_model_for_kbit_training",
+    monkeypatch.setattr(peft, "prepare_model_for_kbit_training",
                         lambda model, use_gradient_checkpointing=True, **kwargs: asked.append(use_gradient_checkpointing) or model)
     cfg = build_config({**BASE, "adapter": "qlora", "load_in_4bit": True, "lora_target_modules": ["q_proj"],
                         "gradient_checkpointing": True, "activation_offloading": True})
