@@ -21,7 +21,9 @@ class DataFields(Section):
                                    "merged datasets' seeded shuffle (as Axolotl).", ge=0.0)
     dataset_prepared_path: Optional[str] = field(None, "Folder that keeps tokenised data; reused while config, data files, "
                                                        "tokenizer and rlft are unchanged (docs/sft.md).")
-    dataset_num_proc: Optional[int] = field(None, "Processes that tokenise rows (datasets.map num_proc; default 1).", ge=1)
+    dataset_num_proc: Optional[int] = field(
+        None, "Processes that tokenise rows: above 1, datasets.map with num_proc; default 1, a loop in the training process.",
+        ge=1)
     shuffle_merged_datasets: bool = field(True, "Shuffle the merged training rows once (seeded).")
     dataset_exact_deduplication: bool = field(
         False, "Drop prepared examples identical to an earlier one (training and eval data each), and eval examples "
