@@ -65,7 +65,6 @@ def run_launched(arguments: list[str], resume_hint: str) -> int:
     (`kill PID`) is passed to the launcher, which stops every process (each says so), and raises Terminated. The
     launcher's own traceback (a child failed) is left out of stderr; its table of which rank failed, and every
     process's messages, are not."""
-    os.environ.setdefault("ACCELERATE_LOG_LEVEL", "error")
     interrupted, terminated, launcher = [], [], []
 
     def note(*_: Any) -> None:  # the processes got the same Ctrl-C: wait for their checkpoint
@@ -127,6 +126,7 @@ def _launcher(arguments: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), errors="replace", line_buffering=True)
+        os.environ.setdefault("ACCELERATE_LOG_LEVEL", "error")  # read by the launcher and the training processes
         with collector_paused():
             from accelerate.commands.launch import launch_command, launch_command_parser  # noqa: PLC0415 (the launcher's)
         sys.argv = ["accelerate launch", *arguments]
@@ -144,12 +144,8 @@ def _launcher(arguments: list[str]) -> None:
 
 
 def _wait(pid: int) -> int:
-    """The launcher's exit code (negative: the signal that stopped it), waiting through interrupted waits."""
-    while True:
-        try:
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        except InterruptedError:
-            continue
+    """The launcher's exit code (negative: the signal that stopped it); a signal handled meanwhile resumes the wait."""
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def relay_stderr(source, sink) -> None:
