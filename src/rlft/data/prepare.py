@@ -123,8 +123,8 @@ def tokenize_dataset(ds, index: int, cfg, tokenizer, label: str, steps: MethodSt
 
     With `dataset_num_proc` above 1 the rows go through `datasets.map` in that many processes, each row's example
     coming back as JSON text and its error as a value, so that the message names the first bad row whatever process
-    met it. In one process they are tokenised in a plain loop, without the round trip through Arrow (a third of the
-    time for short rows).
+    met it. In one process they are tokenised in a plain loop, without the round trip through Arrow (half the time
+    for 2,300 short rows).
     """
     steps = steps or sft_steps(cfg)
     where = describe(ds, index) if label == "datasets" else f"{label}[{index}] ({ds.path or ds.data_files})"
