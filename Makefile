@@ -63,13 +63,16 @@ test-vllm: $(STAMP) $(VLLM_VENV)/.installed
 
 # NeMo Gym's servers (nemo-gym 0.7.0 with its reasoning_gym environment) in their own environment, from the pinned
 # list envs/nemo-gym.txt, installed by uv (much faster than pip). nemo-gym declares Python >= 3.13.14 but
-# runs on 3.11, so it goes in last with pip's --ignore-requires-python. `make test` builds it.
+# runs on 3.11, so it goes in last with pip's --ignore-requires-python. `make test` builds it. uv compiles the
+# bytecode as pip does: without it, every server process compiles ray and the servers' imports from source at each
+# start (with PYTHONDONTWRITEBYTECODE set, as on the development machines, no cache is ever written).
 nemo-gym: $(NEMO_VENV)/.installed
 
 $(NEMO_VENV)/.installed: envs/nemo-gym.txt constraints.txt
 	$(PYTHON) -m venv $(NEMO_VENV)
 	$(NEMO_VENV)/bin/pip install -q -c constraints.txt uv
-	$(NEMO_VENV)/bin/uv pip install -q --python $(NEMO_VENV)/bin/python --no-deps -c constraints.txt -r envs/nemo-gym.txt
+	$(NEMO_VENV)/bin/uv pip install -q --compile-bytecode --python $(NEMO_VENV)/bin/python --no-deps -c constraints.txt \
+		-r envs/nemo-gym.txt
 	$(NEMO_VENV)/bin/pip install -q -c constraints.txt --no-deps --ignore-requires-python nemo-gym==0.7.0
 	touch $@
 
