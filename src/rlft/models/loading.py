@@ -336,7 +336,7 @@ def _quantization_kwargs(settings: ModelSettings) -> dict[str, Any]:
 
 
 def lora_config(adapter: AdapterSettings, task_type: str = "CAUSAL_LM") -> LoraConfig:
-    from peft import LoraConfig  # noqa: PLC0415 (peft loads where an adapter is built or loaded)
+    from peft import LoraConfig  # peft loads where an adapter is built or loaded
 
     if adapter.target_linear:
         targets: Any = "all-linear"
@@ -360,7 +360,7 @@ def lora_config(adapter: AdapterSettings, task_type: str = "CAUSAL_LM") -> LoraC
 
 def attach_adapter(model: PreTrainedModel, settings: ModelSettings, task_type: str = "CAUSAL_LM") -> Any:
     """Wrap the model with a new LoRA adapter, or the trainable adapter of `lora_model_dir`."""
-    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training  # noqa: PLC0415 (adapters only)
+    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training  # adapters only
 
     if settings.load_in_4bit or settings.load_in_8bit:  # checkpointing is on already (enable_checkpointing), as configured
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -409,7 +409,7 @@ def load_for_inference(path: str, device: str = "cpu") -> tuple[Any, PreTrainedT
         rows = _saved_embedding_rows(base, Path(source))
         if rows and rows != base.get_input_embeddings().num_embeddings:  # the run resized them (tokens:, 32x, shrink)
             base.resize_token_embeddings(rows, mean_resizing=False)  # the adapter holds the trained rows
-        from peft import PeftModel  # noqa: PLC0415 (adapters only)
+        from peft import PeftModel  # adapters only
 
         model = PeftModel.from_pretrained(base, source)
     else:

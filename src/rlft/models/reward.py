@@ -80,7 +80,7 @@ def load_reward_for_scoring(path: str, device: str = "cpu"):
     if adapter_file.exists():
         base_source, revision = adapter_base(Path(source))
         base = AutoModelForSequenceClassification.from_pretrained(base_source, num_labels=1, **revision)
-        from peft import PeftModel  # noqa: PLC0415 (adapters only)
+        from peft import PeftModel  # adapters only
 
         model = PeftModel.from_pretrained(base, source)
     else:

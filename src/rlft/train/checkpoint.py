@@ -214,7 +214,7 @@ def load_weights(model, folder: Path) -> None:
             raise CheckpointError(f"{file} is unreadable ({exc}): use another checkpoint") from None
     if (folder / "adapter_config.json").exists():
         try:
-            from peft import set_peft_model_state_dict  # noqa: PLC0415 (adapters only)
+            from peft import set_peft_model_state_dict  # adapters only
 
             result = set_peft_model_state_dict(model, state)
         except RuntimeError as exc:  # torch: "size mismatch for ...": another lora_r, or another base model's widths

@@ -128,7 +128,7 @@ def _launcher(arguments: list[str]) -> None:
         sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), errors="replace", line_buffering=True)
         os.environ.setdefault("ACCELERATE_LOG_LEVEL", "error")  # read by the launcher and the training processes
         with collector_paused():
-            from accelerate.commands.launch import launch_command, launch_command_parser  # noqa: PLC0415 (the launcher's)
+            from accelerate.commands.launch import launch_command, launch_command_parser  # the launcher's
         sys.argv = ["accelerate launch", *arguments]
         launch_command(launch_command_parser().parse_args(arguments))
         code = 0

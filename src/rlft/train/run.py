@@ -100,7 +100,7 @@ def _train(cfg, settings: Settings, console: Console) -> LoopResult:
     if cfg.unfrozen_parameters:
         freeze_unmatched(cfg, model, console if accelerator.is_main_process else None)
     if cfg.neftune_noise_alpha:  # NEFTune: transformers' hook, so the noise is the one its Trainer (and Axolotl) adds
-        from transformers.integrations.neftune import neftune_post_forward_hook  # noqa: PLC0415 (NEFTune runs only)
+        from transformers.integrations.neftune import neftune_post_forward_hook  # NEFTune runs only
 
         embeddings = model.get_input_embeddings()
         embeddings.neftune_noise_alpha = cfg.neftune_noise_alpha

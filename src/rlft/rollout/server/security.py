@@ -12,8 +12,6 @@ import os
 import secrets
 from pathlib import Path
 
-from rlft.rollout.server.protocol import ServerError
-
 TOKEN_ENV = "RLFT_SERVER_TOKEN"
 
 

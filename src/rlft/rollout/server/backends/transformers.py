@@ -208,6 +208,6 @@ def _adapter_shape(config: dict) -> tuple:
 
 
 def _peft():
-    import peft  # noqa: PLC0415 (a second or more to import: a server loads it when it serves an adapter)
+    import peft  # a second or more to import: a server loads it when it serves an adapter
 
     return peft
