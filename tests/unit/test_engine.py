@@ -296,3 +296,30 @@ def test_on_a_cpu_the_compiled_step_stores_a_query_row_once_before_its_product_w
         out, code = run_and_get_code(step, query, angle, keys)  # (it resets dynamo first)
         assert torch.allclose(out, scores(query, angle, keys), atol=1e-5)
         assert len(set(re.findall(r"\bbuf\d+\b", "\n".join(code)))) == stored, code
+
+
+@pytest.mark.compile
+def test_the_compiled_decoder_draws_every_token_but_the_last_inside_its_step(engine, monkeypatch):
+    """The eager engine draws each token with its own operators (`next_tokens`, once per token); the compiled decoder
+    draws inside its step's graph, so per decode only the last token (which feeds no forward) is drawn outside it.
+    The tokens are the eager engine's, greedy and sampled."""
+    import copy
+
+    import rlft.rollout.local as local
+
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, DYNAMO_ONLY))
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"]]
+    outside = []
+    real = local.next_tokens
+    monkeypatch.setattr(local, "next_tokens", lambda *args: outside.append(1) or real(*args))
+    for params in (SamplingParams(max_new_tokens=7, temperature=0.0), SamplingParams(max_new_tokens=7, temperature=1.0)):
+        fast.decode(prompts, params, generator=torch.Generator().manual_seed(5))  # compiles
+        for decoder, draws in ((fast, 1), (eager, 7)):
+            outside.clear()
+            out = decoder.decode(prompts, params, generator=torch.Generator().manual_seed(5))
+            assert len(outside) == draws
+            if decoder is eager:
+                assert out.completion_ids == compiled.completion_ids
+            else:
+                compiled = out

@@ -61,7 +61,7 @@ def test_training_log_probs_engine_prefill_and_features_are_unchanged(forced, mo
     engine = LocalEngine(model, pad_id=0)
     params = SamplingParams(max_new_tokens=4, temperature=0.0)
     guarded_rollout = engine.generate([[5, 6, 7, 8], [11]], params, 2)
-    decoder = CompiledDecoder(model, "past_key_values")
+    decoder = CompiledDecoder(model, "past_key_values", 0)
     ids, attention = batch["input_ids"][:, :4], batch["attention_mask"][:, :4]
     positions = (attention.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():

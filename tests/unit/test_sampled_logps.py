@@ -3,6 +3,8 @@ penalty), so importance ratios measure only a difference of weights: at zero sta
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -135,3 +137,26 @@ def test_draw_tokens_by_inverse_cdf_follows_the_distribution_and_never_draws_a_f
     # the same generator state gives the same tokens
     again = draw_tokens(logits.expand(rows, vocab), torch.Generator().manual_seed(0))
     assert torch.equal(torch.bincount(again, minlength=vocab), counts)
+
+
+def test_next_tokens_draws_by_the_uniform_pads_finished_rows_and_flags_stops_by_hand():
+    """Probabilities (0.1, 0.2, 0.7): cumulative 0.1, 0.3, 1.0, so u = 0.05, 0.25, 0.95 draw tokens 0, 1, 2; the most
+    likely token is 2. A finished row gets the pad token, a stop token ends only a row that was still running, and the
+    log-probs are the drawn tokens' log-softmax."""
+    from rlft.models.logprobs import next_tokens
+
+    scores = torch.log(torch.tensor([[0.1, 0.2, 0.7]])).expand(4, 3).contiguous() + 5.0  # a shift: log-softmax undoes it
+    u = torch.tensor([[0.05], [0.25], [0.95], [0.25]], dtype=torch.float64)
+    finished = torch.tensor([False, False, False, True])
+    stop = torch.tensor([1])
+    chosen, logps, ended, distribution = next_tokens(scores, u, finished, stop, pad_id=-7)
+    assert chosen.tolist() == [0, 1, 2, -7]
+    assert logps[:3].tolist() == pytest.approx([math.log(0.1), math.log(0.2), math.log(0.7)], abs=1e-6)
+    assert ended.tolist() == [False, True, False, False]  # the finished row's pad is no stop
+    assert torch.allclose(distribution, torch.log(torch.tensor([0.1, 0.2, 0.7])).expand(4, 3), atol=1e-6)
+    greedy, greedy_logps, _, _ = next_tokens(scores, None, finished, stop, pad_id=-7, greedy=True)
+    assert greedy.tolist() == [2, 2, 2, -7] and greedy_logps[0].item() == pytest.approx(math.log(0.7), abs=1e-6)
+    # as a compiled decoder runs it: both computed, the flag keeps one
+    for flag, expected in ((True, greedy), (False, chosen)):
+        tokens = next_tokens(scores, u, finished, stop, pad_id=-7, greedy=torch.tensor(flag))[0]
+        assert torch.equal(tokens, expected)

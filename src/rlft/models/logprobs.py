@@ -226,17 +226,44 @@ def process_logits(logits: torch.Tensor, seen: torch.Tensor | None, params: Samp
 
 
 def draw_tokens(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of (N, V) normalised log-probs, drawn exactly from exp(log_probs) by the inverse CDF: one
-    uniform u per row picks the first token whose cumulative probability (float64) exceeds u times the total.
+    """One token per row of (N, V) normalised log-probs, drawn exactly from exp(log_probs) by the inverse CDF
+    (`inverse_cdf`) with one uniform per row (`uniforms`).
 
     torch.multinomial draws V exponentials per row (the Gumbel-max trick) for the same distribution: about 10x the
     time at 32,768 entries on a CPU (`bench/decode.py --vocab 32768`), and 60 against 19 us per draw of 8 rows at 265
     entries, where decoding a small model is bound by such per-token costs. Tokens of probability 0 (filtered, -inf)
     are never drawn."""
+    return inverse_cdf(log_probs, uniforms(log_probs.size(0), log_probs.device, generator))
+
+
+def uniforms(rows: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(rows, 1) float64 uniforms in [0, 1): what one token draw per row takes from `generator` (or the global one)."""
+    return torch.rand((rows, 1), dtype=torch.float64, device=device, generator=generator)
+
+
+def inverse_cdf(log_probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The first token of each row whose cumulative probability (float64) exceeds u times the row's total."""
     cumulative = log_probs.exp().double().cumsum(-1)
-    u = torch.rand((log_probs.size(0), 1), dtype=torch.float64, device=log_probs.device, generator=generator)
     chosen = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True).squeeze(-1)
     return chosen.clamp_max(log_probs.size(-1) - 1)
+
+
+def next_tokens(scores: torch.Tensor, u: torch.Tensor | None, finished: torch.Tensor, stop: torch.Tensor, pad_id: int,
+                greedy: bool | torch.Tensor = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoding step's draw from (N, V) sampling scores (`process_logits`): (tokens, their log-probs, the rows a
+    stop token ends now, the log-softmax distribution drawn from). `u`: one uniform per row (`uniforms`); `greedy`:
+    the most likely token instead (temperature 0; `u` unread), a bool, or a 0-d bool tensor with which both are
+    computed and one kept (one compiled graph for both). Rows already `finished` get `pad_id`. The rollout engine runs
+    it eagerly, and its compiled decoder inside the decode step's graph (`rlft.rollout.compiled`)."""
+    distribution = torch.log_softmax(scores, dim=-1)
+    # a NaN distribution draws some token: its NaN log-prob stops the rollout (the engine's NOT_FINITE)
+    if isinstance(greedy, torch.Tensor):
+        chosen = torch.where(greedy, scores.argmax(-1), inverse_cdf(distribution, u))
+    else:
+        chosen = scores.argmax(-1) if greedy else inverse_cdf(distribution, u)
+    chosen = chosen.masked_fill(finished, pad_id)
+    logps = distribution.gather(-1, chosen.clamp_min(0)[:, None]).squeeze(-1)
+    return chosen, logps, ~finished & torch.isin(chosen, stop), distribution
 
 
 def first_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -4,19 +4,29 @@ A decode forward of a small model is mostly Python and dispatch overhead: the mo
 and the cache grows by concatenation. Here the cache is allocated once per batch size (transformers' `StaticCache`,
 its length rounded up to `LENGTH_BUCKET` tokens and grown, never shrunk, when a longer batch comes: one cache and
 a few graphs per batch size, however the prompt widths vary), the attention mask is a fixed (B, L) tensor filled in
-place, and the one-token forward is a `torch.compile`d function: inductor with its C++ wrapper on a CPU, CUDA graphs
-(`reduce-overhead`) on a GPU. On a CPU, inductor computes a product of one query row with the whole cache as a
+place, and each step is one call of a `torch.compile`d function that draws the next token from the last step's
+sampling scores (`rlft.models.logprobs.next_tokens`: log-softmax, the inverse-CDF draw from a uniform drawn outside,
+the token's log-prob, the stop check) and runs the one-token forward of the drawn tokens: inductor with its C++
+wrapper on a CPU, CUDA graphs (`reduce-overhead`) on a GPU. The draw's dozen small operators would otherwise each be a
+call of their own per token. The uniforms come from the same generator in the same order as the eager engine's, so
+both draw the same tokens at the same seed, unless a uniform falls within float rounding of the boundary between two
+tokens (inductor's log-softmax rounds otherwise than torch's). The scores themselves (repetition
+penalty, temperature, min-p, top-k, top-p: `process_logits`) are computed outside the graph, so sampling settings
+never change what a graph computes. On a CPU, inductor computes a product of one query row with the whole cache as a
 broadcast multiply and a sum in a loop over the cached positions; a pass stores that row first (`store_reused_rows`),
 where inductor would recompute it, rotary sines and cosines included, for every cached position (at size S with 576
 cached positions a compiled step took 1.5-2.0 ms before, 0.6-1.0 ms with the pass: bench/README.md). The prompt's
-forward (prefill) runs eagerly into the same cache, computing the last position's logits only. Sampling stays
-outside, unchanged, so every token's log-prob still comes from the distribution it was drawn from.
+forward (prefill) runs eagerly into the same cache, computing the last position's logits only: it runs once per
+decode, and a compiled one (dynamic shapes, for every prompt width) saves less in a run of hundreds of steps than its
+compile costs.
 
 Each decoder keeps compiled graphs of its own (`own_code`), so that they only ever run with its own model, whose
 modules never change once it is built (new weights are copied into the same tensors; a server builds a new engine
 for a new adapter). Where the step compiles as one graph, its guards then need only check the tensors that vary
 between calls (batch size, cache length) and the process's state (`decoder_guards`): dynamo's default guards check
-every module attribute and global on every call (`bench/decode.py` reports their time per step). A forward that
+every module attribute and global on every call (`bench/decode.py` reports their time per step). The step is always
+called with the same kinds of arguments (a greedy step passes a flag tensor and zeros for the uniforms: one graph
+computes both tokens and keeps one), so nothing the guards no longer check changes between calls. A forward that
 breaks into several graphs keeps dynamo's default guards (`compile_step`).
 
 Compiling costs seconds per new batch shape, once per decoder; it pays off over runs of hundreds of steps, where
@@ -36,20 +46,24 @@ from transformers.cache_utils import StaticLayer
 
 from rlft.models.compile import RECOMPILE_LIMIT
 from rlft.models.head import without_router_logits
+from rlft.models.logprobs import next_tokens
 from rlft.models.masks import safe_attention
 
 LENGTH_BUCKET = 64  # cache lengths are multiples of this: one compiled graph serves many prompt widths
 # guards on the process's state that every compiled graph keeps (grad mode, deterministic algorithms, ...)
 STATE_GUARDS = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE",
                           "AUTOGRAD_SAVED_TENSORS_HOOKS", "SHAPE_ENV"})
+COMPILE_ERRORS = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError, torch._dynamo.exc.UncapturedHigherOrderOpError)
 
 
 class CompiledDecoder:
-    """Static-cache decoding for one model: `prefill` a left-padded batch, then `step` one token at a time."""
+    """Static-cache decoding for one model: `prefill` a left-padded batch, then `draw_and_step` one token at a time.
+    `pad_id`: the token a finished row is fed."""
 
-    def __init__(self, model, cache_keyword: str, mode: str | None = None, backend: str = "inductor"):
+    def __init__(self, model, cache_keyword: str, pad_id: int, mode: str | None = None, backend: str = "inductor"):
         self.model = model
         self.cache_keyword = cache_keyword
+        self.pad_id = pad_id
         self.device = next(model.parameters()).device
         self.mode = mode or ("reduce-overhead" if self.device.type == "cuda" else None)
         self.backend = backend
@@ -62,19 +76,21 @@ class CompiledDecoder:
     def _compile(self, whole: bool) -> None:
         """`whole`: the step compiles as one graph, guarded by `decoder_guards`; else with dynamo's own guards."""
         self.whole = whole
-        self._step = compile_step(own_code(self._one_token), self.mode, self.backend, self.device.type == "cpu", whole)
+        self._step = compile_step(own_code(self._draw_and_step), self.mode, self.backend, self.device.type == "cpu", whole)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache_position, cache):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1,
                           cache_position=cache_position, use_cache=True, **{self.cache_keyword: cache},
                           **without_router_logits(self.model)).logits[:, -1]
 
-    def _one_token(self, input_ids, attention_mask, position_ids, cache_position, cache):
-        """The compiled step. On a CPU its one query attends through SDPA's math path, whose products and softmax
-        inductor fuses into the step, where the CPU flash kernel is a call of its own. The prefill, whose (T, T) scores
-        the math path would hold whole, keeps SDPA's choice."""
+    def _draw_and_step(self, scores, u, greedy, finished, stop, position_ids, attention_mask, cache_position, cache):
+        """The compiled step: the draw from `scores`, then the drawn tokens' forward. On a CPU its one query attends
+        through SDPA's math path, whose products and softmax inductor fuses into the step, where the CPU flash kernel
+        is a call of its own. The prefill, whose (T, T) scores the math path would hold whole, keeps SDPA's choice."""
+        chosen, logps, ended, distribution = next_tokens(scores, u, finished, stop, self.pad_id, greedy)
         with sdpa_kernel(SDPBackend.MATH) if self.device.type == "cpu" else contextlib.nullcontext():
-            return self._forward(input_ids, attention_mask, position_ids, cache_position, cache)
+            logits = self._forward(chosen[:, None], attention_mask, position_ids, cache_position, cache)
+        return chosen, logps, ended, logits, distribution
 
     def _cache_for(self, batch: int, needed: int) -> tuple[int, Any]:
         """(length, cache) for `batch` rows: the batch size's cache if it holds `needed` positions, else a longer one in
@@ -105,20 +121,26 @@ class CompiledDecoder:
         mask = safe_attention(self.model, self.attention[:, :width], kv_length=length)  # left padding (rlft.models.masks)
         return self._forward(input_ids, mask, positions, cache_position, self.cache)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (at its row's next position); the logits of the next one."""
+    def draw_and_step(self, scores: torch.Tensor, u: torch.Tensor | None, finished: torch.Tensor, stop: torch.Tensor,
+                      positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One token per row drawn from `scores` (`next_tokens`; `u` None: the most likely) and fed at its row's next
+        position (`positions`): (tokens, log-probs, rows a stop token ends now, the next logits, the distribution
+        drawn from)."""
         self.attention[:, self.column] = 1
-        cache_position = torch.tensor([self.column], device=tokens.device)
+        cache_position = torch.tensor([self.column], device=scores.device)
         self.column += 1
-        inputs = (tokens[:, None], self.attention, positions[:, None], cache_position, self.cache)
+        greedy = torch.tensor(u is None, device=scores.device)
+        if u is None:  # the graph computes a draw too, from zeros (the generator is not read)
+            u = torch.zeros((scores.size(0), 1), dtype=torch.float64, device=scores.device)
+        inputs = (scores, u, greedy, finished, stop, positions[:, None], self.attention, cache_position, self.cache)
         try:
-            logits = self._step(*inputs)
-        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError, torch._dynamo.exc.UncapturedHigherOrderOpError):
+            out = self._step(*inputs)
+        except COMPILE_ERRORS:
             if not self.whole:  # found while tracing, before anything ran: the forward does not compile as one graph
                 raise
             self._compile(whole=False)
-            logits = self._step(*inputs)
-        return logits.clone() if self.device.type == "cuda" else logits  # CUDA graphs reuse their output buffer
+            out = self._step(*inputs)
+        return tuple(t.clone() for t in out) if self.device.type == "cuda" else out  # CUDA graphs reuse their outputs
 
 
 def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: bool):

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from rlft.errors import RolloutError
 from rlft.models.head import without_router_logits
-from rlft.models.logprobs import draw_tokens, process_logits
+from rlft.models.logprobs import next_tokens, process_logits, uniforms
 from rlft.models.masks import safe_attention
 from rlft.rollout.compiled import CompiledDecoder
 from rlft.rollout.types import Rollout, SamplingParams
@@ -64,7 +64,7 @@ class LocalEngine:
         self.compiled = compiled
         self.decoder = None
         if compiled is not None:
-            self.decoder = CompiledDecoder(self.model, _cache_keyword(self.model), *compiled)
+            self.decoder = CompiledDecoder(self.model, _cache_keyword(self.model), pad_id, *compiled)
 
     @classmethod
     def from_policy(cls, policy, pad_id: int, tokenizer=None, version: int = 0,
@@ -146,17 +146,19 @@ class LocalEngine:
         next_position = positions[:, -1]
         for step in range(params.max_new_tokens):
             scores = process_logits(logits, seen, params)
-            distribution = torch.log_softmax(scores, dim=-1)
-            # a NaN distribution draws some token: its NaN log-prob stops the rollout below (NOT_FINITE)
-            chosen = draw_tokens(distribution, generator) if params.temperature > 0 else scores.argmax(-1)
-            chosen = chosen.masked_fill_(finished, self.pad_id)  # in place: decoding is overhead-bound
+            u = uniforms(count, device, generator) if params.temperature > 0 else None
+            fused = self.decoder is not None and step < params.max_new_tokens - 1
+            if fused:  # the draw and the next token's forward in one compiled call (the last draw feeds no forward)
+                chosen, logp, just_finished, logits, distribution = self.decoder.draw_and_step(
+                    scores, u, finished, stop, next_position + 1)
+            else:
+                chosen, logp, just_finished, distribution = next_tokens(scores, u, finished, stop, self.pad_id, u is None)
             tokens.append(chosen)
-            logps.append(distribution.gather(-1, chosen.clamp_min(0)[:, None]).squeeze(-1))
+            logps.append(logp)
             if top_logprobs > 0:
                 tops.append(torch.topk(distribution, min(top_logprobs, distribution.size(-1)), dim=-1))
             if seen is not None:
                 seen.scatter_(1, chosen[:, None], ~finished[:, None])
-            just_finished = ~finished & torch.isin(chosen, stop)
             if params.stop_strings and self.tokenizer is not None:
                 just_finished |= self._stop_string_hit(torch.stack(tokens, 1), finished | just_finished, params.stop_strings)
             end_step.masked_fill_(just_finished, step)
@@ -164,8 +166,7 @@ class LocalEngine:
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
             next_position = next_position + 1
-            if self.decoder is not None:
-                logits = self.decoder.step(chosen, next_position)
+            if fused:
                 continue
             attention = torch.cat([attention, torch.ones((count, 1), dtype=attention.dtype, device=device)], dim=1)
             logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position[:, None],
