@@ -7,6 +7,7 @@ import gc
 import os
 import socket
 import statistics
+import subprocess
 import threading
 import warnings
 from pathlib import Path
@@ -192,6 +193,16 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def worktree(revision: str, folder: Path) -> Path:
+    """The repository at `revision`, checked out (once) in a git worktree under `folder`: its `src/` runs with this
+    tree's Python and packages, for a comparison in turns on the same machine at the same time."""
+    tree = folder / f"rlft-{revision}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "worktree", "add", "--detach", str(tree),
+                        revision], check=True, stdout=subprocess.DEVNULL)
+    return tree
 
 
 def median(values) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import RESULTS, free_port, make_model, median  # noqa: E402
+from common import RESULTS, free_port, make_model, median, worktree  # noqa: E402
 
 import yaml  # noqa: E402
 
@@ -75,11 +75,7 @@ def main() -> None:
                           check=True).stdout.strip()
     trees = {head: REPO / "src"}
     if args.against:
-        worktree = folder / f"rlft-{args.against}"
-        if not worktree.exists():
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), args.against], check=True,
-                           stdout=subprocess.DEVNULL)
-        trees[args.against] = worktree / "src"
+        trees[args.against] = worktree(args.against, folder) / "src"
     runs: dict[str, list[dict]] = {}
     for round_ in range(args.repeat + 1):  # round 0 warms the file cache and is not counted
         for processes in (1, 2):
