@@ -257,6 +257,25 @@ def test_local_engine_shares_frozen_weights_and_copies_the_trained_ones(tiny_lla
         engine.load_weights({"nope.weight": torch.zeros(1)}, version=2)
 
 
+def test_a_weight_snapshot_keeps_the_weights_of_its_step_and_a_load_at_once_reads_them_as_they_are(tiny_llama):
+    """With async prefetch the load runs later, while training goes on: it loads the weights of the step it was prepared
+    at (a snapshot). A synchronous feed loads at once, before the next update: no snapshot, the weights themselves."""
+    policy = lora(tiny_llama)
+    trained = [name for name, p in policy.named_parameters() if p.requires_grad]
+    for snapshot in (True, False):
+        engine = LocalEngine.from_policy(policy, pad_id=0)
+        at_step = {name: p.detach().clone() for name, p in policy.named_parameters() if p.requires_grad}
+        load = WeightSync(engine).prepare(policy, 1, snapshot=snapshot)
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                if p.requires_grad:
+                    p.add_(1.0)  # the next update, before the load runs
+        load()
+        own, now = dict(engine.model.named_parameters()), dict(policy.named_parameters())
+        expected = at_step if snapshot else {name: now[name] for name in trained}
+        assert engine.version == 1 and all(torch.equal(own[name], expected[name]) for name in trained)
+
+
 def test_weight_sync_refuses_an_engine_that_serves_another_version():
     class Stuck(FakeEngine):
         def load_weights(self, weights, version):

@@ -171,7 +171,9 @@ class RolloutFeed:
     def push(self, policy, version: int) -> float:
         began = time.perf_counter()
         relabel = None if self.changed else self.weight_sync.prepare_relabel(version)
-        self.prefetcher.submit_load(relabel or self.weight_sync.prepare(policy, version))
+        # a synchronous feed loads at once, before training goes on: no snapshot of the weights
+        load = relabel or self.weight_sync.prepare(policy, version, snapshot=self.prefetcher.depth > 0)
+        self.prefetcher.submit_load(load)
         self.changed, self.version = False, version
         return time.perf_counter() - began
 

@@ -3,7 +3,7 @@
 The weight version is the number of optimizer steps the weights have seen; every rollout row carries the
 version that sampled it, and the checkpoint records the engine's version. `prepare` takes a snapshot of
 the weights on the main thread (so training may go on changing them) and returns the load to run where the
-engine work runs (rollout/prefetch.py). What is sent depends on the engine:
+engine work runs (rollout/prefetch.py); a load that runs at once (synchronous GRPO) reads the weights themselves. What is sent depends on the engine:
 
 * an in-process engine copied from the policy gets the tensors that train (a LoRA adapter, or every weight);
 * a rollout server gets a plain model's weights: every trained weight of a full fine-tune, or, for a LoRA
@@ -53,17 +53,19 @@ class WeightSync:
             if self.engine_base_updated():
                 raise RolloutError("the rollout server's base weights were replaced by an earlier run, and a QLoRA run "
                                    "cannot send its 4-bit base: restart the server (rlft vllm-serve CONFIG), then this run")
-            self.prepare(policy, version)()
+            self.prepare(policy, version, snapshot=False)()
             return
         base = plain_state_dict(policy) if self.lora_folder is not None else merged_weights(policy)
         self._timed(lambda: self.engine.load_weights(base, version))  # a full update also drops any adapter
         self._check(version)
         self.pushed = version
         if self.lora_folder is not None:
-            self.prepare(policy, version)()
+            self.prepare(policy, version, snapshot=False)()
 
-    def prepare(self, policy, version: int) -> Callable[[], None]:
-        """Snapshot the weights now; the returned call loads them into the engine and verifies the version."""
+    def prepare(self, policy, version: int, snapshot: bool = True) -> Callable[[], None]:
+        """Snapshot the weights now; the returned call loads them into the engine and verifies the version. Without
+        `snapshot` the call reads the weights as they are when it runs: for a load that runs before training changes
+        them (synchronous GRPO), which then copies the weights once instead of twice."""
         self.pushed = version
         if self.lora_folder is not None:
             folder = self.lora_folder / f"v{version}"
@@ -81,10 +83,10 @@ class WeightSync:
                         shutil.rmtree(old, ignore_errors=True)
             return load_adapter
         weights = plain_weights(policy) if self.plain else trainable_weights(policy)
-        snapshot = {name: tensor.detach().clone() for name, tensor in weights.items()}
+        taken = {name: tensor.detach().clone() if snapshot else tensor.detach() for name, tensor in weights.items()}
 
         def load() -> None:
-            self._timed(lambda: self.engine.load_weights(snapshot, version))
+            self._timed(lambda: self.engine.load_weights(taken, version))
             self._check(version)
         return load
 
