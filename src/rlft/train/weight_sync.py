@@ -3,7 +3,8 @@
 The weight version is the number of optimizer steps the weights have seen; every rollout row carries the
 version that sampled it, and the checkpoint records the engine's version. `prepare` takes a snapshot of
 the weights on the main thread (so training may go on changing them) and returns the load to run where the
-engine work runs (rollout/prefetch.py); a load that runs at once (synchronous GRPO) reads the weights themselves. What is sent depends on the engine:
+engine work runs (rollout/prefetch.py); a load that runs at once (synchronous GRPO) reads the weights
+themselves. What is sent depends on the engine:
 
 * an in-process engine copied from the policy gets the tensors that train (a LoRA adapter, or every weight);
 * a rollout server gets a plain model's weights: every trained weight of a full fine-tune, or, for a LoRA
