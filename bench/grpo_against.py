@@ -46,7 +46,8 @@ def child(steps: int, compiled: bool) -> None:
     phases = result["phase_medians"]
     import rlft
 
-    print("RESULT " + json.dumps({"rlft": rlft.__file__, "step_s": result["median_step_s"], "generate_s": phases["generate_median_s"],
+    print("RESULT " + json.dumps({"rlft": rlft.__file__, "step_s": result["median_step_s"],
+                                  "generate_s": phases["generate_median_s"],
                                   "forward_backward_s": phases["forward_backward_median_s"], "rewards": result["rewards"]}))
 
 
