@@ -54,6 +54,18 @@ def test_grpo_two_processes_equal_one(grpo, strategy):
     assert rewards == [m["reward"] for m in read_metrics(folder / "one" / "metrics.jsonl") if "reward" in m]
 
 
+def test_grpo_under_zero3_on_one_process_trains_what_the_plain_run_trains(grpo):
+    """DeepSpeed partitions ZeRO-3's parameters on one process too (none holds elements outside the forward): the
+    in-process engine is built from, and synced with, a gathered whole copy, as with several processes."""
+    config, expected, folder = grpo
+    train(config("zero3-one", 2, **STRATEGIES["zero3"]), processes=1)
+    got = losses(folder / "zero3-one")
+    assert got.keys() == expected.keys() == set(range(1, 11))
+    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
+    rewards = [m["reward"] for m in read_metrics(folder / "zero3-one" / "metrics.jsonl") if "reward" in m]
+    assert rewards == [m["reward"] for m in read_metrics(folder / "one" / "metrics.jsonl") if "reward" in m]
+
+
 def test_grpo_fsdp_checkpoint_resumes_on_one_process(grpo):
     import shutil
 

@@ -446,3 +446,21 @@ def test_the_plan_says_which_compile_runs_and_what_becomes_of_accelerates(asked,
                      "`accelerate config`) is not applied: rlft compiles only as torch_compile says (set torch_compile: "
                      "true, with torch_compile_backend for a backend other than inductor)")
     assert auto.startswith("none (torch_compile: auto: CUDA GPUs only); ACCELERATE_DYNAMO_BACKEND=INDUCTOR")
+
+
+def test_zero3_partitions_the_weights_on_one_process_too_and_fsdp_only_on_several(config):
+    """DeepSpeed partitions ZeRO-3's parameters on one process as well: a GRPO engine is then built from a gathered whole
+    copy, and moving a reference copy towards the weights is refused as with several processes. FSDP2 on one process
+    shards nothing."""
+    from rlft.config.parallel import partitioned
+    from rlft.errors import NotImplementedYet
+    from rlft.train.unbuilt import refuse_unbuilt
+
+    zero3, fsdp = config(deepspeed="deepspeed_configs/zero3.json"), config(fsdp_config={"fsdp_version": 2})
+    assert [partitioned(zero3, 1), partitioned(zero3, 2), partitioned(fsdp, 1), partitioned(fsdp, 2)] == [True, True, False, True]
+    assert not partitioned(config(deepspeed="deepspeed_configs/zero2.json"), 2) and not partitioned(config(), 2)
+    grpo = {"rl": "grpo", "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["r.f"], "sync_ref_model": True, "beta": 0.01}}
+    with pytest.raises(NotImplementedYet, match="trl.sync_ref_model with fsdp or DeepSpeed ZeRO-3: moving a reference copy"):
+        refuse_unbuilt(config(deepspeed="deepspeed_configs/zero3.json", **grpo), processes=1)
+    refuse_unbuilt(config(deepspeed="deepspeed_configs/zero2.json", **grpo), processes=1)

@@ -193,10 +193,10 @@ def deepspeed_settings(cfg) -> DeepSpeedSettings | None:
 
 
 def partitioned(cfg, processes: int) -> bool:
-    """Whether the weights are split over the `processes` (FSDP2 or ZeRO-3), so that a whole copy must be gathered."""
-    if processes < 2:
-        return False
-    if fsdp_settings(cfg) is not None:
-        return True
+    """Whether the weights are split over the `processes` (FSDP2 or ZeRO-3), so that a whole copy must be gathered.
+    DeepSpeed partitions ZeRO-3's parameters on one process too (each holds no elements outside the forward); FSDP2 on
+    one process shards nothing (`rlft.train.wrap`)."""
     settings = deepspeed_settings(cfg)
-    return settings is not None and settings.stage == 3
+    if settings is not None and settings.stage == 3:
+        return True
+    return processes >= 2 and fsdp_settings(cfg) is not None
