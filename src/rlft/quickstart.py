@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlft.config import build_config, deep_merge, load_config, parse_overrides, read_yaml
+from rlft.config import RlftConfig, build_config, deep_merge, load_config, parse_overrides, read_yaml
 from rlft.config.settings.model import model_settings
 from rlft.errors import ConfigError
 from rlft.models.generation import generate_texts
@@ -24,11 +25,13 @@ def held_out_accuracy(model, tokenizer, rows: list[dict[str, str]]) -> float:
     return exact_match(predictions, [row["completion"] for row in rows])
 
 
-def quickstart_config(config_path: Path, overrides: list[str] | None):
-    """The quickstart config; the default one is also found from another working directory (an installed clone):
-    its model and data paths then point into the clone, and outputs still go to ./outputs."""
+def quickstart_config(config_path: Path, overrides: list[str] | None,
+                      load: Callable[..., RlftConfig] = load_config) -> RlftConfig:
+    """The quickstart config, read by `load` (the command's: a Cosmos-RL file's refusals and notes, as `rlft train`);
+    the default one is also found from another working directory (an installed clone): its model and data paths
+    then point into the clone, and outputs still go to ./outputs."""
     if config_path != DEFAULT_CONFIG or config_path.exists():
-        return load_config(config_path, overrides)
+        return load(config_path, overrides)
     repository = Path(__file__).resolve().parents[2]
     source = repository / DEFAULT_CONFIG
     if not source.exists():
@@ -41,9 +44,8 @@ def quickstart_config(config_path: Path, overrides: list[str] | None):
     return build_config(deep_merge(data, parse_overrides(overrides or [])), source=str(source))
 
 
-def run_quickstart(config_path: Path = DEFAULT_CONFIG, overrides: list[str] | None = None, console: Console | None = None) -> dict[str, float]:
+def run_quickstart(cfg: RlftConfig, console: Console | None = None) -> dict[str, float]:
     console = console or Console()
-    cfg = quickstart_config(Path(config_path), overrides)
     rows = read_jsonl(Path(cfg.test_datasets[0].path))
     tokenizer = load_tokenizer(model_settings(cfg))
     torch.manual_seed(cfg.seed)

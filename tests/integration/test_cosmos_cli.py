@@ -138,6 +138,13 @@ def test_train_refuses_tensor_parallelism_with_the_reason_and_the_nearest_option
     assert "FSDP2" in err and "dp_shard_size" in err and "--num-processes" in err and "Traceback" not in err
 
 
+def test_quickstart_reads_a_cosmos_rl_file_as_train_does(cli, capsys, grpo_toml):
+    """`rlft quickstart --config FILE` stops on what rlft does not build, with train's message, before any training."""
+    assert cli("quickstart", "--config", grpo_toml(tp=2)) == 1
+    err = capsys.readouterr().err
+    assert "policy.parallelism.tp_size = 2: tensor parallelism" in err and "not built" in err and "Traceback" not in err
+
+
 def test_explain_shows_each_key_and_what_it_became(cli, capsys, grpo_toml):
     path = grpo_toml(tp=2)
     for args in (("--explain", path), (path, "--explain")):
