@@ -31,7 +31,12 @@ def quickstart_config(config_path: Path, overrides: list[str] | None,
     the default one is also found from another working directory (an installed clone): its model and data paths
     then point into the clone, and outputs still go to ./outputs."""
     if config_path != DEFAULT_CONFIG or config_path.exists():
-        return load(config_path, overrides)
+        cfg = load(config_path, overrides)
+        if not cfg.test_datasets:
+            raise ConfigError(f"{config_path}: rlft quickstart measures exact-match accuracy on test_datasets before and "
+                              f"after training, and this config has none: add test_datasets (prompt and completion "
+                              f"rows), or train it with `rlft train {config_path}`")
+        return cfg
     repository = Path(__file__).resolve().parents[2]
     source = repository / DEFAULT_CONFIG
     if not source.exists():

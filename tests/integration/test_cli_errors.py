@@ -1,5 +1,7 @@
 """Bad input through the CLI: one clear line naming the place and the fix, exit code 1, no traceback."""
 
+import json
+
 import pytest
 
 
@@ -252,3 +254,14 @@ def test_a_quickstart_stopped_by_sigterm_says_what_its_checkpoints_allow(cli, mo
     err = " ".join(capsys.readouterr().err.split())
     assert "error: stopped by SIGTERM" in err and "Traceback" not in err, err
     assert ("none can resume" in err) is weights_only and ("--resume_from_checkpoint=auto" in err) is not weights_only
+
+
+def test_quickstart_refuses_a_config_without_held_out_rows(cli, capsys, tmp_path, tiny_model_dir):
+    """The quickstart measures accuracy on test_datasets: a config without them gets the fix, not a traceback."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "completion": "2"}\n' * 8)
+    config = tmp_path / "sft.yaml"
+    config.write_text(json.dumps({"base_model": str(tiny_model_dir), "datasets": [{"path": str(data)}]}))
+    assert cli("quickstart", "--config", config) == 1
+    err = capsys.readouterr().err
+    assert "this config has none: add test_datasets" in err and f"rlft train {config}" in err and "Traceback" not in err
