@@ -196,12 +196,16 @@ def free_port() -> int:
 
 
 def worktree(revision: str, folder: Path) -> Path:
-    """The repository at `revision`, checked out (once) in a git worktree under `folder`: its `src/` runs with this
-    tree's Python and packages, for a comparison in turns on the same machine at the same time."""
-    tree = folder / f"rlft-{revision}"
+    """The repository at `revision` (a commit, or a name such as HEAD~1 resolved to one now), checked out once per
+    commit in a git worktree under `folder`: its `src/` runs with this tree's Python and packages, for a comparison
+    in turns on the same machine at the same time."""
+    repository = str(Path(__file__).resolve().parents[1])
+    commit = subprocess.run(["git", "-C", repository, "rev-parse", "--short", f"{revision}^{{commit}}"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    tree = folder / f"rlft-{commit}"
     if not tree.exists():
-        subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "worktree", "add", "--detach", str(tree),
-                        revision], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["git", "-C", repository, "worktree", "add", "--detach", str(tree), commit], check=True,
+                       stdout=subprocess.DEVNULL)
     return tree
 
 
