@@ -143,14 +143,15 @@ class LocalEngine:
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
         end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
-        next_position = positions[:, -1]
+        position = positions[:, -1]
         for step in range(params.max_new_tokens):
+            position = position + 1  # of the token drawn now
             scores = process_logits(logits, seen, params)
             u = uniforms(count, device, generator) if params.temperature > 0 else None
             fused = self.decoder is not None and step < params.max_new_tokens - 1
             if fused:  # the draw and the next token's forward in one compiled call (the last draw feeds no forward)
                 chosen, logp, just_finished, logits, distribution = self.decoder.draw_and_step(
-                    scores, u, finished, stop, next_position + 1)
+                    scores, u, finished, stop, position)
             else:
                 chosen, logp, just_finished, distribution = next_tokens(scores, u, finished, stop, self.pad_id, u is None)
             tokens.append(chosen)
@@ -165,11 +166,10 @@ class LocalEngine:
             finished |= just_finished
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
-            next_position = next_position + 1
             if fused:
                 continue
             attention = torch.cat([attention, torch.ones((count, 1), dtype=attention.dtype, device=device)], dim=1)
-            logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_position[:, None],
+            logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=position[:, None],
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1), torch.stack(logps, 1)
         ended = torch.where(end_step >= 0, end_step + 1, tokens.size(1))
