@@ -30,13 +30,16 @@ def quickstart_config(config_path: Path, overrides: list[str] | None,
     """The quickstart config, read by `load` (the command's: a Cosmos-RL file's refusals and notes, as `rlft train`);
     the default one is also found from another working directory (an installed clone): its model and data paths
     then point into the clone, and outputs still go to ./outputs."""
-    if config_path != DEFAULT_CONFIG or config_path.exists():
-        cfg = load(config_path, overrides)
-        if not cfg.test_datasets:
-            raise ConfigError(f"{config_path}: rlft quickstart measures exact-match accuracy on test_datasets before and "
-                              f"after training, and this config has none: add test_datasets (prompt and completion "
-                              f"rows), or train it with `rlft train {config_path}`")
-        return cfg
+    cfg = load(config_path, overrides) if config_path != DEFAULT_CONFIG or config_path.exists() else _cloned_default(overrides)
+    if not cfg.test_datasets:
+        raise ConfigError(f"{config_path}: rlft quickstart measures exact-match accuracy on test_datasets before and "
+                          f"after training, and this config has none: add test_datasets (prompt and completion "
+                          f"rows), or train it with `rlft train {config_path}`")
+    return cfg
+
+
+def _cloned_default(overrides: list[str] | None) -> RlftConfig:
+    """The default config of the clone rlft is installed from, its paths pointing into the clone."""
     repository = Path(__file__).resolve().parents[2]
     source = repository / DEFAULT_CONFIG
     if not source.exists():
