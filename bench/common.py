@@ -11,6 +11,7 @@ import subprocess
 import threading
 import warnings
 from pathlib import Path
+from typing import Self
 
 import torch
 from transformers import AutoConfig, LlamaForCausalLM
@@ -115,6 +116,34 @@ def reset_between_runs() -> None:
     GradientState._reset_state()
     torch._dynamo.reset()
     gc.collect()
+
+
+class OptimizerSteps:
+    """When each optimizer step of a run ended, by torch's global optimizer post-step hook: one instrument for both
+    tools. The interval between two consecutive steps' ends is everything a step costs in its tool's loop: fetching and
+    collating the batch, forward, backward, clipping, the update, the scheduler, and the tool's per-step logging and
+    callbacks. Each tool's own step timer leaves out different parts (rlft's `step_time_s` its logging after the
+    update, TRL's `on_step_begin` -> `on_step_end` the batch fetch before `on_step_begin`), so the comparisons use
+    the intervals: n steps give n - 1 of them. With `rlft.train.metrics.clock`, a GPU's queued work is waited for."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.ends: list[float] = []
+        self.handle = None
+
+    def __enter__(self) -> Self:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.ends = []
+        self.handle = register_optimizer_step_post_hook(lambda *_: self.ends.append(self.clock()))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+    @property
+    def intervals(self) -> list[float]:
+        return [later - earlier for earlier, later in zip(self.ends, self.ends[1:])]
 
 
 def variant_name(tool: str, compiled: bool, setting: str = "") -> str:

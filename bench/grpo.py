@@ -20,10 +20,12 @@ Measured per run:
   wall      the training call: rlft `train(cfg, console)` (tokenizer + prompt preparation + model
             load + loop + its final checkpoint + final model save); TRL `GRPOTrainer(...)` (model
             load, dataset) + `trainer.train()`. Imports and row generation are excluded.
-  step      median optimizer-step time (generation + rewards + advantages + forward/backward +
-            optimizer): rlft `step_time_s` from metrics.jsonl; TRL on_step_begin -> on_step_end (it
-            generates inside training_step, so the step includes generation; only the prompt fetch
-            from its dataloader is outside, the end -> end interval includes it).
+  step      the median interval between consecutive optimizer steps' ends, by one hook for both tools
+            (common.OptimizerSteps): the prompt fetch, generation, rewards, advantages, forward/backward, the
+            optimizer, rlft's weight push into its engine, and each tool's per-step logging. Each tool's own
+            timer is in the JSON (`own_median_step_s`): rlft `step_time_s` (without its logging after the
+            update), TRL on_step_begin -> on_step_end (it generates inside training_step; its prompt fetch
+            comes before on_step_begin).
   phases    rlft: time/prepare (rollout: generate, reward, advantages, batch building),
             time/generate, time/reward, time/logprobs (old/ref log-probs; 0 here), time/forward_backward,
             time/optimizer, from metrics.jsonl. TRL: its own profiling timers (_prepare_inputs,
@@ -102,8 +104,8 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 from accelerate.utils import is_compiled_module
-from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, median, mfu,
-                    peak_memory, print_table, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
+from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, fair_ratios, flop_params, make_model,
+                    median, mfu, peak_memory, print_table, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
                     variant_name, write_report)
 from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, median_run, warm_up
 from rlft.train.metrics import clock
@@ -166,7 +168,8 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args,
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
     reset_between_runs()
     start = time.perf_counter()
-    result = rlft.train.run.train(cfg, console)
+    with OptimizerSteps(clock) as ends:
+        result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -193,9 +196,10 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, args,
         "final_model_save_s": start + wall - result.ended_at,
         "loop_other_s": loop_total - in_steps - checkpoint,
         "steps": len(steps_),
-        "median_step_s": median(step_times),
+        "median_step_s": median(ends.intervals),  # end to end, as TRL's (common.OptimizerSteps)
+        "own_median_step_s": median(step_times),  # rlft's step_time_s: without the logging after the update
         "first_step_s": step_times[0],
-        "step_times_s": step_times,
+        "step_times_s": ends.intervals,
         "phase_medians": phases,
         "generated_tokens_per_step": generated,
         "generated_tokens": sum(generated),
@@ -230,12 +234,8 @@ class GRPOStepTimer(TrainerCallback):
     def __init__(self) -> None:
         self.begin = None
         self.durations: list[float] = []
-        self.ends: list[float] = []
         self.optimizer: list[float] = []  # last training_step end -> on_step_end (clip, step, scheduler, zero_grad)
         self.training_step_end = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.train_begin = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.begin = clock()  # waits for the GPU once CUDA is in use
@@ -243,7 +243,6 @@ class GRPOStepTimer(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         now = clock()
         self.durations.append(now - self.begin)
-        self.ends.append(now)
         self.optimizer.append(now - self.training_step_end)
 
 
@@ -310,10 +309,10 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
     trainer.bench_timer = timer
     trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
     init_done = time.perf_counter()
-    trainer.train()
+    with OptimizerSteps(clock) as ends:
+        trainer.train()
     wall = time.perf_counter() - start
     durations = timer.durations
-    intervals = [b - a for a, b in zip([timer.train_begin] + timer.ends[:-1], timer.ends)]
     bench = trainer.bench
     prepare = PROFILED.get("_prepare_inputs", [])
     forward = PROFILED.get("compute_loss", [])
@@ -338,10 +337,10 @@ def run_trl(model_dir: Path, prompts: list[dict], out_dir: Path, steps: int, arg
         "steps_s": sum(durations),
         "train_other_s": wall - (init_done - start) - sum(durations),  # dataloader, optimizer setup, logging
         "steps": len(durations),
-        "median_step_s": median(durations),
-        "median_step_interval_s": median(intervals),
+        "median_step_s": median(ends.intervals),  # end to end, as rlft's (common.OptimizerSteps)
+        "own_median_step_s": median(durations),  # on_step_begin -> on_step_end: without the prompt fetch
         "first_step_s": durations[0],
-        "step_times_s": durations,
+        "step_times_s": ends.intervals,
         "phase_medians": phases,
         "profiling_calls": {name: len(values) for name, values in PROFILED.items()},
         "generated_tokens_per_step": bench["generated_tokens"],
@@ -400,13 +399,14 @@ def print_report(res: dict) -> None:
     for n in names:
         r = runs[n]
         if n.startswith("rlft"):
-            print(f"{n}: time/logprobs {r['phase_medians']['logprobs_median_s'] * 1e3:.1f} ms, step outside prepare/fb/"
+            print(f"{n}: step_time_s {r['own_median_step_s'] * 1e3:.1f} ms, time/logprobs "
+                  f"{r['phase_medians']['logprobs_median_s'] * 1e3:.1f} ms, step outside prepare/fb/"
                   f"optimizer {r['phase_medians']['other_median_s'] * 1e3:.1f} ms, "
                   f"checkpoint {r['checkpoint_save_s'] * 1e3:.0f} ms, "
                   f"final save {r['final_model_save_s'] * 1e3:.0f} ms, loop outside steps {r['loop_other_s']:.3f} s")
         else:
-            print(f"{n}: model compiled {r['model_compiled']}, median step interval incl. prompt fetch "
-                  f"{r['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s, prompt "
+            print(f"{n}: model compiled {r['model_compiled']}, on_step_begin -> on_step_end (without the prompt fetch) "
+                  f"{r['own_median_step_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s, prompt "
                   f"lengths {min(r['prompt_lengths'])}-{max(r['prompt_lengths'])}")
     print(describe_ratios(res["ratios"]) + "  (>1: rlft is faster)")
     print(describe_ratios(res["wall_ratios"]).replace("TRL/rlft", "TRL/rlft wall of the training call"))

@@ -33,8 +33,10 @@ Measured per run:
             load + precompute + loop + its final checkpoint + final model save); TRL `DPOTrainer(...)` (model
             and reference load, dataset tokenisation, precompute) + `trainer.train()`. Imports and row
             generation are excluded.
-  step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the batch);
-            TRL on_step_begin -> on_step_end (excludes the batch fetch; the end -> end interval is also given).
+  step      the median interval between consecutive optimizer steps' ends, by one hook for both tools
+            (common.OptimizerSteps): the batch fetch, the reference and policy forwards, backward, update and the
+            tool's per-step logging. Each tool's own timer is in the JSON (`own_median_step_s`): rlft `step_time_s`
+            (without its logging after the update), TRL on_step_begin -> on_step_end (without the batch fetch).
   tokens/s  non-padding tokens trained per step (the mean) / the median step (both tools see the same tokens).
   MFU       tokens/s x 6N / the device's peak, as `rlft train` logs it (rlft.train.metrics; N without the input
             embedding, a lookup; the reference model's forward not counted); the same formula for every setting.
@@ -92,8 +94,8 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
 from accelerate.utils import is_compiled_module
-from common import (RESULTS, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, mfu, peak_memory,
-                    plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys, write_report)
+from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, mfu,
+                    peak_memory, plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys, write_report)
 from rlft.train.metrics import clock
 from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, median_run, warm_up
 
@@ -134,7 +136,8 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
     console = Console(file=io.StringIO(), width=120)  # rendered like a non-terminal run, not shown
     reset_between_runs()
     start = time.perf_counter()
-    result = rlft.train.run.train(cfg, console)
+    with OptimizerSteps(clock) as ends:
+        result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -161,12 +164,13 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, steps: int, preco
         "final_model_save_s": start + wall - result.ended_at,
         "loop_other_s": loop_total - in_steps - checkpoint,
         "steps": len(steps_),
-        "median_step_s": statistics.median(step_times),
+        "median_step_s": statistics.median(ends.intervals),  # end to end, as TRL's (common.OptimizerSteps)
+        "own_median_step_s": statistics.median(step_times),  # rlft's step_time_s: without the logging after the update
         "first_step_s": step_times[0],
         "phase_medians": phases,
         "reference_forwards_in_loop": len(in_loop_reference),
         "tokens": tokens,
-        "tokens_per_s": tokens / len(steps_) / statistics.median(step_times),
+        "tokens_per_s": tokens / len(steps_) / statistics.median(ends.intervals),
         "losses": [r["loss"] for r in steps_],
         "margins": [r.get("rewards/margins") for r in steps_],
         "global_step": result.state.global_step,
@@ -276,10 +280,10 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
     trainer.bench = {"losses": [], "margins": [], "tokens": 0, "first_input_ids": None}
     trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
     init_done = time.perf_counter()
-    trainer.train()
+    with OptimizerSteps(clock) as ends:
+        trainer.train()
     wall = time.perf_counter() - start
     durations = timer.durations
-    intervals = [b - a for a, b in zip([timer.train_begin] + timer.ends[:-1], timer.ends)]
     bench = trainer.bench
     if precompute and not PRECOMPUTE_BATCHES:
         raise SystemExit("TRL reused cached reference log-probs: the precompute timing would be wrong")
@@ -294,11 +298,11 @@ def run_trl(model_dir: Path, ordered_rows: list[dict], out_dir: Path, steps: int
         "steps_s": sum(durations),
         "train_other_s": wall - (init_done - start) - sum(durations),
         "steps": len(durations),
-        "median_step_s": statistics.median(durations),
-        "median_step_interval_s": statistics.median(intervals),
+        "median_step_s": statistics.median(ends.intervals),  # end to end, as rlft's (common.OptimizerSteps)
+        "own_median_step_s": statistics.median(durations),  # on_step_begin -> on_step_end: without the batch fetch
         "first_step_s": durations[0],
         "tokens": bench["tokens"],
-        "tokens_per_s": bench["tokens"] / len(durations) / statistics.median(durations),
+        "tokens_per_s": bench["tokens"] / len(durations) / statistics.median(ends.intervals),
         "losses": bench["losses"],
         "margins": bench["margins"],
         "global_step": trainer.state.global_step,
@@ -404,13 +408,14 @@ def print_report(res: dict) -> None:
     for n in names:
         if n.startswith("rlft"):
             p = r[n]["phase_medians"]
-            print(f"{n} phase medians (ms): data {p['data_median_s'] * 1e3:.1f}, forward+backward "
+            print(f"{n}: step_time_s {r[n]['own_median_step_s'] * 1e3:.1f} ms; phase medians (ms): data "
+                  f"{p['data_median_s'] * 1e3:.1f}, forward+backward "
                   f"{p['forward_backward_median_s'] * 1e3:.1f} (reference forward {p['reference_forward_median_s'] * 1e3:.1f}), "
                   f"optimizer {p['optimizer_median_s'] * 1e3:.1f}; checkpoint {r[n]['checkpoint_save_s'] * 1e3:.0f} ms, "
                   f"final save {r[n]['final_model_save_s'] * 1e3:.0f} ms")
         else:
-            print(f"{n}: model compiled {r[n]['model_compiled']}, median step interval incl. batch fetch "
-                  f"{r[n]['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r[n]['train_other_s']:.2f} s")
+            print(f"{n}: model compiled {r[n]['model_compiled']}, on_step_begin -> on_step_end (without the batch fetch) "
+                  f"{r[n]['own_median_step_s'] * 1e3:.1f} ms, train() outside steps {r[n]['train_other_s']:.2f} s")
     pad = res["padding"]
     print(f"padding share: rlft length-grouped {pad['grouped_epoch']:.1%} (first {res['steps']} steps "
           f"{pad['grouped_first_steps']:.1%}; TRL is fed the same batches) vs random batches {pad['random_epoch']:.1%}")

@@ -10,9 +10,10 @@ Measured per tool:
   wall      the training call: rlft `train(cfg, console)` (tokenizer + data preparation + model load
             + loop + its final checkpoint + final model save); TRL `SFTTrainer(...)` (model load +
             dataset tokenisation) + `trainer.train()`. Imports and row generation are excluded.
-  step      median optimizer-step time: rlft `step_time_s` from metrics.jsonl (includes fetching the
-            batch); TRL on_step_begin -> on_step_end from a callback (excludes fetching the batch,
-            which happens before on_step_begin; the end -> end interval, which includes it, is also given).
+  step      the median interval between consecutive optimizer steps' ends, by one hook for both tools
+            (common.OptimizerSteps): the batch fetch, forward, backward, update and the tool's per-step logging.
+            Each tool's own timer is in the JSON (`own_median_step_s`): rlft `step_time_s` (without its logging
+            after the update), TRL on_step_begin -> on_step_end (without the batch fetch before on_step_begin).
   tokens/s  non-padding tokens trained per step (the mean) / the median step (a compiling first step does not count).
   MFU       tokens/s x 6N / the device's peak, as `rlft train` logs it (rlft.train.metrics; N without the input
             embedding, a lookup); the same formula and tokens for both tools.
@@ -76,9 +77,9 @@ import rlft.train.recipes.sft  # noqa: F401
 import rlft.train.run
 from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
 from accelerate.utils import is_compiled_module
-from common import (RESULTS, compile_choices, describe_ratios, device_name, fair_ratios, flop_params, fresh_memory_peak,
-                    make_model, mfu, peak_memory, plain_update, print_table, quiet, reset_between_runs, rlft_keys,
-                    round_orders, trl_keys, variant_name, write_report)
+from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, device_name, fair_ratios, flop_params,
+                    fresh_memory_peak, make_model, mfu, peak_memory, plain_update, print_table, quiet, reset_between_runs,
+                    rlft_keys, round_orders, trl_keys, variant_name, write_report)
 from rlft.config import build_config
 from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
@@ -141,7 +142,8 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args, compiled: b
     reset_between_runs()
     fresh_memory_peak()  # on a GPU metrics.jsonl's peak_memory_mb is then this run's
     start = time.perf_counter()
-    result = rlft.train.run.train(cfg, console)
+    with OptimizerSteps(clock) as ends:
+        result = rlft.train.run.train(cfg, console)
     wall = time.perf_counter() - start
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -166,12 +168,13 @@ def run_rlft(model_dir: Path, train_file: Path, out_dir: Path, args, compiled: b
         "final_model_save_s": start + wall - result.ended_at,  # run.py: save_pretrained + tokenizer + summary
         "loop_other_s": loop_total - in_steps - checkpoint,  # optimizer/accelerate setup, logging, progress
         "steps": len(steps),
-        "median_step_s": statistics.median(step_times),
+        "median_step_s": statistics.median(ends.intervals),  # end to end, as TRL's (common.OptimizerSteps)
+        "own_median_step_s": statistics.median(step_times),  # rlft's step_time_s: without the logging after the update
         "first_step_s": step_times[0],
         "phase_medians": phases,
         "steps_peak_memory_mb": max(r.get("peak_memory_mb", 0.0) for r in steps),  # GPU: allocated at the peak of the steps
         "tokens": tokens,
-        "tokens_per_s": tokens / len(steps) / statistics.median(step_times),
+        "tokens_per_s": tokens / len(steps) / statistics.median(ends.intervals),
         "final_loss": losses[-1],
         "loss_last10_mean": last_mean(losses),
         "loss_mean": sum(losses) / len(losses),
@@ -221,21 +224,17 @@ def run_plain_loop(model_dir: Path, train_file: Path, args) -> dict:
 
 
 class StepTimer(TrainerCallback):
+    """TRL's own step: on_step_begin -> on_step_end (after its batch fetch), kept beside the end-to-end step."""
+
     def __init__(self) -> None:
         self.begin = None
         self.durations: list[float] = []
-        self.ends: list[float] = []
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.train_begin = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.begin = clock()
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = clock()
-        self.durations.append(now - self.begin)
-        self.ends.append(now)
+        self.durations.append(clock() - self.begin)
 
 
 class RecordingSFTTrainer(SFTTrainer):
@@ -273,10 +272,10 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args, compiled: bo
     trainer.bench_losses, trainer.bench_tokens = [], 0
     trainer.remove_callback(PrinterCallback)  # the per-log dict print; not part of the comparison
     init_done = time.perf_counter()
-    output = trainer.train()
+    with OptimizerSteps(clock) as ends:
+        output = trainer.train()
     wall = time.perf_counter() - start
     durations = timer.durations
-    intervals = [b - a for a, b in zip([timer.train_begin] + timer.ends[:-1], timer.ends)]
     losses = trainer.bench_losses
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {
@@ -288,11 +287,11 @@ def run_trl(model_dir: Path, rows: list[dict], out_dir: Path, args, compiled: bo
         "steps_s": sum(durations),
         "train_other_s": wall - (init_done - start) - sum(durations),  # dataloader, optimizer setup, logging
         "steps": len(durations),
-        "median_step_s": statistics.median(durations),
-        "median_step_interval_s": statistics.median(intervals),
+        "median_step_s": statistics.median(ends.intervals),  # end to end, as rlft's (common.OptimizerSteps)
+        "own_median_step_s": statistics.median(durations),  # on_step_begin -> on_step_end: without the batch fetch
         "first_step_s": durations[0],
         "tokens": trainer.bench_tokens,
-        "tokens_per_s": trainer.bench_tokens / len(durations) / statistics.median(durations),
+        "tokens_per_s": trainer.bench_tokens / len(durations) / statistics.median(ends.intervals),
         "final_loss": losses[-1],
         "loss_last10_mean": last_mean(losses),
         "loss_mean": sum(losses) / len(losses),
@@ -329,12 +328,12 @@ def print_report(res: dict) -> None:
     for n in names:
         r = runs[n]
         if n.startswith("rlft"):
-            print(f"{n}: checkpoint save {r['checkpoint_save_s']:.3f} s, final model save {r['final_model_save_s']:.3f} s, "
-                  f"other loop {r['loop_other_s']:.3f} s; phase medians (ms): "
+            print(f"{n}: step_time_s {r['own_median_step_s'] * 1e3:.1f} ms, checkpoint save {r['checkpoint_save_s']:.3f} s, "
+                  f"final model save {r['final_model_save_s']:.3f} s, other loop {r['loop_other_s']:.3f} s; phase medians (ms): "
                   + ", ".join(f"{k.removesuffix('_median_s')} {v * 1e3:.1f}" for k, v in r["phase_medians"].items()))
         else:
-            print(f"{n}: model compiled {r['model_compiled']}, median step interval incl. batch fetch "
-                  f"{r['median_step_interval_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s")
+            print(f"{n}: model compiled {r['model_compiled']}, on_step_begin -> on_step_end (without the batch fetch) "
+                  f"{r['own_median_step_s'] * 1e3:.1f} ms, train() outside steps {r['train_other_s']:.3f} s")
     print(describe_ratios(res["ratios"]) + "  (>1: rlft is faster)")
     plain = res["plain_loop"]
     if plain:
