@@ -72,6 +72,10 @@ class CompiledDecoder:
         self.cache = None
         self.attention: torch.Tensor | None = None
         self.column = 0  # the cache position of the next token
+        # the step's flag and cache position, made once: a tensor built from a Python value per token costs as much as
+        # an operator
+        self._greedy = {flag: torch.tensor(flag, device=self.device) for flag in (False, True)}
+        self._cache_position = torch.zeros(1, dtype=torch.long, device=self.device)
 
     def _compile(self, whole: bool) -> None:
         """`whole`: the step compiles as one graph, guarded by `decoder_guards`; else with dynamo's own guards."""
@@ -127,9 +131,9 @@ class CompiledDecoder:
         position (`positions`): (tokens, log-probs, rows a stop token ends now, the next logits, the distribution
         drawn from)."""
         self.attention[:, self.column] = 1
-        cache_position = torch.tensor([self.column], device=scores.device)
+        cache_position = self._cache_position.fill_(self.column)
         self.column += 1
-        greedy = torch.tensor(u is None, device=scores.device)
+        greedy = self._greedy[u is None]
         if u is None:  # the graph computes a draw too, from zeros (the generator is not read)
             u = torch.zeros((scores.size(0), 1), dtype=torch.float64, device=scores.device)
         inputs = (scores, u, greedy, finished, stop, positions[:, None], self.attention, cache_position, self.cache)

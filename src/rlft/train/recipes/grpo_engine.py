@@ -47,14 +47,17 @@ class GRPOEngine:
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
         self.feed: RolloutFeed | None = None
         self.twin = None  # rank 0's full copy of a sharded (FSDP2, ZeRO-3) policy, which the engine and weight sync read
+        self.sharded = partitioned(cfg, self.world)
 
     def before_wrap(self, model) -> None:
-        if self.rank == 0 and partitioned(self.cfg, self.world):
+        if self.rank == 0 and self.sharded:
             self.twin = copy.deepcopy(model)  # taken before sharding: a plain model, refreshed by `whole`
 
     def whole(self, model):
         """The policy with whole weights, for the engine and weight sync (on rank 0); gathers a sharded one (every rank
         must call it together)."""
+        if not self.sharded:  # whole on every rank: nothing to gather (and no parameter walk at every push)
+            return model
         weights = gathered_state_dict(model)
         if weights is None:  # whole on every rank already
             return model
