@@ -21,7 +21,11 @@ def test_non_finite_values_are_written_as_null_and_named(config, tmp_path):
     first, second = _strict(tmp_path / "metrics.jsonl")
     assert first == {"step": 1, "loss": None, "grad_norm": None, "reward": None, "tokens": 12, "ok": True,
                      "nonfinite": ["loss", "grad_norm", "reward"]}
-    assert second == {"step": 2, "loss": 0.5}
+    assert second == {"step": 2, "loss": 0.5}  # on file as each write returns, the log still open
+    log.close_file()
+    log.write(3, {"loss": 0.25})  # a line after the file was closed opens it again, appending
+    log.close()
+    assert [m["step"] for m in _strict(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_truncate_after_keeps_the_checkpoint_step_and_drops_later_and_cut_lines(config, tmp_path):
@@ -36,6 +40,7 @@ def test_truncate_after_keeps_the_checkpoint_step_and_drops_later_and_cut_lines(
     assert [(m["step"], m["loss"]) for m in read_metrics(log.path)][-2:] == [(3, 3.0), (4, 4.5)]
     log.truncate_after(10)  # nothing after: the file is left as it is
     assert len(read_metrics(log.path)) == 5
+    log.close()
 
 
 def test_phase_times_wait_for_the_gpu_once_cuda_is_in_use(monkeypatch):

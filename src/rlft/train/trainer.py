@@ -101,6 +101,7 @@ class Trainer:
             self.stop.close()
             self.steps.close()
             self.writer.close(self._warn if self.main else None)  # the write in flight ends first (save_mode: async)
+            self.log.close_file()  # whatever ended the loop (the trackers finish below, on a loop that returns)
         self.log.close()
         ended = time.perf_counter()
         return LoopResult(state=self.state, checkpoint=checkpoint, wall_time=ended - self.started, history=self.history,
@@ -337,9 +338,9 @@ class Trainer:
             self.history.append({"step": state.global_step, **record})
             info = f"loss {loss_value:.4f} | lr {lr:.2e} | {record['tokens_per_s']:.0f} tok/s"
             self.progress.update(self.task, info=info)
-            if not self.console.is_terminal:
+            if not self.console.is_terminal:  # a whole line per step (no wrapping to the width: easy to grep)
                 self.console.print(f"step {state.global_step}/{self.total_steps} | {info} | grad_norm {grad_norm:.3f}",
-                                   markup=False, highlight=False)
+                                   markup=False, highlight=False, emoji=False, soft_wrap=True)
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
