@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.config.settings import resolve
 from rlft.errors import RolloutError
@@ -407,3 +407,56 @@ def test_samples_must_come_from_weights_this_client_sent():
     with pytest.raises(RolloutError, match="unknown state"):
         engine._check_served(-1, None)
     engine.close()
+
+
+# ------------------------------------------------------------------------------------------ the in-process engine's weights
+
+
+def test_a_synchronous_engine_samples_from_the_policy_s_own_tensors_as_a_copy_pushed_every_step_would(tok, tmp_path):
+    """Synchronous GRPO with a push every step: the in-process engine shares the policy's tensors (its parameters are
+    the policy's, which keep their gradients; a push is a version number, nothing is copied) and samples exactly what
+    an engine holding a copy, loaded after every step, samples. With async prefetch it holds a copy (the trainer
+    changes the weights while it samples)."""
+    from rlft.config import build_config
+    from rlft.rollout.local import LocalEngine
+    from rlft.train.recipes.grpo import GRPORecipe
+
+    def recipe_for(make_engine, **trl):
+        cfg = build_config({"base_model": "tiny", "datasets": [{"path": "x.jsonl"}], "rl": "grpo", "micro_batch_size": 4,
+                            "gradient_accumulation_steps": 1, "max_steps": 8, "output_dir": str(tmp_path), "seed": 3,
+                            "trl": {"num_generations": GROUP, "reward_funcs": ["r.f"], "max_completion_length": 6,
+                                    "temperature": 1.0, **trl}})
+        prompts = [{"prompt_ids": [first, 7], "prompt": f"p{first}", "columns": {}} for first in range(3, 19)]
+        return GRPORecipe(cfg, resolve(cfg), SimpleNamespace(train=prompts, eval=[]), tok, FakeScorer(), None,
+                          make_engine=make_engine)
+
+    def sampled(make_engine, updates: bool) -> tuple[list, LocalEngine, torch.nn.Module]:
+        torch.manual_seed(0)
+        policy = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                              num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64))
+        recipe = recipe_for(make_engine)
+        recipe.start(policy)
+        noise, ids = torch.Generator().manual_seed(1), []
+        for step in range(1, 4):
+            ids.append([batch.inputs["input_ids"].tolist() for batch in recipe.prepare_step(policy)])
+            if updates:  # an optimizer step: new weights in the same tensors
+                with torch.no_grad():
+                    for param in policy.parameters():
+                        param.add_(torch.randn(param.shape, generator=noise))
+            recipe.after_optimizer_step(policy, step)
+        return ids, recipe.engine.feed.producer.engine, policy
+
+    def copying(policy, version):
+        return LocalEngine.from_policy(policy, tok.pad_token_id, tok, version=version)
+
+    shared_ids, shared, policy = sampled(None, updates=True)
+    assert shared.shares_weights and shared.version == 3
+    assert all(own is theirs for own, theirs in zip(shared.model.parameters(), policy.parameters()))
+    assert all(p.requires_grad for p in policy.parameters()) and not shared.model.training
+    copied_ids, copied, policy = sampled(copying, updates=True)
+    assert not copied.shares_weights and not any(own is theirs for own, theirs in zip(copied.model.parameters(),
+                                                                                      policy.parameters()))
+    assert shared_ids == copied_ids
+    assert sampled(None, updates=False)[0][1:] != shared_ids[1:]  # the updates change what is sampled
+    async_engine = recipe_for(None, async_prefetch=True, prefetch_depth=1).engine.make_engine(policy, 0)
+    assert not async_engine.shares_weights and async_engine.model.lm_head.weight is not policy.lm_head.weight

@@ -276,6 +276,19 @@ def test_a_weight_snapshot_keeps_the_weights_of_its_step_and_a_load_at_once_read
         assert engine.version == 1 and all(torch.equal(own[name], expected[name]) for name in trained)
 
 
+def test_a_push_to_an_engine_that_shares_the_policy_s_tensors_sends_only_the_version(tiny_llama):
+    engine = LocalEngine.from_policy(tiny_llama, pad_id=0, share=True)
+
+    def refuse(weights, version):
+        raise AssertionError("a sharing engine was sent weights")
+
+    engine.load_weights = refuse
+    sync = WeightSync(engine)
+    sync.prepare(tiny_llama, 2)()
+    assert engine.version == 2 and sync.pushed == 2
+    assert all(p.requires_grad for p in tiny_llama.parameters())  # the policy's tensors still train
+
+
 def test_weight_sync_refuses_an_engine_that_serves_another_version():
     class Stuck(FakeEngine):
         def load_weights(self, weights, version):

@@ -49,6 +49,10 @@ class LocalEngine:
     `from_policy` makes it from the policy being trained: a copy of the weights that train, sharing
     the frozen ones (a LoRA run copies only its adapter; a full fine-tune copies every weight).
     The trained module is never read while sampling: new weights arrive through `load_weights`.
+    `from_policy(..., share=True)` shares the weights that train too (`shares_weights`): its modules are copies (in
+    eval mode), their parameters the policy's own tensors, so it always samples with the weights as they are: for a
+    trainer that samples only between optimizer steps and wants the newest weights every step, a weight push is then
+    a new version number, and no second copy of the weights is kept.
     `compiled` (mode, backend) decodes with a static KV cache and a compiled one-token forward (rollout/compiled.py).
     """
 
@@ -61,6 +65,7 @@ class LocalEngine:
         self._version = version
         self._params = dict(model.named_parameters())
         self.lock = threading.Lock()  # one decode or weight load at a time (async prefetch samples on another thread)
+        self.shares_weights = False  # its parameters are the policy's own (`from_policy(share=True)`)
         self.compiled = compiled
         self.decoder = None
         if compiled is not None:
@@ -68,10 +73,15 @@ class LocalEngine:
 
     @classmethod
     def from_policy(cls, policy, pad_id: int, tokenizer=None, version: int = 0,
-                    compiled: tuple[str | None, str] | None = None) -> "LocalEngine":
-        shared = {id(p): p for p in policy.parameters() if not p.requires_grad}  # frozen weights never change: share them
-        own = copy.deepcopy(policy, memo=shared).requires_grad_(False)
-        return cls(own, pad_id, tokenizer, version=version, compiled=compiled)
+                    compiled: tuple[str | None, str] | None = None, share: bool = False) -> "LocalEngine":
+        # frozen weights never change: shared always; the trained ones with `share`
+        shared = {id(p): p for p in policy.parameters() if share or not p.requires_grad}
+        own = copy.deepcopy(policy, memo=shared)
+        if not share:
+            own.requires_grad_(False)
+        engine = cls(own, pad_id, tokenizer, version=version, compiled=compiled)
+        engine.shares_weights = share
+        return engine
 
     @property
     def version(self) -> int:

@@ -6,7 +6,8 @@ the weights on the main thread (so training may go on changing them) and returns
 engine work runs (rollout/prefetch.py); a load that runs at once (synchronous GRPO) reads the weights
 themselves. What is sent depends on the engine:
 
-* an in-process engine copied from the policy gets the tensors that train (a LoRA adapter, or every weight);
+* an in-process engine copied from the policy gets the tensors that train (a LoRA adapter, or every weight); one
+  that shares the policy's tensors (`LocalEngine.shares_weights`) holds them already, and gets the version only;
 * a rollout server gets a plain model's weights: every trained weight of a full fine-tune, or, for a LoRA
   policy, the merged weights of the layers the adapter touches (W + scale * B A), or with `vllm_lora_sync`
   the adapter itself, saved with PEFT as safetensors in a folder the server reads (a stock vLLM server takes
@@ -68,6 +69,8 @@ class WeightSync:
         `snapshot` the call reads the weights as they are when it runs: for a load that runs before training changes
         them (synchronous GRPO), which then copies the weights once instead of twice."""
         self.pushed = version
+        if getattr(self.engine, "shares_weights", False):  # it samples with the policy's own tensors: nothing to send
+            return self._relabel(version)
         if self.lora_folder is not None:
             folder = self.lora_folder / f"v{version}"
             if folder.exists():
@@ -94,13 +97,14 @@ class WeightSync:
     def prepare_relabel(self, version: int) -> Callable[[], None] | None:
         """For a step that changed no weight: the call that makes the engine's weights stand for `version` without a
         load, or None when the engine cannot (then the caller pushes the weights)."""
-        relabel = getattr(self.engine, "relabel", None)
-        if relabel is None or self.pushed is None:
+        if getattr(self.engine, "relabel", None) is None or self.pushed is None:
             return None
         self.pushed = version
+        return self._relabel(version)
 
+    def _relabel(self, version: int) -> Callable[[], None]:
         def load() -> None:
-            self._timed(lambda: relabel(version))
+            self._timed(lambda: self.engine.relabel(version))
             self._check(version)
         return load
 

@@ -31,9 +31,10 @@ class GRPOEngine:
     def __init__(self, cfg, settings: RLSettings, model: ModelSettings, tokenizer, scorer: Scorer, prompts: PlanCursor, sampling: SamplingParams,
                  shard: tuple[int, int], sampling_for: Callable | None, make_engine: Callable[..., RolloutEngine] | None,
                  remote_engine: bool, environment: Environment | None, rollout_func: Callable | None, steps_per_batch: int = 1):
-        """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
-        holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
-        (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
+        """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine,
+        sharing the policy's weights when synchronous with a push every step, else holding a copy of the trained
+        ones); `remote_engine`: that engine holds a plain model of its own (a rollout server, or vLLM colocated),
+        which gets the checkpoint's weights before it samples; `environment`
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server; the Python
         tools of trl.multi_turn_config, sampling each turn from the engine). `settings`: the trl: options; `model`: the
         model's settings, which say how the in-process engine compiles; `steps_per_batch`: the optimizer steps a
@@ -41,13 +42,17 @@ class GRPOEngine:
         self.cfg, self.settings, self.tokenizer, self.scorer, self.prompts = cfg, settings, tokenizer, scorer, prompts
         self.sampling, self.sampling_for, self.rollout_func, self.environment = sampling, sampling_for, rollout_func, environment
         self.rank, self.world = shard
+        self.sharded = partitioned(cfg, self.world)
+        # the in-process engine shares the policy's tensors where it samples only between optimizer steps with the
+        # weights of every step (synchronous, a push every step, a policy whole on this process): no copy, no pushes
+        share = (make_engine is None and not remote_engine and not settings.async_prefetch and settings.sync_interval == 1
+                 and not self.sharded)
         self.make_engine = make_engine or (lambda policy, version: LocalEngine.from_policy(
-            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model)))
+            policy, tokenizer.pad_token_id, tokenizer, version=version, compiled=compile_options(model), share=share))
         self.remote_engine, self.steps_per_batch = remote_engine, steps_per_batch
         self.producer: RolloutProducer | None = None  # made in start(), from the loaded policy
         self.feed: RolloutFeed | None = None
         self.twin = None  # rank 0's full copy of a sharded (FSDP2, ZeRO-3) policy, which the engine and weight sync read
-        self.sharded = partitioned(cfg, self.world)
 
     def before_wrap(self, model) -> None:
         if self.rank == 0 and self.sharded:
