@@ -27,6 +27,25 @@ def rows(vocab: int):
     return out
 
 
+def test_the_padded_completion_layout_by_hand():
+    """Prompts left-padded, completions right-padded; per-token values (loss mask, old log-probs) padded with zeros."""
+    batch = completion_batch([{"prompt_ids": [7, 8], "completion_ids": [9], "loss_mask": [1], "advantage": 0.5,
+                               "old_logps": [-1.5]},
+                              {"prompt_ids": [5], "completion_ids": [6, 4, 3], "loss_mask": [1, 0, 1], "advantage": -1.0,
+                               "old_logps": [-0.5, -2.0, -3.0]},
+                              {"prompt_ids": [2, 2], "completion_ids": [], "loss_mask": [], "advantage": 0.0,
+                               "old_logps": []}], pad_id=0, values=("old_logps", "ref_logps"))
+    assert batch["input_ids"].tolist() == [[7, 8, 9, 0, 0], [0, 5, 6, 4, 3], [2, 2, 0, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 2, 2], [0, 0, 1, 2, 3], [0, 1, 1, 1, 1]]
+    assert batch["loss_mask"].tolist() == [[1.0, 0.0, 0.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    assert batch["old_logps"].tolist() == [[-1.5, 0.0, 0.0], [-0.5, -2.0, -3.0], [0.0, 0.0, 0.0]]
+    assert batch["advantage"].tolist() == [0.5, -1.0, 0.0] and batch["loss_mask"].dtype == torch.float32
+    assert batch["completion_width"] == 3 and batch["num_tokens"] == 9 and "ref_logps" not in batch
+    with pytest.raises(ValueError, match="2 per-token values for a completion of 1 tokens"):
+        completion_batch([{"prompt_ids": [7], "completion_ids": [9], "loss_mask": [1, 1], "advantage": 0.0}], pad_id=0)
+
+
 def test_the_flat_layout_by_hand():
     batch = completion_batch([{"prompt_ids": [7, 8], "completion_ids": [9], "loss_mask": [1], "advantage": 0.0},
                               {"prompt_ids": [5], "completion_ids": [6, 4], "loss_mask": [1, 1], "advantage": 0.0}], pad_id=0)

@@ -218,26 +218,30 @@ def completion_batch(rows: list[dict[str, Any]], pad_id: int, values: tuple[str,
     prompt_width = max(len(r["prompt_ids"]) for r in rows)
     completion_width = max(1, max(len(r["completion_ids"]) for r in rows))
     completion_width = padded_to(prompt_width + completion_width, 0, multiple) - prompt_width
-    count = len(rows)
-    input_ids = torch.full((count, prompt_width + completion_width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    loss_mask = torch.zeros((count, completion_width), dtype=torch.float32)
-    for row, r in enumerate(rows):
+    # padded as lists, one tensor each (as pad_batch): a tensor per row copied into the batch costs several times more
+    ids, real, loss_mask = [], [], []
+    for r in rows:
         p, c = r["prompt_ids"], r["completion_ids"]
-        input_ids[row, prompt_width - len(p) : prompt_width] = torch.tensor(p)
-        attention[row, prompt_width - len(p) : prompt_width + len(c)] = 1
-        if c:
-            input_ids[row, prompt_width : prompt_width + len(c)] = torch.tensor(c)
-            loss_mask[row, : len(c)] = torch.tensor(r["loss_mask"], dtype=torch.float32)
+        left, right = prompt_width - len(p), completion_width - len(c)
+        ids.append([pad_id] * left + list(p) + list(c) + [pad_id] * right)
+        real.append([0] * left + [1] * (len(p) + len(c)) + [0] * right)
+        loss_mask.append(_padded_values(r["loss_mask"] if c else [], len(c), completion_width))
+    attention = torch.tensor(real, dtype=torch.long)
     batch: CompletionBatch = {
-        "input_ids": input_ids, "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp_min(0),
-        "loss_mask": loss_mask, "advantage": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
-        "completion_width": completion_width, "num_tokens": int(attention.sum()),
+        "input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp_min(0), "loss_mask": torch.tensor(loss_mask, dtype=torch.float32),
+        "advantage": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
+        "completion_width": completion_width, "num_tokens": sum(map(sum, real)),
     }
     for key in values:
         if all(r.get(key) is not None for r in rows):
-            tensor = torch.zeros((count, completion_width), dtype=torch.float32)
-            for row, r in enumerate(rows):
-                tensor[row, : len(r[key])] = torch.tensor(r[key], dtype=torch.float32)
-            batch[key] = tensor
+            batch[key] = torch.tensor([_padded_values(r[key], len(r[key]), completion_width) for r in rows],
+                                      dtype=torch.float32)
     return batch
+
+
+def _padded_values(values, length: int, width: int) -> list[float]:
+    """A row's per-token values (`length` of them, as its completion has tokens) right-padded with zeros to `width`."""
+    if len(values) != length:
+        raise ValueError(f"a row holds {len(values)} per-token values for a completion of {length} tokens")
+    return [float(v) for v in values] + [0.0] * (width - length)
