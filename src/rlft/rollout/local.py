@@ -57,7 +57,7 @@ class LocalEngine:
     """
 
     def __init__(self, model, pad_id: int, tokenizer=None, max_batch: int = 256, version: int = 0,
-                 compiled: tuple[str | None, str] | None = None):
+                 compiled: tuple[str | None, str] | None = None, shares_weights: bool = False):
         self.model = model.eval()
         self.pad_id = pad_id
         self.tokenizer = tokenizer  # only needed for stop strings
@@ -65,7 +65,7 @@ class LocalEngine:
         self._version = version
         self._params = dict(model.named_parameters())
         self.lock = threading.Lock()  # one decode or weight load at a time (async prefetch samples on another thread)
-        self.shares_weights = False  # its parameters are the policy's own (`from_policy(share=True)`)
+        self.shares_weights = shares_weights  # its parameters are the policy's own (`from_policy(share=True)`)
         self.compiled = compiled
         self.decoder = None
         if compiled is not None:
@@ -79,9 +79,7 @@ class LocalEngine:
         own = copy.deepcopy(policy, memo=shared)
         if not share:
             own.requires_grad_(False)
-        engine = cls(own, pad_id, tokenizer, version=version, compiled=compiled)
-        engine.shares_weights = share
-        return engine
+        return cls(own, pad_id, tokenizer, version=version, compiled=compiled, shares_weights=share)
 
     @property
     def version(self) -> int:

@@ -1,6 +1,7 @@
 """Which rollout engine an online-RL run samples from, from the `trl:` keys.
 
-* `use_vllm: false` (default): rlft's in-process transformers engine (a copy of the trained weights).
+* `use_vllm: false` (default): rlft's in-process transformers engine (the policy's own weights in a
+  synchronous run with a push every step, else a copy of them: `rlft.train.recipes.grpo_engine`).
 * `use_vllm: true`, `vllm_mode: server` (default): a rollout server reached over HTTP; the trainer waits for it up
   to `vllm_server_timeout`, then finds which kind answers: rlft's (`rlft vllm-serve CONFIG`, transformers or vLLM
   backend: its /health reports a weight version), or a stock vLLM OpenAI server (`vllm serve`, which takes LoRA

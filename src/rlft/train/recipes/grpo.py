@@ -74,8 +74,8 @@ class GRPORecipe(Recipe):
                  make_engine: Callable[..., RolloutEngine] | None = None, remote_engine: bool = False,
                  environment: Environment | None = None, sharing: tuple[bool, str] | None = None,
                  share_costs: tuple[int, int] | None = None, rows_apart: bool = False, validation: Validation | None = None):
-        """`make_engine(policy, version)` builds the rollout engine in `start` (default: an in-process LocalEngine
-        holding its own copy of the trained weights); `remote_engine`: that engine holds a plain model of its own
+        """`make_engine(policy, version)` builds the rollout engine in `start` (default: `GRPOEngine`'s in-process
+        LocalEngine, sharing the policy's weights or holding a copy); `remote_engine`: that engine holds a plain model of its own
         (a rollout server, or vLLM colocated), which gets the checkpoint's weights before it samples; `environment`
         plays episodes in place of the engine's single answers (NeMo Gym's agents, calling that server; the Python
         tools of trl.multi_turn_config, sampling each turn from the engine). `sharing`: each
