@@ -466,3 +466,30 @@ def test_weights_on_disk_are_checked_from_the_headers_then_read_in_parts(tmp_pat
     (tmp_path / "broken.safetensors").write_bytes(b"\x10" + b"\x00" * 7 + b"{not json")
     with pytest.raises(ServerError, match="broken.safetensors as safetensors: .*header"):
         WeightsOnDisk(str(tmp_path), shapes)
+
+
+def test_a_weight_group_port_held_by_an_uncollected_earlier_store_is_reopened_and_a_taken_one_refused():
+    """A group left after a failed broadcast can stay referenced in a reference cycle (the failure's traceback), and
+    its rendezvous store then keeps the port until the cycle is collected: the next trainer's handshake reopens it."""
+    import gc
+    import socket
+
+    from rlft.rollout.server.collective import reopened_store
+    from rlft.rollout.weight_group import host_store
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    gc.disable()  # no collection but the one the reopening runs
+    try:
+        cycle = {"store": host_store(port, 5)}
+        cycle["self"] = cycle
+        del cycle  # unreachable, not yet collected: the port is still bound
+        with pytest.raises(OSError):
+            host_store(port, 5)
+        store = reopened_store(port, 5)
+    finally:
+        gc.enable()
+    with pytest.raises(OSError):  # a port a live store holds stays refused
+        reopened_store(port, 5, tries=2)
+    del store

@@ -16,7 +16,9 @@ sends over HTTP from then on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import secrets
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -64,7 +66,7 @@ class WeightGroupEndpoint:
         backend = "nccl" if body.backend == "nccl" and self.backend.group_device().type == "cuda" else "gloo"
         await self.close()  # a group of an earlier trainer: its peer is gone
         try:
-            self.store = await asyncio.to_thread(host_store, body.port, body.timeout)
+            self.store = await asyncio.to_thread(reopened_store, body.port, body.timeout)
         except OSError as exc:
             raise ServerError(409, f"the weight group's port {body.port} on the server's machine is in use or cannot be "
                                    f"opened ({exc}): set trl.vllm_group_port to a free port") from None
@@ -110,6 +112,20 @@ class WeightGroupEndpoint:
                 pass
             await self.backend.on_engine(self.backend.leave_group)
         self.store = None  # the port is free once the store is gone
+
+
+def reopened_store(port: int, timeout: float, tries: int = 4):
+    """`host_store` on `port`, which an earlier group of this server may still hold: a group left after a failed
+    broadcast can stay referenced from the failure's traceback in a reference cycle, and its store keeps the port until
+    the cycle is collected. Collect, wait a little and try again before calling the port taken (OSError)."""
+    for attempt in range(tries):
+        try:
+            return host_store(port, timeout)
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            gc.collect()
+            time.sleep(0.5 * attempt)
 
 
 class LocalGroupMember:
