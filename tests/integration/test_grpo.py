@@ -383,12 +383,13 @@ def test_async_prefetch_learns_with_importance_sampling_metrics(warm_model, cli,
     monkeypatch.chdir(repo_root)
     out = tmp_path / "async"
     assert cli("train", EXAMPLE, f"--base_model={warm_model}", f"--output_dir={out}", "--max_steps=100", "--eval_steps=100",
-               "--logging_steps=1", "--learning_rate=1e-3", "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]",
+               "--logging_steps=1", "--learning_rate=5e-4", "--trl.reward_funcs=[examples.grpo.arithmetic.close_enough]",
                "--trl.async_prefetch=true", "--trl.prefetch_depth=1", "--trl.vllm_sync_interval=1") == 0
     steps = [m for m in _metrics(out) if "reward" in m]
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
-    # the first and last quarter's means rose by 0.080 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) and by 0.078 with
-    # AVX-512 on an AMD EPYC (60 steps had given 0.059 with AVX2)
+    # the first and last quarter's means rose by 0.079 with AVX-512 kernels and by 0.094 with AVX2
+    # (ATEN_CPU_CAPABILITY=avx2) on an AMD EPYC, and by 0.056-0.087 over seeds 1-3 with either. At learning rate 1e-3
+    # one-step-stale sampling collapsed to one answer in some of those runs (reward 0.04 over the last quarter)
     assert mean(steps[-25:]) > mean(steps[:25]) + 0.03, (mean(steps[:25]), mean(steps[-25:]))
     assert steps[0]["async/staleness/max"] == 0.0 and all(m["async/staleness/max"] == 1.0 for m in steps[1:])
     ratios = [m["sampling/importance_sampling_ratio/max"] for m in steps]
