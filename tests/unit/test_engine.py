@@ -321,3 +321,65 @@ def test_the_compiled_decoder_draws_every_token_but_the_last_inside_its_step(eng
             completions[draws] = decoder.decode(prompts, params, generator=torch.Generator().manual_seed(5)).completion_ids
             assert len(outside) == draws
         assert completions[1] == completions[7]
+
+
+def test_distinct_prompts_by_hand():
+    from rlft.rollout.prefill import distinct_prompts
+
+    a, b, c = [1, 2], [3], [1, 2, 4]
+    distinct, rows = distinct_prompts([a, b, a, c, b, a])
+    assert distinct == [a, b, c] and rows.tolist() == [0, 1, 0, 2, 1, 0]
+    assert distinct_prompts([a, b, c]) == ([a, b, c], None)  # no two the same: every row computes its own
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("copyable", [True, False])
+def test_the_prefill_computes_each_distinct_prompt_once_and_every_row_samples_from_its_own_prompt(engine, monkeypatch,
+                                                                                                  copyable):
+    """A batch holding prompts several times, interleaved and of different lengths (left padding), runs one prefill
+    row per distinct prompt, eager and compiled, and each row's log-probs are those of a teacher-forced forward of its
+    own prompt and completion: a row given another prompt's keys and values would fail that. Where the cache cannot be
+    copied row by row (`rows_copyable` False: layers other than plain keys and values), every row is computed again."""
+    import copy
+
+    from rlft.rollout import local
+
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, DYNAMO_ONLY))
+    monkeypatch.setattr(local, "rows_copyable", lambda cache: copyable)
+    a, b, c = tok("12+34=")["input_ids"], tok("1+2=")["input_ids"], tok("7+77=")["input_ids"]
+    prompts = [a, b, a, c, b, a]
+    params = SamplingParams(max_new_tokens=6, temperature=0.9)
+    for decoder in (eager, fast):
+        rows = []
+        hook = decoder.model.get_input_embeddings().register_forward_hook(lambda m, args, out: rows.append(out.shape))
+        try:
+            out = decoder.decode(prompts, params, generator=torch.Generator().manual_seed(2))
+        finally:
+            hook.remove()
+        prefills = [shape[0] for shape in rows if shape[1] > 1]
+        assert prefills == ([3] if copyable else [3, 6]) and rows[0][1] == len(a)  # distinct prompts; widest first
+        assert all(shape[:2] == (6, 1) for shape in rows[len(prefills):])  # then one token for every row
+        for prompt, completion, logps in zip(prompts, out.completion_ids, out.logprobs):
+            assert logps == pytest.approx(_teacher_forced(eager.model, prompt, completion, temperature=0.9), abs=1e-4)
+
+
+def test_only_models_whose_layers_are_all_attention_share_a_prompts_prefill():
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    from rlft.rollout.prefill import rows_copyable, shares_prompts
+
+    holder = torch.nn.Module()
+    holder.config = AutoConfig.for_model("qwen3_next")  # linear-attention layers keep a recurrent state per row
+    assert not shares_prompts(holder)
+    holder.config = AutoConfig.for_model("llama")
+    assert shares_prompts(holder)
+
+    def cache(*layers):
+        for layer in layers:
+            layer.lazy_initialization(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))
+        return type("Cache", (), {"layers": list(layers)})()
+
+    assert rows_copyable(cache(DynamicLayer(), DynamicLayer()))
+    assert not rows_copyable(cache(DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=2)))
+    assert not rows_copyable(cache())

@@ -16,9 +16,10 @@ never change what a graph computes. On a CPU, inductor computes a product of one
 broadcast multiply and a sum in a loop over the cached positions; a pass stores that row first (`store_reused_rows`),
 where inductor would recompute it, rotary sines and cosines included, for every cached position (at size S with 576
 cached positions a compiled step took 1.5-2.0 ms before, 0.6-1.0 ms with the pass: bench/README.md). The prompt's
-forward (prefill) runs eagerly into the same cache, computing the last position's logits only: it runs once per
-decode, and a compiled one (dynamic shapes, for every prompt width) saves less in a run of hundreds of steps than its
-compile costs.
+forward (prefill) runs eagerly, computing the last position's logits only: into the same cache, or, where the batch
+holds prompts several times, once per distinct prompt, whose keys and values `start` copies to each of its rows
+(`rlft.rollout.prefill`). It runs once per decode, and a compiled one (dynamic shapes, for every prompt width) saves
+less in a run of hundreds of steps than its compile costs.
 
 Each decoder keeps compiled graphs of its own (`own_code`), so that they only ever run with its own model, whose
 modules never change once it is built (new weights are copied into the same tensors; a server builds a new engine
@@ -124,6 +125,27 @@ class CompiledDecoder:
         cache_position = torch.arange(width, device=input_ids.device)
         mask = safe_attention(self.model, self.attention[:, :width], kv_length=length)  # left padding (rlft.models.masks)
         return self._forward(input_ids, mask, positions, cache_position, self.cache)
+
+    def start(self, prompts_cache, rows: torch.Tensor, attention: torch.Tensor, new_tokens: int) -> bool:
+        """A fresh cache with room for `new_tokens` more, holding the keys and values of a prefill of distinct prompts
+        (`rlft.rollout.prefill.forward_prompts`, plain layers) for the batch's rows: row i takes those of prompt
+        `rows[i]`. `attention`: the batch's (rows, width) mask. False (nothing done) where the static cache has other
+        layers than the prefill's (a model whose layers share keys and values): then `prefill` every row."""
+        count, width = attention.shape
+        length, self.cache = self._cache_for(count, width + new_tokens)
+        if len(self.cache.layers) != len(prompts_cache.layers):
+            return False
+        self.attention = torch.zeros((count, length), dtype=attention.dtype, device=attention.device)
+        self.attention[:, :width] = attention
+        self.column = width
+        for target, source in zip(self.cache.layers, prompts_cache.layers, strict=True):
+            keys, values = source.keys.index_select(0, rows), source.values.index_select(0, rows)
+            if not target.is_initialized:
+                target.lazy_initialization(keys, values)
+            target.keys[:, :, :width].copy_(keys)
+            target.values[:, :, :width].copy_(values)
+            target.cumulative_length.fill_(width)  # where the next token's keys go
+        return True
 
     def draw_and_step(self, scores: torch.Tensor, u: torch.Tensor | None, finished: torch.Tensor, stop: torch.Tensor,
                       positions: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -1,24 +1,23 @@
 """The in-process rollout engine: all prompts x G samples in one batched KV-cache decode.
 
-No per-sequence Python loop except for optional stop strings. Each token's log-prob is taken from
+No per-sequence Python loop except for optional stop strings. Each distinct prompt's forward runs once, its keys and
+values shared by the rows that sample from it (`rlft.rollout.prefill`). Each token's log-prob is taken from
 the exact distribution it was drawn from (`process_logits`).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import threading
 from typing import Any, Mapping, NamedTuple
 
 import torch
-from transformers import DynamicCache
 
 from rlft.errors import RolloutError
 from rlft.models.head import without_router_logits
 from rlft.models.logprobs import next_tokens, process_logits, uniforms
-from rlft.models.masks import safe_attention
 from rlft.rollout.compiled import CompiledDecoder
+from rlft.rollout.prefill import cache_keyword, distinct_prompts, forward_prompts, left_padded, rows_copyable, shares_prompts
 from rlft.rollout.types import Rollout, SamplingParams
 
 NOT_FINITE = ("the policy's next-token distribution held NaN while sampling: its weights or logits are not finite (a "
@@ -34,13 +33,6 @@ class Decoded(NamedTuple):
     logprobs: list[list[float]]
     truncated: list[bool]
     top_logprobs: list[list[list[tuple[int, float]]]] | None
-
-
-def _cache_keyword(model) -> str:
-    """The name the model's forward takes its KV cache by: `cache` since transformers 5.24 (`past_key_values`, its
-    earlier name, still works there but warns on every call)."""
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(target).forward).parameters else "past_key_values"
 
 
 class LocalEngine:
@@ -69,7 +61,7 @@ class LocalEngine:
         self.compiled = compiled
         self.decoder = None
         if compiled is not None:
-            self.decoder = CompiledDecoder(self.model, _cache_keyword(self.model), pad_id, *compiled)
+            self.decoder = CompiledDecoder(self.model, cache_keyword(self.model), pad_id, *compiled)
 
     @classmethod
     def from_policy(cls, policy, pad_id: int, tokenizer=None, version: int = 0,
@@ -128,26 +120,15 @@ class LocalEngine:
     def _decode(self, prompts: list[list[int]], params: SamplingParams, top_logprobs: int = 0,
                 generator: torch.Generator | None = None):
         device = next(self.model.parameters()).device
-        count, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((count, width), self.pad_id, dtype=torch.long, device=device)
-        attention = torch.zeros((count, width), dtype=torch.long, device=device)
-        for row, ids in enumerate(prompts):  # left padding: every row's next token is at the same column
-            input_ids[row, width - len(ids):] = torch.tensor(ids, device=device)
-            attention[row, width - len(ids):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        (input_ids, attention, positions), logits, cache = self._prefill(prompts, params.max_new_tokens, device)
+        count = input_ids.size(0)
         vocab = self.model.get_output_embeddings().weight.shape[0] if self.model.get_output_embeddings() is not None else None
         seen = None
         if params.repetition_penalty != 1.0:
             # counted, not scattered as booleans: a padding column must not clear a token the prompt does hold
             seen = torch.zeros((count, vocab), dtype=torch.long, device=device).scatter_add_(1, input_ids, attention) > 0
         stop = torch.tensor(params.stop_token_ids or [-1], device=device)
-        if self.decoder is not None:
-            logits = self.decoder.prefill(input_ids, attention, positions, params.max_new_tokens)
-        else:
-            # the cache, and of an MoE model no router logits (their loss is the trainer's)
-            cache = {_cache_keyword(self.model): DynamicCache(), **without_router_logits(self.model)}
-            logits = self.model(input_ids=input_ids, attention_mask=safe_attention(self.model, attention), position_ids=positions,
-                                use_cache=True, logits_to_keep=1, **cache).logits[:, -1]  # no (B, T, V) block
+        cache = {cache_keyword(self.model): cache, **without_router_logits(self.model)}  # (the eager steps' arguments)
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
         end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
@@ -190,6 +171,26 @@ class LocalEngine:
             top_rows = [[list(zip(i, v)) for i, v in zip(ids[row][:end], values[row][:end])] for row, end in enumerate(ends)]
         return ([row[:end] for row, end in zip(tokens, ends)], [row[:end] for row, end in zip(logps, ends)],
                 [end < 0 for end in end_step.tolist()], top_rows)
+
+    def _prefill(self, prompts: list[list[int]], new_tokens: int, device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, Any]:
+        """((input ids, attention mask, positions) of the left-padded batch, the last positions' logits, the eager
+        steps' KV cache; None for the compiled decoder, whose own cache then holds the prompts). Each distinct prompt's
+        forward runs once and its keys and values go to each of its rows (`rlft.rollout.prefill`)."""
+        distinct, rows = distinct_prompts(prompts) if shares_prompts(self.model) else (prompts, None)
+        batch = left_padded(distinct, self.pad_id, device)
+        if rows is not None:
+            logits, cache = forward_prompts(self.model, batch)
+            batch = tuple(t.index_select(0, rows) for t in batch)
+            if rows_copyable(cache):
+                if self.decoder is None:
+                    cache.batch_select_indices(rows)
+                    return batch, logits.index_select(0, rows), cache
+                if self.decoder.start(cache, rows, batch[1], new_tokens):
+                    return batch, logits.index_select(0, rows), None
+        if self.decoder is not None:  # every row, straight into the decoder's cache
+            return batch, self.decoder.prefill(*batch, new_tokens), None
+        logits, cache = forward_prompts(self.model, batch)
+        return batch, logits, cache
 
     def _stop_string_hit(self, tokens: torch.Tensor, done: torch.Tensor, stop_strings: list[str]) -> torch.Tensor:
         window = max(len(s) for s in stop_strings) + 8  # tokens are at least one character
