@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import gc
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -343,3 +344,18 @@ def print_table(names: list[str], rows: list, label_width: int, width: int = 15)
     print(f"{'':{label_width}s}" + "".join(f"{n:>{width}s}" for n in names))
     for title, value, fmt in rows:
         print(f"{title:{label_width}s}" + "".join(f"{fmt.format(value(n)):>{width}s}" for n in names))
+
+
+def long_rows(count: int, seed: int) -> list[dict]:
+    """Rows of very different lengths: a prompt of 64-600 characters of solved sums ("12+34=46; ...") before the asked
+    one, whose answer is the completion (the only loss tokens). Random batches of these are mostly padding."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        target, parts = rng.randint(64, 600), []
+        while sum(len(part) for part in parts) < target:
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            parts.append(f"{a}+{b}={a + b}; ")
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        rows.append({"prompt": "".join(parts) + f"{a}+{b}=", "completion": str(a + b)})
+    return rows

