@@ -104,10 +104,10 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import split_rows, write_jsonl
 from accelerate.utils import is_compiled_module
-from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, fair_ratios, flop_params, make_model,
-                    median, mfu, peak_memory, print_table, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
-                    variant_name, write_report)
-from sft_vs_trl import DEVICE, LONG_LENGTH, long_rows, median_run, warm_up
+from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, fair_ratios, flop_params, long_rows,
+                    make_model, median, mfu, peak_memory, print_table, quiet, reset_between_runs, rlft_keys, round_orders,
+                    trl_keys, variant_name, write_report)
+from sft_vs_trl import DEVICE, LONG_LENGTH, median_run, warm_up
 from rlft.train.metrics import clock
 
 GROUP = 4

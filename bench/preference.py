@@ -94,10 +94,11 @@ from rlft.config import build_config
 from rlft.models.tiny import SIZES
 from rlft.tasks.addition import preference_rows, split_rows, write_jsonl
 from accelerate.utils import is_compiled_module
-from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, fair_ratios, flop_params, make_model, mfu,
-                    peak_memory, plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys, write_report)
+from common import (RESULTS, OptimizerSteps, compile_choices, describe_ratios, fair_ratios, flop_params, long_rows,
+                    make_model, mfu, peak_memory, plain_update, quiet, reset_between_runs, rlft_keys, round_orders, trl_keys,
+                    write_report)
 from rlft.train.metrics import clock
-from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, long_rows, median_run, warm_up
+from sft_vs_trl import DEVICE, LONG_LENGTH, StepTimer, median_run, warm_up
 
 LR = 5e-4
 BETA = 0.1
