@@ -388,7 +388,7 @@ def test_async_prefetch_learns_with_importance_sampling_metrics(warm_model, cli,
     steps = [m for m in _metrics(out) if "reward" in m]
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
     # the first and last quarter's means rose by 0.079 with AVX-512 kernels and by 0.094 with AVX2
-    # (ATEN_CPU_CAPABILITY=avx2) on an AMD EPYC, and by 0.056-0.087 over seeds 1-3 with either. At learning rate 1e-3
+    # (ATEN_CPU_CAPABILITY=avx2) on an AMD EPYC, and by 0.056-0.094 over seeds 1-3 with either. At learning rate 1e-3
     # one-step-stale sampling collapsed to one answer in some of those runs (reward 0.04 over the last quarter)
     assert mean(steps[-25:]) > mean(steps[:25]) + 0.03, (mean(steps[:25]), mean(steps[-25:]))
     assert steps[0]["async/staleness/max"] == 0.0 and all(m["async/staleness/max"] == 1.0 for m in steps[1:])
