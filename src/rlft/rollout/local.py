@@ -179,6 +179,7 @@ class LocalEngine:
         distinct, rows = distinct_prompts(prompts) if shares_prompts(self.model) else (prompts, None)
         batch = left_padded(distinct, self.pad_id, device)
         if rows is not None:
+            rows = rows.to(device)  # index_select takes its index on the tensor's device
             logits, cache = forward_prompts(self.model, batch)
             batch = tuple(t.index_select(0, rows) for t in batch)
             if rows_copyable(cache):
