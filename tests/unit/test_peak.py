@@ -71,7 +71,7 @@ def test_an_entry_without_its_probe_time_is_probed_again_and_kept_if_higher(prob
     assert probes and found.flops == 4e11 and json.loads(cache.read_text())[key]["flops"] == 4e11
 
 
-def test_another_precision_or_thread_count_is_measured_for_itself(probes, tmp_path, monkeypatch):
+def test_another_precision_thread_count_or_instruction_set_is_measured_for_itself(probes, tmp_path, monkeypatch):
     cache = tmp_path / "peak_flops.json"
     peak.device_peak(CPU, "fp32", None, cache)
     peak.device_peak(CPU, "bf16", None, cache)
@@ -80,6 +80,11 @@ def test_another_precision_or_thread_count_is_measured_for_itself(probes, tmp_pa
     peak.device_peak(CPU, "fp32", None, cache)
     assert probes == [("cpu", torch.float32), ("cpu", torch.bfloat16), ("cpu", torch.float32)]
     assert len(json.loads(cache.read_text())) == 3
+    # the same CPU model's kernels for another instruction set (a VM without AVX-512, or ATEN_CPU_CAPABILITY=avx2)
+    capability = torch.backends.cpu.get_cpu_capability()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2" if capability != "AVX2" else "DEFAULT")
+    peak.device_peak(CPU, "fp32", None, cache)
+    assert len(probes) == 4 and len(json.loads(cache.read_text())) == 4
 
 
 @pytest.mark.parametrize("text", ["{not json", "", "[1, 2]", '{"KEY": "fast"}', '{"KEY": -1}', '{"KEY": NaN}', '{"KEY": true}',

@@ -6,9 +6,9 @@ count: the size doubles until one product takes PROBE_SECONDS (large enough that
 then the best of REPEATS timings counts, 2 n^3 FLOPs per product. It takes a fraction of a second (0.07 s in fp32,
 0.35 s in bf16 on a 2-core CPU). A JSON file under the cache folder ($XDG_CACHE_HOME/rlft, else ~/.cache/rlft) keeps
 the best figure a probe of the machine has measured and when it last probed, one entry per device model, precision,
-thread count (CPUs) and torch version. A start within REPROBE_SECONDS of the last probe reads the figure; a later one
-probes again and keeps the higher figure: a probe taken while other work loads the machine reads low (2.4 against
-199 GFLOP/s on a 2-core CPU that a test suite kept busy) and must not stay the machine's figure.
+thread count and instruction set (CPUs) and torch version. A start within REPROBE_SECONDS of the last probe reads the
+figure; a later one probes again and keeps the higher figure: a probe taken while other work loads the machine reads
+low (2.4 against 199 GFLOP/s on a 2-core CPU that a test suite kept busy) and must not stay the machine's figure.
 """
 
 from __future__ import annotations
@@ -163,10 +163,11 @@ def cpu_model() -> str:
 
 
 def cache_key(device: torch.device, precision: str, name: str) -> str:
-    """One machine's entry: the device model, the precision, torch's thread count on a CPU (a GPU's matmuls do not
-    use them), and the torch version (its kernels set the speed)."""
-    threads = f" | {torch.get_num_threads()} threads" if device.type == "cpu" else ""
-    return f"{device.type}: {name} | {precision}{threads} | torch {torch.__version__}"
+    """One machine's entry: the device model, the precision, on a CPU torch's thread count (a GPU's matmuls do not
+    use them) and the kernels' instruction set torch picked (one CPU model name covers VMs with and without AVX-512,
+    and ATEN_CPU_CAPABILITY can lower it), and the torch version (its kernels set the speed)."""
+    cpu = f" ({torch.backends.cpu.get_cpu_capability()}) | {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    return f"{device.type}: {name} | {precision}{cpu} | torch {torch.__version__}"
 
 
 def cache_file() -> Path:
