@@ -31,7 +31,8 @@ computes both tokens and keeps one), so nothing the guards no longer check chang
 breaks into several graphs keeps dynamo's default guards (`compile_step`).
 
 Compiling costs seconds per new batch shape, once per decoder; it pays off over runs of hundreds of steps, where
-decoding is most of a GRPO step.
+decoding is most of a GRPO step (at size S on a CPU a compiled GRPO run ended first from step 196 with inductor's cache
+filled, from step 1,589 without: bench/compile_cost.py --method grpo).
 """
 
 from __future__ import annotations
