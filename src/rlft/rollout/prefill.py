@@ -44,12 +44,9 @@ def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], torch.T
 def left_padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input ids, attention mask, position ids) of the prompts padded on the left: every row's next token is at the
     same column."""
-    count, width = len(prompts), max(len(p) for p in prompts)
-    input_ids = torch.full((count, width), pad_id, dtype=torch.long, device=device)
-    attention = torch.zeros((count, width), dtype=torch.long, device=device)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids, device=device)
-        attention[row, width - len(ids):] = 1
+    width = max(len(p) for p in prompts)  # padded as lists, one tensor each (as rlft.data.collate.completion_batch)
+    input_ids = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in prompts], dtype=torch.long, device=device)
+    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], dtype=torch.long, device=device)
     return input_ids, attention, (attention.cumsum(-1) - 1).clamp_min(0)
 
 
