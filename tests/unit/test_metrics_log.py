@@ -87,3 +87,25 @@ def test_mfu_counts_an_input_embedding_only_when_the_output_layer_uses_it():
     untied.model.layers.requires_grad_(False)
     frozen = sum(p.numel() for p in untied.model.layers.parameters())
     assert flop_parameters(untied) == (everything - 1600, everything - 1600 - frozen)
+
+
+def test_a_step_line_is_written_whole_as_rich_would_print_it():
+    """`plain_line` writes what rich's `print` writes for the line (markup, highlighting, emoji and wrapping off) on a
+    console that is no terminal, also past the console's width; a quiet console writes nothing, a recording one records."""
+    import io
+
+    from rich.console import Console
+
+    from rlft.train.metrics import plain_line
+
+    line = "step 3/40 | loss 0.6931 | lr 5.00e-04 | 12345 tok/s | grad_norm 0.123 [bold]not markup[/] :smile: " + "x" * 120
+    printed, plain = Console(file=io.StringIO(), width=60), Console(file=io.StringIO(), width=60)
+    printed.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+    plain_line(plain, line)
+    assert plain.file.getvalue() == printed.file.getvalue() == line + "\n"
+    quiet = Console(file=io.StringIO(), quiet=True)
+    plain_line(quiet, line)
+    assert quiet.file.getvalue() == ""
+    recording = Console(file=io.StringIO(), record=True, width=60)
+    plain_line(recording, line)
+    assert recording.export_text() == line + "\n"

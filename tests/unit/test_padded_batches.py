@@ -1,5 +1,6 @@
 """Right-padded batches, written out by hand: SFT rows (pad_batch) and preference pairs (pair_batch)."""
 
+import pytest
 import torch
 
 from rlft.config.settings import resolve
@@ -65,3 +66,21 @@ def test_the_sft_and_dpo_recipes_pad_their_batches_to_the_multiple(config):
     cfg = config(rl="dpo", pad_to_multiple_of=16, micro_batch_size=2)
     dpo = PairRecipe(cfg, resolve(cfg), PreparedData(pairs, [], []), 0, None)
     assert dpo.train_plan.batch([0, 1])["input_ids"].shape[1] == 48  # the longest row, 33 tokens, rounded up to 48
+
+
+def test_tensor_of_is_torch_tensor_of_the_same_values():
+    """Numbers and rows of one length, long and float32 (a float rounds to float32 as torch.tensor rounds it); rows of
+    differing lengths and empty lists get torch.tensor's own answer."""
+    from rlft.data.collate import tensor_of
+
+    rows = [[5, -1, 2**40], [0, 7, 3]]
+    for values, dtype in ((rows, torch.long), ([3, 1, 4], torch.long), ([[0.1, 1e-8, -2.5]], torch.float32),
+                          ([0.3, 1, True], torch.float32), ([[True, False]], torch.long)):
+        got, want = tensor_of(values, dtype), torch.tensor(values, dtype=dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    got = tensor_of(rows)
+    got[0, 0] = 9  # its own memory: writable, the rows' lists unchanged
+    assert rows[0][0] == 5
+    assert tensor_of([], torch.float32).shape == (0,) and tensor_of([[], []]).shape == (2, 0)
+    with pytest.raises(ValueError):
+        tensor_of([[1, 2], [3]])

@@ -364,3 +364,20 @@ def test_a_mixture_of_experts_costs_the_experts_a_token_is_routed_to():
     experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
     rest = sum(p.numel() for p in model.parameters() if id(p) not in embeddings) - experts
     assert experts > 0 and forward_costs(model)[0] == 2 * rest + experts
+
+
+def test_take_rows_gives_advanced_indexings_values_and_gradients():
+    """`take_rows` (index_select) against `flat[index]`: the same rows, and the same gradient where rows are taken
+    several times (a group's shared prompt, padding slots pointing at a real token)."""
+    from rlft.models.logprobs import take_rows
+
+    torch.manual_seed(0)
+    flat = torch.randn(12, 5, requires_grad=True)
+    index = torch.tensor([[0, 0, 3, 3, 11], [4, 4, 4, 7, 0]])
+    weights = torch.randn(2, 5, 5)
+    got = take_rows(flat, index)
+    assert got.shape == (2, 5, 5) and torch.equal(got, flat[index])
+    (grad,) = torch.autograd.grad((got * weights).sum(), flat)
+    (want,) = torch.autograd.grad((flat[index] * weights).sum(), flat)
+    torch.testing.assert_close(grad, want)
+    assert torch.equal(take_rows(flat, index[0]), flat[index[0]])

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlft.data.collate import pad_batch, shared_prompt_rows
+from rlft.data.collate import pad_batch, shared_prompt_rows, tensor_of
 from rlft.data.formats.rows import RowError, text
 from rlft.data.tokenize import IGNORE, split_answers
 
@@ -90,8 +90,8 @@ def shared_pair_inputs(examples: list[dict[str, Any]], padded_width: int, pad_id
     flat, starts = shared_prompt_rows([(e["prompt_ids"], [e["chosen_ids"], e["rejected_ids"]]) for e in examples],
                                       pad_id, one_sequence, multiple)
     parts = [[len(e[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")] for e in examples]
-    p, c, r = torch.tensor(parts).T[:, :, None]
-    prompt, chosen, rejected = torch.tensor(starts).T[:, :, None]
+    p, c, r = tensor_of(parts).T[:, :, None]
+    prompt, chosen, rejected = tensor_of(starts).T[:, :, None]
     slots = torch.arange(padded_width)[None]
     flat["flat_index"] = torch.cat([torch.where(slots < p, prompt + slots, chosen + torch.minimum(slots - p, c - 1)),
                                     torch.where(slots < p, prompt + slots, rejected + torch.minimum(slots - p, r - 1))])

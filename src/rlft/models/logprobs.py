@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from rlft.data.collate import padded_to, shared_prompt_rows
+from rlft.data.collate import padded_to, shared_prompt_rows, tensor_of
 from rlft.losses.linear_ce import linear_token_logps
 from rlft.models.head import forward_hidden, output_layer, router_loss
 from rlft.models.masks import safe_attention, with_model_mask
@@ -55,9 +55,9 @@ def shared_completion_inputs(rows: list[dict[str, Any]], batch: dict[str, Any], 
         for k, i in enumerate(group):
             prompt_start[i], answer_start[i] = group_starts[0], group_starts[k + 1]
     prompt_width, width = batch["input_ids"].shape[1] - int(batch["completion_width"]), batch["input_ids"].shape[1]
-    p = torch.tensor([len(row["prompt_ids"]) for row in rows])[:, None]
-    c = torch.tensor([len(row["completion_ids"]) for row in rows])[:, None]
-    prompt, answer = torch.tensor(prompt_start)[:, None], torch.tensor(answer_start)[:, None]
+    p = tensor_of([len(row["prompt_ids"]) for row in rows])[:, None]
+    c = tensor_of([len(row["completion_ids"]) for row in rows])[:, None]
+    prompt, answer = tensor_of(prompt_start)[:, None], tensor_of(answer_start)[:, None]
     slots = torch.arange(width)[None]
     in_prompt = prompt + (slots - (prompt_width - p)).clamp_min(0)
     in_answer = torch.where(c > 0, answer + torch.minimum(slots - prompt_width, c - 1), prompt + p - 1)
@@ -79,7 +79,14 @@ def padded(outputs: torch.Tensor, batch: dict[str, Any], prefix: str = "") -> to
     """A forward's (S, N, D) outputs over flattened rows (or pairs sharing their prompt, `share_prompts`) back in the
     padded (R, T, D) layout; padded outputs as they are."""
     index = batch.get(prefix + "flat_index")
-    return outputs if index is None else outputs.flatten(0, 1)[index]
+    return outputs if index is None else take_rows(outputs.flatten(0, 1), index)
+
+
+def take_rows(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`flat[index]`: the rows of `flat` at an index of any shape, by `index_select`, whose backward adds the rows'
+    gradients with `index_add_` where advanced indexing's backward runs `index_put_` with accumulation, several
+    times slower on a CPU (for 512 rows of 64 / 512 features: 73 against 185 us, 164 against 1,331 us)."""
+    return flat.index_select(0, index.reshape(-1)).view(*index.shape, *flat.shape[1:])
 
 
 def completion_forward(model, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
@@ -93,7 +100,7 @@ def completion_forward(model, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]
         length = batch["flat_input_ids"].size(1)
         keep = torch.unique(index % length)
         outputs = model(**inputs, logits_to_keep=keep, use_cache=False)
-        logits = outputs.logits.flatten(0, 1)[index // length * keep.numel() + torch.searchsorted(keep, index % length)]
+        logits = take_rows(outputs.logits.flatten(0, 1), index // length * keep.numel() + torch.searchsorted(keep, index % length))
         return logits.float().view(-1, width, logits.size(-1)), outputs
     outputs = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False)
     return outputs.logits[:, :-1].float(), outputs
@@ -150,7 +157,8 @@ def completion_scores(model, batch: dict[str, Any]) -> CompletionScores:
         if hidden is not None:
             width = int(batch["completion_width"])
             # only the completion positions out of the flat sequence(s), not every padded slot
-            at = hidden.flatten(0, 1)[batch["flat_index"][:, -width - 1 : -1]] if "flat_index" in batch else hidden[:, -width - 1 : -1]
+            at = take_rows(hidden.flatten(0, 1), batch["flat_index"][:, -width - 1 : -1]) if "flat_index" in batch \
+                else hidden[:, -width - 1 : -1]
             return CompletionScores(batch, hidden=at, head=head, router=router_loss(model, outputs))
     logits, outputs = completion_forward(model, batch)
     return CompletionScores(batch, logits=logits, router=router_loss(model, outputs))

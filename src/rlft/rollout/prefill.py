@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rlft.data.collate import tensor_of
 from rlft.models.attention import unmaskable_layers
 from rlft.models.head import without_router_logits
 from rlft.models.masks import safe_attention
@@ -38,15 +39,15 @@ def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], torch.T
     rows = [index.setdefault(tuple(ids), len(index)) for ids in prompts]
     if len(index) == len(prompts):
         return prompts, None
-    return [list(ids) for ids in index], torch.tensor(rows)
+    return [list(ids) for ids in index], tensor_of(rows)
 
 
 def left_padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input ids, attention mask, position ids) of the prompts padded on the left: every row's next token is at the
     same column."""
     width = max(len(p) for p in prompts)  # padded as lists, one tensor each (as rlft.data.collate.completion_batch)
-    input_ids = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in prompts], dtype=torch.long, device=device)
-    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], dtype=torch.long, device=device)
+    input_ids = tensor_of([[pad_id] * (width - len(ids)) + list(ids) for ids in prompts]).to(device)
+    attention = tensor_of([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts]).to(device)
     return input_ids, attention, (attention.cumsum(-1) - 1).clamp_min(0)
 
 

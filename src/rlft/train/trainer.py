@@ -33,7 +33,7 @@ from rlft.train.checkpoint import TrainState, agreed_resume, changed_learning_ra
 from rlft.train.checkpoint_folders import clean_staging
 from rlft.train.checkpoint_save import CheckpointWriter
 from rlft.train.clipping import GradientClip
-from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_memory_mb
+from rlft.train.metrics import PhaseTimer, clock, flop_parameters, flops_per_token, peak_memory_mb, plain_line
 from rlft.train.optim import advance_schedule, build_scheduler, optimizer_mode, reset_state, step_was_skipped, stepping_optimizer
 from rlft.train.parallel import gradient_sync, max_across, mean_metrics, not_finite_anywhere, sum_across, unused_parameters_named
 from rlft.train.peak import Peak
@@ -339,8 +339,7 @@ class Trainer:
             info = f"loss {loss_value:.4f} | lr {lr:.2e} | {record['tokens_per_s']:.0f} tok/s"
             self.progress.update(self.task, info=info)
             if not self.console.is_terminal:  # a whole line per step (no wrapping to the width: easy to grep)
-                self.console.print(f"step {state.global_step}/{self.total_steps} | {info} | grad_norm {grad_norm:.3f}",
-                                   markup=False, highlight=False, emoji=False, soft_wrap=True)
+                plain_line(self.console, f"step {state.global_step}/{self.total_steps} | {info} | grad_norm {grad_norm:.3f}")
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
