@@ -35,7 +35,8 @@ def tensor_of(values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
         width = len(values[0])
         if not width or any(len(row) != width for row in values):
             return torch.tensor(values, dtype=dtype)
-        return torch.frombuffer(array.array(ARRAY_TYPES[dtype], chain.from_iterable(values)), dtype=dtype).view(len(values), width)
+        flat = array.array(ARRAY_TYPES[dtype], chain.from_iterable(values))
+        return torch.frombuffer(flat, dtype=dtype).view(len(values), width)
     return torch.frombuffer(array.array(ARRAY_TYPES[dtype], values), dtype=dtype)
 
 

@@ -100,7 +100,8 @@ def completion_forward(model, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]
         length = batch["flat_input_ids"].size(1)
         keep = torch.unique(index % length)
         outputs = model(**inputs, logits_to_keep=keep, use_cache=False)
-        logits = take_rows(outputs.logits.flatten(0, 1), index // length * keep.numel() + torch.searchsorted(keep, index % length))
+        kept = index // length * keep.numel() + torch.searchsorted(keep, index % length)  # each slot's row of the kept logits
+        logits = take_rows(outputs.logits.flatten(0, 1), kept)
         return logits.float().view(-1, width, logits.size(-1)), outputs
     outputs = model(**left_padded_inputs(model, batch), logits_to_keep=width + 1, use_cache=False)
     return outputs.logits[:, :-1].float(), outputs
