@@ -381,3 +381,19 @@ def test_take_rows_gives_advanced_indexings_values_and_gradients():
     (want,) = torch.autograd.grad((flat[index] * weights).sum(), flat)
     torch.testing.assert_close(grad, want)
     assert torch.equal(take_rows(flat, index[0]), flat[index[0]])
+
+
+def test_masked_rows_gives_boolean_indexings_values_and_gradients():
+    from rlft.models.logprobs import masked_rows
+
+    torch.manual_seed(0)
+    values = torch.randn(3, 6, 4, requires_grad=True)
+    mask = torch.rand(3, 6) > 0.4
+    weights = torch.randn(int(mask.sum()), 4)
+    got = masked_rows(values, mask)
+    assert torch.equal(got, values[mask])
+    (grad,) = torch.autograd.grad((got * weights).sum(), values)
+    (want,) = torch.autograd.grad((values[mask] * weights).sum(), values)
+    torch.testing.assert_close(grad, want)
+    sliced = values[:, 1:]  # not contiguous: indexed as it is, not copied to be flattened
+    assert torch.equal(masked_rows(sliced, mask[:, 1:]), sliced[mask[:, 1:]])

@@ -28,7 +28,7 @@ from rlft.losses.preference.weighting import ld_dpo_logps, token_log_sum_squared
 from rlft.losses.linear_ce import linear_token_nll
 from rlft.losses.sft import IGNORE, token_nll
 from rlft.models.head import forward_hidden, output_layer, router_loss
-from rlft.models.logprobs import model_inputs, padded
+from rlft.models.logprobs import masked_rows, model_inputs, padded
 from rlft.models.frozen import FrozenPolicy
 from rlft.models.masks import with_model_mask
 from rlft.data.batches import BatchPlan, MicroBatch
@@ -66,7 +66,7 @@ def _through_output_layer(model, batch: dict[str, Any], prefix: str) -> Sequence
     hidden = padded(hidden, batch, prefix)
     targets = batch[prefix + "labels"][:, 1:]
     mask = targets != IGNORE
-    picked = hidden[:, :-1][mask]
+    picked = masked_rows(hidden, torch.nn.functional.pad(mask, (0, 1)))  # position t predicts target t + 1
     nll = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device).masked_scatter(
         mask, linear_token_nll(picked, head.weight, head.bias, targets[mask]))
     lengths = mask.sum(-1)
