@@ -563,3 +563,21 @@ def test_wpo_weights_are_capped_at_one():
     assert uncapped == pytest.approx(3.92, abs=0.01)
     assert wpo_weights(logp, mask, logp, mask, chosen_token_log_sum_sq_probs=sum_sq,
                        rejected_token_log_sum_sq_probs=sum_sq).item() == 1.0
+
+
+def test_pair_metrics_by_hand():
+    """TRL's names, each the mean over the pairs: chosen rows first, then rejected rows in `out`."""
+    from types import SimpleNamespace
+
+    from rlft.train.recipes.preference import pair_metrics
+
+    chosen, rejected = torch.tensor([0.5, -0.25, 1.0]), torch.tensor([0.25, 0.0, -1.0])
+    out = SimpleNamespace(logps=torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0, -6.0], requires_grad=True),
+                          mean_logits=torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5]))
+    got = pair_metrics(chosen, rejected, out, 3)
+    want = {"rewards/chosen": 1.25 / 3, "rewards/rejected": -0.75 / 3, "rewards/accuracies": 2 / 3,
+            "rewards/margins": 2.0 / 3, "logps/chosen": -2.0, "logps/rejected": -5.0, "logits/chosen": 1.5,
+            "logits/rejected": -1.5}
+    assert list(got) == list(want)
+    assert got == pytest.approx(want, rel=1e-6)
+    assert all(type(value) is float for value in got.values())
