@@ -15,8 +15,6 @@ scaler (which sets `grad_scale` itself), sharded gradients (FSDP's DTensors, who
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -30,7 +28,6 @@ class GradientClip:
         self.accelerator = accelerator
         self.max_norm = max_norm or float("inf")
         self.folded = folds_scale(optimizer, params)
-        self._scale: torch.Tensor | None = None  # the fused step's grad_scale, filled each step
 
     def norm(self, factor: float) -> float:
         if self.folded:
@@ -38,15 +35,10 @@ class GradientClip:
             if not grads:
                 self.optimizer.grad_scale = None
                 return 0.0
-            # the norm is read once (the loop logs it and stops on a non-finite one): the coefficient is then plain
-            # arithmetic, and the scale one fill of a tensor kept for it, three operators fewer per step than tensor math
-            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) * factor
-            coefficient = min(self.max_norm / (norm + 1e-6), 1.0)  # clip_grad_norm_'s coefficient
-            if self._scale is None or self._scale.device != grads[0].device:
-                self._scale = torch.ones(1, dtype=torch.float32, device=grads[0].device)
-            self._scale.fill_(1.0 / (coefficient * factor) if math.isfinite(norm) else math.nan)  # nan: the step is refused
-            self.optimizer.grad_scale = self._scale
-            return norm
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) * factor
+            coefficient = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)  # clip_grad_norm_'s coefficient
+            self.optimizer.grad_scale = (1.0 / (coefficient * factor)).to(torch.float32).reshape(1)
+            return float(norm)
         if factor != 1.0:  # one micro-batch on one process: the sum is already the mean's scale
             for param in self.params:
                 if param.grad is not None:
