@@ -299,6 +299,34 @@ def test_on_a_cpu_the_compiled_step_stores_a_query_row_once_before_its_product_w
 
 
 @pytest.mark.compile
+def test_the_compiled_decode_ends_rows_where_the_eager_one_does(engine):
+    """A stop token ends some rows early, a stop string others, the rest run to max_new_tokens: the compiled decoder,
+    whose step keeps the finished rows itself, returns the eager engine's completions and truncation flags, and its
+    mask of a decode set once gives the eager engine's log-probs (whose mask grows a column per token)."""
+    import copy
+
+    eager, tok = engine
+    fast = LocalEngine(copy.deepcopy(eager.model), tok.pad_token_id, tok, compiled=(None, DYNAMO_ONLY))
+    prompts = [tok("12+34=")["input_ids"], tok("1+2=")["input_ids"], tok("7+7=")["input_ids"]]
+    free = eager.decode(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    stop_on = free.completion_ids[0][2]  # row 0 ends at its third token
+    stop_text = tok.decode(free.completion_ids[1][3:5])
+    cases = [SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=[stop_on]),
+             SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=[stop_on], stop_strings=[stop_text]),
+             SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=[stop_on])]
+    for params in cases:
+        a = eager.decode(prompts, params, generator=torch.Generator().manual_seed(1))
+        b = fast.decode(prompts, params, generator=torch.Generator().manual_seed(1))
+        assert a.completion_ids == b.completion_ids and a.truncated == b.truncated
+        for row_a, row_b in zip(a.logprobs, b.logprobs):
+            assert row_b == pytest.approx(row_a, abs=1e-5)
+    # greedy, the stop token alone: each row is its free completion up to its first stop token, or all 8 tokens
+    b = fast.decode(prompts, cases[0])
+    assert b.completion_ids == [row[: row.index(stop_on) + 1] if stop_on in row else row for row in free.completion_ids]
+    assert b.truncated == [stop_on not in row for row in free.completion_ids] and b.truncated[0] is False
+
+
+@pytest.mark.compile
 def test_the_compiled_decoder_draws_every_token_but_the_last_inside_its_step(engine, monkeypatch):
     """The eager engine draws each token with its own operators (`next_tokens`, once per token); the compiled decoder
     draws inside its step's graph, so per decode only the last token (which feeds no forward) is drawn outside it.

@@ -3,10 +3,11 @@
 A decode forward of a small model is mostly Python and dispatch overhead: the model code runs for a (B, 1) input
 and the cache grows by concatenation. Here the cache is allocated once per batch size (transformers' `StaticCache`,
 its length rounded up to `LENGTH_BUCKET` tokens and grown, never shrunk, when a longer batch comes: one cache and
-a few graphs per batch size, however the prompt widths vary), the attention mask is a fixed (B, L) tensor filled in
-place, and each step is one call of a `torch.compile`d function that draws the next token from the last step's
-sampling scores (`rlft.models.logprobs.next_tokens`: log-softmax, the inverse-CDF draw from a uniform drawn outside,
-the token's log-prob, the stop check) and runs the one-token forward of the drawn tokens: inductor with its C++
+a few graphs per batch size, however the prompt widths vary), the attention mask is a fixed (B, L) tensor set once a
+decode (`decode_mask`), and each step is one call of a `torch.compile`d function that draws the next token from the
+last step's sampling scores (`rlft.models.logprobs.next_tokens`: log-softmax, the inverse-CDF draw from a uniform drawn
+outside, the token's log-prob, the stop check, which rows are now finished) and runs the one-token forward of the
+drawn tokens: inductor with its C++
 wrapper on a CPU, CUDA graphs (`reduce-overhead`) on a GPU. The draw's dozen small operators would otherwise each be a
 call of their own per token. The uniforms come from the same generator in the same order as the eager engine's, so
 both draw the same tokens at the same seed, unless a uniform falls within float rounding of the boundary between two
@@ -96,7 +97,8 @@ class CompiledDecoder:
         chosen, logps, ended, distribution = next_tokens(scores, u, finished, stop, self.pad_id, greedy)
         with sdpa_kernel(SDPBackend.MATH) if self.device.type == "cpu" else contextlib.nullcontext():
             logits = self._forward(chosen[:, None], attention_mask, position_ids, cache_position, cache)
-        return chosen, logps, ended, logits, distribution
+        after = finished | ended  # the loop's stop bookkeeping, here rather than two operators of its own per token
+        return chosen, logps, ended, logits, distribution, after, after.all()
 
     def _cache_for(self, batch: int, needed: int) -> tuple[int, Any]:
         """(length, cache) for `batch` rows: the batch size's cache if it holds `needed` positions, else a longer one in
@@ -120,8 +122,7 @@ class CompiledDecoder:
         """The prompts' forward (eager) into a fresh cache with room for `new_tokens` more; the last position's logits."""
         count, width = input_ids.shape
         length, self.cache = self._cache_for(count, width + new_tokens)
-        self.attention = torch.zeros((count, length), dtype=attention.dtype, device=attention.device)
-        self.attention[:, :width] = attention
+        self.attention = decode_mask(attention, length)
         self.column = width
         cache_position = torch.arange(width, device=input_ids.device)
         mask = safe_attention(self.model, self.attention[:, :width], kv_length=length)  # left padding (rlft.models.masks)
@@ -136,8 +137,7 @@ class CompiledDecoder:
         length, self.cache = self._cache_for(count, width + new_tokens)
         if len(self.cache.layers) != len(prompts_cache.layers):
             return False
-        self.attention = torch.zeros((count, length), dtype=attention.dtype, device=attention.device)
-        self.attention[:, :width] = attention
+        self.attention = decode_mask(attention, length)
         self.column = width
         for target, source in zip(self.cache.layers, prompts_cache.layers, strict=True):
             keys, values = source.keys.index_select(0, rows), source.values.index_select(0, rows)
@@ -152,8 +152,7 @@ class CompiledDecoder:
                       positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One token per row drawn from `scores` (`next_tokens`; `u` None: the most likely) and fed at its row's next
         position (`positions`): (tokens, log-probs, rows a stop token ends now, the next logits, the distribution
-        drawn from)."""
-        self.attention[:, self.column] = 1
+        drawn from, the rows finished after this draw (`finished` or ended now), whether every row is)."""
         cache_position = self._cache_position.fill_(self.column)
         self.column += 1
         greedy = self._greedy[u is None]
@@ -168,6 +167,15 @@ class CompiledDecoder:
             self._compile(whole=False)
             out = self._step(*inputs)
         return tuple(t.clone() for t in out) if self.device.type == "cuda" else out  # CUDA graphs reuse their outputs
+
+
+def decode_mask(attention: torch.Tensor, length: int) -> torch.Tensor:
+    """The (rows, length) attention mask of a decode into a static cache of `length` positions: the prompts' mask
+    (`attention`, left padding), then ones. The positions a step has not written yet are hidden by the causal mask
+    (a key after the query's cache position), so the whole mask is set once, not a column per token."""
+    mask = torch.ones((attention.size(0), length), dtype=attention.dtype, device=attention.device)
+    mask[:, : attention.size(1)] = attention
+    return mask
 
 
 def compile_step(function, mode: str | None, backend: str, cpu: bool, whole: bool):

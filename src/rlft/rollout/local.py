@@ -131,29 +131,34 @@ class LocalEngine:
         cache = {cache_keyword(self.model): cache, **without_router_logits(self.model)}  # (the eager steps' arguments)
         tokens, logps, tops = [], [], []
         finished = torch.zeros(count, dtype=torch.bool, device=device)
-        end_step = torch.full((count,), -1, dtype=torch.long, device=device)  # step of the stop token/string
+        stops = []  # per draw, the rows a stop token or string ends there
         position = positions[:, -1]
         for step in range(params.max_new_tokens):
             position = position + 1  # of the token drawn now
             scores = process_logits(logits, seen, params)
             u = uniforms(count, device, generator) if params.temperature > 0 else None
             fused = self.decoder is not None and step < params.max_new_tokens - 1
+            after = done = None
             if fused:  # the draw and the next token's forward in one compiled call (the last draw feeds no forward)
-                chosen, logp, just_finished, logits, distribution = self.decoder.draw_and_step(
+                chosen, logp, just_finished, logits, distribution, after, done = self.decoder.draw_and_step(
                     scores, u, finished, stop, position)
             else:
                 chosen, logp, just_finished, distribution = next_tokens(scores, u, finished, stop, self.pad_id, u is None)
             tokens.append(chosen)
             logps.append(logp)
+            stops.append(just_finished)
             if top_logprobs > 0:
                 tops.append(torch.topk(distribution, min(top_logprobs, distribution.size(-1)), dim=-1))
             if seen is not None:
                 seen.scatter_(1, chosen[:, None], ~finished[:, None])
             if params.stop_strings and self.tokenizer is not None:
                 just_finished |= self._stop_string_hit(torch.stack(tokens, 1), finished | just_finished, params.stop_strings)
-            end_step.masked_fill_(just_finished, step)
-            finished |= just_finished
-            if bool(finished.all()) or step == params.max_new_tokens - 1:
+                after = None
+            if after is None:
+                after = finished | just_finished
+                done = after.all()
+            finished = after
+            if bool(done) or step == params.max_new_tokens - 1:
                 break
             if fused:
                 continue
@@ -161,6 +166,8 @@ class LocalEngine:
             logits = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=position[:, None],
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1), torch.stack(logps, 1)
+        hits = torch.stack(stops, 1)  # a row ends at most once: the first True is its stop
+        end_step = torch.where(hits.any(1), hits.to(torch.uint8).argmax(1), -1)
         ended = torch.where(end_step >= 0, end_step + 1, tokens.size(1))
         if bool((logps.isnan() & (torch.arange(tokens.size(1), device=device) < ended[:, None])).any()):
             raise RolloutError(NOT_FINITE)
