@@ -541,7 +541,9 @@ def test_torch_compile_trains_on_the_same_rollouts(warm_model, cli, tmp_path, mo
     assert [m["reward"] for m in runs["compiled"]] == [m["reward"] for m in runs["eager"]]
     assert [m["completions/mean_length"] for m in runs["compiled"]] == [m["completions/mean_length"] for m in runs["eager"]]
     assert [m["loss"] for m in runs["compiled"]] == pytest.approx([m["loss"] for m in runs["eager"]], abs=1e-5)
-    assert [m["kl"] for m in runs["compiled"]] == pytest.approx([m["kl"] for m in runs["eager"]], abs=1e-6)
+    # metrics.jsonl rounds to 6 decimals, so two values a float32 rounding apart log up to 1e-6 plus that rounding apart
+    # (step 2's kl of 0.38: 0.382564 compiled against 0.382563 eager on an Intel Xeon): 1e-5 of the value, as the loss
+    assert [m["kl"] for m in runs["compiled"]] == pytest.approx([m["kl"] for m in runs["eager"]], rel=1e-5, abs=1e-6)
     assert runs["eager"][1]["kl"] > 1e-5, runs  # step 2: the policy has moved from its reference
 
 
