@@ -167,8 +167,8 @@ class LocalEngine:
                                 use_cache=True, **cache).logits[:, -1]
         tokens, logps = torch.stack(tokens, 1), torch.stack(logps, 1)
         hits = torch.stack(stops, 1)  # a row ends at most once: the first True is its stop
-        end_step = torch.where(hits.any(1), hits.to(torch.uint8).argmax(1), -1)
-        ended = torch.where(end_step >= 0, end_step + 1, tokens.size(1))
+        stopped = hits.any(1)
+        ended = torch.where(stopped, hits.to(torch.uint8).argmax(1) + 1, tokens.size(1))
         if bool((logps.isnan() & (torch.arange(tokens.size(1), device=device) < ended[:, None])).any()):
             raise RolloutError(NOT_FINITE)
         tokens, logps, ends = tokens.tolist(), logps.tolist(), ended.tolist()
@@ -177,7 +177,7 @@ class LocalEngine:
             ids, values = torch.stack([t.indices for t in tops], 1).tolist(), torch.stack([t.values for t in tops], 1).tolist()
             top_rows = [[list(zip(i, v)) for i, v in zip(ids[row][:end], values[row][:end])] for row, end in enumerate(ends)]
         return ([row[:end] for row, end in zip(tokens, ends)], [row[:end] for row, end in zip(logps, ends)],
-                [end < 0 for end in end_step.tolist()], top_rows)
+                [not row for row in stopped.tolist()], top_rows)
 
     def _prefill(self, prompts: list[list[int]], new_tokens: int, device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, Any]:
         """((input ids, attention mask, positions) of the left-padded batch, the last positions' logits, the eager
