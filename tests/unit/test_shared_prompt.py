@@ -12,6 +12,7 @@ from rlft.config.settings import resolve
 from rlft.config.settings.model import model_settings
 from rlft.config.settings.training import data_settings
 from rlft.config.loading import build_config
+from rlft.data.collate import shared_prompt_rows
 from rlft.data.preference import pair_batch, shared_pair_inputs
 from rlft.errors import ConfigError
 from rlft.models import head
@@ -47,6 +48,27 @@ def test_the_shared_layout_by_hand():
     # chosen row a b c pad -> 0 1 2 2 (padding points at the last token); rejected row a b d e -> 0 1 3 4
     assert shared["flat_index"].tolist() == [[0, 1, 2, 2], [0, 1, 3, 4]]
     assert (batch["num_tokens"], shared["model_tokens"]) == (7, 5)  # trained rows a b c + a b d e; computed a b c d e
+
+
+@pytest.mark.parametrize("one_sequence", [False, True])
+def test_the_shared_mask_is_each_answers_own_row_token_by_token(one_sequence):
+    """Groups of 1-3 answers of 0-3 tokens: the mask read token by token from the layout's definition. Query q sees key
+    k <= q of its own group where k is on the prompt or on q's own part; a padding token sees only itself."""
+    groups = [([1, 2, 3], [[4], [5, 6], [7, 8, 9]]), ([1], [[2, 3], []]), ([1, 2], [[3, 4, 5]])]
+    flat, starts = shared_prompt_rows(groups, pad_id=0, one_sequence=one_sequence, multiple=4)
+    rows, width = flat["flat_input_ids"].shape
+    owner = {}  # flattened position -> (group, part): part 0 the prompt, k answer k
+    for number, ((prompt, answers), begins) in enumerate(zip(groups, starts)):
+        for part, (begin, tokens) in enumerate(zip(begins, [prompt, *answers])):
+            owner.update({begin + i: (number, part) for i in range(len(tokens))})
+    assert len(owner) == flat["model_tokens"] == 17
+    mask = flat["flat_attention_mask"][:, 0]
+    for row in range(rows):
+        for q in range(width):
+            for k in range(width):
+                a, b = owner.get(row * width + q), owner.get(row * width + k)
+                sees = q == k or (k < q and a is not None and b is not None and a[0] == b[0] and b[1] in (0, a[1]))
+                assert bool(mask[row, q, k]) == sees, (row, q, k)
 
 
 def test_pairs_in_one_sequence_and_padded_pairs():

@@ -142,20 +142,20 @@ def documents_mask(bounds: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     token attends to the tokens before it in its own document (a run of padding is a document of its own)."""
     starts = torch.zeros(rows * width, dtype=torch.long, device=bounds.device)
     starts[bounds[:-1]] = 1
-    return block_causal_mask((starts.cumsum(0) - 1).view(rows, width))
+    return segment_mask((starts.cumsum(0) - 1).view(rows, width))
 
 
-def block_causal_mask(document: torch.Tensor, branch: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, 1, T, T) bool: each token attends to the tokens before it in its own document. `document` (B, T) numbers
-    the documents of each row, -1 for padding, which attends only to itself (no all-masked softmax row). `branch`
-    (B, T), for documents that hold one prompt and several answers after it: 0 on the prompt, k on answer k; a token
-    then attends to its document's prompt and to its own answer, not to the other answers."""
-    width = document.size(1)
-    causal = torch.ones(width, width, dtype=torch.bool, device=document.device).tril()
-    mask = (document[:, :, None] == document[:, None, :]) & causal & (document[:, :, None] >= 0)
-    if branch is not None:
-        mask &= (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
-    return (mask | torch.eye(width, dtype=torch.bool, device=document.device))[:, None]
+def segment_mask(segment: torch.Tensor, home: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, 1, T, T) bool, causal within segments: token q attends to the tokens k <= q of its own segment
+    (`segment` (B, T) equal) and, given `home` (B, T), of the segment `home[q]` names: for a prompt shared by several
+    answers, an answer's home is its prompt (`shared_prompt_rows`). A token whose segment holds it alone (padding)
+    attends only to itself: no softmax row is all masked. Six tensor operators, whatever the layout."""
+    positions = torch.arange(segment.size(1), device=segment.device)
+    key = segment[:, None, :]
+    mask = key == segment[:, :, None]
+    if home is not None:
+        mask |= key == home[:, :, None]
+    return (mask & (positions[None, :] <= positions[:, None]))[:, None]
 
 
 def shared_prompt_rows(groups: list[tuple[list[int], list[list[int]]]], pad_id: int, one_sequence: bool = False,
@@ -163,25 +163,29 @@ def shared_prompt_rows(groups: list[tuple[list[int], list[list[int]]]], pad_id: 
     """Groups (prompt, answers) as sequences [prompt | answer 1 | answer 2 | ...] that compute each prompt once
     (`rlft.models.shared_prompts`).
 
-    Position ids run 0..p-1 on the prompt and restart at p on every answer; the mask (`block_causal_mask` with branches)
-    lets each answer attend to its prompt and to itself, never to another answer. Every token thus sees what it sees in
-    its own row [prompt | answer], at the same positions. One sequence per group, right-padded to the longest (rounded
-    up to `multiple`), or with `one_sequence` every group in one sequence without padding. Returns the `flat_*` model
-    inputs (`rlft.models.logprobs.model_inputs`), `model_tokens` (the tokens the forward computes, each prompt once:
-    what MFU counts) and, per group, where its prompt and each answer start in the forward's outputs flattened over
-    (sequences x width)."""
+    Position ids run 0..p-1 on the prompt and restart at p on every answer; the mask (`segment_mask`, each answer's
+    home its prompt) lets each answer attend to its prompt and to itself, never to another answer. Every token thus
+    sees what it sees in its own row [prompt | answer], at the same positions. One sequence per group, right-padded to
+    the longest (rounded up to `multiple`), or with `one_sequence` every group in one sequence without padding.
+    Returns the `flat_*` model inputs (`rlft.models.logprobs.model_inputs`), `model_tokens` (the tokens the forward
+    computes, each prompt once: what MFU counts) and, per group, where its prompt and each answer start in the
+    forward's outputs flattened over (sequences x width)."""
     lengths = [len(prompt) + sum(map(len, answers)) for prompt, answers in groups]
     rows, width = (1, sum(lengths)) if one_sequence else (len(groups), padded_to(max(lengths), 0, multiple))
     size = rows * width
-    ids, positions, document, branch = [pad_id] * size, [0] * size, [-1] * size, [0] * size
+    ids, positions = [pad_id] * size, [0] * size
+    # segment k of group g is g * parts + k (k = 0 its prompt, k = 1.. its answers); a padding token is one of its own
+    parts = 1 + max((len(answers) for _, answers in groups), default=0)
+    segment = list(range(-1, -size - 1, -1))
+    home = list(segment)
     starts, offset = [], 0
     for number, ((prompt, answers), n) in enumerate(zip(groups, lengths)):
         offset = offset if one_sequence else number * width
-        p = len(prompt)
+        p, first = len(prompt), number * parts
         ids[offset : offset + n] = [token for part in (prompt, *answers) for token in part]
         positions[offset : offset + n] = [*range(p), *(q for answer in answers for q in range(p, p + len(answer)))]
-        document[offset : offset + n] = [number] * n
-        branch[offset : offset + n] = [0] * p + [k for k, answer in enumerate(answers, 1) for _ in answer]
+        segment[offset : offset + n] = [first] * p + [first + k for k, answer in enumerate(answers, 1) for _ in answer]
+        home[offset : offset + n] = [first] * n
         group = [offset]
         for part in (prompt, *answers[:-1]):
             group.append(group[-1] + len(part))
@@ -189,7 +193,7 @@ def shared_prompt_rows(groups: list[tuple[list[int], list[list[int]]]], pad_id: 
         offset += n
     shape = (rows, width)
     return ({"flat_input_ids": tensor_of(ids).view(shape), "flat_position_ids": tensor_of(positions).view(shape),
-             "flat_attention_mask": block_causal_mask(tensor_of(document).view(shape), tensor_of(branch).view(shape)),
+             "flat_attention_mask": segment_mask(tensor_of(segment).view(shape), tensor_of(home).view(shape)),
              "model_tokens": sum(lengths)}, starts)
 
 

@@ -89,12 +89,14 @@ def shared_pair_inputs(examples: list[dict[str, Any]], padded_width: int, pad_id
     (the labels mask it)."""
     flat, starts = shared_prompt_rows([(e["prompt_ids"], [e["chosen_ids"], e["rejected_ids"]]) for e in examples],
                                       pad_id, one_sequence, multiple)
-    parts = [[len(e[key]) for key in ("prompt_ids", "chosen_ids", "rejected_ids")] for e in examples]
-    p, c, r = tensor_of(parts).T[:, :, None]
-    prompt, chosen, rejected = tensor_of(starts).T[:, :, None]
-    slots = torch.arange(padded_width)[None]
-    flat["flat_index"] = torch.cat([torch.where(slots < p, prompt + slots, chosen + torch.minimum(slots - p, c - 1)),
-                                    torch.where(slots < p, prompt + slots, rejected + torch.minimum(slots - p, r - 1))])
+    rows = [], []  # chosen rows, rejected rows: (prompt | answer | the answer's last position repeated) per slot
+    for example, (prompt, *answers) in zip(examples, starts):
+        p = len(example["prompt_ids"])
+        head, tail = list(range(prompt, prompt + min(p, padded_width))), padded_width - p
+        for side, start, key in zip(rows, answers, ("chosen_ids", "rejected_ids")):
+            n = len(example[key])
+            side.append(head + list(range(start, start + min(n, tail))) + [start + n - 1] * (tail - n))
+    flat["flat_index"] = tensor_of(rows[0] + rows[1])
     return flat
 
 
