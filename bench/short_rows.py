@@ -9,7 +9,7 @@ so that no row takes the math path. Each run compiles afresh (dynamo's caches ar
 warm-up and not reported. Results: a table on stdout and bench/results/short_rows-<size>.json.
 
 `alternate` runs any two settings this way (`bench/optimizer_step.py` uses it), `sft_run` is the run
-(`bench/sft_profile.py` profiles it).
+(`bench/step_profile.py` profiles it).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def segment_mask(segment: torch.Tensor, home: torch.Tensor | None = None) -> tor
     """(B, 1, T, T) bool, causal within segments: token q attends to the tokens k <= q of its own segment
     (`segment` (B, T) equal) and, given `home` (B, T), of the segment `home[q]` names: for a prompt shared by several
     answers, an answer's home is its prompt (`shared_prompt_rows`). A token whose segment holds it alone (padding)
-    attends only to itself: no softmax row is all masked. Six tensor operators, whatever the layout."""
+    attends only to itself: no softmax row is all masked. At most six tensor operators, whatever the layout."""
     positions = torch.arange(segment.size(1), device=segment.device)
     key = segment[:, None, :]
     mask = key == segment[:, :, None]
