@@ -78,7 +78,7 @@ def main() -> None:
     events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     calls = sum(e.count for e in events if not e.key.startswith("ProfilerStep")) / args.active
     if not calls:
-        raise SystemExit("the profiler recorded no operator calls in its window (seen with --wait under 10): raise "
+        raise SystemExit("the profiler recorded no operator calls in its window (seen with --wait 5 and under): raise "
                          "--wait")
     setting = f"{'eager' if args.eager else 'torch_compile'}{', reference precomputed' if args.precompute else ''}"
     lines = [f"rlft {args.method.upper()} {args.size}, {setting}, {args.threads} threads, torch {torch.__version__}; "
