@@ -340,8 +340,8 @@ def pair_metrics(chosen_rewards, rejected_rewards, out: SequenceLogps, pairs: in
     """TRL's metric names for preference pairs, each a mean over the pairs: the eight means as one tensor, read once
     (a float() per mean is an operator of its own, and on a GPU a wait)."""
     with torch.no_grad():
-        chosen, rejected = chosen_rewards.float(), rejected_rewards.float()
-        columns = (chosen, rejected, (chosen > rejected).float(), chosen - rejected, out.logps[:pairs], out.logps[pairs:],
+        chosen, rejected = chosen_rewards, rejected_rewards
+        columns = (chosen, rejected, chosen > rejected, chosen - rejected, out.logps[:pairs], out.logps[pairs:],
                    out.mean_logits[:pairs], out.mean_logits[pairs:])
         means = torch.stack([column.float() for column in columns]).mean(-1).tolist()
     return dict(zip(PAIR_METRICS, means))
